@@ -1,0 +1,69 @@
+# kiln — see README.md. `make image` bakes and boots the default image; `make test` runs every test.
+SHELL := /bin/bash
+GO ?= go
+export KILN_CACHE ?= $(HOME)/.cache/kiln
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+ROLE ?= worker
+DEF ?= images/qemu.yaml
+OUT ?= out
+BASE := $(KILN_CACHE)/base/index.json
+
+.PHONY: all build deps base lock bake image run test test-unit bench fuzz vet clean
+
+all: build
+
+build: bin/kiln bin/kiln-init
+
+bin/kiln: FORCE
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $@ ./builder/cmd/kiln
+
+# kiln-init runs as PID 1 in the initramfs: static, no cgo.
+bin/kiln-init: FORCE
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $@ ./initd/cmd/kiln-init
+
+deps:
+	@builder/scripts/deps.sh
+
+# The default base OS (Debian bookworm, images/base/) as an OCI image in $(KILN_CACHE)/base.
+# Rebuilt only when its recipe changes.
+base: $(BASE)
+$(BASE): images/base/build.sh images/base/customize.sh images/base/packages | bin/kiln
+	@builder/scripts/deps.sh
+	@mkdir -p $(KILN_CACHE)
+	images/base/build.sh $(KILN_CACHE)/base.tar
+	bin/kiln base import $(KILN_CACHE)/base.tar --layout $(KILN_CACHE)/base --tag bookworm
+	rm -f $(KILN_CACHE)/base.tar
+	@touch $@
+
+lock: build base
+	bin/kiln lock --update $(DEF)
+
+bake: deps lock
+	bin/kiln bake $(DEF) --role $(ROLE) -o $(OUT)
+
+# Bake the worker image and boot it once (the image stays pristine: --snapshot), printing the
+# serial console up to kiln-init's first-boot status line.
+image: bake
+	bin/kiln run $(OUT)/$(basename $(notdir $(DEF)))-$(ROLE).qcow2 --snapshot \
+		--config images/examples/worker.ign --until-firstboot
+
+# Every test, the QEMU boot tests included (TCG; they need the base, so it is built first).
+test: deps build base
+	@builder/scripts/deps.sh test
+	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_ACCEL=tcg \
+		$(GO) test -count=1 -timeout 60m ./...
+
+test-unit:
+	$(GO) test -short ./...
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l builder initd qemu-tests)" || (gofmt -l builder initd qemu-tests; exit 1)
+
+bench: deps build base
+	bench/bench.sh
+
+clean:
+	rm -rf bin $(OUT)
+
+FORCE:

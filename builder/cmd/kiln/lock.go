@@ -1,0 +1,61 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/builder/spec"
+)
+
+func newLockCmd() *cobra.Command {
+	var update bool
+	cmd := &cobra.Command{
+		Use:   "lock DEFINITION",
+		Short: "Pin the base image and every artifact of a definition in its lock file",
+		Long: `Lock resolves what a definition names by tag (the base image) to a digest, and downloads
+once any artifact given without a sha256 to record its hash. It writes <name>.lock next to the
+definition, covering every role profile. Entries that still match are kept; --update re-resolves
+them all. ` + "`kiln bake`" + ` refuses anything the definition and its lock leave unpinned.`,
+		Example: `  kiln lock images/qemu.yaml
+  kiln lock --update images/qemu.yaml   # after rebuilding the base image`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			def, err := spec.LoadDefinition(args[0])
+			if err != nil {
+				return err
+			}
+			profiles, err := spec.LoadProfiles(def.ProfilesDir)
+			if err != nil {
+				return err
+			}
+			cache, err := artifact.DefaultCache()
+			if err != nil {
+				return err
+			}
+			path := artifact.LockPath(def)
+			old, err := artifact.ReadLock(path)
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+			pn := &artifact.Pinner{Cache: cache, Resolver: artifact.OCIResolver{}, Update: update}
+			l, notes, err := pn.Pin(cmd.Context(), def, profiles, old)
+			if err != nil {
+				return err
+			}
+			if err := l.Write(path); err != nil {
+				return err
+			}
+			for _, n := range notes {
+				fmt.Fprintln(cmd.OutOrStdout(), n)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", path)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&update, "update", false, "re-resolve every entry, even those already pinned")
+	return cmd
+}

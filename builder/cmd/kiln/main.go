@@ -1,0 +1,53 @@
+// Command kiln bakes immutable, role-specific Kubernetes node images and boots them in QEMU.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "kiln:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	var verbose bool
+	root := &cobra.Command{
+		Use:           "kiln",
+		Short:         "Bake immutable Kubernetes node images and boot them",
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Example: `  # build the default base OS, pin it, bake the worker image and boot it
+  make image
+
+  kiln lock images/qemu.yaml
+  kiln bake images/qemu.yaml --role worker -o out
+  kiln run out/qemu-worker.qcow2 --config node.ign --until-firstboot
+  kiln inspect out/qemu-worker.raw`,
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+			level := slog.LevelInfo
+			if verbose {
+				level = slog.LevelDebug
+			}
+			slog.SetDefault(slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level})))
+		},
+	}
+	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log every step")
+	root.AddCommand(newBaseCmd(), newLockCmd(), newBakeCmd(), newRunCmd(), newInspectCmd())
+	return root
+}

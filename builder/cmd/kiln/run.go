@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/builder/vm"
+)
+
+// firstbootLine matches the status line kiln-init prints on the console.
+var firstbootLine = regexp.MustCompile(`kiln-init: firstboot (ok|failed|done already)`)
+
+func newRunCmd() *cobra.Command {
+	var (
+		cfg       vm.Config
+		disks     []string
+		forwards  []string
+		accel     string
+		timeout   time.Duration
+		untilBoot bool
+	)
+	cmd := &cobra.Command{
+		Use:   "run IMAGE",
+		Short: "Boot an image in QEMU (UEFI) with its serial console on stdout",
+		Long: `Run boots IMAGE (.raw, .qcow2, .vmdk or .vhd) on a q35 machine with OVMF, prints the serial
+console, passes --config to kiln-init through fw_cfg (opt/dev.kiln/config) and attaches each
+--disk as a virtio disk whose serial is NAME (/dev/disk/by-id/virtio-NAME in the guest).
+
+--accel auto (the default, or $KILN_ACCEL) boots the image's kernel under KVM for a few seconds
+first and uses KVM only if that test boot really ran; otherwise TCG (software emulation).
+Without --snapshot the image itself is written to (first boot creates the data partition).`,
+		Example: `  kiln run out/qemu-worker.qcow2 --config node.ign
+  kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
+  kiln run out/qemu-control-plane.qcow2 --disk etcd-main=1G --forward 6443:6443`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			cfg.Image = args[0]
+			for _, d := range disks {
+				name, size, ok := strings.Cut(d, "=")
+				if !ok || name == "" || size == "" {
+					return fmt.Errorf("--disk %q: want NAME=SIZE, e.g. etcd-main=1G", d)
+				}
+				cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Size: size})
+			}
+			if len(forwards) > 0 {
+				cfg.Forward = map[string]int{}
+				for _, f := range forwards {
+					host, guest, ok := strings.Cut(f, ":")
+					var g int
+					if _, err := fmt.Sscanf(guest, "%d", &g); !ok || err != nil || host == "" {
+						return fmt.Errorf("--forward %q: want HOSTPORT:GUESTPORT", f)
+					}
+					cfg.Forward[host] = g
+				}
+			}
+			want := accel
+			if want == "" {
+				want = os.Getenv("KILN_ACCEL")
+			}
+			kernel := ""
+			if want == "" || want == "auto" {
+				k, cleanup, err := imageKernel(ctx, cfg.Image)
+				if err != nil {
+					return fmt.Errorf("find the image's kernel for the KVM test boot: %w", err)
+				}
+				defer cleanup()
+				kernel = k
+			}
+			a, why, err := vm.ChooseAccel(ctx, want, kernel)
+			if err != nil {
+				return err
+			}
+			slog.Info("accelerator", "accel", a, "why", why)
+			cfg.Accel = a
+			cfg.Serial = cmd.OutOrStdout()
+			if untilBoot && timeout == 0 {
+				timeout = 15 * time.Minute
+			}
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			m, err := vm.Start(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer m.Stop()
+			if !untilBoot {
+				err := m.Wait()
+				if ctx.Err() == context.DeadlineExceeded {
+					return fmt.Errorf("stopped after --timeout %s", timeout)
+				}
+				return err
+			}
+			line, err := m.WaitFor(ctx, firstbootLine)
+			if err != nil {
+				return err
+			}
+			if strings.Contains(line, "firstboot failed") {
+				return fmt.Errorf("first boot failed: %s", line)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Config, "config", "", "node config (Ignition v3 JSON) passed through fw_cfg")
+	f.StringArrayVar(&disks, "disk", nil, "extra disk NAME=SIZE (repeatable); the guest sees /dev/disk/by-id/virtio-NAME")
+	f.StringArrayVar(&forwards, "forward", nil, "forward host TCP port to guest port HOST:GUEST (repeatable)")
+	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL or auto)")
+	f.DurationVar(&timeout, "timeout", 0, "stop the VM after this long (default none; 15m with --until-firstboot)")
+	f.BoolVar(&untilBoot, "until-firstboot", false, "stop once kiln-init prints its first-boot status line; fail if it failed")
+	f.BoolVar(&cfg.Snapshot, "snapshot", false, "leave IMAGE unchanged (writes go to a throwaway overlay)")
+	f.IntVar(&cfg.MemoryMB, "memory", 2048, "guest memory in MiB")
+	f.IntVar(&cfg.CPUs, "cpus", 2, "guest CPUs")
+	f.StringVar(&cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
+	return cmd
+}

@@ -1,0 +1,103 @@
+package rootfs
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// Source names where a base image comes from. Exactly one of Layout, Image or Tarball is set.
+type Source struct {
+	Layout  string // OCI image layout directory
+	Image   string // registry reference (repository; the digest is given separately)
+	Tarball string // docker save / OCI tarball
+	Digest  string // sha256:… of the image manifest; required
+}
+
+func (s Source) String() string {
+	switch {
+	case s.Layout != "":
+		return "oci-layout:" + s.Layout + "@" + s.Digest
+	case s.Tarball != "":
+		return "tarball:" + s.Tarball + "@" + s.Digest
+	default:
+		return s.Image + "@" + s.Digest
+	}
+}
+
+// OpenBase returns the base image named by src after checking that its manifest hashes to
+// src.Digest and that its config matches the manifest. Layers are verified as they are read by
+// Flatten.
+func OpenBase(ctx context.Context, src Source) (v1.Image, error) {
+	want, err := v1.NewHash(src.Digest)
+	if err != nil {
+		return nil, fmt.Errorf("base %s: digest: %w", src, err)
+	}
+	var img v1.Image
+	switch {
+	case src.Layout != "":
+		if _, err := os.Stat(src.Layout); err != nil {
+			return nil, fmt.Errorf("base %s: %w (build the default base with `make base`)", src, err)
+		}
+		p, err := layout.FromPath(src.Layout)
+		if err != nil {
+			return nil, fmt.Errorf("base %s: %w", src, err)
+		}
+		img, err = p.Image(want)
+		if err != nil {
+			return nil, fmt.Errorf("base %s: no image with that digest in the layout: %w", src, err)
+		}
+	case src.Tarball != "":
+		img, err = tarball.ImageFromPath(src.Tarball, nil)
+		if err != nil {
+			return nil, fmt.Errorf("base %s: %w", src, err)
+		}
+	case src.Image != "":
+		ref, err := name.NewDigest(src.Image + "@" + src.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("base %s: %w", src, err)
+		}
+		img, err = remote.Image(ref, remote.WithContext(ctx))
+		if err != nil {
+			return nil, fmt.Errorf("base %s: %w", src, err)
+		}
+	default:
+		return nil, fmt.Errorf("base: no source given (layout, image or tarball)")
+	}
+	raw, err := img.RawManifest()
+	if err != nil {
+		return nil, fmt.Errorf("base %s: read manifest: %w", src, err)
+	}
+	if got := sha256Hex(raw); "sha256:"+got != want.String() {
+		return nil, fmt.Errorf("base %s: manifest digest mismatch: want %s, got sha256:%s", src, want, got)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return nil, fmt.Errorf("base %s: parse manifest: %w", src, err)
+	}
+	cfg, err := img.RawConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("base %s: read config: %w", src, err)
+	}
+	if got := sha256Hex(cfg); "sha256:"+got != m.Config.Digest.String() {
+		return nil, fmt.Errorf("base %s: config digest mismatch: want %s, got sha256:%s", src, m.Config.Digest, got)
+	}
+	if _, err := v1.ParseConfigFile(bytes.NewReader(cfg)); err != nil {
+		return nil, fmt.Errorf("base %s: parse config: %w", src, err)
+	}
+	return img, nil
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}

@@ -1,0 +1,342 @@
+// Package vm boots kiln images in QEMU: UEFI (OVMF) on a q35 machine, the serial console streamed
+// line by line, the node config passed through fw_cfg and extra disks with stable serials. It
+// chooses between KVM and TCG with a bounded probe boot, because /dev/kvm can exist and still hang.
+package vm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// FWCfgName is the fw_cfg item kiln-init reads its config from.
+const FWCfgName = "opt/dev.kiln/config"
+
+// Disk is an extra virtio disk; the guest sees it as /dev/disk/by-id/virtio-<Name>.
+type Disk struct {
+	Name string // serial, e.g. etcd-main
+	Size string // qemu-img size, e.g. 1G; ignored when Path names an existing file
+	Path string // optional existing image (qcow2 or raw); created in the work dir when empty
+}
+
+// Config describes one boot.
+type Config struct {
+	Image    string // disk image (raw, qcow2, vmdk, vhd)
+	Snapshot bool   // write to a throwaway overlay, leaving Image unchanged
+	Config   string // node config file passed through fw_cfg (Ignition JSON)
+	Disks    []Disk
+	Accel    string // kvm or tcg (resolve "auto" with ChooseAccel first)
+	MemoryMB int    // default 2048
+	CPUs     int    // default 2
+	// Forward maps host TCP ports to guest ports ("127.0.0.1:6443" -> 6443).
+	Forward map[string]int
+	WorkDir string    // OVMF variables copy and created disks; a temp dir when empty
+	Serial  io.Writer // every console line is copied here (may be nil)
+	QEMU    string    // qemu-system-x86_64 binary; from PATH when empty
+	Extra   []string  // extra QEMU arguments
+}
+
+// Firmware locates OVMF: the code (read-only) and a template for the variable store.
+func Firmware() (code, vars string, err error) {
+	pairs := [][2]string{
+		{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"},
+		{"/usr/share/OVMF/OVMF_CODE.fd", "/usr/share/OVMF/OVMF_VARS.fd"},
+		{"/usr/share/edk2/ovmf/OVMF_CODE.fd", "/usr/share/edk2/ovmf/OVMF_VARS.fd"},
+	}
+	for _, p := range pairs {
+		if fileExists(p[0]) && fileExists(p[1]) {
+			return p[0], p[1], nil
+		}
+	}
+	return "", "", errors.New("UEFI firmware not found (looked for /usr/share/OVMF/OVMF_CODE_4M.fd): install the Debian package ovmf")
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// Machine is a running QEMU.
+type Machine struct {
+	cmd     *exec.Cmd
+	workDir string
+	ownWork bool
+
+	mu      sync.Mutex
+	lines   []string
+	changed chan struct{} // closed and replaced on every new line or exit
+	done    bool
+	exitErr error
+}
+
+// Args returns the QEMU command line for cfg (without the binary), after creating the variable
+// store copy and any extra disks in workDir.
+func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
+	if cfg.Accel != "kvm" && cfg.Accel != "tcg" {
+		return nil, fmt.Errorf("accelerator %q: want kvm or tcg", cfg.Accel)
+	}
+	if _, err := os.Stat(cfg.Image); err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
+	code, varsTmpl, err := Firmware()
+	if err != nil {
+		return nil, err
+	}
+	vars := filepath.Join(workDir, "OVMF_VARS.fd")
+	if err := copyFile(varsTmpl, vars); err != nil {
+		return nil, fmt.Errorf("copy UEFI variable store: %w", err)
+	}
+	format, err := imageFormat(cfg.Image)
+	if err != nil {
+		return nil, err
+	}
+	mem, cpus := cfg.MemoryMB, cfg.CPUs
+	if mem == 0 {
+		mem = 2048
+	}
+	if cpus == 0 {
+		cpus = 2
+	}
+	args := []string{
+		"-machine", "q35,accel=" + cfg.Accel,
+		"-m", strconv.Itoa(mem), "-smp", strconv.Itoa(cpus),
+		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
+		"-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0",
+		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + code,
+		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
+		"-device", "virtio-rng-pci",
+	}
+	if cfg.Accel == "kvm" {
+		args = append(args, "-cpu", "host")
+	} else {
+		args = append(args, "-cpu", "max")
+	}
+	root := "if=none,id=root,cache=unsafe,discard=unmap,format=" + format + ",file=" + qemuEscape(cfg.Image)
+	if cfg.Snapshot {
+		root += ",snapshot=on"
+	}
+	args = append(args, "-drive", root, "-device", "virtio-blk-pci,drive=root,bootindex=0")
+	for i, d := range cfg.Disks {
+		if d.Name == "" || strings.ContainsAny(d.Name, ",= ") {
+			return nil, fmt.Errorf("disk %d: name %q must be non-empty without ',', '=' or spaces", i, d.Name)
+		}
+		p := d.Path
+		dfmt := "qcow2"
+		if p == "" {
+			p = filepath.Join(workDir, d.Name+".qcow2")
+			if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+				out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", p, d.Size).CombinedOutput()
+				if err != nil {
+					return nil, fmt.Errorf("disk %s: qemu-img create %s: %v: %s", d.Name, d.Size, err, strings.TrimSpace(string(out)))
+				}
+			}
+		} else if dfmt, err = imageFormat(p); err != nil {
+			return nil, fmt.Errorf("disk %s: %w", d.Name, err)
+		}
+		id := fmt.Sprintf("disk%d", i)
+		args = append(args,
+			"-drive", fmt.Sprintf("if=none,id=%s,cache=unsafe,format=%s,file=%s", id, dfmt, qemuEscape(p)),
+			"-device", fmt.Sprintf("virtio-blk-pci,drive=%s,serial=%s", id, d.Name))
+	}
+	nic := "user,model=virtio-net-pci"
+	for host, guest := range cfg.Forward {
+		addr, port, ok := strings.Cut(host, ":")
+		if !ok {
+			addr, port = "127.0.0.1", host
+		}
+		nic += fmt.Sprintf(",hostfwd=tcp:%s:%s-:%d", addr, port, guest)
+	}
+	args = append(args, "-nic", nic)
+	if cfg.Config != "" {
+		if _, err := os.Stat(cfg.Config); err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		args = append(args, "-fw_cfg", "name="+FWCfgName+",file="+qemuEscape(cfg.Config))
+	}
+	return append(args, cfg.Extra...), nil
+}
+
+// qemuEscape doubles commas, QEMU's escape inside option values.
+func qemuEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// imageFormat asks qemu-img what a disk image is, so raw images are never guessed.
+func imageFormat(p string) (string, error) {
+	switch strings.ToLower(filepath.Ext(p)) {
+	case ".raw", ".img":
+		return "raw", nil
+	case ".qcow2":
+		return "qcow2", nil
+	case ".vmdk":
+		return "vmdk", nil
+	case ".vhd":
+		return "vpc", nil
+	}
+	return "", fmt.Errorf("%s: unknown disk format (want .raw, .img, .qcow2, .vmdk or .vhd)", p)
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// Start boots cfg and returns at once; the console is read in the background.
+func Start(ctx context.Context, cfg Config) (*Machine, error) {
+	work, own := cfg.WorkDir, false
+	if work == "" {
+		d, err := os.MkdirTemp("", "kiln-run-")
+		if err != nil {
+			return nil, err
+		}
+		work, own = d, true
+	}
+	args, err := Args(ctx, cfg, work)
+	if err != nil {
+		if own {
+			os.RemoveAll(work)
+		}
+		return nil, err
+	}
+	bin := cfg.QEMU
+	if bin == "" {
+		bin = "qemu-system-x86_64"
+	}
+	if _, err := exec.LookPath(bin); err != nil {
+		return nil, fmt.Errorf("%s not found: install the Debian package qemu-system-x86", bin)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdin = nil
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	m := &Machine{cmd: cmd, workDir: work, ownWork: own, changed: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := strings.TrimRight(sc.Text(), "\r")
+			if cfg.Serial != nil {
+				fmt.Fprintln(cfg.Serial, line)
+			}
+			m.mu.Lock()
+			m.lines = append(m.lines, line)
+			close(m.changed)
+			m.changed = make(chan struct{})
+			m.mu.Unlock()
+		}
+		err := cmd.Wait()
+		if err != nil && stderr.Len() > 0 {
+			err = fmt.Errorf("qemu: %w: %s", err, strings.TrimSpace(stderr.String()))
+		}
+		m.mu.Lock()
+		m.done, m.exitErr = true, err
+		close(m.changed)
+		m.changed = make(chan struct{})
+		m.mu.Unlock()
+	}()
+	go func() {
+		<-ctx.Done()
+		m.Stop()
+	}()
+	return m, nil
+}
+
+// ErrExited is returned by WaitFor when QEMU ends before the pattern shows.
+var ErrExited = errors.New("qemu exited")
+
+// WaitFor blocks until a console line (from the start of the boot) matches re and returns it.
+func (m *Machine) WaitFor(ctx context.Context, re *regexp.Regexp) (string, error) {
+	seen := 0
+	for {
+		m.mu.Lock()
+		for ; seen < len(m.lines); seen++ {
+			if re.MatchString(m.lines[seen]) {
+				l := m.lines[seen]
+				m.mu.Unlock()
+				return l, nil
+			}
+		}
+		done, exitErr, ch := m.done, m.exitErr, m.changed
+		m.mu.Unlock()
+		if done {
+			if exitErr != nil {
+				return "", fmt.Errorf("%w before %q: %v", ErrExited, re, exitErr)
+			}
+			return "", fmt.Errorf("%w before %q", ErrExited, re)
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for %q: %w", re, ctx.Err())
+		}
+	}
+}
+
+// Lines returns the console so far.
+func (m *Machine) Lines() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.lines...)
+}
+
+// Wait blocks until QEMU exits.
+func (m *Machine) Wait() error {
+	for {
+		m.mu.Lock()
+		done, err, ch := m.done, m.exitErr, m.changed
+		m.mu.Unlock()
+		if done {
+			return err
+		}
+		<-ch
+	}
+}
+
+// Stop ends QEMU: SIGTERM (QEMU flushes its disks and exits), SIGKILL after 10 s. The guest is
+// not shut down cleanly; callers that need its writes on disk wait for a line printed after sync.
+func (m *Machine) Stop() {
+	if m.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = m.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+	if m.ownWork {
+		os.RemoveAll(m.workDir)
+	}
+}

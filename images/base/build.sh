@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds kiln's default base OS: a minimal Debian bookworm root filesystem made with mmdebstrap,
+# written as a tar archive. `kiln base import` then turns it into a one-layer OCI image.
+#
+#   images/base/build.sh OUT.tar
+#
+# Needs mmdebstrap (root, or unprivileged user namespaces for its unshare mode).
+set -euo pipefail
+out=${1:?usage: build.sh OUT.tar}
+here=$(cd "$(dirname "$0")" && pwd)
+packages=$(grep -v '^#' "$here/packages" | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+mirror=${KILN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+security=${KILN_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
+tmp="$out.tmp.$$"
+trap 'rm -f "$tmp"' EXIT
+mmdebstrap --variant=minbase --mode=auto --format=tar \
+  --include="$packages" \
+  --dpkgopt='path-exclude=/usr/share/man/*' \
+  --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-exclude=/usr/share/info/*' \
+  --customize-hook="$here/customize.sh \"\$1\"" \
+  bookworm "$tmp" \
+  "deb $mirror bookworm main" \
+  "deb $mirror bookworm-updates main" \
+  "deb $security bookworm-security main"
+mv "$tmp" "$out"
+trap - EXIT

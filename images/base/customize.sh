@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# mmdebstrap customize hook: trims the tree to what an immutable kiln root needs.
+# $1 is the root of the tree being built.
+set -euo pipefail
+root=$1
+# kiln builds its own initramfs; the one initramfs-tools made is never used.
+rm -f "$root"/boot/initrd.img* "$root"/boot/*.old
+# The package cache and lists are not part of an immutable image.
+rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+# systemd generates a machine id at first boot (/etc is writable then).
+: > "$root/etc/machine-id"
+rm -f "$root/var/lib/dbus/machine-id"
+# The host's identity must not leak into the image: names and resolvers come at first boot.
+rm -f "$root/etc/hostname" "$root/etc/resolv.conf" "$root"/initrd.img* "$root"/vmlinuz*

@@ -1,0 +1,132 @@
+// Command kiln-init is the one binary kiln puts in every image: PID 1 of the initramfs (stage 1:
+// mount the read-only root and the persistent /var and /etc, then switch_root to systemd) and the
+// node agent run by systemd (`firstboot`, `status`).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/kilnproject/kiln/initd/firstboot"
+	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/stage1"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+const usage = `kiln-init: the kiln node agent
+
+As /init in the initramfs (PID 1) it runs stage 1 and hands over to systemd.
+Otherwise:
+  kiln-init firstboot            apply the node config (run once by kiln-firstboot.service)
+  kiln-init status [-o json]     show what first boot did
+  kiln-init version
+`
+
+func main() {
+	if os.Getpid() == 1 {
+		runStage1()
+		return
+	}
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "firstboot":
+		err = runFirstboot(ctx, os.Args[2:])
+	case "status":
+		err = runStatus(os.Args[2:])
+	case "version", "--version":
+		fmt.Println(version)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "kiln-init: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kiln-init:", err)
+		os.Exit(1)
+	}
+}
+
+// runStage1 is PID 1. It must never return: a PID 1 that exits panics the kernel and hides why.
+func runStage1() {
+	console := openConsole()
+	log := slog.New(slog.NewTextHandler(console, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	})).With("prog", "kiln-init")
+	err := stage1.Run(context.Background(), log)
+	fmt.Fprintf(console, "kiln-init: stage 1 failed: %v\n", err)
+	fmt.Fprintln(console, "kiln-init: cannot continue the boot; the machine waits here (power it off)")
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+func openConsole() io.Writer {
+	// The kernel gives PID 1 /dev/console as stdin/out/err when the initramfs has the node.
+	if f, err := os.OpenFile("/dev/console", os.O_WRONLY, 0); err == nil {
+		return f
+	}
+	return os.Stderr
+}
+
+func runFirstboot(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("firstboot", flag.ContinueOnError)
+	root := fs.String("root", "/", "root of the node's filesystem")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	st, err := firstboot.Run(ctx, firstboot.Options{
+		Root:      *root,
+		Providers: []source.Provider{&source.FWCfg{}, source.Embedded{Path: filepath.Join(*root, source.EmbeddedPath)}},
+		Log:       log,
+		Version:   version,
+	})
+	if st != nil {
+		// One line for the console (the unit sends stdout to journal+console).
+		fmt.Println(st.Line())
+	}
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+func runStatus(args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	root := fs.String("root", "/", "root of the node's filesystem")
+	out := fs.String("o", "table", "output format: table or json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	st, err := firstboot.ReadStatus(*root)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("no status at %s: first boot has not run", filepath.Join(*root, "var/lib/kiln/status.json"))
+	}
+	if err != nil {
+		return err
+	}
+	return firstboot.PrintStatus(os.Stdout, st, *out)
+}

@@ -1,0 +1,169 @@
+package firstboot
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// StatusPath is where the first-boot report lives, relative to the node's root.
+const StatusPath = "/var/lib/kiln/status.json"
+
+// States of a first boot.
+const (
+	StateOK     = "ok"
+	StateFailed = "failed"
+)
+
+// Status is the first-boot report, stored as JSON at StatusPath.
+type Status struct {
+	State      string       `json:"state"`
+	Started    time.Time    `json:"started"`
+	Finished   time.Time    `json:"finished"`
+	DurationMS int64        `json:"duration_ms"`
+	Source     string       `json:"source"`
+	Files      []FileStatus `json:"files"`
+	Error      string       `json:"error,omitempty"`
+	Version    string       `json:"version"`
+
+	// Skipped is set by Run when an earlier boot already succeeded; it is not stored.
+	Skipped bool `json:"-"`
+}
+
+// FileStatus records one file that the config wrote.
+type FileStatus struct {
+	Path   string `json:"path"`
+	SHA256 string `json:"sha256"`
+	Mode   string `json:"mode"`
+}
+
+// Duration is how long the first boot took, to the millisecond.
+func (s *Status) Duration() time.Duration {
+	return time.Duration(s.DurationMS) * time.Millisecond
+}
+
+// Line is the one console line that tells the outcome, e.g.
+// "kiln-init: firstboot ok source=fw_cfg files=2 duration=35ms".
+func (s *Status) Line() string {
+	switch {
+	case s.Skipped:
+		return fmt.Sprintf("kiln-init: firstboot done already (%s)", s.Finished.Format(time.RFC3339))
+	case s.State == StateOK:
+		return fmt.Sprintf("kiln-init: firstboot ok source=%s files=%d duration=%s", s.Source, len(s.Files), s.Duration())
+	default:
+		return "kiln-init: firstboot failed: " + oneLine(s.Error)
+	}
+}
+
+// oneLine folds a multi-line error (errors.Join) into one console line.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return "unknown error"
+	}
+	return strings.Join(strings.Split(s, "\n"), "; ")
+}
+
+// ReadStatus reads the first-boot report of the node rooted at root ("" means "/").
+// The error wraps fs.ErrNotExist when there is none yet.
+func ReadStatus(root string) (*Status, error) {
+	if root == "" {
+		root = "/"
+	}
+	t, err := openTree(root)
+	if err != nil {
+		return nil, err
+	}
+	defer t.Close()
+	return t.readStatus()
+}
+
+func (t *tree) readStatus() (*Status, error) {
+	data, err := t.root.ReadFile(rel(StatusPath))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", StatusPath, err)
+	}
+	var st Status
+	if err := json.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("read %s: %w", StatusPath, err)
+	}
+	return &st, nil
+}
+
+func (t *tree) writeStatus(st *Status) error {
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode status: %w", err)
+	}
+	data = append(data, '\n')
+	dir, base, err := t.split(StatusPath)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", StatusPath, err)
+	}
+	return t.writeFile(dir, base, data, 0o644)
+}
+
+// PrintStatus renders a report for `kiln-init status`: format "table" (for people) or
+// "json" (the stored document).
+func PrintStatus(w io.Writer, st *Status, format string) error {
+	switch format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	case "table", "":
+		return printTable(w, st)
+	default:
+		return fmt.Errorf("status format %q: want table or json", format)
+	}
+}
+
+func printTable(w io.Writer, st *Status) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("STATE", st.State)
+	row("SOURCE", orDash(st.Source))
+	row("STARTED", timeOrDash(st.Started))
+	row("FINISHED", timeOrDash(st.Finished))
+	row("DURATION", st.Duration().String())
+	row("VERSION", orDash(st.Version))
+	if st.Error != "" {
+		row("ERROR", oneLine(st.Error))
+	}
+	row("FILES", fmt.Sprint(len(st.Files)))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(st.Files) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PATH\tMODE\tSHA256")
+	for _, f := range st.Files {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", f.Path, f.Mode, orDash(f.SHA256))
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func timeOrDash(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format(time.RFC3339)
+}
+
+// statusMissing reports whether err means "no report yet".
+func statusMissing(err error) bool { return errors.Is(err, os.ErrNotExist) }

@@ -1,0 +1,120 @@
+// Package source finds the node's user config (the Ignition document) at first boot.
+//
+// Each place a config can come from (QEMU fw_cfg, a file baked into the image, and later
+// the kernel command line, cloud metadata services and CIDATA volumes) is a Provider.
+// Select asks the providers in the caller's order, each bounded in time, and returns the
+// first config found. Select does not judge the bytes: a source that answers garbage
+// yields those bytes and config.Parse rejects them, so garbage never falls through to the
+// next source.
+package source
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+)
+
+// Provider is one place a config may come from.
+type Provider interface {
+	// Name identifies the source in logs and in the first-boot status (e.g. "fw_cfg").
+	Name() string
+	// Probe reports whether this source is present on this machine and holds a config.
+	// It must return promptly once ctx is done.
+	Probe(ctx context.Context) bool
+	// Fetch returns the raw config. It is called only after Probe returned true.
+	Fetch(ctx context.Context) ([]byte, error)
+}
+
+// MaxConfigSize bounds how much a provider reads, so a broken source cannot exhaust memory.
+const MaxConfigSize = 64 << 20
+
+// Select asks each provider in order and returns the first non-empty config and the name
+// of its source. Each provider gets perSourceTimeout for Probe and Fetch together
+// (0 means no limit beyond ctx).
+//
+// A provider whose Probe says no, times out, or whose Fetch returns no bytes is skipped.
+// A provider that is present but fails to deliver (Fetch error or timeout) stops the
+// search with an error: falling through to another source would apply a config the user
+// did not give. When no provider has a config, Select returns nil, "", nil.
+func Select(ctx context.Context, providers []Provider, perSourceTimeout time.Duration) ([]byte, string, error) {
+	for _, p := range providers {
+		if err := ctx.Err(); err != nil {
+			return nil, "", fmt.Errorf("select config source: %w", err)
+		}
+		data, found, err := try(ctx, p, perSourceTimeout)
+		if err != nil {
+			return nil, "", fmt.Errorf("config source %s: %w", p.Name(), err)
+		}
+		if found && len(data) > 0 {
+			return data, p.Name(), nil
+		}
+	}
+	return nil, "", nil
+}
+
+type result struct {
+	data  []byte
+	found bool
+	err   error
+}
+
+// try runs Probe and Fetch in a goroutine so that a provider stuck in a read that ignores
+// ctx (a hung device, say) still cannot hold up the boot beyond the timeout.
+func try(ctx context.Context, p Provider, timeout time.Duration) ([]byte, bool, error) {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	probed := make(chan bool, 1)
+	done := make(chan result, 1)
+	go func() {
+		present := p.Probe(ctx)
+		probed <- present
+		if !present {
+			done <- result{}
+			return
+		}
+		data, err := p.Fetch(ctx)
+		done <- result{data: data, found: true, err: err}
+	}()
+	select {
+	case r := <-done:
+		return r.data, r.found, r.err
+	case <-ctx.Done():
+		select {
+		case present := <-probed:
+			if present {
+				// Present, but the fetch did not finish in time.
+				return nil, true, fmt.Errorf("fetch: %w", ctx.Err())
+			}
+		default:
+		}
+		return nil, false, nil
+	}
+}
+
+// readFileLimited reads at most MaxConfigSize bytes of name and fails if there is more.
+func readFileLimited(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxConfigSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if len(data) > MaxConfigSize {
+		return nil, fmt.Errorf("read %s: larger than %d bytes", name, MaxConfigSize)
+	}
+	return data, nil
+}
+
+// isRegular reports whether name exists and is a regular file (following symlinks).
+func isRegular(name string) bool {
+	fi, err := os.Stat(name)
+	return err == nil && fi.Mode().IsRegular()
+}
