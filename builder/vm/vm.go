@@ -120,7 +120,7 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if cfg.Accel == "kvm" {
 		args = append(args, "-cpu", "host")
 	} else {
-		args = append(args, "-cpu", "max")
+		args = append(args, "-cpu", "qemu64")
 	}
 	root := "if=none,id=root,cache=unsafe,discard=unmap,format=" + format + ",file=" + qemuEscape(cfg.Image)
 	if cfg.Snapshot {

@@ -1,0 +1,359 @@
+package bake
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/builder/rootfs"
+)
+
+const testKernel = "6.1.0-test"
+
+type tarEntry struct {
+	name, body, link string
+	mode             int64
+	dir              bool
+	uid, gid         int
+}
+
+func writeTar(t *testing.T, path string, entries []tarEntry) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Mode: e.mode, Uid: e.uid, Gid: e.gid, ModTime: time.Unix(1e9, 0)}
+		switch {
+		case e.dir:
+			h.Typeflag = tar.TypeDir
+		case e.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
+		default:
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.body))
+		}
+		if h.Mode == 0 {
+			h.Mode = 0o644
+			if e.dir {
+				h.Mode = 0o755
+			}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(e.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fakeBase is a tiny base OS: a "kernel", built-in modules, systemd-boot, a unit directory,
+// a merged-/usr lib symlink and a file owned by a non-root user.
+func fakeBase(withKernel bool) []tarEntry {
+	var builtin strings.Builder
+	for _, m := range DefaultModules {
+		fmt.Fprintf(&builtin, "kernel/drivers/fake/%s.ko\n", m)
+	}
+	es := []tarEntry{
+		{name: "usr/", dir: true}, {name: "usr/lib/", dir: true}, {name: "lib", link: "usr/lib"},
+		{name: "usr/bin/", dir: true}, {name: "bin", link: "usr/bin"}, {name: "sbin", link: "usr/sbin"},
+		{name: "etc/", dir: true}, {name: "etc/os-release", body: "ID=fake\n"},
+		{name: "var/", dir: true}, {name: "var/log/", dir: true}, {name: "var/mail/", dir: true, mode: 0o2775, gid: 8},
+		{name: "usr/lib/systemd/system/", dir: true, mode: 0o755},
+		{name: "usr/lib/systemd/boot/efi/systemd-bootx64.efi", body: "MZ fake systemd-boot"},
+		{name: "usr/lib/systemd/system/multi-user.target", body: "[Unit]\nDescription=Multi-User\n"},
+		{name: "usr/lib/systemd/system/demo.service", body: "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"},
+	}
+	if withKernel {
+		es = append(es,
+			tarEntry{name: "boot/vmlinuz-" + testKernel, body: "fake kernel image"},
+			tarEntry{name: "usr/lib/modules/" + testKernel + "/modules.dep", body: ""},
+			tarEntry{name: "usr/lib/modules/" + testKernel + "/modules.builtin", body: builtin.String()},
+		)
+	}
+	return es
+}
+
+// testRepo lays out images/, profiles/ and overlays/ like the repository and imports a base.
+type testRepo struct {
+	dir, def, out, init string
+	cache               *artifact.Cache
+}
+
+func newRepo(t *testing.T, base []tarEntry, profile string) *testRepo {
+	t.Helper()
+	if _, err := exec.LookPath("mksquashfs"); err != nil {
+		t.Skip("mksquashfs not installed (squashfs-tools)")
+	}
+	dir := t.TempDir()
+	r := &testRepo{dir: dir, def: filepath.Join(dir, "images/test.yaml"), out: filepath.Join(dir, "out")}
+	for _, d := range []string{"images", "profiles", "overlays/base/etc/kiln"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if base != nil {
+		tarPath := filepath.Join(dir, "base.tar")
+		writeTar(t, tarPath, base)
+		if _, err := rootfs.ImportTar(tarPath, filepath.Join(dir, "layout"), "test", time.Unix(0, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(t, filepath.Join(dir, "overlays/base/etc/kiln/motd"), "from the overlay\n")
+	write(t, r.def, `name: test
+platform: qemu
+base:
+  layout: ../layout
+  tag: test
+disk:
+  size: 1GiB
+  rootfs: squashfs
+formats: [raw]
+kernel:
+  args: [console=ttyS0]
+overlays: [base]
+`)
+	write(t, filepath.Join(dir, "profiles/worker.yaml"), profile)
+	// The initramfs needs a static ELF as /init; busybox-static is one.
+	r.init = "/bin/busybox"
+	if _, err := os.Stat(r.init); err != nil {
+		t.Skip("no static binary to stand in for kiln-init: install busybox-static")
+	}
+	r.cache = artifact.NewCache(filepath.Join(dir, "cache"))
+	return r
+}
+
+func write(t *testing.T, p, s string) {
+	t.Helper()
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (r *testRepo) lock(t *testing.T) {
+	t.Helper()
+	def, prof := mustLoad(t, r.def)
+	pn := &artifact.Pinner{Cache: r.cache, Resolver: artifact.OCIResolver{}}
+	l, _, err := pn.Pin(context.Background(), def, prof, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Write(artifact.LockPath(def)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (r *testRepo) bake(t *testing.T) (*Result, error) {
+	t.Helper()
+	return Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
+		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0)})
+}
+
+// assertNoOutput checks that a failed bake left nothing behind.
+func (r *testRepo) assertNoOutput(t *testing.T) {
+	t.Helper()
+	ents, err := os.ReadDir(r.out)
+	if os.IsNotExist(err) {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		t.Errorf("failed bake left %s in the output directory", e.Name())
+	}
+}
+
+func serve(t *testing.T, files map[string]string) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, ok := files[req.URL.Path]
+		if !ok {
+			http.NotFound(w, req)
+			return
+		}
+		w.Write([]byte(body))
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func sum(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+func TestBakeLaysEverythingIntoTheImage(t *testing.T) {
+	url := serve(t, map[string]string{"/tool": "#!/bin/sh\necho tool\n"})
+	r := newRepo(t, fakeBase(true), fmt.Sprintf(`role: worker
+artifacts:
+  - name: tool
+    url: %s/tool
+    sha256: %s
+    dest: /usr/local/bin/tool
+    mode: "0755"
+units:
+  enable: [demo.service]
+`, url, sum("#!/bin/sh\necho tool\n")))
+	r.lock(t)
+	res, err := r.bake(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := filepath.Join(r.out, "test-worker.raw")
+	if res.Outputs[0] != raw {
+		t.Fatalf("outputs %v, want %s first", res.Outputs, raw)
+	}
+	parts, esp, err := disk.Read(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, ok := parts.Partition("root-a")
+	if !ok {
+		t.Fatalf("no root-a partition in %+v", parts.Partitions)
+	}
+	if !strings.Contains(parts.Cmdline, "root=PARTUUID="+root.GUID) || !strings.Contains(parts.Cmdline, "console=ttyS0") {
+		t.Errorf("cmdline %q does not name root-a %s and the definition's args", parts.Cmdline, root.GUID)
+	}
+	var md Metadata
+	if err := json.Unmarshal(esp.ImageJSON, &md); err != nil {
+		t.Fatalf("ESP image.json: %v", err)
+	}
+	if md.Kernel.Version != testKernel || md.Role != "worker" || len(md.Artifacts) != 1 || md.Artifacts[0].SHA256 != sum("#!/bin/sh\necho tool\n") {
+		t.Errorf("image.json = %+v", md)
+	}
+	// The root filesystem holds the base, the artifact, the overlay, kiln-init and the unit link.
+	for path, want := range map[string]string{
+		"/usr/local/bin/tool":  "echo tool",
+		"/etc/kiln/motd":       "from the overlay",
+		"/usr/bin/kiln-init":   "BusyBox",
+		"/etc/os-release":      "ID=fake",
+		"/etc/kiln/image.json": `"role": "worker"`,
+	} {
+		got := unsquash(t, raw, root.Start, "-cat", path)
+		if !strings.Contains(got, want) {
+			t.Errorf("%s in root-a = %q, want it to contain %q", path, got, want)
+		}
+	}
+	ls := unsquash(t, raw, root.Start, "-lln")
+	for _, want := range []string{
+		"lrwxrwxrwx 0/0", "multi-user.target.wants/demo.service -> /usr/lib/systemd/system/demo.service",
+		"-rwxr-xr-x 0/0", "squashfs-root/usr/local/bin/tool",
+		"drwxrwsr-x 0/8", "squashfs-root/var/mail",
+	} {
+		if !strings.Contains(ls, want) {
+			t.Errorf("root-a listing lacks %q:\n%s", want, ls)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(r.out, "test-worker.json")); err != nil {
+		t.Errorf("metadata file: %v", err)
+	}
+}
+
+func unsquash(t *testing.T, raw string, offset int64, args ...string) string {
+	t.Helper()
+	a := append([]string{"-o", fmt.Sprint(offset)}, args[0])
+	a = append(a, raw)
+	a = append(a, args[1:]...)
+	out, err := exec.Command("unsquashfs", a...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("unsquashfs %v: %v\n%s", a, err, out)
+	}
+	return string(out)
+}
+
+func TestBakeRefusesBadInput(t *testing.T) {
+	good := "#!/bin/sh\necho tool\n"
+	url := serve(t, map[string]string{"/tool": good})
+	artifactProfile := func(sha string) string {
+		return fmt.Sprintf("role: worker\nartifacts:\n  - name: tool\n    url: %s/tool\n%s    dest: /usr/local/bin/tool\n", url, sha)
+	}
+	for _, tc := range []struct {
+		name    string
+		base    []tarEntry
+		profile string
+		lock    bool
+		mutate  func(t *testing.T, r *testRepo)
+		want    []string
+	}{
+		{
+			name: "wrong sha256", base: fakeBase(true), lock: true,
+			profile: artifactProfile("    sha256: " + strings.Repeat("ab", 32) + "\n"),
+			want:    []string{`"tool"`, "sha256 mismatch", strings.Repeat("ab", 32), sum(good)},
+		},
+		{
+			name: "unpinned artifact", base: fakeBase(true), lock: false,
+			profile: artifactProfile(""),
+			want:    []string{"unpinned", "worker.yaml:", `"tool"`, "kiln lock"},
+		},
+		{
+			name: "missing base", base: nil, lock: false,
+			profile: "role: worker\n",
+			mutate: func(t *testing.T, r *testRepo) {
+				write(t, r.def, strings.Replace(readFile(t, r.def), "tag: test", "tag: test\n  digest: sha256:"+strings.Repeat("0", 64), 1))
+			},
+			want: []string{"layout", "no such file or directory"},
+		},
+		{
+			name: "base without kernel", base: fakeBase(false), lock: true,
+			profile: "role: worker\n",
+			want:    []string{"base has no kernel", "linux-image"},
+		},
+		{
+			name: "malformed YAML", base: fakeBase(true), lock: false,
+			profile: "role: worker\n",
+			mutate: func(t *testing.T, r *testRepo) {
+				write(t, r.def, "name: test\nplatform: qemu\nbase:\n  layout: ../layout\n   tag: [oops\n")
+			},
+			want: []string{"test.yaml:5:", "invalid YAML"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRepo(t, tc.base, tc.profile)
+			if tc.lock {
+				r.lock(t)
+			}
+			if tc.mutate != nil {
+				tc.mutate(t, r)
+			}
+			_, err := r.bake(t)
+			if err == nil {
+				t.Fatal("bake succeeded")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			r.assertNoOutput(t)
+		})
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

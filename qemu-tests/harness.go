@@ -1,0 +1,229 @@
+// Package qemutests boots baked kiln images under QEMU (TCG) and checks what a user would see:
+// the serial console, and the disk afterwards, read with the real e2fsprogs.
+//
+// The tests need the default base OS (`make base`) and a static kiln-init (`make build`); `make
+// test` provides both and sets KILN_QEMU_TESTS=1, which turns a missing prerequisite into a
+// failure instead of a skip.
+package qemutests
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	diskfs "github.com/diskfs/go-diskfs"
+
+	"github.com/kilnproject/kiln/builder/vm"
+)
+
+// repoRoot is the repository checkout these tests run in.
+func repoRoot(t *testing.T) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
+// require skips (or, under `make test`, fails) when a prerequisite is missing.
+func require(t *testing.T, ok bool, format string, a ...any) {
+	t.Helper()
+	if ok {
+		return
+	}
+	msg := fmt.Sprintf(format, a...)
+	if os.Getenv("KILN_QEMU_TESTS") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg + " (make test provides it)")
+}
+
+// env is what one test needs: the kiln binary, a kiln-init, a copy of the repository's
+// definitions and a cache, so the test never writes into the checkout.
+type env struct {
+	t       *testing.T
+	dir     string
+	kiln    string
+	repo    string
+	environ []string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("QEMU boot tests are not short")
+	}
+	_, err := exec.LookPath("qemu-system-x86_64")
+	require(t, err == nil, "qemu-system-x86_64 not installed")
+	cache := os.Getenv("KILN_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "kiln")
+	}
+	_, err = os.Stat(filepath.Join(cache, "base", "index.json"))
+	require(t, err == nil, "no base OS image in %s/base", cache)
+	init := os.Getenv("KILN_INIT")
+	require(t, init != "", "KILN_INIT does not name a static kiln-init")
+	root := repoRoot(t)
+	dir := t.TempDir()
+	e := &env{t: t, dir: dir, kiln: filepath.Join(dir, "kiln"), repo: filepath.Join(dir, "repo")}
+	e.environ = append(os.Environ(), "KILN_CACHE="+cache, "KILN_INIT="+init, "KILN_ACCEL=tcg")
+	e.run(root, "go", "build", "-o", e.kiln, "./builder/cmd/kiln")
+	for _, d := range []string{"images", "profiles", "overlays"} {
+		e.run(root, "cp", "-a", filepath.Join(root, d), filepath.Join(e.repo, d))
+	}
+	os.Remove(filepath.Join(e.repo, "images", "qemu.lock"))
+	return e
+}
+
+func (e *env) run(dir, name string, args ...string) string {
+	e.t.Helper()
+	if name == "cp" {
+		os.MkdirAll(filepath.Dir(args[len(args)-1]), 0o755)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Dir, cmd.Env = dir, e.environ
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// bake locks and bakes images/<def>.yaml for role and returns the raw image's path.
+func (e *env) bake(def, role string) string {
+	e.t.Helper()
+	start := time.Now()
+	e.run(e.repo, e.kiln, "lock", "images/"+def+".yaml")
+	e.run(e.repo, e.kiln, "bake", "images/"+def+".yaml", "--role", role, "-o", filepath.Join(e.dir, "out"))
+	e.t.Logf("baked %s-%s in %s", def, role, time.Since(start).Round(time.Millisecond))
+	return filepath.Join(e.dir, "out", def+"-"+role+".raw")
+}
+
+// boot starts QEMU (TCG) on image and waits for a console line matching want.
+func (e *env) boot(image, config string, want *regexp.Regexp, timeout time.Duration) (*vm.Machine, string) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	logf, err := os.Create(filepath.Join(e.dir, fmt.Sprintf("serial-%d.log", time.Now().UnixNano())))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { logf.Close() })
+	start := time.Now()
+	m, err := vm.Start(context.Background(), vm.Config{Image: image, Config: config, Accel: "tcg",
+		Serial: logf, WorkDir: e.t.TempDir()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(m.Stop)
+	line, err := m.WaitFor(ctx, want)
+	if err != nil {
+		m.Stop()
+		e.t.Fatalf("boot %s: %v\nlast console lines:\n%s", filepath.Base(image), err, tail(m.Lines(), 40))
+	}
+	e.t.Logf("console %q after %s", strings.TrimSpace(line), time.Since(start).Round(time.Millisecond))
+	return m, line
+}
+
+func tail(lines []string, n int) string {
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// dataFile reads a file from the data partition (ext4, mounted on /var in the guest) of a raw
+// image with debugfs, as an operator inspecting a powered-off disk would.
+func (e *env) dataFile(image, path string) (string, error) {
+	e.t.Helper()
+	part, err := extractPartition(image, "data", e.t.TempDir())
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.Command("debugfs", "-R", "cat "+path, part).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("debugfs cat %s: %v: %s", path, err, out)
+	}
+	// debugfs prints its banner on stderr; a missing file is reported there too.
+	text := string(out)
+	if i := strings.Index(text, "\n"); strings.HasPrefix(text, "debugfs ") && i >= 0 {
+		text = text[i+1:]
+	}
+	if strings.Contains(text, "File not found by ext2_lookup") {
+		return "", fmt.Errorf("%s: %w", path, os.ErrNotExist)
+	}
+	return text, nil
+}
+
+// extractPartition copies the partition with GPT name name out of a raw image (sparse).
+func extractPartition(image, name, dir string) (string, error) {
+	d, err := diskfs.Open(image, diskfs.WithOpenMode(diskfs.ReadOnly))
+	if err != nil {
+		return "", err
+	}
+	defer d.Close()
+	table, err := d.GetPartitionTable()
+	if err != nil {
+		return "", err
+	}
+	for _, p := range table.GetPartitions() {
+		if p.Label() != name {
+			continue
+		}
+		src, err := os.Open(image)
+		if err != nil {
+			return "", err
+		}
+		defer src.Close()
+		dst := filepath.Join(dir, name+".img")
+		f, err := os.Create(dst)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		if err := sparseCopy(f, io.NewSectionReader(src, p.GetStart(), p.GetSize())); err != nil {
+			return "", err
+		}
+		return dst, nil
+	}
+	return "", fmt.Errorf("%s: no partition named %q", image, name)
+}
+
+func sparseCopy(dst *os.File, src io.Reader) error {
+	buf := make([]byte, 1<<20)
+	zero := make([]byte, len(buf))
+	var off int64
+	for {
+		n, err := io.ReadFull(src, buf)
+		if n > 0 {
+			if !bytes.Equal(buf[:n], zero[:n]) {
+				if _, werr := dst.WriteAt(buf[:n], off); werr != nil {
+					return werr
+				}
+			}
+			off += int64(n)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return dst.Truncate(off)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// copySparse copies a raw image keeping it sparse, so each boot starts from the baked bytes.
+func copySparse(t *testing.T, src, dst string) {
+	t.Helper()
+	out, err := exec.Command("cp", "--sparse=always", src, dst).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cp %s: %v: %s", src, err, out)
+	}
+}
