@@ -1,0 +1,295 @@
+package artifact
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/spec"
+)
+
+// Source is something to fetch: a URL (http or https) or a local Path,
+// expected to hash to SHA256 (64 lower-case hex digits).
+type Source struct {
+	Name   string // for messages, e.g. the artifact name
+	URL    string
+	Path   string
+	SHA256 string
+}
+
+func (s Source) String() string {
+	if s.URL != "" {
+		return s.URL
+	}
+	return s.Path
+}
+
+func (s Source) label() string {
+	if s.Name != "" {
+		return fmt.Sprintf("artifact %q", s.Name)
+	}
+	return "artifact " + s.String()
+}
+
+// emptySHA256 is the hash of zero bytes.
+const emptySHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+// DefaultStallTimeout is how long a download may make no progress.
+const DefaultStallTimeout = 60 * time.Second
+
+var hexRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// Cache is a content-addressed blob store on disk. The zero value is not
+// usable; make one with NewCache or DefaultCache. Fields may be set before
+// first use.
+type Cache struct {
+	// Root is the cache directory; blobs live in Root/blobs/sha256.
+	Root string
+	// Client fetches http(s) sources. NewCache sets one with bounded dial,
+	// TLS handshake and response header timeouts and no overall timeout
+	// (downloads may be large; StallTimeout bounds them instead).
+	Client *http.Client
+	// StallTimeout fails a download that receives nothing for this long.
+	StallTimeout time.Duration
+	// Log receives a line per download.
+	Log *slog.Logger
+}
+
+// NewCache returns a cache rooted at root.
+func NewCache(root string) *Cache {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = 30 * time.Second
+	tr.ResponseHeaderTimeout = 60 * time.Second
+	return &Cache{
+		Root:         root,
+		Client:       &http.Client{Transport: tr},
+		StallTimeout: DefaultStallTimeout,
+		Log:          slog.Default(),
+	}
+}
+
+// DefaultCache returns the cache at spec.CacheDir: $KILN_CACHE, else
+// $XDG_CACHE_HOME/kiln, else ~/.cache/kiln.
+func DefaultCache() (*Cache, error) {
+	dir, err := spec.CacheDir()
+	if err != nil {
+		return nil, err
+	}
+	return NewCache(dir), nil
+}
+
+func (c *Cache) blobDir() string { return filepath.Join(c.Root, "blobs", "sha256") }
+
+// BlobPath returns where the blob with this sha256 lives (or would).
+func (c *Cache) BlobPath(sha256 string) string { return filepath.Join(c.blobDir(), sha256) }
+
+// Has returns the blob's path if the cache holds it.
+func (c *Cache) Has(sha256 string) (string, bool) {
+	if !hexRE.MatchString(sha256) {
+		return "", false
+	}
+	p := c.BlobPath(sha256)
+	fi, err := os.Lstat(p)
+	if err != nil || !fi.Mode().IsRegular() {
+		return "", false
+	}
+	if fi.Size() == 0 && sha256 != emptySHA256 {
+		return "", false // damaged (e.g. truncated by a crash of an older writer)
+	}
+	return p, true
+}
+
+// Fetch returns the path of the blob that s names by its SHA256, fetching
+// and verifying it first unless the cache holds it. A source that does not
+// hash to s.SHA256 fails with
+//
+//	artifact "NAME": sha256 mismatch: want W, got G (from SOURCE)
+//
+// and leaves nothing in the cache.
+func (c *Cache) Fetch(ctx context.Context, s Source) (string, error) {
+	if s.SHA256 == "" {
+		return "", fmt.Errorf("%s: not pinned: no sha256 (run kiln lock)", s.label())
+	}
+	if !hexRE.MatchString(s.SHA256) {
+		return "", fmt.Errorf("%s: sha256 %q is not 64 lower-case hex digits", s.label(), s.SHA256)
+	}
+	if p, ok := c.Has(s.SHA256); ok {
+		return p, nil
+	}
+	_, p, err := c.store(ctx, s, s.SHA256)
+	return p, err
+}
+
+// Add fetches s whatever it hashes to, stores it and returns its sha256 and
+// path. It is how unpinned artifacts get pinned. s.SHA256 is ignored.
+func (c *Cache) Add(ctx context.Context, s Source) (sum, path string, err error) {
+	return c.store(ctx, s, "")
+}
+
+// Verify re-hashes the cached blob and removes it if it is damaged.
+func (c *Cache) Verify(sha256Hex string) error {
+	p := c.BlobPath(sha256Hex)
+	f, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("verify blob: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return fmt.Errorf("verify blob %s: %w", p, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sha256Hex {
+		rmErr := os.Remove(p)
+		return errors.Join(fmt.Errorf("blob %s is damaged: it hashes to %s; removed it", p, got), rmErr)
+	}
+	return nil
+}
+
+// store copies s into a temporary file in the blob directory while hashing
+// it, checks the hash against want (if set), then fsyncs and renames it
+// into place.
+func (c *Cache) store(ctx context.Context, s Source, want string) (sum, path string, err error) {
+	if s.URL == "" && s.Path == "" {
+		return "", "", fmt.Errorf("%s: no url or path", s.label())
+	}
+	dir := c.blobDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", fmt.Errorf("cache: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".partial-*")
+	if err != nil {
+		return "", "", fmt.Errorf("cache: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+
+	start := time.Now()
+	h := sha256.New()
+	n, err := c.copy(ctx, s, io.MultiWriter(tmp, h))
+	if err != nil {
+		return "", "", fmt.Errorf("%s: %w", s.label(), err)
+	}
+	sum = hex.EncodeToString(h.Sum(nil))
+	if want != "" && sum != want {
+		return "", "", fmt.Errorf("%s: sha256 mismatch: want %s, got %s (from %s)", s.label(), want, sum, s)
+	}
+	if err := tmp.Chmod(0o444); err != nil {
+		return "", "", fmt.Errorf("cache: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return "", "", fmt.Errorf("cache: sync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return "", "", fmt.Errorf("cache: %w", err)
+	}
+	path = c.BlobPath(sum)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return "", "", fmt.Errorf("cache: %w", err)
+	}
+	done = true
+	if d, err := os.Open(dir); err == nil {
+		d.Sync() // make the rename durable; failure here loses nothing but the rename
+		d.Close()
+	}
+	c.logger().Info("fetched", "artifact", s.Name, "source", s.String(), "sha256", sum, "bytes", n, "took", time.Since(start).Round(time.Millisecond))
+	return sum, path, nil
+}
+
+func (c *Cache) logger() *slog.Logger {
+	if c.Log != nil {
+		return c.Log
+	}
+	return slog.Default()
+}
+
+// copy writes the content of s to w.
+func (c *Cache) copy(ctx context.Context, s Source, w io.Writer) (int64, error) {
+	if s.URL == "" {
+		f, err := os.Open(s.Path)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		n, err := io.Copy(w, f)
+		if err != nil {
+			return n, fmt.Errorf("read %s: %w", s.Path, err)
+		}
+		return n, nil
+	}
+
+	stall := c.StallTimeout
+	if stall <= 0 {
+		stall = DefaultStallTimeout
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	errStalled := fmt.Errorf("no data for %s", stall)
+	timer := time.AfterFunc(stall, func() { cancel(errStalled) })
+	defer timer.Stop()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("User-Agent", "kiln")
+	// Ask for the bytes as stored: with transparent gzip decoding, a
+	// .tar.gz served with Content-Encoding: gzip would hash differently.
+	req.Header.Set("Accept-Encoding", "identity")
+	client := c.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("GET %s: %w", s.URL, causeOr(ctx, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s: %s", s.URL, resp.Status)
+	}
+	n, err := io.Copy(w, &progressReader{r: resp.Body, onRead: func() { timer.Reset(stall) }})
+	if err != nil {
+		return n, fmt.Errorf("GET %s: after %d bytes: %w", s.URL, n, causeOr(ctx, err))
+	}
+	if resp.ContentLength >= 0 && n != resp.ContentLength {
+		return n, fmt.Errorf("GET %s: got %d bytes, want %d", s.URL, n, resp.ContentLength)
+	}
+	return n, nil
+}
+
+// causeOr returns why ctx ended (a stall, the caller's cancellation), or err.
+func causeOr(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil {
+		return cause
+	}
+	return err
+}
+
+type progressReader struct {
+	r      io.Reader
+	onRead func()
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.onRead()
+	}
+	return n, err
+}

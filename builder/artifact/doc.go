@@ -1,0 +1,20 @@
+// Package artifact fetches, verifies, caches and unpacks the files a bake
+// needs, and keeps the lock file that pins what the documents leave
+// unpinned.
+//
+// The cache is content-addressed: a blob lives at
+// <root>/blobs/sha256/<hex> and only ever appears there by an atomic rename
+// of a complete, fsynced temporary file whose sha256 was checked while it
+// was written. A partial or wrong download is never visible under a blob
+// name, and two fetchers (goroutines or processes) racing for the same blob
+// both end up with a correct one. Blobs are verified on insert and trusted
+// by name afterwards (they are written read-only); a zero-length blob whose
+// name is not the hash of nothing is treated as damaged and fetched again,
+// and Cache.Verify re-hashes a blob on demand.
+//
+// The lock file, images/<name>.lock, is JSON with sorted keys. It records the
+// manifest digest of the base image (resolved from a tag through a
+// BaseResolver) and the sha256 of every artifact whose profile gives none;
+// Pinner writes it (`kiln lock`), and Sources/BaseDigest/Unpinned read it at
+// bake time, where anything unpinned is refused.
+package artifact

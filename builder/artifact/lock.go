@@ -1,0 +1,260 @@
+package artifact
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/kilnproject/kiln/builder/spec"
+)
+
+// LockVersion is the version of the lock file format written by Write.
+const LockVersion = 1
+
+// Lock pins what the documents leave unpinned. It is stored as JSON, keys
+// sorted, next to the definition:
+//
+//	{
+//	  "version": 1,
+//	  "base": {"ref": "oci:${KILN_CACHE}/base/bookworm:bookworm", "digest": "sha256:…"},
+//	  "artifacts": {
+//	    "worker/crictl": {"source": "https://…/crictl.tar.gz", "sha256": "…"}
+//	  }
+//	}
+//
+// An entry counts only while it still matches the documents: the base entry
+// while its ref equals the definition's base Ref, an artifact entry while
+// its source equals the artifact's url or path as written.
+type Lock struct {
+	Version   int                       `json:"version"`
+	Base      *LockedBase               `json:"base,omitempty"`
+	Artifacts map[string]LockedArtifact `json:"artifacts,omitempty"`
+}
+
+// LockedBase is the manifest digest of the base image named by Ref.
+type LockedBase struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+}
+
+// LockedArtifact is the sha256 of an artifact's content at Source.
+type LockedArtifact struct {
+	Source string `json:"source"`
+	SHA256 string `json:"sha256"`
+}
+
+// LockPath returns the lock file of def: <name>.lock next to it.
+func LockPath(def *spec.Definition) string {
+	return filepath.Join(filepath.Dir(def.File), def.Name+".lock")
+}
+
+// LockKey names an artifact of a role in the lock: "<role>/<name>".
+func LockKey(role, name string) string { return role + "/" + name }
+
+// ReadLock reads the lock file at path; a missing file is an empty lock.
+func ReadLock(path string) (*Lock, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &Lock{Version: LockVersion}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock file: %w", err)
+	}
+	var l Lock
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&l); err != nil {
+		return nil, fmt.Errorf("lock file %s: %w (remove it and run kiln lock)", path, err)
+	}
+	if l.Version != LockVersion {
+		return nil, fmt.Errorf("lock file %s: version %d, this kiln reads version %d", path, l.Version, LockVersion)
+	}
+	if l.Base != nil && !validDigest(l.Base.Digest) {
+		return nil, fmt.Errorf("lock file %s: base digest %q is not sha256:<64 hex>", path, l.Base.Digest)
+	}
+	for k, a := range l.Artifacts {
+		if !hexRE.MatchString(a.SHA256) {
+			return nil, fmt.Errorf("lock file %s: artifact %s: sha256 %q is not 64 lower-case hex digits", path, k, a.SHA256)
+		}
+	}
+	return &l, nil
+}
+
+// Write stores the lock at path atomically, as indented JSON with sorted
+// keys and a final newline, so that the same lock always gives the same
+// bytes.
+func (l *Lock) Write(path string) error {
+	out := *l
+	out.Version = LockVersion
+	data, err := json.MarshalIndent(&out, "", "  ")
+	if err != nil {
+		return fmt.Errorf("lock file: %w", err)
+	}
+	data = append(data, '\n')
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("lock file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("lock file: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("lock file: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("lock file: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("lock file: %w", err)
+	}
+	return nil
+}
+
+// SHA256 returns the sha256 pinning artifact a of role: the profile's own,
+// else the lock's if its source still matches, else "".
+func (l *Lock) SHA256(role string, a spec.Artifact) string {
+	if a.SHA256 != "" {
+		return a.SHA256
+	}
+	if l == nil {
+		return ""
+	}
+	if e, ok := l.Artifacts[LockKey(role, a.Name)]; ok && e.Source == a.Source {
+		return e.SHA256
+	}
+	return ""
+}
+
+// BaseDigest returns the manifest digest pinning b: the definition's own,
+// else the lock's if its ref still matches, else "".
+func (l *Lock) BaseDigest(b spec.Base) string {
+	if b.Digest != "" {
+		return b.Digest
+	}
+	if l != nil && l.Base != nil && l.Base.Ref == b.Ref {
+		return l.Base.Digest
+	}
+	return ""
+}
+
+// Unpinned lists, as "file:line: field: problem" lines, what def and p
+// leave unpinned given l. Bake refuses to run while it is not empty.
+// p may be nil.
+func Unpinned(def *spec.Definition, p *spec.Profile, l *Lock) []string {
+	var out []string
+	if def != nil && l.BaseDigest(def.Base) == "" {
+		out = append(out, spec.Errorf(def.Base.Pos, "base", "%s is not pinned: no digest here or in %s (run kiln lock)", def.Base.Ref, filepath.Base(LockPath(def))).Error())
+	}
+	if p != nil {
+		for _, a := range p.Artifacts {
+			if l.SHA256(p.Role, a) == "" {
+				out = append(out, spec.Errorf(a.Pos, "artifacts", "%q (%s) is not pinned: no sha256 here or in the lock file (run kiln lock)", a.Name, a.Source).Error())
+			}
+		}
+	}
+	return out
+}
+
+// Sources returns a Source for every artifact of p, pinned by the profile
+// or by l; it fails, listing them, if any is unpinned.
+func Sources(p *spec.Profile, l *Lock) ([]Source, error) {
+	if u := Unpinned(nil, p, l); len(u) > 0 {
+		return nil, fmt.Errorf("profile %s: unpinned artifacts:\n%s", p.Role, joinLines(u))
+	}
+	out := make([]Source, 0, len(p.Artifacts))
+	for _, a := range p.Artifacts {
+		out = append(out, Source{Name: a.Name, URL: a.URL, Path: a.Path, SHA256: l.SHA256(p.Role, a)})
+	}
+	return out, nil
+}
+
+func joinLines(lines []string) string {
+	var b bytes.Buffer
+	for i, s := range lines {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(s)
+	}
+	return b.String()
+}
+
+// BaseResolver finds the manifest digest ("sha256:…") of a base image from
+// its tag. OCIResolver implements it for layouts, registries and tarballs.
+type BaseResolver interface {
+	ResolveBase(ctx context.Context, b spec.Base) (digest string, err error)
+}
+
+// Pinner makes lock files (`kiln lock`).
+type Pinner struct {
+	Cache    *Cache
+	Resolver BaseResolver
+	// Update re-resolves and re-downloads entries the old lock already has.
+	Update bool
+}
+
+// Pin returns the lock def and profiles need: the base digest unless the
+// definition gives one, and a sha256 for every artifact whose profile
+// gives none. Entries of old that still match are kept (unless Update);
+// the others are resolved or downloaded once into the cache. Entries no
+// longer needed are dropped, so pass every profile the image is baked with
+// (spec.LoadProfiles). The notes say, one line each, what was pinned anew.
+func (pn *Pinner) Pin(ctx context.Context, def *spec.Definition, profiles []*spec.Profile, old *Lock) (*Lock, []string, error) {
+	if old == nil || pn.Update {
+		old = &Lock{}
+	}
+	l := &Lock{Version: LockVersion}
+	var notes []string
+	if def.Base.Digest == "" {
+		if d := old.BaseDigest(def.Base); d != "" {
+			l.Base = &LockedBase{Ref: def.Base.Ref, Digest: d}
+		} else {
+			if pn.Resolver == nil {
+				return nil, nil, fmt.Errorf("%s: base %s: no resolver to pin it with", def.Base.Pos, def.Base.Ref)
+			}
+			d, err := pn.Resolver.ResolveBase(ctx, def.Base)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: base: %w", def.Base.Pos, err)
+			}
+			if !validDigest(d) {
+				return nil, nil, fmt.Errorf("%s: base %s: resolver returned %q, not a sha256 digest", def.Base.Pos, def.Base.Ref, d)
+			}
+			l.Base = &LockedBase{Ref: def.Base.Ref, Digest: d}
+			notes = append(notes, fmt.Sprintf("pinned base %s to %s", def.Base.Ref, d))
+		}
+	}
+	for _, p := range profiles {
+		for _, a := range p.Artifacts {
+			if a.SHA256 != "" {
+				continue
+			}
+			key := LockKey(p.Role, a.Name)
+			sum := old.SHA256(p.Role, a)
+			if sum == "" {
+				var err error
+				sum, _, err = pn.Cache.Add(ctx, Source{Name: a.Name, URL: a.URL, Path: a.Path})
+				if err != nil {
+					return nil, nil, fmt.Errorf("%s: %w", a.Pos, err)
+				}
+				notes = append(notes, fmt.Sprintf("pinned %s: downloaded %s once, sha256 %s", key, a.Source, sum))
+			}
+			if l.Artifacts == nil {
+				l.Artifacts = map[string]LockedArtifact{}
+			}
+			l.Artifacts[key] = LockedArtifact{Source: a.Source, SHA256: sum}
+		}
+	}
+	return l, notes, nil
+}
+
+func validDigest(d string) bool {
+	return len(d) == len("sha256:")+64 && d[:7] == "sha256:" && hexRE.MatchString(d[7:])
+}

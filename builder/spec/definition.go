@@ -1,0 +1,338 @@
+package spec
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"gopkg.in/yaml.v3"
+)
+
+// Platforms, output formats and root filesystems a definition may name.
+var (
+	Platforms = []string{"qemu", "aws", "gce", "metal"}
+	Formats   = []string{"raw", "qcow2", "vmdk", "vhd", "gce"}
+	// Compressions lists, per root filesystem type, the accepted
+	// compression names; the first one is the default.
+	Compressions = map[string][]string{
+		"squashfs": {"zstd", "gzip", "lz4", "lzo", "xz", "none"},
+		"erofs":    {"lz4hc", "lz4", "none"},
+	}
+)
+
+// Defaults applied when a definition leaves a field out.
+const (
+	DefaultRootFS  = "squashfs"
+	DefaultESPSize = 256 * MiB
+	MinESPSize     = 64 * MiB
+	DefaultFormat  = "raw"
+)
+
+// Definition is an image definition, images/<name>.yaml: what to build.
+type Definition struct {
+	// File is the absolute path of the definition.
+	File string
+	// Name names the image and its lock file (<name>.lock next to File).
+	Name     string
+	Platform string
+	Base     Base
+	Disk     Disk
+	// Formats are the output formats, in the order given; default [raw].
+	Formats []string
+	Kernel  Kernel
+	// Overlays are absolute directories (<dir of File>/../overlays/<name>),
+	// copied onto the root tree in this order.
+	Overlays []string
+	// ProfilesDir holds the role profiles, <role>.yaml; default
+	// <dir of File>/../profiles.
+	ProfilesDir string
+	// ProfilesPos is where profiles was given (line 0 when defaulted).
+	ProfilesPos Pos
+}
+
+// Base is the OS image the root tree starts from. Exactly one of Layout,
+// Image and Tarball is set.
+type Base struct {
+	// Layout is an OCI image layout directory (absolute, variables expanded)
+	// and Tag the org.opencontainers.image.ref.name of the image in its
+	// index (may be empty if the index holds one image).
+	Layout string
+	Tag    string
+	// Image is a registry reference without digest, e.g.
+	// registry.example.com/debian:bookworm.
+	Image string
+	// Tarball is a `docker save` tarball (absolute, variables expanded).
+	Tarball string
+	// Digest is the sha256:… digest of the image manifest, from the
+	// definition (digest: or image: …@sha256:…); empty means "from the lock".
+	Digest string
+	// Ref identifies the source portably, as written (before expansion):
+	// "oci:<layout>:<tag>", "docker://<image>" or "docker-archive:<tarball>".
+	// The lock file records base digests under it.
+	Ref string
+	Pos Pos
+}
+
+// Disk describes the disk image.
+type Disk struct {
+	// Size of the whole disk image; 0 means just large enough.
+	Size Size
+	// RootFS is squashfs or erofs; Compression one of Compressions[RootFS].
+	RootFS      string
+	Compression string
+	ESPSize     Size
+}
+
+// Kernel holds what is added to the kernel command line and initramfs.
+type Kernel struct {
+	// Args follow kiln's own root=, rootfstype=, ro and kiln.platform=.
+	Args []string
+	// Modules are extra modules (by name) for the initramfs.
+	Modules []string
+}
+
+var (
+	nameRE     = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	dirNameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+	moduleRE   = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+	digestRE   = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	kernelArgs = []string{"root", "rootfstype", "ro", "rw", "kiln.platform"}
+)
+
+// LoadDefinition reads and validates the image definition at path. All
+// problems are returned together; each is an *Error.
+func LoadDefinition(path string) (*Definition, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("image definition %s: %w", path, err)
+	}
+	d, root, err := parse(path)
+	if err != nil {
+		return nil, fmt.Errorf("image definition: %w", err)
+	}
+	dir := filepath.Dir(abs)
+	def := &Definition{
+		File:        abs,
+		Disk:        Disk{RootFS: DefaultRootFS, ESPSize: DefaultESPSize},
+		ProfilesDir: filepath.Join(dir, "..", "profiles"),
+		ProfilesPos: Pos{File: path},
+	}
+	var diskNode *yaml.Node
+	seen, _ := d.fields(root, "", []string{"name", "platform", "base", "disk", "formats", "kernel", "overlays", "profiles"}, func(key, field string, v *yaml.Node) {
+		switch key {
+		case "name":
+			if s, ok := d.str(v, field); ok {
+				if !nameRE.MatchString(s) {
+					d.failf(v, field, "%q: use lower-case letters, digits and '-' (at most 63)", s)
+				}
+				def.Name = s
+			}
+		case "platform":
+			if s, ok := d.str(v, field); ok {
+				if !contains(Platforms, s) {
+					d.failf(v, field, "%q is not a platform (one of: %s)", s, strings.Join(Platforms, ", "))
+				}
+				def.Platform = s
+			}
+		case "base":
+			def.Base = d.base(v, field, dir)
+		case "disk":
+			diskNode = v
+			d.disk(v, field, &def.Disk)
+		case "formats":
+			def.Formats = d.strs(v, field, func(s, f string, n *yaml.Node) {
+				if !contains(Formats, s) {
+					d.failf(n, f, "%q is not an output format (one of: %s)", s, strings.Join(Formats, ", "))
+				}
+			})
+		case "kernel":
+			d.kernel(v, field, &def.Kernel)
+		case "overlays":
+			def.Overlays = d.overlays(v, field, dir)
+		case "profiles":
+			if s, ok := d.str(v, field); ok {
+				p, err := expandPath(s, dir)
+				if err != nil {
+					d.failf(v, field, "%v", err)
+					break
+				}
+				if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+					d.failf(v, field, "%s is not a directory", p)
+				}
+				def.ProfilesDir, def.ProfilesPos = p, d.pos(v)
+			}
+		}
+	})
+	d.require(root, "", seen, "name", "platform", "base")
+	if def.Disk.Compression == "" {
+		def.Disk.Compression = Compressions[def.Disk.RootFS][0]
+	}
+	if len(def.Formats) == 0 && !seen["formats"] {
+		def.Formats = []string{DefaultFormat}
+	}
+	if diskNode != nil && def.Disk.Size != 0 && def.Disk.Size <= def.Disk.ESPSize {
+		d.failf(diskNode, "disk.size", "%s leaves no room after the %s ESP", def.Disk.Size, def.Disk.ESPSize)
+	}
+	if err := d.err(); err != nil {
+		return nil, err
+	}
+	return def, nil
+}
+
+func (d *decoder) base(n *yaml.Node, path, dir string) Base {
+	b := Base{Pos: d.pos(n)}
+	var sources []string
+	var tagNode *yaml.Node
+	seen, ok := d.fields(n, path, []string{"layout", "tag", "image", "tarball", "digest"}, func(key, field string, v *yaml.Node) {
+		s, ok := d.str(v, field)
+		if !ok {
+			return
+		}
+		switch key {
+		case "layout", "tarball", "image":
+			sources = append(sources, key)
+			if len(sources) > 1 {
+				d.failf(v, field, "give only one of layout, image or tarball (already have %s)", sources[0])
+				return
+			}
+		}
+		switch key {
+		case "layout", "tarball":
+			p, err := expandPath(s, dir)
+			if err != nil {
+				d.failf(v, field, "%v", err)
+				return
+			}
+			if key == "layout" {
+				b.Layout = p
+				b.Ref = "oci:" + s
+			} else {
+				b.Tarball = p
+				b.Ref = "docker-archive:" + s
+			}
+		case "tag":
+			b.Tag, tagNode = s, v
+		case "image":
+			ref, err := name.ParseReference(s)
+			if err != nil {
+				d.failf(v, field, "%v", err)
+				return
+			}
+			b.Ref = "docker://" + s
+			b.Image = s
+			if dg, ok := ref.(name.Digest); ok {
+				b.Image = strings.TrimSuffix(s, "@"+dg.DigestStr())
+				if b.Digest != "" && b.Digest != dg.DigestStr() {
+					d.failf(v, field, "digest %s differs from digest: %s", dg.DigestStr(), b.Digest)
+				}
+				b.Digest = dg.DigestStr()
+			}
+		case "digest":
+			if !digestRE.MatchString(s) {
+				d.failf(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
+				return
+			}
+			if b.Digest != "" && b.Digest != s {
+				d.failf(v, field, "%s differs from the digest in image: %s", s, b.Digest)
+			}
+			b.Digest = s
+		}
+	})
+	if !ok {
+		return b
+	}
+	if len(sources) == 0 {
+		d.failf(n, path, "one of layout, image or tarball is required")
+	}
+	if seen["tag"] && b.Layout == "" && tagNode != nil {
+		d.failf(tagNode, join(path, "tag"), "only used with layout (put the tag in image: name:tag)")
+	}
+	if b.Layout != "" && b.Tag != "" {
+		b.Ref += ":" + b.Tag
+	}
+	return b
+}
+
+func (d *decoder) disk(n *yaml.Node, path string, disk *Disk) {
+	var compNode *yaml.Node
+	d.fields(n, path, []string{"size", "rootfs", "compression", "esp_size"}, func(key, field string, v *yaml.Node) {
+		switch key {
+		case "size", "esp_size":
+			s, ok := d.size(v, field)
+			if !ok {
+				return
+			}
+			if s%MiB != 0 {
+				d.failf(v, field, "%s is not a whole number of MiB", s)
+				return
+			}
+			if key == "size" {
+				disk.Size = s
+			} else if s < MinESPSize {
+				d.failf(v, field, "%s is too small for a FAT32 ESP (at least %s)", s, MinESPSize)
+			} else {
+				disk.ESPSize = s
+			}
+		case "rootfs":
+			if s, ok := d.str(v, field); ok {
+				if _, known := Compressions[s]; !known {
+					d.failf(v, field, "%q is not a root filesystem type (squashfs or erofs)", s)
+					return
+				}
+				disk.RootFS = s
+			}
+		case "compression":
+			if s, ok := d.str(v, field); ok {
+				disk.Compression, compNode = s, v
+			}
+		}
+	})
+	if allowed := Compressions[disk.RootFS]; disk.Compression != "" && !contains(allowed, disk.Compression) {
+		d.failf(compNode, join(path, "compression"), "%q does not work with %s (one of: %s)", disk.Compression, disk.RootFS, strings.Join(allowed, ", "))
+	}
+}
+
+func (d *decoder) kernel(n *yaml.Node, path string, k *Kernel) {
+	d.fields(n, path, []string{"args", "modules"}, func(key, field string, v *yaml.Node) {
+		switch key {
+		case "args":
+			k.Args = d.strs(v, field, func(s, f string, n *yaml.Node) {
+				if s == "" || strings.ContainsAny(s, " \t\r\n") {
+					d.failf(n, f, "%q: one argument per list entry, without spaces", s)
+					return
+				}
+				key, _, _ := strings.Cut(s, "=")
+				if contains(kernelArgs, key) {
+					d.failf(n, f, "%q: kiln sets %s= itself", s, key)
+				}
+			})
+		case "modules":
+			k.Modules = d.strs(v, field, func(s, f string, n *yaml.Node) {
+				if !moduleRE.MatchString(s) {
+					d.failf(n, f, "%q is not a module name (like virtio_blk, without .ko)", s)
+				}
+			})
+		}
+	})
+}
+
+// overlays resolves overlay names to existing directories <dir>/../overlays/<name>.
+func (d *decoder) overlays(n *yaml.Node, field, dir string) []string {
+	var out []string
+	d.strs(n, field, func(s, f string, n *yaml.Node) {
+		if !dirNameRE.MatchString(s) {
+			d.failf(n, f, "%q: give the name of a directory under overlays/", s)
+			return
+		}
+		p := filepath.Join(dir, "..", "overlays", s)
+		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+			d.failf(n, f, "overlay %s: %s is not a directory", s, p)
+			return
+		}
+		out = append(out, p)
+	})
+	return out
+}

@@ -1,0 +1,464 @@
+package spec
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Profile is a role profile, profiles/<role>.yaml: what a node of that
+// role carries on top of the image definition.
+type Profile struct {
+	// File is the absolute path of the profile.
+	File string
+	// Role equals the file name without .yaml.
+	Role      string
+	Artifacts []Artifact
+	Units     Units
+	// Overlays are absolute directories (<dir of File>/../overlays/<name>),
+	// copied after the definition's overlays.
+	Overlays []string
+	// Templates is an absolute directory, or empty (carried, not checked).
+	Templates string
+}
+
+// Artifact is one file fetched into the image: a URL or a local file,
+// pinned by sha256 here or in the lock file, placed at Dest or extracted.
+type Artifact struct {
+	Name string
+	// Source is the url or path as written; the lock and the image
+	// metadata record it. URL or Path (absolute, variables expanded) is set.
+	Source string
+	URL    string
+	Path   string
+	// SHA256 is 64 lower-case hex digits, or empty: then the lock pins it.
+	SHA256 string
+	// Dest is the absolute path in the image of a plain file (Extract nil).
+	Dest string
+	// Mode of a plain file; default 0644.
+	Mode fs.FileMode
+	// Extract, if set, unpacks the artifact instead of copying it.
+	Extract *Extract
+	Pos     Pos
+}
+
+// Extract says how to unpack an archive artifact.
+type Extract struct {
+	// Format is one of ArchiveFormats; guessed from the source name when
+	// not given.
+	Format string
+	// Files maps archive member paths (relative, "./" removed) to absolute
+	// paths in the image; only those members are extracted.
+	Files map[string]string
+	// Dir (the artifact's dest) receives the whole archive when Files is
+	// empty, after removing Strip leading path components from each member.
+	Dir   string
+	Strip int
+}
+
+// Units lists systemd units to enable, disable or mask in the image.
+type Units struct {
+	Enable, Disable, Mask []string
+}
+
+// ArchiveFormats are the formats Extract accepts.
+var ArchiveFormats = []string{"tar", "tar.gz", "tar.xz", "tar.zst", "tar.bz2", "deb"}
+
+var (
+	hexRE      = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	artNameRE  = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+	unitRE     = regexp.MustCompile(`^[A-Za-z0-9:_.@\\-]+\.(service|socket|timer|target|mount|automount|path|slice|swap)$`)
+	modeRE     = regexp.MustCompile(`^0?[0-7]{3,4}$`)
+	formatExts = map[string]string{".tar": "tar", ".tar.gz": "tar.gz", ".tgz": "tar.gz", ".tar.xz": "tar.xz", ".txz": "tar.xz", ".tar.zst": "tar.zst", ".tar.bz2": "tar.bz2", ".deb": "deb"}
+)
+
+// ProfileFile returns the path of role's profile in dir.
+func ProfileFile(dir, role string) string { return filepath.Join(dir, role+".yaml") }
+
+// LoadProfile reads and validates the profile for role in dir.
+func LoadProfile(dir, role string) (*Profile, error) {
+	if !nameRE.MatchString(role) {
+		return nil, fmt.Errorf("role %q: use lower-case letters, digits and '-'", role)
+	}
+	file := ProfileFile(dir, role)
+	if _, err := os.Stat(file); errors.Is(err, fs.ErrNotExist) {
+		msg := fmt.Sprintf("profile for role %q: %s does not exist", role, file)
+		if roles, _ := Roles(dir); len(roles) > 0 {
+			msg += " (roles: " + strings.Join(roles, ", ") + ")"
+		}
+		return nil, errors.New(msg)
+	}
+	return loadProfile(file, role)
+}
+
+// Profile loads the profile for role from the definition's profiles
+// directory; a missing file is reported at the definition's profiles line.
+func (def *Definition) Profile(role string) (*Profile, error) {
+	p, err := LoadProfile(def.ProfilesDir, role)
+	if err != nil && nameRE.MatchString(role) {
+		if _, serr := os.Stat(ProfileFile(def.ProfilesDir, role)); errors.Is(serr, fs.ErrNotExist) {
+			return nil, Errorf(def.ProfilesPos, "profiles", "%v", err)
+		}
+	}
+	return p, err
+}
+
+// Roles lists the roles that have a profile in dir, sorted.
+func Roles(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var roles []string
+	for _, e := range ents {
+		if r, ok := strings.CutSuffix(e.Name(), ".yaml"); ok && !e.IsDir() && nameRE.MatchString(r) {
+			roles = append(roles, r)
+		}
+	}
+	sort.Strings(roles)
+	return roles, nil
+}
+
+// LoadProfiles loads every profile in dir, sorted by role.
+func LoadProfiles(dir string) ([]*Profile, error) {
+	roles, err := Roles(dir)
+	if err != nil {
+		return nil, fmt.Errorf("profiles: %w", err)
+	}
+	var out []*Profile
+	var errs []error
+	for _, r := range roles {
+		p, err := LoadProfile(dir, r)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, errors.Join(errs...)
+}
+
+func loadProfile(file, role string) (*Profile, error) {
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return nil, fmt.Errorf("profile %s: %w", file, err)
+	}
+	d, root, err := parse(file)
+	if err != nil {
+		return nil, fmt.Errorf("profile: %w", err)
+	}
+	dir := filepath.Dir(abs)
+	p := &Profile{File: abs}
+	seen, _ := d.fields(root, "", []string{"role", "artifacts", "units", "overlays", "templates"}, func(key, field string, v *yaml.Node) {
+		switch key {
+		case "role":
+			if s, ok := d.str(v, field); ok {
+				if s != role {
+					d.failf(v, field, "%q does not match the file name (%s.yaml)", s, role)
+				}
+				p.Role = s
+			}
+		case "artifacts":
+			p.Artifacts = d.artifacts(v, field, dir)
+		case "units":
+			d.units(v, field, &p.Units)
+		case "overlays":
+			p.Overlays = d.overlays(v, field, dir)
+		case "templates":
+			if s, ok := d.str(v, field); ok {
+				t, err := expandPath(s, dir)
+				if err != nil {
+					d.failf(v, field, "%v", err)
+				}
+				p.Templates = t
+			}
+		}
+	})
+	d.require(root, "", seen, "role")
+	if err := d.err(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (d *decoder) artifacts(n *yaml.Node, at, dir string) []Artifact {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.failf(n, at, "expected a list, got %s", describe(n))
+		return nil
+	}
+	var out []Artifact
+	names := map[string]bool{}
+	for i, item := range n.Content {
+		item = deref(item)
+		a := d.artifact(item, fmt.Sprintf("%s[%d]", at, i), dir)
+		if a.Name != "" {
+			if names[a.Name] {
+				d.failf(item, fmt.Sprintf("%s[%d].name", at, i), "%q used by an earlier artifact", a.Name)
+			}
+			names[a.Name] = true
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
+	a := Artifact{Pos: d.pos(n)}
+	var extractNode, modeNode, destNode *yaml.Node
+	seen, ok := d.fields(n, at, []string{"name", "url", "path", "sha256", "dest", "mode", "extract"}, func(key, field string, v *yaml.Node) {
+		if key == "extract" {
+			extractNode = v
+			return
+		}
+		if key == "sha256" {
+			// Read the text whatever YAML thinks it is: a hex digest may
+			// happen to look like a number.
+			if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+				d.failf(v, field, "expected a sha256 (64 hex digits), got %s", describe(v))
+				return
+			}
+			if s := strings.TrimPrefix(v.Value, "sha256:"); hexRE.MatchString(s) {
+				a.SHA256 = s
+			} else {
+				d.failf(v, field, "%q is not a sha256 (64 lower-case hex digits)", v.Value)
+			}
+			return
+		}
+		if key == "mode" {
+			modeNode = v
+			if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!int") || !modeRE.MatchString(v.Value) {
+				d.failf(v, field, "expected an octal mode such as \"0755\", got %s", describe(v))
+				return
+			}
+			m, _ := strconv.ParseUint(v.Value, 8, 32)
+			a.Mode = fs.FileMode(m)
+			return
+		}
+		s, ok := d.str(v, field)
+		if !ok {
+			return
+		}
+		switch key {
+		case "name":
+			if !artNameRE.MatchString(s) {
+				d.failf(v, field, "%q: use lower-case letters, digits, '.', '_' and '-'", s)
+			}
+			a.Name = s
+		case "url":
+			if a.Source != "" {
+				d.failf(v, field, "give either url or path, not both")
+				return
+			}
+			u, err := url.Parse(s)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				d.failf(v, field, "%q is not an http(s) URL", s)
+				return
+			}
+			a.URL, a.Source = s, s
+		case "path":
+			if a.Source != "" {
+				d.failf(v, field, "give either url or path, not both")
+				return
+			}
+			p, err := expandPath(s, dir)
+			if err != nil {
+				d.failf(v, field, "%v", err)
+				return
+			}
+			a.Path, a.Source = p, s
+		case "dest":
+			destNode = v
+			if err := imagePath(s); err != nil {
+				d.failf(v, field, "%v", err)
+				return
+			}
+			a.Dest = path.Clean(s)
+		}
+	})
+	if !ok {
+		return a
+	}
+	d.require(n, at, seen, "name")
+	if !seen["url"] && !seen["path"] {
+		d.failf(n, at, "one of url or path is required")
+	}
+	if extractNode == nil {
+		if !seen["dest"] {
+			d.failf(n, join(at, "dest"), "required (or extract)")
+		}
+		if a.Mode == 0 && modeNode == nil {
+			a.Mode = 0o644
+		}
+		return a
+	}
+	if modeNode != nil {
+		d.failf(modeNode, join(at, "mode"), "only for plain files; extracted files keep the archive's modes")
+	}
+	a.Extract = d.extract(extractNode, join(at, "extract"), a.Source)
+	if a.Extract != nil {
+		switch {
+		case a.Extract.Files != nil && destNode != nil:
+			d.failf(destNode, join(at, "dest"), "not used with extract.files (each file names its destination)")
+		case a.Extract.Files == nil && destNode == nil:
+			d.failf(extractNode, join(at, "extract"), "needs files, or a dest directory on the artifact")
+		default:
+			a.Extract.Dir = a.Dest
+		}
+	}
+	return a
+}
+
+func (d *decoder) extract(n *yaml.Node, at, source string) *Extract {
+	x := &Extract{}
+	_, ok := d.fields(n, at, []string{"format", "files", "strip"}, func(key, field string, v *yaml.Node) {
+		switch key {
+		case "format":
+			if s, ok := d.str(v, field); ok {
+				if !contains(ArchiveFormats, s) {
+					d.failf(v, field, "%q is not an archive format (one of: %s)", s, strings.Join(ArchiveFormats, ", "))
+				}
+				x.Format = s
+			}
+		case "strip":
+			if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
+				d.failf(v, field, "expected a number, got %s", describe(v))
+				return
+			}
+			s, err := strconv.Atoi(v.Value)
+			if err != nil || s < 0 || s > 32 {
+				d.failf(v, field, "%s: want 0 to 32", v.Value)
+				return
+			}
+			x.Strip = s
+		case "files":
+			x.Files = d.files(v, field)
+		}
+	})
+	if !ok {
+		return nil
+	}
+	if x.Format == "" {
+		x.Format = guessFormat(source)
+		if x.Format == "" {
+			d.failf(n, join(at, "format"), "required: cannot tell the format from %q (one of: %s)", source, strings.Join(ArchiveFormats, ", "))
+		}
+	}
+	return x
+}
+
+// files decodes extract.files: archive member -> absolute path in the image.
+func (d *decoder) files(n *yaml.Node, at string) map[string]string {
+	if n.Kind != yaml.MappingNode {
+		d.failf(n, at, "expected a mapping of archive member to destination, got %s", describe(n))
+		return map[string]string{}
+	}
+	out := map[string]string{}
+	dests := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := deref(n.Content[i]), deref(n.Content[i+1])
+		member, ok := d.str(k, at)
+		if !ok {
+			continue
+		}
+		field := at + "." + member
+		m := strings.TrimPrefix(member, "./")
+		switch {
+		case m == "" || strings.HasPrefix(m, "/") || containsDotDot(m):
+			d.failf(k, field, "%q: want a relative path inside the archive", member)
+			continue
+		case out[path.Clean(m)] != "":
+			d.failf(k, field, "given more than once")
+			continue
+		}
+		dest, ok := d.str(v, field)
+		if !ok {
+			continue
+		}
+		if err := imagePath(dest); err != nil {
+			d.failf(v, field, "%v", err)
+			continue
+		}
+		dest = path.Clean(dest)
+		if dests[dest] {
+			d.failf(v, field, "%s is the destination of another member", dest)
+		}
+		dests[dest] = true
+		out[path.Clean(m)] = dest
+	}
+	if len(n.Content) == 0 {
+		d.failf(n, at, "lists no files")
+	}
+	return out
+}
+
+// guessFormat infers an archive format from a file name or URL.
+func guessFormat(source string) string {
+	if u, err := url.Parse(source); err == nil && u.Scheme != "" {
+		source = u.Path
+	}
+	for ext, f := range formatExts {
+		if strings.HasSuffix(source, ext) && (f != "tar" || !strings.Contains(path.Base(source), ".tar.")) {
+			return f
+		}
+	}
+	return ""
+}
+
+// imagePath checks an absolute, clean path inside the image.
+func imagePath(s string) error {
+	switch {
+	case !strings.HasPrefix(s, "/"):
+		return fmt.Errorf("%q: want an absolute path in the image", s)
+	case s == "/" || path.Clean(s) == "/":
+		return fmt.Errorf("%q: cannot replace /", s)
+	case containsDotDot(s):
+		return fmt.Errorf("%q: must not contain ..", s)
+	}
+	return nil
+}
+
+func containsDotDot(s string) bool {
+	for _, part := range strings.Split(s, "/") {
+		if part == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *decoder) units(n *yaml.Node, at string, u *Units) {
+	where := map[string]string{}
+	d.fields(n, at, []string{"enable", "disable", "mask"}, func(key, field string, v *yaml.Node) {
+		list := d.strs(v, field, func(s, f string, n *yaml.Node) {
+			if !unitRE.MatchString(s) {
+				d.failf(n, f, "%q is not a systemd unit name (like kubelet.service)", s)
+				return
+			}
+			if other, ok := where[s]; ok {
+				d.failf(n, f, "%q is also in units.%s", s, other)
+			}
+			where[s] = key
+		})
+		switch key {
+		case "enable":
+			u.Enable = list
+		case "disable":
+			u.Disable = list
+		case "mask":
+			u.Mask = list
+		}
+	})
+}
