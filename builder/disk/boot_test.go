@@ -1,0 +1,191 @@
+package disk
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/initramfs"
+)
+
+// probeInit stands in for kiln-init: it loads the modules, mounts the
+// second partition of the virtio disk read-only with the rootfstype= of the
+// command line and reports what it finds, then powers off.
+const probeInit = `package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+func main() {
+	syscall.Mount("devtmpfs", "/dev", "devtmpfs", 0, "")
+	syscall.Mount("proc", "/proc", "proc", 0, "")
+	syscall.Mount("sysfs", "/sys", "sysfs", 0, "")
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	fmt.Printf("KILN-TEST cmdline %s", cmdline)
+	data, _ := os.ReadFile("/etc/kiln/modules.load")
+	empty, _ := syscall.BytePtrFromString("")
+	for _, m := range strings.Fields(string(data)) {
+		if f, err := os.Open(m); err == nil {
+			syscall.Syscall(313, f.Fd(), uintptr(unsafe.Pointer(empty)), 0) // finit_module
+			f.Close()
+		}
+	}
+	fstype := ""
+	for _, arg := range strings.Fields(string(cmdline)) {
+		if v, ok := strings.CutPrefix(arg, "rootfstype="); ok {
+			fstype = v
+		}
+	}
+	for i := 0; i < 300; i++ {
+		if _, err := os.Stat("/dev/vda2"); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := syscall.Mount("/dev/vda2", "/sysroot", fstype, syscall.MS_RDONLY, ""); err != nil {
+		fmt.Println("KILN-TEST mount root:", err)
+	} else if osr, err := os.ReadFile("/sysroot/etc/os-release"); err != nil {
+		fmt.Println("KILN-TEST read os-release:", err)
+	} else {
+		for _, l := range strings.Split(string(osr), "\n") {
+			if strings.HasPrefix(l, "PRETTY_NAME=") {
+				fmt.Println("KILN-TEST root ok", l)
+			}
+		}
+	}
+	syscall.Sync()
+	syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
+}
+`
+
+// TestBootUEFI bakes the root tree named by KILN_TEST_ROOTFS (e.g. the
+// extracted base.tar) into a disk and boots it with OVMF in QEMU (TCG):
+// firmware, systemd-boot, the loader entry, the kernel and initramfs on
+// the ESP and the root filesystem on root-a must all work together.
+func TestBootUEFI(t *testing.T) {
+	root := os.Getenv("KILN_TEST_ROOTFS")
+	if root == "" {
+		t.Skip("KILN_TEST_ROOTFS not set")
+	}
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Skip("qemu-system-x86_64 not installed")
+	}
+	const code, vars = "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"
+	if _, err := os.Stat(code); err != nil {
+		t.Skip("OVMF not installed")
+	}
+	deps, _ := filepath.Glob(filepath.Join(root, "usr/lib/modules/*/modules.dep"))
+	if len(deps) == 0 {
+		t.Fatalf("no usr/lib/modules/*/modules.dep under %s", root)
+	}
+	kver := filepath.Base(filepath.Dir(deps[0]))
+	dir := t.TempDir()
+
+	initrd := filepath.Join(dir, "initrd.img")
+	f, err := os.Create(initrd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := initramfs.Write(f, initramfs.Spec{Root: root, KernelVersion: kver, Init: buildProbe(t),
+		Modules: []string{"virtio_pci", "virtio_blk", "squashfs", "erofs"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, fsType := range []string{SquashFS, EROFS} {
+		if only := os.Getenv("KILN_TEST_FSTYPE"); only != "" && only != fsType {
+			continue
+		}
+		t.Run(fsType, func(t *testing.T) {
+			img := filepath.Join(dir, fsType+".img")
+			start := time.Now()
+			if err := MakeRootFS(context.Background(), root, img, RootFSOptions{Type: fsType}); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("MakeRootFS %s: %d MB in %s", fsType, size(t, img)>>20, time.Since(start).Round(time.Millisecond))
+
+			path := filepath.Join(dir, fsType+".raw")
+			start = time.Now()
+			res, err := Build(path, Spec{
+				Size: 2 << 30, RootFS: img, RootFSType: fsType,
+				Kernel:     filepath.Join(root, "boot", "vmlinuz-"+kver),
+				Initrd:     initrd,
+				Bootloader: filepath.Join(root, "usr/lib/systemd/boot/efi/systemd-bootx64.efi"),
+				Platform:   "qemu", Cmdline: "console=ttyS0,115200 panic=-1",
+				ImageJSON: []byte(`{"name":"boot-test"}`), Title: "kiln boot test",
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("Build: %s", time.Since(start).Round(time.Millisecond))
+			defer os.Remove(path)
+
+			varsCopy := filepath.Join(t.TempDir(), "vars.fd")
+			b, err := os.ReadFile(vars)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(varsCopy, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-machine", "q35", "-m", "1024",
+				"-nographic", "-no-reboot", "-nic", "none",
+				"-drive", "if=pflash,format=raw,readonly=on,file="+code,
+				"-drive", "if=pflash,format=raw,file="+varsCopy,
+				"-drive", "if=virtio,format=raw,file="+path)
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			start = time.Now()
+			err = cmd.Run()
+			t.Logf("QEMU ran %s (%v)", time.Since(start).Round(time.Millisecond), err)
+			console := out.String()
+			var cmdline string
+			for _, l := range strings.Split(console, "\n") {
+				if i := strings.Index(l, "KILN-TEST cmdline "); i >= 0 {
+					cmdline = strings.TrimSpace(l[i+len("KILN-TEST cmdline "):])
+				}
+			}
+			// systemd-boot adds initrd=<path> for the kernel's EFI stub.
+			if !strings.Contains(cmdline, res.Cmdline) {
+				t.Errorf("kernel command line %q lacks the loader entry's %q", cmdline, res.Cmdline)
+			}
+			if !strings.Contains(console, "KILN-TEST root ok PRETTY_NAME=") {
+				t.Errorf("root-a was not mounted; console:\n%s", console)
+			}
+		})
+	}
+}
+
+func buildProbe(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range map[string]string{"go.mod": "module probe\n\ngo 1.22\n", "main.go": probeInit} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(dir, "init")
+	cmd := exec.Command("go", "build", "-o", out, ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build probe init: %v\n%s", err, b)
+	}
+	return out
+}

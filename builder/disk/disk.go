@@ -1,0 +1,557 @@
+// Package disk writes kiln's bootable GPT disk image and the read-only root
+// filesystem that goes on it.
+//
+// The layout is the boot contract shared with kiln-init: partition 1 "ESP"
+// (FAT32, 256 MiB, label ESP) holding systemd-boot, one loader entry, the
+// kernel, the initramfs and image.json; partitions 2 "root-a" and 3
+// "root-b" (Linux root x86-64, same size) of which root-a holds the root
+// filesystem and root-b stays empty. The data partition is not written: it
+// is created by kiln-init at first boot in the space left after root-b.
+//
+// Everything is done on a sparse regular file with go-diskfs (GPT, FAT32)
+// and mksquashfs/mkfs.erofs: no root, no loop devices, no mounts. With a
+// Seed (and the same inputs) the output is byte for byte reproducible.
+package disk
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	diskfs "github.com/diskfs/go-diskfs"
+	"github.com/diskfs/go-diskfs/disk"
+	"github.com/diskfs/go-diskfs/filesystem"
+	"github.com/diskfs/go-diskfs/partition/gpt"
+	"github.com/diskfs/go-diskfs/partition/part"
+	"github.com/google/uuid"
+)
+
+// Sizes and names of the layout.
+const (
+	MiB        = int64(1 << 20)
+	SectorSize = 512
+	// Align is the alignment of every partition's start and size.
+	Align = MiB
+	// ESPSize is the size of the EFI system partition.
+	ESPSize = 256 * MiB
+	// MinHeadroom and HeadroomPercent size a fitted root partition: the
+	// root filesystem plus max(HeadroomPercent %, MinHeadroom), so that a
+	// somewhat bigger image still fits root-b on an A/B update.
+	MinHeadroom     = 64 * MiB
+	HeadroomPercent = 20
+	// MinDataSize is the least space Build leaves after root-b for the data
+	// partition kiln-init creates at first boot.
+	MinDataSize = 128 * MiB
+
+	ESPLabel   = "ESP"
+	ESPName    = "ESP"
+	RootAName  = "root-a"
+	RootBName  = "root-b"
+	DataName   = "data"
+	EntryName  = "kiln-a.conf"
+	KernelPath = "/kiln/a/vmlinuz"
+	InitrdPath = "/kiln/a/initrd.img"
+)
+
+// Partition type GUIDs (lowercase, as blkid and lsblk print them).
+const (
+	TypeESP       = "c12a7328-f81f-11d2-ba4b-00a0c93ec93b"
+	TypeRootX86   = "4f68bce3-e8cd-4db1-96e7-fbcaf984b709"
+	TypeLinuxData = "0fc63daf-8483-4772-8e79-3d69d8477de4"
+)
+
+// Platforms kiln-init knows (kiln.platform=).
+var platforms = []string{"qemu", "aws", "gce", "metal"}
+
+// kilnNamespace is the UUIDv5 namespace from which seeded GUIDs derive.
+var kilnNamespace = uuid.MustParse("5e0c3f52-6b0e-4a7c-9d35-0f2b8a4e6c11")
+
+// Spec describes the disk Build writes.
+type Spec struct {
+	// Size is the disk size in bytes: it must hold the ESP, root-a, root-b
+	// and MinDataSize. The disk may later be grown; kiln-init moves the
+	// backup GPT to the real end.
+	Size int64
+	// RootFS is the root filesystem image made by MakeRootFS, RootFSType
+	// its type (SquashFS or EROFS).
+	RootFS     string
+	RootFSType string
+	// RootPartitionSize overrides the fitted size of root-a and root-b
+	// (bytes, a multiple of 1 MiB, at least the RootFS size).
+	RootPartitionSize int64
+	// Kernel, Initrd and Bootloader are host paths of vmlinuz, the
+	// initramfs and systemd-bootx64.efi.
+	Kernel, Initrd, Bootloader string
+	// Platform is qemu, aws, gce or metal (kiln.platform=).
+	Platform string
+	// Cmdline holds the extra kernel arguments (e.g. "console=ttyS0");
+	// Build puts root=, rootfstype=, ro and kiln.platform= before them.
+	Cmdline string
+	// ImageJSON is the image metadata, written to /kiln/image.json.
+	ImageJSON []byte
+	// Title is the loader entry's title; "kiln" when empty.
+	Title string
+	// Seed makes the disk and partition GUIDs derive from it (UUIDv5) so
+	// the output is reproducible; they are random when it is empty.
+	Seed string
+	// ModTime stamps the files on the ESP; zero means 1980-01-01, the
+	// earliest time FAT can store.
+	ModTime time.Time
+}
+
+// Partition is one GPT entry. Start and Size are in bytes.
+type Partition struct {
+	Number int
+	Name   string
+	Type   string // type GUID, lowercase
+	GUID   string // unique partition GUID, lowercase (PARTUUID)
+	Start  int64
+	Size   int64
+}
+
+// Result describes a disk that Build wrote or Read found.
+type Result struct {
+	Size       int64
+	DiskGUID   string // lowercase
+	Partitions []Partition
+	// Cmdline is the full kernel command line of the loader entry.
+	Cmdline string
+}
+
+// Partition returns the partition with the given GPT name.
+func (r *Result) Partition(name string) (Partition, bool) {
+	for _, p := range r.Partitions {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Partition{}, false
+}
+
+// layout computes the partitions; sizes in bytes.
+func layout(s Spec, rootfsSize int64) ([]Partition, error) {
+	rootSize := s.RootPartitionSize
+	if rootSize == 0 {
+		headroom := max(rootfsSize*HeadroomPercent/100, MinHeadroom)
+		rootSize = alignUp(rootfsSize+headroom, Align)
+	} else {
+		if rootSize%Align != 0 {
+			return nil, fmt.Errorf("root partition size %d is not a multiple of 1 MiB", rootSize)
+		}
+		if rootSize < rootfsSize {
+			return nil, fmt.Errorf("root partition size %d MiB is smaller than root filesystem %s (%d bytes)",
+				rootSize/MiB, s.RootFS, rootfsSize)
+		}
+	}
+	espStart := Align
+	rootAStart := espStart + ESPSize
+	rootBStart := rootAStart + rootSize
+	end := rootBStart + rootSize
+	// The backup GPT takes the last 33 sectors.
+	lastUsable := (s.Size/SectorSize - 34 + 1) * SectorSize
+	need := end + MinDataSize + 33*SectorSize
+	if s.Size < need || lastUsable-end < MinDataSize {
+		return nil, fmt.Errorf("disk size %d bytes (%d MiB) is too small: the ESP takes %d MiB, root-a and root-b %d MiB each "+
+			"(root filesystem %d bytes + headroom), the data partition needs at least %d MiB; give at least %d MiB",
+			s.Size, s.Size/MiB, ESPSize/MiB, rootSize/MiB, rootfsSize, MinDataSize/MiB, alignUp(need, MiB)/MiB)
+	}
+	return []Partition{
+		{Number: 1, Name: ESPName, Type: TypeESP, Start: espStart, Size: ESPSize},
+		{Number: 2, Name: RootAName, Type: TypeRootX86, Start: rootAStart, Size: rootSize},
+		{Number: 3, Name: RootBName, Type: TypeRootX86, Start: rootBStart, Size: rootSize},
+	}, nil
+}
+
+func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
+
+// guid returns the GUID for what ("disk", a partition name), seeded or random.
+func guid(seed, what string) string {
+	if seed == "" {
+		return uuid.New().String()
+	}
+	return uuid.NewHash(sha256.New(), kilnNamespace, []byte(seed+"\x00"+what), 5).String()
+}
+
+// KernelCmdline returns the options line for a root partition GUID.
+func KernelCmdline(rootGUID, rootFSType, platform, extra string) string {
+	c := fmt.Sprintf("root=PARTUUID=%s rootfstype=%s ro kiln.platform=%s", strings.ToLower(rootGUID), rootFSType, platform)
+	if extra = strings.Join(strings.Fields(extra), " "); extra != "" {
+		c += " " + extra
+	}
+	return c
+}
+
+// LoaderConf is the content of /loader/loader.conf.
+const LoaderConf = "default " + EntryName + "\ntimeout 0\n"
+
+// LoaderEntry returns the content of /loader/entries/kiln-a.conf.
+func LoaderEntry(title, cmdline string) string {
+	if title == "" {
+		title = "kiln"
+	}
+	return "title " + title + "\n" +
+		"linux " + KernelPath + "\n" +
+		"initrd " + InitrdPath + "\n" +
+		"options " + cmdline + "\n"
+}
+
+func (s Spec) check() error {
+	var problems []string
+	if s.Size <= 0 {
+		problems = append(problems, fmt.Sprintf("size %d is not positive", s.Size))
+	} else if s.Size%SectorSize != 0 {
+		problems = append(problems, fmt.Sprintf("size %d is not a multiple of %d", s.Size, SectorSize))
+	}
+	if s.RootFSType != SquashFS && s.RootFSType != EROFS {
+		problems = append(problems, fmt.Sprintf("root filesystem type %q is not %s or %s", s.RootFSType, SquashFS, EROFS))
+	}
+	if !contains(platforms, s.Platform) {
+		problems = append(problems, fmt.Sprintf("platform %q is not one of %s", s.Platform, strings.Join(platforms, ", ")))
+	}
+	for field, p := range map[string]string{"rootfs": s.RootFS, "kernel": s.Kernel, "initrd": s.Initrd, "bootloader": s.Bootloader} {
+		if p == "" {
+			problems = append(problems, "no "+field+" file given")
+		}
+	}
+	if len(s.ImageJSON) == 0 {
+		problems = append(problems, "no image metadata (image.json) given")
+	} else if !json.Valid(s.ImageJSON) {
+		problems = append(problems, "image metadata (image.json) is not valid JSON")
+	}
+	if strings.ContainsAny(s.Title, "\n\r") || strings.ContainsAny(s.Cmdline, "\n\r") {
+		problems = append(problems, "title and kernel arguments must be one line")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("disk spec: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, l := range list {
+		if l == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Build writes the disk image to path as a sparse file. The image is
+// written next to path and renamed into place at the end, so on any error
+// path is left as it was and no partial file remains.
+func Build(path string, s Spec) (_ *Result, err error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	rootfs, err := os.Open(s.RootFS)
+	if err != nil {
+		return nil, fmt.Errorf("root filesystem image: %w", err)
+	}
+	defer rootfs.Close()
+	st, err := rootfs.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("root filesystem image: %w", err)
+	}
+	if st.Size() == 0 || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("root filesystem image %s is empty or not a regular file", s.RootFS)
+	}
+	parts, err := layout(s, st.Size())
+	if err != nil {
+		return nil, err
+	}
+	// Read the boot files before creating anything.
+	espFiles, err := readESPFiles(s)
+	if err != nil {
+		return nil, err
+	}
+
+	res := &Result{Size: s.Size, DiskGUID: guid(s.Seed, "disk")}
+	for i := range parts {
+		parts[i].GUID = guid(s.Seed, parts[i].Name)
+	}
+	res.Partitions = parts
+	res.Cmdline = KernelCmdline(parts[1].GUID, s.RootFSType, s.Platform, s.Cmdline)
+	espFiles = append(espFiles, espFile{"/loader/loader.conf", []byte(LoaderConf)},
+		espFile{"/loader/entries/" + EntryName, []byte(LoaderEntry(s.Title, res.Cmdline))})
+
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".partial")
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale partial image: %w", err)
+	}
+	d, err := diskfs.Create(tmp, s.Size, SectorSize)
+	if err != nil {
+		return nil, fmt.Errorf("create disk image %s: %w", path, err)
+	}
+	defer func() {
+		if cerr := d.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close disk image %s: %w", path, cerr)
+		}
+		if err != nil {
+			os.Remove(tmp)
+			return
+		}
+		if rerr := os.Rename(tmp, path); rerr != nil {
+			os.Remove(tmp)
+			err = fmt.Errorf("move disk image into place: %w", rerr)
+		}
+	}()
+
+	table := &gpt.Table{
+		LogicalSectorSize:  SectorSize,
+		PhysicalSectorSize: SectorSize,
+		ProtectiveMBR:      true,
+		GUID:               strings.ToUpper(res.DiskGUID),
+	}
+	for _, p := range parts {
+		table.Partitions = append(table.Partitions, &gpt.Partition{
+			Index: p.Number,
+			Start: uint64(p.Start / SectorSize),
+			End:   uint64((p.Start+p.Size)/SectorSize - 1),
+			Size:  uint64(p.Size),
+			Type:  gpt.Type(strings.ToUpper(p.Type)),
+			Name:  p.Name,
+			GUID:  strings.ToUpper(p.GUID),
+		})
+	}
+	if err := d.Partition(table); err != nil {
+		return nil, fmt.Errorf("write partition table: %w", err)
+	}
+
+	if err := writeESP(d, espFiles, s.ModTime); err != nil {
+		return nil, err
+	}
+
+	n, err := d.WritePartitionContents(2, rootfs)
+	var short *part.IncompletePartitionWriteError
+	if errors.As(err, &short) && n == st.Size() {
+		// The partition is bigger than the image (headroom); the rest
+		// stays a hole.
+		err = nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("write root filesystem %s to %s: %w", s.RootFS, RootAName, err)
+	}
+	if n != st.Size() {
+		return nil, fmt.Errorf("write root filesystem %s: wrote %d of %d bytes", s.RootFS, n, st.Size())
+	}
+	return res, nil
+}
+
+type espFile struct {
+	path string
+	data []byte
+}
+
+func readESPFiles(s Spec) ([]espFile, error) {
+	var files []espFile
+	for _, f := range []struct{ dst, src, what string }{
+		{"/EFI/BOOT/BOOTX64.EFI", s.Bootloader, "bootloader"},
+		{KernelPath, s.Kernel, "kernel"},
+		{InitrdPath, s.Initrd, "initrd"},
+	} {
+		data, err := os.ReadFile(f.src)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", f.what, err)
+		}
+		if len(data) == 0 {
+			return nil, fmt.Errorf("%s %s is empty", f.what, f.src)
+		}
+		files = append(files, espFile{f.dst, data})
+	}
+	return append(files, espFile{"/kiln/image.json", s.ImageJSON}), nil
+}
+
+// fatEpoch is the earliest timestamp FAT can store.
+var fatEpoch = time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func writeESP(d *disk.Disk, files []espFile, mtime time.Time) error {
+	if mtime.IsZero() || mtime.Before(fatEpoch) {
+		mtime = fatEpoch
+	}
+	mtime = mtime.UTC()
+	fs, err := d.CreateFilesystem(disk.FilesystemSpec{Partition: 1, FSType: filesystem.TypeFat32, VolumeLabel: ESPLabel, Reproducible: true})
+	if err != nil {
+		return fmt.Errorf("create FAT32 on %s: %w", ESPName, err)
+	}
+	defer fs.Close()
+	dirs := map[string]bool{}
+	var dirOrder []string
+	for _, f := range files {
+		for dir := filepath.Dir(f.path); dir != "/"; dir = filepath.Dir(dir) {
+			if !dirs[dir] {
+				dirs[dir] = true
+				dirOrder = append(dirOrder, dir)
+			}
+		}
+	}
+	for _, f := range files {
+		if err := fs.Mkdir(filepath.Dir(f.path)); err != nil {
+			return fmt.Errorf("ESP: mkdir %s: %w", filepath.Dir(f.path), err)
+		}
+		w, err := fs.OpenFile(f.path, os.O_CREATE|os.O_RDWR|os.O_TRUNC)
+		if err != nil {
+			return fmt.Errorf("ESP: create %s: %w", f.path, err)
+		}
+		n, err := w.Write(f.data)
+		if err == nil && n != len(f.data) {
+			err = io.ErrShortWrite
+		}
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("ESP: write %s: %w", f.path, err)
+		}
+	}
+	// go-diskfs stamps every directory entry it makes with the current
+	// time (or SOURCE_DATE_EPOCH); restamp them all, including the "." and
+	// ".." entries and the volume label, so the ESP is reproducible.
+	stamp := []string{"/" + ESPLabel}
+	for _, f := range files {
+		stamp = append(stamp, f.path)
+	}
+	for _, dir := range dirOrder {
+		stamp = append(stamp, dir, dir+"/.", dir+"/..")
+	}
+	for _, p := range stamp {
+		if err := fs.Chtimes(p, mtime, mtime, mtime); err != nil {
+			return fmt.Errorf("ESP: set time of %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// ESPFile is a file found on the ESP.
+type ESPFile struct {
+	Path string
+	Size int64
+}
+
+// ESPInfo is what Read finds on the EFI system partition.
+type ESPInfo struct {
+	Label      string
+	LoaderConf string
+	// EntryName is the loader entry that loader.conf makes the default.
+	EntryName string
+	Entry     string
+	ImageJSON []byte
+	Files     []ESPFile // every file, sorted by path
+}
+
+// Read reads a disk written by Build: its partition table and, from the
+// ESP, the loader configuration, the default entry and image.json.
+func Read(name string) (*Result, *ESPInfo, error) {
+	d, err := diskfs.Open(name, diskfs.WithOpenMode(diskfs.ReadOnly), diskfs.WithSectorSize(SectorSize))
+	if err != nil {
+		return nil, nil, fmt.Errorf("open disk image %s: %w", name, err)
+	}
+	defer d.Close()
+	pt, err := d.GetPartitionTable()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: read partition table: %w", name, err)
+	}
+	table, ok := pt.(*gpt.Table)
+	if !ok {
+		return nil, nil, fmt.Errorf("%s: partition table is %s, not GPT", name, pt.Type())
+	}
+	res := &Result{Size: d.Size, DiskGUID: strings.ToLower(table.GUID)}
+	espIndex := 0
+	for i, p := range table.Partitions {
+		if p == nil || p.Type == gpt.Unused {
+			continue
+		}
+		part := Partition{
+			Number: i + 1,
+			Name:   p.Name,
+			Type:   strings.ToLower(string(p.Type)),
+			GUID:   strings.ToLower(p.GUID),
+			Start:  int64(p.Start) * SectorSize,
+			Size:   int64(p.End-p.Start+1) * SectorSize,
+		}
+		if part.Type == TypeESP && espIndex == 0 {
+			espIndex = part.Number
+		}
+		res.Partitions = append(res.Partitions, part)
+	}
+	if espIndex == 0 {
+		return res, nil, fmt.Errorf("%s: no EFI system partition", name)
+	}
+	fs, err := d.GetFilesystem(espIndex)
+	if err != nil {
+		return res, nil, fmt.Errorf("%s: read ESP (partition %d): %w", name, espIndex, err)
+	}
+	defer fs.Close()
+	info := &ESPInfo{Label: strings.TrimSpace(fs.Label())}
+	if err := walkESP(fs, ".", info); err != nil {
+		return res, info, fmt.Errorf("%s: list ESP: %w", name, err)
+	}
+	readText := func(p string) (string, error) {
+		b, err := fs.ReadFile(p)
+		if err != nil {
+			return "", fmt.Errorf("%s: ESP %s: %w", name, p, err)
+		}
+		return string(b), nil
+	}
+	if info.LoaderConf, err = readText("/loader/loader.conf"); err != nil {
+		return res, info, err
+	}
+	info.EntryName = confValue(info.LoaderConf, "default")
+	if info.EntryName == "" {
+		return res, info, fmt.Errorf("%s: ESP /loader/loader.conf names no default entry", name)
+	}
+	if info.Entry, err = readText("/loader/entries/" + info.EntryName); err != nil {
+		return res, info, err
+	}
+	res.Cmdline = confValue(info.Entry, "options")
+	if info.ImageJSON, err = fs.ReadFile("/kiln/image.json"); err != nil {
+		return res, info, fmt.Errorf("%s: ESP /kiln/image.json: %w", name, err)
+	}
+	return res, info, nil
+}
+
+func walkESP(fs filesystem.FileSystem, dir string, info *ESPInfo) error {
+	entries, err := fs.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read directory %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if name == "." || name == ".." {
+			continue
+		}
+		p := path.Join(dir, name) // io/fs style: no leading slash
+		if e.IsDir() {
+			if err := walkESP(fs, p, info); err != nil {
+				return err
+			}
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return fmt.Errorf("stat %s: %w", p, err)
+		}
+		info.Files = append(info.Files, ESPFile{Path: "/" + p, Size: fi.Size()})
+	}
+	sort.Slice(info.Files, func(i, j int) bool { return info.Files[i].Path < info.Files[j].Path })
+	return nil
+}
+
+// confValue returns the value of the first "key value" line of a
+// systemd-boot configuration text.
+func confValue(text, key string) string {
+	for _, line := range strings.Split(text, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if k == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}

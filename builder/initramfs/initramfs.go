@@ -1,0 +1,347 @@
+// Package initramfs builds kiln's initramfs: a newc cpio archive holding
+// the static kiln-init binary as /init, the few kernel modules stage 1 needs
+// to reach the root filesystem (with /etc/kiln/modules.load giving their load
+// order), the directories stage 1 mounts on and the /dev/console and /dev/null
+// device nodes.
+//
+// The archive is deterministic: entries are sorted, owned by root, have mtime
+// 0 and sequential inode numbers, so two builds from the same inputs give the
+// same bytes. It is zstd-compressed by default (the Debian cloud kernel has
+// CONFIG_RD_ZSTD=y, and zstd decompresses several times faster than gzip).
+package initramfs
+
+import (
+	"bytes"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"github.com/u-root/u-root/pkg/cpio"
+)
+
+// Compression codecs understood by Write.
+const (
+	Zstd = "zstd" // the default
+	Gzip = "gzip"
+	None = "none"
+)
+
+// ModulesLoadPath is where the ordered module list lives inside the archive.
+const ModulesLoadPath = "/etc/kiln/modules.load"
+
+// Spec says what goes into the initramfs.
+type Spec struct {
+	// Root is the assembled root tree; its kernel modules are read from
+	// usr/lib/modules/<KernelVersion> (or lib/modules/<KernelVersion>).
+	Root string
+	// KernelVersion names the module directory, e.g. "6.1.0-57-cloud-amd64".
+	KernelVersion string
+	// Modules are module names (e.g. virtio_blk, squashfs); dependencies
+	// are added from modules.dep, built-in modules are skipped.
+	Modules []string
+	// Init is the host path of the static kiln-init binary, written as /init.
+	Init string
+	// Compression is Zstd (when empty), Gzip or None.
+	Compression string
+}
+
+// Entry is one record of the archive.
+type Entry struct {
+	Name  string // absolute path inside the initramfs, e.g. "/init"
+	Mode  uint64 // cpio mode: file type bits and permissions
+	Size  int64  // content size (0 for directories and devices)
+	Major uint64 // device major number (character devices)
+	Minor uint64 // device minor number (character devices)
+}
+
+// IsDir reports whether e is a directory.
+func (e Entry) IsDir() bool { return e.Mode&cpio.S_IFMT == cpio.S_IFDIR }
+
+// IsCharDev reports whether e is a character device.
+func (e Entry) IsCharDev() bool { return e.Mode&cpio.S_IFMT == cpio.S_IFCHR }
+
+// Manifest describes a written initramfs.
+type Manifest struct {
+	KernelVersion string
+	Compression   string
+	// Modules are the module files in load order, as absolute paths inside
+	// the initramfs (the lines of /etc/kiln/modules.load).
+	Modules []string
+	// Entries are the archive records in the order written.
+	Entries []Entry
+}
+
+// dirs are the directories stage 1 needs besides the module tree.
+var baseDirs = []string{"dev", "etc", "etc/kiln", "proc", "run", "sys", "sysroot", "tmp"}
+
+// ModulesDir returns the directory holding kver's modules in the root tree.
+func ModulesDir(root, kver string) (string, error) {
+	if kver == "" || strings.ContainsRune(kver, '/') || kver == "." || kver == ".." {
+		return "", fmt.Errorf("invalid kernel version %q", kver)
+	}
+	var tried []string
+	for _, base := range []string{"usr/lib/modules", "lib/modules"} {
+		dir := filepath.Join(root, base, kver)
+		if fi, err := os.Stat(filepath.Join(dir, "modules.dep")); err == nil && fi.Mode().IsRegular() {
+			return dir, nil
+		}
+		tried = append(tried, dir)
+	}
+	have, _ := filepath.Glob(filepath.Join(root, "usr/lib/modules/*/modules.dep"))
+	for i, h := range have {
+		have[i] = filepath.Base(filepath.Dir(h))
+	}
+	return "", fmt.Errorf("no modules for kernel %s in root tree %s (looked for modules.dep in %s; kernels present: %s)",
+		kver, root, strings.Join(tried, " and "), orNone(have))
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+// Write writes the initramfs described by s to w and returns its manifest.
+func Write(w io.Writer, s Spec) (*Manifest, error) {
+	comp := s.Compression
+	if comp == "" {
+		comp = Zstd
+	}
+	if comp != Zstd && comp != Gzip && comp != None {
+		return nil, fmt.Errorf("initramfs compression %q: want %s, %s or %s", s.Compression, Zstd, Gzip, None)
+	}
+	if s.Init == "" {
+		return nil, errors.New("initramfs: no init binary given")
+	}
+	initData, err := readStaticInit(s.Init)
+	if err != nil {
+		return nil, err
+	}
+	modDir, err := ModulesDir(s.Root, s.KernelVersion)
+	if err != nil {
+		return nil, err
+	}
+	mods, err := Resolve(modDir, s.Modules)
+	if err != nil {
+		return nil, err
+	}
+
+	files := map[string]cpio.Record{}
+	addFile := func(name string, data []byte, perm uint64) {
+		files[name] = cpio.StaticRecord(data, cpio.Info{Name: name, Mode: cpio.S_IFREG | perm})
+	}
+	addFile("init", initData, 0o755)
+
+	inRoot := path.Join("lib/modules", s.KernelVersion)
+	var load []string
+	for _, m := range mods {
+		data, err := os.ReadFile(filepath.Join(modDir, filepath.FromSlash(m)))
+		if err != nil {
+			return nil, fmt.Errorf("read kernel module: %w", err)
+		}
+		name := path.Join(inRoot, m)
+		addFile(name, data, 0o644)
+		load = append(load, "/"+name)
+	}
+	dep, err := os.ReadFile(filepath.Join(modDir, "modules.dep"))
+	if err != nil {
+		return nil, fmt.Errorf("read module dependencies: %w", err)
+	}
+	addFile(path.Join(inRoot, "modules.dep"), dep, 0o644)
+	var list bytes.Buffer
+	for _, l := range load {
+		list.WriteString(l + "\n")
+	}
+	addFile(strings.TrimPrefix(ModulesLoadPath, "/"), list.Bytes(), 0o644)
+
+	files["dev/console"] = cpio.CharDev("dev/console", 0o600, 5, 1)
+	files["dev/null"] = cpio.CharDev("dev/null", 0o666, 1, 3)
+
+	// Every parent directory gets its own record: the kernel's unpacker
+	// does not create missing parents.
+	for name := range files {
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
+			if _, ok := files[d]; !ok {
+				files[d] = cpio.Directory(d, 0o755)
+			}
+		}
+	}
+	for _, d := range baseDirs {
+		if _, ok := files[d]; !ok {
+			files[d] = cpio.Directory(d, 0o755)
+		}
+	}
+	files["tmp"] = cpio.Directory("tmp", 0o1777)
+
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	// Lexical order puts every directory before its contents.
+	sort.Strings(names)
+
+	cw, finish, err := compressor(w, comp)
+	if err != nil {
+		return nil, err
+	}
+	rw := cpio.Newc.Writer(cw)
+	man := &Manifest{KernelVersion: s.KernelVersion, Compression: comp, Modules: load}
+	for i, n := range names {
+		r := files[n]
+		r.Ino = uint64(i + 1)
+		r.NLink = 1
+		if r.Mode&cpio.S_IFMT == cpio.S_IFDIR {
+			r.NLink = 2
+		}
+		if err := rw.WriteRecord(r); err != nil {
+			return nil, fmt.Errorf("write initramfs record %s: %w", n, err)
+		}
+		man.Entries = append(man.Entries, Entry{Name: "/" + n, Mode: r.Mode, Size: int64(r.FileSize), Major: r.Rmajor, Minor: r.Rminor})
+	}
+	if err := cpio.WriteTrailer(rw); err != nil {
+		return nil, fmt.Errorf("write initramfs trailer: %w", err)
+	}
+	if err := finish(); err != nil {
+		return nil, fmt.Errorf("finish %s initramfs stream: %w", comp, err)
+	}
+	return man, nil
+}
+
+// readStaticInit reads the init binary and checks that it is a statically
+// linked ELF executable: the initramfs has no dynamic loader, and a dynamic
+// /init makes the kernel panic with a message that does not name the cause.
+func readStaticInit(name string) ([]byte, error) {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return nil, fmt.Errorf("read init binary: %w", err)
+	}
+	f, err := elf.NewFile(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("init binary %s is not an ELF executable: %w", name, err)
+	}
+	defer f.Close()
+	if f.Type != elf.ET_EXEC && f.Type != elf.ET_DYN {
+		return nil, fmt.Errorf("init binary %s is an ELF %s, not an executable", name, f.Type)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return nil, fmt.Errorf("init binary %s is dynamically linked; build it static (CGO_ENABLED=0)", name)
+		}
+	}
+	return data, nil
+}
+
+func compressor(w io.Writer, comp string) (io.Writer, func() error, error) {
+	switch comp {
+	case Zstd:
+		// One goroutine keeps the output independent of scheduling; an
+		// 8 MiB window is well within what the kernel's unzstd accepts.
+		zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedBetterCompression),
+			zstd.WithEncoderConcurrency(1), zstd.WithWindowSize(8<<20))
+		if err != nil {
+			return nil, nil, fmt.Errorf("zstd encoder: %w", err)
+		}
+		return zw, zw.Close, nil
+	case Gzip:
+		gw, err := gzip.NewWriterLevel(w, gzip.BestCompression)
+		if err != nil {
+			return nil, nil, fmt.Errorf("gzip encoder: %w", err)
+		}
+		return gw, gw.Close, nil
+	default:
+		return w, func() error { return nil }, nil
+	}
+}
+
+// Open returns a reader of the uncompressed cpio stream of an initramfs
+// written by Write, whatever its compression (detected from magic bytes).
+func Open(r io.Reader) (io.ReadCloser, error) {
+	br := bufioReader{r: r}
+	head, err := br.peek(4)
+	if err != nil {
+		return nil, fmt.Errorf("read initramfs header: %w", err)
+	}
+	switch {
+	case bytes.Equal(head, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		zr, err := zstd.NewReader(&br)
+		if err != nil {
+			return nil, fmt.Errorf("zstd initramfs: %w", err)
+		}
+		return zr.IOReadCloser(), nil
+	case head[0] == 0x1f && head[1] == 0x8b:
+		gr, err := gzip.NewReader(&br)
+		if err != nil {
+			return nil, fmt.Errorf("gzip initramfs: %w", err)
+		}
+		return gr, nil
+	case string(head) == "0707":
+		return io.NopCloser(&br), nil
+	}
+	return nil, fmt.Errorf("initramfs: unknown format (first bytes % x)", head)
+}
+
+// bufioReader lets Open look at the first bytes and then read them again.
+type bufioReader struct {
+	r    io.Reader
+	head []byte
+}
+
+func (b *bufioReader) peek(n int) ([]byte, error) {
+	b.head = make([]byte, n)
+	m, err := io.ReadFull(b.r, b.head)
+	b.head = b.head[:m]
+	if err != nil {
+		return nil, err
+	}
+	return b.head, nil
+}
+
+func (b *bufioReader) Read(p []byte) (int, error) {
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		return n, nil
+	}
+	return b.r.Read(p)
+}
+
+// List reads back the records of an initramfs written by Write.
+func List(r io.Reader) ([]Entry, map[string][]byte, error) {
+	rc, err := Open(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rc.Close()
+	raw, err := io.ReadAll(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("decompress initramfs: %w", err)
+	}
+	rr := cpio.EOFReader{RecordReader: cpio.Newc.Reader(bytes.NewReader(raw))}
+	var entries []Entry
+	contents := map[string][]byte{}
+	err = cpio.ForEachRecord(rr, func(rec cpio.Record) error {
+		name := "/" + cpio.Normalize(rec.Name)
+		entries = append(entries, Entry{Name: name, Mode: rec.Mode, Size: int64(rec.FileSize), Major: rec.Rmajor, Minor: rec.Rminor})
+		if rec.Mode&cpio.S_IFMT == cpio.S_IFREG {
+			b, err := io.ReadAll(io.NewSectionReader(rec.ReaderAt, 0, int64(rec.FileSize)))
+			if err != nil {
+				return fmt.Errorf("read %s: %w", name, err)
+			}
+			contents[name] = b
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read initramfs cpio: %w", err)
+	}
+	return entries, contents, nil
+}

@@ -1,0 +1,76 @@
+package stage1
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Filesystem signatures ProbeFilesystem reports.
+const (
+	FSNone    = ""        // the probed area is all zero: safe to format
+	FSExt4    = "ext4"    // ext2/3/4 superblock magic 0xEF53 at byte 1080
+	FSUnknown = "unknown" // non-zero data without a signature stage 1 knows
+)
+
+// probeSize is how much of the start of a device ProbeFilesystem reads. It covers the
+// superblocks of the common filesystems (btrfs sits at 64 KiB) and partition tables.
+const probeSize = 1 << 20
+
+// ProbeFilesystem looks at the start of a device or image and names what is on it: FSExt4, FSNone
+// when the first MiB (or the whole device if smaller) is zero, another filesystem or partition
+// table name (squashfs, erofs, xfs, btrfs, vfat, swap, crypto_LUKS, gpt, dos) when it recognises
+// the signature, or FSUnknown for other non-zero data. Only FSNone may be formatted.
+func ProbeFilesystem(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("probe filesystem: %w", err)
+	}
+	defer f.Close()
+	buf := make([]byte, probeSize)
+	n, err := f.ReadAt(buf, 0)
+	if err != nil && err != io.EOF {
+		return "", fmt.Errorf("probe filesystem on %s: %w", path, err)
+	}
+	return identify(buf[:n]), nil
+}
+
+func identify(b []byte) string {
+	at := func(off int, sig string) bool {
+		return len(b) >= off+len(sig) && string(b[off:off+len(sig)]) == sig
+	}
+	le32 := func(off int) uint32 {
+		if len(b) < off+4 {
+			return 0
+		}
+		return binary.LittleEndian.Uint32(b[off:])
+	}
+	switch {
+	case len(b) >= 1082 && binary.LittleEndian.Uint16(b[1080:]) == 0xEF53:
+		return FSExt4
+	case at(0, "hsqs"):
+		return "squashfs"
+	case le32(1024) == 0xE0F5E1E2:
+		return "erofs"
+	case at(0, "XFSB"):
+		return "xfs"
+	case at(0x10040, "_BHRfS_M"):
+		return "btrfs"
+	case at(0, "LUKS\xba\xbe"):
+		return "crypto_LUKS"
+	case at(4096-10, "SWAPSPACE2") || at(4096-10, "SWAP-SPACE"):
+		return "swap"
+	case at(512, "EFI PART"):
+		return "gpt"
+	case at(510, "\x55\xaa") && (at(54, "FAT1") || at(82, "FAT32") || at(3, "MSDOS") || at(3, "mkfs.fat")):
+		return "vfat"
+	case at(510, "\x55\xaa"):
+		return "dos"
+	}
+	if len(bytes.Trim(b, "\x00")) == 0 {
+		return FSNone
+	}
+	return FSUnknown
+}

@@ -1,0 +1,288 @@
+// Package stage1 is kiln-init's initramfs PID 1: it mounts the kernel filesystems, loads the
+// modules listed in /etc/kiln/modules.load, finds the root-a partition by the PARTUUID on the
+// kernel command line, creates the data partition on first boot, mounts the read-only root at
+// /sysroot, makes (first boot), checks and mounts the ext4 data filesystem on /sysroot/var seeded
+// from the root's /var, puts a persistent overlay on /sysroot/etc, and switches root to systemd.
+// Every step checks before it acts, so a later boot, or a boot after a power cut half-way, ends in
+// the same state.
+package stage1
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Paths and names from the boot contract.
+const (
+	SysRoot      = "/sysroot"
+	DataLabel    = "kiln-data"
+	Init         = "/sbin/init"
+	dataTmp      = "/tmp/kiln-data"
+	etcUpper     = "/var/lib/kiln/etc/upper"
+	etcWork      = "/var/lib/kiln/etc/work"
+	sysBlock     = "/sys/block"
+	devDir       = "/dev"
+	partWait     = 10 * time.Second
+	toolPathList = "/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// Run performs stage 1 and never returns on success (it execs systemd). It returns an error only
+// when it cannot go on; the caller prints it and waits.
+func Run(ctx context.Context, log *slog.Logger) error {
+	start := time.Now()
+	if err := mountKernelFS(log); err != nil {
+		return err
+	}
+	raw, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return fmt.Errorf("read kernel cmdline: %w", err)
+	}
+	cl, err := ParseCmdline(string(raw))
+	if err != nil {
+		return err
+	}
+	log.Info("stage 1", "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
+	if cl.ReadWrite {
+		log.Warn("rw on the kernel cmdline is ignored: the root is mounted read-only")
+	}
+
+	modFailures, err := loadModuleList(ctx, log, ModulesLoadPath)
+	if err != nil {
+		return err
+	}
+
+	disk, rootPart, _, err := waitForRoot(ctx, log, sysBlock, devDir, cl.RootPARTUUID, cl.RootWait)
+	if err != nil {
+		var nf *RootNotFoundError
+		if errors.As(err, &nf) {
+			nf.Cmdline = cl.Raw
+			nf.Modules = modFailures
+		}
+		return err
+	}
+
+	data, created, err := EnsureDataPartition(disk.Path, disk.SectorSize)
+	if err != nil {
+		return fmt.Errorf("data partition on %s: %w", disk.Path, err)
+	}
+	if created {
+		log.Info("created data partition", "disk", disk.Path, "partition", data.Index, "partuuid", data.GUID,
+			"bytes", int64(data.End-data.Start+1)*int64(disk.SectorSize))
+	}
+	// Re-read whenever the kernel does not know the partition, not only right after creating it:
+	// a power cut between the GPT write and the re-read must converge too.
+	if _, ok := partitionDevice(sysBlock, devDir, disk.Name, data.Index); !ok {
+		if err := rereadPartitions(log, disk.Path, data, disk.SectorSize); err != nil {
+			return err
+		}
+	}
+	rootDev, err := waitForPartition(ctx, sysBlock, devDir, disk.Name, rootPart.Index, partWait)
+	if err != nil {
+		return fmt.Errorf("root partition: %w", err)
+	}
+	dataDev, err := waitForPartition(ctx, sysBlock, devDir, disk.Name, data.Index, partWait)
+	if err != nil {
+		return fmt.Errorf("data partition: %w", err)
+	}
+
+	if err := mountRoot(log, rootDev, cl.RootFSType); err != nil {
+		return err
+	}
+	if err := prepareData(ctx, log, dataDev); err != nil {
+		return err
+	}
+	if err := mount(log, dataDev, dataTmp, "ext4", 0, ""); err != nil {
+		return fmt.Errorf("data filesystem: %w", err)
+	}
+	seedStart := time.Now()
+	seeded, err := SeedOnce(filepath.Join(SysRoot, "var"), dataTmp)
+	if err != nil {
+		return fmt.Errorf("seed %s from the root's /var: %w", dataDev, err)
+	}
+	if seeded {
+		log.Info("seeded data filesystem from /var", "took", time.Since(seedStart).Round(time.Millisecond))
+	}
+	if err := moveMount(dataTmp, filepath.Join(SysRoot, "var")); err != nil {
+		return err
+	}
+	if err := mountEtcOverlay(log); err != nil {
+		return err
+	}
+	for _, d := range []string{"/dev", "/proc", "/sys", "/run"} {
+		if err := moveMount(d, filepath.Join(SysRoot, d)); err != nil {
+			return err
+		}
+	}
+	log.Info("switching root", "init", Init, "took", time.Since(start).Round(time.Millisecond))
+	freeInitramfs(log)
+	return switchRoot(SysRoot, Init, os.Args[1:])
+}
+
+func mountKernelFS(log *slog.Logger) error {
+	const nsnd = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	mounts := []struct {
+		src, target, fstype string
+		flags               uintptr
+		data                string
+	}{
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+		{"proc", "/proc", "proc", nsnd, ""},
+		{"sysfs", "/sys", "sysfs", nsnd, ""},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755,size=20%"},
+	}
+	for _, m := range mounts {
+		if err := mount(log, m.src, m.target, m.fstype, m.flags, m.data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func loadModuleList(ctx context.Context, log *slog.Logger, path string) ([]ModuleError, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		log.Warn("no module list, loading no modules", "path", path)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("module list: %w", err)
+	}
+	defer f.Close()
+	mods, err := ParseModulesLoad(f, path)
+	if err != nil {
+		return nil, err
+	}
+	t := time.Now()
+	failed := LoadModules(ctx, log, mods)
+	log.Info("modules loaded", "count", len(mods)-len(failed), "failed", len(failed), "took", time.Since(t).Round(time.Millisecond))
+	return failed, nil
+}
+
+// mountRoot mounts dev read-only on /sysroot as fstype, or as squashfs then erofs when fstype is
+// empty.
+func mountRoot(log *slog.Logger, dev, fstype string) error {
+	types := []string{"squashfs", "erofs"}
+	if fstype != "" {
+		types = []string{fstype}
+	}
+	var errs []error
+	for _, t := range types {
+		err := mount(log, dev, SysRoot, t, unix.MS_RDONLY, "")
+		if err == nil {
+			log.Info("root mounted", "device", dev, "fstype", t)
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return fmt.Errorf("mount root %s read-only: %w", dev, errors.Join(errs...))
+}
+
+// prepareData makes the data filesystem if the partition is blank, refuses anything that is not
+// ext4, and checks it. The tools are the root's own, run chrooted into /sysroot with /dev, /proc
+// and /sys bound in.
+func prepareData(ctx context.Context, log *slog.Logger, dev string) (err error) {
+	fs, err := CheckDataFilesystem(dev)
+	if err != nil {
+		return err
+	}
+	var bound []string
+	defer func() {
+		for i := len(bound) - 1; i >= 0; i-- {
+			if uerr := unix.Unmount(bound[i], unix.MNT_DETACH); uerr != nil && err == nil {
+				err = fmt.Errorf("unmount %s: %w", bound[i], uerr)
+			}
+		}
+	}()
+	for _, d := range []string{"/dev", "/proc", "/sys"} {
+		target := filepath.Join(SysRoot, d)
+		if mp, _ := isMountPoint(target); mp {
+			continue
+		}
+		if err := unix.Mount(d, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s into %s for the root's tools: %w", d, SysRoot, err)
+		}
+		bound = append(bound, target)
+	}
+	if fs == FSNone {
+		log.Info("making data filesystem", "device", dev, "label", DataLabel)
+		out, err := runInRoot(ctx, []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"}, "-q", "-L", DataLabel, dev)
+		if err != nil {
+			return fmt.Errorf("mkfs.ext4 %s: %w: %s", dev, err, out)
+		}
+		if fs, err = ProbeFilesystem(dev); err != nil || fs != FSExt4 {
+			return fmt.Errorf("mkfs.ext4 %s: afterwards the device holds %q (%v)", dev, fs, err)
+		}
+		return nil
+	}
+	out, err := runInRoot(ctx, []string{"/usr/sbin/e2fsck", "/sbin/e2fsck"}, "-p", dev)
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		log.Debug("data filesystem checked", "device", dev, "output", out)
+	case errors.As(err, &ee) && ee.ExitCode() < 4:
+		log.Info("e2fsck repaired the data filesystem", "device", dev, "exit", ee.ExitCode(), "output", out)
+	default:
+		// Mounting may still work; if it does not, that error stops the boot.
+		log.Warn("e2fsck could not check the data filesystem", "device", dev, "err", err, "output", out)
+	}
+	return nil
+}
+
+// CheckDataFilesystem probes the data partition dev: FSExt4 (use it), FSNone (blank: make it), or an
+// error for anything else, which stage 1 never formats.
+func CheckDataFilesystem(dev string) (string, error) {
+	fs, err := ProbeFilesystem(dev)
+	if err != nil {
+		return "", err
+	}
+	if fs != FSNone && fs != FSExt4 {
+		return "", fmt.Errorf("data partition %s holds %s, not ext4: refusing to format it (wipe it to start afresh)", dev, fs)
+	}
+	return fs, nil
+}
+
+// runInRoot runs the first existing candidate program chrooted into /sysroot.
+func runInRoot(ctx context.Context, candidates []string, args ...string) (string, error) {
+	prog := ""
+	for _, c := range candidates {
+		if _, err := os.Stat(filepath.Join(SysRoot, c)); err == nil {
+			prog = c
+			break
+		}
+	}
+	if prog == "" {
+		return "", fmt.Errorf("the root has none of %s", strings.Join(candidates, ", "))
+	}
+	cmd := exec.CommandContext(ctx, prog, args...)
+	cmd.SysProcAttr = &unix.SysProcAttr{Chroot: SysRoot}
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=" + toolPathList}
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// mountEtcOverlay puts the persistent overlay (upper and work dirs on the data filesystem) on
+// /sysroot/etc.
+func mountEtcOverlay(log *slog.Logger) error {
+	upper, work := filepath.Join(SysRoot, etcUpper), filepath.Join(SysRoot, etcWork)
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("etc overlay: %w", err)
+		}
+	}
+	lower := filepath.Join(SysRoot, "etc")
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+	if err := mount(log, "overlay", lower, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("etc overlay: %w", err)
+	}
+	return nil
+}
