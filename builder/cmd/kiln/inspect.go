@@ -49,7 +49,7 @@ the same as /etc/kiln/image.json in the root).`,
 			if esp != nil {
 				fmt.Fprintf(w, "\nESP files:\n")
 				for _, f := range esp.Files {
-					fmt.Fprintf(w, "  %s\n", f)
+					fmt.Fprintf(w, "  %-28s %9d bytes\n", f.Path, f.Size)
 				}
 				if len(esp.ImageJSON) > 0 {
 					fmt.Fprintf(w, "\nimage.json:\n%s", esp.ImageJSON)
