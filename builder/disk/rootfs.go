@@ -178,7 +178,8 @@ func squashfsArgs(tree, out string, o RootFSOptions) ([]string, error) {
 		return nil, fmt.Errorf("squashfs compression %q: want zstd, gzip, xz, lz4 or lzo", comp)
 	}
 	if o.PseudoFile != "" {
-		args = append(args, "-pf", o.PseudoFile)
+		// The pseudo file sets every entry's owner; the root directory is set here.
+		args = append(args, "-pf", o.PseudoFile, "-root-uid", "0", "-root-gid", "0")
 	}
 	return args, nil
 }

@@ -8,8 +8,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -342,21 +342,51 @@ func (t *Tree) clearDir(dir string) error {
 	return nil
 }
 
-// PseudoFile writes the mksquashfs pseudo definitions ("path m mode uid gid") that give the
-// recorded owners to their entries, sorted for reproducible output.
+// PseudoFile writes mksquashfs pseudo definitions ("path m mode uid gid") for every entry of
+// the tree: the recorded owner where there is one, root otherwise, and the mode found on disk.
+// With it the image has the same ownership whoever runs the bake (files a non-root user
+// extracts are owned by that user on the host). The root directory itself is set with
+// mksquashfs's -root-uid/-root-gid. Output is sorted, so it is reproducible.
 func (t *Tree) PseudoFile(w io.Writer) error {
-	keys := make([]string, 0, len(t.Owners))
-	for k := range t.Owners {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	bw := bufio.NewWriter(w)
-	for _, k := range keys {
-		o := t.Owners[k]
-		if strings.ContainsAny(k, " \t\n\"") {
-			return fmt.Errorf("owner of %q: path cannot be expressed in a pseudo file", k)
+	var lines []string
+	err := filepath.WalkDir(t.Dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(bw, "/%s m %04o %d %d\n", k, unixMode(o.Mode), o.UID, o.GID)
+		rel := filepath.ToSlash(mustRel(t.Dir, p))
+		if rel == "." {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		// The recorded mode wins: a non-root user cannot set setgid on a file of another group.
+		o, ok := t.Owners[rel]
+		if !ok {
+			o = Owner{Mode: fi.Mode()}
+		}
+		mode := unixMode(o.Mode)
+		if fi.Mode()&os.ModeSymlink != 0 {
+			mode = 0o777
+		}
+		name := "/" + rel
+		if strings.ContainsAny(name, " \t\"\\") {
+			if strings.ContainsAny(name, "\"\n") {
+				return fmt.Errorf("owner of %q: the name cannot be written in a mksquashfs pseudo file", name)
+			}
+			name = `"` + name + `"`
+		}
+		lines = append(lines, fmt.Sprintf("%s m %04o %d %d\n", name, mode, o.UID, o.GID))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	sort.Strings(lines)
+	bw := bufio.NewWriter(w)
+	for _, l := range lines {
+		bw.WriteString(l)
 	}
 	return bw.Flush()
 }
@@ -374,5 +404,3 @@ func unixMode(m os.FileMode) uint32 {
 	}
 	return out
 }
-
-var _ hash.Hash = sha256.New()

@@ -1,0 +1,225 @@
+package rootfs
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+type entry struct {
+	name, body, link string
+	dir              bool
+	mode             int64
+	uid, gid         int
+}
+
+func layerOf(t *testing.T, es ...entry) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range es {
+		h := &tar.Header{Name: e.name, Mode: e.mode, Uid: e.uid, Gid: e.gid, ModTime: time.Unix(1e9, 0)}
+		switch {
+		case e.dir:
+			h.Typeflag = tar.TypeDir
+		case e.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
+		default:
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.body))
+		}
+		if h.Mode == 0 {
+			h.Mode = 0o644
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(e.body))
+	}
+	tw.Close()
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// writeLayout stores an image made of layers in a new OCI layout and returns its source.
+func writeLayout(t *testing.T, layers ...v1.Layer) (Source, layout.Path) {
+	t.Helper()
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img, err := mutate.AppendLayers(img, layers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "layout")
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := img.Digest()
+	return Source{Layout: dir, Digest: d.String()}, p
+}
+
+func TestFlattenHonoursWhiteouts(t *testing.T) {
+	src, _ := writeLayout(t,
+		layerOf(t, entry{name: "etc/", dir: true, mode: 0o755}, entry{name: "etc/gone", body: "x"},
+			entry{name: "etc/keep", body: "keep"}, entry{name: "opt/", dir: true, mode: 0o755},
+			entry{name: "opt/old", body: "old"}, entry{name: "lib", link: "usr/lib"},
+			entry{name: "usr/lib/", dir: true, mode: 0o755},
+			entry{name: "var/mail/", dir: true, mode: 0o2775, gid: 8}),
+		layerOf(t, entry{name: "etc/.wh.gone"}, entry{name: "opt/.wh..wh..opq"},
+			entry{name: "opt/new", body: "new"}, entry{name: "lib/extra", body: "via the lib symlink"}),
+	)
+	img, err := OpenBase(context.Background(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tree, err := Flatten(img, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"etc/keep": "keep", "opt/new": "new", "usr/lib/extra": "via the lib symlink"} {
+		if b, err := os.ReadFile(filepath.Join(dir, p)); err != nil || string(b) != want {
+			t.Errorf("%s = %q, %v; want %q", p, b, err, want)
+		}
+	}
+	for _, p := range []string{"etc/gone", "opt/old"} {
+		if _, err := os.Lstat(filepath.Join(dir, p)); !os.IsNotExist(err) {
+			t.Errorf("%s survived its whiteout (%v)", p, err)
+		}
+	}
+	if o := tree.Owners["var/mail"]; o.GID != 8 || o.Mode&os.ModeSetgid == 0 {
+		t.Errorf("owner of var/mail = %+v, want gid 8 with setgid", o)
+	}
+	var pf strings.Builder
+	if err := tree.PseudoFile(&pf); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"/var/mail m 2775 0 8\n", "/etc/keep m 0644 0 0\n", "/lib m 0777 0 0\n"} {
+		if !strings.Contains(pf.String(), want) {
+			t.Errorf("pseudo file lacks %q:\n%s", want, pf.String())
+		}
+	}
+}
+
+func TestOpenBaseAndFlattenVerifyDigests(t *testing.T) {
+	layer := layerOf(t, entry{name: "etc/os-release", body: "ID=test\n"})
+	src, _ := writeLayout(t, layer)
+
+	wrong := src
+	wrong.Digest = "sha256:" + strings.Repeat("1", 64)
+	if _, err := OpenBase(context.Background(), wrong); err == nil || !strings.Contains(err.Error(), "no image with that digest") {
+		t.Errorf("OpenBase with a digest not in the layout: %v", err)
+	}
+
+	// Corrupt the layer blob on disk: flattening must notice and say which layer.
+	ld, _ := layer.Digest()
+	blob := filepath.Join(src.Layout, "blobs", ld.Algorithm, ld.Hex)
+	var evil bytes.Buffer
+	evilLayer := layerOf(t, entry{name: "etc/os-release", body: "ID=evil\n"})
+	rc, _ := evilLayer.Compressed()
+	io.Copy(&evil, rc)
+	if err := os.WriteFile(blob, evil.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	img, err := OpenBase(context.Background(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Flatten(img, t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "layer digest mismatch") || !strings.Contains(err.Error(), ld.String()) {
+		t.Fatalf("Flatten of a tampered layer: %v", err)
+	}
+}
+
+func TestFlattenRefusesEscapes(t *testing.T) {
+	src, _ := writeLayout(t, layerOf(t, entry{name: "../outside", body: "x"}))
+	img, err := OpenBase(context.Background(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Flatten(img, t.TempDir()); err == nil || !strings.Contains(err.Error(), "escapes the root") {
+		t.Fatalf("Flatten of ../outside: %v", err)
+	}
+}
+
+func TestFindKernel(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		files []string
+		want  string
+		err   string
+	}{
+		{name: "boot", files: []string{"boot/vmlinuz-6.1.0-1", "usr/lib/modules/6.1.0-1/modules.dep"}, want: "6.1.0-1"},
+		{name: "usr lib", files: []string{"usr/lib/modules/6.2.0/vmlinuz", "usr/lib/modules/6.2.0/modules.dep"}, want: "6.2.0"},
+		{name: "none", files: []string{"etc/os-release"}, err: "base has no kernel"},
+		{name: "no modules", files: []string{"boot/vmlinuz-6.1.0-1"}, err: "no matching /usr/lib/modules"},
+		{name: "two", files: []string{"boot/vmlinuz-1", "usr/lib/modules/1/modules.dep", "boot/vmlinuz-2", "usr/lib/modules/2/modules.dep"}, err: "2 kernels (1, 2)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range tc.files {
+				os.MkdirAll(filepath.Join(dir, filepath.Dir(f)), 0o755)
+				os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644)
+			}
+			k, err := (&Tree{Dir: dir}).FindKernel()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("FindKernel = %v, %v; want error %q", k, err, tc.err)
+				}
+				return
+			}
+			if err != nil || k.Version != tc.want {
+				t.Fatalf("FindKernel = %+v, %v; want %s", k, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestEnableUnit(t *testing.T) {
+	dir := t.TempDir()
+	units := filepath.Join(dir, "usr/lib/systemd/system")
+	os.MkdirAll(units, 0o755)
+	os.WriteFile(filepath.Join(units, "a.service"), []byte("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\nAlias=b.service\n"), 0o644)
+	os.WriteFile(filepath.Join(units, "static.service"), []byte("[Service]\nExecStart=/bin/true\n"), 0o644)
+	tree := &Tree{Dir: dir, Owners: map[string]Owner{}}
+	if err := tree.EnableUnit("a.service"); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{"etc/systemd/system/multi-user.target.wants/a.service", "etc/systemd/system/b.service"} {
+		if target, err := os.Readlink(filepath.Join(dir, l)); err != nil || target != "/usr/lib/systemd/system/a.service" {
+			t.Errorf("%s -> %q, %v", l, target, err)
+		}
+	}
+	if err := tree.EnableUnit("static.service"); err == nil || !strings.Contains(err.Error(), "cannot be enabled") {
+		t.Errorf("enabling a unit without [Install]: %v", err)
+	}
+	if err := tree.EnableUnit("missing.service"); err == nil || !strings.Contains(err.Error(), "not found in the image") {
+		t.Errorf("enabling a missing unit: %v", err)
+	}
+	if err := tree.MaskUnit("a.service"); err != nil {
+		t.Fatal(err)
+	}
+	if target, _ := os.Readlink(filepath.Join(dir, "etc/systemd/system/a.service")); target != "/dev/null" {
+		t.Errorf("masked unit -> %q", target)
+	}
+}
