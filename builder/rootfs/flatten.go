@@ -244,8 +244,13 @@ func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) error {
 		if err := os.MkdirAll(dst, 0o755); err != nil {
 			return err
 		}
-		if err := os.Chmod(dst, mode); err != nil {
+		// The host copy stays writable for its owner (a non-root bake must be able to add
+		// files below /proc's 0555, say); the image gets the real mode through Owners.
+		if err := os.Chmod(dst, mode|0o700); err != nil {
 			return err
+		}
+		if mode&0o700 != 0o700 {
+			t.Owners[key] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
 		}
 	case tar.TypeReg, tar.TypeRegA:
 		f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
