@@ -303,7 +303,7 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 	t = time.Now()
 	raw := filepath.Join(b.work, stem+".raw")
 	res, err := disk.Build(raw, disk.Spec{
-		Size:   def.Disk.Size.Bytes(),
+		Size: def.Disk.Size.Bytes(), ESPSize: def.Disk.ESPSize.Bytes(),
 		RootFS: rootImg, RootFSType: def.Disk.RootFS,
 		Kernel: vmlinuz, Initrd: initrd, Bootloader: efi,
 		Cmdline: strings.Join(def.Kernel.Args, " "), Platform: def.Platform,

@@ -84,6 +84,8 @@ type Spec struct {
 	// its type (SquashFS or EROFS).
 	RootFS     string
 	RootFSType string
+	// ESPSize is the EFI system partition's size; 0 means ESPSize (256 MiB).
+	ESPSize int64
 	// RootPartitionSize overrides the fitted size of root-a and root-b
 	// (bytes, a multiple of 1 MiB, at least the RootFS size).
 	RootPartitionSize int64
@@ -137,37 +139,49 @@ func (r *Result) Partition(name string) (Partition, bool) {
 }
 
 // layout computes the partitions; sizes in bytes.
-func layout(s Spec, rootfsSize int64) ([]Partition, error) {
+// A zero s.Size is replaced by the smallest size that fits; the size used is returned.
+func layout(s Spec, rootfsSize int64) ([]Partition, int64, error) {
 	rootSize := s.RootPartitionSize
 	if rootSize == 0 {
 		headroom := max(rootfsSize*HeadroomPercent/100, MinHeadroom)
 		rootSize = alignUp(rootfsSize+headroom, Align)
 	} else {
 		if rootSize%Align != 0 {
-			return nil, fmt.Errorf("root partition size %d is not a multiple of 1 MiB", rootSize)
+			return nil, 0, fmt.Errorf("root partition size %d is not a multiple of 1 MiB", rootSize)
 		}
 		if rootSize < rootfsSize {
-			return nil, fmt.Errorf("root partition size %d MiB is smaller than root filesystem %s (%d bytes)",
+			return nil, 0, fmt.Errorf("root partition size %d MiB is smaller than root filesystem %s (%d bytes)",
 				rootSize/MiB, s.RootFS, rootfsSize)
 		}
 	}
+	espSize := s.ESPSize
+	if espSize == 0 {
+		espSize = ESPSize
+	}
+	if espSize%Align != 0 {
+		return nil, 0, fmt.Errorf("ESP size %d is not a multiple of 1 MiB", espSize)
+	}
 	espStart := Align
-	rootAStart := espStart + ESPSize
+	rootAStart := espStart + espSize
 	rootBStart := rootAStart + rootSize
 	end := rootBStart + rootSize
+	if s.Size == 0 {
+		// Just large enough: the data partition gets its minimum; clouds grow the disk.
+		s.Size = alignUp(end+MinDataSize+33*SectorSize, Align)
+	}
 	// The backup GPT takes the last 33 sectors.
 	lastUsable := (s.Size/SectorSize - 34 + 1) * SectorSize
 	need := end + MinDataSize + 33*SectorSize
 	if s.Size < need || lastUsable-end < MinDataSize {
-		return nil, fmt.Errorf("disk size %d bytes (%d MiB) is too small: the ESP takes %d MiB, root-a and root-b %d MiB each "+
+		return nil, 0, fmt.Errorf("disk size %d bytes (%d MiB) is too small: the ESP takes %d MiB, root-a and root-b %d MiB each "+
 			"(root filesystem %d bytes + headroom), the data partition needs at least %d MiB; give at least %d MiB",
-			s.Size, s.Size/MiB, ESPSize/MiB, rootSize/MiB, rootfsSize, MinDataSize/MiB, alignUp(need, MiB)/MiB)
+			s.Size, s.Size/MiB, espSize/MiB, rootSize/MiB, rootfsSize, MinDataSize/MiB, alignUp(need, MiB)/MiB)
 	}
 	return []Partition{
-		{Number: 1, Name: ESPName, Type: TypeESP, Start: espStart, Size: ESPSize},
+		{Number: 1, Name: ESPName, Type: TypeESP, Start: espStart, Size: espSize},
 		{Number: 2, Name: RootAName, Type: TypeRootX86, Start: rootAStart, Size: rootSize},
 		{Number: 3, Name: RootBName, Type: TypeRootX86, Start: rootBStart, Size: rootSize},
-	}, nil
+	}, s.Size, nil
 }
 
 func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
@@ -205,8 +219,8 @@ func LoaderEntry(title, cmdline string) string {
 
 func (s Spec) check() error {
 	var problems []string
-	if s.Size <= 0 {
-		problems = append(problems, fmt.Sprintf("size %d is not positive", s.Size))
+	if s.Size < 0 {
+		problems = append(problems, fmt.Sprintf("size %d is negative", s.Size))
 	} else if s.Size%SectorSize != 0 {
 		problems = append(problems, fmt.Sprintf("size %d is not a multiple of %d", s.Size, SectorSize))
 	}
@@ -263,10 +277,11 @@ func Build(path string, s Spec) (_ *Result, err error) {
 	if st.Size() == 0 || !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("root filesystem image %s is empty or not a regular file", s.RootFS)
 	}
-	parts, err := layout(s, st.Size())
+	parts, size, err := layout(s, st.Size())
 	if err != nil {
 		return nil, err
 	}
+	s.Size = size
 	// Read the boot files before creating anything.
 	espFiles, err := readESPFiles(s)
 	if err != nil {

@@ -404,3 +404,27 @@ func TestBuildKeepsOldImageOnError(t *testing.T) {
 		t.Errorf("existing image changed to %d bytes", len(b))
 	}
 }
+
+// A definition without disk.size gets the smallest disk that fits (clouds grow it), and
+// esp_size moves the root slots.
+func TestBuildFittedSizeAndESPSize(t *testing.T) {
+	spec := fixture(t, SquashFS)
+	spec.Size, spec.ESPSize = 0, 64*MiB
+	path := filepath.Join(t.TempDir(), "disk.raw")
+	res, err := Build(path, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	esp, _ := res.Partition(ESPName)
+	rootB, _ := res.Partition(RootBName)
+	if esp.Size != 64*MiB {
+		t.Errorf("ESP is %d MiB, want 64", esp.Size/MiB)
+	}
+	end := rootB.Start + rootB.Size
+	if got := size(t, path); got < end+MinDataSize || got > end+MinDataSize+2*MiB {
+		t.Errorf("fitted disk is %d MiB; root-b ends at %d MiB and data needs %d MiB", got/MiB, end/MiB, MinDataSize/MiB)
+	}
+	if out := run(t, "sgdisk", "-v", path); !strings.Contains(out, "No problems found") {
+		t.Errorf("sgdisk -v: %s", out)
+	}
+}
