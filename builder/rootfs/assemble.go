@@ -133,6 +133,14 @@ func (t *Tree) findUnit(unit string) (string, error) {
 // EnableUnit does what `systemctl enable` does offline: a symlink in each target's .wants/ or
 // .requires/ directory named by the unit's [Install] section, and its Alias= links.
 func (t *Tree) EnableUnit(unit string) error {
+	return t.enableUnit(unit, map[string]bool{})
+}
+
+func (t *Tree) enableUnit(unit string, seen map[string]bool) error {
+	if seen[unit] {
+		return nil
+	}
+	seen[unit] = true
 	p, err := t.findUnit(unit)
 	if err != nil {
 		return err
@@ -141,7 +149,7 @@ func (t *Tree) EnableUnit(unit string) error {
 	if err != nil {
 		return fmt.Errorf("unit %s: %w", unit, err)
 	}
-	if len(inst["WantedBy"])+len(inst["RequiredBy"])+len(inst["Alias"]) == 0 {
+	if len(inst["WantedBy"])+len(inst["RequiredBy"])+len(inst["Alias"])+len(inst["Also"]) == 0 {
 		return fmt.Errorf("unit %s: no [Install] section with WantedBy=, RequiredBy= or Alias=; it cannot be enabled", unit)
 	}
 	target := "/" + strings.TrimPrefix(filepath.ToSlash(mustRel(t.Dir, p)), "/")
@@ -159,6 +167,12 @@ func (t *Tree) EnableUnit(unit string) error {
 	for _, alias := range inst["Alias"] {
 		if err := t.Symlink(target, path.Join("etc/systemd/system", alias)); err != nil {
 			return fmt.Errorf("enable %s: %w", unit, err)
+		}
+	}
+	// Also= units are enabled with it, as systemctl does.
+	for _, also := range inst["Also"] {
+		if err := t.enableUnit(also, seen); err != nil {
+			return fmt.Errorf("enable %s (Also= of %s): %w", also, unit, err)
 		}
 	}
 	return nil

@@ -199,14 +199,19 @@ func TestEnableUnit(t *testing.T) {
 	dir := t.TempDir()
 	units := filepath.Join(dir, "usr/lib/systemd/system")
 	os.MkdirAll(units, 0o755)
-	os.WriteFile(filepath.Join(units, "a.service"), []byte("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\nAlias=b.service\n"), 0o644)
+	os.WriteFile(filepath.Join(units, "a.service"), []byte("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\nAlias=b.service\nAlso=a.socket\n"), 0o644)
+	os.WriteFile(filepath.Join(units, "a.socket"), []byte("[Socket]\nListenStream=/run/a\n[Install]\nWantedBy=sockets.target\nAlso=a.service\n"), 0o644)
 	os.WriteFile(filepath.Join(units, "static.service"), []byte("[Service]\nExecStart=/bin/true\n"), 0o644)
 	tree := &Tree{Dir: dir, Owners: map[string]Owner{}}
 	if err := tree.EnableUnit("a.service"); err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range []string{"etc/systemd/system/multi-user.target.wants/a.service", "etc/systemd/system/b.service"} {
-		if target, err := os.Readlink(filepath.Join(dir, l)); err != nil || target != "/usr/lib/systemd/system/a.service" {
+	for l, want := range map[string]string{
+		"etc/systemd/system/multi-user.target.wants/a.service": "/usr/lib/systemd/system/a.service",
+		"etc/systemd/system/b.service":                         "/usr/lib/systemd/system/a.service",
+		"etc/systemd/system/sockets.target.wants/a.socket":     "/usr/lib/systemd/system/a.socket",
+	} {
+		if target, err := os.Readlink(filepath.Join(dir, l)); err != nil || target != want {
 			t.Errorf("%s -> %q, %v", l, target, err)
 		}
 	}

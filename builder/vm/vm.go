@@ -41,6 +41,10 @@ type Config struct {
 	CPUs     int    // default 2
 	// Forward maps host TCP ports to guest ports ("127.0.0.1:6443" -> 6443).
 	Forward map[string]int
+	// Boot, when set, boots these files directly (QEMU -kernel/-initrd, still under OVMF)
+	// instead of through the ESP's systemd-boot, with Append added to their command line.
+	Boot    *BootFiles
+	Append  string
 	WorkDir string    // OVMF variables copy and created disks; a temp dir when empty
 	Serial  io.Writer // every console line is copied here (may be nil)
 	QEMU    string    // qemu-system-x86_64 binary; from PATH when empty
@@ -163,6 +167,12 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 			return nil, fmt.Errorf("config: %w", err)
 		}
 		args = append(args, "-fw_cfg", "name="+FWCfgName+",file="+qemuEscape(cfg.Config))
+	}
+	if cfg.Boot != nil {
+		args = append(args, "-kernel", cfg.Boot.Kernel, "-initrd", cfg.Boot.Initrd,
+			"-append", strings.TrimSpace(cfg.Boot.Cmdline+" "+cfg.Append))
+	} else if cfg.Append != "" {
+		return nil, fmt.Errorf("kernel arguments %q need the image's boot files (direct kernel boot)", cfg.Append)
 	}
 	return append(args, cfg.Extra...), nil
 }

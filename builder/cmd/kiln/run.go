@@ -35,10 +35,13 @@ console, passes --config to kiln-init through fw_cfg (opt/dev.kiln/config) and a
 
 --accel auto (the default, or $KILN_ACCEL) boots the image's kernel under KVM for a few seconds
 first and uses KVM only if that test boot really ran; otherwise TCG (software emulation).
+--append boots the image's own kernel and initramfs directly (still under OVMF) with the loader
+entry's command line plus the given arguments; the guest reaches the host at 10.0.2.2.
 Without --snapshot the image itself is written to (first boot creates the data partition).`,
 		Example: `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
-  kiln run out/qemu-control-plane.qcow2 --disk etcd-main=1G --forward 6443:6443`,
+  kiln run out/qemu-control-plane.qcow2 --disk etcd-main=1G --forward 6443:6443
+  kiln run out/qemu-worker.qcow2 --snapshot --append 'kiln.config.url=http://10.0.2.2:8080/node.ign'`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -66,13 +69,20 @@ Without --snapshot the image itself is written to (first boot creates the data p
 				want = os.Getenv("KILN_ACCEL")
 			}
 			kernel := ""
-			if want == "" || want == "auto" {
-				k, cleanup, err := imageKernel(ctx, cfg.Image)
+			if want == "" || want == "auto" || cfg.Append != "" {
+				dir, err := os.MkdirTemp("", "kiln-boot-")
 				if err != nil {
-					return fmt.Errorf("find the image's kernel for the KVM test boot: %w", err)
+					return err
 				}
-				defer cleanup()
-				kernel = k
+				defer os.RemoveAll(dir)
+				bf, err := vm.ExtractBoot(ctx, cfg.Image, dir)
+				if err != nil {
+					return fmt.Errorf("read the image's boot files: %w", err)
+				}
+				kernel = bf.Kernel
+				if cfg.Append != "" {
+					cfg.Boot = bf
+				}
 			}
 			a, why, err := vm.ChooseAccel(ctx, want, kernel)
 			if err != nil {
@@ -121,6 +131,7 @@ Without --snapshot the image itself is written to (first boot creates the data p
 	f.BoolVar(&cfg.Snapshot, "snapshot", false, "leave IMAGE unchanged (writes go to a throwaway overlay)")
 	f.IntVar(&cfg.MemoryMB, "memory", 2048, "guest memory in MiB")
 	f.IntVar(&cfg.CPUs, "cpus", 2, "guest CPUs")
+	f.StringVar(&cfg.Append, "append", "", "extra kernel arguments, e.g. 'kiln.config.url=http://10.0.2.2:8080/${mac}.ign' (boots the image's kernel directly)")
 	f.StringVar(&cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
 	return cmd
 }
