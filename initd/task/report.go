@@ -1,0 +1,140 @@
+package task
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// State is the outcome of one task.
+type State string
+
+// Task states. Unchanged and Applied are success.
+const (
+	// StateUnchanged: Check said the desired state already held; nothing was changed.
+	StateUnchanged State = "unchanged"
+	// StateApplied: Apply ran and the re-Check confirmed the desired state.
+	StateApplied State = "applied"
+	// StateFailed: the last attempt failed (see Error); no attempt succeeded.
+	StateFailed State = "failed"
+	// StateBlocked: never run because a dependency failed (Error names it).
+	StateBlocked State = "blocked"
+	// StateSkipped: never run because the run was cancelled first.
+	StateSkipped State = "skipped"
+)
+
+// OK reports whether s is a success state.
+func (s State) OK() bool { return s == StateUnchanged || s == StateApplied }
+
+// TaskStatus is the outcome of one task. Its JSON form is part of
+// /var/lib/kiln/status.json.
+type TaskStatus struct {
+	Name  string `json:"name"`
+	State State  `json:"state"`
+	// Attempts counts the Check(+Apply) attempts; 0 for blocked and skipped tasks.
+	Attempts int `json:"attempts"`
+	// DurationMS is the time spent in the task's attempts, in milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+	// Error is the last attempt's error, or why the task did not run.
+	Error string `json:"error,omitempty"`
+	// Started is when the first attempt began, Finished when the last one ended.
+	Started  time.Time `json:"started,omitzero"`
+	Finished time.Time `json:"finished,omitzero"`
+}
+
+// Duration is the time spent in the task's attempts, to the millisecond.
+func (s TaskStatus) Duration() time.Duration {
+	return time.Duration(s.DurationMS) * time.Millisecond
+}
+
+// Report is the outcome of a Run, tasks in the order they were tried.
+type Report struct {
+	Started    time.Time `json:"started"`
+	Finished   time.Time `json:"finished"`
+	DurationMS int64     `json:"duration_ms"`
+	// Rounds is how many passes over the pending tasks the run made.
+	Rounds int `json:"rounds"`
+	// Changed counts the applied tasks, Failed the failed ones (not blocked or skipped).
+	Changed int          `json:"changed"`
+	Failed  int          `json:"failed"`
+	Tasks   []TaskStatus `json:"tasks"`
+}
+
+// Duration is how long the run took, to the millisecond.
+func (r *Report) Duration() time.Duration {
+	return time.Duration(r.DurationMS) * time.Millisecond
+}
+
+// OK reports whether every task succeeded.
+func (r *Report) OK() bool {
+	for _, t := range r.Tasks {
+		if !t.State.OK() {
+			return false
+		}
+	}
+	return true
+}
+
+// Summary is one line with the counts per state, e.g.
+// "tasks=12 applied=5 unchanged=7 failed=0"; blocked and skipped are added when
+// there are any. It only looks at Tasks.
+func (r *Report) Summary() string {
+	n := map[State]int{}
+	for _, t := range r.Tasks {
+		n[t.State]++
+	}
+	s := fmt.Sprintf("tasks=%d applied=%d unchanged=%d failed=%d",
+		len(r.Tasks), n[StateApplied], n[StateUnchanged], n[StateFailed])
+	if n[StateBlocked] > 0 {
+		s += fmt.Sprintf(" blocked=%d", n[StateBlocked])
+	}
+	if n[StateSkipped] > 0 {
+		s += fmt.Sprintf(" skipped=%d", n[StateSkipped])
+	}
+	return s
+}
+
+// Err is nil when every task succeeded; otherwise it joins one error per task that did
+// not, "task NAME STATE: ERROR", failed tasks first. It only looks at Tasks, so it works
+// on a report read back from JSON.
+func (r *Report) Err() error {
+	var failed, rest []error
+	for _, t := range r.Tasks {
+		if t.State.OK() {
+			continue
+		}
+		e := fmt.Errorf("task %s %s: %s", t.Name, t.State, orDash(t.Error))
+		if t.State == StateFailed {
+			failed = append(failed, e)
+		} else {
+			rest = append(rest, e)
+		}
+	}
+	return errors.Join(append(failed, rest...)...)
+}
+
+// WriteTable prints tasks for `kiln-init status` as a table with the columns TASK,
+// STATE, ATTEMPTS, DURATION and ERROR (folded onto one line).
+func WriteTable(w io.Writer, tasks []TaskStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TASK\tSTATE\tATTEMPTS\tDURATION\tERROR")
+	for _, t := range tasks {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", t.Name, t.State, t.Attempts, t.Duration(), orDash(oneLine(t.Error)))
+	}
+	return tw.Flush()
+}
+
+// oneLine folds a multi-line error (errors.Join) into one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

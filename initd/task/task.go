@@ -1,0 +1,86 @@
+// Package task is kiln-init's first-boot task graph: small idempotent tasks, each of which
+// checks whether its desired state already holds before it acts, run in dependency order.
+// A failed task is retried as long as the run makes progress, every attempt has a
+// deadline, and the outcome is a Report that is stored in /var/lib/kiln/status.json and
+// printed by `kiln-init status`. Because every task checks first, running the same graph
+// again on a configured node changes nothing.
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Task is one idempotent step of the first boot.
+type Task interface {
+	// Name identifies the task in the graph, the logs and the report; it must be unique.
+	Name() string
+	// Deps names the tasks that must be done before this one runs.
+	Deps() []string
+	// Check reports whether the task's desired state already holds, so that there is
+	// nothing to do. It must not change anything.
+	Check(ctx context.Context) (done bool, err error)
+	// Apply makes the desired state hold. It is only called after Check said not done,
+	// and Check is asked again afterwards to confirm.
+	Apply(ctx context.Context) error
+}
+
+// Timeouter is implemented by a task that needs a deadline other than
+// Options.TaskTimeout for each attempt.
+type Timeouter interface {
+	Timeout() time.Duration
+}
+
+// ErrNotConverged is the error of a task whose Check still reports "not done" after
+// its Apply succeeded.
+var ErrNotConverged = errors.New("apply did not converge: check still reports not done")
+
+// ErrCheckOnly is returned by the Apply of a Func task built without an apply function
+// (a pure check, such as a preflight condition) when its check says not done.
+var ErrCheckOnly = errors.New("not done, and the task has nothing to apply")
+
+// Func builds a Task from closures. check is required; apply may be nil for a task that
+// only checks a condition (it then fails with ErrCheckOnly while the condition does not
+// hold, and is retried while other tasks make progress).
+func Func(name string, deps []string, check func(context.Context) (bool, error), apply func(context.Context) error) Task {
+	return &funcTask{name: name, deps: deps, check: check, apply: apply}
+}
+
+type funcTask struct {
+	name  string
+	deps  []string
+	check func(context.Context) (bool, error)
+	apply func(context.Context) error
+}
+
+func (f *funcTask) Name() string   { return f.name }
+func (f *funcTask) Deps() []string { return f.deps }
+
+func (f *funcTask) Check(ctx context.Context) (bool, error) {
+	if f.check == nil {
+		return false, fmt.Errorf("task %s has no check function", f.name)
+	}
+	return f.check(ctx)
+}
+
+func (f *funcTask) Apply(ctx context.Context) error {
+	if f.apply == nil {
+		return ErrCheckOnly
+	}
+	return f.apply(ctx)
+}
+
+// WithTimeout returns t with its own per-attempt deadline d instead of
+// Options.TaskTimeout.
+func WithTimeout(t Task, d time.Duration) Task {
+	return &timeoutTask{Task: t, d: d}
+}
+
+type timeoutTask struct {
+	Task
+	d time.Duration
+}
+
+func (t *timeoutTask) Timeout() time.Duration { return t.d }
