@@ -1,0 +1,228 @@
+// Package render writes a node's configuration files from templates: kubelet and
+// container runtime configuration, static-pod manifests, systemd drop-ins. A template
+// directory mirrors the destination paths with a ".tmpl" suffix
+// (etc/kubernetes/kubelet-config.yaml.tmpl becomes /etc/kubernetes/kubelet-config.yaml)
+// and templates are Go text/template with Data as the dot and a few functions (see
+// funcs). Images carry their role's templates in /usr/lib/kiln/templates.
+//
+// Rendering is all or nothing and idempotent: every template is executed before any file
+// is written, a reference to a missing field or map key is an error naming the template
+// and line, and a file whose content, mode and owner are already right is left alone (its
+// mtime too).
+//
+// A file gets its template's permission bits without group and other write, unless the
+// template starts with a mode directive, `{{- /* kiln:mode 0600 */ -}}` (git keeps only
+// 0644 and 0755), and anything under /etc/kubernetes/pki is 0600. Files are created with
+// their final mode, owned by root when kiln runs as root, and replaced atomically.
+package render
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/template"
+)
+
+// Suffix marks template files.
+const Suffix = ".tmpl"
+
+// modeDirective matches the optional mode directive at the very start of a template.
+var modeDirective = regexp.MustCompile(`^\{\{-?\s*/\*\s*kiln:mode\s+(0[0-7]{3})\s*\*/\s*-?\}\}`)
+
+// file is one rendered template waiting to be written.
+type file struct {
+	src  string      // template path, for errors
+	dest string      // node path below root, without the leading "/"
+	data []byte      // rendered content
+	mode fs.FileMode // permission bits
+}
+
+// Render executes every template below srcDir with data (after WithDefaults) and
+// writes the results below root. It returns the node paths ("/etc/…") it wrote, in
+// lexical order; nil when everything was already up to date.
+func Render(srcDir, root string, data Data) (changed []string, err error) {
+	files, err := execute(srcDir, data.WithDefaults())
+	if err != nil {
+		return nil, err
+	}
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, fmt.Errorf("render: open root %s: %w", root, err)
+	}
+	defer r.Close()
+	for _, f := range files {
+		same, err := upToDate(r, f)
+		if err != nil {
+			return changed, fmt.Errorf("render %s: %w", f.src, err)
+		}
+		if same {
+			continue
+		}
+		if err := write(r, f); err != nil {
+			return changed, fmt.Errorf("render %s: %w", f.src, err)
+		}
+		changed = append(changed, "/"+f.dest)
+	}
+	return changed, nil
+}
+
+// execute parses and runs every template; it writes nothing.
+func execute(srcDir string, data Data) ([]file, error) {
+	var files []file
+	err := filepath.WalkDir(srcDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("render: %w", err)
+		}
+		if d.IsDir() {
+			return nil
+		}
+		rel, err := filepath.Rel(srcDir, p)
+		if err != nil {
+			return fmt.Errorf("render: %w", err)
+		}
+		rel = filepath.ToSlash(rel)
+		if !d.Type().IsRegular() {
+			return fmt.Errorf("render: %s is not a regular file", p)
+		}
+		if !strings.HasSuffix(rel, Suffix) || rel == Suffix {
+			return fmt.Errorf("render: %s is not a template (no %s suffix)", p, Suffix)
+		}
+		f, err := executeOne(p, rel, data)
+		if err != nil {
+			return err
+		}
+		files = append(files, f)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("render: no templates in %s", srcDir)
+	}
+	return files, nil
+}
+
+func executeOne(p, rel string, data Data) (file, error) {
+	src, err := os.ReadFile(p)
+	if err != nil {
+		return file{}, fmt.Errorf("render: %w", err)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return file{}, fmt.Errorf("render: %w", err)
+	}
+	f := file{src: p, dest: strings.TrimSuffix(rel, Suffix), mode: fi.Mode().Perm() &^ 0o022}
+	if m := modeDirective.FindSubmatch(src); m != nil {
+		mode, _ := strconv.ParseUint(string(m[1]), 8, 32) // the pattern admits only octal
+		f.mode = fs.FileMode(mode)
+	}
+	if f.dest == "etc/kubernetes/pki" || strings.HasPrefix(f.dest, "etc/kubernetes/pki/") {
+		f.mode = 0o600
+	}
+	// The template's name is its path in srcDir, so errors read
+	// "template: etc/kubernetes/kubelet-config.yaml.tmpl:12:5: …".
+	t, err := template.New(rel).Option("missingkey=error").Funcs(funcs()).Parse(string(src))
+	if err != nil {
+		return file{}, fmt.Errorf("render %s: %w", p, err)
+	}
+	var buf bytes.Buffer
+	if err := t.Execute(&buf, data); err != nil {
+		return file{}, fmt.Errorf("render %s: %w", p, err)
+	}
+	f.data = buf.Bytes()
+	return f, nil
+}
+
+// upToDate reports whether the file below r already has f's content, mode and (as root)
+// owner. A symlink, directory or other non-regular file in its place is an error: kiln
+// does not write through links it did not make.
+func upToDate(r *os.Root, f file) (bool, error) {
+	fi, err := r.Lstat(f.dest)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	case err != nil:
+		return false, err
+	case !fi.Mode().IsRegular():
+		return false, fmt.Errorf("/%s exists and is not a regular file (%s)", f.dest, fi.Mode().Type())
+	case fi.Mode().Perm() != f.mode || fi.Size() != int64(len(f.data)):
+		return false, nil
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 && (st.Uid != 0 || st.Gid != 0) {
+		return false, nil
+	}
+	old, err := r.ReadFile(f.dest)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(old, f.data), nil
+}
+
+// write replaces the file atomically: a temporary file in the same directory, created
+// 0600, written, owned by root (as root), given its mode, synced and renamed over the
+// target; then the directory is synced.
+func write(r *os.Root, f file) error {
+	dir, base := path.Split(f.dest)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" {
+		dir = "."
+	}
+	if err := r.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create directory /%s: %w", dir, err)
+	}
+	var rnd [6]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return fmt.Errorf("temporary name: %w", err)
+	}
+	tmp := path.Join(dir, ".kiln-"+base+"."+hex.EncodeToString(rnd[:]))
+	out, err := r.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create /%s: %w", tmp, err)
+	}
+	err = fill(out, f)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = r.Rename(tmp, f.dest)
+	}
+	if err != nil {
+		_ = r.Remove(tmp)
+		return fmt.Errorf("write /%s: %w", f.dest, err)
+	}
+	d, err := r.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory /%s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory /%s: %w", dir, err)
+	}
+	return nil
+}
+
+func fill(out *os.File, f file) error {
+	if _, err := out.Write(f.data); err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 {
+		if err := out.Chown(0, 0); err != nil {
+			return err
+		}
+	}
+	if err := out.Chmod(f.mode); err != nil {
+		return err
+	}
+	return out.Sync()
+}
