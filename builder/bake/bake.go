@@ -21,6 +21,7 @@ import (
 	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/initd/systemd"
 )
 
 // DefaultModules are the kernel modules every initramfs carries: enough to find the root on
@@ -239,18 +240,19 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 	if err := tree.AddFile("usr/bin/kiln-init", b.o.KilnInit, 0o755); err != nil {
 		return nil, nil, err
 	}
+	// Units are enabled the way kiln-init enables a config's units at first boot.
 	for _, u := range prof.Units.Enable {
-		if err := tree.EnableUnit(u); err != nil {
+		if _, err := systemd.Enable(tree.Dir, u); err != nil {
 			return nil, nil, fmt.Errorf("%s: units.enable: %w", prof.File, err)
 		}
 	}
 	for _, u := range prof.Units.Disable {
-		if err := tree.DisableUnit(u); err != nil {
+		if _, err := systemd.Disable(tree.Dir, u); err != nil {
 			return nil, nil, fmt.Errorf("%s: units.disable: %w", prof.File, err)
 		}
 	}
 	for _, u := range prof.Units.Mask {
-		if err := tree.MaskUnit(u); err != nil {
+		if _, err := systemd.Mask(tree.Dir, u); err != nil {
 			return nil, nil, fmt.Errorf("%s: units.mask: %w", prof.File, err)
 		}
 	}

@@ -1,7 +1,6 @@
 package rootfs
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -114,122 +113,6 @@ func (t *Tree) Symlink(target, rel string) error {
 	}
 	delete(t.Owners, rel)
 	return os.Symlink(target, dst)
-}
-
-// unitDirs are where systemd looks for unit files, most specific first.
-var unitDirs = []string{"etc/systemd/system", "usr/lib/systemd/system", "lib/systemd/system"}
-
-// findUnit returns the host path of a unit file in the tree.
-func (t *Tree) findUnit(unit string) (string, error) {
-	for _, d := range unitDirs {
-		p := filepath.Join(t.Dir, d, unit)
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("unit %s: not found in the image (looked in /%s)", unit, strings.Join(unitDirs, ", /"))
-}
-
-// EnableUnit does what `systemctl enable` does offline: a symlink in each target's .wants/ or
-// .requires/ directory named by the unit's [Install] section, and its Alias= links.
-func (t *Tree) EnableUnit(unit string) error {
-	return t.enableUnit(unit, map[string]bool{})
-}
-
-func (t *Tree) enableUnit(unit string, seen map[string]bool) error {
-	if seen[unit] {
-		return nil
-	}
-	seen[unit] = true
-	p, err := t.findUnit(unit)
-	if err != nil {
-		return err
-	}
-	inst, err := readInstall(p)
-	if err != nil {
-		return fmt.Errorf("unit %s: %w", unit, err)
-	}
-	if len(inst["WantedBy"])+len(inst["RequiredBy"])+len(inst["Alias"])+len(inst["Also"]) == 0 {
-		return fmt.Errorf("unit %s: no [Install] section with WantedBy=, RequiredBy= or Alias=; it cannot be enabled", unit)
-	}
-	target := "/" + strings.TrimPrefix(filepath.ToSlash(mustRel(t.Dir, p)), "/")
-	for _, kind := range []string{"WantedBy", "RequiredBy"} {
-		suffix := ".wants"
-		if kind == "RequiredBy" {
-			suffix = ".requires"
-		}
-		for _, by := range inst[kind] {
-			if err := t.Symlink(target, path.Join("etc/systemd/system", by+suffix, unit)); err != nil {
-				return fmt.Errorf("enable %s: %w", unit, err)
-			}
-		}
-	}
-	for _, alias := range inst["Alias"] {
-		if err := t.Symlink(target, path.Join("etc/systemd/system", alias)); err != nil {
-			return fmt.Errorf("enable %s: %w", unit, err)
-		}
-	}
-	// Also= units are enabled with it, as systemctl does.
-	for _, also := range inst["Also"] {
-		if err := t.enableUnit(also, seen); err != nil {
-			return fmt.Errorf("enable %s (Also= of %s): %w", also, unit, err)
-		}
-	}
-	return nil
-}
-
-// DisableUnit removes the links EnableUnit (or the base) made for unit.
-func (t *Tree) DisableUnit(unit string) error {
-	p, err := t.findUnit(unit)
-	if err != nil {
-		return err
-	}
-	inst, err := readInstall(p)
-	if err != nil {
-		return fmt.Errorf("unit %s: %w", unit, err)
-	}
-	for _, kind := range []string{"WantedBy", "RequiredBy"} {
-		suffix := map[string]string{"WantedBy": ".wants", "RequiredBy": ".requires"}[kind]
-		for _, by := range inst[kind] {
-			if err := t.remove(path.Join("etc/systemd/system", by+suffix, unit)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// MaskUnit links unit to /dev/null in /etc/systemd/system.
-func (t *Tree) MaskUnit(unit string) error {
-	return t.Symlink("/dev/null", path.Join("etc/systemd/system", unit))
-}
-
-// readInstall parses the [Install] section of a unit file.
-func readInstall(p string) (map[string][]string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := map[string][]string{}
-	sc := bufio.NewScanner(f)
-	in := false
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if strings.HasPrefix(line, "[") {
-			in = line == "[Install]"
-			continue
-		}
-		if !in || line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok {
-			continue
-		}
-		out[strings.TrimSpace(k)] = append(out[strings.TrimSpace(k)], strings.Fields(v)...)
-	}
-	return out, sc.Err()
 }
 
 // Kernel is the kernel found in the base.

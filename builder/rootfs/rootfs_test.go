@@ -194,37 +194,3 @@ func TestFindKernel(t *testing.T) {
 		})
 	}
 }
-
-func TestEnableUnit(t *testing.T) {
-	dir := t.TempDir()
-	units := filepath.Join(dir, "usr/lib/systemd/system")
-	os.MkdirAll(units, 0o755)
-	os.WriteFile(filepath.Join(units, "a.service"), []byte("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\nAlias=b.service\nAlso=a.socket\n"), 0o644)
-	os.WriteFile(filepath.Join(units, "a.socket"), []byte("[Socket]\nListenStream=/run/a\n[Install]\nWantedBy=sockets.target\nAlso=a.service\n"), 0o644)
-	os.WriteFile(filepath.Join(units, "static.service"), []byte("[Service]\nExecStart=/bin/true\n"), 0o644)
-	tree := &Tree{Dir: dir, Owners: map[string]Owner{}}
-	if err := tree.EnableUnit("a.service"); err != nil {
-		t.Fatal(err)
-	}
-	for l, want := range map[string]string{
-		"etc/systemd/system/multi-user.target.wants/a.service": "/usr/lib/systemd/system/a.service",
-		"etc/systemd/system/b.service":                         "/usr/lib/systemd/system/a.service",
-		"etc/systemd/system/sockets.target.wants/a.socket":     "/usr/lib/systemd/system/a.socket",
-	} {
-		if target, err := os.Readlink(filepath.Join(dir, l)); err != nil || target != want {
-			t.Errorf("%s -> %q, %v", l, target, err)
-		}
-	}
-	if err := tree.EnableUnit("static.service"); err == nil || !strings.Contains(err.Error(), "cannot be enabled") {
-		t.Errorf("enabling a unit without [Install]: %v", err)
-	}
-	if err := tree.EnableUnit("missing.service"); err == nil || !strings.Contains(err.Error(), "not found in the image") {
-		t.Errorf("enabling a missing unit: %v", err)
-	}
-	if err := tree.MaskUnit("a.service"); err != nil {
-		t.Fatal(err)
-	}
-	if target, _ := os.Readlink(filepath.Join(dir, "etc/systemd/system/a.service")); target != "/dev/null" {
-		t.Errorf("masked unit -> %q", target)
-	}
-}
