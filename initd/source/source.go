@@ -1,11 +1,12 @@
 // Package source finds the node's user config (the Ignition document) at first boot.
 //
-// Each place a config can come from (QEMU fw_cfg, a file baked into the image, and later
-// the kernel command line, cloud metadata services and CIDATA volumes) is a Provider.
-// Select asks the providers in the caller's order, each bounded in time, and returns the
-// first config found. Select does not judge the bytes: a source that answers garbage
-// yields those bytes and config.Parse rejects them, so garbage never falls through to the
-// next source.
+// Each place a config can come from (a URL on the kernel command line, QEMU fw_cfg, the
+// AWS and GCE metadata services, a CIDATA or config-drive volume, a file baked into the
+// image) is a Provider; ForPlatform lists them per platform. Select asks the providers in
+// the caller's order, each bounded in time, undoes gzip and base64 encodings (Decode) and
+// returns the first config found. Select does not judge the bytes: a source that answers
+// garbage yields those bytes and config.Parse rejects them, so garbage never falls
+// through to the next source.
 package source
 
 import (
@@ -34,6 +35,9 @@ const MaxConfigSize = 64 << 20
 // of its source. Each provider gets perSourceTimeout for Probe and Fetch together
 // (0 means no limit beyond ctx).
 //
+// The config is returned decoded (see Decode); a payload that fails to decode (a corrupt
+// gzip stream) is an error.
+//
 // A provider whose Probe says no, times out, or whose Fetch returns no bytes is skipped.
 // A provider that is present but fails to deliver (Fetch error or timeout) stops the
 // search with an error: falling through to another source would apply a config the user
@@ -47,8 +51,15 @@ func Select(ctx context.Context, providers []Provider, perSourceTimeout time.Dur
 		if err != nil {
 			return nil, "", fmt.Errorf("config source %s: %w", p.Name(), err)
 		}
-		if found && len(data) > 0 {
-			return data, p.Name(), nil
+		if !found || len(data) == 0 {
+			continue
+		}
+		decoded, err := Decode(data)
+		if err != nil {
+			return nil, "", fmt.Errorf("config source %s: %w", p.Name(), err)
+		}
+		if len(decoded) > 0 {
+			return decoded, p.Name(), nil
 		}
 	}
 	return nil, "", nil

@@ -1,0 +1,91 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+)
+
+// AWS reads EC2 user data from the instance metadata service, IMDSv2 only: the client
+// PUTs for a session token (with a TTL) and sends it with every GET; it never falls back
+// to the unauthenticated IMDSv1 flow. An instance without user data (404) has no config.
+//
+// An AWS must not be copied after first use.
+type AWS struct {
+	// Endpoint is the IMDS base URL; "" means the SDK's default (http://169.254.169.254).
+	Endpoint string
+	// HTTPClient sends the requests; nil means the SDK's default.
+	HTTPClient imds.HTTPClient
+	// ProbeTimeout bounds Probe; 0 means 2s.
+	ProbeTimeout time.Duration
+
+	once   sync.Once
+	client *imds.Client
+}
+
+// Name implements Provider.
+func (*AWS) Name() string { return "aws-imds" }
+
+func (a *AWS) imds() *imds.Client {
+	a.once.Do(func() {
+		a.client = imds.New(imds.Options{
+			Endpoint:       a.Endpoint,
+			HTTPClient:     a.HTTPClient,
+			EnableFallback: aws.FalseTernary,
+		})
+	})
+	return a.client
+}
+
+// Probe implements Provider: true when the metadata service grants a session token and
+// answers with it (it reads meta-data/instance-id) within ProbeTimeout.
+func (a *AWS) Probe(ctx context.Context) bool {
+	timeout := a.ProbeTimeout
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, err := a.imds().GetMetadata(ctx, &imds.GetMetadataInput{Path: "instance-id"})
+	if err != nil {
+		return false
+	}
+	out.Content.Close()
+	return true
+}
+
+// Fetch implements Provider: the instance's user data, or nothing when it has none.
+func (a *AWS) Fetch(ctx context.Context) ([]byte, error) {
+	out, err := a.imds().GetUserData(ctx, &imds.GetUserDataInput{})
+	if err != nil {
+		if httpStatus(err) == http.StatusNotFound {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("imds user-data: %w", err)
+	}
+	defer out.Content.Close()
+	data, err := io.ReadAll(io.LimitReader(out.Content, MaxConfigSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("imds user-data: read: %w", err)
+	}
+	if len(data) > MaxConfigSize {
+		return nil, fmt.Errorf("imds user-data: larger than %d bytes", MaxConfigSize)
+	}
+	return data, nil
+}
+
+// httpStatus returns the HTTP status code carried by an SDK error, or 0.
+func httpStatus(err error) int {
+	var se interface{ HTTPStatusCode() int }
+	if errors.As(err, &se) {
+		return se.HTTPStatusCode()
+	}
+	return 0
+}

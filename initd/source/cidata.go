@@ -1,0 +1,93 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	diskfs "github.com/diskfs/go-diskfs"
+	"github.com/diskfs/go-diskfs/filesystem"
+)
+
+// CIDATA reads the config from a volume labelled CIDATA or cidata (cloud-init NoCloud) or
+// config-2 (OpenStack config drive): the file user-data, else openstack/latest/user_data.
+//
+// The volume is never mounted: its ISO9660 (with Rock Ridge or Joliet names) or FAT
+// (FAT12, FAT16 or FAT32, as mkfs.vfat picks by size) filesystem is read in place with
+// go-diskfs, so the first boot needs no kernel filesystem modules and leaves no mount
+// behind. A volume without either file (meta-data only, say) has no config; a volume that
+// cannot be read is an error.
+type CIDATA struct {
+	// ByLabel is the directory of label symlinks; "" means /dev/disk/by-label.
+	ByLabel string
+}
+
+// Name implements Provider.
+func (CIDATA) Name() string { return "cidata" }
+
+func (c CIDATA) device() (string, bool) {
+	dir := c.ByLabel
+	if dir == "" {
+		dir = "/dev/disk/by-label"
+	}
+	// The NoCloud labels, then the OpenStack config drive's.
+	for _, label := range []string{"CIDATA", "cidata", "config-2"} {
+		p := filepath.Join(dir, label)
+		if _, err := os.Stat(p); err == nil {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// Probe implements Provider: true when a volume with one of the labels exists.
+func (c CIDATA) Probe(context.Context) bool {
+	_, ok := c.device()
+	return ok
+}
+
+// Fetch implements Provider.
+func (c CIDATA) Fetch(context.Context) ([]byte, error) {
+	dev, ok := c.device()
+	if !ok {
+		return nil, errors.New("no CIDATA volume")
+	}
+	d, err := diskfs.Open(dev, diskfs.WithOpenMode(diskfs.ReadOnly))
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dev, err)
+	}
+	defer d.Close()
+	fsys, err := d.GetFilesystem(0)
+	if err != nil {
+		return nil, fmt.Errorf("read filesystem on %s (want ISO9660 or FAT): %w", dev, err)
+	}
+	defer fsys.Close()
+	return readUserData(fsys, dev)
+}
+
+func readUserData(fsys filesystem.FileSystem, dev string) ([]byte, error) {
+	// NoCloud's file, then the config drive's.
+	for _, name := range []string{"user-data", "openstack/latest/user_data"} {
+		fi, err := fsys.Stat(name)
+		if err != nil {
+			// Each filesystem reports a missing file its own way; treat any failure to
+			// find the entry as absent and any failure to read it below as an error.
+			continue
+		}
+		if fi.IsDir() {
+			return nil, fmt.Errorf("%s on %s is a directory", name, dev)
+		}
+		if fi.Size() > MaxConfigSize {
+			return nil, fmt.Errorf("%s on %s: larger than %d bytes", name, dev, MaxConfigSize)
+		}
+		data, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return nil, fmt.Errorf("read %s on %s: %w", name, dev, err)
+		}
+		return data, nil
+	}
+	return nil, nil
+}

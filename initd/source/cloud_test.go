@@ -1,0 +1,274 @@
+package source
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeIMDS speaks the EC2 instance metadata protocol as EC2 does with IMDSv2 required
+// (HttpTokens=required): PUT /latest/api/token with a TTL header of 1..21600 seconds
+// yields a token; every GET must carry it, else 401.
+type fakeIMDS struct {
+	userData  []byte // nil: the instance has no user data (404)
+	failUser  int    // status to answer user-data with, when not 0
+	tokenPath string // "" means /latest/api/token; another path makes the token request 404
+
+	mu        sync.Mutex
+	tokens    map[string]time.Time
+	ttls      []string
+	tokenless int // GETs without a valid token: IMDSv1 attempts
+}
+
+func (f *fakeIMDS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tokenPath := f.tokenPath
+	if tokenPath == "" {
+		tokenPath = "/latest/api/token"
+	}
+	if r.Method == http.MethodPut {
+		f.ttls = append(f.ttls, r.Header.Get("X-aws-ec2-metadata-token-ttl-seconds"))
+	}
+	switch {
+	case r.Method == http.MethodPut && r.URL.Path == tokenPath:
+		if r.Header.Get("X-Forwarded-For") != "" {
+			http.Error(w, "Forbidden", http.StatusForbidden)
+			return
+		}
+		ttl := r.Header.Get("X-aws-ec2-metadata-token-ttl-seconds")
+		n, err := strconv.Atoi(ttl)
+		if err != nil || n < 1 || n > 21600 {
+			http.Error(w, "Bad Request", http.StatusBadRequest)
+			return
+		}
+		b := make([]byte, 16)
+		rand.Read(b)
+		tok := base64.StdEncoding.EncodeToString(b)
+		if f.tokens == nil {
+			f.tokens = map[string]time.Time{}
+		}
+		f.tokens[tok] = time.Now().Add(time.Duration(n) * time.Second)
+		w.Header().Set("X-aws-ec2-metadata-token-ttl-seconds", ttl)
+		w.Write([]byte(tok))
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/latest/"):
+		exp, ok := f.tokens[r.Header.Get("X-aws-ec2-metadata-token")]
+		if !ok || time.Now().After(exp) {
+			f.tokenless++
+			http.Error(w, "Unauthorized", http.StatusUnauthorized)
+			return
+		}
+		switch r.URL.Path {
+		case "/latest/meta-data/instance-id":
+			w.Write([]byte("i-0123456789abcdef0"))
+		case "/latest/user-data":
+			if f.failUser != 0 {
+				http.Error(w, http.StatusText(f.failUser), f.failUser)
+				return
+			}
+			if f.userData == nil {
+				http.NotFound(w, r)
+				return
+			}
+			w.Write(f.userData)
+		default:
+			http.NotFound(w, r)
+		}
+	case r.Method != http.MethodGet && r.Method != http.MethodPut:
+		http.Error(w, "Method Not Allowed", http.StatusMethodNotAllowed)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func TestAWS(t *testing.T) {
+	tests := []struct {
+		name      string
+		imds      *fakeIMDS
+		endpoint  string // overrides the fake
+		wantProbe bool
+		wantData  string
+		wantErr   string
+	}{
+		{name: "user data", imds: &fakeIMDS{userData: []byte(ign)}, wantProbe: true, wantData: ign},
+		{name: "no user data falls through", imds: &fakeIMDS{}, wantProbe: true},
+		{name: "user data error", imds: &fakeIMDS{failUser: http.StatusForbidden}, wantProbe: true, wantErr: "imds user-data"},
+		{name: "IMDSv1-only service is not used", imds: &fakeIMDS{tokenPath: "/nowhere", userData: []byte(ign)}, wantErr: "imds user-data"},
+		{name: "no metadata service", endpoint: "http://" + closedPort(t), wantErr: "imds user-data"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			endpoint := tc.endpoint
+			if tc.imds != nil {
+				srv := httptest.NewServer(tc.imds)
+				defer srv.Close()
+				endpoint = srv.URL
+			}
+			a := &AWS{Endpoint: endpoint, ProbeTimeout: 500 * time.Millisecond}
+			ctx := context.Background()
+			start := time.Now()
+			if got := a.Probe(ctx); got != tc.wantProbe {
+				t.Fatalf("Probe = %v, want %v", got, tc.wantProbe)
+			}
+			if el := time.Since(start); el > time.Second {
+				t.Errorf("Probe took %v, want it bounded by ProbeTimeout", el)
+			}
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			data, err := a.Fetch(fctx)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Fetch = %q, %v; want error %q", data, err, tc.wantErr)
+				}
+			} else if err != nil || string(data) != tc.wantData {
+				t.Fatalf("Fetch = %q, %v; want %q", data, err, tc.wantData)
+			}
+			if tc.imds == nil {
+				return
+			}
+			tc.imds.mu.Lock()
+			defer tc.imds.mu.Unlock()
+			if tc.imds.tokenless != 0 {
+				t.Errorf("%d metadata requests without a token (IMDSv1)", tc.imds.tokenless)
+			}
+			if len(tc.imds.ttls) == 0 {
+				t.Error("no token request")
+			}
+			for _, ttl := range tc.imds.ttls {
+				if ttl == "" {
+					t.Error("token request without a TTL")
+				}
+			}
+		})
+	}
+}
+
+// fakeGCE answers like the GCE metadata server: 403 without Metadata-Flavor: Google,
+// and Metadata-Flavor: Google on every answer.
+type fakeGCE struct {
+	attrs map[string]string
+
+	mu         sync.Mutex
+	noFlavored int
+}
+
+func (f *fakeGCE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Metadata-Flavor", "Google")
+	if r.Header.Get("Metadata-Flavor") != "Google" {
+		f.mu.Lock()
+		f.noFlavored++
+		f.mu.Unlock()
+		http.Error(w, "Missing Metadata-Flavor:Google header.", http.StatusForbidden)
+		return
+	}
+	p, ok := strings.CutPrefix(r.URL.Path, "/computeMetadata/v1/")
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	if p == "instance/id" {
+		w.Write([]byte("4520031799277581759"))
+		return
+	}
+	if name, ok := strings.CutPrefix(p, "instance/attributes/"); ok {
+		if v, ok := f.attrs[name]; ok {
+			w.Write([]byte(v))
+			return
+		}
+	}
+	http.NotFound(w, r)
+}
+
+func TestGCE(t *testing.T) {
+	gzipped := string(gz(t, ign))
+	tests := []struct {
+		name      string
+		handler   http.Handler
+		host      string // overrides the server
+		wantProbe bool
+		wantData  string
+		wantErr   string
+	}{
+		{name: "user data", handler: &fakeGCE{attrs: map[string]string{"user-data": ign, "ssh-keys": "x"}}, wantProbe: true, wantData: ign},
+		{name: "binary user data kept", handler: &fakeGCE{attrs: map[string]string{"user-data": gzipped}}, wantProbe: true, wantData: gzipped},
+		{name: "no user data falls through", handler: &fakeGCE{attrs: map[string]string{"ssh-keys": "x"}}, wantProbe: true},
+		{name: "another cloud's metadata service", handler: &fakeIMDS{userData: []byte(ign)},
+			wantErr: "not a Google metadata server"},
+		{name: "no metadata service", host: closedPort(t), wantErr: "connection refused"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			host := tc.host
+			if tc.handler != nil {
+				srv := httptest.NewServer(tc.handler)
+				defer srv.Close()
+				host = srv.Listener.Addr().String()
+			}
+			g := &GCE{Host: host, ProbeTimeout: 500 * time.Millisecond}
+			ctx := context.Background()
+			start := time.Now()
+			if got := g.Probe(ctx); got != tc.wantProbe {
+				t.Fatalf("Probe = %v, want %v", got, tc.wantProbe)
+			}
+			if el := time.Since(start); el > time.Second {
+				t.Errorf("Probe took %v, want it bounded by ProbeTimeout", el)
+			}
+			fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			data, err := g.Fetch(fctx)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Fetch = %q, %v; want error %q", data, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || string(data) != tc.wantData {
+				t.Fatalf("Fetch = %q, %v; want %q", hex.EncodeToString(data), err, hex.EncodeToString([]byte(tc.wantData)))
+			}
+			if f, ok := tc.handler.(*fakeGCE); ok && f.noFlavored != 0 {
+				t.Errorf("%d requests without Metadata-Flavor: Google", f.noFlavored)
+			}
+		})
+	}
+}
+
+// TestCloudSelect runs the aws and gce provider lists through Select, as first boot does,
+// with base64-of-gzip user data.
+func TestCloudSelect(t *testing.T) {
+	encoded := []byte(base64.StdEncoding.EncodeToString(gz(t, ign)))
+	imdsSrv := httptest.NewServer(&fakeIMDS{userData: encoded})
+	defer imdsSrv.Close()
+	gceSrv := httptest.NewServer(&fakeGCE{attrs: map[string]string{"user-data": string(encoded)}})
+	defer gceSrv.Close()
+	for _, p := range []Provider{
+		&AWS{Endpoint: imdsSrv.URL},
+		&GCE{Host: gceSrv.Listener.Addr().String()},
+	} {
+		t.Run(p.Name(), func(t *testing.T) {
+			data, src, err := Select(context.Background(), []Provider{&CmdlineURL{Cmdline: "ro"}, p}, 5*time.Second)
+			if err != nil || string(data) != ign || src != p.Name() {
+				t.Errorf("Select = %q from %q, %v; want the decoded config from %s", data, src, err, p.Name())
+			}
+		})
+	}
+}

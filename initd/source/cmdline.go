@@ -1,0 +1,385 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kernel command-line parameters read by CmdlineURL.
+const (
+	// CmdlineURLKey names the config's URL: kiln.config.url=https://host/${mac}.ign
+	CmdlineURLKey = "kiln.config.url"
+	// CmdlineTimeoutKey bounds fetching it, retries included: kiln.config.timeout=90s
+	// (a Go duration, or plain seconds).
+	CmdlineTimeoutKey = "kiln.config.timeout"
+)
+
+// DefaultURLTimeout is the overall deadline for fetching kiln.config.url when the command
+// line does not set kiln.config.timeout.
+const DefaultURLTimeout = 2 * time.Minute
+
+// CmdlineURL fetches the config from the URL given by kiln.config.url= on the kernel
+// command line, over http, https or tftp.
+//
+// The URL may use ${mac} (the primary NIC's MAC: the first non-loopback interface with a
+// hardware address, by name, lowercase and colon separated), ${uuid} (the SMBIOS product
+// UUID, lowercase), ${hostname} and ${serial} (the SMBIOS product serial). Values are
+// path-escaped. Any other ${name} is an error.
+//
+// Network errors, HTTP 5xx and TFTP timeouts are retried with exponential backoff until
+// the overall deadline (kiln.config.timeout=, default DefaultURLTimeout). An HTTP 4xx or
+// a TFTP error packet fails at once: the URL is wrong and waiting will not fix it. An
+// empty answer is an error too, since the user named this URL as the config.
+//
+// Select's per-source timeout must leave room for the deadline; Fetch also honours ctx.
+type CmdlineURL struct {
+	// Cmdline is the kernel command line; "" means read CmdlinePath.
+	Cmdline string
+	// CmdlinePath is read when Cmdline is ""; "" means /proc/cmdline.
+	CmdlinePath string
+	// Sysfs is where sysfs is mounted, for the DMI identifiers; "" means /sys.
+	Sysfs string
+	// Interfaces lists the network interfaces for ${mac}; nil means net.Interfaces.
+	Interfaces func() ([]net.Interface, error)
+	// Hostname returns ${hostname}; nil means os.Hostname.
+	Hostname func() (string, error)
+	// HTTPClient fetches http and https URLs; nil means a client with default settings.
+	HTTPClient *http.Client
+	// Backoff is the first pause between attempts; it doubles up to 8×. 0 means 1s.
+	Backoff time.Duration
+	// AttemptTimeout bounds one attempt; 0 means 30s.
+	AttemptTimeout time.Duration
+	// TFTP tunes the tftp client (block size, retransmission).
+	TFTP TFTPClient
+	// Logger reports retries; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Name implements Provider.
+func (*CmdlineURL) Name() string { return "cmdline-url" }
+
+func (c *CmdlineURL) cmdline() (string, error) {
+	if c.Cmdline != "" {
+		return c.Cmdline, nil
+	}
+	path := c.CmdlinePath
+	if path == "" {
+		path = "/proc/cmdline"
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read kernel command line: %w", err)
+	}
+	return string(data), nil
+}
+
+// Probe implements Provider: true iff the kernel command line has kiln.config.url=.
+func (c *CmdlineURL) Probe(context.Context) bool {
+	line, err := c.cmdline()
+	if err != nil {
+		return false
+	}
+	_, ok := CmdlineParam(line, CmdlineURLKey)
+	return ok
+}
+
+// Fetch implements Provider.
+func (c *CmdlineURL) Fetch(ctx context.Context) ([]byte, error) {
+	line, err := c.cmdline()
+	if err != nil {
+		return nil, err
+	}
+	raw, ok := CmdlineParam(line, CmdlineURLKey)
+	if !ok {
+		return nil, fmt.Errorf("kernel command line has no %s=", CmdlineURLKey)
+	}
+	timeout := DefaultURLTimeout
+	if v, ok := CmdlineParam(line, CmdlineTimeoutKey); ok {
+		if timeout, err = parseTimeout(v); err != nil {
+			return nil, fmt.Errorf("%s=%s: %w", CmdlineTimeoutKey, v, err)
+		}
+	}
+	expanded, err := c.Expand(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s=%s: %w", CmdlineURLKey, raw, err)
+	}
+	u, err := url.Parse(expanded)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", CmdlineURLKey, err)
+	}
+	switch u.Scheme {
+	case "http", "https", "tftp":
+	default:
+		return nil, fmt.Errorf("%s=%s: scheme %q not supported (http, https, tftp)", CmdlineURLKey, raw, u.Scheme)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("%s=%s: no host", CmdlineURLKey, raw)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	data, err := c.fetchWithRetry(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s: %w", u.Redacted(), err)
+	}
+	if len(data) == 0 {
+		return nil, fmt.Errorf("fetch %s: empty response", u.Redacted())
+	}
+	return data, nil
+}
+
+func parseTimeout(v string) (time.Duration, error) {
+	if n, err := strconv.Atoi(v); err == nil {
+		if n <= 0 {
+			return 0, errors.New("must be positive")
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("not a duration (e.g. 90s, 5m) or a number of seconds")
+	}
+	if d <= 0 {
+		return 0, errors.New("must be positive")
+	}
+	return d, nil
+}
+
+// permanentError marks an answer that retrying will not change (HTTP 4xx, TFTP error).
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+func (c *CmdlineURL) fetchWithRetry(ctx context.Context, u *url.URL) ([]byte, error) {
+	pause := c.Backoff
+	if pause <= 0 {
+		pause = time.Second
+	}
+	maxPause := 8 * pause
+	attemptTimeout := c.AttemptTimeout
+	if attemptTimeout <= 0 {
+		attemptTimeout = 30 * time.Second
+	}
+	logger := c.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		data, err := c.fetchOnce(actx, u)
+		cancel()
+		if err == nil {
+			return data, nil
+		}
+		var perm *permanentError
+		if errors.As(err, &perm) {
+			return nil, err
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+		}
+		logger.Warn("config url: retrying", "url", u.Redacted(), "attempt", attempt, "in", pause, "err", err)
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+		case <-t.C:
+		}
+		pause = min(2*pause, maxPause)
+	}
+}
+
+func (c *CmdlineURL) fetchOnce(ctx context.Context, u *url.URL) ([]byte, error) {
+	if u.Scheme == "tftp" {
+		return c.TFTP.Get(ctx, u.Host, strings.TrimPrefix(u.Path, "/"))
+	}
+	hc := c.HTTPClient
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, &permanentError{err}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusOK:
+	case resp.StatusCode >= 500:
+		return nil, fmt.Errorf("server answered %s", resp.Status)
+	default:
+		return nil, &permanentError{fmt.Errorf("server answered %s", resp.Status)}
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxConfigSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read body: %w", err)
+	}
+	if len(data) > MaxConfigSize {
+		return nil, &permanentError{fmt.Errorf("larger than %d bytes", MaxConfigSize)}
+	}
+	return data, nil
+}
+
+// urlVariables lists the names Expand substitutes, for error messages.
+const urlVariables = "hostname, mac, serial, uuid"
+
+// Expand substitutes ${mac}, ${uuid}, ${hostname} and ${serial} in s. Only the variables
+// that s uses are looked up, so a URL without ${mac} works on a machine without a NIC.
+func (c *CmdlineURL) Expand(s string) (string, error) {
+	var b strings.Builder
+	cache := map[string]string{}
+	for {
+		i := strings.Index(s, "${")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String(), nil
+		}
+		b.WriteString(s[:i])
+		end := strings.IndexByte(s[i:], '}')
+		if end < 0 {
+			return "", fmt.Errorf("unterminated ${ at %q", s[i:])
+		}
+		name := s[i+2 : i+end]
+		v, ok := cache[name]
+		if !ok {
+			var err error
+			if v, err = c.variable(name); err != nil {
+				return "", err
+			}
+			cache[name] = v
+		}
+		b.WriteString(url.PathEscape(v))
+		s = s[i+end+1:]
+	}
+}
+
+func (c *CmdlineURL) variable(name string) (string, error) {
+	switch name {
+	case "mac":
+		list := c.Interfaces
+		if list == nil {
+			list = net.Interfaces
+		}
+		ifaces, err := list()
+		if err != nil {
+			return "", fmt.Errorf("${mac}: list network interfaces: %w", err)
+		}
+		mac, err := PrimaryMAC(ifaces)
+		if err != nil {
+			return "", fmt.Errorf("${mac}: %w", err)
+		}
+		return mac, nil
+	case "uuid":
+		v, err := c.dmi("product_uuid")
+		return strings.ToLower(v), err
+	case "serial":
+		return c.dmi("product_serial")
+	case "hostname":
+		host := c.Hostname
+		if host == nil {
+			host = os.Hostname
+		}
+		h, err := host()
+		if err != nil {
+			return "", fmt.Errorf("${hostname}: %w", err)
+		}
+		if h == "" {
+			return "", errors.New("${hostname}: empty")
+		}
+		return h, nil
+	default:
+		return "", fmt.Errorf("unknown variable ${%s} (known: %s)", name, urlVariables)
+	}
+}
+
+func (c *CmdlineURL) dmi(file string) (string, error) {
+	sys := c.Sysfs
+	if sys == "" {
+		sys = "/sys"
+	}
+	path := filepath.Join(sys, "class", "dmi", "id", file)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	v := strings.TrimSpace(string(data))
+	if v == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return v, nil
+}
+
+// PrimaryMAC returns the MAC address of the first interface, by name, that is not a
+// loopback and has a hardware address, lowercase and colon separated.
+func PrimaryMAC(ifaces []net.Interface) (string, error) {
+	sorted := append([]net.Interface(nil), ifaces...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	for _, ifc := range sorted {
+		if ifc.Flags&net.FlagLoopback != 0 || len(ifc.HardwareAddr) == 0 {
+			continue
+		}
+		return strings.ToLower(ifc.HardwareAddr.String()), nil
+	}
+	return "", errors.New("no network interface with a MAC address")
+}
+
+// CmdlineParam returns the value of key=value on a kernel command line. Values may be
+// double-quoted (key="a b"); the last occurrence wins, as for the kernel's own
+// parameters; arguments after "--" belong to init and are not searched.
+func CmdlineParam(cmdline, key string) (string, bool) {
+	var val string
+	found := false
+	for _, arg := range splitCmdline(cmdline) {
+		if arg == "--" {
+			break
+		}
+		k, v, _ := strings.Cut(arg, "=")
+		if k == key {
+			val, found = v, true
+		}
+	}
+	return val, found
+}
+
+// splitCmdline splits at white space outside double quotes and drops the quotes.
+func splitCmdline(s string) []string {
+	var args []string
+	var cur strings.Builder
+	inQuote, inArg := false, false
+	for _, r := range s {
+		switch {
+		case r == '"':
+			inQuote = !inQuote
+			inArg = true
+		case !inQuote && (r == ' ' || r == '\t' || r == '\n' || r == '\r'):
+			if inArg {
+				args = append(args, cur.String())
+				cur.Reset()
+				inArg = false
+			}
+		default:
+			cur.WriteRune(r)
+			inArg = true
+		}
+	}
+	if inArg {
+		args = append(args, cur.String())
+	}
+	return args
+}

@@ -1,0 +1,106 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/compute/metadata"
+)
+
+// GCEUserDataAttribute is the instance attribute that holds the config
+// (gcloud compute instances create --metadata-from-file user-data=config.ign).
+const GCEUserDataAttribute = "user-data"
+
+// GCE reads the config from the Google Compute Engine metadata server's instance
+// attribute user-data. Requests carry Metadata-Flavor: Google, and an answer without that
+// response header is rejected, so another cloud's metadata service at the same address
+// is never taken for Google's. An instance without the attribute has no config.
+//
+// A GCE must not be copied after first use.
+type GCE struct {
+	// Host is the metadata server as host[:port]; "" means the library's default
+	// (169.254.169.254, or $GCE_METADATA_HOST).
+	Host string
+	// Transport sends the requests; nil means http.DefaultTransport.
+	Transport http.RoundTripper
+	// ProbeTimeout bounds Probe; 0 means 2s.
+	ProbeTimeout time.Duration
+
+	once   sync.Once
+	client *metadata.Client
+}
+
+// Name implements Provider.
+func (*GCE) Name() string { return "gce-metadata" }
+
+func (g *GCE) metadata() *metadata.Client {
+	g.once.Do(func() {
+		base := g.Transport
+		if base == nil {
+			base = http.DefaultTransport
+		}
+		g.client = metadata.NewClient(&http.Client{
+			Transport: gceTransport{host: g.Host, base: base},
+			Timeout:   30 * time.Second,
+		})
+	})
+	return g.client
+}
+
+// Probe implements Provider: true when a Google metadata server answers instance/id
+// within ProbeTimeout.
+func (g *GCE) Probe(ctx context.Context) bool {
+	timeout := g.ProbeTimeout
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	// Not InstanceIDWithContext: the library caches that value process-wide.
+	_, err := g.metadata().GetWithContext(ctx, "instance/id")
+	return err == nil
+}
+
+// Fetch implements Provider: the user-data attribute, or nothing when it is not defined.
+func (g *GCE) Fetch(ctx context.Context) ([]byte, error) {
+	v, err := g.metadata().InstanceAttributeValueWithContext(ctx, GCEUserDataAttribute)
+	if err != nil {
+		var nd metadata.NotDefinedError
+		if errors.As(err, &nd) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("gce metadata instance/attributes/%s: %w", GCEUserDataAttribute, err)
+	}
+	if len(v) > MaxConfigSize {
+		return nil, fmt.Errorf("gce metadata instance/attributes/%s: larger than %d bytes", GCEUserDataAttribute, MaxConfigSize)
+	}
+	return []byte(v), nil
+}
+
+// gceTransport sends metadata requests to host (when set) and rejects answers that do
+// not come from a Google metadata server.
+type gceTransport struct {
+	host string
+	base http.RoundTripper
+}
+
+func (t gceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.host != "" {
+		req = req.Clone(req.Context())
+		req.URL.Host = t.host
+		req.Host = t.host
+	}
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Header.Get("Metadata-Flavor") != "Google" {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s is not a Google metadata server (no Metadata-Flavor: Google in the answer, status %s)", req.URL.Host, resp.Status)
+	}
+	return resp, nil
+}
