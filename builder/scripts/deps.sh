@@ -27,6 +27,9 @@ if [ "${1:-}" = test ]; then
   need[busybox]=busybox-static
   need[blkid]=util-linux
   need[mkfs.vfat]=dosfstools
+  need[/usr/sbin/in.tftpd]=tftpd-hpa
+  need[genisoimage]=genisoimage
+  need[xorriso]=xorriso
 fi
 missing=()
 for tool in "${!need[@]}"; do
