@@ -109,6 +109,13 @@ func (e *env) bake(def, role string) string {
 // boot starts QEMU (TCG) on image and waits for a console line matching want.
 func (e *env) boot(image, config string, want *regexp.Regexp, timeout time.Duration) (*vm.Machine, string) {
 	e.t.Helper()
+	return e.bootWith(vm.Config{Image: image, Config: config}, want, timeout)
+}
+
+// bootWith boots cfg (TCG, console logged in the test's directory) and waits for want.
+func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration) (*vm.Machine, string) {
+	e.t.Helper()
+	image := cfg.Image
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	logf, err := os.Create(filepath.Join(e.dir, fmt.Sprintf("serial-%d.log", time.Now().UnixNano())))
@@ -117,8 +124,8 @@ func (e *env) boot(image, config string, want *regexp.Regexp, timeout time.Durat
 	}
 	e.t.Cleanup(func() { logf.Close() })
 	start := time.Now()
-	m, err := vm.Start(context.Background(), vm.Config{Image: image, Config: config, Accel: "tcg",
-		Serial: logf, WorkDir: e.t.TempDir()})
+	cfg.Accel, cfg.Serial, cfg.WorkDir = "tcg", logf, e.t.TempDir()
+	m, err := vm.Start(context.Background(), cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -237,6 +237,12 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 			return nil, nil, fmt.Errorf("overlay %s: %w", ov, err)
 		}
 	}
+	if prof.Templates != "" {
+		// kiln-init renders them at first boot (/usr/lib/kiln/templates).
+		if err := tree.AddDir(prof.Templates, "usr/lib/kiln/templates"); err != nil {
+			return nil, nil, fmt.Errorf("%s: templates: %w", prof.File, err)
+		}
+	}
 	if err := tree.AddFile("usr/bin/kiln-init", b.o.KilnInit, 0o755); err != nil {
 		return nil, nil, err
 	}

@@ -51,7 +51,16 @@ func (t *Tree) WriteFile(rel string, r io.Reader, mode os.FileMode) error {
 
 // AddOverlay copies the host directory tree src over the root: directories are merged, files
 // and symlinks replace what was there, modes are kept and everything is owned by root.
-func (t *Tree) AddOverlay(src string) error {
+func (t *Tree) AddOverlay(src string) error { return t.AddDir(src, "") }
+
+// AddDir copies the host directory tree src to dst (relative to the root, "" for the root
+// itself) the way AddOverlay does.
+func (t *Tree) AddDir(src, dst string) error {
+	if dst != "" {
+		if err := os.MkdirAll(filepath.Join(t.Dir, filepath.FromSlash(dst)), 0o755); err != nil {
+			return err
+		}
+	}
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -60,7 +69,7 @@ func (t *Tree) AddOverlay(src string) error {
 		if err != nil || rel == "." {
 			return err
 		}
-		rel = filepath.ToSlash(rel)
+		rel = path.Join(dst, filepath.ToSlash(rel))
 		info, err := d.Info()
 		if err != nil {
 			return err

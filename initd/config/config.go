@@ -1,14 +1,23 @@
-// Package config parses and checks the node's user config: an Ignition v3 document
-// (spec 3.0 to 3.5, optionally gzip'd).
+// Package config parses and checks the node's configuration.
 //
-// kiln applies configs itself (Ignition's appliers are internal to Ignition), one feature
-// at a time. Validate refuses every part of a config that kiln does not apply yet, naming
-// its JSON path, so that nothing the user asked for is silently ignored.
+// The user config is an Ignition v3 document (spec 3.0 to 3.5) or a Butane YAML document
+// (variant fcos, version 1.0.0 to 1.6.0, translated to Ignition with the Butane library),
+// either optionally gzip'd. The image's embedded default config is merged under it with
+// Ignition's own merge rules (Merge).
+//
+// kiln applies configs itself (Ignition's appliers are internal to Ignition; see package
+// initd/apply). Validate refuses every part of a config that kiln does not apply, naming
+// its JSON path, so that nothing the user asked for is silently ignored. For the same
+// reason an unknown key, which Ignition and Butane only warn about, is an error here.
+//
+// The kiln node config, /etc/kiln/node.yaml, is the typed Node (see node.go and
+// README.md in this directory).
 package config
 
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +26,7 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_5"
 	"github.com/coreos/ignition/v2/config/v3_5/types"
 	"github.com/coreos/vcontext/report"
+	"github.com/coreos/vcontext/tree"
 )
 
 // MaxSize bounds a config after decompression.
@@ -26,23 +36,44 @@ const MaxSize = 64 << 20
 type Config struct {
 	// Ignition is the config translated to the newest spec kiln knows (3.5).
 	Ignition types.Config
-	// Warnings are the non-fatal findings of Ignition's validation, one per line,
-	// e.g. "storage.files[0].mode: setuid/setgid/sticky bits are not supported".
+	// Warnings are the non-fatal findings of Ignition's validation (and of the Butane
+	// translation), one per line, e.g.
+	// "storage.files[0].mode: setuid/setgid/sticky bits are not supported".
 	Warnings []string
 }
 
-// Parse decodes raw user data: Ignition JSON of spec version 3.0 to 3.5, plain or gzip'd.
-// Any error Ignition's own validation reports is returned as an error with its JSON
-// path; warnings are kept in Config.Warnings.
+// Parse decodes raw user data: Ignition JSON of spec version 3.0 to 3.5, or Butane YAML
+// (variant fcos, version 1.0.0 to 1.6.0), plain or gzip'd. Input whose first non-blank
+// byte is "{" is taken as JSON, anything else as Butane. Any error Ignition's validation
+// or the Butane translation reports is returned as an error with its JSON path (YAML
+// path for Butane) and line and column; warnings are kept in Config.Warnings.
 func Parse(raw []byte) (*Config, error) {
 	data, err := decompress(raw)
 	if err != nil {
 		return nil, err
 	}
-	if len(bytes.TrimSpace(data)) == 0 {
+	trimmed := bytes.TrimSpace(bytes.TrimPrefix(data, utf8BOM))
+	if len(trimmed) == 0 {
 		return nil, errors.New("parse config: config is empty")
 	}
+	var warnings []string
+	isButane := trimmed[0] != '{'
+	if isButane {
+		js, warns, err := translateButane(data)
+		if err != nil {
+			return nil, fmt.Errorf("parse config: %w", err)
+		}
+		data, warnings = js, warns
+	}
 	cfg, rpt, err := v3_5.ParseCompatibleVersion(data)
+	strict(&rpt)
+	if isButane {
+		// The translation validated the config already and reported with YAML
+		// lines; lines of the generated JSON would only confuse.
+		for i := range rpt.Entries {
+			rpt.Entries[i].Marker = tree.Marker{}
+		}
+	}
 	if err != nil {
 		if msg := reportErrors(rpt); msg != "" {
 			return nil, fmt.Errorf("parse config: %w: %s", err, msg)
@@ -51,10 +82,52 @@ func Parse(raw []byte) (*Config, error) {
 	}
 	if msg := reportErrors(rpt); msg != "" {
 		// ParseCompatibleVersion fails on fatal reports; be strict about any error
-		// entry that slips through anyway.
+		// entry that slips through anyway (and about unknown keys, see strict).
 		return nil, fmt.Errorf("parse config: %s", msg)
 	}
-	return &Config{Ignition: cfg, Warnings: reportLines(rpt, report.Warn)}, nil
+	if !isButane {
+		warnings = reportLines(rpt, report.Warn)
+	}
+	return &Config{Ignition: cfg, Warnings: warnings}, nil
+}
+
+// JSON renders the config as Ignition spec 3.5 JSON.
+func (c *Config) JSON() ([]byte, error) {
+	out, err := json.Marshal(c.Ignition)
+	if err != nil {
+		return nil, fmt.Errorf("render config: %w", err)
+	}
+	return out, nil
+}
+
+// Merge returns base with user merged over it by Ignition's rules (v3_5.Merge): lists
+// are merged by key (a file path, a unit name, a user name…) with user's entries winning,
+// single values set in user replace base's. Either may be nil. The warnings of both are
+// kept. The result should be validated again.
+func Merge(base, user *Config) *Config {
+	switch {
+	case base == nil && user == nil:
+		return nil
+	case base == nil:
+		return user
+	case user == nil:
+		return base
+	}
+	warnings := append(append([]string{}, base.Warnings...), user.Warnings...)
+	return &Config{Ignition: v3_5.Merge(base.Ignition, user.Ignition), Warnings: warnings}
+}
+
+var utf8BOM = []byte{0xef, 0xbb, 0xbf}
+
+// strict turns two warnings into errors: an unknown key is a setting the user asked for
+// that would otherwise be silently ignored, and a mode written in decimal (644 for
+// 0644) would be applied as nonsense bits.
+func strict(r *report.Report) {
+	for i, e := range r.Entries {
+		if e.Kind == report.Warn && (strings.HasPrefix(e.Message, "unused key") || strings.HasPrefix(e.Message, "unreasonable mode")) {
+			r.Entries[i].Kind = report.Error
+		}
+	}
 }
 
 var gzipMagic = []byte{0x1f, 0x8b}

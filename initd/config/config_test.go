@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"crypto/sha512"
 	"encoding/hex"
@@ -46,7 +47,6 @@ func TestParse(t *testing.T) {
 		{name: "gzip'd", raw: gz(t, []byte(filesCfg)), wantFiles: 2},
 		{name: "empty", raw: nil, wantErr: "config is empty"},
 		{name: "blank", raw: []byte(" \n"), wantErr: "config is empty"},
-		{name: "not JSON", raw: []byte("#cloud-config\nusers: []\n"), wantErr: "parse config"},
 		{name: "truncated JSON", raw: []byte(`{"ignition":{"version":"3.4.0"}`), wantErr: "parse config"},
 		{name: "spec 2.x", raw: []byte(`{"ignition":{"version":"2.2.0"}}`), wantErr: "unsupported config version"},
 		{name: "experimental spec", raw: []byte(`{"ignition":{"version":"3.6.0-experimental"}}`), wantErr: "unsupported config version"},
@@ -62,6 +62,26 @@ func TestParse(t *testing.T) {
 		{name: "bad data URL", raw: []byte(`{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/x","contents":{"source":"data:;base64,!!!"}}]}}`),
 			wantErr: "storage.files[0].contents.source"},
 		{name: "broken gzip", raw: []byte{0x1f, 0x8b, 0x08, 0, 1, 2, 3}, wantErr: "gzip'd config"},
+		{name: "unknown key is an error", raw: []byte(`{"ignition":{"version":"3.4.0"},"storage":{"filez":[]}}`),
+			wantErr: "storage.filez: unused key filez (line 1 col 44)"},
+		{name: "owner by id and name", raw: []byte(`{"ignition":{"version":"3.5.0"},"storage":{"files":[{"path":"/etc/a","user":{"id":1,"name":"core"}}]}}`),
+			wantErr: "storage.files[0].user: cannot set both id and name"},
+		{name: "link without target", raw: []byte(`{"ignition":{"version":"3.5.0"},"storage":{"links":[{"path":"/a"}]}}`),
+			wantErr: "storage.links[0].target: link target is required"},
+		{name: "cloud-config", raw: []byte("#cloud-config\nusers: []\n"), wantErr: "cloud-config user data is not supported: kiln takes Ignition JSON"},
+		{name: "Butane", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/a\n      contents: {inline: x}\n    - path: /etc/b\n"), wantFiles: 2},
+		{name: "Butane 1.0.0", raw: []byte("variant: fcos\nversion: 1.0.0\nstorage:\n  files:\n    - path: /etc/a\n"), wantFiles: 1},
+		{name: "gzip'd Butane", raw: gz(t, []byte("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /etc/a\n")), wantFiles: 1},
+		{name: "Butane unknown key", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  filez: []\n"), wantErr: "butane: storage.filez: unused key filez (line 4 col 3)"},
+		{name: "Butane decimal mode", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/a\n      mode: 644\n"),
+			wantErr: "storage.files[0].mode: unreasonable mode would be reasonable if specified in octal; remember to add a leading zero (line 6 col 13)"},
+		{name: "Butane bad path", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: etc/a\n"), wantErr: "storage.files[0].path: path not absolute (line 5 col 13)"},
+		{name: "Butane local file", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/a\n      contents: {local: a.txt}\n"), wantErr: "storage.files[0].contents.local"},
+		{name: "Butane YAML syntax", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage: [\n"), wantErr: "line 3"},
+		{name: "Butane other variant", raw: []byte("variant: openshift\nversion: 4.19.0\n"), wantErr: `variant "openshift" is not supported; kiln takes`},
+		{name: "Butane too new", raw: []byte("variant: fcos\nversion: 1.7.0-experimental\n"), wantErr: "version 1.7.0-experimental of variant fcos is not supported"},
+		{name: "Butane no variant", raw: []byte("version: 1.6.0\n"), wantErr: "butane: variant is not set"},
+		{name: "YAML list", raw: []byte("- a\n- b\n"), wantErr: "neither Ignition JSON nor Butane YAML"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,41 +115,77 @@ func TestParseWarnings(t *testing.T) {
 	}
 }
 
+// Test SSH keys: public halves of throwaway keys.
+const (
+	edKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIO3StSM+Z0fcvKzvDFRc5J42hHUIvqb34l+kqVYzwQ6k alice@example"
+	ecKey = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBNbQSXFgTLGAliugoFbysXTmQuJYlzR75/jc8zg0QlZppZMF5Ck8OOuC7FwCum//7NX9caQk0gx1Dg09apc5+9g="
+	hashA = "sha256-ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"
+)
+
 func TestValidate(t *testing.T) {
 	tests := []struct {
-		name string
-		body string // JSON after "ignition" version
-		want []string
+		name            string
+		body            string // JSON after "ignition" version
+		want            []string
+		wantUnsupported bool // errors.Is(err, ErrUnsupported)
 	}{
-		{name: "files only", body: `"storage":{"files":[{"path":"/etc/a","user":{"id":0},"group":{"name":"root"},"contents":{"source":"data:,a","compression":"","verification":{"hash":"sha256-ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"}}}]}`},
+		{name: "files only", body: `"storage":{"files":[{"path":"/etc/a","user":{"id":0},"group":{"name":"root"},"contents":{"source":"data:,a","compression":"","verification":{"hash":"` + hashA + `"}}}]}`},
 		{name: "empty sections", body: `"passwd":{"users":[]},"systemd":{"units":[]},"storage":{"disks":[]}`},
 		{name: "file without contents", body: `"storage":{"files":[{"path":"/etc/a"}]}`},
-		{name: "users", body: `"passwd":{"users":[{"name":"core"}]}`,
-			want: []string{"passwd.users is not supported by kiln yet"}},
-		{name: "groups", body: `"passwd":{"groups":[{"name":"ops"}]}`,
-			want: []string{"passwd.groups is not supported by kiln yet"}},
-		{name: "disks", body: `"storage":{"disks":[{"device":"/dev/vdb"}]}`,
-			want: []string{"storage.disks is not supported by kiln yet"}},
-		{name: "filesystems, directories, links", body: `"storage":{"filesystems":[{"device":"/dev/vdb","format":"ext4"}],"directories":[{"path":"/srv"}],"links":[{"path":"/a","target":"/b"}]}`,
-			want: []string{"storage.filesystems is not", "storage.directories is not", "storage.links is not"}},
-		{name: "units", body: `"systemd":{"units":[{"name":"a.service","enabled":true}]}`,
-			want: []string{"systemd.units is not supported by kiln yet"}},
-		{name: "kernel arguments", body: `"kernelArguments":{"shouldExist":["quiet"]}`,
+		{name: "everything kiln applies", body: `"storage":{
+			"files":[{"path":"/etc/a","mode":384,"overwrite":true,"user":{"name":"core"},"group":{"id":1000},"contents":{"source":"https://example.com/a.gz","compression":"gzip","verification":{"hash":"` + hashA + `"}}}],
+			"directories":[{"path":"/srv/data","mode":448,"overwrite":false,"user":{"id":1000},"group":{"name":"ops"}}],
+			"links":[{"path":"/usr/local/bin/k","target":"kubectl","overwrite":true,"user":{"name":"core"}},{"path":"/etc/b","target":"/etc/a","hard":true}]},
+			"systemd":{"units":[{"name":"a.service","enabled":true,"contents":"[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n","dropins":[{"name":"10-x.conf","contents":"[Service]\nEnvironment=X=1\n"}]},
+				{"name":"b.service","enabled":false},{"name":"c.service","mask":true}]},
+			"passwd":{"users":[{"name":"core","uid":1000,"gecos":"Core","homeDir":"/home/core","shell":"/bin/bash","primaryGroup":"core","groups":["sudo","ops"],
+				"passwordHash":"$y$j9T$abc$def","sshAuthorizedKeys":["` + edKey + `","` + ecKey + `"],"system":false,"noCreateHome":false,"noUserGroup":false}],
+				"groups":[{"name":"ops","gid":2000,"system":true}]}`},
+		{name: "disks", body: `"storage":{"disks":[{"device":"/dev/vdb"}]}`, wantUnsupported: true,
+			want: []string{"storage.disks: disks are set up by the etcd volume logic, not supported yet"}},
+		{name: "filesystems, luks, raid", body: `"storage":{"filesystems":[{"device":"/dev/vdb","format":"ext4"}],"luks":[{"name":"x","device":"/dev/vdc"}],"raid":[{"name":"md0","level":"raid1","devices":["/dev/vdd","/dev/vde"]}]}`,
+			wantUnsupported: true,
+			want:            []string{"storage.filesystems: filesystems are set up by the etcd volume logic", "storage.luks: encrypted volumes are set up by the etcd volume logic", "storage.raid: RAID arrays are set up"}},
+		{name: "kernel arguments", body: `"kernelArguments":{"shouldExist":["quiet"]}`, wantUnsupported: true,
 			want: []string{"kernelArguments.shouldExist is not supported by kiln yet"}},
-		{name: "append", body: `"storage":{"files":[{"path":"/etc/a"},{"path":"/etc/b","append":[{"source":"data:,x"}]}]}`,
+		{name: "append", body: `"storage":{"files":[{"path":"/etc/a"},{"path":"/etc/b","append":[{"source":"data:,x"}]}]}`, wantUnsupported: true,
 			want: []string{"storage.files[1].append is not supported by kiln yet"}},
-		{name: "remote source", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a"}}]}`,
-			want: []string{`storage.files[0].contents.source: scheme "https" is not supported by kiln yet`}},
-		{name: "http headers", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a","httpHeaders":[{"name":"X","value":"y"}]}}]}`,
-			want: []string{"storage.files[0].contents.httpHeaders is not supported", `scheme "https"`}},
-		{name: "non-root owner", body: `"storage":{"files":[{"path":"/etc/a","user":{"name":"core"},"group":{"id":1000}}]}`,
-			want: []string{"storage.files[0].user: owners other than root", "storage.files[0].group: groups other than root"}},
-		{name: "several at once", body: `"passwd":{"users":[{"name":"core"}]},"storage":{"disks":[{"device":"/dev/vdb"}]}`,
-			want: []string{"passwd.users", "storage.disks"}},
+		{name: "remote source without hash", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a"}}]}`,
+			want: []string{`storage.files[0].contents.verification.hash: required for a https source: kiln verifies every downloaded byte`}},
+		{name: "other scheme", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"s3://bucket/a","verification":{"hash":"` + hashA + `"}}}]}`, wantUnsupported: true,
+			want: []string{`storage.files[0].contents.source: scheme "s3" is not supported by kiln yet`}},
+		{name: "http headers", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a","httpHeaders":[{"name":"X","value":"y"}],"verification":{"hash":"` + hashA + `"}}}]}`, wantUnsupported: true,
+			want: []string{"storage.files[0].contents.httpHeaders is not supported"}},
+		{name: "bad owner name", body: `"storage":{"directories":[{"path":"/d","group":{"name":"Ops Team"}}]}`,
+			want: []string{`storage.directories[0].group.name: "Ops Team" is not a valid group name`}},
+		{name: "hard link relative, owned", body: `"storage":{"links":[{"path":"/a","target":"b","hard":true,"user":{"id":0}}]}`,
+			want: []string{`storage.links[0].target: hard link target "b" must be an absolute path`, "storage.links[0]: a hard link has no owner"}},
+		{name: "unit name with slash", body: `"systemd":{"units":[{"name":"../x.service"}]}`,
+			want: []string{`systemd.units[0].name: unit name "../x.service" contains a slash`}},
+		{name: "mask and enable", body: `"systemd":{"units":[{"name":"x.service","mask":true,"enabled":true}]}`,
+			want: []string{"systemd.units[0]: mask and enabled: true contradict each other"}},
+		{name: "mask with contents", body: `"systemd":{"units":[{"name":"x.service","mask":true,"contents":"[Service]\n"}]}`,
+			want: []string{"systemd.units[0].contents: a masked unit's contents would never be used"}},
+		{name: "drop-in without contents", body: `"systemd":{"units":[{"name":"x.service","dropins":[{"name":"a.conf"}]}]}`,
+			want: []string{"systemd.units[0].dropins[0].contents: is required"}},
+		{name: "bad ssh key", body: `"passwd":{"users":[{"name":"core","sshAuthorizedKeys":["` + edKey + `","ssh-rsa AAAA-not-base64"]}]}`,
+			want: []string{"passwd.users[0].sshAuthorizedKeys[1]: not an SSH public key"}},
+		{name: "bad user name, home, shell", body: `"passwd":{"users":[{"name":"Root!","homeDir":"home/x","shell":"bash"}]}`,
+			want: []string{`passwd.users[0].name: "Root!" is not a valid user name`, "passwd.users[0].homeDir", "passwd.users[0].shell"}},
+		{name: "plain-text password", body: `"passwd":{"users":[{"name":"core","passwordHash":"hunter2"}]}`,
+			want: []string{"passwd.users[0].passwordHash: is not a crypt(3) hash"}},
+		{name: "empty password", body: `"passwd":{"users":[{"name":"core","passwordHash":""}]}`,
+			want: []string{"passwd.users[0].passwordHash: an empty hash allows logging in without a password"}},
+		{name: "user removal", body: `"passwd":{"users":[{"name":"core","shouldExist":false}]}`, wantUnsupported: true,
+			want: []string{"passwd.users[0].shouldExist is not supported by kiln yet"}},
+		{name: "group password", body: `"passwd":{"groups":[{"name":"ops","passwordHash":"$6$a$b"}]}`, wantUnsupported: true,
+			want: []string{"passwd.groups[0].passwordHash is not supported by kiln yet"}},
+		{name: "several at once", body: `"passwd":{"users":[{"name":"core","noLogInit":true}]},"storage":{"disks":[{"device":"/dev/vdb"}]}`, wantUnsupported: true,
+			want: []string{"passwd.users[0].noLogInit", "storage.disks"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := Parse([]byte(`{"ignition":{"version":"3.4.0"},` + tc.body + `}`))
+			cfg, err := Parse([]byte(`{"ignition":{"version":"3.5.0"},` + tc.body + `}`))
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -149,8 +205,11 @@ func TestValidate(t *testing.T) {
 				}
 			}
 			var fe *FieldError
-			if !errors.As(err, &fe) || !errors.Is(err, ErrUnsupported) {
-				t.Errorf("Validate error %v is not a *FieldError wrapping ErrUnsupported", err)
+			if !errors.As(err, &fe) {
+				t.Errorf("Validate error %v is not a *FieldError", err)
+			}
+			if got := errors.Is(err, ErrUnsupported); got != tc.wantUnsupported {
+				t.Errorf("errors.Is(err, ErrUnsupported) = %v, want %v", got, tc.wantUnsupported)
 			}
 		})
 	}
@@ -246,6 +305,142 @@ func TestFiles(t *testing.T) {
 	}
 }
 
+func TestTranslateButane(t *testing.T) {
+	js, err := TranslateButane([]byte(`variant: fcos
+version: 1.6.0
+passwd:
+  users:
+    - name: core
+      ssh_authorized_keys: ["` + edKey + `"]
+systemd:
+  units:
+    - name: hello.service
+      enabled: true
+      contents: |
+        [Service]
+        ExecStart=/bin/echo hello
+        [Install]
+        WantedBy=multi-user.target
+`))
+	if err != nil {
+		t.Fatalf("TranslateButane: %v", err)
+	}
+	if !bytes.HasPrefix(js, []byte(`{"ignition":{"version":"3.5.0"}`)) {
+		t.Errorf("output does not start like Ignition 3.5 JSON: %.80s", js)
+	}
+	cfg, err := Parse(js)
+	if err != nil {
+		t.Fatalf("Parse(translated): %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	if u := cfg.Ignition.Passwd.Users; len(u) != 1 || u[0].Name != "core" || len(u[0].SSHAuthorizedKeys) != 1 {
+		t.Errorf("users = %+v", u)
+	}
+	if _, err := TranslateButane([]byte("variant: fcos\nversion: 1.6.0\npasswd: {users: [{nme: core}]}\n")); err == nil ||
+		!strings.Contains(err.Error(), "passwd.users[0].nme: unused key nme (line 3") {
+		t.Errorf("TranslateButane(typo) = %v, want an error naming passwd.users[0].nme with its line", err)
+	}
+}
+
+func TestMerge(t *testing.T) {
+	base := mustParse(t, `{"ignition":{"version":"3.5.0"},
+		"storage":{"files":[{"path":"/etc/a","contents":{"source":"data:,base-a"}},{"path":"/etc/b","contents":{"source":"data:,base-b"}}]},
+		"systemd":{"units":[{"name":"x.service","enabled":true}]}}`)
+	// The user config is Butane: both kinds merge the same way.
+	user := mustParse(t, "variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/a\n      overwrite: true\n      contents: {inline: user-a}\n    - path: /etc/c\n      contents: {inline: user-c}\nsystemd:\n  units:\n    - name: x.service\n      enabled: false\n")
+
+	got := Merge(base, user)
+	files, err := got.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	contents := map[string]string{}
+	for _, f := range files {
+		contents[f.Path] = string(f.Contents)
+	}
+	want := map[string]string{"/etc/a": "user-a", "/etc/b": "base-b", "/etc/c": "user-c"}
+	if fmt.Sprint(contents) != fmt.Sprint(want) {
+		t.Errorf("merged files = %v, want %v", contents, want)
+	}
+	if u := got.Ignition.Systemd.Units; len(u) != 1 || u[0].Enabled == nil || *u[0].Enabled {
+		t.Errorf("merged units = %+v, want x.service disabled (user wins)", u)
+	}
+	if Merge(nil, user) != user || Merge(base, nil) != base || Merge(nil, nil) != nil {
+		t.Error("Merge with a nil side should return the other side")
+	}
+	// The inputs are not modified.
+	if f, _ := base.Files(); string(f[0].Contents) != "base-a" {
+		t.Errorf("base changed by Merge: %q", f[0].Contents)
+	}
+}
+
+func mustParse(t *testing.T, s string) *Config {
+	t.Helper()
+	c, err := Parse([]byte(s))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return c
+}
+
+func TestFetch(t *testing.T) {
+	body := []byte("remote bytes\n")
+	sum := sha256.Sum256(body)
+	hash := "sha256-" + hex.EncodeToString(sum[:])
+	tests := []struct {
+		name, source, compression, hash string
+		served                          []byte
+		getErr                          error
+		want                            string
+		wantErr                         string
+	}{
+		{name: "plain", source: "https://example.com/a", hash: hash, served: body, want: string(body)},
+		{name: "gzip", source: "http://example.com/a.gz", compression: "gzip", hash: hash, served: gz(t, body), want: string(body)},
+		{name: "tampered", source: "https://example.com/a", hash: hash, served: []byte("evil"), wantErr: "storage.files[0].contents.verification.hash: sha256 mismatch"},
+		{name: "server error", source: "https://example.com/a", hash: hash, getErr: errors.New("404 Not Found"), wantErr: "storage.files[0].contents.source: fetch https://example.com/a: 404 Not Found"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			raw := fmt.Sprintf(`{"ignition":{"version":"3.5.0"},"storage":{"files":[{"path":"/etc/a","user":{"name":"core"},"contents":{"source":%q,"compression":%q,"verification":{"hash":%q}}}]}}`,
+				tc.source, tc.compression, tc.hash)
+			cfg := mustParse(t, raw)
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			files, err := cfg.Files()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := files[0]
+			if !f.Remote() || f.Contents != nil || !f.HasContents || f.User.Name != "core" {
+				t.Fatalf("unfetched file = %+v", f)
+			}
+			var asked string
+			got, err := f.Fetch(context.Background(), func(_ context.Context, url string) ([]byte, error) {
+				asked = url
+				return tc.served, tc.getErr
+			})
+			if asked != tc.source {
+				t.Errorf("getter asked for %q, want %q", asked, tc.source)
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Fetch error = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got.Contents) != tc.want || got.Remote() {
+				t.Errorf("fetched = %q (remote %v), want %q", got.Contents, got.Remote(), tc.want)
+			}
+		})
+	}
+}
+
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(filesCfg))
 	f.Add(gz(f, []byte(filesCfg)))
@@ -254,6 +449,13 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"ignition":{"version":"3.2.0","config":{"merge":[{"source":"data:,%7B%7D"}]}},"systemd":{"units":[{"name":"a.service"}]}}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte{0x1f, 0x8b})
+	f.Add([]byte("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/a\n      mode: 0644\n      contents:\n        inline: hello\n"))
+	f.Add([]byte("variant: fcos\nversion: 1.4.0\npasswd:\n  users:\n    - name: core\n      ssh_authorized_keys: [\"" + edKey + "\"]\n      groups: [sudo]\n"))
+	f.Add([]byte("variant: fcos\nversion: 1.6.0\nsystemd:\n  units:\n    - name: a.service\n      enabled: true\n      contents: |\n        [Service]\n        ExecStart=/bin/true\n      dropins:\n        - name: x.conf\n          contents: \"[Unit]\\n\"\n"))
+	f.Add([]byte("variant: fcos\nversion: 1.6.0\nstorage:\n  links:\n    - path: /a\n      target: /b\n      hard: true\n  directories:\n    - path: /d\n      mode: 0700\n"))
+	f.Add([]byte("variant: fcos\nversion: 1.6.0\nstorage:\n  disks:\n    - device: /dev/vdb\n      wipe_table: true\n  filesystems:\n    - device: /dev/vdb\n      format: ext4\n      path: /var/lib/etcd\n      with_mount_unit: true\n"))
+	f.Add([]byte("variant: fcos\nversion: 1.6.0\nstorage: {files: [{path: /x, contents: {source: \"https://e/x\", verification: {hash: sha512-00}}}]}\n"))
+	f.Add([]byte("#cloud-config\n"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		cfg, err := Parse(raw)
 		if err != nil {
@@ -275,6 +477,9 @@ func FuzzParse(f *testing.F) {
 			}
 			if f.Mode&^(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky) != 0 {
 				t.Fatalf("mode %v has bits beyond permissions", f.Mode)
+			}
+			if f.Remote() && f.Hash == "" {
+				t.Fatalf("remote file %s passed Validate without a hash", f.Path)
 			}
 		}
 	})

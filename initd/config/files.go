@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/sha512"
 	"encoding/hex"
@@ -31,14 +32,74 @@ type File struct {
 	// HasContents is false when the config gives no contents.source: the file is then
 	// created empty if missing and otherwise left as it is.
 	HasContents bool
-	// Contents are the decoded, decompressed and verified bytes.
+	// Contents are the decoded, decompressed and verified bytes. For a remote source
+	// they are nil until Fetch has run.
 	Contents []byte
+	// Source is the http(s) URL of contents still to be fetched (see Fetch); "" for a
+	// data: URL (already decoded into Contents) and after Fetch.
+	Source string
+	// Compression ("" or "gzip") and Hash ("sha256-<hex>" or "sha512-<hex>" of the
+	// decompressed bytes) describe a remote source for Fetch.
+	Compression string
+	Hash        string
+	// User and Group own the file; the zero Owner means root.
+	User, Group Owner
+}
+
+// Owner is a file's user or group, by numeric id or by name (looked up in the node's
+// /etc/passwd or /etc/group when the file is written). The zero value is root (id 0).
+type Owner struct {
+	ID   *int
+	Name string
+}
+
+// NodeUser and NodeGroup convert Ignition's owner fields.
+func NodeUser(u types.NodeUser) Owner   { return Owner{ID: u.ID, Name: deref(u.Name)} }
+func NodeGroup(g types.NodeGroup) Owner { return Owner{ID: g.ID, Name: deref(g.Name)} }
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// Getter fetches the body of an http(s) URL. It should give up after MaxSize bytes.
+type Getter func(ctx context.Context, url string) ([]byte, error)
+
+// Remote reports whether the file's contents must still be fetched.
+func (f File) Remote() bool { return f.Source != "" }
+
+// Fetch resolves a remote source: it gets the bytes with get, decompresses them and
+// checks them against Hash (required for remote sources; see Validate). A file that is
+// not remote is returned as it is.
+func (f File) Fetch(ctx context.Context, get Getter) (File, error) {
+	if !f.Remote() {
+		return f, nil
+	}
+	if f.Hash == "" {
+		return File{}, &FieldError{Path: f.Field + ".contents.verification.hash", Err: errors.New("required for http(s) sources")}
+	}
+	if get == nil {
+		return File{}, &FieldError{Path: f.Field + ".contents.source", Err: errors.New("no way to fetch remote sources was given")}
+	}
+	data, err := get(ctx, f.Source)
+	if err != nil {
+		return File{}, &FieldError{Path: f.Field + ".contents.source", Err: fmt.Errorf("fetch %s: %w", f.Source, err)}
+	}
+	data, err = decode(f.Field, data, f.Compression, &f.Hash)
+	if err != nil {
+		return File{}, err
+	}
+	f.Contents, f.Source = data, ""
+	return f, nil
 }
 
 // Files decodes the contents of every storage.files entry: data: URL, gzip
 // decompression, and contents.verification.hash (checked on the decompressed bytes, as
-// Ignition does). It fails on the first entry that cannot be resolved, before anything is
-// written. Call Validate first: Files assumes only supported fields are set.
+// Ignition does). http(s) sources are left for File.Fetch (Source set, Contents nil).
+// It fails on the first entry that cannot be resolved, before anything is written.
+// Call Validate first: Files assumes only supported fields are set.
 func (c *Config) Files() ([]File, error) {
 	files := make([]File, 0, len(c.Ignition.Storage.Files))
 	for i, f := range c.Ignition.Storage.Files {
@@ -56,6 +117,8 @@ func resolve(field string, f types.File) (File, error) {
 		Field:     field,
 		Path:      path.Clean("/" + f.Path),
 		Overwrite: f.Overwrite != nil && *f.Overwrite,
+		User:      NodeUser(f.User),
+		Group:     NodeGroup(f.Group),
 	}
 	if f.Mode != nil {
 		m := *f.Mode
@@ -74,28 +137,51 @@ func resolve(field string, f types.File) (File, error) {
 		}
 		return out, nil
 	}
+	out.HasContents = true
+	if lower := strings.ToLower(*src); strings.HasPrefix(lower, "http://") || strings.HasPrefix(lower, "https://") {
+		out.Source = *src
+		out.Compression = deref(f.Contents.Compression)
+		out.Hash = deref(f.Contents.Verification.Hash)
+		return out, nil
+	}
 	if !strings.HasPrefix(strings.ToLower(*src), "data:") {
-		return File{}, &FieldError{Path: field + ".contents.source", Err: fmt.Errorf("only data: URLs are %w", ErrUnsupported)}
+		return File{}, &FieldError{Path: field + ".contents.source", Err: unsupported("only data:, http: and https: URLs are supported")}
 	}
 	du, err := dataurl.DecodeString(*src)
 	if err != nil {
 		return File{}, &FieldError{Path: field + ".contents.source", Err: fmt.Errorf("decode data URL: %w", err)}
 	}
-	data := du.Data
-	if c := f.Contents.Compression; c != nil && *c != "" {
-		if *c != "gzip" {
-			return File{}, &FieldError{Path: field + ".contents.compression", Err: fmt.Errorf("compression %q is %w", *c, ErrUnsupported)}
-		}
+	data, err := decode(field, du.Data, deref(f.Contents.Compression), f.Contents.Verification.Hash)
+	if err != nil {
+		return File{}, err
+	}
+	out.Contents = data
+	return out, nil
+}
+
+// decode decompresses data and verifies it against hash (if not nil).
+func decode(field string, data []byte, compression string, hash *string) ([]byte, error) {
+	var err error
+	switch compression {
+	case "":
+	case "gzip":
 		data, err = gunzip(data, MaxSize)
 		if err != nil {
-			return File{}, &FieldError{Path: field + ".contents", Err: fmt.Errorf("gunzip: %w", err)}
+			return nil, &FieldError{Path: field + ".contents", Err: fmt.Errorf("gunzip: %w", err)}
 		}
+	default:
+		return nil, &FieldError{Path: field + ".contents.compression", Err: unsupported(fmt.Sprintf("compression %q is not supported (gzip is)", compression))}
 	}
-	if err := verify(f.Contents.Verification, data); err != nil {
-		return File{}, &FieldError{Path: field + ".contents.verification.hash", Err: err}
+	if err := verify(types.Verification{Hash: hash}, data); err != nil {
+		return nil, &FieldError{Path: field + ".contents.verification.hash", Err: err}
 	}
-	out.HasContents, out.Contents = true, data
-	return out, nil
+	return data, nil
+}
+
+// VerifyHash checks data against an Ignition verification hash, "sha256-<hex>" or
+// "sha512-<hex>".
+func VerifyHash(hash string, data []byte) error {
+	return verify(types.Verification{Hash: &hash}, data)
 }
 
 // verify checks data against a "<function>-<hex digest>" hash, if one is given.

@@ -3,12 +3,8 @@ package config
 import (
 	"errors"
 	"fmt"
-	"net/url"
-	"path"
 	"reflect"
 	"strings"
-
-	"github.com/coreos/ignition/v2/config/v3_5/types"
 )
 
 // ErrUnsupported marks a part of a config that kiln does not apply yet.
@@ -35,6 +31,7 @@ func (e *FieldError) Unwrap() error { return e.Err }
 // kiln learns to apply more (and never before).
 var supported = []string{
 	"ignition.version",
+
 	"storage.files[].path",
 	"storage.files[].overwrite",
 	"storage.files[].mode",
@@ -45,16 +42,91 @@ var supported = []string{
 	"storage.files[].contents.source",
 	"storage.files[].contents.compression",
 	"storage.files[].contents.verification.hash",
+
+	"storage.directories[].path",
+	"storage.directories[].overwrite",
+	"storage.directories[].mode",
+	"storage.directories[].user.id",
+	"storage.directories[].user.name",
+	"storage.directories[].group.id",
+	"storage.directories[].group.name",
+
+	"storage.links[].path",
+	"storage.links[].overwrite",
+	"storage.links[].target",
+	"storage.links[].hard",
+	"storage.links[].user.id",
+	"storage.links[].user.name",
+	"storage.links[].group.id",
+	"storage.links[].group.name",
+
+	"systemd.units[].name",
+	"systemd.units[].contents",
+	"systemd.units[].enabled",
+	"systemd.units[].mask",
+	"systemd.units[].dropins[].name",
+	"systemd.units[].dropins[].contents",
+
+	"passwd.users[].name",
+	"passwd.users[].uid",
+	"passwd.users[].gecos",
+	"passwd.users[].homeDir",
+	"passwd.users[].shell",
+	"passwd.users[].primaryGroup",
+	"passwd.users[].groups",
+	"passwd.users[].passwordHash",
+	"passwd.users[].sshAuthorizedKeys",
+	"passwd.users[].system",
+	"passwd.users[].noCreateHome",
+	"passwd.users[].noUserGroup",
+
+	"passwd.groups[].name",
+	"passwd.groups[].gid",
+	"passwd.groups[].system",
 }
 
-// Validate refuses everything in the config that kiln does not apply yet. The error
-// lists every such field by JSON path, e.g. "storage.disks is not supported by kiln yet";
-// errors.As finds the *FieldError values.
+// refused are sections kiln deliberately leaves to other parts of kiln, with the reason
+// given instead of the generic "not supported".
+var refused = map[string]string{
+	"storage.disks":       "disks are set up by the etcd volume logic, not supported yet",
+	"storage.filesystems": "filesystems are set up by the etcd volume logic, not supported yet",
+	"storage.luks":        "encrypted volumes are set up by the etcd volume logic, not supported yet",
+	"storage.raid":        "RAID arrays are set up by the etcd volume logic, not supported yet",
+}
+
+// unsupported is an ErrUnsupported with a specific message.
+type unsupported string
+
+func (u unsupported) Error() string        { return string(u) }
+func (u unsupported) Is(target error) bool { return target == ErrUnsupported }
+
+// Validate refuses everything in the config that kiln does not apply, and values kiln
+// cannot honour. The error lists every problem by JSON path, e.g.
+// "storage.disks: disks are set up by the etcd volume logic, not supported yet" or
+// "passwd.users[0].sshAuthorizedKeys[1]: not an SSH public key: …"; errors.As finds
+// the *FieldError values and errors.Is(err, ErrUnsupported) tells unsupported features
+// from bad values.
 func (c *Config) Validate() error {
 	var errs []error
 	walk(reflect.ValueOf(c.Ignition), "", "", &errs)
-	for i, f := range c.Ignition.Storage.Files {
+	ign := c.Ignition
+	for i, f := range ign.Storage.Files {
 		errs = append(errs, checkFile(fmt.Sprintf("storage.files[%d]", i), f)...)
+	}
+	for i, d := range ign.Storage.Directories {
+		errs = append(errs, checkNode(fmt.Sprintf("storage.directories[%d]", i), d.Node)...)
+	}
+	for i, l := range ign.Storage.Links {
+		errs = append(errs, checkLink(fmt.Sprintf("storage.links[%d]", i), l)...)
+	}
+	for i, u := range ign.Systemd.Units {
+		errs = append(errs, checkUnit(fmt.Sprintf("systemd.units[%d]", i), u)...)
+	}
+	for i, u := range ign.Passwd.Users {
+		errs = append(errs, checkUser(fmt.Sprintf("passwd.users[%d]", i), u)...)
+	}
+	for i, g := range ign.Passwd.Groups {
+		errs = append(errs, checkGroup(fmt.Sprintf("passwd.groups[%d]", i), g)...)
 	}
 	return errors.Join(errs...)
 }
@@ -100,6 +172,10 @@ func visit(v reflect.Value, p, norm string, errs *[]error) {
 	if isUnset(v) {
 		return
 	}
+	if msg, ok := refused[norm]; ok {
+		*errs = append(*errs, &FieldError{Path: p, Err: unsupported(msg)})
+		return
+	}
 	within := false
 	for _, s := range supported {
 		if s == norm {
@@ -141,35 +217,4 @@ func join(p, name string) string {
 		return name
 	}
 	return p + "." + name
-}
-
-// checkFile checks what the schema walk cannot: the values kiln can honour.
-func checkFile(field string, f types.File) []error {
-	var errs []error
-	if path.Clean(f.Path) == "/" {
-		errs = append(errs, &FieldError{Path: field + ".path", Err: errors.New("a file cannot be written at /")})
-	}
-	if src := f.Contents.Source; src != nil && *src != "" {
-		u, err := url.Parse(*src)
-		switch {
-		case err != nil:
-			errs = append(errs, &FieldError{Path: field + ".contents.source", Err: err})
-		case u.Scheme != "data":
-			errs = append(errs, &FieldError{Path: field + ".contents.source",
-				Err: fmt.Errorf("scheme %q is %w (only data: URLs are)", u.Scheme, ErrUnsupported)})
-		}
-	}
-	if !isRoot(f.User.ID, f.User.Name) {
-		errs = append(errs, &FieldError{Path: field + ".user",
-			Err: fmt.Errorf("owners other than root are %w", ErrUnsupported)})
-	}
-	if !isRoot(f.Group.ID, f.Group.Name) {
-		errs = append(errs, &FieldError{Path: field + ".group",
-			Err: fmt.Errorf("groups other than root are %w", ErrUnsupported)})
-	}
-	return errs
-}
-
-func isRoot(id *int, name *string) bool {
-	return (id == nil || *id == 0) && (name == nil || *name == "" || *name == "root")
 }

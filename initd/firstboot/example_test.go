@@ -20,10 +20,14 @@ func ExamplePrintStatus() {
 	// Output:
 	// STATE     ok
 	// SOURCE    fw_cfg
+	// PLATFORM  -
+	// ROLE      -
+	// HOSTNAME  -
 	// STARTED   2026-03-01T12:00:00Z
 	// FINISHED  2026-03-01T12:00:00Z
 	// DURATION  35ms
 	// VERSION   v0.1.0
+	// TASKS     tasks=0 applied=0 unchanged=0 failed=0
 	// FILES     1
 	//
 	// PATH           MODE  SHA256

@@ -1,51 +1,91 @@
-// Package firstboot is `kiln-init firstboot`, the oneshot service that configures a node
-// on its first boot: it takes the user config from the first source that has one, checks
-// that kiln can apply all of it, applies it under the node's root and records the outcome
-// in /var/lib/kiln/status.json. Once a boot has succeeded, later runs change nothing.
+// Package firstboot is `kiln-init firstboot`, the oneshot service that configures a node on
+// its first boot: sources ⇒ config (Ignition v3 / Butane, merged over the image's default) ⇒
+// plan (a task graph) ⇒ apply ⇒ report. Every task checks before it acts, so a re-run (or a
+// boot after a power cut) converges to the same state; once a first boot has succeeded, later
+// boots change nothing.
 package firstboot
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"path"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/task"
+)
+
+// Where the image keeps what first boot reads, relative to the node's root.
+const (
+	// BaseConfigPath is the image's default Ignition config; the user's config is merged over it.
+	BaseConfigPath = source.EmbeddedPath
+	// TemplatesPath holds the role's templates, baked from the profile.
+	TemplatesPath = "/usr/lib/kiln/templates"
+	// ImageJSONPath is the image metadata written by the bake.
+	ImageJSONPath = "/etc/kiln/image.json"
 )
 
 // Options configure Run. The zero value works on a real node.
 type Options struct {
 	// Root is the node's root directory; "" means "/". Tests use a temporary directory.
 	Root string
-	// Providers are the config sources, asked in this order (see source.Select).
+	// Cmdline is the kernel command line; "" reads /proc/cmdline.
+	Cmdline string
+	// Platform overrides kiln.platform= from the command line (and the image's platform).
+	Platform string
+	// Providers are the config sources, asked in this order; nil means
+	// source.ForPlatform(platform).
 	Providers []source.Provider
-	// SourceTimeout bounds each provider; 0 means 30s.
+	// SourceTimeout bounds each provider; 0 means 3 minutes (the URL source retries within it).
 	SourceTimeout time.Duration
+	// TaskTimeout bounds each task attempt; 0 means the task runner's default.
+	TaskTimeout time.Duration
+	// Force runs the tasks even when an earlier first boot succeeded (to prove or repair).
+	Force bool
+	// PreflightIgnore names preflight checks whose failure is reported but does not stop the
+	// Kubernetes tasks (kubeadm's --ignore-preflight-errors).
+	PreflightIgnore []string
+	// Systemctl runs systemctl with args on the live system. nil runs /usr/bin/systemctl
+	// when Root is "/" and does nothing otherwise.
+	Systemctl func(ctx context.Context, args ...string) error
+	// Facts adjusts fact gathering (tests point it at fake /proc and /sys trees).
+	Facts FactsOptions
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Version is kiln-init's version, recorded in the status.
 	Version string
+	// Notify reports progress to systemd (sd_notify STATUS=); nil means task.Notify.
+	Notify func(state string) error
+}
+
+// FactsOptions are the fact-gathering inputs tests replace.
+type FactsOptions struct {
+	ProcRoot, SysRoot string
 }
 
 // NoSource is the status source when no provider had a config.
 const NoSource = "none"
 
-// Run performs the first boot. When an earlier run succeeded it returns that run's
-// status with Skipped set and touches nothing. Otherwise it fetches, parses, validates and
-// applies the config, writes the status (state ok or failed) and syncs the filesystems.
-// On failure it returns the failed status together with the error, so the caller can
-// print Status.Line in every case (the status is nil only if the root cannot be opened).
+// Run performs the first boot. When an earlier run succeeded (and not Force) it returns that
+// run's status with Skipped set and touches nothing. Otherwise it gets the config, runs the
+// task graph, writes the status (ok or failed) and syncs. On failure it returns the failed
+// status together with the error, so the caller can print Status.Line in every case (the
+// status is nil only if the root cannot be opened).
 func Run(ctx context.Context, opts Options) (*Status, error) {
 	opts = withDefaults(opts)
 	t, err := openTree(opts.Root)
@@ -54,23 +94,21 @@ func Run(ctx context.Context, opts Options) (*Status, error) {
 	}
 	defer t.Close()
 
-	switch prev, err := t.readStatus(); {
-	case err == nil && prev.State == StateOK:
+	prev, err := t.readStatus()
+	rerun := err == nil
+	switch {
+	case err == nil && prev.State == StateOK && !opts.Force:
 		prev.Skipped = true
 		opts.Log.Info("first boot already done", "finished", prev.Finished, "source", prev.Source)
 		return prev, nil
-	case err == nil:
+	case err == nil && prev.State != StateOK:
 		opts.Log.Info("previous first boot did not succeed; running again", "state", prev.State, "error", prev.Error)
-	case !statusMissing(err):
+	case err != nil && !statusMissing(err):
 		opts.Log.Warn("unreadable first-boot status; running again", "error", err)
 	}
 
-	st := &Status{
-		Started: opts.Now().UTC(),
-		Files:   []FileStatus{},
-		Version: opts.Version,
-	}
-	runErr := apply(ctx, t, opts, st)
+	st := &Status{Started: opts.Now().UTC(), Files: []FileStatus{}, Version: opts.Version}
+	runErr := run(ctx, opts, st, rerun)
 	st.Finished = opts.Now().UTC()
 	st.DurationMS = st.Finished.Sub(st.Started).Milliseconds()
 	st.State = StateOK
@@ -85,11 +123,12 @@ func Run(ctx context.Context, opts Options) (*Status, error) {
 		runErr = errors.Join(runErr, err)
 	}
 	unix.Sync()
+	_ = opts.Notify("STATUS=" + st.Line())
 	if runErr != nil {
 		opts.Log.Error("first boot failed", "error", runErr)
 		return st, runErr
 	}
-	opts.Log.Info("first boot done", "source", st.Source, "files", len(st.Files), "duration", st.Duration())
+	opts.Log.Info("first boot done", "source", st.Source, "tasks", st.Summary(), "duration", st.Duration())
 	return st, nil
 }
 
@@ -98,7 +137,7 @@ func withDefaults(o Options) Options {
 		o.Root = "/"
 	}
 	if o.SourceTimeout == 0 {
-		o.SourceTimeout = 30 * time.Second
+		o.SourceTimeout = 3 * time.Minute
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -106,47 +145,145 @@ func withDefaults(o Options) Options {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.Notify == nil {
+		o.Notify = task.Notify
+	}
+	if o.Systemctl == nil {
+		if o.Root == "/" {
+			o.Systemctl = func(ctx context.Context, args ...string) error {
+				out, err := exec.CommandContext(ctx, "systemctl", args...).CombinedOutput()
+				if err != nil {
+					return fmt.Errorf("systemctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+				}
+				return nil
+			}
+		} else {
+			o.Systemctl = func(context.Context, ...string) error { return nil }
+		}
+	}
 	return o
 }
 
-// apply gets the config and writes its files, filling in st.Source and st.Files.
-func apply(ctx context.Context, t *tree, opts Options, st *Status) error {
-	raw, src, err := source.Select(ctx, opts.Providers, opts.SourceTimeout)
+// image is what the bake recorded about the image (ImageJSONPath).
+type image struct {
+	Name     string `json:"name"`
+	Role     string `json:"role"`
+	Platform string `json:"platform"`
+}
+
+// run gets the config and runs the task graph, filling in st.
+func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
+	var img image
+	if b, err := os.ReadFile(filepath.Join(opts.Root, ImageJSONPath)); err == nil {
+		if err := json.Unmarshal(b, &img); err != nil {
+			return fmt.Errorf("%s: %w", ImageJSONPath, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		return fmt.Errorf("%s: %w", ImageJSONPath, err)
+	}
+	st.Role = img.Role
+
+	cmdline := opts.Cmdline
+	if cmdline == "" {
+		if b, err := os.ReadFile("/proc/cmdline"); err == nil {
+			cmdline = string(b)
+		}
+	}
+	platform := opts.Platform
+	if platform == "" {
+		platform, _ = source.CmdlineParam(cmdline, "kiln.platform")
+	}
+	if platform == "" {
+		platform = img.Platform
+	}
+	st.Platform = platform
+
+	cfg, err := loadConfig(ctx, opts, cmdline, platform, st)
 	if err != nil {
 		return err
 	}
+	plan := newPlan(opts, cfg, img.Role)
+	plan.rerun = rerun
+	rep, err := task.Run(ctx, plan.tasks(), task.Options{
+		TaskTimeout: opts.TaskTimeout,
+		Log:         opts.Log,
+		Notify:      func(s string) { _ = opts.Notify("STATUS=kiln-init: " + s) },
+	})
+	if rep != nil {
+		st.Tasks = rep.Tasks
+	}
+	st.Files = plan.fileStatus()
+	if plan.facts != nil {
+		st.Hostname = plan.facts.Hostname
+	}
+	if plan.node != nil && plan.node.Role != "" {
+		st.Role = string(plan.node.Role)
+	}
+	return err
+}
+
+// loadConfig takes the user's config from the first source that has one and merges it over
+// the image's default config. No config at all is fine: the image's defaults apply.
+func loadConfig(ctx context.Context, opts Options, cmdline, platform string, st *Status) (*config.Config, error) {
+	providers := opts.Providers
+	if providers == nil {
+		ps, err := source.ForPlatform(platform, cmdline)
+		if err != nil {
+			return nil, err
+		}
+		providers = ps
+	}
+	raw, src, err := source.Select(ctx, providers, opts.SourceTimeout)
+	if err != nil {
+		return nil, err
+	}
+	var user *config.Config
 	if len(raw) == 0 {
 		st.Source = NoSource
-		opts.Log.Info("no config found", "sources", providerNames(opts.Providers))
-		return nil
-	}
-	st.Source = src
-	opts.Log.Info("config found", "source", src, "bytes", len(raw))
-
-	cfg, err := config.Parse(raw)
-	if err != nil {
-		return fmt.Errorf("config from %s: %w", src, err)
-	}
-	for _, w := range cfg.Warnings {
-		opts.Log.Warn("config warning", "source", src, "warning", w)
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("config from %s: %w", src, err)
-	}
-	// Resolve every file (decode, decompress, verify) before writing any.
-	files, err := cfg.Files()
-	if err != nil {
-		return fmt.Errorf("config from %s: %w", src, err)
-	}
-	for _, f := range files {
-		fst, err := t.applyFile(f)
-		if err != nil {
-			return fmt.Errorf("%s (%s): %w", f.Field, f.Path, err)
+		opts.Log.Info("no config found", "sources", providerNames(providers))
+	} else {
+		st.Source = src
+		opts.Log.Info("config found", "source", src, "bytes", len(raw))
+		if user, err = parse(raw, "config from "+src); err != nil {
+			return nil, err
 		}
-		opts.Log.Info("wrote file", "path", fst.Path, "mode", fst.Mode, "sha256", fst.SHA256)
-		st.Files = append(st.Files, fst)
 	}
-	return nil
+	base, err := os.ReadFile(filepath.Join(opts.Root, BaseConfigPath))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if user == nil {
+			return &config.Config{}, nil
+		}
+		return user, nil
+	case err != nil:
+		return nil, fmt.Errorf("image default config: %w", err)
+	}
+	if base, err = source.Decode(base); err != nil {
+		return nil, fmt.Errorf("image default config %s: %w", BaseConfigPath, err)
+	}
+	def, err := parse(base, "image default config "+BaseConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	if user == nil {
+		return def, nil
+	}
+	merged := config.Merge(def, user)
+	if err := merged.Validate(); err != nil {
+		return nil, fmt.Errorf("config from %s merged over the image default: %w", src, err)
+	}
+	return merged, nil
+}
+
+func parse(raw []byte, what string) (*config.Config, error) {
+	c, err := config.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return c, nil
 }
 
 func providerNames(ps []source.Provider) []string {
@@ -157,72 +294,16 @@ func providerNames(ps []source.Provider) []string {
 	return names
 }
 
-// applyFile writes one storage.files entry with Ignition's rules: without overwrite an
-// existing node is an error, except that an entry without contents leaves an existing
-// regular file's contents alone (applying mode if given); without contents a missing
-// file is created empty. kiln adds one rule so that re-runs converge: an existing
-// regular file that already holds the wanted contents is accepted (its mode is set).
-func (t *tree) applyFile(f config.File) (FileStatus, error) {
-	dir, base, err := t.split(f.Path)
+// hashFile describes a file as the status records it.
+func hashFile(root, p string) (FileStatus, error) {
+	full := filepath.Join(root, p)
+	fi, err := os.Lstat(full)
 	if err != nil {
 		return FileStatus{}, err
 	}
-	target := path.Join(dir, base)
-	fi, err := t.root.Lstat(target)
-	exists := err == nil
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return FileStatus{}, fmt.Errorf("stat: %w", err)
-	}
-
-	switch {
-	case exists && !f.HasContents:
-		if !fi.Mode().IsRegular() {
-			return FileStatus{}, fmt.Errorf("exists and is not a regular file (%s)", fi.Mode().Type())
-		}
-		if f.ModeSet {
-			if err := t.root.Chmod(target, f.Mode); err != nil {
-				return FileStatus{}, fmt.Errorf("chmod: %w", err)
-			}
-		}
-		data, err := t.root.ReadFile(target)
-		if err != nil {
-			return FileStatus{}, err
-		}
-		return t.fileStatus(f.Path, target, data)
-	case exists && !f.Overwrite:
-		// A retry after a failed boot finds the files it wrote before: identical
-		// contents count as done, so the retry converges.
-		if fi.Mode().IsRegular() {
-			if cur, err := t.root.ReadFile(target); err == nil && bytes.Equal(cur, f.Contents) {
-				if err := t.root.Chmod(target, fileMode(f)); err != nil {
-					return FileStatus{}, fmt.Errorf("chmod: %w", err)
-				}
-				return t.fileStatus(f.Path, target, cur)
-			}
-		}
-		return FileStatus{}, errors.New("already exists with other contents and overwrite is false")
-	case exists && fi.IsDir():
-		return FileStatus{}, errors.New("is a directory; kiln does not replace directories with files")
-	}
-
-	if err := t.writeFile(dir, base, f.Contents, fileMode(f)); err != nil {
-		return FileStatus{}, err
-	}
-	return t.fileStatus(f.Path, target, f.Contents)
-}
-
-// fileMode is the mode a written file gets: the config's, else 0644.
-func fileMode(f config.File) fs.FileMode {
-	if f.ModeSet {
-		return f.Mode
-	}
-	return 0o644
-}
-
-func (t *tree) fileStatus(p, target string, data []byte) (FileStatus, error) {
-	fi, err := t.root.Lstat(target)
+	data, err := os.ReadFile(full)
 	if err != nil {
-		return FileStatus{}, fmt.Errorf("stat: %w", err)
+		return FileStatus{}, err
 	}
 	sum := sha256.Sum256(data)
 	return FileStatus{Path: p, SHA256: hex.EncodeToString(sum[:]), Mode: modeString(fi.Mode())}, nil

@@ -20,6 +20,7 @@ import (
 	"github.com/vincent-petithory/dataurl"
 
 	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/task"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -116,7 +117,7 @@ func TestRunAppliesFiles(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if got, want := st.Line(), "kiln-init: firstboot ok source=fw_cfg files=5 duration=1.5s"; got != want {
+	if got, want := st.Line(), "kiln-init: firstboot ok source=fw_cfg files=5 tasks=11 applied=1 unchanged=10 failed=0 duration=1.5s"; got != want {
 		t.Errorf("Line = %q, want %q", got, want)
 	}
 
@@ -192,7 +193,7 @@ func TestRunNoConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if got, want := st.Line(), "kiln-init: firstboot ok source=none files=0 duration=20ms"; got != want {
+	if got, want := st.Line(), "kiln-init: firstboot ok source=none files=0 tasks=11 applied=1 unchanged=10 failed=0 duration=20ms"; got != want {
 		t.Errorf("Line = %q, want %q", got, want)
 	}
 	if _, stored := readStatusFile(t, root); stored.State != "ok" || stored.Source != "none" || stored.Files == nil {
@@ -232,7 +233,7 @@ func TestRunFailures(t *testing.T) {
 			name:      "existing file without overwrite",
 			existing:  map[string]string{"etc/hostname": "old\n"},
 			config:    ignition(`{"path":"/etc/hostname","contents":{"source":"data:,new"}}`),
-			wantErr:   "storage.files[0] (/etc/hostname): already exists with other contents and overwrite is false",
+			wantErr:   "storage.files[0] (/etc/hostname): already exists (a regular file) with other contents and overwrite is false",
 			untouched: map[string]string{"etc/hostname": "old\n"},
 		},
 		{
@@ -245,8 +246,8 @@ func TestRunFailures(t *testing.T) {
 		},
 		{
 			name:    "unsupported section",
-			config:  `{"ignition":{"version":"3.4.0"},"passwd":{"users":[{"name":"core"}]},"storage":{"files":[{"path":"/etc/a","contents":{"source":"data:,a"}}]}}`,
-			wantErr: "config from fw_cfg: passwd.users is not supported by kiln yet",
+			config:  `{"ignition":{"version":"3.4.0"},"storage":{"disks":[{"device":"/dev/vdb"}],"files":[{"path":"/etc/a","contents":{"source":"data:,a"}}]}}`,
+			wantErr: "config from fw_cfg: storage.disks: disks are set up by the etcd volume logic, not supported yet",
 			absent:  []string{"etc/a"},
 		},
 		{
@@ -264,7 +265,7 @@ func TestRunFailures(t *testing.T) {
 			name:     "file in the way of a directory",
 			existing: map[string]string{"etc/kiln": "not a dir"},
 			config:   ignition(`{"path":"/etc/kiln/node.yaml","contents":{"source":"data:,x"}}`),
-			wantErr:  "/etc/kiln is not a directory",
+			wantErr:  "storage.files[0] (/etc/kiln/node.yaml): stat: statat etc/kiln/node.yaml: not a directory",
 		},
 	}
 	for _, tc := range tests {
@@ -402,7 +403,7 @@ func TestRunSecondBootSkips(t *testing.T) {
 	if !second.Skipped || second.State != "ok" {
 		t.Errorf("second status = %+v, want skipped ok", second)
 	}
-	if got, want := second.Line(), "kiln-init: firstboot done already (2026-03-01T12:00:01Z)"; got != want {
+	if got, want := second.Line(), "kiln-init: firstboot done already ("+first.Finished.Format(time.RFC3339)+")"; got != want {
 		t.Errorf("Line = %q, want %q", got, want)
 	}
 	if !second.Finished.Equal(first.Finished) {
@@ -464,8 +465,10 @@ func TestLine(t *testing.T) {
 		st   Status
 		want string
 	}{
-		{Status{State: "ok", Source: "fw_cfg", Files: make([]FileStatus, 3), DurationMS: 42}, "kiln-init: firstboot ok source=fw_cfg files=3 duration=42ms"},
-		{Status{State: "ok", Source: "none", DurationMS: 0}, "kiln-init: firstboot ok source=none files=0 duration=0s"},
+		{Status{State: "ok", Source: "fw_cfg", Files: make([]FileStatus, 3), DurationMS: 42,
+			Tasks: []task.TaskStatus{{Name: "files", State: task.StateApplied}, {Name: "units", State: task.StateUnchanged}}},
+			"kiln-init: firstboot ok source=fw_cfg files=3 tasks=2 applied=1 unchanged=1 failed=0 duration=42ms"},
+		{Status{State: "ok", Source: "none", DurationMS: 0}, "kiln-init: firstboot ok source=none files=0 tasks=0 applied=0 unchanged=0 failed=0 duration=0s"},
 		{Status{State: "failed", Error: "config from fw_cfg: passwd.users is not supported by kiln yet\nstorage.disks is not supported by kiln yet"},
 			"kiln-init: firstboot failed: config from fw_cfg: passwd.users is not supported by kiln yet; storage.disks is not supported by kiln yet"},
 		{Status{State: "ok", Skipped: true, Finished: time.Date(2026, 3, 1, 12, 0, 1, 500, time.UTC)}, "kiln-init: firstboot done already (2026-03-01T12:00:01Z)"},
@@ -523,7 +526,7 @@ func TestReadStatus(t *testing.T) {
 	if _, err := ReadStatus(root); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("ReadStatus on a fresh node = %v, want ErrNotExist", err)
 	}
-	if _, err := Run(context.Background(), Options{Root: root}); err != nil {
+	if _, err := Run(context.Background(), Options{Root: root, Providers: []source.Provider{noFWCfg(t)}}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := ReadStatus(root)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kilnproject/kiln/initd/task"
 	"io"
 	"os"
 	"strings"
@@ -27,9 +28,14 @@ type Status struct {
 	Finished   time.Time    `json:"finished"`
 	DurationMS int64        `json:"duration_ms"`
 	Source     string       `json:"source"`
+	Platform   string       `json:"platform,omitempty"`
+	Role       string       `json:"role,omitempty"`
+	Hostname   string       `json:"hostname,omitempty"`
 	Files      []FileStatus `json:"files"`
-	Error      string       `json:"error,omitempty"`
-	Version    string       `json:"version"`
+	// Tasks are the task graph's outcome, in the order they ran.
+	Tasks   []task.TaskStatus `json:"tasks,omitempty"`
+	Error   string            `json:"error,omitempty"`
+	Version string            `json:"version"`
 
 	// Skipped is set by Run when an earlier boot already succeeded; it is not stored.
 	Skipped bool `json:"-"`
@@ -54,10 +60,15 @@ func (s *Status) Line() string {
 	case s.Skipped:
 		return fmt.Sprintf("kiln-init: firstboot done already (%s)", s.Finished.Format(time.RFC3339))
 	case s.State == StateOK:
-		return fmt.Sprintf("kiln-init: firstboot ok source=%s files=%d duration=%s", s.Source, len(s.Files), s.Duration())
+		return fmt.Sprintf("kiln-init: firstboot ok source=%s files=%d %s duration=%s", s.Source, len(s.Files), s.Summary(), s.Duration())
 	default:
 		return "kiln-init: firstboot failed: " + oneLine(s.Error)
 	}
+}
+
+// Summary counts the tasks by outcome, e.g. "tasks=11 applied=4 unchanged=7 failed=0".
+func (s *Status) Summary() string {
+	return (&task.Report{Tasks: s.Tasks}).Summary()
 }
 
 // oneLine folds a multi-line error (errors.Join) into one console line.
@@ -128,6 +139,9 @@ func printTable(w io.Writer, st *Status) error {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("STATE", st.State)
 	row("SOURCE", orDash(st.Source))
+	row("PLATFORM", orDash(st.Platform))
+	row("ROLE", orDash(st.Role))
+	row("HOSTNAME", orDash(st.Hostname))
 	row("STARTED", timeOrDash(st.Started))
 	row("FINISHED", timeOrDash(st.Finished))
 	row("DURATION", st.Duration().String())
@@ -135,9 +149,16 @@ func printTable(w io.Writer, st *Status) error {
 	if st.Error != "" {
 		row("ERROR", oneLine(st.Error))
 	}
+	row("TASKS", st.Summary())
 	row("FILES", fmt.Sprint(len(st.Files)))
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(st.Tasks) > 0 {
+		fmt.Fprintln(w)
+		if err := task.WriteTable(w, st.Tasks); err != nil {
+			return err
+		}
 	}
 	if len(st.Files) == 0 {
 		return nil

@@ -312,5 +312,8 @@ func checkApply(ctx context.Context, t Task) (State, error) {
 	if !done {
 		return "", ErrNotConverged
 	}
+	if c, ok := t.(Changer); ok && !c.Changed() {
+		return StateUnchanged, nil
+	}
 	return StateApplied, nil
 }

@@ -416,3 +416,22 @@ func TestNotifyCallback(t *testing.T) {
 		t.Errorf("notified %q, want %q", got, want)
 	}
 }
+
+// A Converge task is applied when its step changed something and unchanged when the step
+// found everything in place, so a second first boot reports nothing applied.
+func TestConverge(t *testing.T) {
+	for _, tc := range []struct {
+		changed bool
+		want    State
+	}{{true, StateApplied}, {false, StateUnchanged}} {
+		calls := 0
+		tk := Converge("step", nil, func(context.Context) (bool, error) { calls++; return tc.changed, nil })
+		rep, err := Run(context.Background(), []Task{tk}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rep.Tasks[0].State; got != tc.want || calls != 1 {
+			t.Errorf("changed=%v: state %s after %d calls, want %s after 1", tc.changed, got, calls, tc.want)
+		}
+	}
+}

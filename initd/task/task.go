@@ -84,3 +84,40 @@ type timeoutTask struct {
 }
 
 func (t *timeoutTask) Timeout() time.Duration { return t.d }
+
+// Changer is implemented by tasks that know, after Apply, whether it changed anything; one
+// that changed nothing is reported unchanged.
+type Changer interface {
+	Changed() bool
+}
+
+// Converge builds a task from one idempotent step that reports what it changed, the shape of
+// kiln's appliers (files, users, units, templates): they compare before they write, so
+// running the step is its own check. The task is done once the step has succeeded; it is
+// reported applied only when the step changed something.
+func Converge(name string, deps []string, step func(ctx context.Context) (changed bool, err error)) Task {
+	return &convergeTask{name: name, deps: deps, step: step}
+}
+
+type convergeTask struct {
+	name    string
+	deps    []string
+	step    func(context.Context) (bool, error)
+	ran     bool
+	changed bool
+}
+
+func (c *convergeTask) Name() string   { return c.name }
+func (c *convergeTask) Deps() []string { return c.deps }
+func (c *convergeTask) Changed() bool  { return c.changed }
+
+func (c *convergeTask) Check(context.Context) (bool, error) { return c.ran, nil }
+
+func (c *convergeTask) Apply(ctx context.Context) error {
+	changed, err := c.step(ctx)
+	if err != nil {
+		return err
+	}
+	c.ran, c.changed = true, changed
+	return nil
+}

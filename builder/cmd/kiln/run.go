@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/builder/vm"
+	"github.com/kilnproject/kiln/initd/config"
 )
 
 // firstbootLine matches the status line kiln-init prints on the console.
@@ -62,6 +65,16 @@ Without --snapshot the image itself is written to (first boot creates the data p
 						return fmt.Errorf("--forward %q: want HOSTPORT:GUESTPORT", f)
 					}
 					cfg.Forward[host] = g
+				}
+			}
+			if cfg.Config != "" {
+				dir, err := os.MkdirTemp("", "kiln-config-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				if cfg.Config, err = nodeConfig(cfg.Config, dir); err != nil {
+					return err
 				}
 			}
 			want := accel
@@ -122,7 +135,7 @@ Without --snapshot the image itself is written to (first boot creates the data p
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Config, "config", "", "node config (Ignition v3 JSON) passed through fw_cfg")
+	f.StringVar(&cfg.Config, "config", "", "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg")
 	f.StringArrayVar(&disks, "disk", nil, "extra disk NAME=SIZE (repeatable); the guest sees /dev/disk/by-id/virtio-NAME")
 	f.StringArrayVar(&forwards, "forward", nil, "forward host TCP port to guest port HOST:GUEST (repeatable)")
 	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL or auto)")
@@ -134,4 +147,33 @@ Without --snapshot the image itself is written to (first boot creates the data p
 	f.StringVar(&cfg.Append, "append", "", "extra kernel arguments, e.g. 'kiln.config.url=http://10.0.2.2:8080/${mac}.ign' (boots the image's kernel directly)")
 	f.StringVar(&cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
 	return cmd
+}
+
+// nodeConfig checks a node config the way kiln-init will (so mistakes show before a boot) and
+// returns the file to pass through fw_cfg: Butane YAML is translated to Ignition JSON in dir.
+func nodeConfig(path, dir string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("--config: %w", err)
+	}
+	c, err := config.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("--config %s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return "", fmt.Errorf("--config %s: %w", path, err)
+	}
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || trimmed[0] == '{' || bytes.HasPrefix(raw, []byte{0x1f, 0x8b}) {
+		return path, nil // Ignition JSON (or gzip'd): passed as is
+	}
+	ign, err := config.TranslateButane(raw)
+	if err != nil {
+		return "", fmt.Errorf("--config %s: %w", path, err)
+	}
+	out := filepath.Join(dir, "config.ign")
+	if err := os.WriteFile(out, ign, 0o600); err != nil {
+		return "", err
+	}
+	return out, nil
 }

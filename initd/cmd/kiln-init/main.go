@@ -13,11 +13,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/kilnproject/kiln/initd/firstboot"
-	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/preflight"
 	"github.com/kilnproject/kiln/initd/stage1"
 )
 
@@ -28,8 +29,11 @@ const usage = `kiln-init: the kiln node agent
 
 As /init in the initramfs (PID 1) it runs stage 1 and hands over to systemd.
 Otherwise:
-  kiln-init firstboot            apply the node config (run once by kiln-firstboot.service)
-  kiln-init status [-o json]     show what first boot did
+  kiln-init firstboot [--force] [--ignore-preflight=a,b]
+                                 apply the node config (run once by kiln-firstboot.service)
+  kiln-init status [-o json]     show what first boot did, task by task
+  kiln-init preflight --role R [-o table|json]
+                                 run kubeadm's preflight checks for role R and print them
   kiln-init version
 `
 
@@ -50,6 +54,8 @@ func main() {
 		err = runFirstboot(ctx, os.Args[2:])
 	case "status":
 		err = runStatus(os.Args[2:])
+	case "preflight":
+		err = preflight.Main(ctx, os.Args[2:], os.Stdout)
 	case "version", "--version":
 		fmt.Println(version)
 	case "help", "-h", "--help":
@@ -94,15 +100,22 @@ func openConsole() io.Writer {
 func runFirstboot(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("firstboot", flag.ContinueOnError)
 	root := fs.String("root", "/", "root of the node's filesystem")
+	force := fs.Bool("force", false, "run every task again even if first boot succeeded (changes nothing on a converged node)")
+	ignore := fs.String("ignore-preflight", "", "comma-separated preflight checks whose failure does not stop the Kubernetes tasks")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var ignored []string
+	if *ignore != "" {
+		ignored = strings.Split(*ignore, ",")
+	}
 	st, err := firstboot.Run(ctx, firstboot.Options{
-		Root:      *root,
-		Providers: []source.Provider{&source.FWCfg{}, source.Embedded{Path: filepath.Join(*root, source.EmbeddedPath)}},
-		Log:       log,
-		Version:   version,
+		Root:            *root,
+		Force:           *force,
+		PreflightIgnore: ignored,
+		Log:             log,
+		Version:         version,
 	})
 	if st != nil {
 		// One line for the console (the unit sends stdout to journal+console).

@@ -1,0 +1,532 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// NodePath is where the kiln node config lives on a node.
+const NodePath = "/etc/kiln/node.yaml"
+
+// Node is the kiln node config, /etc/kiln/node.yaml: what this node is in which
+// cluster. LoadNode and ParseNode return it validated and with every default filled in
+// (README.md in this directory documents each field and its default).
+type Node struct {
+	Cluster     Cluster    `yaml:"cluster"`
+	Role        Role       `yaml:"role"`
+	Hostname    string     `yaml:"hostname"`
+	DNS         DNS        `yaml:"dns"`
+	Etcd        *Etcd      `yaml:"etcd"`
+	APIEndpoint string     `yaml:"apiEndpoint"`
+	Kubernetes  Kubernetes `yaml:"kubernetes"`
+}
+
+// Cluster names the cluster. Its DNS names are <host>.internal.<name>.<dnsZone>.
+type Cluster struct {
+	Name    string `yaml:"name"`
+	DNSZone string `yaml:"dnsZone"`
+}
+
+// Role is what a node runs.
+type Role string
+
+// The roles.
+const (
+	RoleWorker       Role = "worker"        // kubelet and workloads
+	RoleControlPlane Role = "control-plane" // apiserver, controller-manager, scheduler and an etcd member
+	RoleEtcd         Role = "etcd"          // a dedicated etcd member
+)
+
+// DNSProvider publishes the cluster's DNS records.
+type DNSProvider string
+
+// The DNS providers.
+const (
+	DNSRFC2136  DNSProvider = "rfc2136"  // dynamic updates to an authoritative server, optionally TSIG-signed
+	DNSRoute53  DNSProvider = "route53"  // AWS Route 53
+	DNSCloudDNS DNSProvider = "clouddns" // Google Cloud DNS
+	DNSHosts    DNSProvider = "hosts"    // entries in the node's /etc/hosts
+	DNSNone     DNSProvider = "none"     // kiln publishes nothing; the names must resolve otherwise
+)
+
+// DNS says how the cluster's names are published.
+type DNS struct {
+	Provider       DNSProvider `yaml:"provider"`
+	Server         string      `yaml:"server"`
+	Zone           string      `yaml:"zone"`
+	TSIGKeyName    string      `yaml:"tsigKeyName"`
+	TSIGSecretFile string      `yaml:"tsigSecretFile"`
+	TTL            int         `yaml:"ttl"`
+}
+
+// Etcd is this node's etcd membership.
+type Etcd struct {
+	Member  string   `yaml:"member"`
+	Members []string `yaml:"members"`
+	Volume  *Volume  `yaml:"volume"`
+}
+
+// Volume selects and prepares the disk that holds etcd's data. Exactly one of Serial,
+// ByID, AWSTags and GCEName selects it.
+type Volume struct {
+	Serial    string            `yaml:"serial"`
+	ByID      string            `yaml:"byId"`
+	AWSTags   map[string]string `yaml:"awsTags"`
+	GCEName   string            `yaml:"gceName"`
+	FSType    string            `yaml:"fsType"`
+	Label     string            `yaml:"label"`
+	Wipe      bool              `yaml:"wipe"`
+	MountPath string            `yaml:"mountPath"`
+}
+
+// Kubernetes holds the cluster-wide Kubernetes settings this node needs.
+type Kubernetes struct {
+	Version          string            `yaml:"version"`
+	PodCIDR          string            `yaml:"podCIDR"`
+	ServiceCIDR      string            `yaml:"serviceCIDR"`
+	ClusterDNS       string            `yaml:"clusterDNS"`
+	ClusterDomain    string            `yaml:"clusterDomain"`
+	NodeLabels       map[string]string `yaml:"nodeLabels"`
+	KubeletExtraArgs map[string]string `yaml:"kubeletExtraArgs"`
+}
+
+// Defaults.
+const (
+	DefaultDNSTTL        = 60
+	DefaultAPIPort       = 6443
+	DefaultPodCIDR       = "10.244.0.0/16"
+	DefaultServiceCIDR   = "10.96.0.0/12"
+	DefaultClusterDomain = "cluster.local"
+	DefaultEtcdFSType    = "ext4"
+	DefaultEtcdLabel     = "etcd"
+	DefaultEtcdMountPath = "/var/lib/etcd"
+)
+
+// ClusterFQDN is the cluster's DNS name, <cluster.name>.<cluster.dnsZone>.
+func (n *Node) ClusterFQDN() string {
+	return n.Cluster.Name + "." + n.Cluster.DNSZone
+}
+
+// InternalName is the DNS name of a cluster-internal host: api gives
+// api.internal.<cluster.name>.<cluster.dnsZone>; etcd members are named etcd-<member>.
+func (n *Node) InternalName(host string) string {
+	return host + ".internal." + n.ClusterFQDN()
+}
+
+// LoadNode reads and parses the node config at path (see ParseNode).
+func LoadNode(path string) (*Node, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("node config: %w", err)
+	}
+	return ParseNode(data, path)
+}
+
+// ParseNode parses a node config. name is the file name errors start with. Unknown
+// fields are errors; every problem is reported (joined), each as a *NodeError such as
+// `node.yaml:12: etcd.member: "d" is not one of etcd.members (a, b, c)`. The result has
+// every default filled in.
+func ParseNode(data []byte, name string) (*Node, error) {
+	d := &yamlDoc{file: name, lines: map[string]int{}}
+	var n Node
+	decodeYAML(d, data, &n)
+	if err := d.err(); err != nil {
+		return nil, err
+	}
+	n.check(d)
+	if err := d.err(); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// check validates n and fills in defaults, reporting problems to d.
+func (n *Node) check(d *yamlDoc) {
+	n.Cluster.DNSZone = strings.TrimSuffix(n.Cluster.DNSZone, ".")
+	switch {
+	case n.Cluster.Name == "":
+		d.failf("cluster.name", "is required")
+	case !isDNSLabel(n.Cluster.Name):
+		d.failf("cluster.name", "%q is not an RFC 1123 label (lower-case letters, digits and '-', at most 63)", n.Cluster.Name)
+	}
+	if z := n.Cluster.DNSZone; z != "" && !isDNSName(z) {
+		d.failf("cluster.dnsZone", "%q is not an RFC 1123 DNS name", z)
+	}
+
+	switch n.Role {
+	case RoleWorker, RoleControlPlane, RoleEtcd:
+	case "":
+		d.failf("role", "is required (worker, control-plane or etcd)")
+	default:
+		d.failf("role", "%q is not a role (worker, control-plane or etcd)", n.Role)
+	}
+	needsZone := n.Role == RoleControlPlane || n.Role == RoleEtcd
+	if n.Cluster.DNSZone == "" && needsZone {
+		d.failf("cluster.dnsZone", "is required for role %s (etcd and API names live in it)", n.Role)
+	}
+
+	if h := n.Hostname; h != "" && !isDNSName(h) {
+		d.failf("hostname", "%q is not an RFC 1123 DNS name (lower-case letters, digits, '-' and '.')", h)
+	}
+
+	n.checkDNS(d)
+	n.checkEtcd(d)
+	n.checkAPIEndpoint(d)
+	n.checkKubernetes(d)
+}
+
+func (n *Node) checkDNS(d *yamlDoc) {
+	dns := &n.DNS
+	if dns.Provider == "" {
+		dns.Provider = DNSNone
+	}
+	switch dns.Provider {
+	case DNSRFC2136, DNSRoute53, DNSCloudDNS, DNSHosts, DNSNone:
+	default:
+		d.failf("dns.provider", "%q is not a provider (rfc2136, route53, clouddns, hosts or none)", dns.Provider)
+	}
+	if dns.Provider != DNSNone && n.Cluster.DNSZone == "" {
+		d.failf("cluster.dnsZone", "is required with dns.provider %s", dns.Provider)
+	}
+	dns.Zone = strings.TrimSuffix(dns.Zone, ".")
+	if dns.Zone == "" {
+		dns.Zone = n.Cluster.DNSZone
+	}
+	if dns.Zone != "" && n.Cluster.DNSZone != "" {
+		switch fqdn := n.ClusterFQDN(); {
+		case !isDNSName(dns.Zone):
+			d.failf("dns.zone", "%q is not an RFC 1123 DNS name", dns.Zone)
+		case fqdn != dns.Zone && !strings.HasSuffix(fqdn, "."+dns.Zone):
+			d.failf("dns.zone", "the cluster's names (*.internal.%s) are not inside zone %s", fqdn, dns.Zone)
+		}
+	}
+	if dns.TTL == 0 {
+		dns.TTL = DefaultDNSTTL
+	}
+	if dns.TTL < 1 || dns.TTL > 86400 {
+		d.failf("dns.ttl", "%d is not between 1 and 86400 seconds", dns.TTL)
+	}
+	if dns.Provider != DNSRFC2136 {
+		for field, v := range map[string]string{"dns.server": dns.Server, "dns.tsigKeyName": dns.TSIGKeyName, "dns.tsigSecretFile": dns.TSIGSecretFile} {
+			if v != "" {
+				d.failf(field, "is only used with dns.provider rfc2136 (provider is %s)", dns.Provider)
+			}
+		}
+		return
+	}
+	if dns.Server == "" {
+		d.failf("dns.server", "is required with dns.provider rfc2136 (host or host:port of the authoritative server)")
+	} else if hp, err := hostPort(dns.Server, 53); err != nil {
+		d.failf("dns.server", "%v", err)
+	} else {
+		dns.Server = hp
+	}
+	switch {
+	case (dns.TSIGKeyName == "") != (dns.TSIGSecretFile == ""):
+		d.failf("dns.tsigKeyName", "tsigKeyName and tsigSecretFile go together: set both or neither")
+	case dns.TSIGKeyName != "" && !isDNSName(strings.TrimSuffix(dns.TSIGKeyName, ".")):
+		d.failf("dns.tsigKeyName", "%q is not a DNS name", dns.TSIGKeyName)
+	case dns.TSIGSecretFile != "" && (!path.IsAbs(dns.TSIGSecretFile) || path.Clean(dns.TSIGSecretFile) != dns.TSIGSecretFile):
+		d.failf("dns.tsigSecretFile", "%q must be a clean absolute path", dns.TSIGSecretFile)
+	}
+}
+
+func (n *Node) checkEtcd(d *yamlDoc) {
+	wantEtcd := n.Role == RoleControlPlane || n.Role == RoleEtcd
+	e := n.Etcd
+	switch {
+	case e == nil && wantEtcd:
+		d.failf("etcd", "is required for role %s (member, members)", n.Role)
+		return
+	case e == nil:
+		return
+	case n.Role == RoleWorker:
+		d.failf("etcd", "a worker node runs no etcd member; remove etcd or change role")
+		return
+	}
+	switch {
+	case e.Member == "":
+		d.failf("etcd.member", "is required")
+	case !isDNSLabel(e.Member):
+		d.failf("etcd.member", "%q is not an RFC 1123 label", e.Member)
+	}
+	if len(e.Members) == 0 {
+		d.failf("etcd.members", "is required: the names of all members, this one included")
+	}
+	for i, m := range e.Members {
+		field := fmt.Sprintf("etcd.members[%d]", i)
+		switch {
+		case !isDNSLabel(m):
+			d.failf(field, "%q is not an RFC 1123 label", m)
+		case slices.Index(e.Members, m) < i:
+			d.failf(field, "%q is listed twice", m)
+		}
+	}
+	if e.Member != "" && len(e.Members) > 0 && !slices.Contains(e.Members, e.Member) {
+		d.failf("etcd.member", "%q is not one of etcd.members (%s)", e.Member, strings.Join(e.Members, ", "))
+	}
+	if e.Volume != nil {
+		n.checkVolume(d, e.Volume)
+	}
+}
+
+func (n *Node) checkVolume(d *yamlDoc, v *Volume) {
+	set := 0
+	for _, s := range []bool{v.Serial != "", v.ByID != "", len(v.AWSTags) > 0, v.GCEName != ""} {
+		if s {
+			set++
+		}
+	}
+	if set != 1 {
+		d.failf("etcd.volume", "set exactly one of serial, byId, awsTags and gceName (%d are set)", set)
+	}
+	if v.Serial != "" && strings.ContainsAny(v.Serial, "/ \t\n") {
+		d.failf("etcd.volume.serial", "%q must not contain '/' or spaces", v.Serial)
+	}
+	if id := v.ByID; id != "" {
+		name := strings.TrimPrefix(id, "/dev/disk/by-id/")
+		if name == "" || strings.ContainsAny(name, "/ \t\n") {
+			d.failf("etcd.volume.byId", "%q is neither a name in /dev/disk/by-id nor /dev/disk/by-id/<name>", id)
+		}
+	}
+	for k := range v.AWSTags {
+		if k == "" || len(k) > 128 {
+			d.failf(mapField("etcd.volume.awsTags", k), "an AWS tag key has 1 to 128 characters")
+		}
+	}
+	if g := v.GCEName; g != "" && !isRFC1035Label(g) {
+		d.failf("etcd.volume.gceName", "%q is not a GCE disk name (lower-case letter first, then letters, digits and '-', at most 63)", g)
+	}
+	if v.FSType == "" {
+		v.FSType = DefaultEtcdFSType
+	}
+	maxLabel := map[string]int{"ext4": 16, "xfs": 12}[v.FSType]
+	if maxLabel == 0 {
+		d.failf("etcd.volume.fsType", "%q is not supported (ext4 or xfs)", v.FSType)
+	}
+	if v.Label == "" {
+		v.Label = DefaultEtcdLabel
+	}
+	if maxLabel > 0 && len(v.Label) > maxLabel {
+		d.failf("etcd.volume.label", "%q is longer than the %d bytes %s allows", v.Label, maxLabel, v.FSType)
+	}
+	if v.MountPath == "" {
+		v.MountPath = DefaultEtcdMountPath
+	}
+	if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" {
+		d.failf("etcd.volume.mountPath", "%q must be a clean absolute path below /", v.MountPath)
+	}
+}
+
+func (n *Node) checkAPIEndpoint(d *yamlDoc) {
+	if n.APIEndpoint == "" {
+		if n.Cluster.DNSZone == "" || n.Cluster.Name == "" {
+			d.failf("apiEndpoint", "is required when cluster.dnsZone is not set (host:port of the Kubernetes API)")
+			return
+		}
+		n.APIEndpoint = net.JoinHostPort(n.InternalName("api"), strconv.Itoa(DefaultAPIPort))
+		return
+	}
+	host, port, err := net.SplitHostPort(n.APIEndpoint)
+	if err != nil {
+		d.failf("apiEndpoint", "%q is not host:port (e.g. api.example.com:6443)", n.APIEndpoint)
+		return
+	}
+	if err := checkHost(host); err != nil {
+		d.failf("apiEndpoint", "%v", err)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		d.failf("apiEndpoint", "port %q is not between 1 and 65535", port)
+	}
+}
+
+var kubeVersion = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`)
+
+func (n *Node) checkKubernetes(d *yamlDoc) {
+	k := &n.Kubernetes
+	if k.Version != "" && !kubeVersion.MatchString(k.Version) {
+		d.failf("kubernetes.version", "%q is not a version like v1.37.2", k.Version)
+	}
+	if k.PodCIDR == "" {
+		k.PodCIDR = DefaultPodCIDR
+	}
+	if k.ServiceCIDR == "" {
+		k.ServiceCIDR = DefaultServiceCIDR
+	}
+	pods, podErr := parseCIDRs(k.PodCIDR, 0, 0)
+	if podErr != nil {
+		d.failf("kubernetes.podCIDR", "%v", podErr)
+	}
+	// kube-apiserver refuses service ranges larger than /12 (IPv4) or /108 (IPv6).
+	services, svcErr := parseCIDRs(k.ServiceCIDR, 12, 108)
+	if svcErr != nil {
+		d.failf("kubernetes.serviceCIDR", "%v", svcErr)
+	}
+	if podErr == nil && svcErr == nil {
+		for _, p := range pods {
+			for _, s := range services {
+				if p.Overlaps(s) {
+					d.failf("kubernetes.serviceCIDR", "%s overlaps podCIDR %s", s, p)
+				}
+			}
+		}
+	}
+	if k.ClusterDNS == "" && svcErr == nil {
+		// The tenth address of the first service range, as kubeadm does.
+		ip := services[0].Addr()
+		for range 10 {
+			ip = ip.Next()
+		}
+		k.ClusterDNS = ip.String()
+	}
+	if ip, err := netip.ParseAddr(k.ClusterDNS); err != nil {
+		if k.ClusterDNS != "" {
+			d.failf("kubernetes.clusterDNS", "%q is not an IP address", k.ClusterDNS)
+		}
+	} else if svcErr == nil && !slices.ContainsFunc(services, func(p netip.Prefix) bool { return p.Contains(ip) }) {
+		d.failf("kubernetes.clusterDNS", "%s is not inside serviceCIDR %s", ip, k.ServiceCIDR)
+	}
+	if k.ClusterDomain == "" {
+		k.ClusterDomain = DefaultClusterDomain
+	}
+	if !isDNSName(k.ClusterDomain) {
+		d.failf("kubernetes.clusterDomain", "%q is not an RFC 1123 DNS name", k.ClusterDomain)
+	}
+	for key, val := range k.NodeLabels {
+		field := mapField("kubernetes.nodeLabels", key)
+		if err := checkLabel(key, val); err != nil {
+			d.failf(field, "%v", err)
+		}
+	}
+	for flag, val := range k.KubeletExtraArgs {
+		field := mapField("kubernetes.kubeletExtraArgs", flag)
+		switch {
+		case strings.HasPrefix(flag, "-"):
+			d.failf(field, "write the flag name without leading dashes (%s)", strings.TrimLeft(flag, "-"))
+		case !kubeletFlag.MatchString(flag):
+			d.failf(field, "%q is not a kubelet flag name", flag)
+		case strings.ContainsAny(val, "\n\x00"):
+			d.failf(field, "the value must be one line")
+		}
+	}
+}
+
+var kubeletFlag = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+
+// parseCIDRs parses one range or a dual-stack pair "v4,v6". minBits4/6 bound how large
+// a range may be (0: no bound).
+func parseCIDRs(s string, minBits4, minBits6 int) ([]netip.Prefix, error) {
+	parts := strings.Split(s, ",")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("%q: at most two ranges (one IPv4, one IPv6)", s)
+	}
+	var out []netip.Prefix
+	for _, part := range parts {
+		p, err := netip.ParsePrefix(strings.TrimSpace(part))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR range like 10.96.0.0/12", strings.TrimSpace(part))
+		}
+		if p.Masked() != p {
+			return nil, fmt.Errorf("%s has host bits set (the range is %s)", p, p.Masked())
+		}
+		if min := map[bool]int{true: minBits4, false: minBits6}[p.Addr().Is4()]; p.Bits() < min {
+			return nil, fmt.Errorf("%s is too large (at most /%d)", p, min)
+		}
+		out = append(out, p)
+	}
+	if len(out) == 2 && out[0].Addr().Is4() == out[1].Addr().Is4() {
+		return nil, fmt.Errorf("%q: a dual-stack pair is one IPv4 and one IPv6 range", s)
+	}
+	return out, nil
+}
+
+// hostPort checks host[:port] and returns it with the default port added.
+func hostPort(s string, defPort int) (string, error) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		host, port = strings.Trim(s, "[]"), strconv.Itoa(defPort)
+	}
+	if err := checkHost(host); err != nil {
+		return "", err
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return "", fmt.Errorf("port %q is not between 1 and 65535", port)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+func checkHost(h string) error {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return nil
+	}
+	if !isDNSName(strings.TrimSuffix(h, ".")) {
+		return fmt.Errorf("host %q is neither an IP address nor a DNS name", h)
+	}
+	return nil
+}
+
+var (
+	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	rfc1035Label = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`)
+)
+
+// isDNSLabel: an RFC 1123 label as Kubernetes checks it.
+func isDNSLabel(s string) bool { return dnsLabel.MatchString(s) }
+
+func isRFC1035Label(s string) bool { return rfc1035Label.MatchString(s) }
+
+// isDNSName: an RFC 1123 subdomain as Kubernetes checks it (node names, domains).
+func isDNSName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if !isDNSLabel(l) {
+			return false
+		}
+	}
+	return true
+}
+
+var labelName = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
+
+// kubeletLabels are the kubernetes.io labels a kubelet may set on its own node (the
+// NodeRestriction admission plugin refuses the others, node-role.kubernetes.io/* among
+// them).
+var kubeletLabels = []string{
+	"kubernetes.io/hostname", "kubernetes.io/arch", "kubernetes.io/os",
+	"beta.kubernetes.io/arch", "beta.kubernetes.io/os", "beta.kubernetes.io/instance-type",
+	"node.kubernetes.io/instance-type",
+	"failure-domain.beta.kubernetes.io/region", "failure-domain.beta.kubernetes.io/zone",
+	"topology.kubernetes.io/region", "topology.kubernetes.io/zone",
+}
+
+// checkLabel checks a Kubernetes label key and value, and that a kubelet may set it.
+func checkLabel(key, val string) error {
+	prefix, name, hasPrefix := strings.Cut(key, "/")
+	if !hasPrefix {
+		prefix, name = "", key
+	}
+	switch {
+	case name == "" || len(name) > 63 || !labelName.MatchString(name):
+		return fmt.Errorf("%q is not a label key (name: at most 63 letters, digits, '-', '_', '.')", key)
+	case hasPrefix && !isDNSName(prefix):
+		return fmt.Errorf("label key prefix %q is not a DNS name", prefix)
+	case len(val) > 63 || !labelName.MatchString(val):
+		return fmt.Errorf("value %q is not a label value (at most 63 letters, digits, '-', '_', '.')", val)
+	}
+	restricted := func(ns string) bool { return prefix == ns || strings.HasSuffix(prefix, "."+ns) }
+	allowed := restricted("kubelet.kubernetes.io") || restricted("node.kubernetes.io") || slices.Contains(kubeletLabels, key)
+	if (restricted("kubernetes.io") || restricted("k8s.io")) && !allowed {
+		return errors.New("a kubelet may not set labels in the kubernetes.io and k8s.io namespaces except node.kubernetes.io/* and kubelet.kubernetes.io/* (kiln sets node-role labels itself)")
+	}
+	return nil
+}

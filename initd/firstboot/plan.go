@@ -1,0 +1,233 @@
+package firstboot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnproject/kiln/initd/apply"
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/preflight"
+	"github.com/kilnproject/kiln/initd/render"
+	"github.com/kilnproject/kiln/initd/task"
+)
+
+// plan is one first boot's task graph and what its tasks learn on the way.
+//
+//	users ─► directories ─► files ─► links ─► units ─► systemd
+//	                          └────► node-config ─► facts ─► hostname
+//	                                                  └────► preflight ─► render
+type plan struct {
+	opts      Options
+	cfg       *config.Config
+	imageRole string
+
+	files []config.File
+	node  *config.Node
+	facts *facts.Facts
+	pre   *preflight.Report
+
+	rerun        bool     // an earlier first boot ran here (its own manifests may be present)
+	reload       bool     // units changed: systemd must re-read them
+	enabledUnits []string // units the config enables, started in this boot
+}
+
+func newPlan(opts Options, cfg *config.Config, imageRole string) *plan {
+	return &plan{opts: opts, cfg: cfg, imageRole: imageRole}
+}
+
+func (p *plan) tasks() []task.Task {
+	ign := p.cfg.Ignition
+	root := p.opts.Root
+	changedAny := func(paths []string, err error) (bool, error) { return len(paths) > 0, err }
+	return []task.Task{
+		task.Converge("users", nil, func(ctx context.Context) (bool, error) {
+			return changedAny(apply.Users(ctx, root, ign.Passwd.Users, ign.Passwd.Groups))
+		}),
+		task.Converge("directories", []string{"users"}, func(ctx context.Context) (bool, error) {
+			return changedAny(apply.Directories(ctx, root, ign.Storage.Directories))
+		}),
+		task.Converge("files", []string{"users", "directories"}, func(ctx context.Context) (bool, error) {
+			files, err := p.cfg.Files()
+			if err != nil {
+				return false, err
+			}
+			p.files = files
+			return changedAny(apply.Files(ctx, root, files, nil))
+		}),
+		task.Converge("links", []string{"files"}, func(ctx context.Context) (bool, error) {
+			return changedAny(apply.Links(ctx, root, ign.Storage.Links))
+		}),
+		task.Converge("units", []string{"files", "links"}, func(ctx context.Context) (bool, error) {
+			changed, reload, err := apply.Units(ctx, root, ign.Systemd.Units)
+			p.reload = p.reload || reload
+			return len(changed) > 0, err
+		}),
+		task.Converge("systemd", []string{"units"}, p.startUnits),
+		task.Converge("node-config", []string{"files"}, p.loadNode),
+		task.Converge("facts", []string{"node-config"}, p.gatherFacts),
+		task.Converge("hostname", []string{"facts"}, p.setHostname),
+		task.Converge("preflight", []string{"facts", "hostname"}, p.preflight),
+		task.Converge("render", []string{"preflight", "node-config"}, p.render),
+	}
+}
+
+// startUnits makes the running systemd see the config's units and starts the enabled ones in
+// this boot: first boot runs after systemd planned the boot, so enabling alone would wait for
+// the next one.
+func (p *plan) startUnits(ctx context.Context) (bool, error) {
+	for _, u := range p.cfg.Ignition.Systemd.Units {
+		if u.Enabled != nil && *u.Enabled && (u.Mask == nil || !*u.Mask) {
+			p.enabledUnits = append(p.enabledUnits, u.Name)
+		}
+	}
+	if !p.reload {
+		return false, nil // nothing new for systemd: a re-run does not restart anything
+	}
+	if err := p.opts.Systemctl(ctx, "daemon-reload"); err != nil {
+		return false, err
+	}
+	if len(p.enabledUnits) > 0 {
+		// --no-block: units ordered after kiln-firstboot must not wait for us to exit.
+		args := append([]string{"start", "--no-block"}, p.enabledUnits...)
+		if err := p.opts.Systemctl(ctx, args...); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// loadNode reads /etc/kiln/node.yaml (the config may just have written it). Without one the
+// node is what the image was baked for. A node config for another role than the image's is
+// an error: the image does not carry that role's parts.
+func (p *plan) loadNode(context.Context) (bool, error) {
+	n, err := config.LoadNode(filepath.Join(p.opts.Root, config.NodePath))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		n = &config.Node{Role: config.Role(p.imageRole)}
+	case err != nil:
+		return false, err
+	case p.imageRole != "" && string(n.Role) != p.imageRole:
+		return false, fmt.Errorf("%s: role %s, but this image was baked for %s", config.NodePath, n.Role, p.imageRole)
+	}
+	p.node = n
+	return false, nil
+}
+
+// gatherFacts reads the machine. The hostname the config chose wins: node.yaml's, else an
+// /etc/hostname the config wrote (the Ignition way of naming a node).
+func (p *plan) gatherFacts(ctx context.Context) (bool, error) {
+	name := p.node.Hostname
+	if name == "" {
+		for _, f := range p.files {
+			if f.Path == "/etc/hostname" && f.HasContents {
+				name = strings.TrimSpace(string(f.Contents))
+			}
+		}
+	}
+	f, err := facts.Gather(ctx, facts.Options{Root: p.opts.Root, ProcRoot: p.opts.Facts.ProcRoot,
+		SysRoot: p.opts.Facts.SysRoot, Hostname: name})
+	if err != nil {
+		return false, err
+	}
+	p.facts = f
+	return false, nil
+}
+
+// setHostname makes the chosen hostname the node's, now and on later boots.
+func (p *plan) setHostname(ctx context.Context) (bool, error) {
+	name := p.facts.Hostname
+	path := filepath.Join(p.opts.Root, "etc/hostname")
+	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == name {
+		return false, nil
+	}
+	if _, err := apply.Files(ctx, p.opts.Root, []config.File{{Field: "hostname", Path: "/etc/hostname",
+		Mode: 0o644, ModeSet: true, Overwrite: true, HasContents: true, Contents: []byte(name + "\n")}}, nil); err != nil {
+		return false, err
+	}
+	if p.opts.Root == "/" {
+		if err := p.opts.Systemctl(ctx, "restart", "--no-block", "systemd-hostnamed.service"); err != nil {
+			p.opts.Log.Warn("hostnamed restart", "error", err)
+		}
+		if err := setKernelHostname(name); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// preflight runs kubeadm's checks for the node's role. The runtime is not up yet at first
+// boot, so its socket is not asked; `kiln-init preflight` run later asks it.
+func (p *plan) preflight(ctx context.Context) (bool, error) {
+	role := string(p.node.Role)
+	if role == "" {
+		return false, nil // an image without a role: nothing Kubernetes to check
+	}
+	ignore := p.opts.PreflightIgnore
+	if p.rerun {
+		// The manifests an earlier run rendered are kiln's own, not a foreign control plane.
+		ignore = append(append([]string{}, ignore...), "manifests-dir")
+	}
+	rep, err := preflight.Run(ctx, preflight.Role(role), preflight.Options{Root: p.opts.Root,
+		ProcRoot: p.opts.Facts.ProcRoot, SysRoot: p.opts.Facts.SysRoot, Facts: p.facts,
+		Skip: []string{"cri-socket"}, Ignore: ignore})
+	if err != nil {
+		return false, err
+	}
+	p.pre = &rep
+	for _, r := range rep.Results {
+		if r.Status == preflight.Fail && r.Severity == preflight.Warning {
+			p.opts.Log.Warn("preflight", "check", r.Name, "message", r.Message)
+		}
+	}
+	return false, rep.Err()
+}
+
+// render writes the role's templates (kubelet, runtime, static pods) with the facts and the
+// node config.
+func (p *plan) render(context.Context) (bool, error) {
+	src := filepath.Join(p.opts.Root, TemplatesPath)
+	if _, err := os.Stat(src); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	changed, err := render.Render(src, p.opts.Root, renderData(p.node, p.facts))
+	return len(changed) > 0, err
+}
+
+// renderData maps the node config onto what the templates use.
+func renderData(n *config.Node, f *facts.Facts) render.Data {
+	d := render.Data{Role: string(n.Role), Facts: *f}
+	d.Node.ClusterName = n.Cluster.Name
+	k := n.Kubernetes
+	d.Node.Kubernetes.Version = k.Version
+	d.Node.Kubernetes.PodCIDR = k.PodCIDR
+	d.Node.Kubernetes.ServiceCIDR = k.ServiceCIDR
+	if k.ClusterDNS != "" {
+		d.Node.Kubernetes.ClusterDNS = []string{k.ClusterDNS}
+	}
+	d.Node.Kubernetes.ClusterDomain = k.ClusterDomain
+	d.Node.Kubernetes.NodeLabels = k.NodeLabels
+	if n.Etcd != nil {
+		d.Node.Etcd.Name = n.Etcd.Member
+		if n.Etcd.Volume != nil {
+			d.Node.Etcd.DataDir = n.Etcd.Volume.MountPath
+		}
+	}
+	return d
+}
+
+// fileStatus describes the config's files as they are now on the node.
+func (p *plan) fileStatus() []FileStatus {
+	out := []FileStatus{}
+	for _, f := range p.files {
+		if fst, err := hashFile(p.opts.Root, f.Path); err == nil {
+			out = append(out, fst)
+		}
+	}
+	return out
+}

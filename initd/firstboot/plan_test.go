@@ -1,0 +1,220 @@
+package firstboot
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/task"
+)
+
+// nodeRoot is a minimal node: account databases, a unit directory and the worker templates
+// the bake puts at /usr/lib/kiln/templates.
+func nodeRoot(t *testing.T, role string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("creating users with useradd --root needs root")
+	}
+	if _, err := exec.LookPath("useradd"); err != nil {
+		t.Skip("useradd not installed")
+	}
+	root := t.TempDir()
+	for p, data := range map[string]string{
+		"etc/passwd":          "root:x:0:0:root:/root:/bin/bash\n",
+		"etc/group":           "root:x:0:\nadm:x:4:\n",
+		"etc/shadow":          "root:*:19000:0:99999:7:::\n",
+		"etc/gshadow":         "root:*::\nadm:*::\n",
+		"etc/kiln/image.json": `{"name":"qemu","role":"` + role + `","platform":"qemu"}`,
+	} {
+		mustWrite(t, filepath.Join(root, p), data)
+	}
+	for _, d := range []string{"usr/lib/systemd/system", "home", "root"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, file, _, _ := runtime.Caller(0)
+	repo := filepath.Join(filepath.Dir(file), "..", "..")
+	out, err := exec.Command("cp", "-a", filepath.Join(repo, "profiles/templates", role), filepath.Join(root, "usr/lib/kiln/templates")).CombinedOutput()
+	if err != nil {
+		os.MkdirAll(filepath.Join(root, "usr/lib/kiln"), 0o755)
+		out, err = exec.Command("cp", "-a", filepath.Join(repo, "profiles/templates", role), filepath.Join(root, "usr/lib/kiln/templates")).CombinedOutput()
+	}
+	if err != nil {
+		t.Fatalf("copy templates: %v: %s", err, out)
+	}
+	return root
+}
+
+const fullConfig = `variant: fcos
+version: 1.6.0
+passwd:
+  users:
+    - name: ops
+      groups: [adm]
+      ssh_authorized_keys:
+        - ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHk3Lq1o7tJ8VdBHrS1a2Wm9QeHh3hQk4b0aL8cY0fJ9 ops@example
+storage:
+  directories:
+    - path: /var/lib/demo
+      mode: 0750
+  files:
+    - path: /etc/kiln/node.yaml
+      contents:
+        inline: |
+          cluster: {name: demo, dnsZone: example.com}
+          role: worker
+          hostname: worker-1
+    - path: /etc/demo.conf
+      mode: 0600
+      contents:
+        inline: secret=1
+  links:
+    - path: /etc/demo-link.conf
+      target: /etc/demo.conf
+systemd:
+  units:
+    - name: demo.service
+      enabled: true
+      contents: |
+        [Service]
+        ExecStart=/bin/true
+        [Install]
+        WantedBy=multi-user.target
+`
+
+// fingerprint hashes and stats every regular file and symlink under root.
+func fingerprint(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if rel == "var/lib/kiln/status.json" {
+			return nil
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, _ := os.Readlink(p)
+			out[rel] = "-> " + target
+		case fi.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			s := sha256.Sum256(b)
+			out[rel] = hex.EncodeToString(s[:8]) + " " + fi.Mode().String() + " " + fi.ModTime().UTC().Format(time.RFC3339Nano)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// The whole first boot on a node root: users, directories, files, links, units, node config,
+// facts, hostname, preflight and the role's templates; then a forced re-run changes nothing,
+// byte for byte and mtime for mtime.
+func TestRunWholeGraphIsIdempotent(t *testing.T) {
+	root := nodeRoot(t, "worker")
+	var calls []string
+	opts := Options{
+		Root:      root,
+		Providers: []source.Provider{fwcfg(t, fullConfig)},
+		Systemctl: func(_ context.Context, args ...string) error {
+			calls = append(calls, strings.Join(args, " "))
+			return nil
+		},
+		// This sandbox is not a node: its cgroup hierarchy and tools are the host's.
+		PreflightIgnore: []string{"cgroup-v2", "path-iptables", "path-ip", "path-nsenter", "swap", "port-10250"},
+		Notify:          func(string) error { return nil },
+	}
+	st, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("first boot: %v\n%+v", err, st.Tasks)
+	}
+	for _, tk := range st.Tasks {
+		if tk.State != task.StateApplied && tk.State != task.StateUnchanged {
+			t.Errorf("task %s: %s %s", tk.Name, tk.State, tk.Error)
+		}
+	}
+	if st.Hostname != "worker-1" || st.Role != "worker" || st.Source != "fw_cfg" {
+		t.Errorf("status hostname=%q role=%q source=%q", st.Hostname, st.Role, st.Source)
+	}
+	for p, want := range map[string]string{
+		"etc/hostname":                       "worker-1\n",
+		"etc/demo.conf":                      "secret=1",
+		"home/ops/.ssh/authorized_keys":      "ops@example",
+		"etc/kubernetes/kubelet-config.yaml": "cgroupDriver: systemd",
+	} {
+		b, err := os.ReadFile(filepath.Join(root, p))
+		if err != nil || !strings.Contains(string(b), want) {
+			t.Errorf("%s = %q, %v; want it to contain %q", p, b, err, want)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(root, "etc/demo.conf")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("secret file mode: %v %v", fi.Mode(), err)
+	}
+	if target, err := os.Readlink(filepath.Join(root, "etc/systemd/system/multi-user.target.wants/demo.service")); err != nil || target != "/etc/systemd/system/demo.service" {
+		t.Errorf("demo.service enablement link -> %q, %v", target, err)
+	}
+	if !slices.Contains(calls, "daemon-reload") || !slices.Contains(calls, "start --no-block demo.service") {
+		t.Errorf("systemctl calls %v: want a daemon-reload and the enabled unit started", calls)
+	}
+
+	before := fingerprint(t, root)
+	opts.Force = true
+	opts.Providers = []source.Provider{fwcfg(t, fullConfig)}
+	calls = nil
+	st2, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("second run: %v", err)
+	}
+	for _, tk := range st2.Tasks {
+		if tk.State != task.StateUnchanged {
+			t.Errorf("second run: task %s %s %s", tk.Name, tk.State, tk.Error)
+		}
+	}
+	after := fingerprint(t, root)
+	for p, fp := range before {
+		if after[p] != fp {
+			t.Errorf("second run changed %s: %s -> %s", p, fp, after[p])
+		}
+	}
+	for p := range after {
+		if _, ok := before[p]; !ok {
+			t.Errorf("second run created %s", p)
+		}
+	}
+}
+
+// A node config for another role than the image's stops first boot with a clear error.
+func TestRunRefusesForeignRole(t *testing.T) {
+	root := nodeRoot(t, "worker")
+	cfg := `{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/kiln/node.yaml","contents":{"source":"data:,cluster%3A%20%7Bname%3A%20demo%2C%20dnsZone%3A%20example.com%7D%0Arole%3A%20control-plane%0Aetcd%3A%20%7Bmember%3A%20a%2C%20members%3A%20%5Ba%5D%7D%0A"}}]}}`
+	st, err := Run(context.Background(), Options{Root: root, Providers: []source.Provider{fwcfg(t, cfg)},
+		Systemctl: func(context.Context, ...string) error { return nil }, Notify: func(string) error { return nil }})
+	if err == nil || !strings.Contains(err.Error(), "role control-plane, but this image was baked for worker") {
+		t.Fatalf("Run = %v", err)
+	}
+	if !strings.HasPrefix(st.Line(), "kiln-init: firstboot failed: ") {
+		t.Errorf("Line = %q", st.Line())
+	}
+}
