@@ -8,7 +8,7 @@ DEF ?= images/qemu.yaml
 OUT ?= out
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base lock bake image run test test-unit bench fuzz vet clean
+.PHONY: all build deps base base-cloudinit lock bake image run test test-unit bench fuzz vet clean
 
 all: build
 
@@ -33,6 +33,16 @@ $(BASE): images/base/build.sh images/base/customize.sh images/base/packages | bi
 	images/base/build.sh $(KILN_CACHE)/base.tar
 	bin/kiln base import $(KILN_CACHE)/base.tar --layout $(KILN_CACHE)/base --tag bookworm
 	rm -f $(KILN_CACHE)/base.tar
+	@touch $@
+
+# The same base plus cloud-init, for make bench's first-boot comparison only.
+BASE_CLOUDINIT := $(KILN_CACHE)/base/.bookworm-cloudinit
+base-cloudinit: $(BASE_CLOUDINIT)
+$(BASE_CLOUDINIT): images/base/build.sh images/base/customize.sh images/base/packages | bin/kiln
+	@mkdir -p $(KILN_CACHE)
+	KILN_BASE_EXTRA_PACKAGES=cloud-init images/base/build.sh $(KILN_CACHE)/base-cloudinit.tar
+	bin/kiln base import $(KILN_CACHE)/base-cloudinit.tar --layout $(KILN_CACHE)/base --tag bookworm-cloudinit
+	rm -f $(KILN_CACHE)/base-cloudinit.tar
 	@touch $@
 
 lock: build base
@@ -60,7 +70,8 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l builder initd qemu-tests)" || (gofmt -l builder initd qemu-tests; exit 1)
 
-bench: deps build base
+bench: deps build base base-cloudinit
+	@builder/scripts/deps.sh test
 	bench/bench.sh
 
 clean:

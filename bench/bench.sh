@@ -65,3 +65,41 @@ printf '  second boot to status line    %6s s wall (guest clock %s s)\n' "$b2" "
 printf '  raw                           %6s MiB apparent, %s MiB allocated\n' "$(( $(stat -c %s "$raw") >> 20 ))" "$(( $(stat -c %b "$raw") * 512 >> 20 ))"
 printf '  qcow2                         %6s MiB\n' "$(( $(stat -c %s "$work/warm/qemu-worker.qcow2") >> 20 ))"
 printf '  root squashfs (floor tree)    %6s MiB\n' "$(( $(stat -c %s "$work/floor.squashfs") >> 20 ))"
+
+# First boot: kiln-firstboot against cloud-init doing the same writes, user and unit, in two
+# images that differ only in which agent is enabled (bench/kiln.yaml, bench/cloudinit.yaml),
+# each reading its config from a CIDATA ISO, same QEMU settings. The durations are systemd's own
+# timestamps, printed on the console by kiln-bench-report.service.
+fb=$work/firstboot
+mkdir -p "$fb/kiln" "$fb/cloudinit"
+for d in kiln cloudinit; do
+  $KILN lock bench/$d.yaml >/dev/null
+  $KILN bake bench/$d.yaml --role worker -o "$fb" 2>>"$fb/bake.log" >/dev/null
+done
+cp bench/firstboot/user-data.ign "$fb/kiln/user-data"
+cp bench/firstboot/user-data.cloud-config "$fb/cloudinit/user-data"
+for d in kiln cloudinit; do
+  printf 'instance-id: kiln-bench\nlocal-hostname: bench\n' > "$fb/$d/meta-data"
+  genisoimage -quiet -V cidata -J -r -o "$fb/$d.iso" "$fb/$d"
+done
+agent() { # image iso log
+  $KILN run "$1" --accel tcg --disk "cidata=$2" --until 'kiln-bench: done' --timeout 15m > "$3" 2>&1
+  grep -a 'kiln-probe: source=bench uid=' "$3" >/dev/null || { echo "bench: $1: the config was not applied (see $3)" >&2; return 1; }
+}
+agent "$fb/bench-kiln-worker.raw" "$fb/kiln.iso" "$fb/kiln.log"
+agent "$fb/bench-cloudinit-worker.raw" "$fb/cloudinit.iso" "$fb/cloudinit.log"
+span() { # log units… → milliseconds from the first start to the last end
+  local log=$1; shift
+  grep -a 'kiln-bench: unit=' "$log" | tr -d '\r' | awk -v units=" $* " '
+    { split($0, a, "unit="); split(a[2], f, " "); u = f[1]
+      if (index(units, " " u " ") == 0) next
+      split(f[2], s, "="); split(f[3], e, "=")
+      if (s[2] > 0 && (min == "" || s[2] < min)) min = s[2]
+      if (e[2] > max) max = e[2] }
+    END { if (min == "" || max == "") print "?"; else printf "%.0f", (max - min) / 1000 }'
+}
+kiln_ms=$(span "$fb/kiln.log" kiln-firstboot)
+ci_ms=$(span "$fb/cloudinit.log" cloud-init-local cloud-init cloud-config cloud-final)
+printf '  first boot: kiln-firstboot    %6s ms (systemd timestamps, TCG)\n' "$kiln_ms"
+printf '  first boot: cloud-init        %6s ms (cloud-init-local start to cloud-final end)\n' "$ci_ms"
+awk -v k="$kiln_ms" -v c="$ci_ms" 'BEGIN { if (k > 0 && c > 0) printf "  cloud-init / kiln-firstboot   %6.1f x\n", c / k }'

@@ -9,6 +9,8 @@ set -euo pipefail
 out=${1:?usage: build.sh OUT.tar}
 here=$(cd "$(dirname "$0")" && pwd)
 packages=$(grep -v '^#' "$here/packages" | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+# KILN_BASE_EXTRA_PACKAGES adds packages (comma-separated), e.g. cloud-init for `make bench`.
+[ -n "${KILN_BASE_EXTRA_PACKAGES:-}" ] && packages="$packages,$KILN_BASE_EXTRA_PACKAGES"
 mirror=${KILN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${KILN_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
 tmp="$out.tmp.$$"

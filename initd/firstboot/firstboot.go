@@ -88,13 +88,10 @@ const NoSource = "none"
 // status is nil only if the root cannot be opened).
 func Run(ctx context.Context, opts Options) (*Status, error) {
 	opts = withDefaults(opts)
-	t, err := openTree(opts.Root)
-	if err != nil {
-		return nil, fmt.Errorf("firstboot: %w", err)
+	if fi, err := os.Stat(opts.Root); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("firstboot: root %s is not a directory (%v)", opts.Root, err)
 	}
-	defer t.Close()
-
-	prev, err := t.readStatus()
+	prev, err := ReadStatus(opts.Root)
 	rerun := err == nil
 	switch {
 	case err == nil && prev.State == StateOK && !opts.Force:
@@ -115,7 +112,7 @@ func Run(ctx context.Context, opts Options) (*Status, error) {
 	if runErr != nil {
 		st.State, st.Error = StateFailed, runErr.Error()
 	}
-	if err := t.writeStatus(st); err != nil {
+	if err := writeStatus(ctx, opts.Root, st); err != nil {
 		err = fmt.Errorf("record first-boot status: %w", err)
 		if runErr == nil {
 			st.State, st.Error = StateFailed, err.Error()

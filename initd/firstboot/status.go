@@ -1,12 +1,16 @@
 package firstboot
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kilnproject/kiln/initd/apply"
+	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/task"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -86,16 +90,7 @@ func ReadStatus(root string) (*Status, error) {
 	if root == "" {
 		root = "/"
 	}
-	t, err := openTree(root)
-	if err != nil {
-		return nil, err
-	}
-	defer t.Close()
-	return t.readStatus()
-}
-
-func (t *tree) readStatus() (*Status, error) {
-	data, err := t.root.ReadFile(rel(StatusPath))
+	data, err := os.ReadFile(filepath.Join(root, StatusPath))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", StatusPath, err)
 	}
@@ -106,17 +101,18 @@ func (t *tree) readStatus() (*Status, error) {
 	return &st, nil
 }
 
-func (t *tree) writeStatus(st *Status) error {
+// writeStatus stores st with the appliers' safe writer (inside root, temp file, fsync, rename).
+func writeStatus(ctx context.Context, root string, st *Status) error {
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode status: %w", err)
 	}
-	data = append(data, '\n')
-	dir, base, err := t.split(StatusPath)
+	_, err = apply.Files(ctx, root, []config.File{{Field: "status", Path: StatusPath, Mode: 0o644, ModeSet: true,
+		Overwrite: true, HasContents: true, Contents: append(data, '\n')}}, nil)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", StatusPath, err)
 	}
-	return t.writeFile(dir, base, data, 0o644)
+	return nil
 }
 
 // PrintStatus renders a report for `kiln-init status`: format "table" (for people) or

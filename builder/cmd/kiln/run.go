@@ -28,6 +28,7 @@ func newRunCmd() *cobra.Command {
 		accel     string
 		timeout   time.Duration
 		untilBoot bool
+		until     string
 	)
 	cmd := &cobra.Command{
 		Use:   "run IMAGE",
@@ -52,7 +53,11 @@ Without --snapshot the image itself is written to (first boot creates the data p
 			for _, d := range disks {
 				name, size, ok := strings.Cut(d, "=")
 				if !ok || name == "" || size == "" {
-					return fmt.Errorf("--disk %q: want NAME=SIZE, e.g. etcd-main=1G", d)
+					return fmt.Errorf("--disk %q: want NAME=SIZE or NAME=FILE, e.g. etcd-main=1G", d)
+				}
+				if fi, err := os.Stat(size); err == nil && fi.Mode().IsRegular() {
+					cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Path: size})
+					continue
 				}
 				cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Size: size})
 			}
@@ -104,7 +109,13 @@ Without --snapshot the image itself is written to (first boot creates the data p
 			slog.Info("accelerator", "accel", a, "why", why)
 			cfg.Accel = a
 			cfg.Serial = cmd.OutOrStdout()
-			if untilBoot && timeout == 0 {
+			var untilRE *regexp.Regexp
+			if until != "" {
+				if untilRE, err = regexp.Compile(until); err != nil {
+					return fmt.Errorf("--until: %w", err)
+				}
+			}
+			if (untilBoot || untilRE != nil) && timeout == 0 {
 				timeout = 15 * time.Minute
 			}
 			if timeout > 0 {
@@ -117,6 +128,10 @@ Without --snapshot the image itself is written to (first boot creates the data p
 				return err
 			}
 			defer m.Stop()
+			if untilRE != nil {
+				_, err := m.WaitFor(ctx, untilRE)
+				return err
+			}
 			if !untilBoot {
 				err := m.Wait()
 				if ctx.Err() == context.DeadlineExceeded {
@@ -136,10 +151,11 @@ Without --snapshot the image itself is written to (first boot creates the data p
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Config, "config", "", "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg")
-	f.StringArrayVar(&disks, "disk", nil, "extra disk NAME=SIZE (repeatable); the guest sees /dev/disk/by-id/virtio-NAME")
+	f.StringArrayVar(&disks, "disk", nil, "extra disk NAME=SIZE (created) or NAME=FILE (attached, e.g. a CIDATA ISO), repeatable; the guest sees /dev/disk/by-id/virtio-NAME")
 	f.StringArrayVar(&forwards, "forward", nil, "forward host TCP port to guest port HOST:GUEST (repeatable)")
 	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL or auto)")
 	f.DurationVar(&timeout, "timeout", 0, "stop the VM after this long (default none; 15m with --until-firstboot)")
+	f.StringVar(&until, "until", "", "stop once a console line matches this regular expression")
 	f.BoolVar(&untilBoot, "until-firstboot", false, "stop once kiln-init prints its first-boot status line; fail if it failed")
 	f.BoolVar(&cfg.Snapshot, "snapshot", false, "leave IMAGE unchanged (writes go to a throwaway overlay)")
 	f.IntVar(&cfg.MemoryMB, "memory", 2048, "guest memory in MiB")
