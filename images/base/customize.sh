@@ -18,3 +18,9 @@ rm -f "$root/etc/hostname" "$root/etc/resolv.conf" "$root"/initrd.img* "$root"/v
 mkdir -p "$root/usr/lib/kiln"
 mv "$root/var/lib/dpkg" "$root/usr/lib/kiln/dpkg"
 ln -s ../../usr/lib/kiln/dpkg "$root/var/lib/dpkg"
+# The root is read-only: homes live on the data partition, like the rest of /var.
+mkdir -p "$root/var/home"
+rmdir "$root/home" 2>/dev/null || mv "$root/home"/* "$root/var/home"/ 2>/dev/null; rm -rf "$root/home"
+ln -s var/home "$root/home"
+mv "$root/root" "$root/var/roothome"
+ln -s var/roothome "$root/root"

@@ -229,6 +229,22 @@ func loadConfig(ctx context.Context, opts Options, cmdline, platform string, st 
 			return nil, err
 		}
 		providers = ps
+		// Cloud metadata services answer only once the network is up; the unit does not
+		// wait for network-online.target, so fw_cfg and CIDATA boots do not wait for DHCP.
+		// (The URL source retries until its own deadline.)
+		switch platform {
+		case "aws", "gce":
+			if err := waitForRoute(ctx, "/proc/net/route", 2*time.Minute); err != nil {
+				opts.Log.Warn("no default route; asking the metadata service anyway", "error", err)
+			}
+		case "qemu", "metal":
+			// A CIDATA volume is found through udev's /dev/disk/by-label: let udev finish.
+			if opts.Root == "/" {
+				if out, err := exec.CommandContext(ctx, "udevadm", "settle", "--timeout=30").CombinedOutput(); err != nil {
+					opts.Log.Warn("udevadm settle", "error", err, "output", strings.TrimSpace(string(out)))
+				}
+			}
+		}
 	}
 	raw, src, err := source.Select(ctx, providers, opts.SourceTimeout)
 	if err != nil {
@@ -270,6 +286,26 @@ func loadConfig(ctx context.Context, opts Options, cmdline, platform string, st 
 		return nil, fmt.Errorf("config from %s merged over the image default: %w", src, err)
 	}
 	return merged, nil
+}
+
+// waitForRoute waits, bounded, until the kernel has an IPv4 default route.
+func waitForRoute(ctx context.Context, routes string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		if b, err := os.ReadFile(routes); err == nil {
+			for _, line := range strings.Split(string(b), "\n")[1:] {
+				if f := strings.Fields(line); len(f) > 2 && f[1] == "00000000" && f[2] != "00000000" {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no default route after %s", limit)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 func parse(raw []byte, what string) (*config.Config, error) {

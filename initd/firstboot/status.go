@@ -66,7 +66,22 @@ func (s *Status) Line() string {
 	case s.State == StateOK:
 		return fmt.Sprintf("kiln-init: firstboot ok source=%s files=%d %s duration=%s", s.Source, len(s.Files), s.Summary(), s.Duration())
 	default:
-		return "kiln-init: firstboot failed: " + oneLine(s.Error)
+		// The console gets the failures; the tasks they blocked are in status.json and
+		// `kiln-init status`.
+		var failures []string
+		blocked := 0
+		for _, l := range strings.Split(strings.TrimSpace(s.Error), "\n") {
+			if strings.HasPrefix(l, "task ") && strings.Contains(l, " blocked: ") {
+				blocked++
+				continue
+			}
+			failures = append(failures, l)
+		}
+		line := "kiln-init: firstboot failed: " + oneLine(strings.Join(failures, "\n"))
+		if blocked > 0 {
+			line += fmt.Sprintf(" (%d tasks blocked; see kiln-init status)", blocked)
+		}
+		return line
 	}
 }
 
