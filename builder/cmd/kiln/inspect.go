@@ -46,6 +46,16 @@ the same as /etc/kiln/image.json in the root).`,
 			}
 			tw.Flush()
 			fmt.Fprintf(w, "\ncmdline: %s\n", res.Cmdline)
+			var md struct {
+				Name, Role, Platform string
+				Kernel               struct{ Version string }
+				Base                 struct{ Ref, Digest string }
+			}
+			if esp != nil && json.Unmarshal(esp.ImageJSON, &md) == nil {
+				fmt.Fprintf(w, "image:   %s, role %s, platform %s\n", md.Name, md.Role, md.Platform)
+				fmt.Fprintf(w, "kernel:  %s\n", md.Kernel.Version)
+				fmt.Fprintf(w, "base:    %s@%s\n", md.Base.Ref, md.Base.Digest)
+			}
 			if esp != nil {
 				fmt.Fprintf(w, "\nESP files:\n")
 				for _, f := range esp.Files {
