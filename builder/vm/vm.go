@@ -41,6 +41,9 @@ type Config struct {
 	CPUs     int    // default 2
 	// Forward maps host TCP ports to guest ports ("127.0.0.1:6443" -> 6443).
 	Forward map[string]int
+	// Net is the user network's IPv4 range (QEMU's default 10.0.2.0/24): the guest gets .15,
+	// the host is .2. Several VMs on different ranges get different addresses.
+	Net string
 	// Boot, when set, boots these files directly (QEMU -kernel/-initrd, still under OVMF)
 	// instead of through the ESP's systemd-boot, with Append added to their command line.
 	Boot    *BootFiles
@@ -154,6 +157,9 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 			"-device", fmt.Sprintf("virtio-blk-pci,drive=%s,serial=%s", id, d.Name))
 	}
 	nic := "user,model=virtio-net-pci"
+	if cfg.Net != "" {
+		nic += ",net=" + cfg.Net
+	}
 	for host, guest := range cfg.Forward {
 		addr, port, ok := strings.Cut(host, ":")
 		if !ok {

@@ -152,6 +152,7 @@ Without --snapshot the image itself is written to (first boot creates the data p
 	f := cmd.Flags()
 	f.StringVar(&cfg.Config, "config", "", "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg")
 	f.StringArrayVar(&disks, "disk", nil, "extra disk NAME=SIZE (created) or NAME=FILE (attached, e.g. a CIDATA ISO), repeatable; the guest sees /dev/disk/by-id/virtio-NAME")
+	f.StringVar(&cfg.Net, "net", "", "user network range, e.g. 10.0.3.0/24 (guest .15, host .2; default 10.0.2.0/24)")
 	f.StringArrayVar(&forwards, "forward", nil, "forward host TCP port to guest port HOST:GUEST (repeatable)")
 	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL or auto)")
 	f.DurationVar(&timeout, "timeout", 0, "stop the VM after this long (default none; 15m with --until-firstboot)")
