@@ -135,7 +135,7 @@ func TestGolden(t *testing.T) {
 func checkSyntax(t *testing.T, rel string, data []byte) {
 	t.Helper()
 	switch {
-	case strings.HasSuffix(rel, ".yaml"):
+	case strings.HasSuffix(rel, ".yaml"), strings.HasSuffix(rel, ".manifest"):
 		var doc map[string]any
 		if err := yaml.Unmarshal(data, &doc); err != nil {
 			t.Errorf("%s: YAML: %v", rel, err)
@@ -217,14 +217,14 @@ func TestRenderIdempotent(t *testing.T) {
 	}
 
 	// A mode someone loosened is put back.
-	p := filepath.Join(root, "etc/kubernetes/manifests/etcd.yaml")
+	p := filepath.Join(root, "etc/kubernetes/etcd/etcd.manifest")
 	os.Chmod(p, 0o644)
 	changed, err = Render(src, root, data)
-	if err != nil || !reflect.DeepEqual(changed, []string{"/etc/kubernetes/manifests/etcd.yaml"}) {
+	if err != nil || !reflect.DeepEqual(changed, []string{"/etc/kubernetes/etcd/etcd.manifest"}) {
 		t.Fatalf("Render after chmod = %v, %v", changed, err)
 	}
 	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
-		t.Errorf("etcd.yaml mode %o, want 0600", fi.Mode().Perm())
+		t.Errorf("etcd.manifest mode %o, want 0600", fi.Mode().Perm())
 	}
 }
 
