@@ -77,24 +77,28 @@ func probeLine(source string) *regexp.Regexp {
 // Ignition). Each writes a file, creates a user with an ssh key and enables a unit that reports
 // both on the console.
 func TestConfigSources(t *testing.T) {
-	e := newEnv(t)
-	baked := e.bake("qemu", "worker")
-	fresh := func(name string) string {
-		p := filepath.Join(e.dir, name+".raw")
+	top := newEnv(t)
+	baked := top.bake("qemu", "worker")
+	// sub gives a subtest the environment with its own *testing.T.
+	sub := func(t *testing.T) *env { e := *top; e.t = t; return &e }
+	fresh := func(t *testing.T, name string) string {
+		p := filepath.Join(top.dir, name+".raw")
 		copySparse(t, baked, p)
 		return p
 	}
 
 	t.Run("fw_cfg butane", func(t *testing.T) {
+		e := sub(t)
 		cfg := filepath.Join(t.TempDir(), "node.bu")
 		if err := os.WriteFile(cfg, butaneConfig("fwcfg"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		m, _ := e.bootWith(vm.Config{Image: fresh("fwcfg"), Config: cfg}, probeLine("fwcfg"), 10*time.Minute)
+		m, _ := e.bootWith(vm.Config{Image: fresh(t, "fwcfg"), Config: cfg}, probeLine("fwcfg"), 10*time.Minute)
 		assertFirstboot(t, m, "fw_cfg")
 	})
 
 	t.Run("kernel cmdline url", func(t *testing.T) {
+		e := sub(t)
 		var mu sync.Mutex
 		var paths []string
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -114,7 +118,7 @@ func TestConfigSources(t *testing.T) {
 		go srv.Serve(ln)
 		t.Cleanup(func() { srv.Close() })
 		port := ln.Addr().(*net.TCPAddr).Port
-		img := fresh("url")
+		img := fresh(t, "url")
 		boot, err := vm.ExtractBoot(t.Context(), img, t.TempDir())
 		if err != nil {
 			t.Fatal(err)
@@ -131,6 +135,7 @@ func TestConfigSources(t *testing.T) {
 	})
 
 	t.Run("cidata gzip", func(t *testing.T) {
+		e := sub(t)
 		var gz bytes.Buffer
 		zw := gzip.NewWriter(&gz)
 		zw.Write(ignitionConfig("cidata"))
@@ -139,7 +144,7 @@ func TestConfigSources(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, _ := e.bootWith(vm.Config{Image: fresh("cidata"), Disks: []vm.Disk{{Name: "cidata", Path: iso}}}, probeLine("cidata"), 10*time.Minute)
+		m, _ := e.bootWith(vm.Config{Image: fresh(t, "cidata"), Disks: []vm.Disk{{Name: "cidata", Path: iso}}}, probeLine("cidata"), 10*time.Minute)
 		assertFirstboot(t, m, "cidata")
 	})
 }

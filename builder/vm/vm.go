@@ -133,7 +133,11 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if cfg.Snapshot {
 		root += ",snapshot=on"
 	}
-	args = append(args, "-drive", root, "-device", "virtio-blk-pci,drive=root,bootindex=0")
+	dev := "virtio-blk-pci,drive=root"
+	if cfg.Boot == nil {
+		dev += ",bootindex=0" // a direct kernel boot takes boot index 0 itself
+	}
+	args = append(args, "-drive", root, "-device", dev)
 	for i, d := range cfg.Disks {
 		if d.Name == "" || strings.ContainsAny(d.Name, ",= ") {
 			return nil, fmt.Errorf("disk %d: name %q must be non-empty without ',', '=' or spaces", i, d.Name)
