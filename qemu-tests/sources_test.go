@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -67,7 +68,13 @@ systemd:
 %s`, testKey, source, unit.String()))
 }
 
+// probeLine matches the probe's report, or first boot failing (so a failure ends the wait
+// at once; assertFirstboot then reports it).
 func probeLine(source string) *regexp.Regexp {
+	return regexp.MustCompile(probeOK(source).String() + `|kiln-init: firstboot failed`)
+}
+
+func probeOK(source string) *regexp.Regexp {
 	return regexp.MustCompile(`kiln-probe: source=` + source + ` uid=\d+ keys=1`)
 }
 
@@ -94,7 +101,7 @@ func TestConfigSources(t *testing.T) {
 			t.Fatal(err)
 		}
 		m, _ := e.bootWith(vm.Config{Image: fresh(t, "fwcfg"), Config: cfg}, probeLine("fwcfg"), 10*time.Minute)
-		assertFirstboot(t, m, "fw_cfg")
+		assertFirstboot(t, m, "fw_cfg", "fwcfg")
 	})
 
 	t.Run("kernel cmdline url", func(t *testing.T) {
@@ -126,7 +133,7 @@ func TestConfigSources(t *testing.T) {
 		// QEMU's user network shows the host's loopback to the guest as 10.0.2.2.
 		m, _ := e.bootWith(vm.Config{Image: img, Boot: boot,
 			Append: fmt.Sprintf("kiln.config.url=http://10.0.2.2:%d/nodes/${mac}.ign", port)}, probeLine("url"), 10*time.Minute)
-		assertFirstboot(t, m, "cmdline-url")
+		assertFirstboot(t, m, "cmdline-url", "url")
 		mu.Lock()
 		defer mu.Unlock()
 		if len(paths) == 0 || paths[0] != "/nodes/52:54:00:12:34:56.ign" {
@@ -145,14 +152,18 @@ func TestConfigSources(t *testing.T) {
 			t.Fatal(err)
 		}
 		m, _ := e.bootWith(vm.Config{Image: fresh(t, "cidata"), Disks: []vm.Disk{{Name: "cidata", Path: iso}}}, probeLine("cidata"), 10*time.Minute)
-		assertFirstboot(t, m, "cidata")
+		assertFirstboot(t, m, "cidata", "cidata")
 	})
 }
 
-// assertFirstboot checks the first-boot status line named the source and reported success.
-func assertFirstboot(t *testing.T, m *vm.Machine, source string) {
+// assertFirstboot checks the first-boot status line named the source and reported success,
+// and that the config's probe unit reported the file, user and key.
+func assertFirstboot(t *testing.T, m *vm.Machine, source, probe string) {
 	t.Helper()
 	m.Stop()
+	if !slices.ContainsFunc(m.Lines(), probeOK(probe).MatchString) {
+		t.Errorf("no probe report for %s", probe)
+	}
 	for _, l := range m.Lines() {
 		if strings.Contains(l, "kiln-init: firstboot ok") {
 			if !strings.Contains(l, "source="+source) {

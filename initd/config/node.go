@@ -107,7 +107,7 @@ const (
 	DefaultClusterDomain = "cluster.local"
 	DefaultEtcdFSType    = "ext4"
 	DefaultEtcdLabel     = "etcd"
-	DefaultEtcdMountPath = "/var/lib/etcd"
+	DefaultEtcdMountPath = "/var/lib/etcd" // + "/<cluster.name>"
 )
 
 // ClusterFQDN is the cluster's DNS name, <cluster.name>.<cluster.dnsZone>.
@@ -319,7 +319,8 @@ func (n *Node) checkVolume(d *yamlDoc, v *Volume) {
 		d.failf("etcd.volume.label", "%q is longer than the %d bytes %s allows", v.Label, maxLabel, v.FSType)
 	}
 	if v.MountPath == "" {
-		v.MountPath = DefaultEtcdMountPath
+		// One directory per cluster, as etcd-manager mounts them.
+		v.MountPath = path.Join(DefaultEtcdMountPath, n.Cluster.Name)
 	}
 	if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" {
 		d.failf("etcd.volume.mountPath", "%q must be a clean absolute path below /", v.MountPath)

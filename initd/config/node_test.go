@@ -47,7 +47,7 @@ func TestParseNodeDefaults(t *testing.T) {
 		DNS: DNS{Provider: DNSRFC2136, Server: "10.0.0.53:53", Zone: "k8s.example.com",
 			TSIGKeyName: "kiln-update.", TSIGSecretFile: "/etc/kiln/tsig.key", TTL: 60},
 		Etcd: &Etcd{Member: "b", Members: []string{"a", "b", "c"},
-			Volume: &Volume{Serial: "etcd-main", FSType: "ext4", Label: "etcd", Wipe: true, MountPath: "/var/lib/etcd"}},
+			Volume: &Volume{Serial: "etcd-main", FSType: "ext4", Label: "etcd", Wipe: true, MountPath: "/var/lib/etcd/prod"}},
 		APIEndpoint: "api.internal.prod.k8s.example.com:6443",
 		Kubernetes: Kubernetes{Version: "v1.37.2", PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12",
 			ClusterDNS: "10.96.0.10", ClusterDomain: "cluster.local",

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/diskfs/go-diskfs/backend/file"
+	"github.com/diskfs/go-diskfs/filesystem/iso9660"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -55,17 +58,50 @@ func (c CIDATA) Fetch(context.Context) ([]byte, error) {
 	if !ok {
 		return nil, errors.New("no CIDATA volume")
 	}
+	fsys, closeFS, err := openVolume(dev)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFS()
+	return readUserData(fsys, dev)
+}
+
+// openVolume reads the filesystem on dev. A block device reports its own sector size (512
+// on virtio and SCSI disks), which go-diskfs then also takes as ISO9660's block size and
+// fails; so when the generic probe finds nothing, ISO9660 is read with its own 2048-byte
+// blocks.
+func openVolume(dev string) (filesystem.FileSystem, func(), error) {
 	d, err := diskfs.Open(dev, diskfs.WithOpenMode(diskfs.ReadOnly))
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", dev, err)
+		return nil, nil, fmt.Errorf("open %s: %w", dev, err)
 	}
-	defer d.Close()
 	fsys, err := d.GetFilesystem(0)
-	if err != nil {
-		return nil, fmt.Errorf("read filesystem on %s (want ISO9660 or FAT): %w", dev, err)
+	if err == nil {
+		return fsys, func() { fsys.Close(); d.Close() }, nil
 	}
-	defer fsys.Close()
-	return readUserData(fsys, dev)
+	d.Close()
+	probeErr := fmt.Errorf("read filesystem on %s (want ISO9660 or FAT): %w", dev, err)
+	b, err := file.OpenFromPath(dev, true)
+	if err != nil {
+		return nil, nil, probeErr
+	}
+	f, err := os.Open(dev)
+	if err != nil {
+		b.Close()
+		return nil, nil, probeErr
+	}
+	size, err := f.Seek(0, io.SeekEnd)
+	f.Close()
+	if err != nil {
+		b.Close()
+		return nil, nil, probeErr
+	}
+	iso, err := iso9660.Read(b, size, 0, 2048)
+	if err != nil {
+		b.Close()
+		return nil, nil, probeErr
+	}
+	return iso, func() { iso.Close(); b.Close() }, nil
 }
 
 func readUserData(fsys filesystem.FileSystem, dev string) ([]byte, error) {

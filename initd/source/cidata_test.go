@@ -175,3 +175,36 @@ func TestCIDATAProbe(t *testing.T) {
 		})
 	}
 }
+
+// On a node the CIDATA volume is a block device, which reports 512-byte sectors; an ISO9660
+// volume there must still be read (a loop device stands in for the disk).
+func TestCIDATAOnBlockDevice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("loop devices need root")
+	}
+	if _, err := exec.LookPath("genisoimage"); err != nil {
+		t.Skip("genisoimage not installed")
+	}
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "src"), 0o755)
+	os.WriteFile(filepath.Join(dir, "src", "user-data"), []byte(`{"ignition":{"version":"3.4.0"}}`), 0o644)
+	iso := filepath.Join(dir, "cidata.iso")
+	if out, err := exec.Command("genisoimage", "-quiet", "-V", "cidata", "-J", "-r", "-o", iso, filepath.Join(dir, "src")).CombinedOutput(); err != nil {
+		t.Fatalf("genisoimage: %v: %s", err, out)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", "--read-only", iso).Output()
+	if err != nil {
+		t.Skipf("no loop device here: %v", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+	byLabel := filepath.Join(dir, "by-label")
+	os.MkdirAll(byLabel, 0o755)
+	if err := os.Symlink(loop, filepath.Join(byLabel, "cidata")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := CIDATA{ByLabel: byLabel}.Fetch(context.Background())
+	if err != nil || !strings.Contains(string(got), `"ignition"`) {
+		t.Fatalf("Fetch from %s = %q, %v", loop, got, err)
+	}
+}
