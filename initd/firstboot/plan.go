@@ -21,7 +21,8 @@ import (
 //
 //	users ─► directories ─► files ─► links ─► units ─► systemd
 //	                          └────► node-config ─► facts ─► hostname
-//	                                                  └────► preflight ─► render
+//	                                                  └────► preflight ─► render ─────► etcd-manifest
+//	                                                              └────► etcd-volume ──┘
 type plan struct {
 	opts      Options
 	cfg       *config.Config
@@ -74,6 +75,8 @@ func (p *plan) tasks() []task.Task {
 		task.Converge("hostname", []string{"facts"}, p.setHostname),
 		task.Converge("preflight", []string{"facts", "hostname"}, p.preflight),
 		task.Converge("render", []string{"preflight", "node-config"}, p.render),
+		task.Converge("etcd-volume", []string{"preflight"}, p.etcdVolume),
+		task.Converge("etcd-manifest", []string{"render", "etcd-volume"}, p.etcdManifestTask),
 	}
 }
 
@@ -170,12 +173,16 @@ func (p *plan) preflight(ctx context.Context) (bool, error) {
 	}
 	ignore := p.opts.PreflightIgnore
 	if p.rerun {
-		// The manifests an earlier run rendered are kiln's own, not a foreign control plane.
-		ignore = append(append([]string{}, ignore...), "manifests-dir")
+		// The manifests and etcd data an earlier run left are kiln's own.
+		ignore = append(append([]string{}, ignore...), "manifests-dir", "etcd-data-dir")
+	}
+	etcdDir := ""
+	if p.etcdMember() && p.node.Etcd.Volume != nil {
+		etcdDir = p.node.Etcd.Volume.MountPath
 	}
 	rep, err := preflight.Run(ctx, preflight.Role(role), preflight.Options{Root: p.opts.Root,
 		ProcRoot: p.opts.Facts.ProcRoot, SysRoot: p.opts.Facts.SysRoot, Facts: p.facts,
-		Skip: []string{"cri-socket"}, Ignore: ignore})
+		EtcdDataDir: etcdDir, Skip: []string{"cri-socket"}, Ignore: ignore})
 	if err != nil {
 		return false, err
 	}

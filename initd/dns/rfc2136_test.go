@@ -1,0 +1,409 @@
+package dns
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+)
+
+const (
+	namedPath = "/usr/sbin/named"
+	testZone  = "example.test"
+	testKey   = "kiln-update"
+)
+
+// bind is a real BIND serving the dynamic zone example.test on 127.0.0.1 and a free
+// port, updatable with the TSIG key testKey.
+type bind struct {
+	dir, conf string
+	port      int
+	secret    string
+	cmd       *exec.Cmd
+	exited    chan struct{} // closed when named has exited
+	log       *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// newBind writes BIND's configuration; start runs it.
+func newBind(t *testing.T) *bind {
+	t.Helper()
+	if _, err := os.Stat(namedPath); err != nil {
+		t.Skipf("%s missing (Debian packages bind9 and bind9-dnsutils): %v", namedPath, err)
+	}
+	if _, err := exec.LookPath("dig"); err != nil {
+		t.Skip("dig missing (Debian package bind9-dnsutils)")
+	}
+	dir := t.TempDir()
+	key := make([]byte, 32)
+	rand.Read(key)
+	b := &bind{dir: dir, conf: filepath.Join(dir, "named.conf"), port: freePort(t), secret: base64.StdEncoding.EncodeToString(key), log: &syncBuffer{}}
+	conf := fmt.Sprintf(`controls { };
+options {
+	directory %[1]q;
+	listen-on port %[2]d { 127.0.0.1; };
+	listen-on-v6 { none; };
+	pid-file %[3]q;
+	session-keyfile %[4]q;
+	recursion no;
+	dnssec-validation no;
+};
+key %[5]q {
+	algorithm hmac-sha256;
+	secret %[6]q;
+};
+zone %[7]q {
+	type primary;
+	file %[8]q;
+	allow-update { key %[5]q; };
+};
+`, dir, b.port, filepath.Join(dir, "named.pid"), filepath.Join(dir, "session.key"), testKey, b.secret, testZone, filepath.Join(dir, testZone+".zone"))
+	zone := `$TTL 300
+@	IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60
+@	IN NS ns.example.test.
+ns	IN A 127.0.0.1
+other	IN A 192.0.2.99
+`
+	for name, data := range map[string]string{b.conf: conf, filepath.Join(dir, testZone+".zone"): zone} {
+		if err := os.WriteFile(name, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		b.stop()
+		if t.Failed() {
+			t.Logf("named output:\n%s", b.log)
+		}
+	})
+	return b
+}
+
+// freePort returns a port free for both TCP and UDP on 127.0.0.1.
+func freePort(t *testing.T) int {
+	t.Helper()
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+func (b *bind) server() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)) }
+
+// start runs named in the foreground and waits until it answers for the zone.
+func (b *bind) start(t *testing.T) {
+	t.Helper()
+	args := []string{"-g", "-c", b.conf}
+	if os.Geteuid() == 0 {
+		args = append(args, "-u", "root")
+	}
+	b.cmd = exec.Command(namedPath, args...)
+	b.cmd.Stdout, b.cmd.Stderr = b.log, b.log
+	if err := b.cmd.Start(); err != nil {
+		t.Fatalf("start named: %v", err)
+	}
+	exited := make(chan struct{})
+	b.exited = exited
+	go func() { b.cmd.Wait(); close(exited) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		m := new(mdns.Msg)
+		m.SetQuestion(testZone+".", mdns.TypeSOA)
+		c := &mdns.Client{Net: "tcp", Timeout: 300 * time.Millisecond}
+		if in, _, err := c.Exchange(m, b.server()); err == nil && in.Rcode == mdns.RcodeSuccess && len(in.Answer) > 0 {
+			return
+		}
+		select {
+		case <-exited:
+			t.Fatalf("named exited:\n%s", b.log)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("named does not answer on %s:\n%s", b.server(), b.log)
+		}
+	}
+}
+
+func (b *bind) stop() {
+	if b.exited == nil {
+		return
+	}
+	b.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-b.exited:
+	case <-time.After(10 * time.Second):
+		b.cmd.Process.Kill()
+		<-b.exited
+	}
+}
+
+// dig asks the server with dig, as an operator would, and returns the sorted answers.
+func (b *bind) dig(t *testing.T, name, typ string) []string {
+	t.Helper()
+	out, err := exec.Command("dig", "@127.0.0.1", "-p", strconv.Itoa(b.port), name, typ, "+short", "+tcp").Output()
+	if err != nil {
+		t.Fatalf("dig %s %s: %v", name, typ, err)
+	}
+	lines := strings.Fields(string(out))
+	slices.Sort(lines)
+	return lines
+}
+
+func (b *bind) provider() *RFC2136 {
+	return &RFC2136{Server: b.server(), Zone: testZone, KeyName: testKey, Secret: b.secret}
+}
+
+func addrs(s ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range s {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	return out
+}
+
+func TestRFC2136WithBIND(t *testing.T) {
+	b := newBind(t)
+	b.start(t)
+	ctx := context.Background()
+	p := b.provider()
+	const api, etcd = "api.internal.prod.example.test", "etcd-a.internal.prod.example.test"
+
+	steps := []struct {
+		name string
+		recs []Record
+		want map[string][]string // "name type" → dig answers
+	}{
+		{"create", []Record{
+			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+			{Name: etcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
+			{Name: api + ".", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+		}, map[string][]string{etcd + " A": {"10.0.0.5"}, etcd + " AAAA": {"fd00::5"}, api + " A": {"10.0.0.5"}}},
+		{"new IP replaces the old", []Record{
+			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+		}, map[string][]string{etcd + " A": {"10.0.0.6"}, etcd + " AAAA": {"fd00::5"}}},
+		{"another control-plane node joins the shared api name", []Record{
+			{Name: api, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+		}, map[string][]string{api + " A": {"10.0.0.5", "10.0.0.7"}}},
+		{"a control-plane node's address changes", WithStale(
+			[]Record{{Name: api, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
+			[]Record{{Name: api, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
+		), map[string][]string{api + " A": {"10.0.0.6", "10.0.0.7"}}},
+	}
+	for _, s := range steps {
+		if err := p.Upsert(ctx, s.recs); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		for q, want := range s.want {
+			name, typ, _ := strings.Cut(q, " ")
+			if got := b.dig(t, name, typ); !slices.Equal(got, want) {
+				t.Errorf("%s: dig %s = %v, want %v", s.name, q, got, want)
+			}
+		}
+	}
+	if got := b.dig(t, "other.example.test", "A"); !slices.Equal(got, []string{"192.0.2.99"}) {
+		t.Errorf("an unrelated record changed: %v", got)
+	}
+
+	got, err := p.Lookup(ctx, etcd)
+	if err != nil || !sameAddrs(got, addrs("10.0.0.6", "fd00::5")) {
+		t.Errorf("Lookup(%s) = %v, %v; want 10.0.0.6 fd00::5", etcd, got, err)
+	}
+	if got, err := p.Lookup(ctx, "missing.example.test"); err != nil || len(got) != 0 {
+		t.Errorf("Lookup(missing) = %v, %v; want nothing", got, err)
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		other := make([]byte, 32)
+		rand.Read(other)
+		cases := []struct {
+			name      string
+			p         *RFC2136
+			rcode     int
+			tsig      int
+			errSubstr string
+		}{
+			{"wrong secret", &RFC2136{Server: b.server(), Zone: testZone, KeyName: testKey, Secret: base64.StdEncoding.EncodeToString(other)}, mdns.RcodeNotAuth, mdns.RcodeBadSig, "NOTAUTH (TSIG BADSIG"},
+			{"unknown key", &RFC2136{Server: b.server(), Zone: testZone, KeyName: "someone-else", Secret: b.secret}, mdns.RcodeNotAuth, mdns.RcodeBadKey, "NOTAUTH (TSIG BADKEY"},
+			{"unsigned", &RFC2136{Server: b.server(), Zone: testZone}, mdns.RcodeRefused, 0, "REFUSED"},
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				err := c.p.Upsert(ctx, []Record{{Name: etcd, Type: TypeA, Addrs: addrs("192.0.2.66"), TTL: 60}})
+				var rc *RcodeError
+				if !errors.As(err, &rc) || rc.Rcode != c.rcode || rc.TSIGError != c.tsig {
+					t.Fatalf("err = %v, want rcode %s tsig %d", err, rcodeName(c.rcode), c.tsig)
+				}
+				t.Log(err)
+				if !strings.Contains(err.Error(), c.errSubstr) || !strings.Contains(err.Error(), b.server()) {
+					t.Errorf("err = %q, want it to name %q and the server", err, c.errSubstr)
+				}
+				if got := b.dig(t, etcd, "A"); !slices.Equal(got, []string{"10.0.0.6"}) {
+					t.Errorf("zone changed: dig %s A = %v", etcd, got)
+				}
+			})
+		}
+	})
+
+	t.Run("record outside the zone", func(t *testing.T) {
+		err := p.Upsert(ctx, []Record{{Name: "api.example.org", Type: TypeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+		if err == nil || !strings.Contains(err.Error(), "not inside zone example.test") || !errors.Is(err, errConfig) {
+			t.Errorf("err = %v", err)
+		}
+	})
+}
+
+// TestRegisterWaitsForBIND: the server is down when registration starts; Register
+// reports pending with the error, backs off, and registers once named comes up.
+func TestRegisterWaitsForBIND(t *testing.T) {
+	b := newBind(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	recs := []Record{{Name: "etcd-b.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.1.0.2"), TTL: 30}}
+
+	var mu sync.Mutex
+	var states []State
+	var times []time.Time
+	pendingErrs := make(chan struct{}, 100)
+	res := Start(ctx, b.provider(), recs, Options{
+		MinBackoff: 50 * time.Millisecond, MaxBackoff: 400 * time.Millisecond,
+		OnState: func(s State) {
+			mu.Lock()
+			states = append(states, s)
+			times = append(times, time.Now())
+			mu.Unlock()
+			if s.State == StatePending && s.LastError != "" {
+				pendingErrs <- struct{}{}
+			}
+		},
+	})
+	for range 5 {
+		select {
+		case <-pendingErrs:
+		case r := <-res:
+			t.Fatalf("Register returned while the server is down: %+v", r)
+		case <-ctx.Done():
+			t.Fatal("no pending state")
+		}
+	}
+	b.start(t)
+	var r Result
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		t.Fatal("not registered after the server came up")
+	}
+	if r.Err != nil || r.State.State != StateRegistered || r.State.String() != "registered" {
+		t.Fatalf("result = %+v", r)
+	}
+	if got := b.dig(t, "etcd-b.internal.prod.example.test", "A"); !slices.Equal(got, []string{"10.1.0.2"}) {
+		t.Errorf("dig = %v", got)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if states[0].State != StatePending || states[0].LastError != "" {
+		t.Errorf("first state = %v, want pending", states[0])
+	}
+	p := states[1]
+	if !strings.HasPrefix(p.String(), "pending: update zone example.test at "+b.server()) || !strings.Contains(p.String(), "connection refused") {
+		t.Errorf("pending state = %q, want the update error", p.String())
+	}
+	// Waits double (jittered to half or more) up to the maximum.
+	var gaps []time.Duration
+	for i := 2; i < len(times)-1; i++ {
+		gaps = append(gaps, times[i].Sub(times[i-1]))
+	}
+	for i, g := range gaps {
+		if g < 25*time.Millisecond || g > 600*time.Millisecond {
+			t.Errorf("wait %d = %v, outside 25ms..600ms (backoff 50ms..400ms, jittered)", i, g)
+		}
+	}
+	if len(gaps) >= 4 && gaps[3] < gaps[0] {
+		t.Errorf("waits do not grow: %v", gaps)
+	}
+
+	// A second run finds the record in place and changes nothing.
+	st, err := Register(ctx, b.provider(), recs, Options{})
+	if err != nil || st.Attempts != 1 || st.State != StateRegistered {
+		t.Errorf("second Register = %+v, %v", st, err)
+	}
+}
+
+func TestLoadTSIGSecret(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name, data, secret, alg, err string
+	}{
+		{"bare", "c2VjcmV0c2VjcmV0c2VjcmV0\n", "c2VjcmV0c2VjcmV0c2VjcmV0", "", ""},
+		{"key clause", "key \"kiln\" {\n\talgorithm hmac-sha512;\n\tsecret \"c2VjcmV0\";\n};\n", "c2VjcmV0", "hmac-sha512", ""},
+		{"garbage", "not a key\n", "", "", "neither a base64 secret"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, c.name)
+			os.WriteFile(path, []byte(c.data), 0o600)
+			secret, alg, err := LoadTSIGSecret(path)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), path) {
+					t.Fatalf("err = %v, want %q naming the file", err, c.err)
+				}
+				return
+			}
+			if err != nil || secret != c.secret || alg != c.alg {
+				t.Errorf("= %q, %q, %v; want %q, %q", secret, alg, err, c.secret, c.alg)
+			}
+		})
+	}
+	if _, err := exec.LookPath("tsig-keygen"); err == nil {
+		out, err := exec.Command("tsig-keygen", "-a", "hmac-sha256", "kiln").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "tsig-keygen")
+		os.WriteFile(path, out, 0o600)
+		if secret, alg, err := LoadTSIGSecret(path); err != nil || alg != "hmac-sha256" || len(secret) != 44 {
+			t.Errorf("tsig-keygen output: %q, %q, %v", secret, alg, err)
+		}
+	}
+}

@@ -1,0 +1,82 @@
+package dns
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// StatusPath is where the registration state lives, relative to the node's root.
+const StatusPath = "/var/lib/kiln/dns.json"
+
+// StatusFile stores the registration State as JSON ({"state", "provider",
+// "records", "last_error", "attempts", "updated"}) for `kiln-init status`, and gives
+// the next boot the records this node published (for WithStale).
+type StatusFile struct {
+	// Root is the node's "/" ("" is "/"); Path is below it (StatusPath when empty).
+	Root, Path string
+}
+
+func (f StatusFile) file() string {
+	p := f.Path
+	if p == "" {
+		p = StatusPath
+	}
+	root := f.Root
+	if root == "" {
+		root = "/"
+	}
+	return filepath.Join(root, p)
+}
+
+// Write replaces the file with s atomically (mode 0644; missing directories are
+// created 0755).
+func (f StatusFile) Write(s State) error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("dns status: %w", err)
+	}
+	data = append(data, '\n')
+	path := f.file()
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("dns status: %w", err)
+	}
+	var rnd [6]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return fmt.Errorf("dns status: temporary name: %w", err)
+	}
+	tmp := filepath.Join(dir, ".kiln-"+filepath.Base(path)+"."+hex.EncodeToString(rnd[:]))
+	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("dns status: %w", err)
+	}
+	err = fill(fh, data, 0o644, 0, 0)
+	if cerr := fh.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("dns status: write %s: %w", path, err)
+	}
+	return syncDir(dir)
+}
+
+// Read returns the stored state; a missing file is an error wrapping fs.ErrNotExist.
+func (f StatusFile) Read() (State, error) {
+	var s State
+	data, err := os.ReadFile(f.file())
+	if err != nil {
+		return s, fmt.Errorf("dns status: %w", err)
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("dns status %s: %w", f.file(), err)
+	}
+	return s, nil
+}

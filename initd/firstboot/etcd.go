@@ -1,0 +1,164 @@
+package firstboot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	gcemeta "cloud.google.com/go/compute/metadata"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	compute "google.golang.org/api/compute/v1"
+
+	"github.com/kilnproject/kiln/initd/apply"
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/volume"
+)
+
+// renderedEtcdManifest is where the role's templates put the etcd manifest; etcdManifest is
+// its name in the manifests directory and on the volume.
+const (
+	renderedEtcdManifest = "/etc/kubernetes/etcd/etcd.manifest"
+	etcdManifest         = "etcd.manifest"
+)
+
+// etcdMember reports whether this node runs an etcd member (and so may have a volume).
+func (p *plan) etcdMember() bool {
+	return p.node != nil && p.node.Etcd != nil &&
+		(p.node.Role == config.RoleControlPlane || p.node.Role == config.RoleEtcd)
+}
+
+// etcdVolume finds the etcd disk, makes it safe to use (never formatting one with data),
+// mounts it now and writes the mount unit that mounts it on later boots before the runtime.
+func (p *plan) etcdVolume(ctx context.Context) (bool, error) {
+	if !p.etcdMember() || p.node.Etcd.Volume == nil {
+		return false, nil
+	}
+	v := p.node.Etcd.Volume
+	finder, err := p.volumeFinder(ctx, v)
+	if err != nil {
+		return false, err
+	}
+	dev, err := finder.Find(ctx)
+	if err != nil {
+		return false, fmt.Errorf("etcd volume: %w", err)
+	}
+	p.opts.Log.Info("etcd volume found", "device", dev)
+	res, err := volume.Prepare(ctx, dev, volume.Want{FSType: v.FSType, Label: v.Label, Wipe: v.Wipe})
+	if err != nil {
+		return false, fmt.Errorf("etcd volume %s: %w", dev, err)
+	}
+	if res.Formatted {
+		p.opts.Log.Info("etcd volume formatted", "device", dev, "fstype", res.FSType, "label", res.Label)
+	}
+	if p.opts.Root == "/" {
+		if err := volume.Mount(dev, v.MountPath, res.FSType); err != nil {
+			return false, fmt.Errorf("mount etcd volume %s on %s: %w", dev, v.MountPath, err)
+		}
+		p.opts.Log.Info("etcd volume mounted", "device", dev, "path", v.MountPath)
+	}
+	// The unit mounts it on later boots; this boot mounted it above.
+	unit, err := volume.MountUnit(p.opts.Root, volume.ByUUIDPath(res.UUID), v.MountPath, res.FSType)
+	if err != nil {
+		return false, err
+	}
+	return res.Formatted || res.Wiped || unit, nil
+}
+
+// volumeFinder picks the discovery the node config asks for.
+func (p *plan) volumeFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
+	switch {
+	case v.Serial != "" || v.ByID != "":
+		return volume.ByID{Serial: v.Serial, ID: v.ByID}, nil
+	case len(v.AWSTags) > 0:
+		return awsFinder(ctx, p.node, v)
+	case v.GCEName != "":
+		return gceFinder(ctx, v)
+	}
+	return nil, errors.New("etcd.volume: no selector (serial, byId, awsTags or gceName)")
+}
+
+// awsFinder discovers the volume through EC2 with the instance's role credentials; the
+// instance id and zone come from IMDSv2.
+func awsFinder(ctx context.Context, n *config.Node, v *config.Volume) (volume.Finder, error) {
+	cfg, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithEC2IMDSRegion())
+	if err != nil {
+		return nil, fmt.Errorf("etcd volume: AWS config: %w", err)
+	}
+	md := imds.NewFromConfig(cfg)
+	get := func(path string) (string, error) {
+		out, err := md.GetMetadata(ctx, &imds.GetMetadataInput{Path: path})
+		if err != nil {
+			return "", fmt.Errorf("etcd volume: IMDS %s: %w", path, err)
+		}
+		defer out.Content.Close()
+		b := new(strings.Builder)
+		_, err = fmt.Fscan(out.Content, b)
+		return b.String(), err
+	}
+	id, err := get("instance-id")
+	if err != nil {
+		return nil, err
+	}
+	az, err := get("placement/availability-zone")
+	if err != nil {
+		return nil, err
+	}
+	return volume.AWS{Client: ec2.NewFromConfig(cfg), InstanceID: id, AZ: az, Cluster: n.Cluster.Name,
+		Member: n.Etcd.Member, Tags: v.AWSTags}, nil
+}
+
+// gceFinder attaches the named disk through the Compute API with the instance's service
+// account; project, zone and instance come from the metadata server.
+func gceFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
+	project, err := gcemeta.ProjectIDWithContext(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
+	}
+	zone, err := gcemeta.ZoneWithContext(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
+	}
+	name, err := gcemeta.InstanceNameWithContext(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
+	}
+	svc, err := compute.NewService(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("etcd volume: compute API: %w", err)
+	}
+	return volume.GCE{Service: svc, Project: project, Zone: zone, Instance: name, DiskName: v.GCEName}, nil
+}
+
+// etcdManifestTask places the rendered etcd manifest: on the volume, linked from the manifests
+// directory (so etcd cannot start without its disk), or straight into the manifests directory
+// when the node has no etcd volume.
+func (p *plan) etcdManifestTask(ctx context.Context) (bool, error) {
+	if !p.etcdMember() {
+		return false, nil
+	}
+	data, err := os.ReadFile(filepath.Join(p.opts.Root, renderedEtcdManifest))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil // the image's templates have no etcd manifest
+	}
+	if err != nil {
+		return false, err
+	}
+	if v := p.node.Etcd.Volume; v != nil {
+		wrote, err := volume.WriteManifest(p.opts.Root, v.MountPath, etcdManifest, data)
+		if err != nil {
+			return false, err
+		}
+		linked, err := volume.LinkManifest(p.opts.Root, v.MountPath, etcdManifest)
+		return wrote || linked, err
+	}
+	changed, err := apply.Files(ctx, p.opts.Root, []config.File{{Field: "etcd manifest",
+		Path: filepath.Join(volume.ManifestsDir, etcdManifest), Mode: 0o600, ModeSet: true,
+		Overwrite: true, HasContents: true, Contents: data}}, nil)
+	return len(changed) > 0, err
+}

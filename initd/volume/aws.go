@@ -1,0 +1,299 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/smithy-go"
+)
+
+// EC2API is the part of *ec2.Client the AWS finder calls.
+type EC2API interface {
+	DescribeVolumes(ctx context.Context, in *ec2.DescribeVolumesInput, optFns ...func(*ec2.Options)) (*ec2.DescribeVolumesOutput, error)
+	AttachVolume(ctx context.Context, in *ec2.AttachVolumeInput, optFns ...func(*ec2.Options)) (*ec2.AttachVolumeOutput, error)
+}
+
+// DefaultEtcdCluster is the etcd cluster whose volumes AWS selects when EtcdCluster is
+// empty: kOps tags them k8s.io/etcd/main.
+const DefaultEtcdCluster = "main"
+
+// AWS finds this member's etcd EBS volume as kOps tags it and attaches it to this
+// instance. The volumes are selected in the instance's availability zone by the tags
+// kubernetes.io/cluster/<Cluster>=owned (when Cluster is set), the key
+// k8s.io/etcd/<EtcdCluster> and every entry of Tags; among them, the volume for Member
+// is the one whose k8s.io/etcd/<EtcdCluster> value is "<Member>/<all members>"
+// (k8s.io/etcd/main=b/a,b,c for member b).
+//
+// A volume attached to this instance is used as it is; an available one is attached
+// with AttachVolume to the first free device name; one attached to another instance,
+// or taken by another instance while this one tries, gives ErrAttachedElsewhere: nodes
+// race for volumes and the loser retries later. On Nitro instances the volume appears
+// as /dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol<id without the dash>; on Xen
+// instances as the device name it was attached under.
+type AWS struct {
+	Client     EC2API
+	InstanceID string
+	AZ         string
+	// Cluster is the Kubernetes cluster name (kubernetes.io/cluster/<Cluster>=owned).
+	Cluster string
+	// EtcdCluster is the etcd cluster's name in the tag key k8s.io/etcd/<EtcdCluster>;
+	// empty means DefaultEtcdCluster.
+	EtcdCluster string
+	// Member is this node's etcd member name.
+	Member string
+	// Tags are further filters: each key must carry that value ("" matches any value).
+	Tags map[string]string
+	// DevDir is the by-id directory; empty means DefaultDevDir.
+	DevDir string
+	// Devices are the device names tried for AttachVolume, in order; empty means
+	// /dev/xvdu to /dev/xvdz (the range kOps uses for etcd volumes).
+	Devices []string
+	// Timeout bounds each wait (attachment, device node); Poll is how often to look.
+	Timeout, Poll time.Duration
+	// Log reports attachments; nil means slog.Default().
+	Log *slog.Logger
+}
+
+// Find returns the device node of this member's volume, attaching it first if needed.
+func (a AWS) Find(ctx context.Context) (string, error) {
+	switch {
+	case a.Client == nil:
+		return "", errors.New("aws volume: no EC2 client")
+	case a.InstanceID == "" || a.AZ == "":
+		return "", errors.New("aws volume: instance ID and availability zone are required")
+	case a.Member == "":
+		return "", errors.New("aws volume: etcd member name is required")
+	}
+	vol, err := a.find(ctx)
+	if err != nil {
+		return "", err
+	}
+	id := aws.ToString(vol.VolumeId)
+	att, err := a.attachment(vol)
+	if err != nil {
+		return "", err
+	}
+	if att == nil {
+		if vol.State != types.VolumeStateAvailable {
+			return "", fmt.Errorf("aws volume %s is %s, not available to attach", id, vol.State)
+		}
+		if err := a.attach(ctx, id); err != nil {
+			return "", err
+		}
+	}
+	device, err := a.waitAttached(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return a.waitDevice(ctx, id, device)
+}
+
+func (a AWS) etcdTag() string {
+	name := a.EtcdCluster
+	if name == "" {
+		name = DefaultEtcdCluster
+	}
+	return "k8s.io/etcd/" + name
+}
+
+func (a AWS) filters() []types.Filter {
+	f := []types.Filter{{Name: aws.String("availability-zone"), Values: []string{a.AZ}}}
+	if a.Cluster != "" {
+		f = append(f, types.Filter{Name: aws.String("tag:kubernetes.io/cluster/" + a.Cluster), Values: []string{"owned"}})
+	}
+	f = append(f, types.Filter{Name: aws.String("tag-key"), Values: []string{a.etcdTag()}})
+	for _, k := range slices.Sorted(maps.Keys(a.Tags)) {
+		if v := a.Tags[k]; v != "" {
+			f = append(f, types.Filter{Name: aws.String("tag:" + k), Values: []string{v}})
+		} else {
+			f = append(f, types.Filter{Name: aws.String("tag-key"), Values: []string{k}})
+		}
+	}
+	return f
+}
+
+// find selects this member's volume.
+func (a AWS) find(ctx context.Context) (types.Volume, error) {
+	vols, err := a.describe(ctx, &ec2.DescribeVolumesInput{Filters: a.filters()})
+	if err != nil {
+		return types.Volume{}, fmt.Errorf("aws volume: %w", err)
+	}
+	key := a.etcdTag()
+	var mine []types.Volume
+	for _, v := range vols {
+		for _, t := range v.Tags {
+			member, _, _ := strings.Cut(aws.ToString(t.Value), "/")
+			if aws.ToString(t.Key) == key && member == a.Member {
+				mine = append(mine, v)
+			}
+		}
+	}
+	switch len(mine) {
+	case 0:
+		return types.Volume{}, fmt.Errorf("aws volume: %w for member %s in %s (tag %s=%s/…, %d volumes match the other filters)", ErrNotFound, a.Member, a.AZ, key, a.Member, len(vols))
+	case 1:
+		return mine[0], nil
+	}
+	var ids []string
+	for _, v := range mine {
+		ids = append(ids, aws.ToString(v.VolumeId))
+	}
+	return types.Volume{}, fmt.Errorf("aws volume: %d volumes are tagged for member %s (%s); expected one", len(mine), a.Member, strings.Join(ids, ", "))
+}
+
+func (a AWS) describe(ctx context.Context, in *ec2.DescribeVolumesInput) ([]types.Volume, error) {
+	var vols []types.Volume
+	p := ec2.NewDescribeVolumesPaginator(a.Client, in)
+	for p.HasMorePages() {
+		out, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("describe volumes: %w", err)
+		}
+		vols = append(vols, out.Volumes...)
+	}
+	return vols, nil
+}
+
+// attachment returns vol's live attachment to this instance, nil when it has none, or
+// ErrAttachedElsewhere when another instance holds it.
+func (a AWS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
+	for i, att := range vol.Attachments {
+		if att.State == types.VolumeAttachmentStateDetached {
+			continue
+		}
+		if other := aws.ToString(att.InstanceId); other != a.InstanceID {
+			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", aws.ToString(vol.VolumeId), ErrAttachedElsewhere, other, att.State)
+		}
+		return &vol.Attachments[i], nil
+	}
+	return nil, nil
+}
+
+// attach attaches volume id to this instance under the first free device name.
+func (a AWS) attach(ctx context.Context, id string) error {
+	// Device names this instance's volumes already use.
+	attached, err := a.describe(ctx, &ec2.DescribeVolumesInput{Filters: []types.Filter{
+		{Name: aws.String("attachment.instance-id"), Values: []string{a.InstanceID}},
+	}})
+	if err != nil {
+		return fmt.Errorf("aws volume %s: %w", id, err)
+	}
+	used := map[string]bool{}
+	for _, v := range attached {
+		for _, att := range v.Attachments {
+			used[aws.ToString(att.Device)] = true
+		}
+	}
+	devices := a.Devices
+	if len(devices) == 0 {
+		devices = []string{"/dev/xvdu", "/dev/xvdv", "/dev/xvdw", "/dev/xvdx", "/dev/xvdy", "/dev/xvdz"}
+	}
+	for _, dev := range devices {
+		if used[dev] {
+			continue
+		}
+		_, err := a.Client.AttachVolume(ctx, &ec2.AttachVolumeInput{
+			VolumeId: aws.String(id), InstanceId: aws.String(a.InstanceID), Device: aws.String(dev),
+		})
+		if err == nil {
+			a.logger().InfoContext(ctx, "attaching etcd volume", "volume", id, "instance", a.InstanceID, "device", dev)
+			return nil
+		}
+		var ae smithy.APIError
+		if !errors.As(err, &ae) {
+			return fmt.Errorf("aws volume %s: attach as %s: %w", id, dev, err)
+		}
+		switch ae.ErrorCode() {
+		case "InvalidParameterValue":
+			if strings.Contains(ae.ErrorMessage(), "in use") {
+				continue // the device name is taken after all
+			}
+		case "IncorrectState", "VolumeInUse":
+			// Lost the race: see who holds it now.
+			vols, derr := a.describe(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
+			if derr == nil && len(vols) == 1 {
+				if _, aerr := a.attachment(vols[0]); aerr != nil {
+					return aerr
+				}
+			}
+			return fmt.Errorf("aws volume %s: %w (attach refused: %s)", id, ErrAttachedElsewhere, ae.ErrorMessage())
+		}
+		return fmt.Errorf("aws volume %s: attach as %s: %w", id, dev, err)
+	}
+	return fmt.Errorf("aws volume %s: no free device name among %s", id, strings.Join(devices, " "))
+}
+
+// waitAttached waits until volume id is attached to this instance and returns the
+// device name it was attached under.
+func (a AWS) waitAttached(ctx context.Context, id string) (string, error) {
+	var device string
+	err := poll(ctx, a.Timeout, a.Poll, "volume "+id+" to be attached", func() (bool, error) {
+		vols, err := a.describe(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
+		if err != nil {
+			return false, err
+		}
+		if len(vols) != 1 {
+			return false, fmt.Errorf("describe volume %s: %d volumes returned", id, len(vols))
+		}
+		att, err := a.attachment(vols[0])
+		if err != nil {
+			return false, err
+		}
+		if att == nil {
+			return false, nil // DescribeVolumes is eventually consistent: the attachment shows up later
+		}
+		if att.State == types.VolumeAttachmentStateDetaching {
+			return false, fmt.Errorf("volume %s is being detached from this instance; retry later", id)
+		}
+		device = aws.ToString(att.Device)
+		return att.State == types.VolumeAttachmentStateAttached, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("aws volume %s: %w", id, err)
+	}
+	return device, nil
+}
+
+// waitDevice waits for the volume's device node: its NVMe by-id link, or on Xen
+// instances the device name it was attached under.
+func (a AWS) waitDevice(ctx context.Context, id, device string) (string, error) {
+	dir := a.DevDir
+	if dir == "" {
+		dir = DefaultDevDir
+	}
+	link := filepath.Join(dir, "nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(id, "-", ""))
+	var found string
+	err := poll(ctx, a.Timeout, a.Poll, link, func() (bool, error) {
+		for _, p := range []string{link, device} {
+			if p == "" {
+				continue
+			}
+			if dev, err := filepath.EvalSymlinks(p); err == nil {
+				found = dev
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("aws volume %s: %w", id, err)
+	}
+	return found, nil
+}
+
+func (a AWS) logger() *slog.Logger {
+	if a.Log != nil {
+		return a.Log
+	}
+	return slog.Default()
+}

@@ -1,0 +1,145 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ByID finds a disk through the links udev makes in /dev/disk/by-id, waiting for udev
+// to create them. Exactly one of Serial and ID is set.
+//
+// A Serial matches the links the common disk buses make for it: virtio-<serial>
+// (virtio-blk, QEMU -drive …,serial=<serial>), scsi-0QEMU_QEMU_HARDDISK_<serial> and
+// scsi-SQEMU_QEMU_HARDDISK_<serial> (virtio-scsi), ata-*_<serial> and nvme-*_<serial>.
+// Partition links (…-part1) never match. An ID is one name in the directory, with or
+// without the /dev/disk/by-id/ prefix.
+type ByID struct {
+	Serial string
+	ID     string
+	// DevDir is the by-id directory; empty means DefaultDevDir.
+	DevDir string
+	// Timeout bounds the wait for the link (DefaultTimeout when zero); Poll is how often
+	// the directory is read (DefaultPoll when zero).
+	Timeout, Poll time.Duration
+}
+
+// Find waits for the disk's link and returns the device node it resolves to, e.g.
+// /dev/vdb. Links for the same serial on different devices are an error.
+func (b ByID) Find(ctx context.Context) (string, error) {
+	dir := b.DevDir
+	if dir == "" {
+		dir = DefaultDevDir
+	}
+	var what string
+	switch {
+	case (b.Serial == "") == (b.ID == ""):
+		return "", errors.New("by-id volume: set exactly one of serial and id")
+	case b.Serial != "":
+		if strings.ContainsAny(b.Serial, "/*?[\\") {
+			return "", fmt.Errorf("by-id volume: serial %q contains '/' or a glob character", b.Serial)
+		}
+		what = fmt.Sprintf("a disk with serial %s in %s", b.Serial, dir)
+	default:
+		id := strings.TrimPrefix(b.ID, DefaultDevDir+"/")
+		if id == "" || strings.ContainsRune(id, '/') {
+			return "", fmt.Errorf("by-id volume: %q is not a name in %s", b.ID, DefaultDevDir)
+		}
+		b.ID = id
+		what = filepath.Join(dir, id)
+	}
+	var dev string
+	err := poll(ctx, b.Timeout, b.Poll, what, func() (bool, error) {
+		var err error
+		dev, err = b.lookup(dir)
+		return dev != "", err
+	})
+	if err != nil {
+		return "", fmt.Errorf("by-id volume: %w", err)
+	}
+	return dev, nil
+}
+
+// lookup returns the device the links resolve to, or "" when there is none yet.
+func (b ByID) lookup(dir string) (string, error) {
+	var names []string
+	if b.ID != "" {
+		names = []string{b.ID}
+	} else {
+		entries, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", nil // udev has not created the directory yet
+		}
+		if err != nil {
+			return "", err
+		}
+		for _, e := range entries {
+			if serialMatches(e.Name(), b.Serial) {
+				names = append(names, e.Name())
+			}
+		}
+	}
+	devs := map[string][]string{}
+	for _, name := range names {
+		dev, err := filepath.EvalSymlinks(filepath.Join(dir, name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // a link whose device node is not there (yet)
+		}
+		if err != nil {
+			return "", fmt.Errorf("resolve %s: %w", filepath.Join(dir, name), err)
+		}
+		devs[dev] = append(devs[dev], name)
+	}
+	switch len(devs) {
+	case 0:
+		return "", nil
+	case 1:
+		for dev := range devs {
+			return dev, nil
+		}
+	}
+	var all []string
+	for dev, names := range devs {
+		all = append(all, fmt.Sprintf("%s (%s)", dev, strings.Join(names, ", ")))
+	}
+	slices.Sort(all)
+	return "", fmt.Errorf("serial %s matches %d disks: %s", b.Serial, len(devs), strings.Join(all, "; "))
+}
+
+// serialMatches reports whether a by-id link name belongs to a whole disk with serial.
+func serialMatches(name, serial string) bool {
+	if isPartLink(name) {
+		return false
+	}
+	for _, prefix := range []string{"virtio-", "scsi-0QEMU_QEMU_HARDDISK_", "scsi-SQEMU_QEMU_HARDDISK_"} {
+		if name == prefix+serial {
+			return true
+		}
+	}
+	for _, bus := range []string{"nvme-", "ata-", "scsi-"} {
+		if strings.HasPrefix(name, bus) && strings.HasSuffix(name, "_"+serial) {
+			return true
+		}
+	}
+	return false
+}
+
+// isPartLink reports whether name ends in -part<N>, udev's suffix for partitions.
+func isPartLink(name string) bool {
+	i := strings.LastIndex(name, "-part")
+	if i < 0 || i+5 == len(name) {
+		return false
+	}
+	for _, c := range name[i+5:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}

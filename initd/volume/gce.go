@@ -1,0 +1,183 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"time"
+
+	compute "google.golang.org/api/compute/v1"
+	"google.golang.org/api/googleapi"
+)
+
+// GCE finds a zonal persistent disk by name and attaches it to this instance
+// (read-write, under DeviceName) when it is not attached yet. A disk attached to another
+// instance, or taken by another instance while this one tries, gives
+// ErrAttachedElsewhere. The disk appears as /dev/disk/by-id/google-<device name>.
+type GCE struct {
+	Service  *compute.Service
+	Project  string
+	Zone     string
+	Instance string
+	DiskName string
+	// DeviceName is the name the disk is attached under; empty means DiskName.
+	DeviceName string
+	// DevDir is the by-id directory; empty means DefaultDevDir.
+	DevDir string
+	// Timeout bounds each wait (the attach operation, the device node); Poll is how
+	// often to look.
+	Timeout, Poll time.Duration
+	// Log reports attachments; nil means slog.Default().
+	Log *slog.Logger
+}
+
+// Find returns the device node of the disk, attaching it first if needed.
+func (g GCE) Find(ctx context.Context) (string, error) {
+	switch {
+	case g.Service == nil:
+		return "", errors.New("gce disk: no compute service")
+	case g.Project == "" || g.Zone == "" || g.Instance == "" || g.DiskName == "":
+		return "", errors.New("gce disk: project, zone, instance and disk name are required")
+	}
+	fail := func(err error) (string, error) {
+		return "", fmt.Errorf("gce disk %s: %w", g.DiskName, err)
+	}
+	disk, err := g.Service.Disks.Get(g.Project, g.Zone, g.DiskName).Context(ctx).Do()
+	if err != nil {
+		if isNotFound(err) {
+			return fail(fmt.Errorf("%w in project %s, zone %s", ErrNotFound, g.Project, g.Zone))
+		}
+		return fail(fmt.Errorf("get: %w", err))
+	}
+	self := fmt.Sprintf("/projects/%s/zones/%s/instances/%s", g.Project, g.Zone, g.Instance)
+	mine := false
+	for _, u := range disk.Users {
+		if strings.HasSuffix(u, self) {
+			mine = true
+		} else {
+			return fail(fmt.Errorf("%w (%s)", ErrAttachedElsewhere, u))
+		}
+	}
+	device := g.DeviceName
+	if device == "" {
+		device = g.DiskName
+	}
+	if mine {
+		// Attached already, maybe under another device name.
+		inst, err := g.Service.Instances.Get(g.Project, g.Zone, g.Instance).Context(ctx).Do()
+		if err != nil {
+			return fail(fmt.Errorf("get instance %s: %w", g.Instance, err))
+		}
+		for _, d := range inst.Disks {
+			if sameResource(d.Source, disk.SelfLink) && d.DeviceName != "" {
+				device = d.DeviceName
+			}
+		}
+	} else if err := g.attach(ctx, disk, device); err != nil {
+		return fail(err)
+	}
+	dev, err := g.waitDevice(ctx, device)
+	if err != nil {
+		return fail(err)
+	}
+	return dev, nil
+}
+
+func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) error {
+	op, err := g.Service.Instances.AttachDisk(g.Project, g.Zone, g.Instance, &compute.AttachedDisk{
+		Source: disk.SelfLink, DeviceName: device, Mode: "READ_WRITE", Type: "PERSISTENT",
+	}).Context(ctx).Do()
+	if err != nil {
+		if inUse(err) {
+			return fmt.Errorf("%w (attach refused: %v)", ErrAttachedElsewhere, err)
+		}
+		return fmt.Errorf("attach to %s: %w", g.Instance, err)
+	}
+	g.logger().InfoContext(ctx, "attaching etcd disk", "disk", g.DiskName, "instance", g.Instance, "device", device, "operation", op.Name)
+	err = poll(ctx, g.Timeout, g.Poll, "attach operation "+op.Name, func() (bool, error) {
+		if op.Status == "DONE" {
+			return true, nil
+		}
+		// Wait returns when the operation is done or after up to two minutes.
+		op, err = g.Service.ZoneOperations.Wait(g.Project, g.Zone, op.Name).Context(ctx).Do()
+		if err != nil {
+			return false, fmt.Errorf("wait for operation: %w", err)
+		}
+		return op.Status == "DONE", nil
+	})
+	if err != nil {
+		return fmt.Errorf("attach to %s: %w", g.Instance, err)
+	}
+	if op.Error != nil && len(op.Error.Errors) > 0 {
+		var msgs []string
+		elsewhere := false
+		for _, e := range op.Error.Errors {
+			msgs = append(msgs, e.Code+": "+e.Message)
+			elsewhere = elsewhere || e.Code == "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE"
+		}
+		if elsewhere {
+			return fmt.Errorf("%w (%s)", ErrAttachedElsewhere, strings.Join(msgs, "; "))
+		}
+		return fmt.Errorf("attach to %s failed: %s", g.Instance, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+func (g GCE) waitDevice(ctx context.Context, device string) (string, error) {
+	dir := g.DevDir
+	if dir == "" {
+		dir = DefaultDevDir
+	}
+	link := filepath.Join(dir, "google-"+device)
+	var dev string
+	err := poll(ctx, g.Timeout, g.Poll, link, func() (bool, error) {
+		d, err := filepath.EvalSymlinks(link)
+		if err != nil {
+			return false, nil
+		}
+		dev = d
+		return true, nil
+	})
+	return dev, err
+}
+
+func (g GCE) logger() *slog.Logger {
+	if g.Log != nil {
+		return g.Log
+	}
+	return slog.Default()
+}
+
+// sameResource compares two resource URLs by their path from /projects/ on, so that
+// www.googleapis.com and compute.googleapis.com links match.
+func sameResource(a, b string) bool {
+	tail := func(s string) string {
+		if i := strings.Index(s, "/projects/"); i >= 0 {
+			return s[i:]
+		}
+		return s
+	}
+	return a != "" && tail(a) == tail(b)
+}
+
+func isNotFound(err error) bool {
+	var ge *googleapi.Error
+	return errors.As(err, &ge) && ge.Code == 404
+}
+
+// inUse reports whether an API error says the disk is used by another instance.
+func inUse(err error) bool {
+	var ge *googleapi.Error
+	if !errors.As(err, &ge) {
+		return false
+	}
+	for _, item := range ge.Errors {
+		if item.Reason == "resourceInUseByAnotherResource" {
+			return true
+		}
+	}
+	return strings.Contains(ge.Message, "already being used by")
+}

@@ -1,0 +1,294 @@
+package volume
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/oauth2"
+	compute "google.golang.org/api/compute/v1"
+	"google.golang.org/api/option"
+)
+
+const (
+	gceProject = "kiln-prod"
+	gceZone    = "europe-west4-a"
+	gceMe      = "cp-b"
+	gceToken   = "ya29.kiln-test-token"
+	gceBase    = "https://www.googleapis.com/compute/v1/projects/" + gceProject + "/zones/" + gceZone
+)
+
+// fakeCompute answers the Compute Engine v1 REST API for disks.get, instances.get,
+// instances.attachDisk and zoneOperations.wait, insisting on the bearer token.
+type fakeCompute struct {
+	t   *testing.T
+	dev *fakeDev
+	mu  sync.Mutex
+	// disks maps a disk name to the instances using it (users).
+	disks map[string][]string
+	// deviceNames maps an instance's attached disk to its device name.
+	deviceNames map[string]string
+	// race, when set, makes attachDisk lose to another instance: "request" refuses the
+	// request, "operation" fails the operation.
+	race     string
+	requests []string // "METHOD path" of every request
+	// unauthorized lists the requests refused for want of the bearer token.
+	unauthorized []string
+	attached     []compute.AttachedDisk
+}
+
+func (f *fakeCompute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.requests = append(f.requests, r.Method+" "+r.URL.Path)
+	if got := r.Header.Get("Authorization"); got != "Bearer "+gceToken {
+		f.unauthorized = append(f.unauthorized, fmt.Sprintf("%s %s (Authorization %q)", r.Method, r.URL.Path, got))
+		gceError(w, http.StatusUnauthorized, "Request is missing required authentication credential.", "required")
+		return
+	}
+	prefix := "/compute/v1/projects/" + gceProject + "/zones/" + gceZone + "/"
+	rest, ok := strings.CutPrefix(r.URL.Path, prefix)
+	if !ok {
+		f.t.Errorf("unexpected path %s", r.URL.Path)
+		gceError(w, http.StatusNotFound, "not found", "notFound")
+		return
+	}
+	parts := strings.Split(rest, "/")
+	switch {
+	case r.Method == http.MethodGet && len(parts) == 2 && parts[0] == "disks":
+		users, ok := f.disks[parts[1]]
+		if !ok {
+			gceError(w, http.StatusNotFound, fmt.Sprintf("The resource 'projects/%s/zones/%s/disks/%s' was not found", gceProject, gceZone, parts[1]), "notFound")
+			return
+		}
+		var links []string
+		for _, u := range users {
+			links = append(links, gceBase+"/instances/"+u)
+		}
+		writeJSON(w, compute.Disk{Kind: "compute#disk", Name: parts[1], SelfLink: gceBase + "/disks/" + parts[1], Users: links, Zone: gceBase, Status: "READY"})
+	case r.Method == http.MethodGet && len(parts) == 2 && parts[0] == "instances":
+		inst := compute.Instance{Kind: "compute#instance", Name: parts[1], SelfLink: gceBase + "/instances/" + parts[1]}
+		for disk, users := range f.disks {
+			if slices.Contains(users, parts[1]) {
+				inst.Disks = append(inst.Disks, &compute.AttachedDisk{
+					Source:     "https://compute.googleapis.com/compute/v1/projects/" + gceProject + "/zones/" + gceZone + "/disks/" + disk,
+					DeviceName: f.deviceNames[parts[1]+"/"+disk], Mode: "READ_WRITE", Type: "PERSISTENT",
+				})
+			}
+		}
+		writeJSON(w, inst)
+	case r.Method == http.MethodPost && len(parts) == 3 && parts[0] == "instances" && parts[2] == "attachDisk":
+		var ad compute.AttachedDisk
+		if err := json.NewDecoder(r.Body).Decode(&ad); err != nil {
+			f.t.Errorf("attachDisk body: %v", err)
+		}
+		f.attached = append(f.attached, ad)
+		disk := ad.Source[strings.LastIndex(ad.Source, "/")+1:]
+		if !strings.HasSuffix(ad.Source, "/projects/"+gceProject+"/zones/"+gceZone+"/disks/"+disk) || ad.Mode != "READ_WRITE" {
+			f.t.Errorf("attachDisk of %+v", ad)
+		}
+		if f.race != "" {
+			f.disks[disk] = []string{"cp-rival"}
+		}
+		if f.race == "request" || len(f.disks[disk]) > 0 && f.race == "" {
+			gceError(w, http.StatusBadRequest, fmt.Sprintf("The disk resource 'projects/%s/zones/%s/disks/%s' is already being used by 'projects/%s/zones/%s/instances/%s'", gceProject, gceZone, disk, gceProject, gceZone, f.disks[disk][0]), "resourceInUseByAnotherResource")
+			return
+		}
+		op := compute.Operation{Kind: "compute#operation", Name: "operation-attach-1", Status: "RUNNING", OperationType: "attachDisk", TargetLink: gceBase + "/instances/" + parts[1]}
+		if f.race == "operation" {
+			op.Name = "operation-attach-race"
+		} else {
+			f.disks[disk] = []string{parts[1]}
+			f.deviceNames[parts[1]+"/"+disk] = ad.DeviceName
+		}
+		writeJSON(w, op)
+	case r.Method == http.MethodPost && len(parts) == 3 && parts[0] == "operations" && parts[2] == "wait":
+		op := compute.Operation{Kind: "compute#operation", Name: parts[1], Status: "DONE", OperationType: "attachDisk"}
+		switch parts[1] {
+		case "operation-attach-1":
+			for key, name := range f.deviceNames {
+				if strings.HasPrefix(key, gceMe+"/") {
+					f.dev.link("google-"+name, "sdb")
+				}
+			}
+		case "operation-attach-race":
+			op.Error = &compute.OperationError{Errors: []*compute.OperationErrorErrors{{
+				Code: "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", Message: "The disk resource is already being used by 'cp-rival'",
+			}}}
+		default:
+			gceError(w, http.StatusNotFound, "operation not found", "notFound")
+			return
+		}
+		writeJSON(w, op)
+	default:
+		f.t.Errorf("unexpected request %s %s", r.Method, r.URL.Path)
+		gceError(w, http.StatusNotFound, "not found", "notFound")
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=UTF-8")
+	json.NewEncoder(w).Encode(v)
+}
+
+func gceError(w http.ResponseWriter, status int, msg, reason string) {
+	w.Header().Set("Content-Type", "application/json; charset=UTF-8")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+		"code": status, "message": msg,
+		"errors": []map[string]string{{"message": msg, "domain": "global", "reason": reason}},
+	}})
+}
+
+func newCompute(t *testing.T, f *fakeCompute, token string) *compute.Service {
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	svc, err := compute.NewService(context.Background(),
+		option.WithEndpoint(srv.URL+"/compute/v1/"),
+		option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: token})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
+func TestGCE(t *testing.T) {
+	tests := []struct {
+		name        string
+		disks       map[string][]string
+		deviceNames map[string]string
+		race        string
+		diskName    string
+		wantAttach  []string // device names attachDisk was called with
+		wantLink    string   // the by-id link Find resolves
+		wantErr     error
+		wantMsg     string
+	}{
+		{
+			name:       "free disk is attached",
+			disks:      map[string][]string{"prod-etcd-a": {"cp-a"}, "prod-etcd-b": nil},
+			diskName:   "prod-etcd-b",
+			wantAttach: []string{"prod-etcd-b"},
+			wantLink:   "google-prod-etcd-b",
+		},
+		{
+			name:        "disk attached to this instance under another device name",
+			disks:       map[string][]string{"prod-etcd-b": {gceMe}},
+			deviceNames: map[string]string{gceMe + "/prod-etcd-b": "persistent-disk-1"},
+			diskName:    "prod-etcd-b",
+			wantLink:    "google-persistent-disk-1",
+		},
+		{
+			name:     "disk used by another instance",
+			disks:    map[string][]string{"prod-etcd-b": {"cp-old"}},
+			diskName: "prod-etcd-b",
+			wantErr:  ErrAttachedElsewhere,
+			wantMsg:  "instances/cp-old",
+		},
+		{
+			name:       "another instance wins the race: request refused",
+			disks:      map[string][]string{"prod-etcd-b": nil},
+			race:       "request",
+			diskName:   "prod-etcd-b",
+			wantAttach: []string{"prod-etcd-b"},
+			wantErr:    ErrAttachedElsewhere,
+			wantMsg:    "already being used by",
+		},
+		{
+			name:       "another instance wins the race: operation fails",
+			disks:      map[string][]string{"prod-etcd-b": nil},
+			race:       "operation",
+			diskName:   "prod-etcd-b",
+			wantAttach: []string{"prod-etcd-b"},
+			wantErr:    ErrAttachedElsewhere,
+			wantMsg:    "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE",
+		},
+		{
+			name:     "no such disk",
+			disks:    map[string][]string{},
+			diskName: "prod-etcd-b",
+			wantErr:  ErrNotFound,
+			wantMsg:  "gce disk prod-etcd-b: no matching volume in project kiln-prod, zone europe-west4-a",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dev := newFakeDev(t)
+			f := &fakeCompute{t: t, dev: dev, disks: tt.disks, deviceNames: map[string]string{}, race: tt.race}
+			for k, v := range tt.deviceNames {
+				f.deviceNames[k] = v
+				dev.link("google-"+v, "sdb")
+			}
+			g := GCE{
+				Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
+				DiskName: tt.diskName, DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
+			}
+			got, err := g.Find(context.Background())
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if len(f.unauthorized) > 0 {
+				t.Errorf("requests without the bearer token: %q", f.unauthorized)
+			}
+			var attached []string
+			for _, ad := range f.attached {
+				attached = append(attached, ad.DeviceName)
+			}
+			if !slices.Equal(attached, tt.wantAttach) {
+				t.Errorf("attachDisk device names = %q, want %q", attached, tt.wantAttach)
+			}
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
+					t.Fatalf("Find = %q, %v; want %v with %q", got, err, tt.wantErr, tt.wantMsg)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Find: %v (requests %q)", err, f.requests)
+			}
+			if got != dev.devs+"/sdb" {
+				t.Errorf("Find = %q, want %s", got, dev.devs+"/sdb")
+			}
+			if users := f.disks[tt.diskName]; !slices.Equal(users, []string{gceMe}) {
+				t.Errorf("disk users = %q", users)
+			}
+		})
+	}
+}
+
+// TestGCEWithoutToken: the fake insists on the bearer token, so the tests above prove
+// the client sends it.
+func TestGCEWithoutToken(t *testing.T) {
+	f := &fakeCompute{t: t, dev: newFakeDev(t), disks: map[string][]string{"d": nil}, deviceNames: map[string]string{}}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	svc, err := compute.NewService(context.Background(), option.WithEndpoint(srv.URL+"/compute/v1/"), option.WithoutAuthentication())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = GCE{Service: svc, Project: gceProject, Zone: gceZone, Instance: gceMe, DiskName: "d"}.Find(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("Find without a token = %v; want a 401", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.unauthorized) != 1 {
+		t.Errorf("refused requests = %q", f.unauthorized)
+	}
+}
+
+func TestGCEBadConfig(t *testing.T) {
+	if _, err := (GCE{}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "no compute service") {
+		t.Errorf("Find = %v", err)
+	}
+	if _, err := (GCE{Service: &compute.Service{}, Project: "p"}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "are required") {
+		t.Errorf("Find = %v", err)
+	}
+}

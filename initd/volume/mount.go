@@ -1,0 +1,245 @@
+package volume
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/kilnproject/kiln/initd/systemd"
+	"golang.org/x/sys/unix"
+)
+
+// mountInfoPath is the kernel's list of the calling process's mounts.
+const mountInfoPath = "/proc/self/mountinfo"
+
+// UnitName is the systemd mount unit name for mount point where, as
+// `systemd-escape --path --suffix=mount` makes it: /var/lib/etcd/my-cluster gives
+// var-lib-etcd-my\x2dcluster.mount. where must be absolute.
+func UnitName(where string) (string, error) {
+	if !path.IsAbs(where) {
+		return "", fmt.Errorf("mount point %q is not an absolute path", where)
+	}
+	for _, c := range strings.Split(where, "/") {
+		if c == "." || c == ".." {
+			return "", fmt.Errorf("mount point %q is not a normalized path (it has a %q component)", where, c)
+		}
+	}
+	p := strings.Trim(path.Clean(where), "/")
+	if p == "" {
+		return "-.mount", nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '/':
+			b.WriteByte('-')
+		case c == '.' && i == 0:
+			// A leading dot would make a hidden file name.
+			fmt.Fprintf(&b, `\x%02x`, c)
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == ':', c == '_', c == '.':
+			b.WriteByte(c)
+		default:
+			fmt.Fprintf(&b, `\x%02x`, c)
+		}
+	}
+	return b.String() + ".mount", nil
+}
+
+// ByUUIDPath is the stable /dev/disk/by-uuid name of the filesystem with uuid.
+func ByUUIDPath(uuid string) string { return "/dev/disk/by-uuid/" + uuid }
+
+// MountUnit writes /etc/systemd/system/<escaped where>.mount in root, mounting what on
+// where with type fstype and options noatime,nofail, ordered before containerd.service
+// and kubelet.service, and enables it (WantedBy=local-fs.target). It reports whether
+// anything changed; an identical unit that is already enabled is left alone.
+//
+// what must be a stable device name under /dev/disk/ (ByUUIDPath of Result.UUID, or a
+// /dev/disk/by-id link): kernel names such as /dev/nvme1n1 may differ at the next boot.
+// nofail keeps a node whose disk went missing bootable and reachable; etcd then does not
+// start, because its manifest lives on the volume (see LinkManifest).
+func MountUnit(root, what, where, fstype string) (changed bool, err error) {
+	name, err := UnitName(where)
+	if err != nil {
+		return false, fmt.Errorf("mount unit: %w", err)
+	}
+	if !strings.HasPrefix(what, "/dev/disk/") || path.Clean(what) != what {
+		return false, fmt.Errorf("mount unit %s: device %q is not a stable name under /dev/disk/ (use /dev/disk/by-uuid/<uuid> or a /dev/disk/by-id link)", name, what)
+	}
+	if fstype == "" || strings.ContainsAny(fstype, " \t\n/") {
+		return false, fmt.Errorf("mount unit %s: filesystem type %q is not valid", name, fstype)
+	}
+	unit := fmt.Sprintf(`# Written by kiln-init: the etcd data volume. etcd's manifest lives on it.
+[Unit]
+Description=etcd data volume on %[3]s
+Before=containerd.service kubelet.service
+
+[Mount]
+What=%[1]s
+Where=%[2]s
+Type=%[3]s
+Options=noatime,nofail
+
+[Install]
+WantedBy=local-fs.target
+`, what, path.Clean(where), fstype)
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return false, fmt.Errorf("mount unit %s: %w", name, err)
+	}
+	defer r.Close()
+	rel := path.Join(systemd.ConfigDir, name)
+	changed, err = writeIfChanged(r, rel, []byte(unit), 0o644)
+	if err != nil {
+		return false, fmt.Errorf("mount unit %s: %w", name, err)
+	}
+	enabled, err := systemd.Enable(root, name)
+	if err != nil {
+		return changed, fmt.Errorf("mount unit %s: %w", name, err)
+	}
+	return changed || enabled, nil
+}
+
+// writeIfChanged replaces rel in r with data unless it already holds exactly that,
+// through a temporary file, fsync and rename, so a power cut leaves the old or the new
+// file.
+func writeIfChanged(r *os.Root, rel string, data []byte, mode fs.FileMode) (bool, error) {
+	if old, err := r.ReadFile(rel); err == nil && bytes.Equal(old, data) {
+		if fi, err := r.Lstat(rel); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == mode {
+			return false, nil
+		}
+	}
+	if err := r.MkdirAll(path.Dir(rel), 0o755); err != nil {
+		return false, err
+	}
+	tmp := rel + ".kiln-tmp"
+	f, err := r.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return false, err
+	}
+	_, werr := f.Write(data)
+	if werr == nil {
+		werr = f.Chmod(mode)
+	}
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = r.Rename(tmp, rel)
+	}
+	if werr != nil {
+		r.Remove(tmp)
+		return false, fmt.Errorf("write /%s: %w", rel, werr)
+	}
+	syncDir(r, path.Dir(rel))
+	return true, nil
+}
+
+// syncDir makes a rename in dir durable; failures are not fatal (the rename happened).
+func syncDir(r *os.Root, dir string) {
+	if d, err := r.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// Mount mounts dev on where (creating the directory) with type fstype and noatime, on
+// the live system. It does nothing when dev is already mounted there, and fails when
+// something else is.
+func Mount(dev, where, fstype string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", dev, where, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return fmt.Errorf("mount %s on %s: not a block device", dev, where)
+	}
+	mounts, err := readMountInfo(mountInfoPath)
+	if err != nil {
+		return fmt.Errorf("mount %s on %s: %w", dev, where, err)
+	}
+	where = path.Clean(where)
+	devID := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	if m, ok := mountedAt(mounts, where); ok {
+		if m.majMin == devID {
+			return nil
+		}
+		return fmt.Errorf("mount %s on %s: %s (%s) is mounted there already", dev, where, m.source, m.fstype)
+	}
+	if err := os.MkdirAll(where, 0o700); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", dev, where, err)
+	}
+	if err := unix.Mount(dev, where, fstype, unix.MS_NOATIME, ""); err != nil {
+		return fmt.Errorf("mount %s on %s (%s): %w", dev, where, fstype, err)
+	}
+	return nil
+}
+
+// mountEntry is one line of /proc/self/mountinfo.
+type mountEntry struct {
+	majMin, mountPoint, fstype, source string
+}
+
+// readMountInfo parses a mountinfo file (proc(5)).
+func readMountInfo(file string) ([]mountEntry, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read mounts: %w", err)
+	}
+	return parseMountInfo(data, file)
+}
+
+func parseMountInfo(data []byte, file string) ([]mountEntry, error) {
+	var out []mountEntry
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 2 {
+			return nil, fmt.Errorf("%s:%d: not a mountinfo line", file, n)
+		}
+		out = append(out, mountEntry{majMin: f[2], mountPoint: unescapeOctal(f[4]), fstype: g[0], source: unescapeOctal(g[1])})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", file, err)
+	}
+	return out, nil
+}
+
+// mountedAt returns the mount visible at where: the last one listed for it.
+func mountedAt(mounts []mountEntry, where string) (mountEntry, bool) {
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if mounts[i].mountPoint == where {
+			return mounts[i], true
+		}
+	}
+	return mountEntry{}, false
+}
+
+// unescapeOctal undoes the kernel's \ooo escapes of space, tab, newline and backslash.
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,352 @@
+package volume
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Filesystem types Prepare can create.
+const (
+	FSExt4 = "ext4"
+	FSXFS  = "xfs"
+)
+
+// Want is the filesystem a volume must carry.
+type Want struct {
+	// FSType is ext4 or xfs; empty means ext4.
+	FSType string
+	// Label, when set, must be the existing filesystem's label, and is given to a new one.
+	Label string
+	// UUID, when set, must be the existing filesystem's UUID, and is given to a new one.
+	UUID string
+	// Wipe allows Prepare to erase a disk that carries anything other than the wanted
+	// filesystem (a partition table, another filesystem, another label) and format it.
+	// A disk that already carries the wanted filesystem is kept even with Wipe, so that
+	// running Prepare at every boot never destroys the data it put there.
+	Wipe bool
+}
+
+// Result says what Prepare found and did.
+type Result struct {
+	// Formatted is true when Prepare created the filesystem; false when it accepted one
+	// that was there.
+	Formatted bool
+	// Wiped is true when Prepare erased signatures (Want.Wipe) before formatting.
+	Wiped bool
+	// FSType, Label and UUID describe the filesystem now on the device.
+	FSType, Label, UUID string
+}
+
+// ErrRefused is matched (errors.Is) by every *RefusedError.
+var ErrRefused = errors.New("refusing to format")
+
+// RefusedError is returned when a device carries something Prepare must not format:
+// a partition table, another filesystem or a filesystem with another label or UUID.
+// The device is left untouched.
+type RefusedError struct {
+	Device string
+	// Found describes what is on the device, e.g. "a partition table (gpt)".
+	Found string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("%s has %s; refusing to format it (wipe: true erases it)", e.Device, e.Found)
+}
+
+// Is makes errors.Is(err, ErrRefused) true.
+func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+
+// signature is what blkid found on a device.
+type signature struct {
+	blank                     bool // blkid found nothing (exit 2)
+	ambiguous                 bool // blkid found conflicting signatures (exit 8)
+	Type, PTType, Label, UUID string
+}
+
+// Prepare makes dev carry the wanted filesystem without ever formatting a disk with data:
+//
+//   - blank (blkid -p finds no signature): mkfs (mkfs.ext4 -F -m0, or mkfs.xfs) with
+//     the label and UUID;
+//   - the wanted type, with the wanted label and UUID when they are set: kept, after
+//     e2fsck -p for ext4 (skipped while the device is mounted). XFS needs no check: the
+//     kernel replays its log at mount, as fsck.xfs says;
+//   - anything else, a partition table, another filesystem, another label or UUID,
+//     conflicting signatures: a *RefusedError and the device untouched, unless
+//     want.Wipe, which erases every signature (wipefs -a) and formats.
+//
+// Prepare is idempotent and safe to run again after a power cut at any point.
+// mke2fs zeroes the old superblock area first and writes the primary superblock last,
+// after an fsync, so an interrupted mkfs.ext4 leaves a device blkid reports as blank and
+// the next run formats it again. mkfs.xfs instead writes its superblock early with the
+// "mkfs in progress" flag and clears the flag at the end; the kernel refuses to mount
+// such a filesystem, so it never held data, and Prepare formats it again when its
+// label and UUID are the wanted ones (it is refused otherwise). An interrupted wipefs
+// leaves a disk that is refused again, and wiped again when want.Wipe.
+func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
+	if want.FSType == "" {
+		want.FSType = FSExt4
+	}
+	if want.FSType != FSExt4 && want.FSType != FSXFS {
+		return Result{}, fmt.Errorf("prepare %s: filesystem type %q is not supported (ext4 or xfs)", dev, want.FSType)
+	}
+	sig, err := probe(ctx, dev)
+	if err != nil {
+		return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
+	}
+	if sig.blank {
+		return format(ctx, dev, want, false, false)
+	}
+	if found := mismatch(sig, want); found != "" {
+		if !want.Wipe {
+			return Result{}, &RefusedError{Device: dev, Found: found}
+		}
+		if _, err := run(ctx, "wipefs", "-a", dev); err != nil {
+			return Result{}, fmt.Errorf("prepare %s: wipe (it had %s): %w", dev, found, err)
+		}
+		return format(ctx, dev, want, true, false)
+	}
+	if want.FSType == FSXFS {
+		interrupted, err := xfsMkfsInProgress(dev)
+		if err != nil {
+			return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
+		}
+		if interrupted {
+			return format(ctx, dev, want, false, true)
+		}
+	}
+	if err := check(ctx, dev, sig.Type); err != nil {
+		return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
+	}
+	return Result{FSType: sig.Type, Label: sig.Label, UUID: sig.UUID}, nil
+}
+
+// mismatch describes what on the device stands in the way of want, or "" when the
+// device carries the wanted filesystem.
+func mismatch(sig signature, want Want) string {
+	switch {
+	case sig.ambiguous:
+		return "conflicting signatures (blkid -p reports an ambivalent result)"
+	case sig.PTType != "":
+		return fmt.Sprintf("a partition table (%s)", sig.PTType)
+	case sig.Type == "":
+		return "an unrecognised signature"
+	case sig.Type != want.FSType:
+		return fmt.Sprintf("%s filesystem%s, not %s", article(sig.Type), describe(sig), want.FSType)
+	case want.Label != "" && sig.Label != want.Label:
+		return fmt.Sprintf("%s filesystem%s, not labelled %q", article(sig.Type), describe(sig), want.Label)
+	case want.UUID != "" && !strings.EqualFold(sig.UUID, want.UUID):
+		return fmt.Sprintf("%s filesystem%s, not UUID %s", article(sig.Type), describe(sig), want.UUID)
+	}
+	return ""
+}
+
+func article(fstype string) string {
+	if strings.ContainsRune("aeiouxAEIOUX", rune(fstype[0])) { // an ext4, an xfs
+		return "an " + fstype
+	}
+	return "a " + fstype
+}
+
+func describe(sig signature) string {
+	var parts []string
+	if sig.Label != "" {
+		parts = append(parts, fmt.Sprintf("label %q", sig.Label))
+	}
+	if sig.UUID != "" {
+		parts = append(parts, "UUID "+sig.UUID)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// probe asks blkid, in low-level probing mode (no cache), what dev carries.
+func probe(ctx context.Context, dev string) (signature, error) {
+	out, err := run(ctx, "blkid", "-p", "-s", "TYPE", "-s", "PTTYPE", "-s", "LABEL", "-s", "UUID", "-o", "export", dev)
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		switch exit.ExitCode() {
+		case 2:
+			return signature{blank: true}, nil
+		case 8:
+			return signature{ambiguous: true}, nil
+		}
+	}
+	if err != nil {
+		return signature{}, fmt.Errorf("probe: %w", err)
+	}
+	var sig signature
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), "=")
+		if !ok {
+			continue
+		}
+		v = unescapeExport(v)
+		switch k {
+		case "TYPE":
+			sig.Type = v
+		case "PTTYPE":
+			sig.PTType = v
+		case "LABEL":
+			sig.Label = v
+		case "UUID":
+			sig.UUID = v
+		}
+	}
+	return sig, nil
+}
+
+// unescapeExport undoes the shell quoting of blkid -o export (a backslash before
+// spaces and other special characters).
+func unescapeExport(v string) string {
+	if !strings.Contains(v, `\`) {
+		return v
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' && i+1 < len(v) {
+			i++
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
+}
+
+// format creates want's filesystem on dev, which is blank (or was just wiped, or holds
+// an interrupted mkfs.xfs when force), and reports what is on it afterwards.
+func format(ctx context.Context, dev string, want Want, wiped, force bool) (Result, error) {
+	var args []string
+	switch want.FSType {
+	case FSExt4:
+		args = []string{"mkfs.ext4", "-q", "-F", "-m0"}
+		if want.Label != "" {
+			args = append(args, "-L", want.Label)
+		}
+		if want.UUID != "" {
+			args = append(args, "-U", want.UUID)
+		}
+	case FSXFS:
+		args = []string{"mkfs.xfs", "-q"}
+		if force {
+			args = append(args, "-f")
+		}
+		if want.Label != "" {
+			args = append(args, "-L", want.Label)
+		}
+		if want.UUID != "" {
+			args = append(args, "-m", "uuid="+want.UUID)
+		}
+	}
+	if _, err := run(ctx, args[0], append(args[1:], dev)...); err != nil {
+		return Result{}, fmt.Errorf("prepare %s: format: %w", dev, err)
+	}
+	sig, err := probe(ctx, dev)
+	if err != nil {
+		return Result{}, fmt.Errorf("prepare %s: after format: %w", dev, err)
+	}
+	if found := mismatch(sig, want); found != "" || sig.blank {
+		return Result{}, fmt.Errorf("prepare %s: after %s, blkid finds %s", dev, args[0], orBlank(found, sig.blank))
+	}
+	return Result{Formatted: true, Wiped: wiped, FSType: sig.Type, Label: sig.Label, UUID: sig.UUID}, nil
+}
+
+func orBlank(found string, blank bool) string {
+	if blank {
+		return "no filesystem"
+	}
+	return found
+}
+
+// check runs the filesystem's own consistency check in the mode that repairs only what
+// is safe to repair unattended (e2fsck -p). A mounted device is not checked.
+func check(ctx context.Context, dev, fstype string) error {
+	if fstype != FSExt4 {
+		return nil // xfs: the kernel replays the log at mount; xfs_repair -n gives false alarms on a dirty log
+	}
+	mounted, err := deviceMounted(dev)
+	if err != nil || mounted {
+		return err
+	}
+	_, err = run(ctx, "e2fsck", "-p", dev)
+	var exit *exec.ExitError
+	// 1: errors were corrected; 2: corrected, and a mounted root would need a reboot
+	// (this device is not mounted).
+	if errors.As(err, &exit) && (exit.ExitCode() == 1 || exit.ExitCode() == 2) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("filesystem check found problems it may not repair unattended; repair by hand (e2fsck -f %s): %w", dev, err)
+	}
+	return nil
+}
+
+// xfsMkfsInProgress reports whether dev's primary XFS superblock has sb_inprogress set:
+// mkfs.xfs sets it while it works and clears it when it is done.
+func xfsMkfsInProgress(dev string) (bool, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return false, fmt.Errorf("read xfs superblock: %w", err)
+	}
+	defer f.Close()
+	sb := make([]byte, 128)
+	if _, err := io.ReadFull(f, sb); err != nil {
+		return false, fmt.Errorf("read xfs superblock of %s: %w", dev, err)
+	}
+	const inProgressOffset = 126 // sb_inprogress in struct xfs_dsb
+	return string(sb[:4]) == "XFSB" && sb[inProgressOffset] != 0, nil
+}
+
+// deviceMounted reports whether block device dev is mounted anywhere (looked up by its
+// major:minor in /proc/self/mountinfo). A regular file is never reported mounted.
+func deviceMounted(dev string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", dev, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return false, nil
+	}
+	mounts, err := readMountInfo(mountInfoPath)
+	if err != nil {
+		return false, err
+	}
+	want := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	for _, m := range mounts {
+		if m.majMin == want {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// run runs a tool and returns its standard output. A failure includes the tool's
+// standard error; an *exec.ExitError stays reachable through errors.As.
+func run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = strings.TrimSpace(string(out))
+		}
+		if msg != "" {
+			return out, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+		}
+		return out, fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return out, nil
+}

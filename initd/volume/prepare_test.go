@@ -1,0 +1,482 @@
+package volume
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func requireTools(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed", tool)
+		}
+	}
+}
+
+// newDisk makes a sparse file of size MiB to use as a device.
+func newDisk(t *testing.T, mib int64) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "disk.img")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(mib << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return p
+}
+
+func sh(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func hashFile(t *testing.T, p string) string {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// blkidOf is what blkid reports about dev, as KEY=VALUE lines ("" when blank).
+func blkidOf(t *testing.T, dev string) map[string]string {
+	t.Helper()
+	out, err := exec.Command("blkid", "-p", "-o", "export", dev).Output()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && exit.ExitCode() == 2 {
+		return map[string]string{}
+	}
+	if err != nil {
+		t.Fatalf("blkid %s: %v", dev, err)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// ext4WithData makes an ext4 filesystem labelled label holding /member/db with
+// content, as etcd would have left it.
+func ext4WithData(t *testing.T, label, content string) string {
+	dev := newDisk(t, 64)
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, "member"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "member", "db"), []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, "mkfs.ext4", "-q", "-F", "-L", label, "-d", src, dev)
+	return dev
+}
+
+// catExt4 reads a file out of an ext4 image without mounting it.
+func catExt4(t *testing.T, dev, p string) string {
+	t.Helper()
+	out, err := exec.Command("debugfs", "-R", "cat "+p, dev).Output()
+	if err != nil {
+		t.Fatalf("debugfs cat %s: %v", p, err)
+	}
+	return string(out)
+}
+
+const etcdData = "etcd bolt database: member b, revision 4711\n"
+
+func TestPrepare(t *testing.T) {
+	requireTools(t, "blkid", "mkfs.ext4", "mkfs.xfs", "e2fsck", "wipefs", "sgdisk", "debugfs", "xfs_db")
+	ctx := context.Background()
+	const fixedUUID = "0b6e3f5c-1a2b-4c3d-8e9f-a0b1c2d3e4f5"
+
+	tests := []struct {
+		name  string
+		setup func(t *testing.T) string
+		want  Want
+		// refused: the device must be refused and left byte for byte as it was, with an
+		// error naming what was found.
+		refused string
+		// formatted: Prepare must report that it formatted.
+		formatted bool
+		wiped     bool
+		// keepsData: the etcd data written by the setup must still be there.
+		keepsData bool
+		check     func(t *testing.T, dev string, res Result)
+	}{
+		{
+			name:      "blank disk is formatted ext4 with the label",
+			setup:     func(t *testing.T) string { return newDisk(t, 64) },
+			want:      Want{FSType: "ext4", Label: "etcd"},
+			formatted: true,
+		},
+		{
+			name:      "default type is ext4",
+			setup:     func(t *testing.T) string { return newDisk(t, 64) },
+			want:      Want{Label: "etcd"},
+			formatted: true,
+		},
+		{
+			name:      "blank disk gets the wanted UUID",
+			setup:     func(t *testing.T) string { return newDisk(t, 64) },
+			want:      Want{FSType: "ext4", Label: "etcd", UUID: fixedUUID},
+			formatted: true,
+			check: func(t *testing.T, dev string, res Result) {
+				if res.UUID != fixedUUID {
+					t.Errorf("UUID = %s, want %s", res.UUID, fixedUUID)
+				}
+			},
+		},
+		{
+			name:      "blank disk is formatted xfs when asked",
+			setup:     func(t *testing.T) string { return newDisk(t, 320) },
+			want:      Want{FSType: "xfs", Label: "etcd"},
+			formatted: true,
+		},
+		{
+			name:      "ext4 with etcd data is kept",
+			setup:     func(t *testing.T) string { return ext4WithData(t, "etcd", etcdData) },
+			want:      Want{FSType: "ext4", Label: "etcd"},
+			keepsData: true,
+		},
+		{
+			name:      "ext4 with data and no label wanted is kept",
+			setup:     func(t *testing.T) string { return ext4WithData(t, "anything", etcdData) },
+			want:      Want{FSType: "ext4"},
+			keepsData: true,
+		},
+		{
+			name:      "wipe keeps a disk that already carries the wanted filesystem",
+			setup:     func(t *testing.T) string { return ext4WithData(t, "etcd", etcdData) },
+			want:      Want{FSType: "ext4", Label: "etcd", Wipe: true},
+			keepsData: true,
+		},
+		{
+			name: "ext4 that was not cleanly unmounted is checked and kept",
+			setup: func(t *testing.T) string {
+				dev := ext4WithData(t, "etcd", etcdData)
+				sh(t, "debugfs", "-w", "-R", "ssv state 0", dev) // "not clean"
+				return dev
+			},
+			want:      Want{FSType: "ext4", Label: "etcd"},
+			keepsData: true,
+			check: func(t *testing.T, dev string, res Result) {
+				if out := sh(t, "dumpe2fs", "-h", dev); !strings.Contains(out, "Filesystem state:         clean") {
+					t.Errorf("e2fsck did not run: state is not clean:\n%s", out)
+				}
+			},
+		},
+		{
+			name: "xfs when ext4 is wanted is refused",
+			setup: func(t *testing.T) string {
+				dev := newDisk(t, 320)
+				sh(t, "mkfs.xfs", "-q", "-L", "etcd", dev)
+				return dev
+			},
+			want:    Want{FSType: "ext4", Label: "etcd"},
+			refused: "has an xfs filesystem (label \"etcd\", UUID ",
+		},
+		{
+			name: "partitioned disk is refused",
+			setup: func(t *testing.T) string {
+				dev := newDisk(t, 64)
+				sh(t, "sgdisk", "-n", "1:0:0", "-t", "1:8300", dev)
+				return dev
+			},
+			want:    Want{FSType: "ext4", Label: "etcd"},
+			refused: "has a partition table (gpt); refusing to format it",
+		},
+		{
+			name: "partitioned disk whose partition holds a filesystem is refused",
+			setup: func(t *testing.T) string {
+				dev := newDisk(t, 64)
+				sh(t, "sgdisk", "-n", "1:0:0", dev)
+				sh(t, "mkfs.ext4", "-q", "-F", "-E", "offset=1048576", "-L", "etcd", dev, "16M")
+				return dev
+			},
+			want:    Want{FSType: "ext4", Label: "etcd"},
+			refused: "partition table (gpt)",
+		},
+		{
+			name:    "ext4 with another label is refused",
+			setup:   func(t *testing.T) string { return ext4WithData(t, "data", etcdData) },
+			want:    Want{FSType: "ext4", Label: "etcd"},
+			refused: `has an ext4 filesystem (label "data", UUID `,
+		},
+		{
+			name:    "ext4 with another UUID is refused",
+			setup:   func(t *testing.T) string { return ext4WithData(t, "etcd", etcdData) },
+			want:    Want{FSType: "ext4", Label: "etcd", UUID: fixedUUID},
+			refused: "not UUID " + fixedUUID,
+		},
+		{
+			name: "ext3 when ext4 is wanted is refused",
+			setup: func(t *testing.T) string {
+				dev := newDisk(t, 64)
+				sh(t, "mkfs.ext3", "-q", "-F", "-L", "etcd", dev)
+				return dev
+			},
+			want:    Want{FSType: "ext4", Label: "etcd"},
+			refused: "has an ext3 filesystem",
+		},
+		{
+			name: "wipe erases a partition table and formats",
+			setup: func(t *testing.T) string {
+				dev := newDisk(t, 64)
+				sh(t, "sgdisk", "-n", "1:0:0", dev)
+				return dev
+			},
+			want:      Want{FSType: "ext4", Label: "etcd", Wipe: true},
+			formatted: true,
+			wiped:     true,
+			check: func(t *testing.T, dev string, res Result) {
+				if pt := blkidOf(t, dev)["PTTYPE"]; pt != "" {
+					t.Errorf("partition table %s survived the wipe", pt)
+				}
+			},
+		},
+		{
+			name: "wipe erases xfs and formats ext4",
+			setup: func(t *testing.T) string {
+				dev := newDisk(t, 320)
+				sh(t, "mkfs.xfs", "-q", "-L", "old", dev)
+				return dev
+			},
+			want:      Want{FSType: "ext4", Label: "etcd", Wipe: true},
+			formatted: true,
+			wiped:     true,
+		},
+		{
+			name:      "wipe erases ext4 with another label and formats it again",
+			setup:     func(t *testing.T) string { return ext4WithData(t, "data", etcdData) },
+			want:      Want{FSType: "ext4", Label: "etcd", Wipe: true},
+			formatted: true,
+			wiped:     true,
+			check: func(t *testing.T, dev string, res Result) {
+				if out, err := exec.Command("debugfs", "-R", "cat /member/db", dev).CombinedOutput(); strings.Contains(string(out), etcdData) {
+					t.Errorf("old data still readable after wipe and format (%v)", err)
+				}
+			},
+		},
+		{
+			name: "xfs whose mkfs was interrupted is formatted again",
+			setup: func(t *testing.T) string {
+				dev := newDisk(t, 320)
+				sh(t, "mkfs.xfs", "-q", "-L", "etcd", dev)
+				sh(t, "xfs_db", "-x", "-c", "sb 0", "-c", "write inprogress 1", dev)
+				return dev
+			},
+			want:      Want{FSType: "xfs", Label: "etcd"},
+			formatted: true,
+			check: func(t *testing.T, dev string, res Result) {
+				if out := sh(t, "xfs_db", "-c", "sb 0", "-c", "p inprogress", dev); !strings.Contains(out, "inprogress = 0") {
+					t.Errorf("after Prepare: %s", out)
+				}
+			},
+		},
+		{
+			name: "interrupted xfs mkfs with another label is refused",
+			setup: func(t *testing.T) string {
+				dev := newDisk(t, 320)
+				sh(t, "mkfs.xfs", "-q", "-L", "other", dev)
+				sh(t, "xfs_db", "-x", "-c", "sb 0", "-c", "write inprogress 1", dev)
+				return dev
+			},
+			want:    Want{FSType: "xfs", Label: "etcd"},
+			refused: `not labelled "etcd"`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dev := tt.setup(t)
+			before := hashFile(t, dev)
+			res, err := Prepare(ctx, dev, tt.want)
+			if tt.refused != "" {
+				var refused *RefusedError
+				if !errors.As(err, &refused) || !errors.Is(err, ErrRefused) {
+					t.Fatalf("Prepare = %+v, %v; want a *RefusedError", res, err)
+				}
+				if !strings.Contains(err.Error(), tt.refused) || !strings.Contains(err.Error(), dev) {
+					t.Errorf("error %q does not name the device and %q", err, tt.refused)
+				}
+				if after := hashFile(t, dev); after != before {
+					t.Errorf("a refused device was modified")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Prepare: %v", err)
+			}
+			wantType := tt.want.FSType
+			if wantType == "" {
+				wantType = "ext4"
+			}
+			if res.Formatted != tt.formatted || res.Wiped != tt.wiped {
+				t.Errorf("Formatted, Wiped = %v, %v; want %v, %v", res.Formatted, res.Wiped, tt.formatted, tt.wiped)
+			}
+			got := blkidOf(t, dev)
+			if got["TYPE"] != wantType || res.FSType != wantType {
+				t.Errorf("device has TYPE %q, Result.FSType %q; want %s", got["TYPE"], res.FSType, wantType)
+			}
+			if tt.want.Label != "" && (got["LABEL"] != tt.want.Label || res.Label != tt.want.Label) {
+				t.Errorf("device has LABEL %q, Result.Label %q; want %q", got["LABEL"], res.Label, tt.want.Label)
+			}
+			if got["UUID"] != res.UUID || res.UUID == "" {
+				t.Errorf("Result.UUID %q, device has %q", res.UUID, got["UUID"])
+			}
+			if tt.keepsData {
+				if data := catExt4(t, dev, "/member/db"); data != etcdData {
+					t.Errorf("etcd data after Prepare = %q, want %q", data, etcdData)
+				}
+			}
+			if tt.check != nil {
+				tt.check(t, dev, res)
+			}
+
+			// Running again (the next boot) keeps what is there.
+			again, err := Prepare(ctx, dev, tt.want)
+			if err != nil {
+				t.Fatalf("second Prepare: %v", err)
+			}
+			if again.Formatted || again.Wiped || again.UUID != res.UUID {
+				t.Errorf("second Prepare = %+v; want the filesystem kept (UUID %s)", again, res.UUID)
+			}
+		})
+	}
+}
+
+func TestPrepareKeepsDataWrittenAfterFormat(t *testing.T) {
+	requireTools(t, "blkid", "mkfs.ext4", "e2fsck", "debugfs")
+	ctx := context.Background()
+	dev := newDisk(t, 64)
+	want := Want{FSType: "ext4", Label: "etcd"}
+	if res, err := Prepare(ctx, dev, want); err != nil || !res.Formatted {
+		t.Fatalf("first Prepare = %+v, %v; want formatted", res, err)
+	}
+	src := filepath.Join(t.TempDir(), "db")
+	if err := os.WriteFile(src, []byte(etcdData), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, "debugfs", "-w", "-R", "write "+src+" db", dev)
+	for boot := 2; boot <= 3; boot++ {
+		res, err := Prepare(ctx, dev, want)
+		if err != nil || res.Formatted {
+			t.Fatalf("boot %d: Prepare = %+v, %v; want kept", boot, res, err)
+		}
+		if got := catExt4(t, dev, "/db"); got != etcdData {
+			t.Fatalf("boot %d: data = %q", boot, got)
+		}
+	}
+}
+
+func TestPrepareCorruptExt4IsNotFormatted(t *testing.T) {
+	requireTools(t, "blkid", "mkfs.ext4", "e2fsck", "debugfs")
+	dev := ext4WithData(t, "etcd", etcdData)
+	uuid := blkidOf(t, dev)["UUID"]
+	sh(t, "debugfs", "-w", "-R", "clri <2>", dev)    // destroy the root directory's inode
+	sh(t, "debugfs", "-w", "-R", "ssv state 0", dev) // as after a crash: e2fsck -p checks it
+	res, err := Prepare(context.Background(), dev, Want{FSType: "ext4", Label: "etcd"})
+	if err == nil || errors.Is(err, ErrRefused) {
+		t.Fatalf("Prepare = %+v, %v; want a filesystem check error", res, err)
+	}
+	if !strings.Contains(err.Error(), "e2fsck -f "+dev) {
+		t.Errorf("error %q does not say how to repair", err)
+	}
+	if got := blkidOf(t, dev); got["TYPE"] != "ext4" || got["UUID"] != uuid {
+		t.Errorf("device now has %v; want the damaged ext4 %s left in place", got, uuid)
+	}
+}
+
+// TestPrepareAfterInterruptedMkfs kills mkfs at several points (strace fault
+// injection: SIGKILL on the Nth write, the writes after it never happen) and checks
+// that Prepare then finishes the job.
+func TestPrepareAfterInterruptedMkfs(t *testing.T) {
+	requireTools(t, "strace", "blkid", "mkfs.ext4", "mkfs.xfs", "e2fsck")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		fstype string
+		mib    int64
+		mkfs   []string
+		writes []int
+	}{
+		{"ext4", 64, []string{"mkfs.ext4", "-q", "-F", "-m0", "-L", "etcd"}, []int{1, 3, 50, 150, 250, 280}},
+		{"xfs", 320, []string{"mkfs.xfs", "-q", "-L", "etcd"}, []int{1, 3, 10, 30, 60}},
+	} {
+		// The last write: for mkfs.ext4 the primary superblock.
+		writes := append(tc.writes, countWrites(t, append(tc.mkfs, newDisk(t, tc.mib))))
+		for _, n := range writes {
+			t.Run(tc.fstype+"/killed at write "+strconv.Itoa(n), func(t *testing.T) {
+				dev := newDisk(t, tc.mib)
+				args := append([]string{"-f", "-o", "/dev/null", "-e", "trace=pwrite64,pwritev,write",
+					"-e", "inject=pwrite64,pwritev:signal=KILL:when=" + strconv.Itoa(n)}, tc.mkfs...)
+				if out, err := exec.Command("strace", append(args, dev)...).CombinedOutput(); err == nil {
+					t.Fatalf("mkfs finished before write %d: %s", n, out)
+				}
+				t.Logf("after the interrupted mkfs blkid reports %v", blkidOf(t, dev))
+				res, err := Prepare(ctx, dev, Want{FSType: tc.fstype, Label: "etcd"})
+				if err != nil {
+					t.Fatalf("Prepare: %v", err)
+				}
+				if !res.Formatted {
+					t.Errorf("Prepare kept the half-made filesystem: %+v", res)
+				}
+				if got := blkidOf(t, dev); got["TYPE"] != tc.fstype || got["LABEL"] != "etcd" {
+					t.Errorf("device has %v", got)
+				}
+				if tc.fstype == "xfs" {
+					sh(t, "xfs_repair", "-n", dev) // a complete filesystem passes
+				} else {
+					sh(t, "e2fsck", "-fn", dev)
+				}
+			})
+		}
+	}
+}
+
+// countWrites runs cmd under strace and returns how many pwrite64/pwritev calls it made.
+func countWrites(t *testing.T, cmd []string) int {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "trace")
+	sh(t, "strace", append([]string{"-f", "-o", out, "-e", "trace=pwrite64,pwritev"}, cmd...)...)
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := strings.Count(string(data), "pwrite64(") + strings.Count(string(data), "pwritev(")
+	if n == 0 {
+		t.Fatalf("%s made no pwrite64/pwritev calls", cmd[0])
+	}
+	return n
+}
+
+func TestPrepareBadInput(t *testing.T) {
+	if _, err := Prepare(context.Background(), newDisk(t, 1), Want{FSType: "btrfs"}); err == nil || !strings.Contains(err.Error(), `"btrfs" is not supported`) {
+		t.Errorf("Prepare btrfs: %v", err)
+	}
+	if _, err := Prepare(context.Background(), "/nonexistent/disk", Want{}); err == nil || !strings.Contains(err.Error(), "/nonexistent/disk") {
+		t.Errorf("Prepare of a missing device: %v", err)
+	}
+}

@@ -1,0 +1,72 @@
+// Package volume finds, prepares and mounts the disk that holds a control-plane node's
+// etcd data, as kOps' protokube and etcd-manager did:
+//
+//   - A Finder locates the disk and returns its device node: ByID (a serial or a name in
+//     /dev/disk/by-id, for metal and QEMU), AWS (EBS volumes selected by tags in the
+//     node's availability zone, attached with AttachVolume) and GCE (a persistent disk
+//     by name, attached with instances.attachDisk). Losing an attach race to another
+//     node is normal: it gives ErrAttachedElsewhere and the caller retries later.
+//   - Prepare makes the disk safe to use without ever formatting one that holds data: a
+//     blank disk is formatted, a disk with the wanted filesystem (and label and UUID) is
+//     checked and accepted, anything else is refused unless the config says wipe.
+//   - MountUnit writes and enables a systemd mount unit so every later boot mounts the
+//     disk before containerd and the kubelet start; Mount mounts it on the live system.
+//   - LinkManifest links /etc/kubernetes/manifests/<name> to the etcd manifest kept on
+//     the volume, so etcd cannot start on a node whose disk is missing.
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Finder locates a disk and returns its device node, e.g. /dev/nvme1n1.
+type Finder interface {
+	Find(ctx context.Context) (device string, err error)
+}
+
+// ErrAttachedElsewhere is returned (wrapped) when the volume is attached to another
+// instance: another node won the attach race, or still holds the disk. It is the normal
+// outcome of a race between nodes; retry later (the other node may release it).
+var ErrAttachedElsewhere = errors.New("volume is attached to another instance")
+
+// ErrNotFound is returned (wrapped) when no volume or device matches the selector.
+var ErrNotFound = errors.New("no matching volume")
+
+// DefaultDevDir is where udev links disks by their serial and bus identity.
+const DefaultDevDir = "/dev/disk/by-id"
+
+// Defaults for how long a Finder waits for an attachment or a device node to appear,
+// and how often it looks.
+const (
+	DefaultTimeout = 2 * time.Minute
+	DefaultPoll    = 500 * time.Millisecond
+)
+
+// poll calls try every interval until it reports done or fails, the timeout passes or ctx
+// ends. what names the awaited state in the timeout error.
+func poll(ctx context.Context, timeout, interval time.Duration, what string, try func() (bool, error)) error {
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	if interval <= 0 {
+		interval = DefaultPoll
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		done, err := try()
+		if err != nil || done {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting %s for %s: %w", timeout, what, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
