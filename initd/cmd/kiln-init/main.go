@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/firstboot"
 	"github.com/kilnproject/kiln/initd/preflight"
 	"github.com/kilnproject/kiln/initd/stage1"
@@ -31,7 +32,8 @@ As /init in the initramfs (PID 1) it runs stage 1 and hands over to systemd.
 Otherwise:
   kiln-init firstboot [--force] [--ignore-preflight=a,b]
                                  apply the node config (run once by kiln-firstboot.service)
-  kiln-init status [-o json]     show what first boot did, task by task
+  kiln-init status [-o json]     show what first boot did, task by task, and the DNS state
+  kiln-init dns                  publish this node's cluster names (kiln-dns.service, every boot)
   kiln-init preflight --role R [-o table|json]
                                  run kubeadm's preflight checks for role R and print them
   kiln-init version
@@ -54,6 +56,13 @@ func main() {
 		err = runFirstboot(ctx, os.Args[2:])
 	case "status":
 		err = runStatus(os.Args[2:])
+	case "dns":
+		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		var st dns.State
+		st, err = firstboot.RegisterDNS(ctx, "/", log)
+		if err == nil && st.State != "" {
+			fmt.Println("kiln-init: dns " + st.String())
+		}
 	case "preflight":
 		err = preflight.Main(ctx, os.Args[2:], os.Stdout)
 	case "version", "--version":
@@ -141,5 +150,11 @@ func runStatus(args []string) error {
 	if err != nil {
 		return err
 	}
-	return firstboot.PrintStatus(os.Stdout, st, *out)
+	if err := firstboot.PrintStatus(os.Stdout, st, *out); err != nil {
+		return err
+	}
+	if d, err := (dns.StatusFile{Root: *root}).Read(); err == nil && *out != "json" {
+		fmt.Printf("\nDNS  %s (%s, %d records, attempts %d)\n", d.String(), d.Provider, len(d.Records), d.Attempts)
+	}
+	return nil
 }
