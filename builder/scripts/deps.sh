@@ -30,6 +30,9 @@ if [ "${1:-}" = test ]; then
   need[/usr/sbin/in.tftpd]=tftpd-hpa
   need[genisoimage]=genisoimage
   need[xorriso]=xorriso
+  need[/usr/sbin/named]=bind9
+  need[dig]=bind9-dnsutils
+  need[mkfs.xfs]=xfsprogs
 fi
 missing=()
 for tool in "${!need[@]}"; do
