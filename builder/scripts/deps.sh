@@ -33,6 +33,9 @@ if [ "${1:-}" = test ]; then
   need[/usr/sbin/named]=bind9
   need[dig]=bind9-dnsutils
   need[mkfs.xfs]=xfsprogs
+  need[strace]=strace
+  need[systemd-escape]=systemd
+  need[useradd]=passwd
 fi
 missing=()
 for tool in "${!need[@]}"; do
