@@ -126,6 +126,11 @@ func TestControlPlanesEtcdDisksAndDNS(t *testing.T) {
 		before := uuid(t, n.etcd)
 		marker := filepath.Join(t.TempDir(), "marker")
 		os.WriteFile(marker, []byte("etcd data\n"), 0o644)
+		// The VM was stopped with the disk mounted: replay its journal first, or the guest's
+		// replay at the next mount would undo debugfs's write.
+		if out, err := exec.Command("e2fsck", "-fy", n.etcd).CombinedOutput(); err != nil && !strings.Contains(err.Error(), "exit status 1") {
+			t.Fatalf("e2fsck -fy: %v %s", err, out)
+		}
 		if out, err := exec.Command("debugfs", "-w", "-R", "write "+marker+" /marker", n.etcd).CombinedOutput(); err != nil {
 			t.Fatalf("debugfs write: %v %s", err, out)
 		}
