@@ -58,10 +58,11 @@ image: bake
 		--config images/examples/worker.ign --until-firstboot
 
 # Every test, the QEMU boot tests included (TCG; they need the base, so it is built first).
+# -v: the boot tests log their timings.
 test: deps build base
 	@builder/scripts/deps.sh test
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_ACCEL=tcg \
-		$(GO) test -count=1 -timeout 60m ./...
+		$(GO) test -count=1 -v -timeout 60m ./...
 
 test-unit:
 	$(GO) test -short ./...

@@ -96,7 +96,9 @@ func TestControlPlanesEtcdDisksAndDNS(t *testing.T) {
 		t.Run("first boot "+member, func(t *testing.T) {
 			n := newNode(t, member, i)
 			nodes[member] = n
-			boot(t, n, i, dnsDone).Stop()
+			m := boot(t, n, i, dnsDone)
+			m.Stop()
+			logTimings(t, m.Lines())
 			uuid(t, n.etcd)
 			if out, err := exec.Command("debugfs", "-R", "stat /manifests/etcd.manifest", n.etcd).CombinedOutput(); err != nil || strings.Contains(string(out), "not found") {
 				t.Errorf("no etcd manifest on the etcd disk: %v %s", err, out)
@@ -159,4 +161,26 @@ func TestControlPlanesEtcdDisksAndDNS(t *testing.T) {
 			t.Errorf("no etcd manifest on the etcd disk after convergence: %s", out)
 		}
 	})
+}
+
+var consoleTime = regexp.MustCompile(`^\[ *([0-9.]+)\]`)
+
+// logTimings prints, from the console's kernel timestamps, how long after kiln-firstboot
+// started the etcd volume was mounted and the DNS names registered (the issue's measure).
+func logTimings(t *testing.T, lines []string) {
+	at := func(sub string) float64 {
+		for _, l := range lines {
+			if strings.Contains(l, sub) {
+				if m := consoleTime.FindStringSubmatch(l); m != nil {
+					var f float64
+					fmt.Sscan(m[1], &f)
+					return f
+				}
+			}
+		}
+		return -1
+	}
+	start := at("kiln-init[")
+	t.Logf("from first-boot start (%.1fs after kernel start): etcd volume mounted +%.1fs, DNS registered +%.1fs",
+		start, at("etcd volume mounted")-start, at("kiln-init: dns registered")-start)
 }
