@@ -73,16 +73,8 @@ func (p *CloudDNS) managedZone(ctx context.Context) (string, error) {
 
 // Upsert implements Provider.
 func (p *CloudDNS) Upsert(ctx context.Context, recs []Record) error {
-	if err := checkRecords(recs); err != nil {
+	if todo, err := checkUpsert(recs, p.Zone); err != nil || !todo {
 		return err
-	}
-	if p.Zone != "" {
-		if err := checkInZone(recs, p.Zone); err != nil {
-			return err
-		}
-	}
-	if len(recs) == 0 {
-		return nil
 	}
 	zone, err := p.managedZone(ctx)
 	if err != nil {

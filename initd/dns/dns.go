@@ -203,3 +203,17 @@ func parseAddrs(typ string, data []string) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// checkUpsert is every provider's check before an update: the records are well formed and,
+// when the zone is known, inside it. It reports whether there is anything to send.
+func checkUpsert(recs []Record, zone string) (bool, error) {
+	if err := checkRecords(recs); err != nil {
+		return false, err
+	}
+	if zone != "" {
+		if err := checkInZone(recs, zone); err != nil {
+			return false, err
+		}
+	}
+	return len(recs) > 0, nil
+}

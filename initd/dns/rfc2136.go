@@ -109,14 +109,11 @@ func (p *RFC2136) client() (*mdns.Client, string, error) {
 
 // Upsert implements Provider.
 func (p *RFC2136) Upsert(ctx context.Context, recs []Record) error {
-	if err := checkRecords(recs); err != nil {
-		return err
+	if p.Zone == "" {
+		return invalid(fmt.Errorf("rfc2136: no zone to update"))
 	}
-	if err := checkInZone(recs, p.Zone); err != nil {
+	if todo, err := checkUpsert(recs, p.Zone); err != nil || !todo {
 		return err
-	}
-	if len(recs) == 0 {
-		return nil
 	}
 	c, alg, err := p.client()
 	if err != nil {
