@@ -6,15 +6,16 @@
 #   - image sizes: raw (apparent and allocated), qcow2
 # Needs the base (make base) and bin/kiln, bin/kiln-init (make build).
 set -euo pipefail
+trap 'echo "bench: failed at line $LINENO (logs in $work)" >&2' ERR
 cd "$(dirname "$0")/.."
 export KILN_CACHE=${KILN_CACHE:-$HOME/.cache/kiln}
 KILN=$PWD/bin/kiln
 work=$(mktemp -d /var/tmp/kiln-bench.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# The work directory is removed at the end of a successful run and kept for a failed one.
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
-$KILN lock images/qemu.yaml >/dev/null
+$KILN lock --update images/qemu.yaml >/dev/null
 
 # Cold: a fresh artifact cache (the base layout is the input and stays), no page cache.
 cold_cache=$work/cache
@@ -73,7 +74,7 @@ printf '  root squashfs (floor tree)    %6s MiB\n' "$(( $(stat -c %s "$work/floo
 fb=$work/firstboot
 mkdir -p "$fb/kiln" "$fb/cloudinit"
 for d in kiln cloudinit; do
-  $KILN lock bench/$d.yaml >/dev/null
+  $KILN lock --update bench/$d.yaml >/dev/null
   $KILN bake bench/$d.yaml --role worker -o "$fb" 2>>"$fb/bake.log" >/dev/null
 done
 cp bench/firstboot/user-data.ign "$fb/kiln/user-data"
@@ -103,3 +104,4 @@ ci_ms=$(span "$fb/cloudinit.log" cloud-init-local cloud-init cloud-config cloud-
 printf '  first boot: kiln-firstboot    %6s ms (systemd timestamps, TCG)\n' "$kiln_ms"
 printf '  first boot: cloud-init        %6s ms (cloud-init-local start to cloud-final end)\n' "$ci_ms"
 awk -v k="$kiln_ms" -v c="$ci_ms" 'BEGIN { if (k > 0 && c > 0) printf "  cloud-init / kiln-firstboot   %6.1f x\n", c / k }'
+rm -rf "$work"
