@@ -193,7 +193,7 @@ func qemuEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 // imageFormat asks qemu-img what a disk image is, so raw images are never guessed.
 func imageFormat(p string) (string, error) {
 	switch strings.ToLower(filepath.Ext(p)) {
-	case ".raw", ".img":
+	case ".raw", ".img", ".iso":
 		return "raw", nil
 	case ".qcow2":
 		return "qcow2", nil
@@ -202,7 +202,7 @@ func imageFormat(p string) (string, error) {
 	case ".vhd":
 		return "vpc", nil
 	}
-	return "", fmt.Errorf("%s: unknown disk format (want .raw, .img, .qcow2, .vmdk or .vhd)", p)
+	return "", fmt.Errorf("%s: unknown disk format (want .raw, .img, .iso, .qcow2, .vmdk or .vhd)", p)
 }
 
 func copyFile(src, dst string) error {
