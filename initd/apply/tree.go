@@ -31,10 +31,8 @@ import (
 	"syscall"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/rootpath"
 )
-
-// maxSymlinks bounds symlink resolution, like the kernel's MAXSYMLINKS.
-const maxSymlinks = 40
 
 // tree operates below a root directory. Paths given to it are node paths ("/etc/x");
 // it works with root-relative paths internally. os.Root refuses anything that escapes.
@@ -75,57 +73,14 @@ func (t *tree) split(p string) (dir, base string, err error) {
 	return dir, path.Base(r), nil
 }
 
-// resolve follows p (relative to the root) component by component with the root as
-// "/", creating missing directories (0755, root-owned) when create is set. The result
-// contains no symlinks.
+// resolve follows p (relative to the root) with the root as "/", creating missing
+// directories (0755, root-owned) when create is set. The result contains no symlinks.
 func (t *tree) resolve(p string, create bool) (string, error) {
-	todo := strings.Split(p, "/")
-	var cur []string
-	links := 0
-	for len(todo) > 0 {
-		c := todo[0]
-		todo = todo[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			if len(cur) > 0 {
-				cur = cur[:len(cur)-1]
-			}
-			continue
-		}
-		next := path.Join(append(append([]string{}, cur...), c)...)
-		fi, err := t.root.Lstat(next)
-		switch {
-		case errors.Is(err, fs.ErrNotExist) && create:
-			if err := t.mkdir(next, 0o755, -1, -1); err != nil {
-				return "", err
-			}
-			cur = append(cur, c)
-		case err != nil:
-			return "", fmt.Errorf("resolve /%s: %w", next, err)
-		case fi.Mode()&fs.ModeSymlink != 0:
-			if links++; links > maxSymlinks {
-				return "", fmt.Errorf("resolve /%s: too many levels of symbolic links", p)
-			}
-			target, err := t.root.Readlink(next)
-			if err != nil {
-				return "", fmt.Errorf("read symlink /%s: %w", next, err)
-			}
-			if path.IsAbs(target) {
-				cur = nil
-			}
-			todo = append(strings.Split(target, "/"), todo...)
-		case fi.IsDir() || len(todo) == 0:
-			cur = append(cur, c)
-		default:
-			return "", fmt.Errorf("/%s is not a directory", next)
-		}
+	var mkdir func(string) error
+	if create {
+		mkdir = func(rel string) error { return t.mkdir(rel, 0o755, -1, -1) }
 	}
-	if len(cur) == 0 {
-		return ".", nil
-	}
-	return path.Join(cur...), nil
+	return rootpath.Resolve(t.root, p, mkdir)
 }
 
 // mkdir creates the directory p (relative to the root) with exactly mode (the umask

@@ -26,6 +26,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/kilnproject/kiln/initd/rootpath"
 )
 
 // ErrNotFound is returned (wrapped) when a unit file exists in none of the unit directories.
@@ -45,9 +47,6 @@ const ConfigDir = "etc/systemd/system"
 func unitDirs() []string {
 	return []string{ConfigDir, "usr/lib/systemd/system", "lib/systemd/system"}
 }
-
-// maxSymlinks bounds symlink resolution, like the kernel's MAXSYMLINKS.
-const maxSymlinks = 40
 
 // Install is the [Install] section of a unit file.
 type Install struct {
@@ -536,7 +535,7 @@ func openIn(root, p string) (*os.File, error) {
 		return nil, err
 	}
 	defer r.Close()
-	resolved, err := resolve(r, p)
+	resolved, err := rootpath.Resolve(r, p, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -552,51 +551,6 @@ func openIn(root, p string) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
-}
-
-// resolve follows the symlinks in p (relative to the root) with the root as "/" and
-// returns a path relative to the root that contains none.
-func resolve(r *os.Root, p string) (string, error) {
-	todo := strings.Split(p, "/")
-	var cur []string
-	links := 0
-	for len(todo) > 0 {
-		c := todo[0]
-		todo = todo[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			if len(cur) > 0 {
-				cur = cur[:len(cur)-1]
-			}
-			continue
-		}
-		next := path.Join(append(slices.Clone(cur), c)...)
-		fi, err := r.Lstat(next)
-		if err != nil {
-			return "", err
-		}
-		if fi.Mode()&fs.ModeSymlink == 0 {
-			cur = append(cur, c)
-			continue
-		}
-		if links++; links > maxSymlinks {
-			return "", fmt.Errorf("resolve /%s: too many levels of symbolic links", p)
-		}
-		t, err := r.Readlink(next)
-		if err != nil {
-			return "", err
-		}
-		if path.IsAbs(t) {
-			cur = nil
-		}
-		todo = append(strings.Split(t, "/"), todo...)
-	}
-	if len(cur) == 0 {
-		return ".", nil
-	}
-	return path.Join(cur...), nil
 }
 
 // checkName refuses names that are not plain unit file names.

@@ -1,0 +1,72 @@
+// Package rootpath resolves paths inside a node's root directory the way the node itself
+// would, with that root as "/": absolute symlinks point back inside it and ".." stops at it.
+// kiln-init writes into roots that are not "/" (tests, a mounted image), so every writer
+// resolves through here before it touches anything.
+package rootpath
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strings"
+)
+
+// MaxSymlinks bounds the symlinks followed in one path, as the kernel does (40).
+const MaxSymlinks = 40
+
+// Resolve follows p (relative to r's directory) component by component and returns a path
+// relative to it that contains no symlinks. A missing component is created with mkdir (given
+// its path relative to the root) when mkdir is not nil; otherwise it is an error that wraps
+// fs.ErrNotExist. A component before the last that is not a directory is an error.
+func Resolve(r *os.Root, p string, mkdir func(rel string) error) (string, error) {
+	todo := strings.Split(p, "/")
+	var cur []string
+	links := 0
+	for len(todo) > 0 {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			if len(cur) > 0 {
+				cur = cur[:len(cur)-1]
+			}
+			continue
+		}
+		next := path.Join(append(slices.Clone(cur), c)...)
+		fi, err := r.Lstat(next)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && mkdir != nil:
+			if err := mkdir(next); err != nil {
+				return "", err
+			}
+			cur = append(cur, c)
+		case err != nil:
+			return "", fmt.Errorf("resolve /%s: %w", next, err)
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if links++; links > MaxSymlinks {
+				return "", fmt.Errorf("resolve /%s: too many levels of symbolic links", p)
+			}
+			target, err := r.Readlink(next)
+			if err != nil {
+				return "", fmt.Errorf("read symlink /%s: %w", next, err)
+			}
+			if path.IsAbs(target) {
+				cur = nil
+			}
+			todo = append(strings.Split(target, "/"), todo...)
+		case fi.IsDir() || len(todo) == 0:
+			cur = append(cur, c)
+		default:
+			return "", fmt.Errorf("/%s is not a directory", next)
+		}
+	}
+	if len(cur) == 0 {
+		return ".", nil
+	}
+	return path.Join(cur...), nil
+}
