@@ -1,0 +1,303 @@
+package cluster
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path"
+	"time"
+
+	"github.com/coreos/ignition/v2/config/v3_4/types"
+	"github.com/vincent-petithory/dataurl"
+	"gopkg.in/yaml.v3"
+
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/pki"
+)
+
+// Paths on a node.
+const (
+	NodeConfigPath        = config.NodePath // /etc/kiln/node.yaml
+	BootstrapTokenPath    = "/etc/kiln/bootstrap-token"
+	NodePKIDir            = "/etc/kubernetes/pki"
+	BootstrapKubeconfig   = "/etc/kubernetes/bootstrap-kubelet.conf"
+	BootstrapUser         = "kubelet-bootstrap"
+	bootstrapKubeconfigCl = pki.KubeconfigCluster
+)
+
+// File names in the output directory.
+const (
+	AdminKubeconfigFile = "admin.conf"
+	TokenFile           = "bootstrap-token"
+	SpecFile            = "cluster.yaml"
+	PKIDir              = "pki"
+)
+
+// File is one file of the output directory.
+type File struct {
+	Path string // relative, slash-separated
+	Data []byte
+	Mode os.FileMode
+}
+
+// Cluster is a generated cluster, in memory.
+type Cluster struct {
+	Spec  Spec // with defaults filled in
+	Nodes []Node
+	// CA, FrontProxyCA and EtcdCA are the three CAs; ServiceAccount the signing key.
+	CA, FrontProxyCA, EtcdCA, ServiceAccount pki.KeyPair
+	Token                                    pki.Token
+	Admin                                    pki.Kubeconfig
+	// Files is the output directory's content, in the order it is written.
+	Files []File
+}
+
+// Generate makes a cluster's secrets and every file of its output directory. Errors in
+// s name the `kiln cluster init` flag.
+func Generate(s Spec, now time.Time) (*Cluster, error) {
+	s, err := s.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkNodeConfigs(); err != nil {
+		return nil, err
+	}
+	c := &Cluster{Spec: s, Nodes: s.Nodes()}
+	for _, ca := range []struct {
+		kp *pki.KeyPair
+		cn string
+	}{{&c.CA, pki.CACommonName}, {&c.FrontProxyCA, pki.FrontProxyCACommonName}, {&c.EtcdCA, pki.EtcdCACommonName}} {
+		if *ca.kp, err = pki.NewCA(ca.cn, now); err != nil {
+			return nil, err
+		}
+	}
+	if c.ServiceAccount, err = pki.NewServiceAccountKey(); err != nil {
+		return nil, err
+	}
+	if c.Token, err = pki.NewToken(); err != nil {
+		return nil, err
+	}
+	ca, err := pki.ParseCA(c.CA)
+	if err != nil {
+		return nil, err
+	}
+	if c.Admin, err = pki.AdminKubeconfig(ca, s.AdminServer, s.AdminTLSServerName, now); err != nil {
+		return nil, err
+	}
+	c.Admin.Cluster = s.Name
+	if err := c.files(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) add(p string, data []byte, mode os.FileMode) {
+	c.Files = append(c.Files, File{Path: p, Data: data, Mode: mode})
+}
+
+func (c *Cluster) files() error {
+	for _, p := range []struct {
+		name string
+		kp   pki.KeyPair
+	}{{pki.CAName, c.CA}, {pki.FrontProxyCAName, c.FrontProxyCA}, {pki.EtcdCAName, c.EtcdCA}} {
+		c.add(path.Join(PKIDir, p.name+".crt"), p.kp.CertPEM, pki.ModeCert)
+		c.add(path.Join(PKIDir, p.name+".key"), p.kp.KeyPEM, pki.ModeSecret)
+	}
+	c.add(path.Join(PKIDir, pki.ServiceAccount+".key"), c.ServiceAccount.KeyPEM, pki.ModeSecret)
+	c.add(path.Join(PKIDir, pki.ServiceAccount+".pub"), c.ServiceAccount.CertPEM, pki.ModeCert)
+
+	admin, err := c.Admin.Marshal()
+	if err != nil {
+		return fmt.Errorf("admin.conf: %w", err)
+	}
+	c.add(AdminKubeconfigFile, admin, pki.ModeSecret)
+	c.add(TokenFile, []byte(c.Token.String()+"\n"), pki.ModeSecret)
+
+	var record bytes.Buffer
+	record.WriteString("# written by kiln cluster init: what was asked and the nodes it made\n")
+	enc := yaml.NewEncoder(&record)
+	enc.SetIndent(2)
+	if err := enc.Encode(struct {
+		Spec  `yaml:",inline"`
+		Nodes []Node `yaml:"nodes"`
+	}{c.Spec, c.Nodes}); err != nil {
+		return fmt.Errorf("cluster.yaml: %w", err)
+	}
+	enc.Close()
+	c.add(SpecFile, record.Bytes(), 0o644)
+
+	for _, n := range c.Nodes {
+		ign, err := c.Ignition(n)
+		if err != nil {
+			return err
+		}
+		c.add(n.Ignition, ign, pki.ModeSecret)
+	}
+	return nil
+}
+
+// NodeConfig is node n's /etc/kiln/node.yaml.
+func (c *Cluster) NodeConfig(n Node) config.Node {
+	s := c.Spec
+	nc := config.Node{
+		Cluster:     config.Cluster{Name: s.Name, DNSZone: s.DNSZone},
+		Role:        config.Role(n.Role),
+		Hostname:    n.Name,
+		APIEndpoint: s.APIEndpoint,
+		Kubernetes:  config.Kubernetes{Version: s.KubernetesVersion, PodCIDR: s.PodCIDR, ServiceCIDR: s.ServiceCIDR},
+	}
+	if n.Role == RoleControlPlane {
+		nc.Etcd = &config.Etcd{Member: n.EtcdMember, Members: etcdMembers[:s.ControlPlanes]}
+		if s.EtcdDiskSerial != "" {
+			nc.Etcd.Volume = &config.Volume{Serial: s.EtcdDiskSerial}
+		}
+	}
+	return nc
+}
+
+// marshalNodeConfig renders a node config as YAML without the fields left empty (they
+// take their defaults on the node), and checks it the way the node will.
+func marshalNodeConfig(n config.Node) ([]byte, error) {
+	var doc yaml.Node
+	if err := doc.Encode(n); err != nil {
+		return nil, err
+	}
+	prune(&doc)
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	if _, err := config.ParseNode(buf.Bytes(), "node.yaml"); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// prune drops the mapping entries whose values are empty: "", 0, false, null, {} or [].
+func prune(n *yaml.Node) bool {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			prune(c)
+		}
+		return false
+	case yaml.MappingNode:
+		kept := n.Content[:0]
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if !prune(n.Content[i+1]) {
+				kept = append(kept, n.Content[i], n.Content[i+1])
+			}
+		}
+		n.Content = kept
+		return len(kept) == 0
+	case yaml.SequenceNode:
+		return len(n.Content) == 0
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!null":
+			return true
+		case "!!str":
+			return n.Value == ""
+		case "!!int":
+			return n.Value == "0"
+		case "!!bool":
+			return n.Value == "false"
+		}
+	}
+	return false
+}
+
+// Ignition is node n's Ignition config (spec 3.4.0, JSON): the files listed in the
+// package documentation, as data: URLs, owned by root, overwritten.
+func (c *Cluster) Ignition(n Node) ([]byte, error) {
+	nodeYAML, err := marshalNodeConfig(c.NodeConfig(n))
+	if err != nil {
+		return nil, fmt.Errorf("node config of %s: %w", n.Name, err)
+	}
+	var files []types.File
+	add := func(p string, data []byte, mode os.FileMode) {
+		m, src, yes := int(mode), dataurl.New(data, "application/octet-stream").String(), true
+		files = append(files, types.File{
+			Node:          types.Node{Path: p, Overwrite: &yes},
+			FileEmbedded1: types.FileEmbedded1{Mode: &m, Contents: types.Resource{Source: &src}},
+		})
+	}
+	add(NodeConfigPath, nodeYAML, 0o644)
+	add(path.Join(NodePKIDir, pki.CAName+".crt"), c.CA.CertPEM, pki.ModeCert)
+	switch n.Role {
+	case RoleControlPlane:
+		add(path.Join(NodePKIDir, pki.CAName+".key"), c.CA.KeyPEM, pki.ModeSecret)
+		for _, p := range []struct {
+			name string
+			kp   pki.KeyPair
+		}{{pki.FrontProxyCAName, c.FrontProxyCA}, {pki.EtcdCAName, c.EtcdCA}} {
+			add(path.Join(NodePKIDir, p.name+".crt"), p.kp.CertPEM, pki.ModeCert)
+			add(path.Join(NodePKIDir, p.name+".key"), p.kp.KeyPEM, pki.ModeSecret)
+		}
+		add(path.Join(NodePKIDir, pki.ServiceAccount+".key"), c.ServiceAccount.KeyPEM, pki.ModeSecret)
+		add(path.Join(NodePKIDir, pki.ServiceAccount+".pub"), c.ServiceAccount.CertPEM, pki.ModeCert)
+		add(BootstrapTokenPath, []byte(c.Token.String()+"\n"), pki.ModeSecret)
+	case RoleWorker:
+		kc := pki.Kubeconfig{Cluster: bootstrapKubeconfigCl, Server: pki.ServerURL(c.Spec.APIEndpoint),
+			CAPEM: c.CA.CertPEM, User: BootstrapUser, Token: c.Token.String()}
+		data, err := kc.Marshal()
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap kubeconfig of %s: %w", n.Name, err)
+		}
+		add(BootstrapKubeconfig, data, pki.ModeSecret)
+	}
+	cfg := types.Config{Ignition: types.Ignition{Version: "3.4.0"}, Storage: types.Storage{Files: files}}
+	out, err := compactJSON(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ignition config of %s: %w", n.Name, err)
+	}
+	return out, nil
+}
+
+// compactJSON renders v as indented JSON without the empty objects, lists and nulls
+// Ignition's types leave behind ("proxy": {}, "user": {} …).
+func compactJSON(v any) ([]byte, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var tree any
+	if err := json.Unmarshal(raw, &tree); err != nil {
+		return nil, err
+	}
+	out, err := json.MarshalIndent(dropEmpty(tree), "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
+}
+
+func dropEmpty(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, e := range t {
+			if e = dropEmpty(e); e == nil {
+				delete(t, k)
+			} else {
+				t[k] = e
+			}
+		}
+		if len(t) == 0 {
+			return nil
+		}
+	case []any:
+		for i := range t {
+			t[i] = dropEmpty(t[i])
+		}
+		if len(t) == 0 {
+			return nil
+		}
+	}
+	return v
+}

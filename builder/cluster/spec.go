@@ -1,0 +1,175 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/kilnproject/kiln/initd/config"
+)
+
+// Defaults of a Spec.
+const (
+	DefaultKubernetesVersion = "v1.37.2"
+	DefaultEtcdDiskSerial    = "etcd-main"
+	DefaultWorkers           = 1
+)
+
+// Spec is what `kiln cluster init` is asked for; cluster.yaml records it.
+type Spec struct {
+	Name          string `yaml:"name"`
+	DNSZone       string `yaml:"dnsZone"`
+	ControlPlanes int    `yaml:"controlPlanes"`
+	Workers       int    `yaml:"workers"`
+	// APIEndpoint is host:port; default api.internal.<name>.<dnsZone>:6443.
+	APIEndpoint string `yaml:"apiEndpoint"`
+	// EtcdDiskSerial selects each control plane's etcd disk by serial
+	// (/dev/disk/by-id/*-<serial>); empty keeps etcd's data on /var.
+	EtcdDiskSerial    string `yaml:"etcdDiskSerial,omitempty"`
+	KubernetesVersion string `yaml:"kubernetesVersion"`
+	PodCIDR           string `yaml:"podCIDR"`
+	ServiceCIDR       string `yaml:"serviceCIDR"`
+	// AdminServer is the server URL written to admin.conf; default https://<apiEndpoint>.
+	AdminServer string `yaml:"adminServer"`
+	// AdminTLSServerName is admin.conf's tls-server-name (for a forwarded port whose
+	// host is not in the API server's certificate).
+	AdminTLSServerName string `yaml:"adminTLSServerName,omitempty"`
+}
+
+// Role names in the node list.
+const (
+	RoleControlPlane = string(config.RoleControlPlane)
+	RoleWorker       = string(config.RoleWorker)
+)
+
+// Node is one machine of the cluster.
+type Node struct {
+	Name       string `yaml:"name"`
+	Role       string `yaml:"role"`
+	EtcdMember string `yaml:"etcdMember,omitempty"`
+	Ignition   string `yaml:"ignition"` // file name in the output directory
+}
+
+var etcdMembers = []string{"a", "b", "c"}
+
+var label = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+
+// withDefaults returns s with defaults filled in, or the first problem, naming the flag.
+func (s Spec) withDefaults() (Spec, error) {
+	s.DNSZone = strings.TrimSuffix(s.DNSZone, ".")
+	var errs []error
+	bad := func(flag, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
+	}
+	// The longest node name, <name>-worker-<W>, must still be a DNS label.
+	longest := fmt.Sprintf("%s-worker-%d", s.Name, max(s.Workers, 1))
+	switch {
+	case s.Name == "":
+		bad("name", "is required")
+	case !label.MatchString(s.Name):
+		bad("name", "%q is not an RFC 1123 label (lower-case letters, digits and '-')", s.Name)
+	case len(longest) > 63:
+		bad("name", "%q is too long: node name %s is longer than 63 characters", s.Name, longest)
+	}
+	if s.DNSZone == "" {
+		bad("dns-zone", "is required (the cluster's names are <host>.internal.<name>.<zone>)")
+	}
+	if s.ControlPlanes != 1 && s.ControlPlanes != 3 {
+		bad("control-planes", "%d: a cluster has 1 or 3 control planes (etcd needs a majority)", s.ControlPlanes)
+	}
+	if s.Workers < 0 || s.Workers > 1000 {
+		bad("workers", "%d is not between 0 and 1000", s.Workers)
+	}
+	if s.KubernetesVersion == "" {
+		s.KubernetesVersion = DefaultKubernetesVersion
+	}
+	if s.PodCIDR == "" {
+		s.PodCIDR = config.DefaultPodCIDR
+	}
+	if s.ServiceCIDR == "" {
+		s.ServiceCIDR = config.DefaultServiceCIDR
+	}
+	if s.APIEndpoint == "" && s.Name != "" && s.DNSZone != "" {
+		s.APIEndpoint = net.JoinHostPort("api.internal."+s.Name+"."+s.DNSZone, strconv.Itoa(config.DefaultAPIPort))
+	}
+	s.APIEndpoint = strings.TrimPrefix(s.APIEndpoint, "https://")
+	if s.APIEndpoint != "" {
+		if _, _, err := net.SplitHostPort(s.APIEndpoint); err != nil {
+			bad("api-endpoint", "%q is not host:port (e.g. 192.168.100.11:6443)", s.APIEndpoint)
+		}
+	}
+	if strings.ContainsAny(s.EtcdDiskSerial, "/ \t\n") {
+		bad("etcd-disk-serial", "%q must not contain '/' or spaces", s.EtcdDiskSerial)
+	}
+	if s.AdminServer == "" && s.APIEndpoint != "" {
+		s.AdminServer = "https://" + s.APIEndpoint
+	}
+	if s.AdminServer != "" && !strings.HasPrefix(s.AdminServer, "https://") {
+		bad("admin-server", "%q is not an https:// URL", s.AdminServer)
+	}
+	return s, errors.Join(errs...)
+}
+
+// Nodes lists the cluster's machines: control planes first, then workers.
+func (s Spec) Nodes() []Node {
+	var nodes []Node
+	for i := 1; i <= s.ControlPlanes && i <= len(etcdMembers); i++ {
+		name := fmt.Sprintf("%s-cp-%d", s.Name, i)
+		nodes = append(nodes, Node{Name: name, Role: RoleControlPlane, EtcdMember: etcdMembers[i-1], Ignition: name + ".ign"})
+	}
+	for i := 1; i <= s.Workers; i++ {
+		name := fmt.Sprintf("%s-worker-%d", s.Name, i)
+		nodes = append(nodes, Node{Name: name, Role: RoleWorker, Ignition: name + ".ign"})
+	}
+	return nodes
+}
+
+// flagOf maps node.yaml fields to the flags that set them.
+var flagOf = map[string]string{
+	"cluster.name":           "name",
+	"cluster.dnsZone":        "dns-zone",
+	"dns.zone":               "dns-zone",
+	"hostname":               "name",
+	"apiEndpoint":            "api-endpoint",
+	"etcd.volume.serial":     "etcd-disk-serial",
+	"kubernetes.version":     "kubernetes-version",
+	"kubernetes.podCIDR":     "pod-cidr",
+	"kubernetes.serviceCIDR": "service-cidr",
+}
+
+// checkNodeConfigs validates the node configs s leads to the way the nodes will, and
+// reports each problem once, naming the flag.
+func (s Spec) checkNodeConfigs() error {
+	c := &Cluster{Spec: s}
+	var errs []error
+	seen := map[string]bool{}
+	for _, n := range s.Nodes() {
+		_, err := marshalNodeConfig(c.NodeConfig(n))
+		if err == nil {
+			continue
+		}
+		list := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			list = j.Unwrap()
+		}
+		for _, e := range list {
+			msg := e.Error()
+			var ne *config.NodeError
+			if errors.As(e, &ne) {
+				if f, ok := flagOf[ne.Field]; ok {
+					msg = fmt.Sprintf("--%s: %v", f, ne.Err)
+				} else {
+					msg = fmt.Sprintf("node config of %s: %v", n.Name, e)
+				}
+			}
+			if !seen[msg] {
+				seen[msg] = true
+				errs = append(errs, errors.New(msg))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
