@@ -156,20 +156,38 @@ func (c *Cache) Verify(sha256Hex string) error {
 	return nil
 }
 
-// store copies s into a temporary file in the blob directory while hashing
-// it, checks the hash against want (if set), then fsyncs and renames it
-// into place.
+// store copies s into the cache (see put), checking it against want if set.
 func (c *Cache) store(ctx context.Context, s Source, want string) (sum, path string, err error) {
 	if s.URL == "" && s.Path == "" {
 		return "", "", fmt.Errorf("%s: no url or path", s.label())
 	}
+	start := time.Now()
+	sum, path, n, err := c.put(want, func(w io.Writer) (int64, error) { return c.copy(ctx, s, w) })
+	if err != nil {
+		if errors.Is(err, errMismatch) {
+			return "", "", fmt.Errorf("%s: sha256 mismatch: want %s, got %s (from %s)", s.label(), want, sum, s)
+		}
+		return "", "", fmt.Errorf("%s: %w", s.label(), err)
+	}
+	c.logger().Info("fetched", "artifact", s.Name, "source", s.String(), "sha256", sum, "bytes", n, "took", time.Since(start).Round(time.Millisecond))
+	return sum, path, nil
+}
+
+// errMismatch is returned by put when the content does not hash to want.
+var errMismatch = errors.New("sha256 mismatch")
+
+// put writes what fill produces into a temporary file in the blob
+// directory while hashing it, checks the hash against want (if set), then
+// fsyncs and renames it into place. On a mismatch it returns the hash it
+// got with an error wrapping errMismatch, and keeps nothing.
+func (c *Cache) put(want string, fill func(w io.Writer) (int64, error)) (sum, path string, n int64, err error) {
 	dir := c.blobDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", "", fmt.Errorf("cache: %w", err)
+		return "", "", 0, fmt.Errorf("cache: %w", err)
 	}
 	tmp, err := os.CreateTemp(dir, ".partial-*")
 	if err != nil {
-		return "", "", fmt.Errorf("cache: %w", err)
+		return "", "", 0, fmt.Errorf("cache: %w", err)
 	}
 	done := false
 	defer func() {
@@ -179,36 +197,34 @@ func (c *Cache) store(ctx context.Context, s Source, want string) (sum, path str
 		}
 	}()
 
-	start := time.Now()
 	h := sha256.New()
-	n, err := c.copy(ctx, s, io.MultiWriter(tmp, h))
+	n, err = fill(io.MultiWriter(tmp, h))
 	if err != nil {
-		return "", "", fmt.Errorf("%s: %w", s.label(), err)
+		return "", "", n, err
 	}
 	sum = hex.EncodeToString(h.Sum(nil))
 	if want != "" && sum != want {
-		return "", "", fmt.Errorf("%s: sha256 mismatch: want %s, got %s (from %s)", s.label(), want, sum, s)
+		return sum, "", n, fmt.Errorf("%w: want %s, got %s", errMismatch, want, sum)
 	}
 	if err := tmp.Chmod(0o444); err != nil {
-		return "", "", fmt.Errorf("cache: %w", err)
+		return "", "", n, fmt.Errorf("cache: %w", err)
 	}
 	if err := tmp.Sync(); err != nil {
-		return "", "", fmt.Errorf("cache: sync %s: %w", tmp.Name(), err)
+		return "", "", n, fmt.Errorf("cache: sync %s: %w", tmp.Name(), err)
 	}
 	if err := tmp.Close(); err != nil {
-		return "", "", fmt.Errorf("cache: %w", err)
+		return "", "", n, fmt.Errorf("cache: %w", err)
 	}
 	path = c.BlobPath(sum)
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return "", "", fmt.Errorf("cache: %w", err)
+		return "", "", n, fmt.Errorf("cache: %w", err)
 	}
 	done = true
 	if d, err := os.Open(dir); err == nil {
 		d.Sync() // make the rename durable; failure here loses nothing but the rename
 		d.Close()
 	}
-	c.logger().Info("fetched", "artifact", s.Name, "source", s.String(), "sha256", sum, "bytes", n, "took", time.Since(start).Round(time.Millisecond))
-	return sum, path, nil
+	return sum, path, n, nil
 }
 
 func (c *Cache) logger() *slog.Logger {

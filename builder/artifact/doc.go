@@ -12,9 +12,16 @@
 // name is not the hash of nothing is treated as damaged and fetched again,
 // and Cache.Verify re-hashes a blob on demand.
 //
+// Container images are cached the same way, blob by blob (manifest, config,
+// layers, each verified against its digest): Cache.FetchImage pulls an image
+// by digest with go-containerregistry and contacts no registry when every blob
+// is cached. Registries on the loopback interface are reached over plain HTTP.
+//
 // The lock file, images/<name>.lock, is JSON with sorted keys. It records the
 // manifest digest of the base image (resolved from a tag through a
-// BaseResolver) and the sha256 of every artifact whose profile gives none;
+// BaseResolver), the linux/amd64 manifest digest of every container image
+// whose profile gives none (an ImageResolver) and the sha256 of every
+// artifact whose profile gives none;
 // Pinner writes it (`kiln lock`), and Sources/BaseDigest/Unpinned read it at
 // bake time, where anything unpinned is refused.
 package artifact

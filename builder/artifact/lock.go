@@ -24,16 +24,28 @@ const LockVersion = 1
 //	  "base": {"ref": "oci:${KILN_CACHE}/base/bookworm:bookworm", "digest": "sha256:…"},
 //	  "artifacts": {
 //	    "worker/crictl": {"source": "https://…/crictl.tar.gz", "sha256": "…"}
+//	  },
+//	  "images": {
+//	    "worker/registry.k8s.io/pause:3.10.2": {"source": "registry.k8s.io/pause:3.10.2", "digest": "sha256:…"}
 //	  }
 //	}
 //
 // An entry counts only while it still matches the documents: the base entry
 // while its ref equals the definition's base Ref, an artifact entry while
-// its source equals the artifact's url or path as written.
+// its source equals the artifact's url or path as written, an image entry
+// while its source equals the image's source (its name by default).
 type Lock struct {
 	Version   int                       `json:"version"`
 	Base      *LockedBase               `json:"base,omitempty"`
 	Artifacts map[string]LockedArtifact `json:"artifacts,omitempty"`
+	Images    map[string]LockedImage    `json:"images,omitempty"`
+}
+
+// LockedImage is the digest of the image manifest (linux/amd64) that Source
+// named when it was locked.
+type LockedImage struct {
+	Source string `json:"source"`
+	Digest string `json:"digest"`
 }
 
 // LockedBase is the manifest digest of the base image named by Ref.
@@ -53,7 +65,7 @@ func LockPath(def *spec.Definition) string {
 	return filepath.Join(filepath.Dir(def.File), def.Name+".lock")
 }
 
-// LockKey names an artifact of a role in the lock: "<role>/<name>".
+// LockKey names an artifact or image of a role in the lock: "<role>/<name>".
 func LockKey(role, name string) string { return role + "/" + name }
 
 // ReadLock reads the lock file at path; a missing file is an empty lock.
@@ -80,6 +92,11 @@ func ReadLock(path string) (*Lock, error) {
 	for k, a := range l.Artifacts {
 		if !hexRE.MatchString(a.SHA256) {
 			return nil, fmt.Errorf("lock file %s: artifact %s: sha256 %q is not 64 lower-case hex digits", path, k, a.SHA256)
+		}
+	}
+	for k, im := range l.Images {
+		if !validDigest(im.Digest) {
+			return nil, fmt.Errorf("lock file %s: image %s: digest %q is not sha256:<64 hex>", path, k, im.Digest)
 		}
 	}
 	return &l, nil
@@ -133,6 +150,21 @@ func (l *Lock) SHA256(role string, a spec.Artifact) string {
 	return ""
 }
 
+// ImageDigest returns the manifest digest pinning image im of role: the
+// profile's own, else the lock's if its source still matches, else "".
+func (l *Lock) ImageDigest(role string, im spec.Image) string {
+	if im.Digest != "" {
+		return im.Digest
+	}
+	if l == nil {
+		return ""
+	}
+	if e, ok := l.Images[LockKey(role, im.Name)]; ok && e.Source == im.Source {
+		return e.Digest
+	}
+	return ""
+}
+
 // BaseDigest returns the manifest digest pinning b: the definition's own,
 // else the lock's if its ref still matches, else "".
 func (l *Lock) BaseDigest(b spec.Base) string {
@@ -159,8 +191,26 @@ func Unpinned(def *spec.Definition, p *spec.Profile, l *Lock) []string {
 				out = append(out, spec.Errorf(a.Pos, "artifacts", "%q (%s) is not pinned: no sha256 here or in the lock file (run kiln lock)", a.Name, a.Source).Error())
 			}
 		}
+		for _, im := range p.Images {
+			if l.ImageDigest(p.Role, im) == "" {
+				out = append(out, spec.Errorf(im.Pos, "images", "%q (%s) is not pinned: no digest here or in the lock file (run kiln lock)", im.Name, im.Source).Error())
+			}
+		}
 	}
 	return out
+}
+
+// ImageSources returns an ImageSource for every image of p, pinned by the
+// profile or by l; it fails, listing them, if any is unpinned.
+func ImageSources(p *spec.Profile, l *Lock) ([]ImageSource, error) {
+	if u := Unpinned(nil, p, l); len(u) > 0 {
+		return nil, fmt.Errorf("profile %s: unpinned inputs:\n%s", p.Role, joinLines(u))
+	}
+	out := make([]ImageSource, 0, len(p.Images))
+	for _, im := range p.Images {
+		out = append(out, ImageSource{Name: im.Name, Source: im.Source, Digest: l.ImageDigest(p.Role, im)})
+	}
+	return out, nil
 }
 
 // Sources returns a Source for every artifact of p, pinned by the profile
@@ -197,6 +247,9 @@ type BaseResolver interface {
 type Pinner struct {
 	Cache    *Cache
 	Resolver BaseResolver
+	// Images resolves image tags; when nil, Resolver is used if it is an
+	// ImageResolver too (OCIResolver is).
+	Images ImageResolver
 	// Update re-resolves and re-downloads entries the old lock already has.
 	Update bool
 }
@@ -204,7 +257,9 @@ type Pinner struct {
 // Pin returns the lock def and profiles need: the base digest unless the
 // definition gives one, and a sha256 for every artifact whose profile
 // gives none. Entries of old that still match are kept (unless Update);
-// the others are resolved or downloaded once into the cache. Entries no
+// the others are resolved or downloaded once into the cache; images are
+// resolved to their linux/amd64 manifest digest (a HEAD request, no layer
+// is downloaded). Entries no
 // longer needed are dropped, so pass every profile the image is baked with
 // (spec.LoadProfiles). The notes say, one line each, what was pinned anew.
 func (pn *Pinner) Pin(ctx context.Context, def *spec.Definition, profiles []*spec.Profile, old *Lock) (*Lock, []string, error) {
@@ -250,6 +305,34 @@ func (pn *Pinner) Pin(ctx context.Context, def *spec.Definition, profiles []*spe
 				l.Artifacts = map[string]LockedArtifact{}
 			}
 			l.Artifacts[key] = LockedArtifact{Source: a.Source, SHA256: sum}
+		}
+		for _, im := range p.Images {
+			if im.Digest != "" {
+				continue
+			}
+			key := LockKey(p.Role, im.Name)
+			d := old.ImageDigest(p.Role, im)
+			if d == "" {
+				ir := pn.Images
+				if ir == nil {
+					ir, _ = pn.Resolver.(ImageResolver)
+				}
+				if ir == nil {
+					return nil, nil, fmt.Errorf("%s: image %s: no resolver to pin it with", im.Pos, im.Name)
+				}
+				var err error
+				if d, err = ir.ResolveImage(ctx, im.Source); err != nil {
+					return nil, nil, fmt.Errorf("%s: image %q: %w", im.Pos, im.Name, err)
+				}
+				if !validDigest(d) {
+					return nil, nil, fmt.Errorf("%s: image %q: resolver returned %q, not a sha256 digest", im.Pos, im.Name, d)
+				}
+				notes = append(notes, fmt.Sprintf("pinned %s: %s is %s", key, im.Source, d))
+			}
+			if l.Images == nil {
+				l.Images = map[string]LockedImage{}
+			}
+			l.Images[key] = LockedImage{Source: im.Source, Digest: d}
 		}
 	}
 	return l, notes, nil

@@ -102,7 +102,7 @@ func (r OCIResolver) layoutDigest(b spec.Base) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", b.Ref, err)
 		}
-		return r.platformDigest(b, child)
+		return r.platformDigest(b.Ref, child)
 	}
 	return d.Digest.String(), nil
 }
@@ -113,10 +113,10 @@ func tagMatches(ref, tag string) bool {
 	return ref == tag || strings.HasSuffix(ref, ":"+tag) && !strings.Contains(tag, "/")
 }
 
-func (r OCIResolver) platformDigest(b spec.Base, idx v1.ImageIndex) (string, error) {
+func (r OCIResolver) platformDigest(label string, idx v1.ImageIndex) (string, error) {
 	im, err := idx.IndexManifest()
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", b.Ref, err)
+		return "", fmt.Errorf("%s: %w", label, err)
 	}
 	want := r.platform()
 	var have []string
@@ -129,7 +129,7 @@ func (r OCIResolver) platformDigest(b spec.Base, idx v1.ImageIndex) (string, err
 		}
 		have = append(have, d.Platform.String())
 	}
-	return "", fmt.Errorf("%s: no %s image in the index (has: %s)", b.Ref, want.String(), strings.Join(have, ", "))
+	return "", fmt.Errorf("%s: no %s image in the index (has: %s)", label, want.String(), strings.Join(have, ", "))
 }
 
 func (r OCIResolver) remoteDigest(ctx context.Context, b spec.Base) (string, error) {
@@ -149,5 +149,5 @@ func (r OCIResolver) remoteDigest(ctx context.Context, b spec.Base) (string, err
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", b.Ref, err)
 	}
-	return r.platformDigest(b, idx)
+	return r.platformDigest(b.Ref, idx)
 }

@@ -1,6 +1,8 @@
-// Package bake is the bake pipeline: definition + role profile + lock ⇒ verified artifacts ⇒
-// root tree (base ⊕ artifacts ⊕ overlays ⊕ kiln-init ⊕ units ⊕ metadata) ⇒ initramfs and root
-// filesystem ⇒ GPT disk ⇒ output formats. Everything is written in a work directory inside the
+// Package bake is the bake pipeline: definition + role profile (+ profile overlays) + lock ⇒
+// verified artifacts and container images ⇒ root tree (base ⊕ artifacts ⊕ overlays ⊕ templates ⊕
+// kiln-init ⊕ pre-pulled images ⊕ units ⊕ metadata), with the Kubernetes binaries' versions
+// checked and the tree scanned for secrets ⇒ initramfs and root filesystem ⇒ GPT disk ⇒ output
+// formats. Everything is written in a work directory inside the
 // output directory and renamed into place at the end, so a failed bake leaves no output behind.
 package bake
 
@@ -41,6 +43,11 @@ type Options struct {
 	Log        *slog.Logger
 	Version    string    // kiln's version, recorded in the image
 	Created    time.Time // recorded as the image's creation time (SOURCE_DATE_EPOCH)
+	// ProfileOverlays are spec.ProfileOverlay documents applied, in order, to the role's
+	// profile: they replace artifact sources/sha256 and image sources/digests by name.
+	ProfileOverlays []string
+	// ImageFetch says how to reach registries for the pre-pulled images.
+	ImageFetch artifact.ImageFetch
 }
 
 // Result names what a bake wrote.
@@ -64,6 +71,24 @@ type Metadata struct {
 	Disk      *DiskInfo        `json:"disk,omitempty"`
 	Outputs   []OutputInfo     `json:"outputs,omitempty"`
 	Initramfs *InitramfsDigest `json:"initramfs,omitempty"`
+	// Kubernetes is set when the role's profile has a kubernetes section.
+	Kubernetes *KubernetesInfo `json:"kubernetes,omitempty"`
+}
+
+// KubernetesInfo is what the image carries to run Kubernetes: the release (kubelet's own
+// version), the runtime, the containerd version and the pre-pulled images, which are in the
+// OCI image layout at /usr/lib/kiln/images.
+type KubernetesInfo struct {
+	Version    string      `json:"version"`
+	Runtime    string      `json:"runtime"`
+	Containerd string      `json:"containerd,omitempty"`
+	Images     []ImageInfo `json:"images"`
+}
+
+// ImageInfo is one pre-pulled image: its name and the digest of its image manifest.
+type ImageInfo struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
 }
 
 // BaseInfo pins the base OS image.
@@ -124,6 +149,14 @@ func Bake(ctx context.Context, o Options) (*Result, error) {
 	prof, err := def.Profile(o.Role)
 	if err != nil {
 		return nil, err
+	}
+	if prof, err = applyOverlays(def, prof, o.ProfileOverlays, log); err != nil {
+		return nil, err
+	}
+	if k := prof.Kubernetes; k != nil {
+		if err := CheckKernelArgs(*k, def.Kernel.Args); err != nil {
+			return nil, fmt.Errorf("%s: %w", def.File, err)
+		}
 	}
 	lock, err := artifact.ReadLock(artifact.LockPath(def))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -194,6 +227,15 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 	b.step("artifacts fetched", t)
 
 	t = time.Now()
+	images, err := b.fetchImages()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(images) > 0 {
+		b.step("images fetched", t)
+	}
+
+	t = time.Now()
 	src := rootfs.Source{Layout: def.Base.Layout, Image: def.Base.Image, Tarball: def.Base.Tarball, Digest: b.lock.BaseDigest(def.Base)}
 	md.Base = BaseInfo{Ref: def.Base.Ref, Digest: src.Digest}
 	img, err := rootfs.OpenBase(b.ctx, src)
@@ -246,6 +288,11 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 	if err := tree.AddFile("usr/bin/kiln-init", b.o.KilnInit, 0o755); err != nil {
 		return nil, nil, err
 	}
+	if k := prof.Kubernetes; k != nil {
+		if md.Kubernetes, err = b.addKubernetes(tree, *k, images); err != nil {
+			return nil, nil, err
+		}
+	}
 	// Units are enabled the way kiln-init enables a config's units at first boot.
 	for _, u := range prof.Units.Enable {
 		if _, err := systemd.Enable(tree.Dir, u); err != nil {
@@ -271,6 +318,22 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 		return nil, nil, err
 	}
 	b.step("tree assembled", t)
+
+	// Secrets come with a node's config at first boot; one baked into the image would be
+	// shared by every node made from it.
+	t = time.Now()
+	found, err := ScanSecrets(os.DirFS(tree.Dir))
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(found) > 0 {
+		lines := make([]string, len(found))
+		for i, f := range found {
+			lines[i] = f.String()
+		}
+		return nil, nil, fmt.Errorf("refusing to bake: secrets in the image (they belong in the node's config):\n  %s", strings.Join(lines, "\n  "))
+	}
+	b.step("secrets scanned", t)
 
 	t = time.Now()
 	initrd := filepath.Join(b.work, "initrd.img")

@@ -1,7 +1,9 @@
 // Package spec reads kiln's two kinds of input documents: image definitions
 // (images/<name>.yaml: what to build — base, disk, formats, kernel arguments,
 // overlays) and role profiles (profiles/<role>.yaml: what a node of that role
-// carries — pinned artifacts, systemd units, overlays, templates).
+// carries — pinned artifacts, the Kubernetes release and runtime, pre-pulled
+// container images, systemd units, overlays, templates) — and profile overlays
+// (`kiln bake --profile-overlay`: artifact and image sources replaced by name).
 //
 // Both are YAML, decoded through yaml.Node so that every problem is reported
 // as "file:line: field: problem": unknown fields, wrong types, bad sizes,

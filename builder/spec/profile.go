@@ -30,6 +30,10 @@ type Profile struct {
 	Overlays []string
 	// Templates is an absolute directory, or empty (carried, not checked).
 	Templates string
+	// Kubernetes is nil when the profile has no kubernetes section.
+	Kubernetes *Kubernetes
+	// Images are pre-pulled into the image, in the order given.
+	Images []Image
 }
 
 // Artifact is one file fetched into the image: a URL or a local file,
@@ -159,7 +163,8 @@ func loadProfile(file, role string) (*Profile, error) {
 	}
 	dir := filepath.Dir(abs)
 	p := &Profile{File: abs}
-	seen, _ := d.fields(root, "", []string{"role", "artifacts", "units", "overlays", "templates"}, func(key, field string, v *yaml.Node) {
+	var imagesNode *yaml.Node
+	seen, _ := d.fields(root, "", []string{"role", "artifacts", "units", "overlays", "templates", "kubernetes", "images"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "role":
 			if s, ok := d.str(v, field); ok {
@@ -174,6 +179,11 @@ func loadProfile(file, role string) (*Profile, error) {
 			d.units(v, field, &p.Units)
 		case "overlays":
 			p.Overlays = d.overlays(v, field, dir)
+		case "kubernetes":
+			p.Kubernetes = d.kubernetes(v, field)
+		case "images":
+			imagesNode = v
+			p.Images = d.images(v, field)
 		case "templates":
 			if s, ok := d.str(v, field); ok {
 				t, err := expandPath(s, dir)
@@ -185,6 +195,9 @@ func loadProfile(file, role string) (*Profile, error) {
 		}
 	})
 	d.require(root, "", seen, "role")
+	if len(p.Images) > 0 && !seen["kubernetes"] {
+		d.failf(imagesNode, "images", "pre-pulled images need a kubernetes section (its runtime imports them)")
+	}
 	if err := d.err(); err != nil {
 		return nil, err
 	}

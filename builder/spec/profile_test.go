@@ -170,3 +170,98 @@ templates: templates/worker
 		t.Fatal(err)
 	}
 }
+
+const digest = "sha256:" + sum
+
+func TestLoadProfileKubernetesErrors(t *testing.T) {
+	k8s := "kubernetes: {version: v1.37.2}\n"
+	tests := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{"version unquoted number", "kubernetes:\n  version: 1.37\n", []string{
+			"F:3: kubernetes.version: expected a string, got the number 1.37"}},
+		{"version without v", "kubernetes:\n  version: \"1.37.2\"\n", []string{
+			"F:3: kubernetes.version: \"1.37.2\" is not a Kubernetes release (like v1.37.2)"}},
+		{"no version", "kubernetes:\n  runtime: containerd\n", []string{
+			"F:3: kubernetes.version: required"}},
+		{"bad runtime", "kubernetes:\n  version: v1.37.2\n  runtime: cri-o\n", []string{
+			"F:4: kubernetes.runtime: \"cri-o\" is not a runtime (one of: containerd, docker)"}},
+		{"unknown field", "kubernetes:\n  version: v1.37.2\n  cni: calico\n", []string{
+			"F:4: kubernetes.cni: unknown field (known: runtime, version)"}},
+		{"images without kubernetes", "images:\n  - name: registry.k8s.io/pause:3.10.2\n", []string{
+			"F:3: images: pre-pulled images need a kubernetes section (its runtime imports them)"}},
+		{"image name without registry", k8s + "images:\n  - name: pause:3.10.2\n", []string{
+			"F:4: images[0].name: \"pause:3.10.2\": no registry; want a full name with registry and tag, like registry.k8s.io/pause:3.10.2"}},
+		{"image name without tag", k8s + "images:\n  - name: registry.k8s.io/pause\n", []string{
+			"F:4: images[0].name: \"registry.k8s.io/pause\": no tag; want a full name with registry and tag, like registry.k8s.io/pause:3.10.2"}},
+		{"image name with digest", k8s + "images:\n  - name: registry.k8s.io/pause@" + digest + "\n", []string{
+			"F:4: images[0].name: \"registry.k8s.io/pause@" + digest + "\": a name has a tag, not a digest (give the digest as digest:); want a full name with registry and tag, like registry.k8s.io/pause:3.10.2"}},
+		{"bad digest", k8s + "images:\n  - name: registry.k8s.io/pause:3.10.2\n    digest: sha256:abc\n", []string{
+			"F:5: images[0].digest: \"sha256:abc\" is not a digest (sha256: and 64 lower-case hex digits)"}},
+		{"source digest differs", k8s + "images:\n  - name: registry.k8s.io/pause:3.10.2\n    digest: " + digest + "\n    source: 127.0.0.1:5000/pause@sha256:" + strings.Repeat("1", 64) + "\n", []string{
+			"F:6: images[0].source: digest sha256:" + strings.Repeat("1", 64) + " differs from digest: " + digest}},
+		{"duplicate image", k8s + "images:\n  - name: registry.k8s.io/pause:3.10.2\n  - {name: registry.k8s.io/pause:3.10.2}\n", []string{
+			"F:5: images[1].name: \"registry.k8s.io/pause:3.10.2\" used by an earlier image"}},
+		{"image name with bad tag", k8s + "images:\n  - name: registry.k8s.io/pause:3.10.2!\n", []string{
+			"F:4: images[0].name: \"registry.k8s.io/pause:3.10.2!\": tag can only contain the characters `abcdefghijklmnopqrstuvwxyz0123456789_-.ABCDEFGHIJKLMNOPQRSTUVWXYZ`: 3.10.2!; want a full name with registry and tag, like registry.k8s.io/pause:3.10.2"}},
+		{"bad source", k8s + "images:\n  - name: registry.k8s.io/pause:3.10.2\n    source: pause\n", []string{
+			"F:5: images[0].source: \"pause\": no registry; want a reference with registry and tag or digest, like 127.0.0.1:5000/pause:3.10.2"}},
+		{"source without tag", k8s + "images:\n  - name: registry.k8s.io/pause:3.10.2\n    source: 127.0.0.1:5000/pause\n", []string{
+			"F:5: images[0].source: \"127.0.0.1:5000/pause\": no tag or digest; want a reference with registry and tag or digest, like 127.0.0.1:5000/pause:3.10.2"}},
+		{"image without name", k8s + "images:\n  - source: registry.k8s.io/pause:3.10.2\n", []string{
+			"F:4: images[0].name: required"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := repo(t)
+			file := write(t, filepath.Join(root, "profiles", "worker.yaml"), "role: worker\n"+tt.yaml)
+			_, err := LoadProfile(filepath.Join(root, "profiles"), "worker")
+			if err == nil {
+				t.Fatalf("LoadProfile succeeded, want errors:\n%s", strings.Join(tt.want, "\n"))
+			}
+			got := strings.TrimPrefix(err.Error(), "profile: ")
+			want := strings.ReplaceAll(strings.Join(tt.want, "\n"), "F:", file+":")
+			if got != want {
+				t.Errorf("error:\n got: %s\nwant: %s", got, want)
+			}
+		})
+	}
+}
+
+func TestLoadProfileKubernetes(t *testing.T) {
+	root := repo(t)
+	file := write(t, filepath.Join(root, "profiles", "worker.yaml"), `role: worker
+kubernetes:
+  version: v1.37.2
+images:
+  - name: registry.k8s.io/pause:3.10.2
+  - name: registry.k8s.io/kube-proxy:v1.37.2
+    source: 127.0.0.1:5000/kube-proxy:v1.37.2
+    digest: `+digest+`
+  - name: registry.k8s.io/coredns/coredns:v1.15.0
+    source: mirror.example.com/coredns@`+digest+`
+`)
+	p, err := LoadProfile(filepath.Join(root, "profiles"), "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantK := &Kubernetes{Version: "v1.37.2", Runtime: "containerd", Pos: Pos{file, 3}}
+	if !reflect.DeepEqual(p.Kubernetes, wantK) {
+		t.Errorf("kubernetes = %+v, want %+v", p.Kubernetes, wantK)
+	}
+	wantI := []Image{
+		{Name: "registry.k8s.io/pause:3.10.2", Source: "registry.k8s.io/pause:3.10.2", Pos: Pos{file, 5}},
+		{Name: "registry.k8s.io/kube-proxy:v1.37.2", Source: "127.0.0.1:5000/kube-proxy:v1.37.2", Digest: digest, Pos: Pos{file, 6}},
+		{Name: "registry.k8s.io/coredns/coredns:v1.15.0", Source: "mirror.example.com/coredns@" + digest, Digest: digest, Pos: Pos{file, 9}},
+	}
+	if !reflect.DeepEqual(p.Images, wantI) {
+		t.Errorf("images:\n got %+v\nwant %+v", p.Images, wantI)
+	}
+	for i, tag := range []string{"3.10.2", "v1.37.2", "v1.15.0"} {
+		if got := p.Images[i].Tag(); got != tag {
+			t.Errorf("Tag() of %s = %q, want %q", p.Images[i].Name, got, tag)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 func newBakeCmd() *cobra.Command {
 	var role, out, kilnInit string
+	var overlays []string
 	cmd := &cobra.Command{
 		Use:   "bake DEFINITION --role ROLE",
 		Short: "Bake the image of one role from a definition",
@@ -24,10 +25,26 @@ read-only root filesystem; a spare slot for updates), converts it to the definit
 and writes <out>/<image>-<role>.json describing partitions, digests and versions.
 
 Every input must be pinned (run ` + "`kiln lock`" + ` first); every downloaded byte is verified
-against its sha256 or OCI digest. A failed bake leaves nothing in the output directory.
-SOURCE_DATE_EPOCH sets the creation time recorded in the image (default 0).`,
+against its sha256 or OCI digest. Pre-pulled container images are fetched by digest into the
+cache (a second bake does not contact the registry) and laid into one OCI layout at
+/usr/lib/kiln/images. With a kubernetes section in the profile, the kubelet and runtime laid into
+the image are run once (--version) and must match it. An image that would carry a private key
+or a bootstrap token is refused. A failed bake leaves nothing in the output directory.
+SOURCE_DATE_EPOCH sets the creation time recorded in the image (default 0).
+
+--profile-overlay FILE (repeatable) replaces, by name, where the role's artifacts and images
+come from, e.g. a local mirror:
+
+  artifacts:
+    - {name: kubelet, url: http://127.0.0.1:8080/kubelet, sha256: …}
+  images:
+    - {name: registry.k8s.io/pause:3.10.2, source: 127.0.0.1:5000/pause:3.10.2, digest: sha256:…}
+
+An entry that names nothing in any profile is an error. Registries on 127.0.0.1, ::1 and
+localhost are reached over plain HTTP.`,
 		Example: `  kiln bake images/qemu.yaml --role worker -o out
-  kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init`,
+  kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init
+  kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if kilnInit == "" {
@@ -48,6 +65,7 @@ SOURCE_DATE_EPOCH sets the creation time recorded in the image (default 0).`,
 			res, err := bake.Bake(cmd.Context(), bake.Options{
 				Definition: args[0], Role: role, OutDir: out, KilnInit: kilnInit,
 				Cache: cache, Log: slog.Default(), Version: version, Created: created,
+				ProfileOverlays: overlays,
 			})
 			if err != nil {
 				return err
@@ -61,6 +79,7 @@ SOURCE_DATE_EPOCH sets the creation time recorded in the image (default 0).`,
 	cmd.Flags().StringVar(&role, "role", "", "role profile to bake: worker, control-plane, etcd (profiles/<role>.yaml)")
 	cmd.Flags().StringVarP(&out, "output", "o", "out", "output directory")
 	cmd.Flags().StringVar(&kilnInit, "kiln-init", "", "static kiln-init binary to put in the image (default: $KILN_INIT, or kiln-init next to kiln)")
+	cmd.Flags().StringArrayVar(&overlays, "profile-overlay", nil, "YAML document replacing artifact url/path/sha256 and image source/digest by name (repeatable, applied in order)")
 	_ = cmd.MarkFlagRequired("role")
 	return cmd
 }

@@ -50,11 +50,25 @@ the same as /etc/kiln/image.json in the root).`,
 				Name, Role, Platform string
 				Kernel               struct{ Version string }
 				Base                 struct{ Ref, Digest string }
+				Kubernetes           *struct {
+					Version, Runtime, Containerd string
+					Images                       []struct{ Name, Digest string }
+				}
 			}
 			if esp != nil && json.Unmarshal(esp.ImageJSON, &md) == nil {
 				fmt.Fprintf(w, "image:   %s, role %s, platform %s\n", md.Name, md.Role, md.Platform)
 				fmt.Fprintf(w, "kernel:  %s\n", md.Kernel.Version)
 				fmt.Fprintf(w, "base:    %s@%s\n", md.Base.Ref, md.Base.Digest)
+				if k := md.Kubernetes; k != nil {
+					fmt.Fprintf(w, "kubernetes: %s, runtime %s", k.Version, k.Runtime)
+					if k.Containerd != "" {
+						fmt.Fprintf(w, " (containerd %s)", k.Containerd)
+					}
+					fmt.Fprintf(w, ", %d pre-pulled images\n", len(k.Images))
+					for _, im := range k.Images {
+						fmt.Fprintf(w, "  %s@%s\n", im.Name, im.Digest)
+					}
+				}
 			}
 			if esp != nil {
 				fmt.Fprintf(w, "\nESP files:\n")

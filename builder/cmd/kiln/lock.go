@@ -13,15 +13,18 @@ import (
 
 func newLockCmd() *cobra.Command {
 	var update bool
+	var overlays []string
 	cmd := &cobra.Command{
 		Use:   "lock DEFINITION",
-		Short: "Pin the base image and every artifact of a definition in its lock file",
-		Long: `Lock resolves what a definition names by tag (the base image) to a digest, and downloads
-once any artifact given without a sha256 to record its hash. It writes <name>.lock next to the
-definition, covering every role profile. Entries that still match are kept; --update re-resolves
+		Short: "Pin the base image, every artifact and every container image of a definition in its lock file",
+		Long: `Lock resolves what a definition names by tag (the base image, the profiles' container
+images) to a digest — for a multi-platform image, that of its linux/amd64 manifest — and
+downloads once any artifact given without a sha256 to record its hash. It writes <name>.lock next
+to the definition, covering every role profile. Entries that still match are kept; --update re-resolves
 them all. ` + "`kiln bake`" + ` refuses anything the definition and its lock leave unpinned.`,
 		Example: `  kiln lock images/qemu.yaml
-  kiln lock --update images/qemu.yaml   # after rebuilding the base image`,
+  kiln lock --update images/qemu.yaml   # after rebuilding the base image
+  kiln lock images/qemu.yaml --profile-overlay local.yaml   # what kiln bake --profile-overlay local.yaml will use`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			def, err := spec.LoadDefinition(args[0])
@@ -31,6 +34,18 @@ them all. ` + "`kiln bake`" + ` refuses anything the definition and its lock lea
 			profiles, err := spec.LoadProfiles(def.ProfilesDir)
 			if err != nil {
 				return err
+			}
+			for _, f := range overlays {
+				ov, err := spec.LoadProfileOverlay(f)
+				if err != nil {
+					return err
+				}
+				if err := ov.Check(profiles); err != nil {
+					return err
+				}
+				for i, p := range profiles {
+					profiles[i] = ov.Apply(p)
+				}
 			}
 			cache, err := artifact.DefaultCache()
 			if err != nil {
@@ -57,5 +72,6 @@ them all. ` + "`kiln bake`" + ` refuses anything the definition and its lock lea
 		},
 	}
 	cmd.Flags().BoolVar(&update, "update", false, "re-resolve every entry, even those already pinned")
+	cmd.Flags().StringArrayVar(&overlays, "profile-overlay", nil, "profile overlay applied to every profile before pinning, as kiln bake applies it (repeatable)")
 	return cmd
 }

@@ -1,0 +1,282 @@
+package artifact
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// ParseReference parses an image reference. Registries on the loopback
+// interface (localhost, 127.0.0.0/8, ::1) are spoken to over plain HTTP, as
+// a test or mirror registry there usually is; every other registry over
+// HTTPS.
+func ParseReference(s string) (name.Reference, error) {
+	ref, err := name.ParseReference(s, name.StrictValidation)
+	if err != nil {
+		return nil, err
+	}
+	if isLoopback(ref.Context().RegistryStr()) {
+		return name.ParseReference(s, name.StrictValidation, name.Insecure)
+	}
+	return ref, nil
+}
+
+func isLoopback(registry string) bool {
+	host := registry
+	if h, _, err := net.SplitHostPort(registry); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// ImageResolver finds the digest ("sha256:…") of the image manifest a pull
+// reference names; for a multi-platform index, that of its linux/amd64
+// image. OCIResolver implements it.
+type ImageResolver interface {
+	ResolveImage(ctx context.Context, source string) (digest string, err error)
+}
+
+// ResolveImage implements ImageResolver with a HEAD request (and a GET of
+// the index when the reference names one).
+func (r OCIResolver) ResolveImage(ctx context.Context, source string) (string, error) {
+	ref, err := ParseReference(source)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", source, err)
+	}
+	opts := append([]remote.Option{remote.WithContext(ctx), remote.WithUserAgent("kiln")}, r.Remote...)
+	desc, err := remote.Head(ref, opts...)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", source, err)
+	}
+	if !desc.MediaType.IsIndex() {
+		if !desc.MediaType.IsImage() {
+			return "", fmt.Errorf("%s: %s is not an image manifest", source, desc.MediaType)
+		}
+		return desc.Digest.String(), nil
+	}
+	idx, err := remote.Index(ref.Context().Digest(desc.Digest.String()), opts...)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", source, err)
+	}
+	return r.platformDigest(source, idx)
+}
+
+// ImageSource is a container image to fetch: the image manifest Digest
+// pulled from the repository of Source; Name is what the node calls it.
+type ImageSource struct {
+	Name   string
+	Source string
+	Digest string
+}
+
+// CachedImage is a container image whose manifest, config and layers are
+// all in the cache, each verified against its digest when it was stored.
+type CachedImage struct {
+	Name string
+	// Manifest is the image manifest's descriptor (media type, size, digest).
+	Manifest v1.Descriptor
+	// Config and Layers are the blobs the manifest names.
+	Config v1.Descriptor
+	Layers []v1.Descriptor
+	// Platform is the image's os/architecture from its config (nil when the
+	// config does not say).
+	Platform *v1.Platform
+}
+
+// Blobs are the manifest, the config and the layers, in that order.
+func (ci *CachedImage) Blobs() []v1.Descriptor {
+	return append([]v1.Descriptor{ci.Manifest, ci.Config}, ci.Layers...)
+}
+
+// ImageFetch says how to reach registries; the zero value pulls
+// anonymously.
+type ImageFetch struct {
+	// Remote options (auth, transport) for registry requests.
+	Remote []remote.Option
+	// Platform the image must be for; default linux/amd64.
+	Platform *v1.Platform
+}
+
+// FetchImage makes sure the image manifest s.Digest, its config and its
+// layers are in the cache, fetching from s.Source's repository what is
+// missing. When everything is cached it contacts no registry. Every blob
+// is hashed while it is stored and must match its digest; a manifest list
+// (index) or an image for another platform is refused, since the bake
+// stores exactly the manifest that was pinned.
+func (c *Cache) FetchImage(ctx context.Context, s ImageSource, f ImageFetch) (*CachedImage, error) {
+	label := fmt.Sprintf("image %q", s.Name)
+	want, err := v1.NewHash(s.Digest)
+	if err != nil || !hexRE.MatchString(want.Hex) || want.Algorithm != "sha256" {
+		return nil, fmt.Errorf("%s: digest %q is not sha256:<64 hex> (run kiln lock)", label, s.Digest)
+	}
+	var repo name.Repository
+	var opts []remote.Option
+	remoteRepo := func() (name.Repository, []remote.Option, error) {
+		if opts == nil {
+			ref, err := ParseReference(s.Source)
+			if err != nil {
+				return repo, nil, fmt.Errorf("%s: source %s: %w", label, s.Source, err)
+			}
+			repo = ref.Context()
+			opts = append([]remote.Option{remote.WithContext(ctx), remote.WithUserAgent("kiln")}, f.Remote...)
+			if c.Client != nil && c.Client.Transport != nil {
+				opts = append([]remote.Option{remote.WithTransport(c.Client.Transport)}, opts...)
+			}
+		}
+		return repo, opts, nil
+	}
+	start := time.Now()
+	var fetched int64
+
+	raw, err := c.readBlob(want.Hex)
+	if err != nil {
+		repo, opts, err := remoteRepo()
+		if err != nil {
+			return nil, err
+		}
+		desc, err := remote.Get(repo.Digest(want.String()), opts...)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s@%s: %w", label, repo, want, err)
+		}
+		got, _, n, err := c.put(want.Hex, func(w io.Writer) (int64, error) {
+			n, err := w.Write(desc.Manifest)
+			return int64(n), err
+		})
+		if err != nil {
+			if errors.Is(err, errMismatch) {
+				return nil, fmt.Errorf("%s: manifest from %s hashes to sha256:%s, want %s", label, repo, got, want)
+			}
+			return nil, fmt.Errorf("%s: %w", label, err)
+		}
+		fetched += n
+		raw = desc.Manifest
+	}
+	var head struct {
+		MediaType types.MediaType `json:"mediaType"`
+		Manifests json.RawMessage `json:"manifests"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, fmt.Errorf("%s: manifest %s: %w", label, want, err)
+	}
+	if head.MediaType.IsIndex() || len(head.Manifests) > 0 {
+		return nil, fmt.Errorf("%s: %s is a multi-platform index, not an image manifest; pin the linux/amd64 image's digest (kiln lock does)", label, want)
+	}
+	if head.MediaType != "" && !head.MediaType.IsImage() {
+		return nil, fmt.Errorf("%s: %s has media type %s, not an image manifest", label, want, head.MediaType)
+	}
+	m, err := v1.ParseManifest(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("%s: manifest %s: %w", label, want, err)
+	}
+	mt := m.MediaType
+	if mt == "" {
+		mt = types.OCIManifestSchema1
+	}
+	ci := &CachedImage{
+		Name:     s.Name,
+		Manifest: v1.Descriptor{MediaType: mt, Size: int64(len(raw)), Digest: want},
+		Config:   m.Config,
+		Layers:   m.Layers,
+	}
+	for _, d := range append([]v1.Descriptor{m.Config}, m.Layers...) {
+		if d.Digest.Algorithm != "sha256" || !hexRE.MatchString(d.Digest.Hex) {
+			return nil, fmt.Errorf("%s: blob digest %s is not sha256", label, d.Digest)
+		}
+		if _, ok := c.Has(d.Digest.Hex); ok {
+			continue
+		}
+		repo, opts, err := remoteRepo()
+		if err != nil {
+			return nil, err
+		}
+		n, err := c.putRemoteBlob(ctx, repo, d, opts)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", label, err)
+		}
+		fetched += n
+	}
+	cfg, err := c.readBlob(m.Config.Digest.Hex)
+	if err != nil {
+		return nil, fmt.Errorf("%s: config: %w", label, err)
+	}
+	cf, err := v1.ParseConfigFile(bytes.NewReader(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("%s: config %s: %w", label, m.Config.Digest, err)
+	}
+	wantP := v1.Platform{OS: "linux", Architecture: "amd64"}
+	if f.Platform != nil {
+		wantP = *f.Platform
+	}
+	if cf.OS != "" || cf.Architecture != "" {
+		ci.Platform = &v1.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant}
+		if cf.OS != wantP.OS || cf.Architecture != wantP.Architecture {
+			return nil, fmt.Errorf("%s: %s is a %s image; nodes need %s", label, want, ci.Platform, wantP.String())
+		}
+	}
+	if fetched > 0 {
+		c.logger().Info("fetched", "image", s.Name, "source", s.Source, "digest", want.String(), "bytes", fetched, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return ci, nil
+}
+
+// readBlob returns the content of a cached blob.
+func (c *Cache) readBlob(hex string) ([]byte, error) {
+	p, ok := c.Has(hex)
+	if !ok {
+		return nil, fmt.Errorf("blob sha256:%s: %w", hex, os.ErrNotExist)
+	}
+	return os.ReadFile(p)
+}
+
+// putRemoteBlob downloads the blob d of repo into the cache, failing if
+// it receives nothing for StallTimeout or does not hash to d.Digest.
+func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.Descriptor, opts []remote.Option) (int64, error) {
+	stall := c.StallTimeout
+	if stall <= 0 {
+		stall = DefaultStallTimeout
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	errStalled := fmt.Errorf("no data for %s", stall)
+	timer := time.AfterFunc(stall, func() { cancel(errStalled) })
+	defer timer.Stop()
+	ref := repo.Digest(d.Digest.String())
+	l, err := remote.Layer(ref, append(opts, remote.WithContext(ctx))...)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", ref, causeOr(ctx, err))
+	}
+	got, _, n, err := c.put(d.Digest.Hex, func(w io.Writer) (int64, error) {
+		rc, err := l.Compressed()
+		if err != nil {
+			return 0, err
+		}
+		defer rc.Close()
+		return io.Copy(w, &progressReader{r: rc, onRead: func() { timer.Reset(stall) }})
+	})
+	switch {
+	case errors.Is(err, errMismatch):
+		return n, fmt.Errorf("blob from %s hashes to sha256:%s, want %s", ref, got, d.Digest)
+	case err != nil:
+		return n, fmt.Errorf("%s: %w", ref, causeOr(ctx, err))
+	case d.Size > 0 && n != d.Size:
+		return n, fmt.Errorf("%s: %d bytes, the manifest says %d", ref, n, d.Size)
+	}
+	return n, nil
+}

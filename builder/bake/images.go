@@ -1,0 +1,86 @@
+package bake
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kilnproject/kiln/builder/artifact"
+)
+
+// ImagesDir is where the pre-pulled images live in the image: one OCI image layout.
+const ImagesDir = "usr/lib/kiln/images"
+
+// Annotations on each manifest descriptor of the images layout's index.json.
+const (
+	// ImageNameAnnotation is the full name, registry.k8s.io/pause:3.10.2; `ctr images import`
+	// names the image after it.
+	ImageNameAnnotation = "io.containerd.image.name"
+	// RefNameAnnotation is the tag, 3.10.2.
+	RefNameAnnotation = artifact.RefNameAnnotation
+)
+
+// fileWriter writes files into a root tree (rootfs.Tree does).
+type fileWriter interface {
+	WriteFile(rel string, r io.Reader, mode os.FileMode) error
+}
+
+// writeImageLayout writes one OCI image layout at dir in the tree holding every image of imgs,
+// copying each blob from the cache once (layers shared between images are stored once) and
+// re-hashing it on the way. Each index entry carries the image's name and tag as annotations.
+func writeImageLayout(w fileWriter, dir string, cache *artifact.Cache, imgs []*artifact.CachedImage, tags []string) error {
+	written := map[v1.Hash]bool{}
+	idx := v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex}
+	for i, im := range imgs {
+		for _, b := range im.Blobs() {
+			if written[b.Digest] {
+				continue
+			}
+			if err := copyBlob(w, path.Join(dir, "blobs", b.Digest.Algorithm, b.Digest.Hex), cache, b.Digest); err != nil {
+				return fmt.Errorf("image %q: %w", im.Name, err)
+			}
+			written[b.Digest] = true
+		}
+		d := im.Manifest
+		d.Annotations = map[string]string{ImageNameAnnotation: im.Name, RefNameAnnotation: tags[i]}
+		d.Platform = im.Platform
+		idx.Manifests = append(idx.Manifests, d)
+	}
+	data, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := w.WriteFile(path.Join(dir, "index.json"), bytes.NewReader(append(data, '\n')), 0o644); err != nil {
+		return err
+	}
+	return w.WriteFile(path.Join(dir, "oci-layout"), bytes.NewReader([]byte(`{"imageLayoutVersion":"1.0.0"}`+"\n")), 0o644)
+}
+
+// copyBlob copies the cached blob h to rel and checks that what was copied hashes to h.
+func copyBlob(w fileWriter, rel string, cache *artifact.Cache, h v1.Hash) error {
+	src, ok := cache.Has(h.Hex)
+	if !ok {
+		return fmt.Errorf("blob %s is not in the cache %s", h, cache.Root)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sum := sha256.New()
+	if err := w.WriteFile(rel, io.TeeReader(f, sum), 0o644); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(sum.Sum(nil)); got != h.Hex {
+		return fmt.Errorf("cached blob %s hashes to sha256:%s (damaged cache; remove it and bake again)", src, got)
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+package spec
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"gopkg.in/yaml.v3"
+)
+
+// Runtimes are the container runtimes a profile may name; the first is
+// the default.
+var Runtimes = []string{"containerd", "docker"}
+
+// Kubernetes is what a role profile says about the Kubernetes its nodes
+// run. The bake checks the binaries laid into the image against it.
+type Kubernetes struct {
+	// Version is a Kubernetes release, "v1.37.2".
+	Version string
+	// Runtime is "containerd" (default) or "docker" (dockerd + cri-dockerd).
+	Runtime string
+	Pos     Pos
+}
+
+// Image is a container image pre-pulled into the image (one OCI layout at
+// /usr/lib/kiln/images), pinned by the digest of its linux/amd64 image
+// manifest.
+type Image struct {
+	// Name is the full reference the node knows the image by, with a tag:
+	// registry.k8s.io/pause:3.10.2.
+	Name string
+	// Source is where it is pulled from: a reference with a tag or a
+	// digest; Name unless given.
+	Source string
+	// Digest is "sha256:<64 hex>" or empty: then the lock pins it.
+	Digest string
+	Pos    Pos
+}
+
+// Tag returns the tag of the image's name ("3.10.2").
+func (im Image) Tag() string {
+	t, err := name.NewTag(im.Name, name.StrictValidation)
+	if err != nil {
+		return ""
+	}
+	return t.TagStr()
+}
+
+var k8sVersionRE = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`)
+
+func (d *decoder) kubernetes(n *yaml.Node, at string) *Kubernetes {
+	k := &Kubernetes{Pos: d.pos(n), Runtime: Runtimes[0]}
+	seen, ok := d.fields(n, at, []string{"version", "runtime"}, func(key, field string, v *yaml.Node) {
+		s, ok := d.str(v, field)
+		if !ok {
+			return
+		}
+		switch key {
+		case "version":
+			if !k8sVersionRE.MatchString(s) {
+				d.failf(v, field, "%q is not a Kubernetes release (like v1.37.2)", s)
+			}
+			k.Version = s
+		case "runtime":
+			if !contains(Runtimes, s) {
+				d.failf(v, field, "%q is not a runtime (one of: %s)", s, strings.Join(Runtimes, ", "))
+			}
+			k.Runtime = s
+		}
+	})
+	if !ok {
+		return nil
+	}
+	d.require(n, at, seen, "version")
+	return k
+}
+
+func (d *decoder) images(n *yaml.Node, at string) []Image {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.failf(n, at, "expected a list, got %s", describe(n))
+		return nil
+	}
+	var out []Image
+	names := map[string]bool{}
+	for i, item := range n.Content {
+		item = deref(item)
+		f := fmt.Sprintf("%s[%d]", at, i)
+		im := d.image(item, f)
+		if im.Name != "" {
+			if names[im.Name] {
+				d.failf(item, f+".name", "%q used by an earlier image", im.Name)
+			}
+			names[im.Name] = true
+		}
+		out = append(out, im)
+	}
+	return out
+}
+
+func (d *decoder) image(n *yaml.Node, at string) Image {
+	im := Image{Pos: d.pos(n)}
+	var srcDigest string
+	var srcNode *yaml.Node
+	seen, ok := d.fields(n, at, []string{"name", "source", "digest"}, func(key, field string, v *yaml.Node) {
+		s, ok := d.str(v, field)
+		if !ok {
+			return
+		}
+		switch key {
+		case "name":
+			if err := checkImageName(s); err != nil {
+				d.failf(v, field, "%q: %v; want a full name with registry and tag, like registry.k8s.io/pause:3.10.2", s, err)
+				return
+			}
+			im.Name = s
+		case "source":
+			dg, err := ParseSource(s)
+			if err != nil {
+				d.failf(v, field, "%v", err)
+				return
+			}
+			im.Source, srcDigest, srcNode = s, dg, v
+		case "digest":
+			if !digestRE.MatchString(s) {
+				d.failf(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
+				return
+			}
+			im.Digest = s
+		}
+	})
+	if !ok {
+		return im
+	}
+	d.require(n, at, seen, "name")
+	if srcDigest != "" {
+		if im.Digest != "" && im.Digest != srcDigest {
+			d.failf(srcNode, join(at, "source"), "digest %s differs from digest: %s", srcDigest, im.Digest)
+		}
+		im.Digest = srcDigest
+	}
+	if im.Source == "" {
+		im.Source = im.Name
+	}
+	return im
+}
+
+// checkImageName says what is wrong with an image name, if anything.
+func checkImageName(s string) error {
+	first, rest, hasSlash := strings.Cut(s, "/")
+	last := s[strings.LastIndex(s, "/")+1:]
+	switch {
+	case strings.Contains(s, "@"):
+		return fmt.Errorf("a name has a tag, not a digest (give the digest as digest:)")
+	case !hasSlash || rest == "" || !strings.ContainsAny(first, ".:") && first != "localhost":
+		return fmt.Errorf("no registry")
+	case !strings.Contains(last, ":"):
+		return fmt.Errorf("no tag")
+	}
+	if _, err := name.NewTag(s, name.StrictValidation); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ParseSource checks an image pull reference (registry, repository and a
+// tag or a digest, all explicit) and returns its digest, if it has one.
+func ParseSource(s string) (digest string, err error) {
+	bad := func(why any) error {
+		return fmt.Errorf("%q: %v; want a reference with registry and tag or digest, like 127.0.0.1:5000/pause:3.10.2", s, why)
+	}
+	first, rest, hasSlash := strings.Cut(s, "/")
+	last := s[strings.LastIndex(s, "/")+1:]
+	switch {
+	case !hasSlash || rest == "" || !strings.ContainsAny(first, ".:") && first != "localhost":
+		return "", bad("no registry")
+	case !strings.ContainsAny(last, ":@"):
+		return "", bad("no tag or digest")
+	}
+	ref, err := name.ParseReference(s, name.StrictValidation)
+	if err != nil {
+		return "", bad(err)
+	}
+	if dg, ok := ref.(name.Digest); ok {
+		if !digestRE.MatchString(dg.DigestStr()) {
+			return "", fmt.Errorf("%q: only sha256 digests are accepted", s)
+		}
+		return dg.DigestStr(), nil
+	}
+	return "", nil
+}
