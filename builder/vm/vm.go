@@ -1,5 +1,6 @@
 // Package vm boots kiln images in QEMU: UEFI (OVMF) on a q35 machine, the serial console streamed
-// line by line, the node config passed through fw_cfg and extra disks with stable serials. It
+// line by line, the node config passed through fw_cfg, extra disks with stable serials, QEMU user
+// networking (optionally offline) and NICs on private links shared by VMs on the host. It
 // chooses between KVM and TCG with a bounded probe boot, because /dev/kvm can exist and still hang.
 package vm
 
@@ -39,11 +40,18 @@ type Config struct {
 	Accel    string // kvm or tcg (resolve "auto" with ChooseAccel first)
 	MemoryMB int    // default 2048
 	CPUs     int    // default 2
-	// Forward maps host TCP ports to guest ports ("127.0.0.1:6443" -> 6443).
+	// Links are NICs on private segments shared with the other VMs on this host (see Link).
+	// They come before the user network's NIC, so the guest's first NIC is Links[0].
+	Links []Link
+	// Forward maps host TCP ports to guest ports on the user network: "127.0.0.1:6443" or
+	// "6443" (on 127.0.0.1) -> 6443.
 	Forward map[string]int
 	// Net is the user network's IPv4 range (QEMU's default 10.0.2.0/24): the guest gets .15,
 	// the host is .2. Several VMs on different ranges get different addresses.
 	Net string
+	// Offline restricts the user network (QEMU restrict=on): the guest reaches neither the
+	// host (10.0.2.2) nor anything beyond; forwarded ports still reach the guest.
+	Offline bool
 	// Boot, when set, boots these files directly (QEMU -kernel/-initrd, still under OVMF)
 	// instead of through the ESP's systemd-boot, with Append added to their command line.
 	Boot    *BootFiles
@@ -96,6 +104,11 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if _, err := os.Stat(cfg.Image); err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
+	// NICs sit at fixed PCI slots and are placed first, so disks take the free slots around them.
+	nics, err := netArgs(cfg)
+	if err != nil {
+		return nil, err
+	}
 	code, varsTmpl, err := Firmware()
 	if err != nil {
 		return nil, err
@@ -124,6 +137,7 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
 		"-device", "virtio-rng-pci",
 	}
+	args = append(args, nics...)
 	if cfg.Accel == "kvm" {
 		args = append(args, "-cpu", "host")
 	} else {
@@ -160,18 +174,6 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 			"-drive", fmt.Sprintf("if=none,id=%s,cache=unsafe,format=%s,file=%s", id, dfmt, qemuEscape(p)),
 			"-device", fmt.Sprintf("virtio-blk-pci,drive=%s,serial=%s", id, d.Name))
 	}
-	nic := "user,model=virtio-net-pci"
-	if cfg.Net != "" {
-		nic += ",net=" + cfg.Net
-	}
-	for host, guest := range cfg.Forward {
-		addr, port, ok := strings.Cut(host, ":")
-		if !ok {
-			addr, port = "127.0.0.1", host
-		}
-		nic += fmt.Sprintf(",hostfwd=tcp:%s:%s-:%d", addr, port, guest)
-	}
-	args = append(args, "-nic", nic)
 	if cfg.Config != "" {
 		if _, err := os.Stat(cfg.Config); err != nil {
 			return nil, fmt.Errorf("config: %w", err)

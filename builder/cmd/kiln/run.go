@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,8 @@ func newRunCmd() *cobra.Command {
 		cfg       vm.Config
 		disks     []string
 		forwards  []string
+		links     []string
+		configs   []string
 		accel     string
 		timeout   time.Duration
 		untilBoot bool
@@ -36,6 +39,17 @@ func newRunCmd() *cobra.Command {
 		Long: `Run boots IMAGE (.raw, .qcow2, .vmdk or .vhd) on a q35 machine with OVMF, prints the serial
 console, passes --config to kiln-init through fw_cfg (opt/dev.kiln/config) and attaches each
 --disk as a virtio disk whose serial is NAME (/dev/disk/by-id/virtio-NAME in the guest).
+Several --config files are checked one by one, merged in the order given (Ignition's rules: a
+later file's entry for the same path or unit wins) and passed as one Ignition config.
+
+Networking: the last NIC (enp0s24) is QEMU user networking (DHCP, the host at 10.0.2.2,
+--forward'ed ports); --offline restricts it so the guest reaches neither the host nor the
+outside, while forwarded ports still answer. Each --link NAME adds, before it (enp0s16, enp0s17,
+…), a NIC on a private Ethernet segment shared by every VM on this host run with the same link
+NAME (multicast on 127.0.0.1; no root, no tap). There is no DHCP on a link: give the guest an
+address in its config, matching the NIC by MAC. The MAC is derived from IMAGE's file name and
+NAME (logged when the VM starts) unless given as --link NAME,mac=MAC; two VMs booted from the
+same file on one link need explicit MACs.
 
 --accel auto (the default, or $KILN_ACCEL) boots the image's kernel under KVM for a few seconds
 first and uses KVM only if that test boot really ran; otherwise TCG (software emulation).
@@ -45,7 +59,9 @@ Without --snapshot the image itself is written to (first boot creates the data p
 		Example: `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
   kiln run out/qemu-control-plane.qcow2 --disk etcd-main=1G --forward 6443:6443
-  kiln run out/qemu-worker.qcow2 --snapshot --append 'kiln.config.url=http://10.0.2.2:8080/node.ign'`,
+  kiln run out/qemu-worker.qcow2 --snapshot --append 'kiln.config.url=http://10.0.2.2:8080/node.ign'
+  kiln run cp-1.raw --config cp-1.ign --config debug.bu --link cluster,mac=02:00:00:00:00:01 --offline --forward 6443:6443
+  kiln run worker-1.raw --config worker-1.ign --link cluster,mac=02:00:00:00:00:02 --offline`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -64,21 +80,30 @@ Without --snapshot the image itself is written to (first boot creates the data p
 			if len(forwards) > 0 {
 				cfg.Forward = map[string]int{}
 				for _, f := range forwards {
-					host, guest, ok := strings.Cut(f, ":")
-					var g int
-					if _, err := fmt.Sscanf(guest, "%d", &g); !ok || err != nil || host == "" {
-						return fmt.Errorf("--forward %q: want HOSTPORT:GUESTPORT", f)
+					host, guest, err := parseForward(f)
+					if err != nil {
+						return err
 					}
-					cfg.Forward[host] = g
+					if _, dup := cfg.Forward[host]; dup {
+						return fmt.Errorf("--forward %q: host port %s forwarded twice", f, host)
+					}
+					cfg.Forward[host] = guest
 				}
 			}
-			if cfg.Config != "" {
+			for _, l := range links {
+				link, err := parseLink(l)
+				if err != nil {
+					return err
+				}
+				cfg.Links = append(cfg.Links, link)
+			}
+			if len(configs) > 0 {
 				dir, err := os.MkdirTemp("", "kiln-config-")
 				if err != nil {
 					return err
 				}
 				defer os.RemoveAll(dir)
-				if cfg.Config, err = nodeConfig(cfg.Config, dir); err != nil {
+				if cfg.Config, err = nodeConfig(configs, dir); err != nil {
 					return err
 				}
 			}
@@ -123,6 +148,13 @@ Without --snapshot the image itself is written to (first boot creates the data p
 				ctx, cancel = context.WithTimeout(ctx, timeout)
 				defer cancel()
 			}
+			for _, l := range cfg.Links {
+				mac := l.MAC
+				if mac == "" {
+					mac = vm.LinkMAC(cfg.Image, l.Name)
+				}
+				slog.Info("link", "name", l.Name, "mac", mac, "group", vm.LinkGroup(l.Name))
+			}
 			m, err := vm.Start(ctx, cfg)
 			if err != nil {
 				return err
@@ -150,10 +182,12 @@ Without --snapshot the image itself is written to (first boot creates the data p
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Config, "config", "", "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg")
+	f.StringArrayVar(&configs, "config", nil, "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg; repeatable: merged in order, later files win")
 	f.StringArrayVar(&disks, "disk", nil, "extra disk NAME=SIZE (created) or NAME=FILE (attached, e.g. a CIDATA ISO), repeatable; the guest sees /dev/disk/by-id/virtio-NAME")
 	f.StringVar(&cfg.Net, "net", "", "user network range, e.g. 10.0.3.0/24 (guest .15, host .2; default 10.0.2.0/24)")
-	f.StringArrayVar(&forwards, "forward", nil, "forward host TCP port to guest port HOST:GUEST (repeatable)")
+	f.StringArrayVar(&forwards, "forward", nil, "forward a host TCP port to a guest port over the user network, [ADDR:]HOSTPORT:GUESTPORT (repeatable; ADDR defaults to 127.0.0.1)")
+	f.StringArrayVar(&links, "link", nil, "NIC on the private segment NAME shared by this host's VMs, NAME[,mac=MAC] (repeatable; these NICs come first)")
+	f.BoolVar(&cfg.Offline, "offline", false, "no route out of the guest: its user network reaches neither the host nor beyond (forwarded ports still answer)")
 	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL or auto)")
 	f.DurationVar(&timeout, "timeout", 0, "stop the VM after this long (default none; 15m with --until-firstboot)")
 	f.StringVar(&until, "until", "", "stop once a console line matches this regular expression")
@@ -166,29 +200,94 @@ Without --snapshot the image itself is written to (first boot creates the data p
 	return cmd
 }
 
-// nodeConfig checks a node config the way kiln-init will (so mistakes show before a boot) and
-// returns the file to pass through fw_cfg: Butane YAML is translated to Ignition JSON in dir.
-func nodeConfig(path, dir string) (string, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("--config: %w", err)
+// parseForward reads --forward [ADDR:]HOSTPORT:GUESTPORT into vm.Config.Forward's key and value.
+func parseForward(f string) (host string, guest int, err error) {
+	i := strings.LastIndex(f, ":")
+	bad := fmt.Errorf("--forward %q: want [ADDR:]HOSTPORT:GUESTPORT, e.g. 6443:6443 or 127.0.0.1:8443:443", f)
+	if i <= 0 {
+		return "", 0, bad
 	}
-	c, err := config.Parse(raw)
-	if err != nil {
-		return "", fmt.Errorf("--config %s: %w", path, err)
+	host = f[:i]
+	if guest, err = strconv.Atoi(f[i+1:]); err != nil || guest < 1 || guest > 65535 {
+		return "", 0, bad
 	}
-	if err := c.Validate(); err != nil {
-		return "", fmt.Errorf("--config %s: %w", path, err)
+	port := host
+	if j := strings.LastIndex(host, ":"); j >= 0 {
+		if j == 0 {
+			return "", 0, bad
+		}
+		port = host[j+1:]
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return "", 0, bad
+	}
+	return host, guest, nil
+}
+
+// parseLink reads --link NAME[,mac=MAC].
+func parseLink(s string) (vm.Link, error) {
+	name, opts, _ := strings.Cut(s, ",")
+	l := vm.Link{Name: name}
+	if name == "" {
+		return l, fmt.Errorf("--link %q: want NAME[,mac=MAC]", s)
+	}
+	for opts != "" {
+		var opt string
+		opt, opts, _ = strings.Cut(opts, ",")
+		k, v, _ := strings.Cut(opt, "=")
+		switch {
+		case k == "mac" && v != "":
+			l.MAC = v
+		default:
+			return l, fmt.Errorf("--link %q: unknown option %q (want NAME[,mac=MAC])", s, opt)
+		}
+	}
+	return l, nil
+}
+
+// nodeConfig checks node configs the way kiln-init will (so mistakes show before a boot) and
+// returns the file to pass through fw_cfg. One Ignition JSON file is passed as is; Butane YAML
+// is translated to Ignition JSON in dir; several files are merged in order (later ones win, by
+// Ignition's rules) into one Ignition JSON file in dir.
+func nodeConfig(paths []string, dir string) (string, error) {
+	var merged *config.Config
+	var raw []byte
+	for _, path := range paths {
+		var err error
+		if raw, err = os.ReadFile(path); err != nil {
+			return "", fmt.Errorf("--config: %w", err)
+		}
+		c, err := config.Parse(raw)
+		if err != nil {
+			return "", fmt.Errorf("--config %s: %w", path, err)
+		}
+		if err := c.Validate(); err != nil {
+			return "", fmt.Errorf("--config %s: %w", path, err)
+		}
+		merged = config.Merge(merged, c)
+	}
+	out := filepath.Join(dir, "config.ign")
+	if len(paths) > 1 {
+		if err := merged.Validate(); err != nil {
+			return "", fmt.Errorf("--config %s merged: %w", strings.Join(paths, " + "), err)
+		}
+		js, err := merged.JSON()
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(out, js, 0o600); err != nil {
+			return "", err
+		}
+		return out, nil
 	}
 	trimmed := bytes.TrimSpace(raw)
 	if len(trimmed) == 0 || trimmed[0] == '{' || bytes.HasPrefix(raw, []byte{0x1f, 0x8b}) {
-		return path, nil // Ignition JSON (or gzip'd): passed as is
+		return paths[0], nil // Ignition JSON (or gzip'd): passed as is
 	}
 	ign, err := config.TranslateButane(raw)
 	if err != nil {
-		return "", fmt.Errorf("--config %s: %w", path, err)
+		return "", fmt.Errorf("--config %s: %w", paths[0], err)
 	}
-	out := filepath.Join(dir, "config.ign")
 	if err := os.WriteFile(out, ign, 0o600); err != nil {
 		return "", err
 	}

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kilnproject/kiln/builder/vm"
+	"github.com/kilnproject/kiln/initd/config"
+)
+
+func TestParseForward(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		host  string
+		guest int
+		err   bool
+	}{
+		{in: "6443:6443", host: "6443", guest: 6443},
+		{in: "127.0.0.1:8443:443", host: "127.0.0.1:8443", guest: 443},
+		{in: "0.0.0.0:2222:22", host: "0.0.0.0:2222", guest: 22},
+		{in: "6443", err: true},
+		{in: ":6443", err: true},
+		{in: "6443:", err: true},
+		{in: "127.0.0.1:x:22", err: true},
+		{in: "2222:70000", err: true},
+		{in: "127.0.0.1::22", err: true},
+	} {
+		host, guest, err := parseForward(tc.in)
+		if (err != nil) != tc.err || host != tc.host || guest != tc.guest {
+			t.Errorf("parseForward(%q) = %q, %d, %v; want %q, %d (error %v)", tc.in, host, guest, err, tc.host, tc.guest, tc.err)
+		}
+	}
+}
+
+func TestParseLink(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want vm.Link
+		err  string
+	}{
+		{in: "cluster", want: vm.Link{Name: "cluster"}},
+		{in: "cluster,mac=02:00:00:00:00:01", want: vm.Link{Name: "cluster", MAC: "02:00:00:00:00:01"}},
+		{in: ",mac=02:00:00:00:00:01", err: "want NAME"},
+		{in: "cluster,ip=192.168.100.1", err: `unknown option "ip=192.168.100.1"`},
+		{in: "cluster,mac=", err: "unknown option"},
+	} {
+		got, err := parseLink(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("parseLink(%q) = %v, want an error containing %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("parseLink(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// Several --config files become one Ignition config: each file's entries kept, the later
+// file's entry winning for the same path; a mistake names its file.
+func TestNodeConfigMerge(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	node := write("node.ign", `{"ignition":{"version":"3.4.0"},"storage":{"files":[
+		{"path":"/etc/kiln/node.yaml","mode":384,"contents":{"source":"data:,role%3A%20worker%0A"}},
+		{"path":"/etc/hostname","mode":420,"contents":{"source":"data:,old"}}]}}`)
+	netw := write("net.bu", `variant: fcos
+version: 1.6.0
+storage:
+  files:
+    - path: /etc/systemd/network/10-link.network
+      mode: 0644
+      contents:
+        inline: "[Match]\nMACAddress=02:00:00:00:00:01\n[Network]\nAddress=192.168.100.1/24\n"
+    - path: /etc/hostname
+      mode: 0644
+      contents:
+        inline: node-1
+`)
+	bad := write("bad.bu", "variant: fcos\nversion: 1.6.0\nstorage:\n  filez: []\n")
+
+	out, err := nodeConfig([]string{node, netw}, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Parse(raw)
+	if err != nil {
+		t.Fatalf("merged config does not parse: %v\n%s", err, raw)
+	}
+	files, err := c.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range files {
+		got[f.Path] = string(f.Contents)
+	}
+	if len(got) != 3 || got["/etc/hostname"] != "node-1" || got["/etc/kiln/node.yaml"] != "role: worker\n" ||
+		!strings.Contains(got["/etc/systemd/network/10-link.network"], "Address=192.168.100.1/24") {
+		t.Errorf("merged files = %q", got)
+	}
+
+	if p, err := nodeConfig([]string{node}, t.TempDir()); err != nil || p != node {
+		t.Errorf("one Ignition file: %q, %v; want it passed as is", p, err)
+	}
+	if _, err := nodeConfig([]string{node, bad}, t.TempDir()); err == nil || !strings.Contains(err.Error(), "bad.bu") {
+		t.Errorf("merge with a bad file: %v, want an error naming bad.bu", err)
+	}
+}
+
+// Network mistakes on the command line are reported before anything boots.
+func TestRunNetworkFlagErrors(t *testing.T) {
+	img := filepath.Join(t.TempDir(), "node.raw")
+	os.WriteFile(img, make([]byte, 4096), 0o644)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--link", "my cluster"}, `link "my cluster": name must be`},
+		{[]string{"--link", "c,mac=01:00:00:00:00:01"}, "multicast address"},
+		{[]string{"--link", "c", "--link", "c"}, `link "c" given twice`},
+		{[]string{"--link", "c,vlan=3"}, `unknown option "vlan=3"`},
+		{[]string{"--forward", "6443"}, "want [ADDR:]HOSTPORT:GUESTPORT"},
+		{[]string{"--forward", "6443:6443", "--forward", "6443:443"}, "forwarded twice"},
+	} {
+		args := append([]string{"run", img, "--accel", "tcg", "--offline"}, tc.args...)
+		_, err := kiln(t, args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("kiln %s: %v, want an error containing %q", strings.Join(args, " "), err, tc.want)
+		}
+	}
+}
