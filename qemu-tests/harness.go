@@ -79,6 +79,11 @@ func newEnv(t *testing.T) *env {
 		e.run(root, "cp", "-a", filepath.Join(root, d), filepath.Join(e.repo, d))
 	}
 	os.Remove(filepath.Join(e.repo, "images", "qemu.lock"))
+	if os.Getenv("KILN_E2E") != "1" {
+		// The smoke tests boot the node agent without Kubernetes (its components are built
+		// from source by make e2e only): the roles' profiles without Kubernetes artifacts.
+		e.run(root, "cp", "-a", filepath.Join(root, "qemu-tests", "testdata", "profiles")+"/.", filepath.Join(e.repo, "profiles"))
+	}
 	return e
 }
 

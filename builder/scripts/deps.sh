@@ -4,6 +4,7 @@
 #
 #   builder/scripts/deps.sh            # tools to bake and boot images
 #   builder/scripts/deps.sh test       # plus what the tests use
+#   builder/scripts/deps.sh e2e        # plus what make e2e uses (registry, gcc, apt-get download)
 set -euo pipefail
 declare -A need=(
   [mmdebstrap]=mmdebstrap
@@ -36,6 +37,13 @@ if [ "${1:-}" = test ]; then
   need[strace]=strace
   need[systemd-escape]=systemd
   need[useradd]=passwd
+fi
+if [ "${1:-}" = e2e ]; then
+  need[/usr/bin/docker-registry]=docker-registry
+  need[gcc]=gcc
+  need[/usr/lib/x86_64-linux-gnu/libc.a]=libc6-dev
+  need[dpkg-deb]=dpkg
+  need[pkg-config]=pkg-config
 fi
 missing=()
 for tool in "${!need[@]}"; do
