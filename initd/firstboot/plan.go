@@ -12,6 +12,7 @@ import (
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/preflight"
 	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/task"
@@ -21,8 +22,12 @@ import (
 //
 //	users ─► directories ─► files ─► links ─► units ─► systemd
 //	                          └────► node-config ─► facts ─► hostname
-//	                                                  └────► preflight ─► render ─────► etcd-manifest
-//	                                                              └────► etcd-volume ──┘
+//	                                                  └────► preflight ─► render ─────► etcd-manifest ─► kubelet
+//	                                                              ├────► etcd-volume ──┘                   ▲
+//	                                                              └────► pki ──────────────────────────────┘
+//
+// kubelet hands over to the units that run after first boot: containerd, kiln-images,
+// kubelet, kiln-cni and (control plane) kiln-control-plane.
 type plan struct {
 	opts      Options
 	cfg       *config.Config
@@ -77,6 +82,8 @@ func (p *plan) tasks() []task.Task {
 		task.Converge("render", []string{"preflight", "node-config"}, p.render),
 		task.Converge("etcd-volume", []string{"preflight"}, p.etcdVolume),
 		task.Converge("etcd-manifest", []string{"render", "etcd-volume"}, p.etcdManifestTask),
+		task.Converge("pki", []string{"preflight"}, p.pkiTask),
+		task.Converge("kubelet", []string{"render", "pki", "etcd-manifest"}, p.kubeletTask),
 	}
 }
 
@@ -219,6 +226,9 @@ func renderData(n *config.Node, f *facts.Facts) render.Data {
 	}
 	d.Node.Kubernetes.ClusterDomain = k.ClusterDomain
 	d.Node.Kubernetes.NodeLabels = k.NodeLabels
+	if n.APIEndpoint != "" {
+		d.Node.Kubernetes.APIServer = pki.ServerURL(n.APIEndpoint)
+	}
 	if n.Etcd != nil {
 		d.Node.Etcd.Name = n.Etcd.Member
 		if n.Etcd.Volume != nil {

@@ -37,6 +37,9 @@ type Kubernetes struct {
 	ImageRepository string
 	// APIServerPort is kube-apiserver's secure port; default 6443.
 	APIServerPort int
+	// APIServer is the URL nodes reach the API at, https://host:port (node.yaml's
+	// apiEndpoint): kube-proxy's server. Default https://<NodeIP>:<APIServerPort>.
+	APIServer string
 	// ServiceCIDR is the service IP range; default "10.96.0.0/12".
 	ServiceCIDR string
 	// PodCIDR is the cluster's pod range, split into node ranges by the controller
@@ -122,6 +125,7 @@ func (d Data) WithDefaults() Data {
 	if k.APIServerPort == 0 {
 		k.APIServerPort = 6443
 	}
+	str(&k.APIServer, "https://"+hostPort(d.NodeIP(), fmt.Sprint(k.APIServerPort)))
 	str(&k.ServiceCIDR, "10.96.0.0/12")
 	str(&k.PodCIDR, "10.244.0.0/16")
 	list(&k.ClusterDNS, "10.96.0.10")

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -135,6 +136,22 @@ func TestGolden(t *testing.T) {
 func checkSyntax(t *testing.T, rel string, data []byte) {
 	t.Helper()
 	switch {
+	case strings.HasPrefix(rel, "etc/kubernetes/addons/"):
+		// Addons are multi-document streams of objects kiln-init applies.
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		for n := 1; ; n++ {
+			var doc map[string]any
+			if err := dec.Decode(&doc); err != nil {
+				if err != io.EOF {
+					t.Errorf("%s: document %d: YAML: %v", rel, n, err)
+				}
+				break
+			}
+			md, _ := doc["metadata"].(map[string]any)
+			if doc["apiVersion"] == nil || doc["kind"] == nil || md["name"] == nil {
+				t.Errorf("%s: document %d: no apiVersion, kind or metadata.name", rel, n)
+			}
+		}
 	case strings.HasSuffix(rel, ".yaml"), strings.HasSuffix(rel, ".manifest"):
 		var doc map[string]any
 		if err := yaml.Unmarshal(data, &doc); err != nil {
@@ -208,6 +225,7 @@ func TestRenderIdempotent(t *testing.T) {
 	data.Node.Kubernetes.Version = "v1.37.3"
 	changed, err = Render(src, root, data)
 	want := []string{
+		"/etc/kubernetes/addons/kube-proxy.yaml",
 		"/etc/kubernetes/manifests/kube-apiserver.yaml",
 		"/etc/kubernetes/manifests/kube-controller-manager.yaml",
 		"/etc/kubernetes/manifests/kube-scheduler.yaml",

@@ -1,6 +1,6 @@
 // Command kiln-init is the one binary kiln puts in every image: PID 1 of the initramfs (stage 1:
 // mount the read-only root and the persistent /var and /etc, then switch_root to systemd) and the
-// node agent run by systemd (`firstboot`, `status`).
+// node agent run by systemd (`firstboot`, `status`, `dns`, `kube images|cni|bootstrap`).
 package main
 
 import (
@@ -19,6 +19,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/firstboot"
+	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/preflight"
 	"github.com/kilnproject/kiln/initd/stage1"
 )
@@ -34,6 +35,9 @@ Otherwise:
                                  apply the node config (run once by kiln-firstboot.service)
   kiln-init status [-o json]     show what first boot did, task by task, and the DNS state
   kiln-init dns                  publish this node's cluster names (kiln-dns.service, every boot)
+  kiln-init kube images|cni|bootstrap
+                                 the Kubernetes steps after first boot (kiln-images, kiln-cni and
+                                 kiln-control-plane.service); see kiln-init kube help
   kiln-init preflight --role R [-o table|json]
                                  run kubeadm's preflight checks for role R and print them
   kiln-init version
@@ -65,6 +69,8 @@ func main() {
 		}
 	case "preflight":
 		err = preflight.Main(ctx, os.Args[2:], os.Stdout)
+	case "kube":
+		err = runKube(ctx, os.Args[2:])
 	case "version", "--version":
 		fmt.Println(version)
 	case "help", "-h", "--help":
@@ -155,6 +161,15 @@ func runStatus(args []string) error {
 	}
 	if d, err := (dns.StatusFile{Root: *root}).Read(); err == nil && *out != "json" {
 		fmt.Printf("\nDNS  %s (%s, %d records, attempts %d)\n", d.String(), d.Provider, len(d.Records), d.Attempts)
+	}
+	// The Kubernetes stages after first boot (images, cni, control-plane).
+	stages, err := kube.ReadStages(*root)
+	if err != nil {
+		return err
+	}
+	if len(stages) > 0 && *out != "json" {
+		fmt.Println()
+		return kube.PrintStages(os.Stdout, stages)
 	}
 	return nil
 }

@@ -1,0 +1,139 @@
+package firstboot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/kube"
+	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/initd/systemd"
+)
+
+// Kubernetes paths first boot writes or checks, relative to the node's root.
+const (
+	kubeDir             = "/etc/kubernetes"
+	pkiDir              = "/etc/kubernetes/pki"
+	kubeletConf         = "/etc/kubernetes/kubelet.conf"
+	bootstrapKubeletCfg = "/etc/kubernetes/bootstrap-kubelet.conf"
+)
+
+// Units of the kubernetes overlay that first boot enables (and starts in this boot).
+const (
+	KubeletUnit      = "kubelet.service"
+	CNIUnit          = "kiln-cni.service"
+	ControlPlaneUnit = "kiln-control-plane.service"
+)
+
+// pkiTask is kubeadm's certs and kubeconfig phases on a control plane: the leaf
+// certificates from the CAs the config delivered, and the kubeconfigs of admin,
+// super-admin, kubelet, controller-manager and scheduler pointing at this node's API
+// server. Valid existing files are kept (a re-run changes nothing).
+func (p *plan) pkiTask(context.Context) (bool, error) {
+	if p.node.Role != config.RoleControlPlane {
+		return false, nil
+	}
+	dir := filepath.Join(p.opts.Root, pkiDir)
+	if _, err := os.Stat(filepath.Join(dir, "ca.crt")); errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("no cluster CA at %s/ca.crt: a control plane gets its CAs from its Ignition config (kiln cluster init writes them)", pkiDir)
+	}
+	n := p.pkiNode()
+	nodeIP := p.facts.IPv4
+	if nodeIP == "" {
+		nodeIP = p.facts.IPv6
+	}
+	if nodeIP == "" {
+		return false, errors.New("the node has no IP address for the API server")
+	}
+	certs, err := pki.ControlPlaneCerts(dir, n, p.opts.Now())
+	if err != nil {
+		return len(certs) > 0, err
+	}
+	server := "https://" + net.JoinHostPort(nodeIP, fmt.Sprint(config.DefaultAPIPort))
+	confs, err := pki.ControlPlaneKubeconfigs(filepath.Join(p.opts.Root, kubeDir), dir, n, server, p.opts.Now())
+	if len(certs)+len(confs) > 0 {
+		p.opts.Log.Info("control-plane PKI written", "certificates", certs, "kubeconfigs", confs)
+	}
+	return len(certs)+len(confs) > 0, err
+}
+
+// pkiNode is what the control plane's certificates are made for.
+func (p *plan) pkiNode() pki.Node {
+	n := pki.Node{Hostname: p.facts.Hostname, ServiceCIDR: p.node.Kubernetes.ServiceCIDR,
+		ClusterDomain: p.node.Kubernetes.ClusterDomain}
+	for _, s := range []string{p.facts.IPv4, p.facts.IPv6} {
+		if ip := net.ParseIP(s); ip != nil {
+			n.IPs = append(n.IPs, ip)
+		}
+	}
+	if host, _, err := net.SplitHostPort(strings.TrimPrefix(p.node.APIEndpoint, "https://")); err == nil {
+		n.APIServerSANs = append(n.APIServerSANs, host)
+	}
+	if p.node.Cluster.DNSZone != "" {
+		n.APIServerSANs = append(n.APIServerSANs, p.node.InternalName("api"))
+		if p.node.Etcd != nil && p.node.Etcd.Member != "" {
+			n.EtcdSANs = append(n.EtcdSANs, p.node.InternalName("etcd-"+p.node.Etcd.Member))
+		}
+	}
+	return n
+}
+
+// kubeletTask hands over to the Kubernetes units once kubelet's configuration and
+// credentials are in place: it enables kubelet (and, by role, kiln-cni and
+// kiln-control-plane) for every later boot and, on the live system, reloads systemd (the
+// drop-in was just rendered) and queues their start; systemd starts them after first boot,
+// containerd and the image import. An image without the kubernetes overlay has no
+// kubelet.service: nothing to do.
+func (p *plan) kubeletTask(ctx context.Context) (bool, error) {
+	root := p.opts.Root
+	if _, err := systemd.Find(root, KubeletUnit); errors.Is(err, systemd.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	units := []string{KubeletUnit}
+	switch p.node.Role {
+	case config.RoleControlPlane:
+		if !exists(root, kubeletConf) {
+			return false, fmt.Errorf("kubelet has no credentials: %s is missing", kubeletConf)
+		}
+		units = append(units, CNIUnit, ControlPlaneUnit)
+	case config.RoleWorker:
+		if !exists(root, bootstrapKubeletCfg) && !exists(root, kubeletConf) {
+			return false, fmt.Errorf("kubelet has no credentials: neither %s nor %s exists (kiln cluster init puts the bootstrap kubeconfig in a worker's Ignition config)", bootstrapKubeletCfg, kubeletConf)
+		}
+		units = append(units, CNIUnit)
+	}
+	changed, err := kube.EnsureResolvConf(root)
+	if err != nil {
+		return false, err
+	}
+	for _, u := range units {
+		c, err := systemd.Enable(root, u)
+		if err != nil {
+			return false, fmt.Errorf("enable %s: %w", u, err)
+		}
+		changed = changed || c
+	}
+	if root == "/" {
+		if err := p.opts.Systemctl(ctx, "daemon-reload"); err != nil {
+			return false, err
+		}
+		// --no-block: they are ordered after kiln-firstboot, which is still running.
+		if err := p.opts.Systemctl(ctx, append([]string{"start", "--no-block"}, units...)...); err != nil {
+			return false, err
+		}
+	}
+	return changed, nil
+}
+
+func exists(root, p string) bool {
+	_, err := os.Stat(filepath.Join(root, p))
+	return err == nil
+}

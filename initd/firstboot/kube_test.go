@@ -1,0 +1,249 @@
+package firstboot
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vincent-petithory/dataurl"
+
+	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/task"
+)
+
+// withKubernetesOverlay adds the kubernetes overlay's units to a node root, as the bake does.
+func withKubernetesOverlay(t *testing.T, root string) {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(file), "../../overlays/kubernetes/usr/lib/systemd/system")
+	out, err := exec.Command("cp", "-a", src+"/.", filepath.Join(root, "usr/lib/systemd/system")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("copy overlay: %v: %s", err, out)
+	}
+}
+
+// ignFile is one Ignition storage file with inline contents.
+func ignFile(path string, mode int, data []byte) string {
+	b, _ := json.Marshal(map[string]any{"path": path, "mode": mode, "contents": map[string]string{"source": dataurl.EncodeBytes(data)}})
+	return string(b)
+}
+
+// clusterSecrets are the files kiln cluster init puts in a control plane's Ignition config.
+func clusterSecrets(t *testing.T) []string {
+	t.Helper()
+	var files []string
+	for name, cn := range map[string]string{"ca": "kubernetes", "front-proxy-ca": "front-proxy-ca", "etcd/ca": "etcd-ca"} {
+		kp, err := pki.NewCA(cn, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, ignFile("/etc/kubernetes/pki/"+name+".crt", 0o644, kp.CertPEM),
+			ignFile("/etc/kubernetes/pki/"+name+".key", 0o600, kp.KeyPEM))
+	}
+	sa, err := pki.NewServiceAccountKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(files, ignFile("/etc/kubernetes/pki/sa.pub", 0o644, sa.CertPEM),
+		ignFile("/etc/kubernetes/pki/sa.key", 0o600, sa.KeyPEM),
+		ignFile("/etc/kiln/bootstrap-token", 0o600, []byte("abcdef.0123456789abcdef\n")))
+}
+
+const cpNodeYAML = `cluster: {name: demo, dnsZone: example.com}
+role: control-plane
+hostname: cp-1
+etcd: {member: a, members: [a]}
+apiEndpoint: 192.0.2.10:6443
+`
+
+const workerNodeYAML = `cluster: {name: demo, dnsZone: example.com}
+role: worker
+hostname: worker-1
+apiEndpoint: 192.0.2.10:6443
+`
+
+func kubeOpts(t *testing.T, root, cfg string) Options {
+	return Options{
+		Root: root, Providers: []source.Provider{fwcfg(t, cfg)},
+		Systemctl: func(context.Context, ...string) error { return nil },
+		// This sandbox is not a node: its cgroups, ports and tools are the host's.
+		PreflightIgnore: []string{"all"},
+		Notify:          func(string) error { return nil },
+	}
+}
+
+func taskState(st *Status, name string) (task.State, string) {
+	for _, tk := range st.Tasks {
+		if tk.Name == name {
+			return tk.State, tk.Error
+		}
+	}
+	return "", "no such task"
+}
+
+func enabled(root, unit string) bool {
+	target, err := os.Readlink(filepath.Join(root, "etc/systemd/system/multi-user.target.wants", unit))
+	return err == nil && target == "/usr/lib/systemd/system/"+unit
+}
+
+// A control plane's first boot makes its PKI and kubeconfigs, renders the static pods and
+// addons, and hands over to kubelet, kiln-cni and kiln-control-plane; a forced re-run
+// changes nothing.
+func TestRunControlPlaneKubernetes(t *testing.T) {
+	root := nodeRoot(t, "control-plane")
+	withKubernetesOverlay(t, root)
+	cfg := ignition(append(clusterSecrets(t), ignFile("/etc/kiln/node.yaml", 0o644, []byte(cpNodeYAML)))...)
+	opts := kubeOpts(t, root, cfg)
+	st, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("first boot: %v\n%+v", err, st.Tasks)
+	}
+	for _, name := range []string{"pki", "kubelet"} {
+		if s, e := taskState(st, name); s != task.StateApplied {
+			t.Errorf("task %s %s %s, want applied", name, s, e)
+		}
+	}
+
+	crt, err := pki.ReadKeyPair(filepath.Join(root, "etc/kubernetes/pki"), "apiserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := pki.ParseCertPEM(crt.CertPEM)
+	for _, name := range []string{"cp-1", "api.internal.demo.example.com", "kubernetes.default.svc.cluster.local"} {
+		if !slices.Contains(c.DNSNames, name) {
+			t.Errorf("apiserver certificate names %v, want %s", c.DNSNames, name)
+		}
+	}
+	if err := c.VerifyHostname("192.0.2.10"); err != nil {
+		t.Errorf("apiserver certificate does not cover the API endpoint: %v", err)
+	}
+	etcdCrt, err := pki.ReadKeyPair(filepath.Join(root, "etc/kubernetes/pki"), "etcd/server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ec, _ := pki.ParseCertPEM(etcdCrt.CertPEM); !slices.Contains(ec.DNSNames, "etcd-a.internal.demo.example.com") {
+		t.Errorf("etcd server certificate names %v, want etcd-a.internal.demo.example.com", ec.DNSNames)
+	}
+	kc, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/kubelet.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := pki.ParseKubeconfig(kc)
+	if err != nil || !strings.HasSuffix(k.Server, ":6443") || !strings.Contains(k.Server, nodeIP(t, root)) {
+		t.Errorf("kubelet.conf server %q, %v; want https://<node IP>:6443", k.Server, err)
+	}
+	if kcert, _ := pki.ParseCertPEM(k.CertPEM); kcert == nil || kcert.Subject.CommonName != "system:node:cp-1" {
+		t.Errorf("kubelet.conf user %v", kcert)
+	}
+	for _, u := range []string{"kubelet.service", "kiln-cni.service", "kiln-control-plane.service"} {
+		if !enabled(root, u) {
+			t.Errorf("%s is not enabled", u)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "etc/resolv.conf")); err != nil || !strings.Contains(string(b), "kiln-init") {
+		t.Errorf("/etc/resolv.conf = %q, %v; kubelet needs one", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/addons/kube-proxy.yaml")); err != nil || !strings.Contains(string(b), "server: https://192.0.2.10:6443") {
+		t.Errorf("kube-proxy addon does not point at the API endpoint: %v", err)
+	}
+
+	before := fingerprint(t, root)
+	opts.Force = true
+	opts.Providers = []source.Provider{fwcfg(t, cfg)}
+	st2, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("second run: %v", err)
+	}
+	for _, tk := range st2.Tasks {
+		if tk.State != task.StateUnchanged {
+			t.Errorf("second run: task %s %s %s", tk.Name, tk.State, tk.Error)
+		}
+	}
+	after := fingerprint(t, root)
+	for p, fp := range before {
+		if after[p] != fp {
+			t.Errorf("second run changed %s", p)
+		}
+	}
+}
+
+// nodeIP is the node IP first boot found (the sandbox's own address), as the kubelet
+// drop-in has it.
+func nodeIP(t *testing.T, root string) string {
+	t.Helper()
+	drop, err := os.ReadFile(filepath.Join(root, "etc/systemd/system/kubelet.service.d/10-kiln.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(string(drop), "--node-ip=")
+	ip, _, _ := strings.Cut(rest, " ")
+	if ip == "" {
+		t.Fatal("no --node-ip in the kubelet drop-in")
+	}
+	return ip
+}
+
+func TestRunWorkerKubernetes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		files   []string
+		wantErr string
+	}{
+		{name: "bootstrap kubeconfig delivered", files: []string{ignFile("/etc/kubernetes/bootstrap-kubelet.conf", 0o600, []byte("apiVersion: v1\nkind: Config\n"))}},
+		{name: "no kubelet credentials", wantErr: "kubelet has no credentials: neither /etc/kubernetes/bootstrap-kubelet.conf"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := nodeRoot(t, "worker")
+			withKubernetesOverlay(t, root)
+			cfg := ignition(append(tc.files, ignFile("/etc/kiln/node.yaml", 0o644, []byte(workerNodeYAML)))...)
+			st, err := Run(context.Background(), kubeOpts(t, root, cfg))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Run = %v, want %q", err, tc.wantErr)
+				}
+				if enabled(root, "kubelet.service") {
+					t.Error("kubelet enabled without credentials")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("first boot: %v", err)
+			}
+			if s, _ := taskState(st, "pki"); s != task.StateUnchanged {
+				t.Errorf("a worker's pki task %s, want unchanged (nothing to make)", s)
+			}
+			for u, want := range map[string]bool{"kubelet.service": true, "kiln-cni.service": true, "kiln-control-plane.service": false} {
+				if enabled(root, u) != want {
+					t.Errorf("%s enabled = %t, want %t", u, !want, want)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(root, "etc/kubernetes/pki/apiserver.crt")); err == nil {
+				t.Error("a worker got control-plane certificates")
+			}
+		})
+	}
+}
+
+// A control plane whose config lacks the cluster CA fails at the pki task, saying why.
+func TestRunControlPlaneWithoutCA(t *testing.T) {
+	root := nodeRoot(t, "control-plane")
+	withKubernetesOverlay(t, root)
+	st, err := Run(context.Background(), kubeOpts(t, root, ignition(ignFile("/etc/kiln/node.yaml", 0o644, []byte(cpNodeYAML)))))
+	if err == nil || !strings.Contains(err.Error(), "no cluster CA at /etc/kubernetes/pki/ca.crt") {
+		t.Fatalf("Run = %v", err)
+	}
+	if s, _ := taskState(st, "kubelet"); s != task.StateBlocked {
+		t.Errorf("kubelet task %s, want blocked", s)
+	}
+	if line := st.Line(); !strings.Contains(line, "task pki failed") {
+		t.Errorf("Line = %q", line)
+	}
+}

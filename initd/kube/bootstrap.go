@@ -1,0 +1,559 @@
+package kube
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/initd/task"
+)
+
+// Files the control-plane bootstrap reads, relative to the node's root.
+const (
+	AdminConf          = "/etc/kubernetes/admin.conf"
+	SuperAdminConf     = "/etc/kubernetes/super-admin.conf"
+	CACertPath         = "/etc/kubernetes/pki/ca.crt"
+	BootstrapTokenPath = "/etc/kiln/bootstrap-token"
+	// AddonsPath holds the rendered addon manifests (kube-proxy, CoreDNS), applied in
+	// name order; the control-plane templates put them there.
+	AddonsPath = "/etc/kubernetes/addons"
+)
+
+// Names kubeadm gives the things its init phases create; kiln uses the same so that
+// kubeadm-aware tools (and people) find them.
+const (
+	// NodeBootstrapGroup is the group a bootstrap token authenticates into.
+	NodeBootstrapGroup = "system:bootstrappers:kubeadm:default-node-token"
+	// LabelControlPlane and TaintControlPlane mark a control-plane node.
+	LabelControlPlane = "node-role.kubernetes.io/control-plane"
+	TaintControlPlane = "node-role.kubernetes.io/control-plane"
+	// LabelExcludeLB keeps the node out of external load balancers, as kubeadm does.
+	LabelExcludeLB = "node.kubernetes.io/exclude-from-external-load-balancers"
+	// TokenTTL is how long the bootstrap token is valid after the control plane created it.
+	TokenTTL = 24 * time.Hour
+)
+
+// BootstrapOptions configure the control-plane bootstrap (BootstrapTasks).
+type BootstrapOptions struct {
+	// Root is the node's root; "" means "/".
+	Root string
+	// NodeName is this node's Node object.
+	NodeName string
+	// APIEndpoint is the cluster's API address as node.yaml gives it (host:port or
+	// https://host:port): the server of the cluster-info kubeconfig joining nodes read.
+	APIEndpoint string
+	// APIWait bounds the wait for the API server's /readyz; 0 means 20 minutes (an
+	// emulated guest needs minutes to start etcd and kube-apiserver).
+	APIWait time.Duration
+	// NodeWait bounds the wait for kubelet to register this node; 0 means 10 minutes.
+	NodeWait time.Duration
+	// Interval is the time between two tries of a step the API refused for now; 0 means
+	// 2 seconds.
+	Interval time.Duration
+	// Log receives progress; nil discards it.
+	Log *slog.Logger
+	// Now is the clock (token expiry); nil means time.Now.
+	Now func() time.Time
+}
+
+func (o BootstrapOptions) withDefaults() BootstrapOptions {
+	if o.Root == "" {
+		o.Root = "/"
+	}
+	if o.APIWait == 0 {
+		o.APIWait = 20 * time.Minute
+	}
+	if o.NodeWait == 0 {
+		o.NodeWait = 10 * time.Minute
+	}
+	if o.Interval == 0 {
+		o.Interval = 2 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// bootstrap is one run of the control-plane bootstrap.
+type bootstrap struct {
+	o     BootstrapOptions
+	admin *Client
+}
+
+// BootstrapTasks are kubeadm's init phases that need a running API server, as idempotent
+// tasks (each checks before it writes, so a second run changes nothing):
+//
+//	api-ready ─► cluster-admins ─┬─► bootstrap-token   (Secret kube-system/bootstrap-token-<id>, 24 h)
+//	                             ├─► bootstrap-rbac    (TLS bootstrap + CSR auto-approval bindings)
+//	                             ├─► cluster-info      (kube-public ConfigMap, readable anonymously)
+//	                             ├─► mark-control-plane (label + NoSchedule taint, once kubelet registered)
+//	                             └─► addon-<file>      (one per manifest in AddonsPath: kube-proxy, coredns)
+//	api-ready ─► kubelet-finalize (kubelet.conf points at kubelet's rotated client certificate)
+//
+// cluster-admins binds kubeadm:cluster-admins (admin.conf's group) to cluster-admin with
+// super-admin.conf; every later step uses admin.conf.
+func BootstrapTasks(o BootstrapOptions) ([]task.Task, error) {
+	o = o.withDefaults()
+	if o.NodeName == "" {
+		return nil, errors.New("control-plane bootstrap: no node name")
+	}
+	b := &bootstrap{o: o}
+	after := []string{"cluster-admins"}
+	tasks := []task.Task{
+		task.WithTimeout(task.Func("api-ready", nil, b.apiReady, b.waitAPI), o.APIWait+time.Minute),
+		task.Converge("cluster-admins", []string{"api-ready"}, b.clusterAdmins),
+		task.Converge("bootstrap-token", after, b.bootstrapToken),
+		task.Converge("bootstrap-rbac", after, b.applyAll(bootstrapRBAC)),
+		task.Converge("cluster-info", after, b.clusterInfo),
+		ConvergeWithTimeout("mark-control-plane", after, o.NodeWait+time.Minute, b.markControlPlane),
+		task.Converge("kubelet-finalize", []string{"api-ready"}, b.kubeletFinalize),
+	}
+	addons, err := addonFiles(filepath.Join(o.Root, AddonsPath))
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range addons {
+		name := "addon-" + strings.TrimSuffix(filepath.Base(f), filepath.Ext(f))
+		tasks = append(tasks, task.Converge(name, after, b.applyFile(f)))
+	}
+	return tasks, nil
+}
+
+// addonFiles lists the .yaml manifests in dir, sorted; none when dir does not exist.
+func addonFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("addons: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if !e.IsDir() && (strings.HasSuffix(e.Name(), ".yaml") || strings.HasSuffix(e.Name(), ".yml")) {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// client is the admin.conf client, loaded once it is needed.
+func (b *bootstrap) client() (*Client, error) {
+	if b.admin == nil {
+		c, err := LoadKubeconfig(b.o.Root, AdminConf)
+		if err != nil {
+			return nil, err
+		}
+		b.admin = c
+	}
+	return b.admin, nil
+}
+
+func (b *bootstrap) apiReady(ctx context.Context) (bool, error) {
+	c, err := b.client()
+	if err != nil {
+		return false, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return c.Ready(rctx) == nil, nil
+}
+
+func (b *bootstrap) waitAPI(ctx context.Context) error {
+	c, err := b.client()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	last := ""
+	err = poll(ctx, b.o.APIWait, b.o.Interval, func(ctx context.Context) (bool, error) {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err := c.Ready(rctx)
+		if err != nil {
+			note(b.o.Log, &last, "API server "+c.Server+"/readyz", err)
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return fmt.Errorf("API server %s not ready: %w", c.Server, err)
+	}
+	b.o.Log.Info("API server ready", "server", c.Server, "waited", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// retry runs f until it succeeds, fails for good (an error that is not transient) or ctx
+// ends: the API server may still be settling (e.g. RBAC caches) right after /readyz.
+func (b *bootstrap) retry(ctx context.Context, f func(context.Context) (bool, error)) (bool, error) {
+	for {
+		changed, err := f(ctx)
+		if err == nil || !transient(err) {
+			return changed, err
+		}
+		b.o.Log.Debug("retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return false, err
+		case <-time.After(b.o.Interval):
+		}
+	}
+}
+
+// applyObjects server-side applies objs with c, in order.
+func (b *bootstrap) applyObjects(ctx context.Context, c *Client, objs []Object) (bool, error) {
+	return b.retry(ctx, func(ctx context.Context) (bool, error) {
+		some := false
+		for _, o := range objs {
+			changed, err := c.Apply(ctx, o)
+			if err != nil {
+				return some, err
+			}
+			if changed {
+				b.o.Log.Info("applied", "object", o.String())
+			}
+			some = some || changed
+		}
+		return some, nil
+	})
+}
+
+func (b *bootstrap) applyAll(objs func() []Object) func(context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		c, err := b.client()
+		if err != nil {
+			return false, err
+		}
+		return b.applyObjects(ctx, c, objs())
+	}
+}
+
+func (b *bootstrap) applyFile(path string) func(context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return false, fmt.Errorf("addon: %w", err)
+		}
+		objs, err := ParseManifests(data, path)
+		if err != nil {
+			return false, err
+		}
+		c, err := b.client()
+		if err != nil {
+			return false, err
+		}
+		return b.applyObjects(ctx, c, objs)
+	}
+}
+
+// clusterAdmins is kubeadm's first write: admin.conf's group gets cluster-admin. Only
+// super-admin.conf (system:masters) may write it before it exists.
+func (b *bootstrap) clusterAdmins(ctx context.Context) (bool, error) {
+	c, err := LoadKubeconfig(b.o.Root, SuperAdminConf)
+	if err != nil {
+		return false, err
+	}
+	return b.applyObjects(ctx, c, []Object{clusterRoleBinding("kubeadm:cluster-admins", "cluster-admin", group(pki.GroupClusterAdmins))})
+}
+
+// bootstrapToken creates the token Secret kubelets TLS-bootstrap with, from the token
+// `kiln cluster init` delivered in BootstrapTokenPath. An existing Secret is kept as it
+// is (its expiry is not extended); a node without a token file has nothing to do.
+func (b *bootstrap) bootstrapToken(ctx context.Context) (bool, error) {
+	data, err := os.ReadFile(filepath.Join(b.o.Root, BootstrapTokenPath))
+	if errors.Is(err, fs.ErrNotExist) {
+		b.o.Log.Info("no bootstrap token; workers cannot join with one", "path", BootstrapTokenPath)
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("bootstrap token: %w", err)
+	}
+	tok, err := pki.ParseToken(strings.TrimSpace(string(data)))
+	if err != nil {
+		return false, fmt.Errorf("bootstrap token %s: %w", BootstrapTokenPath, err)
+	}
+	c, err := b.client()
+	if err != nil {
+		return false, err
+	}
+	secret := TokenSecret(tok, b.o.Now().Add(TokenTTL))
+	return b.retry(ctx, func(ctx context.Context) (bool, error) { return c.Create(ctx, secret) })
+}
+
+// TokenSecret is the bootstrap token Secret kubeadm's bootstrap-token phase writes:
+// usable for authentication (kubelet's TLS bootstrap) and for signing cluster-info, in
+// the group NodeBootstrapGroup, expiring at expires.
+func TokenSecret(t pki.Token, expires time.Time) Object {
+	return Object{
+		"apiVersion": "v1",
+		"kind":       "Secret",
+		"metadata": map[string]any{
+			"name":      "bootstrap-token-" + t.ID,
+			"namespace": "kube-system",
+		},
+		"type": "bootstrap.kubernetes.io/token",
+		"stringData": map[string]any{
+			"description":                    "kiln: joins nodes to the cluster (written at the control plane's first boot)",
+			"token-id":                       t.ID,
+			"token-secret":                   t.Secret,
+			"expiration":                     expires.UTC().Format(time.RFC3339),
+			"usage-bootstrap-authentication": "true",
+			"usage-bootstrap-signing":        "true",
+			"auth-extra-groups":              NodeBootstrapGroup,
+		},
+	}
+}
+
+// bootstrapRBAC are kubeadm's bindings for joining nodes: bootstrap tokens may create
+// CSRs and read nodes, their client CSRs are approved automatically, and so are the
+// renewals of nodes' own client certificates.
+func bootstrapRBAC() []Object {
+	return []Object{
+		clusterRoleBinding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", group(NodeBootstrapGroup)),
+		clusterRoleBinding("kubeadm:node-autoapprove-bootstrap",
+			"system:certificates.k8s.io:certificatesigningrequests:nodeclient", group(NodeBootstrapGroup)),
+		clusterRoleBinding("kubeadm:node-autoapprove-certificate-rotation",
+			"system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", group("system:nodes")),
+		{
+			"apiVersion": "rbac.authorization.k8s.io/v1",
+			"kind":       "ClusterRole",
+			"metadata":   map[string]any{"name": "kubeadm:get-nodes"},
+			"rules":      []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get"}}},
+		},
+		clusterRoleBinding("kubeadm:get-nodes", "kubeadm:get-nodes", group(NodeBootstrapGroup)),
+	}
+}
+
+func group(name string) map[string]any {
+	return map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": name}
+}
+
+func clusterRoleBinding(name, role string, subjects ...map[string]any) Object {
+	subs := make([]any, len(subjects))
+	for i, s := range subjects {
+		subs[i] = s
+	}
+	return Object{
+		"apiVersion": "rbac.authorization.k8s.io/v1",
+		"kind":       "ClusterRoleBinding",
+		"metadata":   map[string]any{"name": name},
+		"roleRef":    map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+		"subjects":   subs,
+	}
+}
+
+// clusterInfo publishes kube-public/cluster-info (the cluster's CA and API endpoint, as a
+// kubeconfig without users) and lets anonymous users read it: joining nodes discover the
+// cluster there, and the bootstrap signer signs it with each signing token.
+func (b *bootstrap) clusterInfo(ctx context.Context) (bool, error) {
+	ca, err := os.ReadFile(filepath.Join(b.o.Root, CACertPath))
+	if err != nil {
+		return false, fmt.Errorf("cluster-info: %w", err)
+	}
+	if b.o.APIEndpoint == "" {
+		return false, errors.New("cluster-info: no API endpoint")
+	}
+	objs, err := ClusterInfo(pki.ServerURL(b.o.APIEndpoint), ca)
+	if err != nil {
+		return false, err
+	}
+	c, err := b.client()
+	if err != nil {
+		return false, err
+	}
+	return b.applyObjects(ctx, c, objs)
+}
+
+// ClusterInfo is the kube-public/cluster-info ConfigMap for server and the CA, and the
+// Role and RoleBinding that let system:anonymous get it.
+func ClusterInfo(server string, caPEM []byte) ([]Object, error) {
+	type cluster struct {
+		CAData string `yaml:"certificate-authority-data"`
+		Server string `yaml:"server"`
+	}
+	kc := struct {
+		APIVersion string `yaml:"apiVersion"`
+		Clusters   []struct {
+			Cluster cluster `yaml:"cluster"`
+			Name    string  `yaml:"name"`
+		} `yaml:"clusters"`
+		Contexts       []any          `yaml:"contexts"`
+		CurrentContext string         `yaml:"current-context"`
+		Kind           string         `yaml:"kind"`
+		Preferences    map[string]any `yaml:"preferences"`
+		Users          []any          `yaml:"users"`
+	}{APIVersion: "v1", Kind: "Config", Preferences: map[string]any{}}
+	kc.Clusters = append(kc.Clusters, struct {
+		Cluster cluster `yaml:"cluster"`
+		Name    string  `yaml:"name"`
+	}{Cluster: cluster{CAData: b64(caPEM), Server: server}})
+	if _, err := pki.ParseCertPEM(caPEM); err != nil {
+		return nil, fmt.Errorf("cluster-info: CA: %w", err)
+	}
+	data, err := yaml.Marshal(kc)
+	if err != nil {
+		return nil, fmt.Errorf("cluster-info: %w", err)
+	}
+	const name = "kubeadm:bootstrap-signer-clusterinfo"
+	return []Object{
+		{
+			"apiVersion": "v1",
+			"kind":       "ConfigMap",
+			"metadata":   map[string]any{"name": "cluster-info", "namespace": "kube-public"},
+			"data":       map[string]any{"kubeconfig": string(data)},
+		},
+		{
+			"apiVersion": "rbac.authorization.k8s.io/v1",
+			"kind":       "Role",
+			"metadata":   map[string]any{"name": name, "namespace": "kube-public"},
+			"rules": []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"},
+				"resourceNames": []any{"cluster-info"}, "verbs": []any{"get"}}},
+		},
+		{
+			"apiVersion": "rbac.authorization.k8s.io/v1",
+			"kind":       "RoleBinding",
+			"metadata":   map[string]any{"name": name, "namespace": "kube-public"},
+			"roleRef":    map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+			"subjects":   []any{map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}},
+		},
+	}, nil
+}
+
+// markControlPlane waits (bounded) for kubelet to register the node, then labels it a
+// control plane and taints it NoSchedule, keeping its other labels and taints. The
+// NodeRestriction admission plugin forbids kubelet to set node-role labels itself.
+func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
+	c, err := b.client()
+	if err != nil {
+		return false, err
+	}
+	path := "/api/v1/nodes/" + url.PathEscape(b.o.NodeName)
+	type taint map[string]any
+	var node struct {
+		Metadata struct {
+			Labels          map[string]string `json:"labels"`
+			ResourceVersion string            `json:"resourceVersion"`
+		} `json:"metadata"`
+		Spec struct {
+			Taints []taint `json:"taints"`
+		} `json:"spec"`
+	}
+	last := ""
+	err = poll(ctx, b.o.NodeWait, b.o.Interval, func(ctx context.Context) (bool, error) {
+		err := c.Get(ctx, path, &node)
+		if err != nil {
+			note(b.o.Log, &last, "node "+b.o.NodeName+" to register", err)
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return false, fmt.Errorf("node %s: %w", b.o.NodeName, err)
+	}
+	return b.retry(ctx, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, path, &node); err != nil {
+			return false, err
+		}
+		hasTaint := slices.ContainsFunc(node.Spec.Taints, func(t taint) bool {
+			return t["key"] == TaintControlPlane && t["effect"] == "NoSchedule"
+		})
+		_, l1 := node.Metadata.Labels[LabelControlPlane]
+		_, l2 := node.Metadata.Labels[LabelExcludeLB]
+		if hasTaint && l1 && l2 {
+			return false, nil
+		}
+		taints := node.Spec.Taints
+		if !hasTaint {
+			taints = append(taints, taint{"key": TaintControlPlane, "effect": "NoSchedule"})
+		}
+		patch, err := json.Marshal(map[string]any{
+			"metadata": map[string]any{
+				"labels":          map[string]string{LabelControlPlane: "", LabelExcludeLB: ""},
+				"resourceVersion": node.Metadata.ResourceVersion, // a concurrent change is a conflict: retried
+			},
+			"spec": map[string]any{"taints": taints},
+		})
+		if err != nil {
+			return false, err
+		}
+		if err := c.Do(ctx, http.MethodPatch, path, ContentMergePatch, patch, nil); err != nil {
+			return false, fmt.Errorf("mark node %s: %w", b.o.NodeName, err)
+		}
+		b.o.Log.Info("node marked control plane", "node", b.o.NodeName)
+		return true, nil
+	})
+}
+
+func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+// KubeletClientCert is where kubelet keeps its current (rotated) client certificate and key.
+const KubeletClientCert = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+
+// kubeletFinalize is kubeadm's kubelet-finalize phase. First boot gives the control
+// plane's kubelet a kubelet.conf with an embedded client certificate; kubelet copies it to
+// KubeletClientCert at its start and rotates it there. Pointing kubelet.conf at that file
+// keeps kubelet on its rotated certificate across restarts (the embedded one would be
+// copied over it again, and expire after a year). Nothing to do before kubelet made the
+// file, or once kubelet.conf refers to it.
+func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
+	path := filepath.Join(b.o.Root, KubeletConf)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("kubelet-finalize: %w", err)
+	}
+	var kc kubeconfig
+	if err := yaml.Unmarshal(data, &kc); err != nil {
+		return false, fmt.Errorf("kubelet-finalize: %s: %w", KubeletConf, err)
+	}
+	if len(kc.Users) != 1 || len(kc.Clusters) != 1 || kc.Users[0].User.CertData == "" {
+		return false, nil // not the embedded-certificate kubeconfig first boot writes
+	}
+	if _, err := os.Stat(filepath.Join(b.o.Root, KubeletClientCert)); err != nil {
+		b.o.Log.Info("kubelet-finalize: kubelet has not stored its client certificate yet", "path", KubeletClientCert)
+		return false, nil
+	}
+	cl, u := kc.Clusters[0], kc.Users[0]
+	type kv = map[string]any
+	out := kv{
+		"apiVersion": "v1",
+		"kind":       "Config",
+		"clusters": []kv{{"name": cl.Name, "cluster": kv{"certificate-authority-data": cl.Cluster.CAData,
+			"server": cl.Cluster.Server}}},
+		"contexts":        []kv{{"name": kc.CurrentContext, "context": kv{"cluster": cl.Name, "user": u.Name}}},
+		"current-context": kc.CurrentContext,
+		"preferences":     kv{},
+		"users":           []kv{{"name": u.Name, "user": kv{"client-certificate": KubeletClientCert, "client-key": KubeletClientCert}}},
+	}
+	if cl.Cluster.TLSServerName != "" {
+		out["clusters"].([]kv)[0]["cluster"].(kv)["tls-server-name"] = cl.Cluster.TLSServerName
+	}
+	newData, err := yaml.Marshal(out)
+	if err != nil {
+		return false, fmt.Errorf("kubelet-finalize: %w", err)
+	}
+	if err := pki.WriteFile(path, newData, 0o600); err != nil {
+		return false, fmt.Errorf("kubelet-finalize: %w", err)
+	}
+	b.o.Log.Info("kubelet.conf now uses kubelet's rotated client certificate", "path", KubeletClientCert)
+	return true, nil
+}

@@ -1,0 +1,397 @@
+package kube
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ImagesPath is the OCI image layout holding the role's pre-pulled images.
+const ImagesPath = "/usr/lib/kiln/images"
+
+// Annotations of an image's descriptor in the layout's index.json.
+const (
+	AnnotationImageName = "io.containerd.image.name"          // the full name, registry.k8s.io/pause:3.10.2
+	AnnotationRefName   = "org.opencontainers.image.ref.name" // the tag
+)
+
+// Labels the imported images get: CRI treats them as its own (as if it had pulled them)
+// and pinned, so kubelet's image garbage collection never deletes an image a node without
+// a registry cannot get back.
+var importLabels = []string{"io.cri-containerd.image=managed", "io.cri-containerd.pinned=pinned"}
+
+// LayoutImage is one image of an OCI layout.
+type LayoutImage struct {
+	Name   string // AnnotationImageName
+	Digest string // sha256:… of its manifest (or index)
+}
+
+type descriptor struct {
+	MediaType   string            `json:"mediaType"`
+	Digest      string            `json:"digest"`
+	Size        int64             `json:"size"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	Platform    json.RawMessage   `json:"platform,omitempty"`
+}
+
+type ociIndex struct {
+	SchemaVersion int          `json:"schemaVersion"`
+	MediaType     string       `json:"mediaType,omitempty"`
+	Manifests     []descriptor `json:"manifests"`
+}
+
+type ociManifest struct {
+	Config    descriptor   `json:"config"`
+	Layers    []descriptor `json:"layers"`
+	Manifests []descriptor `json:"manifests"` // when the blob is itself an index
+}
+
+// ReadLayout lists the images of the OCI layout in dir, in index order. Every descriptor
+// must carry AnnotationImageName.
+func ReadLayout(dir string) ([]LayoutImage, error) {
+	idx, err := readIndex(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []LayoutImage
+	for i, d := range idx.Manifests {
+		name := d.Annotations[AnnotationImageName]
+		if name == "" {
+			return nil, fmt.Errorf("%s: manifests[%d] (%s) has no %s annotation", filepath.Join(dir, "index.json"), i, d.Digest, AnnotationImageName)
+		}
+		out = append(out, LayoutImage{Name: name, Digest: d.Digest})
+	}
+	return out, nil
+}
+
+func readIndex(dir string) (*ociIndex, error) {
+	p := filepath.Join(dir, "index.json")
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("image layout: %w", err)
+	}
+	var idx ociIndex
+	if err := json.Unmarshal(data, &idx); err != nil {
+		return nil, fmt.Errorf("image layout %s: %w", p, err)
+	}
+	return &idx, nil
+}
+
+func blobPath(dir, digest string) (string, error) {
+	alg, hex, ok := strings.Cut(digest, ":")
+	if !ok || alg == "" || hex == "" || strings.ContainsAny(digest, "/\\.") {
+		return "", fmt.Errorf("image layout %s: bad digest %q", dir, digest)
+	}
+	return filepath.Join(dir, "blobs", alg, hex), nil
+}
+
+// WriteLayoutTar writes a tar stream of the OCI layout in dir holding only the images
+// keep selects: oci-layout, an index.json with their descriptors and every blob they
+// reach (an image index's children for other platforms may be absent from the layout
+// and are then left out). Blobs shared between images are written once. This is what
+// `ctr images import` reads.
+func WriteLayoutTar(w io.Writer, dir string, keep func(LayoutImage) bool) error {
+	idx, err := readIndex(dir)
+	if err != nil {
+		return err
+	}
+	sel := *idx
+	sel.Manifests = nil
+	for _, d := range idx.Manifests {
+		if keep(LayoutImage{Name: d.Annotations[AnnotationImageName], Digest: d.Digest}) {
+			sel.Manifests = append(sel.Manifests, d)
+		}
+	}
+	var blobs []string
+	seen := map[string]bool{}
+	var walk func(d descriptor, optional bool) error
+	walk = func(d descriptor, optional bool) error {
+		if seen[d.Digest] {
+			return nil
+		}
+		p, err := blobPath(dir, d.Digest)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(p); err != nil {
+			if optional && errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return fmt.Errorf("image layout %s: blob %s: %w", dir, d.Digest, err)
+		}
+		seen[d.Digest] = true
+		blobs = append(blobs, d.Digest)
+		if !isManifestType(d.MediaType) {
+			return nil
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("image layout %s: %w", dir, err)
+		}
+		var m ociManifest
+		if err := json.Unmarshal(data, &m); err != nil {
+			return fmt.Errorf("image layout %s: manifest %s: %w", dir, d.Digest, err)
+		}
+		for _, c := range m.Manifests {
+			if err := walk(c, true); err != nil {
+				return err
+			}
+		}
+		if m.Config.Digest != "" {
+			if err := walk(m.Config, false); err != nil {
+				return err
+			}
+		}
+		for _, l := range m.Layers {
+			if err := walk(l, false); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, d := range sel.Manifests {
+		if err := walk(d, false); err != nil {
+			return err
+		}
+	}
+
+	tw := tar.NewWriter(w)
+	add := func(name string, size int64, r io.Reader) error {
+		hdr := &tar.Header{Name: name, Mode: 0o644, Size: size, Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0), Format: tar.FormatPAX}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return fmt.Errorf("image tar %s: %w", name, err)
+		}
+		if _, err := io.Copy(tw, r); err != nil {
+			return fmt.Errorf("image tar %s: %w", name, err)
+		}
+		return nil
+	}
+	layout := []byte(`{"imageLayoutVersion":"1.0.0"}`)
+	if b, err := os.ReadFile(filepath.Join(dir, "oci-layout")); err == nil {
+		layout = b
+	}
+	if err := add("oci-layout", int64(len(layout)), bytes.NewReader(layout)); err != nil {
+		return err
+	}
+	index, err := json.Marshal(sel)
+	if err != nil {
+		return fmt.Errorf("image tar index.json: %w", err)
+	}
+	if err := add("index.json", int64(len(index)), bytes.NewReader(index)); err != nil {
+		return err
+	}
+	for _, dg := range blobs {
+		p, _ := blobPath(dir, dg)
+		f, err := os.Open(p)
+		if err != nil {
+			return fmt.Errorf("image layout %s: %w", dir, err)
+		}
+		fi, err := f.Stat()
+		if err == nil {
+			rel, _ := filepath.Rel(dir, p)
+			err = add(filepath.ToSlash(rel), fi.Size(), f)
+		}
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+func isManifestType(mt string) bool {
+	switch mt {
+	case "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json",
+		"application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json":
+		return true
+	}
+	return false
+}
+
+// Ctr runs containerd's ctr against one namespace of one containerd.
+type Ctr struct {
+	// Path is the ctr binary; "" means "ctr" on PATH.
+	Path string
+	// Address is containerd's socket; "" means ctr's default (/run/containerd/containerd.sock).
+	Address string
+	// Namespace is the containerd namespace; "" means "k8s.io" (the CRI's).
+	Namespace string
+}
+
+func (c Ctr) cmd(ctx context.Context, args ...string) *exec.Cmd {
+	bin := c.Path
+	if bin == "" {
+		bin = "ctr"
+	}
+	ns := c.Namespace
+	if ns == "" {
+		ns = "k8s.io"
+	}
+	pre := []string{"--namespace", ns}
+	if c.Address != "" {
+		pre = append([]string{"--address", c.Address}, pre...)
+	}
+	return exec.CommandContext(ctx, bin, append(pre, args...)...)
+}
+
+// Images lists the images containerd has: name → target digest.
+func (c Ctr) Images(ctx context.Context) (map[string]string, error) {
+	cmd := c.cmd(ctx, "images", "list")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("ctr images list: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	have := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for first := true; sc.Scan(); first = false {
+		f := strings.Fields(sc.Text())
+		if first || len(f) < 3 {
+			continue // the REF TYPE DIGEST… header
+		}
+		have[f[0]] = f[2]
+	}
+	return have, nil
+}
+
+// Import streams a tar of the images of the layout dir that keep selects into
+// `ctr images import -`, which names each image by its AnnotationImageName and unpacks
+// it for the default snapshotter.
+func (c Ctr) Import(ctx context.Context, dir string, keep func(LayoutImage) bool) error {
+	args := []string{"images", "import"}
+	for _, l := range importLabels {
+		args = append(args, "--label", l)
+	}
+	cmd := c.cmd(ctx, append(args, "-")...)
+	pr, pw := io.Pipe()
+	cmd.Stdin = pr
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("ctr images import: %w", err)
+	}
+	werr := WriteLayoutTar(pw, dir, keep)
+	pw.CloseWithError(werr)
+	err := cmd.Wait()
+	pr.Close()
+	if werr != nil {
+		return werr
+	}
+	if err != nil {
+		return fmt.Errorf("ctr images import: %w: %s", err, lastLines(out.String(), 5))
+	}
+	return nil
+}
+
+// lastLines keeps the end of a command's output for an error message.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "; ")
+}
+
+// ImportOptions configure ImportImages.
+type ImportOptions struct {
+	// Layout is the OCI layout; "" means ImagesPath.
+	Layout string
+	// Ctr reaches containerd.
+	Ctr Ctr
+	// Wait bounds how long to wait for containerd to answer; 0 means 2 minutes.
+	Wait time.Duration
+	// Log receives progress; nil discards it.
+	Log *slog.Logger
+}
+
+// ImportImages makes containerd hold every image of the layout: it lists what containerd
+// has, and imports (in one stream) the images it lacks or holds with another digest. It
+// returns the names it imported; none when everything was present.
+func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err error) {
+	if o.Layout == "" {
+		o.Layout = ImagesPath
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Wait == 0 {
+		o.Wait = 2 * time.Minute
+	}
+	want, err := ReadLayout(o.Layout)
+	if err != nil {
+		return nil, err
+	}
+	var have map[string]string
+	err = poll(ctx, o.Wait, 2*time.Second, func(ctx context.Context) (bool, error) {
+		var err error
+		have, err = o.Ctr.Images(ctx)
+		return err == nil, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("containerd does not answer: %w", err)
+	}
+	missing := map[string]bool{}
+	for _, im := range want {
+		if have[im.Name] != im.Digest {
+			missing[im.Name] = true
+			imported = append(imported, im.Name)
+		}
+	}
+	if len(missing) == 0 {
+		o.Log.Info("pre-pulled images present", "images", len(want))
+		return nil, nil
+	}
+	o.Log.Info("importing pre-pulled images", "images", imported)
+	if err := o.Ctr.Import(ctx, o.Layout, func(im LayoutImage) bool { return missing[im.Name] }); err != nil {
+		return nil, err
+	}
+	if have, err = o.Ctr.Images(ctx); err != nil {
+		return nil, err
+	}
+	for _, im := range want {
+		if have[im.Name] != im.Digest {
+			return imported, fmt.Errorf("image %s: containerd has %q after the import, want %s", im.Name, have[im.Name], im.Digest)
+		}
+	}
+	slices.Sort(imported)
+	return imported, nil
+}
+
+// poll calls f every interval until it reports done or limit passes; the error is the
+// last one f returned (or the context's).
+func poll(ctx context.Context, limit, interval time.Duration, f func(context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var last error
+	for {
+		done, err := f(ctx)
+		if done {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("after %s: %w", limit, last)
+			}
+			return fmt.Errorf("not done after %s", limit)
+		case <-time.After(interval):
+		}
+	}
+}

@@ -1,0 +1,79 @@
+package kube
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnproject/kiln/initd/pki"
+)
+
+// ResolvConfPath is the resolver configuration kubelet hands to pods (dnsPolicy Default,
+// CoreDNS's upstreams) and reads for every pod it creates.
+const ResolvConfPath = "/etc/resolv.conf"
+
+// LeasesPath is where systemd-networkd keeps its DHCP leases (DNS= lines).
+const LeasesPath = "/run/systemd/netif/leases"
+
+const resolvMarker = "# Written by kiln-init from the DHCP leases: the image has no resolver configuration.\n"
+
+// EnsureResolvConf gives a node without a resolver configuration an /etc/resolv.conf:
+// kubelet fails to create any pod (static pods too) when the file is missing. It lists the
+// name servers systemd-networkd's DHCP leases name, and is rewritten while it is kiln's and
+// the leases change (first boot may run before DHCP answered; kiln-cni runs again later,
+// before the first pod that needs an upstream, CoreDNS, is created). A file someone else
+// wrote, or a link to a resolver's file, is left alone.
+func EnsureResolvConf(root string) (changed bool, err error) {
+	full := filepath.Join(root, ResolvConfPath)
+	cur, err := os.ReadFile(full)
+	switch {
+	case err == nil && !strings.HasPrefix(string(cur), resolvMarker):
+		return false, nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return false, fmt.Errorf("resolv.conf: %w", err)
+	case err != nil:
+		if fi, lerr := os.Lstat(full); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return false, nil // a link to a file a resolver writes later (systemd-resolved)
+		}
+	}
+	want := resolvMarker
+	for _, ns := range LeaseDNS(filepath.Join(root, LeasesPath)) {
+		want += "nameserver " + ns + "\n"
+	}
+	if string(cur) == want {
+		return false, nil
+	}
+	if err := pki.WriteFile(full, []byte(want), 0o644); err != nil {
+		return false, fmt.Errorf("resolv.conf: %w", err)
+	}
+	return true, nil
+}
+
+// LeaseDNS reads the DNS= servers of systemd-networkd's DHCP leases in dir (at most three,
+// the resolver's limit).
+func LeaseDNS(dir string) []string {
+	entries, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			v, ok := strings.CutPrefix(l, "DNS=")
+			if !ok {
+				continue
+			}
+			for _, s := range strings.Fields(v) {
+				if net.ParseIP(s) != nil && len(out) < 3 {
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,317 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/initd/task"
+)
+
+// StageDir holds one status file per stage (<name>.json), next to first boot's
+// /var/lib/kiln/status.json; `kiln-init status` prints them.
+const StageDir = "/var/lib/kiln/kube"
+
+// The stages, each run by its own unit after first boot.
+const (
+	StageImages       = "images"        // kiln-images.service: kiln-init kube images
+	StageCNI          = "cni"           // kiln-cni.service: kiln-init kube cni
+	StageControlPlane = "control-plane" // kiln-control-plane.service: kiln-init kube bootstrap
+)
+
+// Stage states.
+const (
+	StateRunning = "running"
+	StateOK      = "ok"
+	StateFailed  = "failed"
+)
+
+// Stage is the status of one stage, stored as JSON in StageDir.
+type Stage struct {
+	Name       string    `json:"name"`
+	State      string    `json:"state"`
+	Started    time.Time `json:"started"`
+	Finished   time.Time `json:"finished,omitzero"`
+	DurationMS int64     `json:"duration_ms"`
+	// Progress is what the stage is doing while it runs, e.g. "task 2/8: api-ready".
+	Progress string `json:"progress,omitempty"`
+	// Result says what a successful stage found or did, e.g. "podCIDR 10.244.1.0/24".
+	Result string            `json:"result,omitempty"`
+	Error  string            `json:"error,omitempty"`
+	Tasks  []task.TaskStatus `json:"tasks,omitempty"`
+}
+
+// Duration is how long the stage ran.
+func (s *Stage) Duration() time.Duration { return time.Duration(s.DurationMS) * time.Millisecond }
+
+// FailedTask names the first failed task, "" when none failed.
+func (s *Stage) FailedTask() string {
+	for _, t := range s.Tasks {
+		if t.State == task.StateFailed {
+			return t.Name
+		}
+	}
+	return ""
+}
+
+// Failure says in one line why the stage failed: the failed tasks' errors and how many
+// steps they blocked (each blocked step is in Tasks); "" for a stage that did not fail.
+func (s *Stage) Failure() string {
+	if s.State != StateFailed {
+		return ""
+	}
+	var msgs []string
+	blocked := 0
+	for _, t := range s.Tasks {
+		switch t.State {
+		case task.StateFailed:
+			msgs = append(msgs, t.Name+": "+strings.TrimPrefix(t.Error, "apply: "))
+		case task.StateBlocked, task.StateSkipped:
+			blocked++
+		}
+	}
+	switch {
+	case len(msgs) == 0:
+		msgs = []string{s.Error}
+	case len(msgs) == 1: // Summary and the console line name the step already
+		_, msgs[0], _ = strings.Cut(msgs[0], ": ")
+	}
+	line := strings.Join(strings.Fields(strings.ReplaceAll(strings.Join(msgs, "; "), "\n", "; ")), " ")
+	if blocked > 0 {
+		line += fmt.Sprintf(" (%d later steps not run)", blocked)
+	}
+	return line
+}
+
+// Summary is one line: "control-plane ok 3m12s (tasks=9 applied=9 unchanged=0 failed=0) podCIDR …".
+func (s *Stage) Summary() string {
+	line := fmt.Sprintf("%s %s", s.Name, s.State)
+	switch s.State {
+	case StateRunning:
+		if s.Progress != "" {
+			line += ": " + s.Progress
+		}
+		return line
+	case StateFailed:
+		if t := s.FailedTask(); t != "" {
+			line += " at step " + t
+		}
+	}
+	line += " " + s.Duration().Round(time.Second).String()
+	if len(s.Tasks) > 0 {
+		line += " (" + (&task.Report{Tasks: s.Tasks}).Summary() + ")"
+	}
+	if s.Result != "" {
+		line += " " + s.Result
+	}
+	if f := s.Failure(); f != "" {
+		line += ": " + f
+	}
+	return line
+}
+
+// StagePath is the status file of the stage name, relative to the node's root.
+func StagePath(name string) string { return filepath.Join(StageDir, name+".json") }
+
+// WriteStage stores s under root.
+func WriteStage(root string, s *Stage) error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", s.Name, err)
+	}
+	p := filepath.Join(root, StagePath(s.Name))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("stage %s: %w", s.Name, err)
+	}
+	if err := pki.WriteFile(p, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("stage %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+// ReadStage reads the status of stage name; the error wraps fs.ErrNotExist when the
+// stage has not run.
+func ReadStage(root, name string) (*Stage, error) {
+	data, err := os.ReadFile(filepath.Join(root, StagePath(name)))
+	if err != nil {
+		return nil, fmt.Errorf("stage %s: %w", name, err)
+	}
+	var s Stage
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("stage %s: %s: %w", name, StagePath(name), err)
+	}
+	return &s, nil
+}
+
+// ReadStages reads every stage status under root, in the order the stages run.
+func ReadStages(root string) ([]*Stage, error) {
+	entries, err := os.ReadDir(filepath.Join(root, StageDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("stages: %w", err)
+	}
+	var out []*Stage
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || e.IsDir() {
+			continue
+		}
+		s, err := ReadStage(root, name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	order := []string{StageImages, StageCNI, StageControlPlane}
+	slices.SortStableFunc(out, func(a, b *Stage) int {
+		ia, ib := slices.Index(order, a.Name), slices.Index(order, b.Name)
+		if ia < 0 {
+			ia = len(order)
+		}
+		if ib < 0 {
+			ib = len(order)
+		}
+		return ia - ib
+	})
+	return out, nil
+}
+
+// PrintStages writes the stages for `kiln-init status`: one summary line each, then the
+// tasks of those that have any.
+func PrintStages(w io.Writer, stages []*Stage) error {
+	if len(stages) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STAGE\tSTATE\tSTARTED\tDURATION\tRESULT")
+	for _, s := range stages {
+		res := s.Result
+		switch {
+		case s.State == StateRunning:
+			res = s.Progress
+		case s.State == StateFailed:
+			res = "failed"
+			if t := s.FailedTask(); t != "" {
+				res += " at step " + t
+			}
+			res += ": " + s.Failure()
+		}
+		if res == "" {
+			res = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.Started.Format(time.RFC3339), s.Duration().Round(time.Millisecond), res)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range stages {
+		if len(s.Tasks) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s:\n", s.Name)
+		if err := task.WriteTable(w, s.Tasks); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RunOptions configure RunStage.
+type RunOptions struct {
+	// Root is the node's root; "" means "/".
+	Root string
+	// Log receives progress; nil discards it.
+	Log *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// TaskTimeout is the default per-attempt deadline; 0 means the runner's.
+	TaskTimeout time.Duration
+	// Notify, if set, is told the progress (the caller wires it to sd_notify STATUS=).
+	Notify func(status string)
+}
+
+// RunStage runs tasks as the stage name, recording its status (running with the current
+// task while it runs, then ok or failed with every task's outcome) in StageDir so that
+// `kiln-init status` shows it. result, when not nil, fills Stage.Result after a success.
+func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions, result func() string) (*Stage, error) {
+	if o.Root == "" {
+		o.Root = "/"
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	st := &Stage{Name: name, State: StateRunning, Started: o.Now().UTC()}
+	save := func() {
+		if err := WriteStage(o.Root, st); err != nil {
+			o.Log.Warn("stage status", "error", err)
+		}
+	}
+	save()
+	rep, err := task.Run(ctx, tasks, task.Options{
+		TaskTimeout: o.TaskTimeout,
+		Log:         o.Log,
+		Now:         o.Now,
+		Notify: func(s string) {
+			st.Progress = s
+			save()
+			if o.Notify != nil {
+				o.Notify(name + ": " + s)
+			}
+		},
+	})
+	st.Finished = o.Now().UTC()
+	st.DurationMS = st.Finished.Sub(st.Started).Milliseconds()
+	st.Progress = ""
+	if rep != nil {
+		st.Tasks = rep.Tasks
+	}
+	st.State = StateOK
+	if err != nil {
+		st.State, st.Error = StateFailed, err.Error()
+	} else if result != nil {
+		st.Result = result()
+	}
+	if werr := WriteStage(o.Root, st); werr != nil {
+		err = errors.Join(err, werr)
+		if st.State == StateOK {
+			st.State, st.Error = StateFailed, werr.Error()
+		}
+	}
+	return st, err
+}
+
+// ConvergeWithTimeout is task.Converge with its own per-attempt deadline d, for a step
+// that waits (for the API server, a node, a pod CIDR) longer than the runner's default.
+// Unlike wrapping it with task.WithTimeout, it still reports unchanged when the step
+// changed nothing.
+func ConvergeWithTimeout(name string, deps []string, d time.Duration, step func(context.Context) (bool, error)) task.Task {
+	return &timedConverge{Task: task.Converge(name, deps, step), d: d}
+}
+
+type timedConverge struct {
+	task.Task
+	d time.Duration
+}
+
+func (t *timedConverge) Timeout() time.Duration { return t.d }
+
+func (t *timedConverge) Changed() bool {
+	c, ok := t.Task.(task.Changer)
+	return !ok || c.Changed()
+}
