@@ -61,6 +61,9 @@ type Options struct {
 	// Systemctl runs systemctl with args on the live system. nil runs /usr/bin/systemctl
 	// when Root is "/" and does nothing otherwise.
 	Systemctl func(ctx context.Context, args ...string) error
+	// Networkctl runs networkctl with args on the live system and returns its output; nil
+	// runs networkctl when Root is "/" and does nothing otherwise.
+	Networkctl func(ctx context.Context, args ...string) (string, error)
 	// Facts adjusts fact gathering (tests point it at fake /proc and /sys trees).
 	Facts FactsOptions
 	// Log receives progress; nil discards it.
@@ -144,6 +147,19 @@ func withDefaults(o Options) Options {
 	}
 	if o.Notify == nil {
 		o.Notify = task.Notify
+	}
+	if o.Networkctl == nil {
+		if o.Root == "/" {
+			o.Networkctl = func(ctx context.Context, args ...string) (string, error) {
+				out, err := exec.CommandContext(ctx, "networkctl", args...).CombinedOutput()
+				if err != nil {
+					return "", fmt.Errorf("networkctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+				}
+				return string(out), nil
+			}
+		} else {
+			o.Networkctl = func(context.Context, ...string) (string, error) { return "", nil }
+		}
 	}
 	if o.Systemctl == nil {
 		if o.Root == "/" {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
@@ -38,9 +39,10 @@ type plan struct {
 	facts *facts.Facts
 	pre   *preflight.Report
 
-	rerun        bool     // an earlier first boot ran here (its own manifests may be present)
-	reload       bool     // units changed: systemd must re-read them
-	enabledUnits []string // units the config enables, started in this boot
+	rerun          bool     // an earlier first boot ran here (its own manifests may be present)
+	reload         bool     // units changed: systemd must re-read them
+	networkChanged bool     // the config wrote systemd-networkd files: networkd must re-read them
+	enabledUnits   []string // units the config enables, started in this boot
 }
 
 func newPlan(opts Options, cfg *config.Config, imageRole string) *plan {
@@ -64,8 +66,15 @@ func (p *plan) tasks() []task.Task {
 				return false, err
 			}
 			p.files = files
-			return changedAny(apply.Files(ctx, root, files, nil))
+			changed, err := apply.Files(ctx, root, files, nil)
+			for _, c := range changed {
+				if strings.HasPrefix(c, networkDir) {
+					p.networkChanged = true
+				}
+			}
+			return len(changed) > 0, err
 		}),
+		task.Converge("network", []string{"files"}, p.reloadNetwork),
 		task.Converge("links", []string{"files"}, func(ctx context.Context) (bool, error) {
 			return changedAny(apply.Links(ctx, root, ign.Storage.Links))
 		}),
@@ -76,7 +85,7 @@ func (p *plan) tasks() []task.Task {
 		}),
 		task.Converge("systemd", []string{"units"}, p.startUnits),
 		task.Converge("node-config", []string{"files"}, p.loadNode),
-		task.Converge("facts", []string{"node-config"}, p.gatherFacts),
+		task.Converge("facts", []string{"node-config", "network"}, p.gatherFacts),
 		task.Converge("hostname", []string{"facts"}, p.setHostname),
 		task.Converge("preflight", []string{"facts", "hostname"}, p.preflight),
 		task.Converge("render", []string{"preflight", "node-config"}, p.render),
@@ -110,6 +119,41 @@ func (p *plan) startUnits(ctx context.Context) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// networkDir holds systemd-networkd's configuration; files the config writes there
+// (a static address, say) apply in this boot.
+const networkDir = "/etc/systemd/network/"
+
+// reloadNetwork makes the running systemd-networkd apply the .network files the config
+// wrote — it started before first boot and does not watch for new files — and waits
+// (bounded) until no link is still being configured, so the facts see the final addresses.
+func (p *plan) reloadNetwork(ctx context.Context) (bool, error) {
+	if !p.networkChanged {
+		return false, nil
+	}
+	if _, err := p.opts.Networkctl(ctx, "reload"); err != nil {
+		return false, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := p.opts.Networkctl(ctx, "list", "--no-legend", "--no-pager")
+		if err != nil {
+			return true, err
+		}
+		if !strings.Contains(out, "configuring") {
+			return true, nil
+		}
+		if time.Now().After(deadline) {
+			p.opts.Log.Warn("network still configuring after 30s; going on", "links", strings.TrimSpace(out))
+			return true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return true, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // loadNode reads /etc/kiln/node.yaml (the config may just have written it). Without one the

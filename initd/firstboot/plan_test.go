@@ -2,6 +2,7 @@ package firstboot
 
 import (
 	"context"
+	"fmt"
 	"crypto/sha256"
 	"encoding/hex"
 	"io/fs"
@@ -216,5 +217,47 @@ func TestRunRefusesForeignRole(t *testing.T) {
 	}
 	if !strings.HasPrefix(st.Line(), "kiln-init: firstboot failed: ") {
 		t.Errorf("Line = %q", st.Line())
+	}
+}
+
+// A config that writes systemd-networkd files gets them applied in this boot (networkd
+// started before first boot and does not watch its directory); one that does not, does not
+// touch the network.
+func TestNetworkFilesAreReloaded(t *testing.T) {
+	for _, tc := range []struct {
+		name, path string
+		reload     bool
+	}{
+		{"network file", "/etc/systemd/network/10-static.network", true},
+		{"other file", "/etc/demo.conf", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := nodeRoot(t, "worker")
+			var calls []string
+			cfg := fmt.Sprintf("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: %s\n      contents: {inline: \"[Match]\\nName=enp0s16\\n\"}\n", tc.path)
+			_, err := Run(context.Background(), Options{
+				Root:      root,
+				Providers: []source.Provider{fwcfg(t, cfg)},
+				Systemctl: func(context.Context, ...string) error { return nil },
+				Networkctl: func(_ context.Context, args ...string) (string, error) {
+					calls = append(calls, strings.Join(args, " "))
+					if len(calls) < 3 {
+						return "2 enp0s16 ether routable configuring\n", nil
+					}
+					return "2 enp0s16 ether routable configured\n", nil
+				},
+				PreflightIgnore: []string{"cgroup-v2", "path-iptables", "path-ip", "path-nsenter", "swap", "port-10250"},
+				Notify:          func(string) error { return nil },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(calls) > 0 && calls[0] == "reload"; got != tc.reload {
+				t.Fatalf("networkctl calls %q: want reload=%v", calls, tc.reload)
+			}
+			if tc.reload && calls[len(calls)-1] != "list --no-legend --no-pager" || tc.reload && len(calls) != 3 {
+				t.Errorf("networkctl calls %q: want a reload, then lists until no link is configuring", calls)
+			}
+		})
 	}
 }
