@@ -8,7 +8,7 @@ DEF ?= images/qemu.yaml
 OUT ?= out
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-cloudinit lock bake image run test test-unit bench fuzz vet clean
+.PHONY: all build deps base base-cloudinit lock bake image run test test-unit e2e components bench fuzz vet clean
 
 all: build
 
@@ -63,6 +63,20 @@ test: deps build base
 	@builder/scripts/deps.sh test
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 60m ./...
+
+# The offline end-to-end cluster (README "End to end"): Kubernetes, etcd, containerd, runc, CNI,
+# crictl and CoreDNS built from source through the Go module proxy (cached in
+# $(KILN_E2E_CACHE)), images pushed to a local registry, control-plane and worker images baked and
+# booted under TCG; kubectl from the host checks /readyz, both nodes Ready and a pod on the worker.
+export KILN_E2E_CACHE ?= $(KILN_CACHE)/e2e
+components:
+	qemu-tests/e2e/build-components.sh
+
+e2e: deps build base
+	@builder/scripts/deps.sh test
+	@builder/scripts/deps.sh e2e
+	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E=1 KILN_ACCEL=tcg \
+		$(GO) test -count=1 -v -timeout 75m -run 'TestE2E' ./qemu-tests/
 
 test-unit:
 	$(GO) test -short ./...

@@ -1,0 +1,333 @@
+package qemutests
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/bake"
+	"github.com/kilnproject/kiln/builder/vm"
+	"github.com/kilnproject/kiln/initd/config"
+)
+
+// The end-to-end cluster (make e2e, KILN_E2E=1): Kubernetes built from source through the
+// Go module proxy, served to the bake as pinned artifacts and a local registry, one control
+// plane (with its etcd disk) and one worker booted offline under TCG, checked from the host.
+
+const (
+	e2eCluster    = "e2e"
+	e2eZone       = "kiln.test"
+	cpAddr        = "192.168.100.10"
+	workerAddr    = "192.168.100.20"
+	e2eLinkPrefix = "kiln-e2e"
+)
+
+func e2eCacheDir() string {
+	if d := os.Getenv("KILN_E2E_CACHE"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "kiln", "e2e")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "kiln", "e2e")
+}
+
+// e2eStep runs one named step of the end-to-end test, logging its duration.
+func e2eStep(t *testing.T, name string, f func()) time.Duration {
+	t.Helper()
+	start := time.Now()
+	t.Logf("e2e: %s …", name)
+	f()
+	d := time.Since(start)
+	t.Logf("e2e: %s done in %s", name, d.Round(100*time.Millisecond))
+	return d
+}
+
+func TestE2ECluster(t *testing.T) {
+	if os.Getenv("KILN_E2E") != "1" {
+		t.Skip("the end-to-end cluster runs with make e2e (KILN_E2E=1)")
+	}
+	e := newEnv(t)
+	root := repoRoot(t)
+	cache := e2eCacheDir()
+	bin := filepath.Join(cache, "bin")
+	e.environ = append(e.environ, "KILN_E2E_CACHE="+cache)
+
+	e2eStep(t, "components built from source", func() {
+		e.run(root, "bash", "qemu-tests/e2e/build-components.sh")
+	})
+
+	var images map[string]struct{ Source, Digest string }
+	e2eStep(t, "container images pushed to the local registry", func() {
+		e.run(root, "bash", "qemu-tests/e2e/registry.sh", "start")
+		out := e.run(root, "go", "run", "./qemu-tests/e2e/images", "-bin", bin,
+			"-iptables", filepath.Join(cache, "rootfs", "iptables"), "-registry", "127.0.0.1:5000")
+		if err := json.Unmarshal([]byte(lastJSON(out)), &images); err != nil {
+			t.Fatalf("images tool output: %v\n%s", err, out)
+		}
+	})
+
+	overlay := filepath.Join(e.dir, "e2e-overlay.yaml")
+	e2eStep(t, "artifacts packed and served", func() {
+		dir := filepath.Join(e.dir, "artifacts")
+		os.MkdirAll(dir, 0o755)
+		sums := packArtifacts(t, bin, dir)
+		url := serveDir(t, dir)
+		var b strings.Builder
+		b.WriteString("# Written by the e2e test: the profiles' artifacts and images, built from source here.\nartifacts:\n")
+		for _, a := range e2eArtifacts {
+			fmt.Fprintf(&b, "  - {name: %s, url: %q, sha256: %s}\n", a.name, url+"/"+a.file, sums[a.name])
+		}
+		b.WriteString("images:\n")
+		for name, im := range images {
+			fmt.Fprintf(&b, "  - {name: %q, source: %q, digest: %q}\n", name, im.Source, im.Digest)
+		}
+		if err := os.WriteFile(overlay, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	out := filepath.Join(e.dir, "out")
+	e2eStep(t, "control-plane and worker images baked", func() {
+		e.run(e.repo, e.kiln, "lock", "images/qemu.yaml", "--profile-overlay", overlay)
+		for _, role := range []string{"control-plane", "worker"} {
+			start := time.Now()
+			e.run(e.repo, e.kiln, "bake", "images/qemu.yaml", "--role", role, "--profile-overlay", overlay, "-o", out)
+			t.Logf("e2e: baked %s in %s", role, time.Since(start).Round(100*time.Millisecond))
+		}
+	})
+	for _, role := range []string{"control-plane", "worker"} {
+		logImageSize(t, filepath.Join(out, "qemu-"+role))
+		scanImageForSecrets(t, filepath.Join(out, "qemu-"+role+".raw"))
+	}
+
+	clusterDir := filepath.Join(e.dir, "cluster")
+	e2eStep(t, "cluster config written", func() {
+		e.run(e.repo, e.kiln, "cluster", "init", "--name", e2eCluster, "--dns-zone", e2eZone,
+			"--control-planes", "1", "--workers", "1", "--api-endpoint", cpAddr+":6443", "-o", clusterDir)
+	})
+	cpName, workerName := e2eCluster+"-cp-1", e2eCluster+"-worker-1"
+	cpConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, cpName+".ign"), cpAddr, e.dir)
+	workerConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, workerName+".ign"), workerAddr, e.dir)
+
+	// One link per run: two e2e runs on one host must not share a segment.
+	e2eLink := fmt.Sprintf("%s-%d", e2eLinkPrefix, os.Getpid())
+	apiPort := freePort(t)
+	kubectl := func(args ...string) (string, error) {
+		args = append([]string{"--kubeconfig", filepath.Join(clusterDir, "admin.conf"),
+			"--server", fmt.Sprintf("https://127.0.0.1:%d", apiPort), "--tls-server-name", "kubernetes",
+			"--request-timeout", "20s"}, args...)
+		b, err := exec.Command(filepath.Join(bin, "kubectl"), args...).CombinedOutput()
+		return strings.TrimSpace(string(b)), err
+	}
+
+	start := time.Now()
+	cp, _ := e.bootWith(vm.Config{
+		Image: filepath.Join(out, "qemu-control-plane.raw"), Snapshot: true, Config: cpConfig,
+		Disks: []vm.Disk{{Name: "etcd-main", Size: "2G"}}, MemoryMB: 3072, CPUs: 2,
+		Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(cpAddr)}}, Offline: true,
+		Forward: map[string]int{fmt.Sprintf("127.0.0.1:%d", apiPort): 6443},
+	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
+	cpBoot := time.Now()
+	worker, _ := e.bootWith(vm.Config{
+		Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
+		MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(workerAddr)}}, Offline: true,
+	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
+	workerBoot := time.Now()
+	_ = cp
+	_ = worker
+
+	// From the host, through the forwarded port: the API answers ready.
+	waitFor(t, "kubectl get --raw /readyz answers ok", 25*time.Minute, func() (bool, string) {
+		out, err := kubectl("get", "--raw", "/readyz")
+		return err == nil && out == "ok", out
+	})
+	t.Logf("e2e: API ready %s after the control plane started", time.Since(start).Round(time.Second))
+
+	ready := map[string]time.Duration{}
+	waitFor(t, "both nodes Ready", 25*time.Minute, func() (bool, string) {
+		out, err := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+		if err != nil {
+			return false, out
+		}
+		for _, line := range strings.Split(out, "\n") {
+			name, status, _ := strings.Cut(line, "=")
+			if status == "True" && ready[name] == 0 {
+				switch name {
+				case cpName:
+					ready[name] = time.Since(start)
+				case workerName:
+					ready[name] = time.Since(cpBoot)
+				}
+			}
+		}
+		return ready[cpName] > 0 && ready[workerName] > 0, out
+	})
+	t.Logf("e2e: boot-to-Ready control plane %s, worker %s (worker started %s after the control plane; its first boot finished %s after its start)",
+		ready[cpName].Round(time.Second), ready[workerName].Round(time.Second), cpBoot.Sub(start).Round(time.Second), workerBoot.Sub(cpBoot).Round(time.Second))
+
+	// A pod runs on the worker, from a pre-pulled image (the guests have no route to a registry).
+	pod := fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"e2e-pause","namespace":"default"},
+"spec":{"nodeName":%q,"containers":[{"name":"pause","image":"registry.k8s.io/pause:3.10.2","imagePullPolicy":"Never"}]}}`, workerName)
+	podFile := filepath.Join(e.dir, "pod.json")
+	os.WriteFile(podFile, []byte(pod), 0o644)
+	if out, err := kubectl("apply", "-f", podFile); err != nil {
+		t.Fatalf("create pod: %v\n%s", err, out)
+	}
+	podStart := time.Now()
+	waitFor(t, "the pod runs on the worker", 10*time.Minute, func() (bool, string) {
+		out, err := kubectl("get", "pod", "e2e-pause", "-o", "jsonpath={.status.phase} {.spec.nodeName} {.status.podIP}")
+		return err == nil && strings.HasPrefix(out, "Running "+workerName), out
+	})
+	t.Logf("e2e: pod running on %s after %s", workerName, time.Since(podStart).Round(time.Second))
+	for _, ns := range []string{"kube-system"} {
+		out, _ := kubectl("get", "pods", "-n", ns, "-o", "wide")
+		t.Logf("e2e: pods in %s:\n%s", ns, out)
+	}
+}
+
+// waitFor polls check every 5 s until it holds or timeout passes; the test fails naming what
+// it waited for and the last thing check saw.
+func waitFor(t *testing.T, what string, timeout time.Duration, check func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, seen := check()
+		if ok {
+			return
+		}
+		if seen != last {
+			t.Logf("e2e: waiting until %s: %s", what, seen)
+			last = seen
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s; last seen: %s", what, timeout, seen)
+		}
+		time.Sleep(5 * time.Second)
+	}
+}
+
+// nodeConfigWithAddress merges a node's Ignition config with the network the e2e gives it:
+// a static address on the cluster link (the node's primary interface: it holds the default
+// route, which leads nowhere), leaving the user-mode NIC for the host's forwarded ports.
+func nodeConfigWithAddress(t *testing.T, ign, addr, dir string) string {
+	t.Helper()
+	raw, err := os.ReadFile(ign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := config.Parse(raw)
+	if err != nil {
+		t.Fatalf("%s: %v", ign, err)
+	}
+	netCfg, err := config.TranslateButane([]byte(fmt.Sprintf(`variant: fcos
+version: 1.6.0
+storage:
+  files:
+    - path: /etc/systemd/network/10-kiln-e2e.network
+      mode: 0644
+      contents:
+        inline: |
+          [Match]
+          MACAddress=%s
+          [Network]
+          Address=%s/24
+          Gateway=192.168.100.1
+`, linkMAC(addr), addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra, err := config.Parse(netCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	merged, err := config.Merge(node, extra).JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, filepath.Base(ign))
+	if err := os.WriteFile(p, merged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// lastJSON returns the last line of out that starts a JSON object (go run may print build
+// noise before it).
+func lastJSON(out string) string {
+	if i := strings.LastIndex(out, "\n{"); i >= 0 {
+		return out[i+1:]
+	}
+	return out
+}
+
+// logImageSize logs the raw image's allocated size and the qcow2's size.
+func logImageSize(t *testing.T, stem string) {
+	t.Helper()
+	var raw, qcow int64
+	if fi, err := os.Stat(stem + ".raw"); err == nil {
+		raw = allocated(fi)
+	}
+	if fi, err := os.Stat(stem + ".qcow2"); err == nil {
+		qcow = fi.Size()
+	}
+	t.Logf("e2e: %s: raw %d MiB allocated, qcow2 %d MiB", filepath.Base(stem), raw>>20, qcow>>20)
+}
+
+// linkMAC is the MAC of a node's cluster-link NIC, derived from its address so the
+// network file can match it: 52:54:00:e2:<third octet>:<fourth octet>.
+func linkMAC(addr string) string {
+	ip := net.ParseIP(addr).To4()
+	return fmt.Sprintf("52:54:00:e2:%02x:%02x", ip[2], ip[3])
+}
+
+func allocated(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return fi.Size()
+}
+
+// scanImageForSecrets unpacks a baked image's root filesystem and fails the test if any
+// private key or bootstrap token is in it: secrets reach a node only through its config.
+func scanImageForSecrets(t *testing.T, raw string) {
+	t.Helper()
+	dir := t.TempDir()
+	part, err := extractPartition(raw, "root-a", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := filepath.Join(dir, "tree")
+	if out, err := exec.Command("unsquashfs", "-q", "-n", "-d", tree, part).CombinedOutput(); err != nil {
+		t.Fatalf("unsquashfs %s: %v\n%s", raw, err, out)
+	}
+	findings, err := bake.ScanSecrets(os.DirFS(tree))
+	if err != nil {
+		t.Fatalf("scan %s: %v", raw, err)
+	}
+	for _, f := range findings {
+		t.Errorf("%s holds a secret: %v", filepath.Base(raw), f)
+	}
+	t.Logf("e2e: %s: no private key or token in the root filesystem", filepath.Base(raw))
+	os.RemoveAll(tree)
+}
