@@ -34,10 +34,16 @@ const (
 // pkiTask is kubeadm's certs and kubeconfig phases on a control plane: the leaf
 // certificates from the CAs the config delivered, and the kubeconfigs of admin,
 // super-admin, kubelet, controller-manager and scheduler pointing at this node's API
-// server. Valid existing files are kept (a re-run changes nothing).
+// server. Valid existing files are kept (a re-run changes nothing). An image without
+// the kubernetes overlay (no kubelet.service) runs no control plane: nothing to do.
 func (p *plan) pkiTask(context.Context) (bool, error) {
 	if p.node.Role != config.RoleControlPlane {
 		return false, nil
+	}
+	if _, err := systemd.Find(p.opts.Root, KubeletUnit); errors.Is(err, systemd.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, err
 	}
 	dir := filepath.Join(p.opts.Root, pkiDir)
 	if _, err := os.Stat(filepath.Join(dir, "ca.crt")); errors.Is(err, fs.ErrNotExist) {

@@ -247,3 +247,21 @@ func TestRunControlPlaneWithoutCA(t *testing.T) {
 		t.Errorf("Line = %q", line)
 	}
 }
+
+// An image without the kubernetes overlay (the etcd/DNS smoke images) is a control plane
+// that runs no Kubernetes: first boot neither asks for CAs nor writes certificates.
+func TestRunControlPlaneWithoutKubernetes(t *testing.T) {
+	root := nodeRoot(t, "control-plane")
+	st, err := Run(context.Background(), kubeOpts(t, root, ignition(ignFile("/etc/kiln/node.yaml", 0o644, []byte(cpNodeYAML)))))
+	if err != nil {
+		t.Fatalf("first boot of a Kubernetes-free control plane: %v", err)
+	}
+	for _, name := range []string{"pki", "kubelet"} {
+		if s, _ := taskState(st, name); s != task.StateUnchanged {
+			t.Errorf("%s task %s, want unchanged", name, s)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc/kubernetes/pki/apiserver.crt")); err == nil {
+		t.Error("certificates written on an image without Kubernetes")
+	}
+}
