@@ -61,6 +61,12 @@ func ReadVersions(ctx context.Context, root string) (Versions, error) {
 
 func readVersions(ctx context.Context, root string, timeout time.Duration) (Versions, error) {
 	var v Versions
+	// The binaries run with another working directory: a relative root (kiln bake -o out)
+	// must not be resolved against it.
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return v, err
+	}
 	r, err := os.OpenRoot(root)
 	if err != nil {
 		return v, fmt.Errorf("versions: %w", err)

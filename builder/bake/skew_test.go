@@ -187,3 +187,18 @@ func TestCheckKernelArgs(t *testing.T) {
 		}
 	}
 }
+
+// kiln bake -o out gives a relative tree; the binaries still run (they run from another
+// working directory).
+func TestReadVersionsRelativeRoot(t *testing.T) {
+	dir := t.TempDir()
+	fakeBin(t, filepath.Join(dir, "tree"), "usr/bin/kubelet", "Kubernetes v1.37.2")
+	t.Chdir(dir)
+	v, err := ReadVersions(context.Background(), "tree")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Kubelet == nil || v.Kubelet.Version != "v1.37.2" {
+		t.Fatalf("kubelet version %+v, want v1.37.2", v.Kubelet)
+	}
+}
