@@ -8,7 +8,7 @@ DEF ?= images/qemu.yaml
 OUT ?= out
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-cloudinit lock bake image run test test-unit e2e components bench fuzz vet clean
+.PHONY: all build deps base base-cloudinit lock bake image run test test-unit e2e components local-sources bench fuzz vet clean
 
 all: build
 
@@ -45,17 +45,49 @@ $(BASE_CLOUDINIT): images/base/build.sh images/base/customize.sh images/base/pac
 	rm -f $(KILN_CACHE)/base-cloudinit.tar
 	@touch $@
 
-lock: build base
-	bin/kiln lock --update $(DEF)
+# The profiles pin upstream release files and images (dl.k8s.io, GitHub, registry.k8s.io). With
+# UPSTREAM=1 the bake fetches those; by default (this machine reaches only the Go module proxy
+# and Debian) it bakes the same profiles through a profile overlay pointing at the components
+# built from source by make components and pushed to a local registry (as make e2e does).
+export KILN_E2E_CACHE ?= $(KILN_CACHE)/e2e
+LOCAL_OVERLAY := $(KILN_E2E_CACHE)/local.yaml
+ifeq ($(UPSTREAM),1)
+OVERLAY_FLAG :=
+SOURCES :=
+else
+OVERLAY_FLAG := --profile-overlay $(LOCAL_OVERLAY)
+SOURCES := local-sources
+endif
+
+components:
+	qemu-tests/e2e/build-components.sh
+
+local-sources: deps components
+	@builder/scripts/deps.sh e2e
+	qemu-tests/e2e/registry.sh start
+	$(GO) run ./qemu-tests/e2e/images -registry 127.0.0.1:5000 -artifacts $(KILN_E2E_CACHE)/artifacts \
+		-overlay $(LOCAL_OVERLAY) >/dev/null
+
+lock: build base $(SOURCES)
+	bin/kiln lock --update $(DEF) $(OVERLAY_FLAG)
 
 bake: deps lock
-	bin/kiln bake $(DEF) --role $(ROLE) -o $(OUT)
+	bin/kiln bake $(DEF) --role $(ROLE) $(OVERLAY_FLAG) -o $(OUT)
 
-# Bake the worker image and boot it once (the image stays pristine: --snapshot), printing the
-# serial console up to kiln-init's first-boot status line.
-image: bake
-	bin/kiln run $(OUT)/$(basename $(notdir $(DEF)))-$(ROLE).qcow2 --snapshot \
-		--config images/examples/worker.ign --until-firstboot
+# A one-node cluster's config for make image (the API endpoint is QEMU user networking's
+# guest address).
+$(OUT)/cluster/demo-cp-1.ign: | bin/kiln
+	bin/kiln cluster init --name demo --dns-zone kiln.test --control-planes 1 --workers 1 \
+		--api-endpoint 10.0.2.15:6443 -o $(OUT)/cluster
+
+# Bake the control-plane image and boot it once with its etcd disk (the image stays pristine:
+# --snapshot), printing the serial console up to kiln-init's first-boot status line. Run it
+# without --until-firstboot and with --forward 6443:6443 to watch the node become Ready
+# (kubectl --kubeconfig out/cluster/admin.conf --server https://127.0.0.1:6443 --tls-server-name kubernetes).
+image: ROLE = control-plane
+image: bake $(OUT)/cluster/demo-cp-1.ign
+	bin/kiln run $(OUT)/$(basename $(notdir $(DEF)))-control-plane.qcow2 --snapshot \
+		--config $(OUT)/cluster/demo-cp-1.ign --disk etcd-main=1G --until-firstboot
 
 # Every test, the QEMU boot tests included (TCG; they need the base, so it is built first).
 # -v: the boot tests log their timings.
@@ -68,10 +100,6 @@ test: deps build base
 # crictl and CoreDNS built from source through the Go module proxy (cached in
 # $(KILN_E2E_CACHE)), images pushed to a local registry, control-plane and worker images baked and
 # booted under TCG; kubectl from the host checks /readyz, both nodes Ready and a pod on the worker.
-export KILN_E2E_CACHE ?= $(KILN_CACHE)/e2e
-components:
-	qemu-tests/e2e/build-components.sh
-
 e2e: deps build base
 	@builder/scripts/deps.sh test
 	@builder/scripts/deps.sh e2e
@@ -85,9 +113,9 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l builder initd qemu-tests)" || (gofmt -l builder initd qemu-tests; exit 1)
 
-bench: deps build base base-cloudinit
+bench: deps build base base-cloudinit $(SOURCES)
 	@builder/scripts/deps.sh test
-	bench/bench.sh
+	KILN_PROFILE_OVERLAY=$(if $(SOURCES),$(LOCAL_OVERLAY)) bench/bench.sh
 
 clean:
 	rm -rf bin $(OUT)

@@ -1,9 +1,9 @@
 package qemutests
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,34 +66,14 @@ func TestE2ECluster(t *testing.T) {
 		e.run(root, "bash", "qemu-tests/e2e/build-components.sh")
 	})
 
-	var images map[string]struct{ Source, Digest string }
-	e2eStep(t, "container images pushed to the local registry", func() {
-		e.run(root, "bash", "qemu-tests/e2e/registry.sh", "start")
-		out := e.run(root, "go", "run", "./qemu-tests/e2e/images", "-bin", bin,
-			"-iptables", filepath.Join(cache, "rootfs", "iptables"), "-registry", "127.0.0.1:5000")
-		if err := json.Unmarshal([]byte(lastJSON(out)), &images); err != nil {
-			t.Fatalf("images tool output: %v\n%s", err, out)
-		}
-	})
-
 	overlay := filepath.Join(e.dir, "e2e-overlay.yaml")
-	e2eStep(t, "artifacts packed and served", func() {
+	e2eStep(t, "images pushed to the local registry, artifacts packed and served", func() {
+		e.run(root, "bash", "qemu-tests/e2e/registry.sh", "start")
 		dir := filepath.Join(e.dir, "artifacts")
-		os.MkdirAll(dir, 0o755)
-		sums := packArtifacts(t, bin, dir)
 		url := serveDir(t, dir)
-		var b strings.Builder
-		b.WriteString("# Written by the e2e test: the profiles' artifacts and images, built from source here.\nartifacts:\n")
-		for _, a := range e2eArtifacts {
-			fmt.Fprintf(&b, "  - {name: %s, url: %q, sha256: %s}\n", a.name, url+"/"+a.file, sums[a.name])
-		}
-		b.WriteString("images:\n")
-		for name, im := range images {
-			fmt.Fprintf(&b, "  - {name: %q, source: %q, digest: %q}\n", name, im.Source, im.Digest)
-		}
-		if err := os.WriteFile(overlay, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		e.run(root, "go", "run", "./qemu-tests/e2e/images", "-bin", bin,
+			"-iptables", filepath.Join(cache, "rootfs", "iptables"), "-registry", "127.0.0.1:5000",
+			"-artifacts", dir, "-overlay", overlay, "-artifact-url", url)
 	})
 
 	out := filepath.Join(e.dir, "out")
@@ -272,13 +252,21 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// lastJSON returns the last line of out that starts a JSON object (go run may print build
-// noise before it).
-func lastJSON(out string) string {
-	if i := strings.LastIndex(out, "\n{"); i >= 0 {
-		return out[i+1:]
+// serveDir serves dir (created if missing) over HTTP on 127.0.0.1 for the test's lifetime
+// and returns its URL.
+func serveDir(t *testing.T, dir string) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	return out
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.FileServer(http.Dir(dir))}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return fmt.Sprintf("http://%s", l.Addr())
 }
 
 // logImageSize logs the raw image's allocated size and the qcow2's size.

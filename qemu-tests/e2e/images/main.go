@@ -13,6 +13,13 @@
 // which a pod's command overrides anyway.
 //
 //	go run ./qemu-tests/e2e/images -registry 127.0.0.1:5000 -o images.json
+//
+// With -artifacts DIR it also packs the profiles' binary artifacts (kubelet, kubectl, runc as
+// plain files; containerd, crictl and the CNI plugins as tarballs with upstream's member
+// names), and with -overlay FILE writes the profile overlay that pins them and the pushed
+// images, so a bake through the real profiles uses what was built here:
+//
+//	go run ./qemu-tests/e2e/images -artifacts out/artifacts -overlay out/local.yaml
 package main
 
 import (
@@ -429,12 +436,16 @@ func main() {
 	}
 	var o Options
 	var only, outFile string
+	var art artifactOptions
 	flag.StringVar(&o.Bin, "bin", filepath.Join(cache, "bin"), "directory with the binaries (build-components.sh)")
 	flag.StringVar(&o.Iptables, "iptables", filepath.Join(cache, "rootfs", "iptables"), "root tree with the iptables userland, for kube-proxy")
 	flag.StringVar(&o.Registry, "registry", "127.0.0.1:5000", "registry host:port to push to")
 	flag.BoolVar(&o.Insecure, "insecure", false, "plain HTTP even for a registry that is not local")
 	flag.StringVar(&only, "only", "", "comma-separated repos to build (default all), e.g. pause,kube-proxy")
 	flag.StringVar(&outFile, "o", "", "also write the JSON to this file")
+	flag.StringVar(&art.dir, "artifacts", "", "also pack the profiles' binary artifacts (upstream release shapes) into this directory")
+	flag.StringVar(&art.overlay, "overlay", "", "with -artifacts: write a profile overlay (kiln bake --profile-overlay) pinning the packed artifacts and pushed images")
+	flag.StringVar(&art.url, "artifact-url", "", "with -overlay: the URL the artifacts directory is served at (default: absolute paths)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "images: unexpected arguments %q\n", flag.Args())
@@ -443,13 +454,20 @@ func main() {
 	if only != "" {
 		o.Only = strings.Split(only, ",")
 	}
-	if err := run(o, outFile); err != nil {
+	if art.overlay != "" && art.dir == "" {
+		fmt.Fprintln(os.Stderr, "images: -overlay needs -artifacts")
+		os.Exit(2)
+	}
+	if err := run(o, outFile, art); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
 }
 
-func run(o Options, outFile string) error {
+// artifactOptions asks run to pack the binary artifacts too and write the profile overlay.
+type artifactOptions struct{ dir, overlay, url string }
+
+func run(o Options, outFile string, art artifactOptions) error {
 	work, err := os.MkdirTemp("", "kiln-e2e-images-")
 	if err != nil {
 		return err
@@ -459,6 +477,17 @@ func run(o Options, outFile string) error {
 	got, err := Build(context.Background(), o)
 	if err != nil {
 		return err
+	}
+	if art.dir != "" {
+		sums, err := packArtifacts(o.Bin, art.dir)
+		if err != nil {
+			return err
+		}
+		if art.overlay != "" {
+			if err := writeOverlay(art.overlay, art.dir, art.url, sums, got); err != nil {
+				return fmt.Errorf("profile overlay %s: %w", art.overlay, err)
+			}
+		}
 	}
 	js, err := json.MarshalIndent(got, "", "  ")
 	if err != nil {

@@ -1,4 +1,4 @@
-package qemutests
+package main
 
 import (
 	"archive/tar"
@@ -7,14 +7,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"testing"
-	"time"
 )
 
 // localArtifact is one of the profile's artifacts rebuilt from the components the e2e
@@ -42,30 +38,54 @@ var e2eArtifacts = []localArtifact{
 
 // packArtifacts writes every local artifact into dir (reproducibly: fixed times, sorted
 // members) and returns each one's sha256 by name.
-func packArtifacts(t *testing.T, bin, dir string) map[string]string {
-	t.Helper()
+func packArtifacts(bin, dir string) (map[string]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	sums := map[string]string{}
 	for _, a := range e2eArtifacts {
 		dst := filepath.Join(dir, a.file)
 		var err error
 		if a.plain != "" {
-			err = copyFile(filepath.Join(bin, a.plain), dst)
+			err = copyPlain(filepath.Join(bin, a.plain), dst)
 		} else {
 			err = writeTarGz(dst, bin, a.tar)
 		}
 		if err != nil {
-			t.Fatalf("artifact %s: %v", a.name, err)
+			return nil, fmt.Errorf("artifact %s: %w", a.name, err)
 		}
-		sum, err := fileSHA256(dst)
-		if err != nil {
-			t.Fatal(err)
+		if sums[a.name], err = fileSHA256(dst); err != nil {
+			return nil, err
 		}
-		sums[a.name] = sum
 	}
-	return sums
+	return sums, nil
 }
 
-func copyFile(src, dst string) error {
+// writeOverlay writes the profile overlay (kiln bake --profile-overlay) that points the
+// profiles' artifacts at the packed files — by URL under baseURL, or by absolute path when
+// baseURL is empty — and their images at the pushed copies.
+func writeOverlay(file, dir, baseURL string, sums map[string]string, images map[string]Pushed) error {
+	var b strings.Builder
+	b.WriteString("# Written by qemu-tests/e2e/images: the profiles' artifacts and images, built from source here.\nartifacts:\n")
+	for _, a := range e2eArtifacts {
+		if baseURL != "" {
+			fmt.Fprintf(&b, "  - {name: %s, url: %q, sha256: %s}\n", a.name, strings.TrimSuffix(baseURL, "/")+"/"+a.file, sums[a.name])
+		} else {
+			abs, err := filepath.Abs(filepath.Join(dir, a.file))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, "  - {name: %s, path: %q, sha256: %s}\n", a.name, abs, sums[a.name])
+		}
+	}
+	b.WriteString("images:\n")
+	for _, name := range sortedKeys(images) {
+		fmt.Fprintf(&b, "  - {name: %q, source: %q, digest: %q}\n", name, images[name].Source, images[name].Digest)
+	}
+	return os.WriteFile(file, []byte(b.String()), 0o644)
+}
+
+func copyPlain(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -95,30 +115,15 @@ func writeTarGz(dst, bin string, members map[string]string) error {
 		names = append(names, m)
 	}
 	sort.Strings(names)
-	epoch := time.Unix(0, 0)
 	dirs := map[string]bool{}
 	for _, m := range names {
 		if d := filepath.Dir(strings.TrimPrefix(m, "./")); d != "." && !dirs[d] {
 			dirs[d] = true
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: epoch}); err != nil {
+			if err := tw.WriteHeader(hdr(d+"/", tar.TypeDir, 0o755)); err != nil {
 				return err
 			}
 		}
-		src := filepath.Join(bin, members[m])
-		st, err := os.Stat(src)
-		if err != nil {
-			return err
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: m, Mode: 0o755, Size: st.Size(), ModTime: epoch}); err != nil {
-			return err
-		}
-		in, err := os.Open(src)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(tw, in)
-		in.Close()
-		if err != nil {
+		if err := copyFile(tw, filepath.Join(bin, members[m]), m, 0o755); err != nil {
 			return err
 		}
 	}
@@ -139,17 +144,4 @@ func fileSHA256(p string) (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// serveDir serves dir over HTTP on 127.0.0.1 for the test's lifetime and returns its URL.
-func serveDir(t *testing.T, dir string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.FileServer(http.Dir(dir))}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return fmt.Sprintf("http://%s", l.Addr())
 }

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kilnproject/kiln/builder/spec"
+)
+
+// The packed artifacts have the members the real profiles extract, and the overlay names
+// only artifacts and images the repository's profiles have: kiln accepts it and re-points
+// every Kubernetes artifact of the roles.
+func TestOverlayMatchesTheProfiles(t *testing.T) {
+	bin := t.TempDir()
+	for _, a := range e2eArtifacts {
+		names := []string{a.plain}
+		if a.plain == "" {
+			names = nil
+			for _, c := range a.tar {
+				names = append(names, c)
+			}
+		}
+		for _, n := range names {
+			if err := os.WriteFile(filepath.Join(bin, n), []byte("#!/bin/sh\necho "+n+"\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "artifacts")
+	sums, err := packArtifacts(bin, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("tar", "-tzf", filepath.Join(dir, "containerd-linux-amd64.tar.gz")).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "bin/containerd-shim-runc-v2") {
+		t.Errorf("containerd tarball members: %s %v", out, err)
+	}
+	images := map[string]Pushed{
+		"registry.k8s.io/pause:3.10.2":            {Source: "127.0.0.1:5000/pause:3.10.2", Digest: "sha256:" + strings.Repeat("a", 64)},
+		"registry.k8s.io/kube-proxy:v1.37.2":      {Source: "127.0.0.1:5000/kube-proxy:v1.37.2", Digest: "sha256:" + strings.Repeat("b", 64)},
+		"registry.k8s.io/coredns/coredns:v1.15.0": {Source: "127.0.0.1:5000/coredns/coredns:v1.15.0", Digest: "sha256:" + strings.Repeat("c", 64)},
+	}
+	overlay := filepath.Join(t.TempDir(), "local.yaml")
+	if err := writeOverlay(overlay, dir, "", sums, images); err != nil {
+		t.Fatal(err)
+	}
+	ov, err := spec.LoadProfileOverlay(overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	profiles, err := spec.LoadProfiles(filepath.Join("..", "..", "..", "profiles"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ov.Check(profiles); err != nil {
+		t.Fatalf("the overlay does not match the profiles: %v", err)
+	}
+	for _, p := range profiles {
+		if p.Role != "worker" {
+			continue
+		}
+		got := ov.Apply(p)
+		for _, a := range got.Artifacts {
+			if a.Path == "" || !strings.HasPrefix(a.Path, dir) {
+				t.Errorf("worker artifact %s still from %q %q", a.Name, a.URL, a.Path)
+			}
+		}
+	}
+}
