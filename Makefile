@@ -8,7 +8,7 @@ DEF ?= images/qemu.yaml
 OUT ?= out
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-cloudinit lock bake image run test test-unit e2e components local-sources bench fuzz vet clean
+.PHONY: all build deps base base-cloudinit lock bake image run test test-unit e2e e2e-pull components local-sources bench fuzz vet clean
 
 all: build
 
@@ -105,6 +105,14 @@ e2e: deps build base
 	@builder/scripts/deps.sh e2e
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E=1 KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 75m -run 'TestE2E' ./qemu-tests/
+
+# The same cluster baked --without-images, the nodes pulling every image from the local
+# registry through a containerd mirror: what pre-pulling saves (README "End to end").
+e2e-pull: deps build base
+	@builder/scripts/deps.sh test
+	@builder/scripts/deps.sh e2e
+	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E_PULL=1 KILN_ACCEL=tcg \
+		$(GO) test -count=1 -v -timeout 75m -run 'TestE2EClusterWithoutImages' ./qemu-tests/
 
 test-unit:
 	$(GO) test -short ./...

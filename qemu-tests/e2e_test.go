@@ -56,6 +56,29 @@ func TestE2ECluster(t *testing.T) {
 	if os.Getenv("KILN_E2E") != "1" {
 		t.Skip("the end-to-end cluster runs with make e2e (KILN_E2E=1)")
 	}
+	runE2ECluster(t, false)
+}
+
+// The same cluster baked --without-images (make e2e-pull): the nodes are not offline but
+// pull every image from the local registry on the host (10.0.2.2:5000 from a guest) through
+// a containerd registry mirror their Ignition configs carry. It measures what pre-pulling
+// saves; make e2e stays the offline proof.
+func TestE2EClusterWithoutImages(t *testing.T) {
+	if os.Getenv("KILN_E2E_PULL") != "1" {
+		t.Skip("the pulling end-to-end cluster runs with make e2e-pull (KILN_E2E_PULL=1)")
+	}
+	runE2ECluster(t, true)
+}
+
+// registryMirror is the containerd hosts.toml sending registry.k8s.io pulls to the e2e
+// registry, as a guest on QEMU user networking reaches the host's 127.0.0.1:5000.
+const registryMirror = `server = "https://registry.k8s.io"
+
+[host."http://10.0.2.2:5000"]
+  capabilities = ["pull", "resolve"]
+`
+
+func runE2ECluster(t *testing.T, pull bool) {
 	e := newEnv(t)
 	root := repoRoot(t)
 	cache := e2eCacheDir()
@@ -77,11 +100,15 @@ func TestE2ECluster(t *testing.T) {
 	})
 
 	out := filepath.Join(e.dir, "out")
+	bakeArgs := []string{"--profile-overlay", overlay, "-o", out}
+	if pull {
+		bakeArgs = append(bakeArgs, "--without-images")
+	}
 	e2eStep(t, "control-plane and worker images baked", func() {
 		e.run(e.repo, e.kiln, "lock", "images/qemu.yaml", "--profile-overlay", overlay)
 		for _, role := range []string{"control-plane", "worker"} {
 			start := time.Now()
-			e.run(e.repo, e.kiln, "bake", "images/qemu.yaml", "--role", role, "--profile-overlay", overlay, "-o", out)
+			e.run(e.repo, e.kiln, append([]string{"bake", "images/qemu.yaml", "--role", role}, bakeArgs...)...)
 			t.Logf("e2e: baked %s in %s", role, time.Since(start).Round(100*time.Millisecond))
 		}
 	})
@@ -96,8 +123,8 @@ func TestE2ECluster(t *testing.T) {
 			"--control-planes", "1", "--workers", "1", "--api-endpoint", cpAddr+":6443", "-o", clusterDir)
 	})
 	cpName, workerName := e2eCluster+"-cp-1", e2eCluster+"-worker-1"
-	cpConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, cpName+".ign"), cpAddr, e.dir)
-	workerConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, workerName+".ign"), workerAddr, e.dir)
+	cpConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, cpName+".ign"), cpAddr, e.dir, pull)
+	workerConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, workerName+".ign"), workerAddr, e.dir, pull)
 
 	// One link per run: two e2e runs on one host must not share a segment.
 	e2eLink := fmt.Sprintf("%s-%d", e2eLinkPrefix, os.Getpid())
@@ -114,13 +141,13 @@ func TestE2ECluster(t *testing.T) {
 	cp, _ := e.bootWith(vm.Config{
 		Image: filepath.Join(out, "qemu-control-plane.raw"), Snapshot: true, Config: cpConfig,
 		Disks: []vm.Disk{{Name: "etcd-main", Size: "2G"}}, MemoryMB: 3072, CPUs: 2,
-		Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(cpAddr)}}, Offline: true,
-		Forward: map[string]int{fmt.Sprintf("127.0.0.1:%d", apiPort): 6443},
+		Links:   []vm.Link{{Name: e2eLink, MAC: linkMAC(cpAddr)}},
+		Offline: !pull, Forward: map[string]int{fmt.Sprintf("127.0.0.1:%d", apiPort): 6443},
 	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
 	cpBoot := time.Now()
 	worker, _ := e.bootWith(vm.Config{
 		Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
-		MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(workerAddr)}}, Offline: true,
+		MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(workerAddr)}}, Offline: !pull,
 	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
 	workerBoot := time.Now()
 	_ = cp
@@ -155,7 +182,8 @@ func TestE2ECluster(t *testing.T) {
 	t.Logf("e2e: boot-to-Ready control plane %s, worker %s (worker started %s after the control plane; its first boot finished %s after its start)",
 		ready[cpName].Round(time.Second), ready[workerName].Round(time.Second), cpBoot.Sub(start).Round(time.Second), workerBoot.Sub(cpBoot).Round(time.Second))
 
-	// A pod runs on the worker, from a pre-pulled image (the guests have no route to a registry).
+	// A pod runs on the worker, from a pre-pulled image (the guests have no route to a
+	// registry) or, without images, from the one containerd pulled for its sandboxes.
 	pod := fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"e2e-pause","namespace":"default"},
 "spec":{"nodeName":%q,"containers":[{"name":"pause","image":"registry.k8s.io/pause:3.10.2","imagePullPolicy":"Never"}]}}`, workerName)
 	podFile := filepath.Join(e.dir, "pod.json")
@@ -199,8 +227,9 @@ func waitFor(t *testing.T, what string, timeout time.Duration, check func() (boo
 
 // nodeConfigWithAddress merges a node's Ignition config with the network the e2e gives it:
 // a static address on the cluster link (the node's primary interface: it holds the default
-// route, which leads nowhere), leaving the user-mode NIC for the host's forwarded ports.
-func nodeConfigWithAddress(t *testing.T, ign, addr, dir string) string {
+// route, which leads nowhere), leaving the user-mode NIC for the host's forwarded ports and,
+// with mirror, containerd's registry mirror on the host.
+func nodeConfigWithAddress(t *testing.T, ign, addr, dir string, mirror bool) string {
 	t.Helper()
 	raw, err := os.ReadFile(ign)
 	if err != nil {
@@ -223,7 +252,7 @@ storage:
           [Network]
           Address=%s/24
           Gateway=192.168.100.1
-`, linkMAC(addr), addr)))
+%s`, linkMAC(addr), addr, mirrorFile(mirror))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,6 +269,19 @@ storage:
 		t.Fatal(err)
 	}
 	return p
+}
+
+// mirrorFile is the Butane storage.files entry of the registry mirror (empty without).
+func mirrorFile(mirror bool) string {
+	if !mirror {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("    - path: /etc/containerd/certs.d/registry.k8s.io/hosts.toml\n      mode: 0644\n      contents:\n        inline: |\n")
+	for _, l := range strings.Split(strings.TrimSuffix(registryMirror, "\n"), "\n") {
+		b.WriteString("          " + l + "\n")
+	}
+	return b.String()
 }
 
 func freePort(t *testing.T) int {

@@ -48,6 +48,10 @@ type Options struct {
 	ProfileOverlays []string
 	// ImageFetch says how to reach registries for the pre-pulled images.
 	ImageFetch artifact.ImageFetch
+	// WithoutImages leaves the profile's pre-pulled images out (they are neither fetched nor
+	// laid): the node's runtime pulls them at first boot. For measuring what pre-pulling
+	// saves, and for sites that prefer a registry mirror to image size.
+	WithoutImages bool
 }
 
 // Result names what a bake wrote.
@@ -83,6 +87,9 @@ type KubernetesInfo struct {
 	Runtime    string      `json:"runtime"`
 	Containerd string      `json:"containerd,omitempty"`
 	Images     []ImageInfo `json:"images"`
+	// ImagesLeftOut is set when the bake left the profile's images out (--without-images):
+	// the node pulls them from a registry.
+	ImagesLeftOut bool `json:"imagesLeftOut,omitempty"`
 }
 
 // ImageInfo is one pre-pulled image: its name and the digest of its image manifest.

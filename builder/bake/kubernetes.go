@@ -42,6 +42,9 @@ func applyOverlays(def *spec.Definition, prof *spec.Profile, files []string, log
 }
 
 func (b *baker) fetchImages() ([]*artifact.CachedImage, error) {
+	if b.o.WithoutImages {
+		return nil, nil
+	}
 	srcs, err := artifact.ImageSources(b.prof, b.lock)
 	if err != nil {
 		return nil, err
@@ -87,6 +90,11 @@ func (b *baker) addKubernetes(tree *rootfs.Tree, k spec.Kubernetes, images []*ar
 	info := &KubernetesInfo{Version: k.Version, Runtime: k.Runtime, Images: []ImageInfo{}}
 	if v.Containerd != nil {
 		info.Containerd = v.Containerd.Version
+	}
+	if b.o.WithoutImages && len(prof.Images) > 0 {
+		info.ImagesLeftOut = true
+		b.log.Warn("pre-pulled images left out: nodes pull them from a registry at first boot", "images", len(prof.Images))
+		return info, nil
 	}
 	if len(images) == 0 {
 		return info, nil

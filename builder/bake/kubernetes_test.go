@@ -216,6 +216,33 @@ func TestBakeKubernetes(t *testing.T) {
 	}
 }
 
+// --without-images: no registry request, no layout in the image, and image.json says so.
+func TestBakeKubernetesWithoutImages(t *testing.T) {
+	r := newK8sRepo(t, "")
+	r.lock(t)
+	before := r.hits.Load()
+	res, err := Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
+		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), WithoutImages: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := r.hits.Load() - before; n != 0 {
+		t.Errorf("a bake without images made %d registry requests", n)
+	}
+	if k := res.Metadata.Kubernetes; k == nil || !k.ImagesLeftOut || len(k.Images) != 0 || k.Version != "v1.37.2" {
+		t.Errorf("metadata kubernetes = %+v, want the images marked left out", k)
+	}
+	raw := filepath.Join(r.out, "test-worker.raw")
+	parts, _, err := disk.Read(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := parts.Partition("root-a")
+	if ls := unsquash(t, raw, root.Start, "-lln"); strings.Contains(ls, ImagesDir) {
+		t.Errorf("the image holds %s although its images were left out", ImagesDir)
+	}
+}
+
 func TestBakeKubernetesProfileOverlay(t *testing.T) {
 	r := newK8sRepo(t, "")
 	// The overlay moves pause to a mirror repository and pins it; kube-proxy keeps its source.

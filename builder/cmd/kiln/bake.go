@@ -17,6 +17,7 @@ import (
 func newBakeCmd() *cobra.Command {
 	var role, out, kilnInit string
 	var overlays []string
+	var withoutImages bool
 	cmd := &cobra.Command{
 		Use:   "bake DEFINITION --role ROLE",
 		Short: "Bake the image of one role from a definition",
@@ -41,10 +42,16 @@ come from, e.g. a local mirror:
     - {name: registry.k8s.io/pause:3.10.2, source: 127.0.0.1:5000/pause:3.10.2, digest: sha256:…}
 
 An entry that names nothing in any profile is an error. Registries on 127.0.0.1, ::1 and
-localhost are reached over plain HTTP.`,
+localhost are reached over plain HTTP.
+
+--without-images bakes the role without its pre-pulled images (image.json says
+"imagesLeftOut": true): containerd pulls them when kubelet first needs them, so the node needs a
+registry (or a mirror in /etc/containerd/certs.d, delivered by its Ignition config). It exists to
+measure what pre-pulling saves and for sites that would rather pull than carry the images.`,
 		Example: `  kiln bake images/qemu.yaml --role worker -o out
   kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init
-  kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml`,
+  kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml
+  kiln bake images/qemu.yaml --role worker -o out-pull --without-images`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if kilnInit == "" {
@@ -65,7 +72,7 @@ localhost are reached over plain HTTP.`,
 			res, err := bake.Bake(cmd.Context(), bake.Options{
 				Definition: args[0], Role: role, OutDir: out, KilnInit: kilnInit,
 				Cache: cache, Log: slog.Default(), Version: version, Created: created,
-				ProfileOverlays: overlays,
+				ProfileOverlays: overlays, WithoutImages: withoutImages,
 			})
 			if err != nil {
 				return err
@@ -80,6 +87,7 @@ localhost are reached over plain HTTP.`,
 	cmd.Flags().StringVarP(&out, "output", "o", "out", "output directory")
 	cmd.Flags().StringVar(&kilnInit, "kiln-init", "", "static kiln-init binary to put in the image (default: $KILN_INIT, or kiln-init next to kiln)")
 	cmd.Flags().StringArrayVar(&overlays, "profile-overlay", nil, "YAML document replacing artifact url/path/sha256 and image source/digest by name (repeatable, applied in order)")
+	cmd.Flags().BoolVar(&withoutImages, "without-images", false, "leave the profile's pre-pulled images out: nodes pull them from a registry at first boot")
 	_ = cmd.MarkFlagRequired("role")
 	return cmd
 }
