@@ -104,7 +104,7 @@ e2e: deps build base
 	@builder/scripts/deps.sh test
 	@builder/scripts/deps.sh e2e
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E=1 KILN_ACCEL=tcg \
-		$(GO) test -count=1 -v -timeout 75m -run 'TestE2E' ./qemu-tests/
+		$(GO) test -count=1 -v -timeout 75m -run '^TestE2ECluster$$' ./qemu-tests/
 
 # The same cluster baked --without-images, the nodes pulling every image from the local
 # registry through a containerd mirror: what pre-pulling saves (README "End to end").
