@@ -197,10 +197,31 @@ func runE2ECluster(t *testing.T, pull bool) {
 		return err == nil && strings.HasPrefix(out, "Running "+workerName), out
 	})
 	t.Logf("e2e: pod running on %s after %s", workerName, time.Since(podStart).Round(time.Second))
-	for _, ns := range []string{"kube-system"} {
-		out, _ := kubectl("get", "pods", "-n", ns, "-o", "wide")
-		t.Logf("e2e: pods in %s:\n%s", ns, out)
+	pods, _ := kubectl("get", "pods", "-n", "kube-system", "-o", "wide")
+	t.Logf("e2e: pods in kube-system:\n%s", pods)
+	// Why a restarted container ended: the end of its previous log and its last state.
+	pods, _ = kubectl("get", "pods", "-n", "kube-system", "-o",
+		`jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].lastState.terminated.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}{"\n"}{end}`)
+	for _, line := range strings.Split(pods, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[1] == "0" {
+			continue
+		}
+		logs, _ := kubectl("logs", "-n", "kube-system", f[0], "--previous", "--tail", "12")
+		t.Logf("e2e: %s restarted %s times (last: %s); its previous log ends:\n%s", f[0], f[1], strings.Join(f[2:], " exit "), logs)
 	}
+	pods, _ = kubectl("get", "events", "-n", "kube-system", "--field-selector", "type=Warning", "-o",
+		`jsonpath={range .items[*]}{.involvedObject.name}: {.reason}: {.message}{"\n"}{end}`)
+	t.Logf("e2e: warning events in kube-system:\n%s", lastN(pods, 25))
+}
+
+// lastN keeps the last n lines of s.
+func lastN(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // waitFor polls check every 5 s until it holds or timeout passes; the test fails naming what
