@@ -79,7 +79,7 @@ const registryMirror = `server = "https://registry.k8s.io"
 `
 
 func runE2ECluster(t *testing.T, pull bool) {
-	e := newEnv(t)
+	e := newRepoEnv(t)
 	root := repoRoot(t)
 	cache := e2eCacheDir()
 	bin := filepath.Join(cache, "bin")

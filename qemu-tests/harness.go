@@ -54,7 +54,18 @@ type env struct {
 	environ []string
 }
 
+// newEnv is the smoke tests' environment: a copy of the repository whose roles' profiles
+// are the Kubernetes-free ones in testdata/profiles (Kubernetes is built from source for
+// make e2e only).
 func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := newRepoEnv(t)
+	e.run(repoRoot(t), "cp", "-a", filepath.Join(repoRoot(t), "qemu-tests", "testdata", "profiles")+"/.", filepath.Join(e.repo, "profiles"))
+	return e
+}
+
+// newRepoEnv is an environment whose repository copy keeps the real profiles (the e2e).
+func newRepoEnv(t *testing.T) *env {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("QEMU boot tests are not short")
@@ -79,11 +90,6 @@ func newEnv(t *testing.T) *env {
 		e.run(root, "cp", "-a", filepath.Join(root, d), filepath.Join(e.repo, d))
 	}
 	os.Remove(filepath.Join(e.repo, "images", "qemu.lock"))
-	if os.Getenv("KILN_E2E") != "1" {
-		// The smoke tests boot the node agent without Kubernetes (its components are built
-		// from source by make e2e only): the roles' profiles without Kubernetes artifacts.
-		e.run(root, "cp", "-a", filepath.Join(root, "qemu-tests", "testdata", "profiles")+"/.", filepath.Join(e.repo, "profiles"))
-	}
 	return e
 }
 
