@@ -11,12 +11,16 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
+
+	"gopkg.in/yaml.v3"
 )
 
 // ImagesPath is the OCI image layout holding the role's pre-pulled images.
@@ -316,6 +320,9 @@ type ImportOptions struct {
 	Wait time.Duration
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
+	// Only, when not nil, limits the import to these image names (names the layout does
+	// not hold are logged and skipped).
+	Only []string
 }
 
 // ImportImages makes containerd hold every image of the layout: it lists what containerd
@@ -334,6 +341,23 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 	want, err := ReadLayout(o.Layout)
 	if err != nil {
 		return nil, err
+	}
+	if o.Only != nil {
+		var kept []LayoutImage
+		for _, im := range want {
+			if slices.Contains(o.Only, im.Name) {
+				kept = append(kept, im)
+			}
+		}
+		for _, name := range o.Only {
+			if !slices.ContainsFunc(want, func(im LayoutImage) bool { return im.Name == name }) {
+				o.Log.Warn("image not pre-pulled: the runtime will pull it", "image", name)
+			}
+		}
+		want = kept
+		if len(want) == 0 {
+			return nil, nil
+		}
 	}
 	var have map[string]string
 	err = poll(ctx, o.Wait, 2*time.Second, func(ctx context.Context) (bool, error) {
@@ -394,4 +418,57 @@ func poll(ctx context.Context, limit, interval time.Duration, f func(context.Con
 		case <-time.After(interval):
 		}
 	}
+}
+
+// Paths KubeletImages reads, relative to the node's root.
+const (
+	ManifestsDir     = "/etc/kubernetes/manifests"
+	ContainerdConfig = "/etc/containerd/config.toml"
+)
+
+var sandboxRE = regexp.MustCompile(`(?m)^\s*sandbox(?:_image)?\s*=\s*["']([^"']+)["']`)
+
+// KubeletImages names the images kubelet needs before anything else on this node: the
+// pod sandbox image of containerd's config and the images of the static pods in
+// ManifestsDir (containers and init containers), sorted. Importing these first lets kubelet
+// start while the others (kube-proxy, CoreDNS: pods that appear only once the API serves)
+// are imported beside it.
+func KubeletImages(root string) ([]string, error) {
+	set := map[string]bool{}
+	if b, err := os.ReadFile(filepath.Join(root, ContainerdConfig)); err == nil {
+		if m := sandboxRE.FindSubmatch(b); m != nil {
+			set[string(m[1])] = true
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	entries, err := os.ReadDir(filepath.Join(root, ManifestsDir))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.IsDir() || !(strings.HasSuffix(e.Name(), ".yaml") || strings.HasSuffix(e.Name(), ".yml") || strings.HasSuffix(e.Name(), ".json")) {
+			continue
+		}
+		p := filepath.Join(ManifestsDir, e.Name())
+		b, err := os.ReadFile(filepath.Join(root, p))
+		if err != nil {
+			return nil, err
+		}
+		var pod struct {
+			Spec struct {
+				Containers     []struct{ Image string } `yaml:"containers"`
+				InitContainers []struct{ Image string } `yaml:"initContainers"`
+			} `yaml:"spec"`
+		}
+		if err := yaml.Unmarshal(b, &pod); err != nil {
+			return nil, fmt.Errorf("static pod %s: %w", p, err)
+		}
+		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+			if c.Image != "" {
+				set[c.Image] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(set)), nil
 }

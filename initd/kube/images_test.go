@@ -283,13 +283,15 @@ func TestImportImagesContainerd(t *testing.T) {
 		layout string
 		want   []string // imported
 		have   map[string]string
+		only   []string
 	}{
-		{"first boot imports every image", dir, slices.Sorted(slices.Values(names)), digests},
-		{"a second run imports nothing", dir, nil, digests},
-		{"a changed image is imported again, alone", dir2, names[1:], digests2},
+		{"kubelet's images first: the sandbox alone", dir, names[:1], map[string]string{names[0]: digests[names[0]]}, []string{names[0], "registry.k8s.io/etcd:3.6.16-0"}},
+		{"then the rest", dir, names[1:], digests, nil},
+		{"a second run imports nothing", dir, nil, digests, nil},
+		{"a changed image is imported again, alone", dir2, names[1:], digests2, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ImportImages(ctx, ImportOptions{Layout: tc.layout, Ctr: ctr, Wait: 20 * time.Second})
+			got, err := ImportImages(ctx, ImportOptions{Layout: tc.layout, Ctr: ctr, Wait: 20 * time.Second, Only: tc.only})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -304,6 +306,9 @@ func TestImportImagesContainerd(t *testing.T) {
 				if have[name] != d {
 					t.Errorf("containerd has %s at %q, want %s (all: %v)", name, have[name], d, have)
 				}
+			}
+			if tc.only != nil && len(have) != len(tc.have) {
+				t.Errorf("containerd holds %v, want only %v", have, tc.have)
 			}
 		})
 	}
@@ -334,5 +339,45 @@ func TestImportImagesNoContainerd(t *testing.T) {
 	_, err := ImportImages(context.Background(), ImportOptions{Layout: dir, Ctr: ctr, Wait: 300 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "containerd does not answer") {
 		t.Errorf("err = %v, want containerd does not answer", err)
+	}
+}
+
+func TestKubeletImages(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		want  []string
+	}{
+		{"worker: the sandbox image alone", map[string]string{
+			ContainerdConfig: "version = 3\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n    sandbox = \"registry.k8s.io/pause:3.10.2\"\n",
+		}, []string{"registry.k8s.io/pause:3.10.2"}},
+		{"control plane: sandbox and static pods, each once", map[string]string{
+			ContainerdConfig:                 "    sandbox = 'registry.k8s.io/pause:3.10.2'\n",
+			ManifestsDir + "/etcd.yaml":      "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.16-0\n",
+			ManifestsDir + "/apiserver.yaml": "kind: Pod\nspec:\n  initContainers:\n  - image: registry.k8s.io/etcd:3.6.16-0\n  containers:\n  - image: registry.k8s.io/kube-apiserver:v1.37.2\n",
+			ManifestsDir + "/README":         "not a manifest",
+		}, []string{"registry.k8s.io/etcd:3.6.16-0", "registry.k8s.io/kube-apiserver:v1.37.2", "registry.k8s.io/pause:3.10.2"}},
+		{"nothing rendered yet", nil, []string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			for p, c := range tc.files {
+				os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755)
+				os.WriteFile(filepath.Join(root, p), []byte(c), 0o644)
+			}
+			got, err := KubeletImages(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("KubeletImages = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, ManifestsDir), 0o755)
+	os.WriteFile(filepath.Join(root, ManifestsDir, "bad.yaml"), []byte("spec: [unclosed\n"), 0o644)
+	if _, err := KubeletImages(root); err == nil || !strings.Contains(err.Error(), "static pod /etc/kubernetes/manifests/bad.yaml") {
+		t.Errorf("a broken manifest: err = %v, want it named", err)
 	}
 }

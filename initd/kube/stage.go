@@ -25,9 +25,10 @@ const StageDir = "/var/lib/kiln/kube"
 
 // The stages, each run by its own unit after first boot.
 const (
-	StageImages       = "images"        // kiln-images.service: kiln-init kube images
-	StageCNI          = "cni"           // kiln-cni.service: kiln-init kube cni
-	StageControlPlane = "control-plane" // kiln-control-plane.service: kiln-init kube bootstrap
+	StageImagesKubelet = "images-kubelet" // kiln-images.service: kiln-init kube images --for-kubelet
+	StageImages        = "images"         // kiln-images-rest.service: kiln-init kube images
+	StageCNI           = "cni"            // kiln-cni.service: kiln-init kube cni
+	StageControlPlane  = "control-plane"  // kiln-control-plane.service: kiln-init kube bootstrap
 )
 
 // Stage states.
@@ -175,7 +176,7 @@ func ReadStages(root string) ([]*Stage, error) {
 		}
 		out = append(out, s)
 	}
-	order := []string{StageImages, StageCNI, StageControlPlane}
+	order := []string{StageImagesKubelet, StageImages, StageCNI, StageControlPlane}
 	slices.SortStableFunc(out, func(a, b *Stage) int {
 		ia, ib := slices.Index(order, a.Name), slices.Index(order, b.Name)
 		if ia < 0 {

@@ -19,7 +19,10 @@ import (
 )
 
 const kubeUsage = `kiln-init kube: the Kubernetes steps after first boot (each records a stage shown by kiln-init status)
-  kiln-init kube images      import the pre-pulled images into containerd (kiln-images.service, before kubelet)
+  kiln-init kube images [--for-kubelet]
+                             import the pre-pulled images into containerd; --for-kubelet: only the
+                             sandbox and static-pod images (kiln-images.service, before kubelet), the
+                             rest after kubelet started (kiln-images-rest.service)
   kiln-init kube cni         write the CNI config once the node has a pod CIDR (kiln-cni.service, after kubelet)
   kiln-init kube bootstrap [--force]
                              kubeadm's init phases on a control plane: wait for the API, token, RBAC,
@@ -53,8 +56,15 @@ func runKubeImages(ctx context.Context, args []string, log *slog.Logger) error {
 	layout := fs.String("layout", kube.ImagesPath, "OCI image layout with the pre-pulled images")
 	ctr := fs.String("ctr", "ctr", "containerd's ctr")
 	address := fs.String("address", "", "containerd's socket (default: ctr's)")
+	forKubelet := fs.Bool("for-kubelet", false, "import only the images kubelet needs first: containerd's sandbox image and the static pods' images")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	stage := kube.StageImages
+	var only []string
+	if *forKubelet {
+		stage = kube.StageImagesKubelet
+		only = []string{}
 	}
 	var imported []string
 	total := 0
@@ -64,11 +74,17 @@ func runKubeImages(ctx context.Context, args []string, log *slog.Logger) error {
 			return false, err
 		}
 		total = len(all)
+		if *forKubelet {
+			if only, err = kube.KubeletImages(*root); err != nil {
+				return false, err
+			}
+			total = len(only)
+		}
 		imported, err = kube.ImportImages(ctx, kube.ImportOptions{Layout: *layout, Log: log,
-			Ctr: kube.Ctr{Path: *ctr, Address: *address}})
+			Ctr: kube.Ctr{Path: *ctr, Address: *address}, Only: only})
 		return len(imported) > 0, err
 	})}
-	st, err := kube.RunStage(ctx, kube.StageImages, tasks, kube.RunOptions{Root: *root, Log: log, TaskTimeout: 30 * time.Minute},
+	st, err := kube.RunStage(ctx, stage, tasks, kube.RunOptions{Root: *root, Log: log, TaskTimeout: 30 * time.Minute},
 		func() string { return fmt.Sprintf("%d images, %d imported", total, len(imported)) })
 	fmt.Println("kiln-init: " + st.Summary())
 	return err
