@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,7 +80,16 @@ type Options struct {
 // FactsOptions are the fact-gathering inputs tests replace.
 type FactsOptions struct {
 	ProcRoot, SysRoot string
+	// Addrs lists an interface's addresses; nil asks the kernel.
+	Addrs func(iface string) ([]netip.Prefix, error)
+	// AddressWait bounds how long a control plane or etcd node waits for an address (DHCP
+	// may answer after first boot started); 0 means DefaultAddressWait.
+	AddressWait time.Duration
 }
+
+// DefaultAddressWait is how long first boot waits for a control plane's or etcd node's
+// address before going on (its certificates and etcd's manifest need one).
+const DefaultAddressWait = 90 * time.Second
 
 // NoSource is the status source when no provider had a config.
 const NoSource = "none"

@@ -3,6 +3,8 @@ package firstboot
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -263,5 +265,73 @@ func TestRunControlPlaneWithoutKubernetes(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "etc/kubernetes/pki/apiserver.crt")); err == nil {
 		t.Error("certificates written on an image without Kubernetes")
+	}
+}
+
+// fakeMachine is a /proc and /sys with one NIC, eth0, and no default route: its address is
+// whatever addrs returns (nothing until DHCP "answers").
+func fakeMachine(t *testing.T, addrs func() []netip.Prefix) FactsOptions {
+	t.Helper()
+	dir := t.TempDir()
+	for p, s := range map[string]string{
+		"proc/meminfo":                     "MemTotal:        2048000 kB\n",
+		"proc/sys/kernel/osrelease":        "6.1.0-40-cloud-amd64\n",
+		"proc/sys/kernel/hostname":         "(none)\n",
+		"proc/cmdline":                     "root=PARTUUID=x ro kiln.platform=qemu\n",
+		"proc/net/route":                   "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n",
+		"sys/devices/system/cpu/online":    "0-1\n",
+		"sys/fs/cgroup/cgroup.controllers": "cpu io memory pids\n",
+		"sys/devices/pci0000:00/0000:00:03.0/virtio0/net/eth0/address": "52:54:00:12:34:56\n",
+		"sys/devices/pci0000:00/0000:00:03.0/virtio0/net/eth0/type":    "1\n",
+	} {
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.MkdirAll(filepath.Join(dir, "sys/class/net"), 0o755)
+	if err := os.Symlink("../../devices/pci0000:00/0000:00:03.0/virtio0/net/eth0", filepath.Join(dir, "sys/class/net/eth0")); err != nil {
+		t.Fatal(err)
+	}
+	return FactsOptions{ProcRoot: filepath.Join(dir, "proc"), SysRoot: filepath.Join(dir, "sys"),
+		Addrs: func(string) ([]netip.Prefix, error) { return addrs(), nil }}
+}
+
+// A control plane whose DHCP lease arrives after first boot started waits for it (its
+// certificates and etcd's manifest need the address) instead of failing; without any
+// address it goes on after AddressWait.
+func TestControlPlaneWaitsForItsAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after time.Duration // the address appears after this; 0: never
+		want  string
+	}{
+		{"DHCP answers late", 400 * time.Millisecond, "node address up"},
+		{"no address at all", 0, "the node has no address; going on"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			fo := fakeMachine(t, func() []netip.Prefix {
+				if tc.after > 0 && time.Since(start) > tc.after {
+					return []netip.Prefix{netip.MustParsePrefix("10.0.2.15/24")}
+				}
+				return nil
+			})
+			fo.AddressWait = 2 * time.Second
+			root := nodeRoot(t, "control-plane")
+			var logs strings.Builder
+			o := kubeOpts(t, root, ignition(ignFile("/etc/kiln/node.yaml", 0o644, []byte(cpNodeYAML))))
+			o.Facts, o.Log = fo, slog.New(slog.NewTextHandler(&logs, nil))
+			Run(context.Background(), o)
+			if !strings.Contains(logs.String(), tc.want) {
+				t.Errorf("log lacks %q:\n%s", tc.want, logs.String())
+			}
+			if tc.after > 0 && !strings.Contains(logs.String(), "ipv4=10.0.2.15") {
+				t.Errorf("the late address was not taken:\n%s", logs.String())
+			}
+			if d := time.Since(start); tc.after == 0 && d < fo.AddressWait {
+				t.Errorf("gave up after %s, before AddressWait %s", d, fo.AddressWait)
+			}
+		})
 	}
 }

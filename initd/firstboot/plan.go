@@ -184,10 +184,36 @@ func (p *plan) gatherFacts(ctx context.Context) (bool, error) {
 			}
 		}
 	}
-	f, err := facts.Gather(ctx, facts.Options{Root: p.opts.Root, ProcRoot: p.opts.Facts.ProcRoot,
-		SysRoot: p.opts.Facts.SysRoot, Hostname: name})
+	fo := facts.Options{Root: p.opts.Root, ProcRoot: p.opts.Facts.ProcRoot,
+		SysRoot: p.opts.Facts.SysRoot, Hostname: name, Addrs: p.opts.Facts.Addrs}
+	f, err := facts.Gather(ctx, fo)
 	if err != nil {
 		return false, err
+	}
+	// A control plane's certificates and etcd's manifest carry the node's address: when
+	// DHCP has not answered yet, wait for it (bounded) instead of failing first boot.
+	if f.IPv4 == "" && f.IPv6 == "" && (p.node.Role == config.RoleControlPlane || p.node.Role == config.RoleEtcd) {
+		wait := p.opts.Facts.AddressWait
+		if wait == 0 {
+			wait = DefaultAddressWait
+		}
+		start := time.Now()
+		p.opts.Log.Info("waiting for the node's address", "role", p.node.Role, "limit", wait)
+		for f.IPv4 == "" && f.IPv6 == "" && time.Since(start) < wait {
+			select {
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+			if f, err = facts.Gather(ctx, fo); err != nil {
+				return false, err
+			}
+		}
+		if f.IPv4 == "" && f.IPv6 == "" {
+			p.opts.Log.Warn("the node has no address; going on", "waited", time.Since(start).Round(time.Millisecond))
+		} else {
+			p.opts.Log.Info("node address up", "ipv4", f.IPv4, "ipv6", f.IPv6, "waited", time.Since(start).Round(time.Millisecond))
+		}
 	}
 	p.facts = f
 	return false, nil

@@ -430,10 +430,15 @@ var sandboxRE = regexp.MustCompile(`(?m)^\s*sandbox(?:_image)?\s*=\s*["']([^"']+
 
 // KubeletImages names the images kubelet needs before anything else on this node: the
 // pod sandbox image of containerd's config and the images of the static pods in
-// ManifestsDir (containers and init containers), sorted. Importing these first lets kubelet
-// start while the others (kube-proxy, CoreDNS: pods that appear only once the API serves)
-// are imported beside it.
-func KubeletImages(root string) ([]string, error) {
+// ManifestsDir (containers and init containers), sorted. Like kubelet it reads every file
+// there whose name does not start with a dot, following links (etcd's manifest is a link
+// to its volume); a file that is not a pod is logged and skipped, as kubelet skips it.
+// Importing these first lets kubelet start while the others (kube-proxy, CoreDNS: pods
+// that appear only once the API serves) are imported beside it.
+func KubeletImages(root string, log *slog.Logger) ([]string, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	set := map[string]bool{}
 	if b, err := os.ReadFile(filepath.Join(root, ContainerdConfig)); err == nil {
 		if m := sandboxRE.FindSubmatch(b); m != nil {
@@ -447,22 +452,27 @@ func KubeletImages(root string) ([]string, error) {
 		return nil, err
 	}
 	for _, e := range entries {
-		if e.IsDir() || !(strings.HasSuffix(e.Name(), ".yaml") || strings.HasSuffix(e.Name(), ".yml") || strings.HasSuffix(e.Name(), ".json")) {
+		if strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		p := filepath.Join(ManifestsDir, e.Name())
+		if fi, err := os.Stat(filepath.Join(root, p)); err != nil || !fi.Mode().IsRegular() {
+			continue // a directory, or a link to a volume not mounted
+		}
 		b, err := os.ReadFile(filepath.Join(root, p))
 		if err != nil {
 			return nil, err
 		}
 		var pod struct {
+			Kind string `yaml:"kind"`
 			Spec struct {
 				Containers     []struct{ Image string } `yaml:"containers"`
 				InitContainers []struct{ Image string } `yaml:"initContainers"`
 			} `yaml:"spec"`
 		}
-		if err := yaml.Unmarshal(b, &pod); err != nil {
-			return nil, fmt.Errorf("static pod %s: %w", p, err)
+		if err := yaml.Unmarshal(b, &pod); err != nil || pod.Kind != "Pod" {
+			log.Warn("not a static pod: skipped", "file", p, "error", err)
+			continue
 		}
 		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
 			if c.Image != "" {

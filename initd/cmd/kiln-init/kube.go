@@ -75,7 +75,7 @@ func runKubeImages(ctx context.Context, args []string, log *slog.Logger) error {
 		}
 		total = len(all)
 		if *forKubelet {
-			if only, err = kube.KubeletImages(*root); err != nil {
+			if only, err = kube.KubeletImages(*root, log); err != nil {
 				return false, err
 			}
 			total = len(only)
