@@ -140,7 +140,7 @@ func TestEnsureCNI(t *testing.T) {
 		{name: "pod CIDR at once", cidrs: []string{"10.244.1.0/24"}, wait: 5 * time.Second},
 		{name: "waits for registration and allocation", cidrs: []string{"10.244.2.0/24"}, register: 2, allocate: 4, wait: 5 * time.Second},
 		{name: "dual stack", cidrs: []string{"10.244.3.0/24", "fd00:10:244:3::/64"}, wait: 5 * time.Second},
-		{name: "no pod CIDR in time", cidrs: []string{"10.244.4.0/24"}, allocate: 1000, wait: 300 * time.Millisecond,
+		{name: "no pod CIDR in time", cidrs: []string{"10.244.4.0/24"}, allocate: 1000, wait: 2 * time.Second, // several polls, even on a loaded machine
 			wantErr: "has no spec.podCIDR yet"},
 		{name: "kubelet never got credentials", cidrs: []string{"10.244.5.0/24"}, noConf: true, wait: 300 * time.Millisecond,
 			wantErr: "kubelet.conf"},

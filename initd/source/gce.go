@@ -32,6 +32,7 @@ type GCE struct {
 
 	once   sync.Once
 	client *metadata.Client
+	last   *lastError
 }
 
 // Name implements Provider.
@@ -43,8 +44,9 @@ func (g *GCE) metadata() *metadata.Client {
 		if base == nil {
 			base = http.DefaultTransport
 		}
+		g.last = &lastError{}
 		g.client = metadata.NewClient(&http.Client{
-			Transport: gceTransport{host: g.Host, base: base},
+			Transport: gceTransport{host: g.Host, base: base, last: g.last},
 			Timeout:   30 * time.Second,
 		})
 	})
@@ -73,6 +75,10 @@ func (g *GCE) Fetch(ctx context.Context) ([]byte, error) {
 		if errors.As(err, &nd) {
 			return nil, nil
 		}
+		// The client retries until the context ends: say what the last attempt met.
+		if last := g.last.get(); last != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w (last attempt: %v)", err, last)
+		}
 		return nil, fmt.Errorf("gce metadata instance/attributes/%s: %w", GCEUserDataAttribute, err)
 	}
 	if len(v) > MaxConfigSize {
@@ -86,6 +92,28 @@ func (g *GCE) Fetch(ctx context.Context) ([]byte, error) {
 type gceTransport struct {
 	host string
 	base http.RoundTripper
+	last *lastError
+}
+
+// lastError keeps the error of the latest request that failed.
+type lastError struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (l *lastError) set(err error) {
+	l.mu.Lock()
+	l.err = err
+	l.mu.Unlock()
+}
+
+func (l *lastError) get() error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
 }
 
 func (t gceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -96,6 +124,9 @@ func (t gceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
+		if req.Context().Err() == nil {
+			t.last.set(err)
+		}
 		return nil, err
 	}
 	if resp.Header.Get("Metadata-Flavor") != "Google" {
