@@ -13,6 +13,7 @@ import (
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/preflight"
 	"github.com/kilnproject/kiln/initd/render"
@@ -279,7 +280,9 @@ func (p *plan) render(context.Context) (bool, error) {
 	if _, err := os.Stat(src); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
-	changed, err := render.Render(src, p.opts.Root, renderData(p.node, p.facts))
+	d := renderData(p.node, p.facts)
+	d.Nameservers = kube.Nameservers(p.opts.Root)
+	changed, err := render.Render(src, p.opts.Root, d)
 	return len(changed) > 0, err
 }
 

@@ -77,3 +77,28 @@ func LeaseDNS(dir string) []string {
 	}
 	return out
 }
+
+// Nameservers are the node's upstream name servers: the nameserver lines of its
+// resolv.conf, else its DHCP leases' DNS= servers; loopback addresses (a local stub such as
+// systemd-resolved's) are left out. None means the node knows no upstream.
+func Nameservers(root string) []string {
+	var out []string
+	keep := func(s string) {
+		if ip := net.ParseIP(s); ip != nil && !ip.IsLoopback() && len(out) < 3 {
+			out = append(out, s)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(root, ResolvConfPath)); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "nameserver" {
+				keep(f[1])
+			}
+		}
+	}
+	if len(out) == 0 {
+		for _, s := range LeaseDNS(filepath.Join(root, LeasesPath)) {
+			keep(s)
+		}
+	}
+	return out
+}

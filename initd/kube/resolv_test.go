@@ -3,6 +3,7 @@ package kube
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -54,6 +55,28 @@ func TestEnsureResolvConf(t *testing.T) {
 			}
 			if !strings.HasPrefix(string(got), "# Written by kiln-init") {
 				t.Error("no marker")
+			}
+		})
+	}
+}
+
+func TestNameservers(t *testing.T) {
+	for _, tc := range []struct {
+		name, resolv, lease string
+		want                []string
+	}{
+		{"resolv.conf wins", "search example.com\nnameserver 10.0.0.2\nnameserver 10.0.0.3\n", "DNS=10.0.2.3\n", []string{"10.0.0.2", "10.0.0.3"}},
+		{"a local stub is no upstream: the leases", "nameserver 127.0.0.53\n", "DNS=10.0.2.3 fd00::3\n", []string{"10.0.2.3", "fd00::3"}},
+		{"offline: none", resolvMarker, "ADDRESS=10.0.2.15\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+			os.MkdirAll(filepath.Join(root, LeasesPath), 0o755)
+			os.WriteFile(filepath.Join(root, ResolvConfPath), []byte(tc.resolv), 0o644)
+			os.WriteFile(filepath.Join(root, LeasesPath, "2"), []byte(tc.lease), 0o644)
+			if got := Nameservers(root); !slices.Equal(got, tc.want) {
+				t.Errorf("Nameservers = %q, want %q", got, tc.want)
 			}
 		})
 	}

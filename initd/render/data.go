@@ -18,6 +18,10 @@ type Data struct {
 	Facts facts.Facts
 	// Node is the kiln node config, reduced to what templates use.
 	Node Node
+	// Nameservers are the node's upstream name servers (its resolv.conf, else its DHCP
+	// leases), loopback ones left out. Empty: none known — an offline node; CoreDNS then
+	// answers the cluster's names only (its forward plugin refuses to start without one).
+	Nameservers []string
 }
 
 // Node is the part of /etc/kiln/node.yaml the templates read.

@@ -37,7 +37,8 @@ func fixedData(role string) Data {
 			MachineID: "3d1219c7c4c5404aaa1f6d2a48adfda4", CPUs: 2, MemoryMB: 3900,
 			KernelVersion: "6.1.0-40-cloud-amd64", CgroupV2: true,
 		},
-		Node: Node{ClusterName: "demo"},
+		Node:        Node{ClusterName: "demo"},
+		Nameservers: []string{"10.0.0.2"},
 	}
 	d.Node.Kubernetes.NodeLabels = map[string]string{"example.com/pool": "general"}
 	d.Node.Kubernetes.FeatureGates = map[string]bool{"UserNamespacesSupport": true}
@@ -408,5 +409,28 @@ x y
 `
 	if string(got) != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// A node without an upstream name server (offline) gets a Corefile without the forward
+// plugin: CoreDNS would refuse to start with it.
+func TestCorefileWithoutUpstream(t *testing.T) {
+	for _, ns := range [][]string{{"10.0.0.2"}, nil} {
+		d := fixedData("control-plane")
+		d.Nameservers = ns
+		root := t.TempDir()
+		if _, err := Render(filepath.Join(templates, "control-plane"), root, d); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/addons/coredns.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(b), "forward . /etc/resolv.conf"); got != (len(ns) > 0) {
+			t.Errorf("nameservers %v: Corefile forwards = %t:\n%s", ns, got, b)
+		}
+		if !strings.Contains(string(b), "kubernetes cluster.local in-addr.arpa ip6.arpa") {
+			t.Errorf("nameservers %v: Corefile lost the cluster zone:\n%s", ns, b)
+		}
 	}
 }
