@@ -197,6 +197,15 @@ func runE2ECluster(t *testing.T, pull bool) {
 		return err == nil && strings.HasPrefix(out, "Running "+workerName), out
 	})
 	t.Logf("e2e: pod running on %s after %s", workerName, time.Since(podStart).Round(time.Second))
+
+	// The cluster's DNS serves: CoreDNS (an addon kiln-control-plane applied) has a ready
+	// replica, offline too (no upstream name server: it answers the cluster's names only).
+	dnsStart := time.Now()
+	waitFor(t, "CoreDNS has a ready replica", 8*time.Minute, func() (bool, string) {
+		out, err := kubectl("get", "deployment", "coredns", "-n", "kube-system", "-o", "jsonpath={.status.readyReplicas}/{.status.replicas}")
+		return err == nil && out != "" && !strings.HasPrefix(out, "/") && !strings.HasPrefix(out, "0/"), out
+	})
+	t.Logf("e2e: CoreDNS ready %s after both nodes were (%s after the control plane started)", time.Since(dnsStart).Round(time.Second), time.Since(start).Round(time.Second))
 	pods, _ := kubectl("get", "pods", "-n", "kube-system", "-o", "wide")
 	t.Logf("e2e: pods in kube-system:\n%s", pods)
 	// Why a restarted container ended: the end of its previous log and its last state.
