@@ -205,7 +205,7 @@ func runE2ECluster(t *testing.T, pull bool) {
 		out, err := kubectl("get", "deployment", "coredns", "-n", "kube-system", "-o", "jsonpath={.status.readyReplicas}/{.status.replicas}")
 		return err == nil && out != "" && !strings.HasPrefix(out, "/") && !strings.HasPrefix(out, "0/"), out
 	})
-	t.Logf("e2e: CoreDNS ready %s after both nodes were (%s after the control plane started)", time.Since(dnsStart).Round(time.Second), time.Since(start).Round(time.Second))
+	t.Logf("e2e: CoreDNS ready %s after the control plane started (waited %s after the pod ran)", time.Since(start).Round(time.Second), time.Since(dnsStart).Round(time.Second))
 	pods, _ := kubectl("get", "pods", "-n", "kube-system", "-o", "wide")
 	t.Logf("e2e: pods in kube-system:\n%s", pods)
 	// Why a restarted container ended: the end of its previous log and its last state.
