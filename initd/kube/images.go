@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kilnproject/kiln/initd/volume"
 )
 
 // ImagesPath is the OCI image layout holding the role's pre-pulled images.
@@ -420,17 +422,16 @@ func poll(ctx context.Context, limit, interval time.Duration, f func(context.Con
 	}
 }
 
-// Paths KubeletImages reads, relative to the node's root.
-const (
-	ManifestsDir     = "/etc/kubernetes/manifests"
-	ContainerdConfig = "/etc/containerd/config.toml"
-)
+// ContainerdConfig is containerd's configuration, relative to the node's root; KubeletImages
+// reads its sandbox image there.
+const ContainerdConfig = "/etc/containerd/config.toml"
 
 var sandboxRE = regexp.MustCompile(`(?m)^\s*sandbox(?:_image)?\s*=\s*["']([^"']+)["']`)
 
 // KubeletImages names the images kubelet needs before anything else on this node: the
 // pod sandbox image of containerd's config and the images of the static pods in
-// ManifestsDir (containers and init containers), sorted. Like kubelet it reads every file
+// volume.ManifestsDir (containers and init containers), sorted and never nil (an empty
+// list limits an import to nothing; nil would mean every image). Like kubelet it reads every file
 // there whose name does not start with a dot, following links (etcd's manifest is a link
 // to its volume); a file that is not a pod is logged and skipped, as kubelet skips it.
 // Importing these first lets kubelet start while the others (kube-proxy, CoreDNS: pods
@@ -447,7 +448,7 @@ func KubeletImages(root string, log *slog.Logger) ([]string, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	entries, err := os.ReadDir(filepath.Join(root, ManifestsDir))
+	entries, err := os.ReadDir(filepath.Join(root, volume.ManifestsDir))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
@@ -455,7 +456,7 @@ func KubeletImages(root string, log *slog.Logger) ([]string, error) {
 		if strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		p := filepath.Join(ManifestsDir, e.Name())
+		p := filepath.Join(volume.ManifestsDir, e.Name())
 		if fi, err := os.Stat(filepath.Join(root, p)); err != nil || !fi.Mode().IsRegular() {
 			continue // a directory, or a link to a volume not mounted
 		}
@@ -480,5 +481,7 @@ func KubeletImages(root string, log *slog.Logger) ([]string, error) {
 			}
 		}
 	}
-	return slices.Sorted(maps.Keys(set)), nil
+	out := slices.AppendSeq(make([]string, 0, len(set)), maps.Keys(set))
+	slices.Sort(out)
+	return out, nil
 }

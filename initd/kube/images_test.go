@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
+
+	"github.com/kilnproject/kiln/initd/volume"
 )
 
 // testImage is a small linux/amd64 image with random layers.
@@ -355,11 +357,11 @@ func TestKubeletImages(t *testing.T) {
 			ContainerdConfig: "version = 3\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n    sandbox = \"registry.k8s.io/pause:3.10.2\"\n",
 		}, want: []string{"registry.k8s.io/pause:3.10.2"}},
 		{name: "control plane: sandbox, static pods and the linked etcd manifest, each once", link: true, files: map[string]string{
-			ContainerdConfig:                 "    sandbox = 'registry.k8s.io/pause:3.10.2'\n",
-			"/var/lib/etcd/etcd.manifest":    "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.16-0\n",
-			ManifestsDir + "/apiserver.yaml": "kind: Pod\nspec:\n  initContainers:\n  - image: registry.k8s.io/etcd:3.6.16-0\n  containers:\n  - image: registry.k8s.io/kube-apiserver:v1.37.2\n",
-			ManifestsDir + "/.swp":           "kind: Pod\nspec:\n  containers:\n  - image: hidden:1\n",
-			ManifestsDir + "/README":         "not a manifest",
+			ContainerdConfig:                        "    sandbox = 'registry.k8s.io/pause:3.10.2'\n",
+			"/var/lib/etcd/etcd.manifest":           "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.16-0\n",
+			volume.ManifestsDir + "/apiserver.yaml": "kind: Pod\nspec:\n  initContainers:\n  - image: registry.k8s.io/etcd:3.6.16-0\n  containers:\n  - image: registry.k8s.io/kube-apiserver:v1.37.2\n",
+			volume.ManifestsDir + "/.swp":           "kind: Pod\nspec:\n  containers:\n  - image: hidden:1\n",
+			volume.ManifestsDir + "/README":         "not a manifest",
 		}, want: []string{"registry.k8s.io/etcd:3.6.16-0", "registry.k8s.io/kube-apiserver:v1.37.2", "registry.k8s.io/pause:3.10.2"},
 			warn: "file=/etc/kubernetes/manifests/README"},
 		{name: "nothing rendered yet", want: []string{}},
@@ -371,7 +373,7 @@ func TestKubeletImages(t *testing.T) {
 				os.WriteFile(filepath.Join(root, p), []byte(c), 0o644)
 			}
 			if tc.link {
-				if err := os.Symlink(filepath.Join(root, "/var/lib/etcd/etcd.manifest"), filepath.Join(root, ManifestsDir, "etcd.manifest")); err != nil {
+				if err := os.Symlink(filepath.Join(root, "/var/lib/etcd/etcd.manifest"), filepath.Join(root, volume.ManifestsDir, "etcd.manifest")); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -380,8 +382,8 @@ func TestKubeletImages(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Equal(got, tc.want) {
-				t.Errorf("KubeletImages = %q, want %q", got, tc.want)
+			if !slices.Equal(got, tc.want) || got == nil {
+				t.Errorf("KubeletImages = %#v, want %q (never nil: nil asks an import for every image)", got, tc.want)
 			}
 			if tc.warn != "" && !strings.Contains(logs.String(), tc.warn) {
 				t.Errorf("no warning naming %s:\n%s", tc.warn, logs.String())

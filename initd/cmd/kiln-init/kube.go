@@ -61,11 +61,10 @@ func runKubeImages(ctx context.Context, args []string, log *slog.Logger) error {
 		return err
 	}
 	stage := kube.StageImages
-	var only []string
 	if *forKubelet {
 		stage = kube.StageImagesKubelet
-		only = []string{}
 	}
+	var only []string // nil: every image of the layout
 	var imported []string
 	total := 0
 	tasks := []task.Task{task.Converge("import", nil, func(ctx context.Context) (bool, error) {
