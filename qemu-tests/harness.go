@@ -129,7 +129,15 @@ func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration
 	image := cfg.Image
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	logf, err := os.Create(filepath.Join(e.dir, fmt.Sprintf("serial-%d.log", time.Now().UnixNano())))
+	// KILN_TEST_LOGS keeps the consoles after the test (its temp dir is removed).
+	logDir := e.dir
+	if d := os.Getenv("KILN_TEST_LOGS"); d != "" {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			e.t.Fatal(err)
+		}
+		logDir = d
+	}
+	logf, err := os.Create(filepath.Join(logDir, fmt.Sprintf("serial-%s-%d.log", strings.TrimSuffix(filepath.Base(image), filepath.Ext(image)), time.Now().UnixNano())))
 	if err != nil {
 		e.t.Fatal(err)
 	}
