@@ -43,6 +43,7 @@ func TestWorkerBootsTwice(t *testing.T) {
 
 	m, _ := e.boot(disk, cfg, firstbootOK, 10*time.Minute)
 	m.Stop() // kiln-init syncs before it prints the line
+	requireTSCClock(t, m.Lines())
 
 	// /etc is an overlay whose upper dir lives on the data partition (mounted on /var).
 	got, err := e.dataFile(disk, "/lib/kiln/etc/upper/kiln/hello.txt")
@@ -85,5 +86,23 @@ func TestWorkerBootsTwice(t *testing.T) {
 	}
 	if id2, err := e.dataFile(disk, "/lib/kiln/etc/upper/machine-id"); err != nil || id2 != machineID {
 		t.Errorf("machine-id changed across boots: %q -> %q (%v)", machineID, id2, err)
+	}
+}
+
+// requireTSCClock fails unless the guest kernel keeps the TSC as its clock source. QEMU's
+// emulated CPUs (qemu64 under TCG: an AMD vendor, no invariant-TSC bit) make Linux distrust the
+// TSC of a multi-CPU guest and fall back to the HPET, which has no vDSO: every clock read of
+// every Go program (kubelet, containerd, etcd, the API server) becomes a system call and an
+// emulated device access. The qemu image's tsc=reliable keeps the TSC.
+func requireTSCClock(t *testing.T, console []string) {
+	t.Helper()
+	clock := ""
+	for _, l := range console {
+		if _, after, ok := strings.Cut(l, "clocksource: Switched to clocksource "); ok {
+			clock = strings.TrimSpace(after)
+		}
+	}
+	if clock != "tsc" {
+		t.Errorf("the guest's clock source is %q, want tsc (the HPET has no vDSO: every clock read traps)", clock)
 	}
 }
