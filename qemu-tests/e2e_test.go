@@ -152,6 +152,13 @@ func runE2ECluster(t *testing.T, pull bool) {
 	workerBoot := time.Now()
 	_ = cp
 	_ = worker
+	// A cluster that does not come up says where its time went (run before the VMs stop).
+	diagnosed := false
+	t.Cleanup(func() {
+		if t.Failed() && !diagnosed {
+			diagnose(t, kubectl, cpName, workerName)
+		}
+	})
 
 	// From the host, through the forwarded port: the API answers ready.
 	waitFor(t, "kubectl get --raw /readyz answers ok", 25*time.Minute, func() (bool, string) {
@@ -206,22 +213,8 @@ func runE2ECluster(t *testing.T, pull bool) {
 		return err == nil && out != "" && !strings.HasPrefix(out, "/") && !strings.HasPrefix(out, "0/"), out
 	})
 	t.Logf("e2e: CoreDNS ready %s after the control plane started (waited %s after the pod ran)", time.Since(start).Round(time.Second), time.Since(dnsStart).Round(time.Second))
-	pods, _ := kubectl("get", "pods", "-n", "kube-system", "-o", "wide")
-	t.Logf("e2e: pods in kube-system:\n%s", pods)
-	// Why a restarted container ended: the end of its previous log and its last state.
-	pods, _ = kubectl("get", "pods", "-n", "kube-system", "-o",
-		`jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].lastState.terminated.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}{"\n"}{end}`)
-	for _, line := range strings.Split(pods, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 || f[1] == "0" {
-			continue
-		}
-		logs, _ := kubectl("logs", "-n", "kube-system", f[0], "--previous", "--tail", "12")
-		t.Logf("e2e: %s restarted %s times (last: %s); its previous log ends:\n%s", f[0], f[1], strings.Join(f[2:], " exit "), logs)
-	}
-	pods, _ = kubectl("get", "events", "-n", "kube-system", "--field-selector", "type=Warning", "-o",
-		`jsonpath={range .items[*]}{.involvedObject.name}: {.reason}: {.message}{"\n"}{end}`)
-	t.Logf("e2e: warning events in kube-system:\n%s", lastN(pods, 25))
+	diagnosed = true
+	diagnose(t, kubectl, cpName, workerName)
 }
 
 // lastN keeps the last n lines of s.
