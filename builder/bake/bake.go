@@ -27,10 +27,11 @@ import (
 )
 
 // DefaultModules are the kernel modules every initramfs carries: enough to find the root on
-// virtio, SCSI or NVMe disks and to mount squashfs/erofs, ext4 and the /etc overlay.
+// virtio, SCSI or NVMe disks and to mount squashfs/erofs, ext4 and the /etc overlay. What they
+// need comes with them, soft dependencies included (crc32c for libcrc32c, ext4 and jbd2).
 var DefaultModules = []string{
 	"virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "nvme",
-	"squashfs", "erofs", "ext4", "crc32c_generic", "overlay",
+	"squashfs", "erofs", "ext4", "overlay",
 }
 
 // Options configure one bake.

@@ -18,7 +18,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 	"sort"
 	"strings"
 
@@ -40,12 +39,15 @@ const ModulesLoadPath = "/etc/kiln/modules.load"
 // Spec says what goes into the initramfs.
 type Spec struct {
 	// Root is the assembled root tree; its kernel modules are read from
-	// usr/lib/modules/<KernelVersion> (or lib/modules/<KernelVersion>).
+	// usr/lib/modules/<KernelVersion> (or lib/modules/<KernelVersion>),
+	// every path resolved inside the tree.
 	Root string
 	// KernelVersion names the module directory, e.g. "6.1.0-57-cloud-amd64".
 	KernelVersion string
-	// Modules are module names (e.g. virtio_blk, squashfs); dependencies
-	// are added from modules.dep, built-in modules are skipped.
+	// Modules are module names or aliases (e.g. virtio_blk, squashfs,
+	// crc32c); hard dependencies (modules.dep) and soft ones (softdep pre
+	// and post) are added in modprobe's load order, built-in modules are
+	// skipped (see Resolve).
 	Modules []string
 	// Init is the host path of the static kiln-init binary, written as /init.
 	Init string
@@ -82,27 +84,6 @@ type Manifest struct {
 // dirs are the directories stage 1 needs besides the module tree.
 var baseDirs = []string{"dev", "etc", "etc/kiln", "proc", "run", "sys", "sysroot", "tmp"}
 
-// ModulesDir returns the directory holding kver's modules in the root tree.
-func ModulesDir(root, kver string) (string, error) {
-	if kver == "" || strings.ContainsRune(kver, '/') || kver == "." || kver == ".." {
-		return "", fmt.Errorf("invalid kernel version %q", kver)
-	}
-	var tried []string
-	for _, base := range []string{"usr/lib/modules", "lib/modules"} {
-		dir := filepath.Join(root, base, kver)
-		if fi, err := os.Stat(filepath.Join(dir, "modules.dep")); err == nil && fi.Mode().IsRegular() {
-			return dir, nil
-		}
-		tried = append(tried, dir)
-	}
-	have, _ := filepath.Glob(filepath.Join(root, "usr/lib/modules/*/modules.dep"))
-	for i, h := range have {
-		have[i] = filepath.Base(filepath.Dir(h))
-	}
-	return "", fmt.Errorf("no modules for kernel %s in root tree %s (looked for modules.dep in %s; kernels present: %s)",
-		kver, root, strings.Join(tried, " and "), orNone(have))
-}
-
 func orNone(s []string) string {
 	if len(s) == 0 {
 		return "none"
@@ -126,11 +107,16 @@ func Write(w io.Writer, s Spec) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	modDir, err := ModulesDir(s.Root, s.KernelVersion)
+	root, err := os.OpenRoot(s.Root)
+	if err != nil {
+		return nil, fmt.Errorf("open root tree: %w", err)
+	}
+	defer root.Close()
+	kmods, err := openKernelModules(root, s.KernelVersion)
 	if err != nil {
 		return nil, err
 	}
-	mods, err := Resolve(modDir, s.Modules)
+	mods, err := kmods.resolve(s.Modules)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +130,7 @@ func Write(w io.Writer, s Spec) (*Manifest, error) {
 	inRoot := path.Join("lib/modules", s.KernelVersion)
 	var load []string
 	for _, m := range mods {
-		data, err := os.ReadFile(filepath.Join(modDir, filepath.FromSlash(m)))
+		data, err := kmods.readFile(m)
 		if err != nil {
 			return nil, fmt.Errorf("read kernel module: %w", err)
 		}
@@ -152,7 +138,7 @@ func Write(w io.Writer, s Spec) (*Manifest, error) {
 		addFile(name, data, 0o644)
 		load = append(load, "/"+name)
 	}
-	dep, err := os.ReadFile(filepath.Join(modDir, "modules.dep"))
+	dep, err := kmods.readFile("modules.dep")
 	if err != nil {
 		return nil, fmt.Errorf("read module dependencies: %w", err)
 	}

@@ -2,13 +2,23 @@ package initramfs
 
 import (
 	"bufio"
+	"bytes"
+	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"github.com/ulikunitz/xz"
+
+	"github.com/kilnproject/kiln/initd/rootpath"
 )
 
 // moduleName returns the canonical name of a module file path such as
@@ -26,133 +36,582 @@ func canonical(name string) string {
 	return strings.ReplaceAll(name, "-", "_")
 }
 
-// depTable is the parsed modules.dep of one kernel.
-type depTable struct {
-	path map[string]string   // canonical name -> relative .ko path
-	deps map[string][]string // relative .ko path -> relative .ko paths it needs
+// normalizeAlias folds '-' to '_' outside bracket expressions, as kmod does
+// with alias names and patterns ("crypto-crc32c" matches "crypto_crc32c").
+func normalizeAlias(s string) string {
+	var b strings.Builder
+	inBracket := false
+	for _, r := range s {
+		switch {
+		case r == '[':
+			inBracket = true
+		case r == ']':
+			inBracket = false
+		case r == '-' && !inBracket:
+			r = '_'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
-func readDepTable(modulesDir string) (*depTable, error) {
-	name := filepath.Join(modulesDir, "modules.dep")
-	f, err := os.Open(name)
-	if err != nil {
-		return nil, fmt.Errorf("read module dependencies: %w", err)
+// kernelModules is one kernel's module directory inside a root tree, read the
+// way modprobe reads it: modules.dep for files and hard dependencies,
+// modules.softdep and each module's .modinfo for soft dependencies,
+// modules.alias for aliases, modules.builtin and modules.builtin.modinfo for
+// what the kernel has built in. Every file is opened through the root, with
+// the tree as "/": nothing outside it is read.
+type kernelModules struct {
+	root *os.Root
+	dir  string // the module directory, relative to root, without symlinks
+	kver string
+
+	path     map[string]string   // canonical name -> module file, relative to dir
+	deps     map[string][]string // module file -> module files it needs (modules.dep order)
+	builtin  map[string]bool     // canonical names of built-in modules
+	aliases  []aliasEntry        // modules.alias, in file order
+	bAliases []aliasEntry        // aliases of built-in modules (modules.builtin.modinfo)
+	softdeps map[string]*softdep // canonical module name -> soft dependencies
+	modinfo  map[string]*softdep // module file -> soft dependencies from its .modinfo
+}
+
+type aliasEntry struct {
+	pattern string // normalized; may hold fnmatch wildcards
+	module  string // canonical module name
+	glob    bool
+}
+
+// softdep is what a "softdep" line or modinfo entry says: modules to load
+// before (pre) and after (post) a module.
+type softdep struct {
+	pre, post []string
+}
+
+func (s *softdep) add(o softdep) {
+	for _, n := range o.pre {
+		if !slices.Contains(s.pre, n) {
+			s.pre = append(s.pre, n)
+		}
 	}
-	defer f.Close()
-	t := &depTable{path: map[string]string{}, deps: map[string][]string{}}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
-	for line := 1; sc.Scan(); line++ {
-		text := strings.TrimSpace(sc.Text())
-		if text == "" || strings.HasPrefix(text, "#") {
+	for _, n := range o.post {
+		if !slices.Contains(s.post, n) {
+			s.post = append(s.post, n)
+		}
+	}
+}
+
+// parseSoftdep parses "pre: a b post: c" (the tail of a softdep line, or a
+// softdep= modinfo value). Names before any "pre:" or "post:" are ignored, as
+// modprobe ignores them.
+func parseSoftdep(fields []string) softdep {
+	var s softdep
+	var cur *[]string
+	for _, f := range fields {
+		switch f {
+		case "pre:":
+			cur = &s.pre
+		case "post:":
+			cur = &s.post
+		default:
+			if cur != nil {
+				*cur = append(*cur, f)
+			}
+		}
+	}
+	return s
+}
+
+// ModulesDir returns the module directory of kernel kver in the tree opened
+// as r (usr/lib/modules/<kver>, or lib/modules/<kver>), relative to the
+// tree's root with every symlink resolved inside the tree.
+func ModulesDir(r *os.Root, kver string) (string, error) {
+	if kver == "" || strings.ContainsRune(kver, '/') || kver == "." || kver == ".." {
+		return "", fmt.Errorf("invalid kernel version %q", kver)
+	}
+	var tried []string
+	for _, base := range []string{"usr/lib/modules", "lib/modules"} {
+		tried = append(tried, filepath.Join(r.Name(), base, kver))
+		dir, err := rootpath.Resolve(r, path.Join(base, kver), nil)
+		if err != nil {
 			continue
 		}
-		mod, rest, ok := strings.Cut(text, ":")
-		if !ok || mod == "" {
-			return nil, fmt.Errorf("%s:%d: malformed line %q (want \"path.ko: deps...\")", name, line, text)
+		dep, err := rootpath.Resolve(r, path.Join(dir, "modules.dep"), nil)
+		if err != nil {
+			continue
 		}
-		mod = strings.TrimSpace(mod)
-		t.path[moduleName(mod)] = mod
-		t.deps[mod] = strings.Fields(rest)
+		if fi, err := r.Stat(dep); err == nil && fi.Mode().IsRegular() {
+			return dir, nil
+		}
+	}
+	var have []string
+	if d, err := rootpath.Resolve(r, "usr/lib/modules", nil); err == nil {
+		entries, _ := fs.ReadDir(r.FS(), d)
+		for _, e := range entries {
+			if fi, err := r.Stat(path.Join(d, e.Name(), "modules.dep")); err == nil && fi.Mode().IsRegular() {
+				have = append(have, e.Name())
+			}
+		}
+	}
+	return "", fmt.Errorf("no modules for kernel %s in root tree %s (looked for modules.dep in %s; kernels present: %s)",
+		kver, r.Name(), strings.Join(tried, " and "), orNone(have))
+}
+
+// openKernelModules reads kver's module tables from the tree opened as r.
+func openKernelModules(r *os.Root, kver string) (*kernelModules, error) {
+	dir, err := ModulesDir(r, kver)
+	if err != nil {
+		return nil, err
+	}
+	k := &kernelModules{root: r, dir: dir, kver: kver, path: map[string]string{}, deps: map[string][]string{},
+		builtin: map[string]bool{}, softdeps: map[string]*softdep{}, modinfo: map[string]*softdep{}}
+	if err := k.readDep(); err != nil {
+		return nil, err
+	}
+	for _, f := range []func() error{k.readBuiltin, k.readBuiltinModinfo, k.readSoftdep, k.readAlias} {
+		if err := f(); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// name is how errors name a file of the module directory: its host path.
+func (k *kernelModules) name(rel string) string {
+	return filepath.Join(k.root.Name(), filepath.FromSlash(k.dir), filepath.FromSlash(rel))
+}
+
+// open opens rel (relative to the module directory) inside the tree. A
+// missing file is an error wrapping fs.ErrNotExist.
+func (k *kernelModules) open(rel string) (*os.File, error) {
+	p, err := rootpath.Resolve(k.root, path.Join(k.dir, rel), nil)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", k.name(rel), err)
+	}
+	f, err := k.root.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", k.name(rel), err)
+	}
+	return f, nil
+}
+
+// readFile reads rel (relative to the module directory) from the tree.
+func (k *kernelModules) readFile(rel string) ([]byte, error) {
+	f, err := k.open(rel)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", k.name(rel), err)
+	}
+	return data, nil
+}
+
+// eachLine calls fn for every non-blank, non-comment line of rel. A missing
+// file is no lines when optional.
+func (k *kernelModules) eachLine(rel string, optional bool, fn func(n int, line string) error) error {
+	f, err := k.open(rel)
+	if optional && errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if err := fn(n, line); err != nil {
+			return err
+		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
+		return fmt.Errorf("read %s: %w", k.name(rel), err)
 	}
-	return t, nil
+	return nil
 }
 
-// readBuiltin returns the canonical names of the modules built into the
-// kernel. A missing modules.builtin means none are.
-func readBuiltin(modulesDir string) (map[string]bool, error) {
-	name := filepath.Join(modulesDir, "modules.builtin")
-	data, err := os.ReadFile(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return map[string]bool{}, nil
+// checkModulePath rejects a module path that would leave the module
+// directory: absolute, with "..", or otherwise not a clean relative path.
+func checkModulePath(p string) error {
+	if !fs.ValidPath(p) || p == "." {
+		return fmt.Errorf("module path %q is not a plain path inside the module directory", p)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read built-in module list: %w", err)
-	}
-	builtin := map[string]bool{}
-	for _, line := range strings.Split(string(data), "\n") {
-		if line = strings.TrimSpace(line); line != "" {
-			builtin[moduleName(line)] = true
-		}
-	}
-	return builtin, nil
+	return nil
 }
 
-// Resolve returns the module files (paths relative to modulesDir, for
-// example "kernel/fs/squashfs/squashfs.ko") that loading the named modules
-// needs, each dependency before the modules that use it and every file once.
-//
-// modulesDir is a kernel's module directory, .../lib/modules/<kver>; its
-// modules.dep is the source of truth. Names match with '-' and '_'
-// equivalent. A module built into the kernel (listed in modules.builtin) is
-// skipped. An unknown name is an error naming it and the kernel version.
-// Soft dependencies (modules.softdep) are not followed: name them explicitly
-// (e.g. crc32c_generic).
-func Resolve(modulesDir string, names []string) ([]string, error) {
-	kver := filepath.Base(modulesDir)
-	table, err := readDepTable(modulesDir)
-	if err != nil {
-		return nil, err
-	}
-	builtin, err := readBuiltin(modulesDir)
-	if err != nil {
-		return nil, err
-	}
-
-	var (
-		order []string
-		state = map[string]int{} // 0 unseen, 1 visiting, 2 done
-	)
-	var visit func(mod string, chain []string) error
-	visit = func(mod string, chain []string) error {
-		switch state[mod] {
-		case 2:
-			return nil
-		case 1:
-			return fmt.Errorf("module dependency cycle in %s/modules.dep: %s -> %s", kver, strings.Join(chain, " -> "), mod)
+func (k *kernelModules) readDep() error {
+	return k.eachLine("modules.dep", false, func(n int, line string) error {
+		mod, rest, ok := strings.Cut(line, ":")
+		mod = strings.TrimSpace(mod)
+		if !ok || mod == "" {
+			return fmt.Errorf("%s:%d: malformed line %q (want \"path.ko: deps...\")", k.name("modules.dep"), n, line)
 		}
-		deps, ok := table.deps[mod]
-		if !ok {
-			user := "a requested module"
-			if len(chain) > 0 {
-				user = chain[len(chain)-1]
+		deps := strings.Fields(rest)
+		for _, p := range append([]string{mod}, deps...) {
+			if err := checkModulePath(p); err != nil {
+				return fmt.Errorf("%s:%d: %w", k.name("modules.dep"), n, err)
 			}
-			return fmt.Errorf("kernel %s: modules.dep lists %s as a dependency of %s but has no entry for it", kver, mod, user)
 		}
-		state[mod] = 1
-		for _, d := range deps {
-			if err := visit(d, append(chain, mod)); err != nil {
+		k.path[moduleName(mod)] = mod
+		k.deps[mod] = deps
+		return nil
+	})
+}
+
+// readBuiltin reads modules.builtin; a missing one means nothing is built in.
+func (k *kernelModules) readBuiltin() error {
+	return k.eachLine("modules.builtin", true, func(_ int, line string) error {
+		k.builtin[moduleName(line)] = true
+		return nil
+	})
+}
+
+// readBuiltinModinfo reads the aliases and soft dependencies of built-in
+// modules from modules.builtin.modinfo ("module.key=value" strings, each
+// ending in NUL). A missing file means none.
+func (k *kernelModules) readBuiltinModinfo() error {
+	data, err := k.readFile("modules.builtin.modinfo")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, rec := range bytes.Split(data, []byte{0}) {
+		kv, val, ok := strings.Cut(string(rec), "=")
+		mod, key, ok2 := strings.Cut(kv, ".")
+		if !ok || !ok2 {
+			continue
+		}
+		mod = canonical(mod)
+		if key == "alias" {
+			k.bAliases = append(k.bAliases, newAlias(val, mod))
+		}
+	}
+	return nil
+}
+
+func newAlias(pattern, module string) aliasEntry {
+	p := normalizeAlias(pattern)
+	return aliasEntry{pattern: p, module: canonical(module), glob: strings.ContainsAny(p, "*?[")}
+}
+
+// readSoftdep reads modules.softdep ("softdep MODULE pre: ... post: ...").
+// One module may have several lines; their names add up.
+func (k *kernelModules) readSoftdep() error {
+	return k.eachLine("modules.softdep", true, func(n int, line string) error {
+		f := strings.Fields(line)
+		if f[0] != "softdep" {
+			return nil
+		}
+		if len(f) < 2 {
+			return fmt.Errorf("%s:%d: softdep without a module name", k.name("modules.softdep"), n)
+		}
+		mod := canonical(f[1])
+		if k.softdeps[mod] == nil {
+			k.softdeps[mod] = &softdep{}
+		}
+		k.softdeps[mod].add(parseSoftdep(f[2:]))
+		return nil
+	})
+}
+
+// readAlias reads modules.alias ("alias PATTERN MODULE"); a missing file
+// means no aliases.
+func (k *kernelModules) readAlias() error {
+	return k.eachLine("modules.alias", true, func(n int, line string) error {
+		f := strings.Fields(line)
+		if f[0] != "alias" {
+			return nil
+		}
+		if len(f) != 3 {
+			return fmt.Errorf("%s:%d: malformed line %q (want \"alias PATTERN MODULE\")", k.name("modules.alias"), n, line)
+		}
+		k.aliases = append(k.aliases, newAlias(f[1], f[2]))
+		return nil
+	})
+}
+
+// target is what a name resolves to: a module file, or a built-in module
+// (nothing to load).
+type target struct {
+	file    string // relative to the module directory; "" when built in
+	builtin string // canonical name of the built-in module
+}
+
+// lookup resolves a module name or alias as modprobe does: a module of that
+// name, else every module whose modules.alias pattern matches it (in file
+// order), else a built-in module of that name or alias. It returns nothing
+// when nothing matches.
+func (k *kernelModules) lookup(name string) []target {
+	c := canonical(name)
+	if f, ok := k.path[c]; ok {
+		return []target{{file: f}}
+	}
+	n := normalizeAlias(name)
+	var out []target
+	seen := map[string]bool{}
+	for _, a := range k.aliases {
+		if !a.matches(n) || seen[a.module] {
+			continue
+		}
+		seen[a.module] = true
+		switch f, ok := k.path[a.module]; {
+		case ok:
+			out = append(out, target{file: f})
+		case k.builtin[a.module]:
+			out = append(out, target{builtin: a.module})
+		}
+	}
+	if len(out) > 0 {
+		return out
+	}
+	if k.builtin[c] {
+		return []target{{builtin: c}}
+	}
+	for _, a := range k.bAliases {
+		if a.matches(n) {
+			return []target{{builtin: a.module}}
+		}
+	}
+	return nil
+}
+
+func (a aliasEntry) matches(name string) bool {
+	if !a.glob {
+		return a.pattern == name
+	}
+	ok, err := path.Match(a.pattern, name)
+	return err == nil && ok
+}
+
+// softdepsOf returns the soft dependencies of module file mod: its
+// modules.softdep lines and the softdep entries of its .modinfo.
+func (k *kernelModules) softdepsOf(mod string) (softdep, error) {
+	var s softdep
+	if d := k.softdeps[moduleName(mod)]; d != nil {
+		s.add(*d)
+	}
+	mi, ok := k.modinfo[mod]
+	if !ok {
+		info, err := k.readModinfo(mod)
+		if err != nil {
+			return s, err
+		}
+		mi = &softdep{}
+		for _, v := range info["softdep"] {
+			mi.add(parseSoftdep(strings.Fields(v)))
+		}
+		k.modinfo[mod] = mi
+	}
+	s.add(*mi)
+	return s, nil
+}
+
+// readModule returns the contents of module file mod as the kernel gets them
+// (decompressed when the file is .ko.xz, .ko.zst or .ko.gz).
+func (k *kernelModules) readModule(mod string) ([]byte, error) {
+	data, err := k.readFile(mod)
+	if err != nil {
+		return nil, fmt.Errorf("read kernel module: %w", err)
+	}
+	var dec io.Reader
+	switch {
+	case strings.HasSuffix(mod, ".ko"):
+		return data, nil
+	case strings.HasSuffix(mod, ".ko.xz"):
+		xr, err := xz.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("kernel module %s: xz: %w", k.name(mod), err)
+		}
+		dec = xr
+	case strings.HasSuffix(mod, ".ko.zst"):
+		zr, err := zstd.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("kernel module %s: zstd: %w", k.name(mod), err)
+		}
+		defer zr.Close()
+		dec = zr
+	case strings.HasSuffix(mod, ".ko.gz"):
+		gr, err := gzip.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("kernel module %s: gzip: %w", k.name(mod), err)
+		}
+		dec = gr
+	default:
+		return nil, fmt.Errorf("kernel module %s: not a .ko, .ko.xz, .ko.zst or .ko.gz file", k.name(mod))
+	}
+	out, err := io.ReadAll(dec)
+	if err != nil {
+		return nil, fmt.Errorf("kernel module %s: decompress: %w", k.name(mod), err)
+	}
+	return out, nil
+}
+
+// readModinfo returns the .modinfo entries (key -> values) of module file mod.
+func (k *kernelModules) readModinfo(mod string) (map[string][]string, error) {
+	data, err := k.readModule(mod)
+	if err != nil {
+		return nil, err
+	}
+	info, err := parseModinfo(data)
+	if err != nil {
+		return nil, fmt.Errorf("kernel module %s: %w", k.name(mod), err)
+	}
+	return info, nil
+}
+
+// parseModinfo reads the .modinfo section of an ELF kernel module: NUL-ended
+// "key=value" strings. A module without the section has no entries.
+func parseModinfo(module []byte) (map[string][]string, error) {
+	f, err := elf.NewFile(bytes.NewReader(module))
+	if err != nil {
+		return nil, fmt.Errorf("not an ELF module: %w", err)
+	}
+	defer f.Close()
+	info := map[string][]string{}
+	sec := f.Section(".modinfo")
+	if sec == nil {
+		return info, nil
+	}
+	data, err := sec.Data()
+	if err != nil {
+		return nil, fmt.Errorf("read .modinfo: %w", err)
+	}
+	for _, rec := range bytes.Split(data, []byte{0}) {
+		if key, val, ok := strings.Cut(string(rec), "="); ok {
+			info[key] = append(info[key], val)
+		}
+	}
+	return info, nil
+}
+
+// resolve returns the module files (relative to the module directory) that
+// loading the named modules needs, in the order modprobe loads them, each
+// file once. For every module: its hard dependencies (modules.dep, last
+// listed first, each with its own soft dependencies), then its softdep "pre"
+// modules, the module itself, then its "post" modules. Soft dependency names
+// are looked up like requested names (module, alias, built-in); one that
+// matches nothing is skipped, as modprobe skips it. A requested name that
+// matches nothing is an error naming it and the kernel.
+func (k *kernelModules) resolve(names []string) ([]string, error) {
+	r := resolver{k: k, state: map[string]int{}}
+	var unknown []string
+	for _, n := range names {
+		if strings.TrimSpace(n) == "" {
+			return nil, fmt.Errorf("empty module name in list %q", names)
+		}
+		ts := k.lookup(strings.TrimSpace(n))
+		if len(ts) == 0 {
+			unknown = append(unknown, n)
+			continue
+		}
+		for _, t := range ts {
+			if t.file == "" {
+				continue
+			}
+			if err := r.visit(t.file, nil, false); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("kernel %s has no module or alias named %s (not in %s, %s nor built in)",
+			k.kver, strings.Join(unknown, ", "), k.name("modules.dep"), k.name("modules.alias"))
+	}
+	return r.order, nil
+}
+
+type resolver struct {
+	k     *kernelModules
+	order []string
+	state map[string]int // module file -> 0 unseen, 1 visiting, 2 loaded
+}
+
+// visit appends mod, and what it needs first, to the load order. soft says
+// that mod is reached through a soft dependency: one that loops back to a
+// module being visited is dropped, whereas a loop of hard dependencies is an
+// error.
+func (r *resolver) visit(mod string, chain []string, soft bool) error {
+	k := r.k
+	switch r.state[mod] {
+	case 2:
+		return nil
+	case 1:
+		if soft {
+			return nil
+		}
+		return fmt.Errorf("module dependency cycle in %s: %s -> %s", k.name("modules.dep"), strings.Join(chain, " -> "), mod)
+	}
+	deps, ok := k.deps[mod]
+	if !ok {
+		user := "a requested module"
+		if len(chain) > 0 {
+			user = chain[len(chain)-1]
+		}
+		return fmt.Errorf("kernel %s: %s lists %s as a dependency of %s but has no entry for it", k.kver, k.name("modules.dep"), mod, user)
+	}
+	r.state[mod] = 1
+	chain = append(slices.Clone(chain), mod)
+	for i := len(deps) - 1; i >= 0; i-- {
+		if err := r.visit(deps[i], chain, false); err != nil {
+			return err
+		}
+	}
+	sd, err := k.softdepsOf(mod)
+	if err != nil {
+		return err
+	}
+	if err := r.visitSoft(sd.pre, chain); err != nil {
+		return err
+	}
+	r.state[mod] = 2
+	r.order = append(r.order, mod)
+	return r.visitSoft(sd.post, chain)
+}
+
+func (r *resolver) visitSoft(names, chain []string) error {
+	for _, n := range names {
+		for _, t := range r.k.lookup(n) {
+			if t.file == "" {
+				continue
+			}
+			if err := r.visit(t.file, chain, true); err != nil {
 				return err
 			}
 		}
-		state[mod] = 2
-		order = append(order, mod)
-		return nil
 	}
+	return nil
+}
 
-	var unknown []string
-	for _, n := range names {
-		c := canonical(strings.TrimSpace(n))
-		if c == "" {
-			return nil, fmt.Errorf("empty module name in list %q", names)
-		}
-		if mod, ok := table.path[c]; ok {
-			if err := visit(mod, nil); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if builtin[c] {
-			continue
-		}
-		unknown = append(unknown, n)
+// Resolve returns the module files (paths relative to the kernel's module
+// directory, for example "kernel/fs/squashfs/squashfs.ko") that loading the
+// named modules needs, in load order, every file once.
+//
+// root is the assembled root tree and kver the kernel version; the module
+// tables are read from its usr/lib/modules/<kver> (or lib/modules/<kver>),
+// resolved inside the tree. Names are module names or aliases (modules.alias,
+// e.g. crc32c), '-' and '_' equivalent. Hard dependencies come from
+// modules.dep, soft ones from modules.softdep and each module's .modinfo:
+// "pre" modules load before a module, "post" modules after it. A built-in
+// module (modules.builtin, modules.builtin.modinfo) needs no file. An
+// unknown name is an error naming it and the kernel version; a module path in
+// modules.dep that leaves the module directory is an error naming it.
+func Resolve(root, kver string, names []string) ([]string, error) {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, fmt.Errorf("open root tree: %w", err)
 	}
-	if len(unknown) > 0 {
-		return nil, fmt.Errorf("kernel %s has no module named %s (neither in %s nor built in)",
-			kver, strings.Join(unknown, ", "), filepath.Join(modulesDir, "modules.dep"))
+	defer r.Close()
+	k, err := openKernelModules(r, kver)
+	if err != nil {
+		return nil, err
 	}
-	return order, nil
+	return k.resolve(names)
 }
