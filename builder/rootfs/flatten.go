@@ -380,7 +380,9 @@ func (t *Tree) PseudoFile(w io.Writer) error {
 			if strings.ContainsAny(name, "\"\n") {
 				return fmt.Errorf("owner of %q: the name cannot be written in a mksquashfs pseudo file", name)
 			}
-			name = `"` + name + `"`
+			// mksquashfs reads a backslash as an escape, even between quotes (systemd unit
+			// names such as system-systemd\x2dcryptsetup.slice have them).
+			name = `"` + strings.ReplaceAll(name, `\`, `\\`) + `"`
 		}
 		lines = append(lines, fmt.Sprintf("%s m %04o %d %d\n", name, mode, o.UID, o.GID))
 		return nil
