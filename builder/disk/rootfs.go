@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -40,7 +41,11 @@ type RootFSOptions struct {
 	Level int
 	// PseudoFile is an optional mksquashfs pseudo file (-pf), e.g. lines of
 	// "path m mode uid gid" that restore ownership when the tree was
-	// extracted by a non-root user. squashfs only.
+	// extracted by a non-root user; the root directory becomes root's.
+	// mkfs.erofs has no such file: for erofs only "m" definitions are
+	// allowed, and MakeRootFS applies them to the tree itself when it runs
+	// as root, or else in a fakeroot session that runs mkfs.erofs (the
+	// tree's extended attributes are replayed there with setfattr).
 	PseudoFile string
 	// SourceDateEpoch is the timestamp given to every file and to the
 	// filesystem itself (seconds since 1970; 0 by default).
@@ -50,12 +55,17 @@ type RootFSOptions struct {
 	UUID string
 	// Logger receives the tool's command line and output; nil discards.
 	Logger *slog.Logger
+
+	// owners picks how erofs gets the pseudo file's owners (tests force one).
+	owners ownerMethod
 }
 
 // toolPackage names the Debian package of each external tool.
 var toolPackage = map[string]string{
 	"mksquashfs": "squashfs-tools",
 	"mkfs.erofs": "erofs-utils",
+	"fakeroot":   "fakeroot",
+	"setfattr":   "attr",
 }
 
 // lookTool finds an external program or says which package provides it.
@@ -74,6 +84,7 @@ func lookTool(name string) (string, error) {
 // directory tree. The image is reproducible: the same tree and options give
 // the same bytes. Extended attributes (e.g. file capabilities) are kept.
 // File ownership is taken from the tree (run as root, or give PseudoFile).
+// For erofs as root the PseudoFile's owners and modes are set on the tree.
 // out is replaced; on error it is removed.
 func MakeRootFS(ctx context.Context, tree, out string, o RootFSOptions) error {
 	fi, err := os.Stat(tree)
@@ -83,9 +94,15 @@ func MakeRootFS(ctx context.Context, tree, out string, o RootFSOptions) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("root tree %s is not a directory", tree)
 	}
+	var entries []pseudoEntry
 	if o.PseudoFile != "" {
 		if _, err := os.Stat(o.PseudoFile); err != nil {
 			return fmt.Errorf("pseudo file: %w", err)
+		}
+		if o.Type == EROFS {
+			if entries, err = readPseudoFile(o.PseudoFile); err != nil {
+				return err
+			}
 		}
 	}
 	if o.SourceDateEpoch < 0 || o.SourceDateEpoch > 1<<32-1 {
@@ -122,6 +139,16 @@ func MakeRootFS(ctx context.Context, tree, out string, o RootFSOptions) error {
 	}
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, bin, args...)
+	if o.Type == EROFS && o.PseudoFile != "" {
+		dir, err := os.MkdirTemp(filepath.Dir(out), ".kiln-erofs-owners-")
+		if err != nil {
+			return fmt.Errorf("erofs root filesystem: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		if cmd, err = erofsOwners(ctx, cmd, tree, entries, o, dir, log); err != nil {
+			return fmt.Errorf("erofs root filesystem: %w", err)
+		}
+	}
 	var output bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &output, &output
 	log.Debug("making root filesystem", "cmd", cmd.String())
@@ -185,9 +212,6 @@ func squashfsArgs(tree, out string, o RootFSOptions) ([]string, error) {
 }
 
 func erofsArgs(tree, out string, o RootFSOptions) ([]string, error) {
-	if o.PseudoFile != "" {
-		return nil, errors.New("a pseudo file is a squashfs feature; mkfs.erofs cannot use it (extract the tree as root instead)")
-	}
 	id := o.UUID
 	if id == "" {
 		id = uuid.NewHash(sha256.New(), kilnNamespace, []byte("erofs/"+strconv.FormatInt(o.SourceDateEpoch, 10)), 5).String()

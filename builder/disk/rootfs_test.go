@@ -138,11 +138,19 @@ func TestMakeRootFSPseudoFile(t *testing.T) {
 func TestMakeRootFSErrors(t *testing.T) {
 	tree := smallTree(t)
 	notDir := filepath.Join(tree, "etc/hostname")
+	pseudo := func(body string) string {
+		p := filepath.Join(t.TempDir(), "owners.pseudo")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	owners := pseudo("/etc m 0755 0 0\n/etc/hostname m 0644 0 0\n")
 	tests := []struct {
 		name    string
 		tree    string
 		opts    RootFSOptions
-		path    string // PATH to run with; "" keeps it
+		path    string // PATH to run with: "" keeps it, "empty", or "mkfs.erofs" alone
 		wantErr []string
 	}{
 		{"missing tree", "/nonexistent/tree", RootFSOptions{}, "", []string{"/nonexistent/tree"}},
@@ -151,15 +159,33 @@ func TestMakeRootFSErrors(t *testing.T) {
 		{"unknown squashfs codec", tree, RootFSOptions{Compression: "brotli"}, "", []string{`"brotli"`, "zstd"}},
 		{"zstd level", tree, RootFSOptions{Level: 23}, "", []string{"23", "1..22"}},
 		{"erofs codec", tree, RootFSOptions{Type: EROFS, Compression: "zstd"}, "", []string{`"zstd"`, "lz4hc"}},
-		{"erofs pseudo file", tree, RootFSOptions{Type: EROFS, PseudoFile: notDir}, "", []string{"pseudo file", "erofs"}},
+		{"erofs device node", tree, RootFSOptions{Type: EROFS, PseudoFile: pseudo("/etc m 755 0 0\n/dev/console c 600 0 0 5 1\n")}, "",
+			[]string{"pseudo file", "owners.pseudo:2", `"c"`, "/dev/console", "mkfs.erofs"}},
+		{"erofs bad mode", tree, RootFSOptions{Type: EROFS, PseudoFile: pseudo("\"/etc/with space\" m 0999 0 0\n")}, "",
+			[]string{"owners.pseudo:1", `"/etc/with space"`, `"0999"`}},
+		{"erofs entry not in the tree", tree, RootFSOptions{Type: EROFS, PseudoFile: pseudo("/etc/gone m 644 0 0\n"), owners: ownersFakeroot}, "",
+			[]string{"owners.pseudo:1", "/etc/gone", "no such file"}},
+		{"erofs without root or fakeroot", tree, RootFSOptions{Type: EROFS, PseudoFile: owners, owners: ownersFakeroot}, "mkfs.erofs",
+			[]string{"fakeroot", "apt-get install fakeroot", "bake as root"}},
 		{"missing pseudo file", tree, RootFSOptions{PseudoFile: "/nonexistent/pf"}, "", []string{"/nonexistent/pf"}},
 		{"no mksquashfs", tree, RootFSOptions{}, "empty", []string{"mksquashfs", "squashfs-tools"}},
 		{"no mkfs.erofs", tree, RootFSOptions{Type: EROFS}, "empty", []string{"mkfs.erofs", "erofs-utils"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.path != "" {
+			switch tc.path {
+			case "empty":
 				t.Setenv("PATH", t.TempDir())
+			case "mkfs.erofs":
+				bin, err := exec.LookPath("mkfs.erofs")
+				if err != nil {
+					t.Skip("mkfs.erofs not installed")
+				}
+				dir := t.TempDir()
+				if err := os.Symlink(bin, filepath.Join(dir, "mkfs.erofs")); err != nil {
+					t.Fatal(err)
+				}
+				t.Setenv("PATH", dir)
 			}
 			out := filepath.Join(t.TempDir(), "root.img")
 			err := MakeRootFS(context.Background(), tc.tree, out, tc.opts)
