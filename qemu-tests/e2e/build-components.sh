@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # build-components.sh builds, from source through the Go module proxy, every
-# pinned component the end-to-end cluster needs (DESIGN.md §6), and caches the
+# pinned component the end-to-end cluster needs, and caches the
 # results outside the repository:
 #
 #   $KILN_E2E_CACHE/bin/<name>      static binaries
