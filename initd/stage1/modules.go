@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/ulikunitz/xz"
@@ -60,36 +61,121 @@ func hasModuleSuffix(p string) bool {
 type ModuleError struct {
 	Path string
 	Err  error
+	// Kernel holds what the kernel logged about the module while loading it (e.g. "erofs:
+	// Unknown symbol crc32c (err -2)").
+	Kernel []string
 }
 
-func (e ModuleError) Error() string { return fmt.Sprintf("load module %s: %v", e.Path, e.Err) }
+func (e ModuleError) Error() string {
+	msg := fmt.Sprintf("load module %s: %v", e.Path, e.Err)
+	if len(e.Kernel) > 0 {
+		msg += " (kernel: " + strings.Join(e.Kernel, "; ") + ")"
+	}
+	return msg
+}
 
-// LoadModules loads each module in order. A module that is already loaded counts as loaded. It goes
-// on past failures (a missing driver shows up later as a missing disk) and returns them.
-func LoadModules(ctx context.Context, log *slog.Logger, paths []string) []ModuleError {
-	var failed []ModuleError
+// ModuleReport is what loading a module list did.
+type ModuleReport struct {
+	Loaded  int           // loaded now or already loaded
+	Unused  []string      // modules whose init found no device or CPU feature to use (ENODEV)
+	Failed  []ModuleError // in list order
+	Elapsed time.Duration
+}
+
+// LoadModules loads each module in the order given: modules.load lists every module after
+// those it needs. A module that is already loaded counts as loaded. A module whose init finds
+// nothing to drive on this machine (ENODEV, e.g. crc32c-intel on a CPU without SSE4.2 while
+// crc32c_generic provides the algorithm) is reported as unused, not as a failure. It goes on
+// past failures (a missing driver shows up later as a missing disk) and reports them with what
+// the kernel logged about them.
+func LoadModules(ctx context.Context, log *slog.Logger, paths []string) ModuleReport {
+	return loadModules(ctx, log, paths, LoadModule, readKernelLog)
+}
+
+func loadModules(ctx context.Context, log *slog.Logger, paths []string, load func(string) (bool, error), klog func() []byte) ModuleReport {
+	var rep ModuleReport
+	start := time.Now()
 	for _, p := range paths {
 		if ctx.Err() != nil {
-			failed = append(failed, ModuleError{Path: p, Err: ctx.Err()})
+			rep.Failed = append(rep.Failed, ModuleError{Path: p, Err: ctx.Err()})
 			continue
 		}
-		loaded, err := LoadModule(p)
+		loaded, err := load(p)
 		switch {
+		case errors.Is(err, unix.ENODEV):
+			log.Info("module not used: no device or CPU feature for it on this machine", "module", p)
+			rep.Unused = append(rep.Unused, p)
 		case err != nil:
-			log.Warn("module not loaded", "module", p, "err", err)
-			failed = append(failed, ModuleError{Path: p, Err: err})
+			me := ModuleError{Path: p, Err: err, Kernel: kernelLines(klog(), ModuleName(p), 3)}
+			log.Warn("module not loaded", "module", p, "err", me.Err, "kernel", strings.Join(me.Kernel, "; "))
+			rep.Failed = append(rep.Failed, me)
 		case loaded:
+			rep.Loaded++
 			log.Debug("module loaded", "module", p)
 		default:
+			rep.Loaded++
 			log.Debug("module already loaded", "module", p)
 		}
 	}
-	return failed
+	rep.Elapsed = time.Since(start)
+	return rep
+}
+
+// ModuleName is the kernel's name of a module file: its base name without the .ko suffix,
+// '-' as '_' ("/lib/modules/6.1.0/kernel/arch/x86/crypto/crc32c-intel.ko" is crc32c_intel).
+func ModuleName(p string) string {
+	base := filepath.Base(p)
+	if i := strings.Index(base, ".ko"); i >= 0 {
+		base = base[:i]
+	}
+	return strings.ReplaceAll(base, "-", "_")
+}
+
+// readKernelLog returns the kernel's log buffer (what dmesg prints), or nothing when it cannot
+// be read.
+func readKernelLog() []byte {
+	n, err := unix.Klogctl(unix.SYSLOG_ACTION_SIZE_BUFFER, nil)
+	if err != nil || n <= 0 {
+		return nil
+	}
+	buf := make([]byte, n)
+	n, err = unix.Klogctl(unix.SYSLOG_ACTION_READ_ALL, buf)
+	if err != nil || n < 0 {
+		return nil
+	}
+	return buf[:n]
+}
+
+// kernelLines returns the last max messages of the kernel log that the kernel wrote about
+// module ("<4>[    1.234567] erofs: Unknown symbol crc32c (err -2)" -> "erofs: Unknown symbol
+// crc32c (err -2)").
+func kernelLines(klog []byte, module string, max int) []string {
+	var out []string
+	for _, line := range strings.Split(string(klog), "\n") {
+		msg := strings.TrimSpace(line)
+		if strings.HasPrefix(msg, "<") {
+			if i := strings.IndexByte(msg, '>'); i > 0 {
+				msg = strings.TrimSpace(msg[i+1:])
+			}
+		}
+		if strings.HasPrefix(msg, "[") {
+			if i := strings.IndexByte(msg, ']'); i > 0 {
+				msg = strings.TrimSpace(msg[i+1:])
+			}
+		}
+		if strings.HasPrefix(msg, module+": ") {
+			out = append(out, msg)
+		}
+	}
+	if len(out) > max {
+		out = out[len(out)-max:]
+	}
+	return out
 }
 
 // LoadModule loads one kernel module file (.ko with finit_module; .ko.xz, .ko.zst, .ko.gz are
 // decompressed in memory and passed to init_module). It reports false, nil when the module was
-// already loaded.
+// already loaded. ENODEV (the module found nothing to drive) is returned as it is.
 func LoadModule(path string) (loaded bool, err error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -115,9 +201,9 @@ func LoadModule(path string) (loaded bool, err error) {
 	case errors.Is(err, unix.EEXIST):
 		return false, nil
 	case errors.Is(err, unix.ENOENT):
-		return false, fmt.Errorf("%w: unknown symbol, a module it needs is missing or listed after it (see dmesg)", err)
+		return false, fmt.Errorf("%w: a symbol or facility it needs is missing; a module it needs (a dependency or softdep) was not loaded before it", err)
 	case errors.Is(err, unix.ENOEXEC), errors.Is(err, unix.EINVAL):
-		return false, fmt.Errorf("%w: not a module for this kernel (see dmesg)", err)
+		return false, fmt.Errorf("%w: not a module for this kernel", err)
 	case err != nil:
 		return false, err
 	}

@@ -3,12 +3,16 @@ package stage1
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
+	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/ulikunitz/xz"
+	"golang.org/x/sys/unix"
 )
 
 func TestParseModulesLoad(t *testing.T) {
@@ -87,4 +91,89 @@ func TestDecompressModule(t *testing.T) {
 			t.Error("no error for corrupt xz")
 		}
 	})
+}
+
+func TestLoadModulesOrderAndReport(t *testing.T) {
+	const dir = "/lib/modules/6.1.0-57-amd64/kernel/"
+	list := []string{
+		dir + "arch/x86/crypto/crc32c-intel.ko",
+		dir + "crypto/crc32c_generic.ko",
+		dir + "lib/libcrc32c.ko",
+		dir + "fs/erofs/erofs.ko",
+		dir + "fs/squashfs/squashfs.ko",
+	}
+	// What the kernel says when erofs's crc32c symbol is missing (libcrc32c failed before it).
+	klog := []byte("<6>[    1.100000] virtio_blk virtio1: [vda] 8388608 512-byte logical blocks\n" +
+		"<4>[    1.200000] erofs: Unknown symbol crc32c (err -2)\n" +
+		"<4>[    1.200001] erofs: Unknown symbol crc32c (err -2)\n" +
+		"<6>[    1.300000] squashfs: version 4.0 (2009/01/31) Phillip Lougher\n")
+	results := map[string]error{
+		list[0]: fmt.Errorf("load: %w", unix.ENODEV),
+		list[2]: fmt.Errorf("%w: a symbol or facility it needs is missing", unix.ENOENT),
+		list[3]: fmt.Errorf("%w: a symbol or facility it needs is missing", unix.ENOENT),
+	}
+	var order []string
+	var logBuf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logBuf, nil))
+	rep := loadModules(context.Background(), log, list, func(p string) (bool, error) {
+		order = append(order, p)
+		return results[p] == nil, results[p]
+	}, func() []byte { return klog })
+
+	if strings.Join(order, "\n") != strings.Join(list, "\n") {
+		t.Errorf("loaded in order %q, want the list's %q", order, list)
+	}
+	if rep.Loaded != 2 || len(rep.Unused) != 1 || rep.Unused[0] != list[0] {
+		t.Errorf("report loaded %d, unused %q; want 2 loaded and crc32c-intel unused", rep.Loaded, rep.Unused)
+	}
+	if len(rep.Failed) != 2 || rep.Failed[0].Path != list[2] || rep.Failed[1].Path != list[3] {
+		t.Fatalf("failed %v, want libcrc32c then erofs", rep.Failed)
+	}
+	if len(rep.Failed[0].Kernel) != 0 {
+		t.Errorf("libcrc32c kernel lines %q, want none (the kernel logged nothing about it)", rep.Failed[0].Kernel)
+	}
+	msg := rep.Failed[1].Error()
+	for _, want := range []string{"erofs.ko", "no such file or directory", "kernel: erofs: Unknown symbol crc32c (err -2); erofs: Unknown symbol crc32c (err -2)"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q lacks %q", msg, want)
+		}
+	}
+	logged := logBuf.String()
+	if n := strings.Count(logged, `msg="module not loaded"`); n != 2 {
+		t.Errorf("%d \"module not loaded\" lines, want 2:\n%s", n, logged)
+	}
+	if !strings.Contains(logged, `msg="module not used: no device or CPU feature for it on this machine" module=`+list[0]) {
+		t.Errorf("no unused line for crc32c-intel:\n%s", logged)
+	}
+}
+
+func TestKernelLines(t *testing.T) {
+	klog := []byte("<4>[    0.5] crc32c_intel: something\n[    1.0] libcrc32c: a\nlibcrc32c: b\n<3>libcrc32c: c\n<4>[ 2.0] libcrc32c_x: d\n")
+	tests := []struct {
+		module string
+		max    int
+		want   []string
+	}{
+		{"libcrc32c", 3, []string{"libcrc32c: a", "libcrc32c: b", "libcrc32c: c"}},
+		{"libcrc32c", 2, []string{"libcrc32c: b", "libcrc32c: c"}},
+		{"crc32c_intel", 3, []string{"crc32c_intel: something"}},
+		{"erofs", 3, nil},
+	}
+	for _, tc := range tests {
+		if got := kernelLines(klog, tc.module, tc.max); strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("kernelLines(%s, %d) = %q, want %q", tc.module, tc.max, got, tc.want)
+		}
+	}
+}
+
+func TestModuleName(t *testing.T) {
+	for in, want := range map[string]string{
+		"/lib/modules/6.1.0/kernel/arch/x86/crypto/crc32c-intel.ko": "crc32c_intel",
+		"/lib/modules/6.1.0/kernel/fs/erofs/erofs.ko.xz":            "erofs",
+		"/lib/modules/6.1.0/kernel/lib/crc-t10dif.ko.zst":           "crc_t10dif",
+	} {
+		if got := ModuleName(in); got != want {
+			t.Errorf("ModuleName(%q) = %q, want %q", in, got, want)
+		}
+	}
 }

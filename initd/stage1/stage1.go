@@ -161,10 +161,17 @@ func loadModuleList(ctx context.Context, log *slog.Logger, path string) ([]Modul
 	if err != nil {
 		return nil, err
 	}
-	t := time.Now()
-	failed := LoadModules(ctx, log, mods)
-	log.Info("modules loaded", "count", len(mods)-len(failed), "failed", len(failed), "took", time.Since(t).Round(time.Millisecond))
-	return failed, nil
+	rep := LoadModules(ctx, log, mods)
+	log.Info("modules loaded", "count", rep.Loaded, "of", len(mods), "unused", len(rep.Unused), "failed", len(rep.Failed),
+		"took", rep.Elapsed.Round(time.Millisecond))
+	if len(rep.Failed) > 0 {
+		names := make([]string, len(rep.Failed))
+		for i, f := range rep.Failed {
+			names[i] = ModuleName(f.Path)
+		}
+		log.Error("modules failed to load; the root or data filesystem may not mount", "modules", strings.Join(names, ","))
+	}
+	return rep.Failed, nil
 }
 
 // mountRoot mounts dev read-only on /sysroot as fstype, or as squashfs then erofs when fstype is
