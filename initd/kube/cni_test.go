@@ -58,8 +58,9 @@ func mustWrite(t *testing.T, p string, data []byte, mode os.FileMode) {
 type fakeAPI struct {
 	*httptest.Server
 	reads    atomic.Int32
-	register int32 // reads answered 404 (kubelet has not registered the node yet)
-	allocate int32 // reads before the pod CIDR appears
+	register int32         // reads answered 404 (kubelet has not registered the node yet)
+	allocate int32         // reads before the pod CIDR appears
+	delay    time.Duration // how long each answer takes
 	cidrs    []string
 	users    chan string
 }
@@ -69,6 +70,7 @@ func newFakeAPI(t *testing.T, ca *pki.CA, node string) *fakeAPI {
 	f := &fakeAPI{users: make(chan string, 100)}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := f.reads.Add(1)
+		time.Sleep(f.delay)
 		if len(r.TLS.PeerCertificates) > 0 {
 			f.users <- r.TLS.PeerCertificates[0].Subject.CommonName
 		}
@@ -134,21 +136,26 @@ func TestEnsureCNI(t *testing.T) {
 		register int32
 		allocate int32
 		noConf   bool // kubelet has not written kubelet.conf (still bootstrapping)
+		delay    time.Duration
 		wait     time.Duration
 		wantErr  string
 	}{
 		{name: "pod CIDR at once", cidrs: []string{"10.244.1.0/24"}, wait: 5 * time.Second},
 		{name: "waits for registration and allocation", cidrs: []string{"10.244.2.0/24"}, register: 2, allocate: 4, wait: 5 * time.Second},
 		{name: "dual stack", cidrs: []string{"10.244.3.0/24", "fd00:10:244:3::/64"}, wait: 5 * time.Second},
-		{name: "no pod CIDR in time", cidrs: []string{"10.244.4.0/24"}, allocate: 1000, wait: 2 * time.Second, // several polls, even on a loaded machine
+		{name: "no pod CIDR in time", cidrs: []string{"10.244.4.0/24"}, allocate: 1000, wait: 200 * time.Millisecond,
 			wantErr: "has no spec.podCIDR yet"},
+		// A slow API server (or a loaded node): the wait ends while a read is under way, and
+		// the error still says what the node lacks.
+		{name: "the wait ends during a read", cidrs: []string{"10.244.4.0/24"}, allocate: 1000, delay: 300 * time.Millisecond,
+			wait: 100 * time.Millisecond, wantErr: "has no spec.podCIDR yet"},
 		{name: "kubelet never got credentials", cidrs: []string{"10.244.5.0/24"}, noConf: true, wait: 300 * time.Millisecond,
 			wantErr: "kubelet.conf"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ca := testCA(t)
 			api := newFakeAPI(t, ca, "worker-1")
-			api.register, api.allocate, api.cidrs = tc.register, tc.allocate, tc.cidrs
+			api.register, api.allocate, api.delay, api.cidrs = tc.register, tc.allocate, tc.delay, tc.cidrs
 			root := t.TempDir()
 			if !tc.noConf {
 				kubeletKubeconfig(t, root, api.URL, ca, "worker-1")

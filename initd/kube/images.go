@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -363,6 +364,8 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 	}
 	var have map[string]string
 	err = poll(ctx, o.Wait, 2*time.Second, func(ctx context.Context) (bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
 		var err error
 		have, err = o.Ctr.Images(ctx)
 		return err == nil, err
@@ -397,11 +400,13 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 	return imported, nil
 }
 
-// poll calls f every interval until it reports done or limit passes; the error is the
-// last one f returned (or the context's).
+// poll calls f until it reports done or limit has passed, interval between two calls, and
+// returns the last error f returned. limit is checked between calls, never inside one: each
+// call runs to its end (bounded by ctx and by f's own timeouts) and at least one is made, so
+// the error says what the last call found — "node has no pod CIDR yet" — and not that the
+// deadline cut a call short, however slow the machine is.
 func poll(ctx context.Context, limit, interval time.Duration, f func(context.Context) (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
+	deadline := time.Now().Add(limit)
 	var last error
 	for {
 		done, err := f(ctx)
@@ -411,13 +416,19 @@ func poll(ctx context.Context, limit, interval time.Duration, f func(context.Con
 		if err != nil {
 			last = err
 		}
-		select {
-		case <-ctx.Done():
-			if last != nil {
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			if last = cmp.Or(last, ctx.Err()); last != nil {
 				return fmt.Errorf("after %s: %w", limit, last)
 			}
 			return fmt.Errorf("not done after %s", limit)
-		case <-time.After(interval):
+		}
+		t := time.NewTimer(min(interval, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("after %s: %w", limit, cmp.Or(last, ctx.Err()))
+		case <-t.C:
 		}
 	}
 }
