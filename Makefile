@@ -8,7 +8,7 @@ DEF ?= images/qemu.yaml
 OUT ?= out
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-cloudinit lock bake image run test test-unit e2e e2e-pull components local-sources bench fuzz vet clean
+.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-pull components local-sources bench fuzz vet clean
 
 all: build
 
@@ -33,6 +33,17 @@ $(BASE): images/base/build.sh images/base/customize.sh images/base/packages | bi
 	images/base/build.sh $(KILN_CACHE)/base.tar
 	bin/kiln base import $(KILN_CACHE)/base.tar --layout $(KILN_CACHE)/base --tag bookworm
 	rm -f $(KILN_CACHE)/base.tar
+	@touch $@
+
+# The same base with Debian's generic kernel (linux-image-amd64: drivers and filesystems as
+# modules) instead of the cloud one; make test bakes and boots an image from it.
+BASE_GENERIC := $(KILN_CACHE)/base/.bookworm-generic
+base-generic: $(BASE_GENERIC)
+$(BASE_GENERIC): images/base/build.sh images/base/customize.sh images/base/packages | bin/kiln $(BASE)
+	@mkdir -p $(KILN_CACHE)
+	KILN_BASE_KERNEL=linux-image-amd64 images/base/build.sh $(KILN_CACHE)/base-generic.tar
+	bin/kiln base import $(KILN_CACHE)/base-generic.tar --layout $(KILN_CACHE)/base --tag bookworm-generic
+	rm -f $(KILN_CACHE)/base-generic.tar
 	@touch $@
 
 # The same base plus cloud-init, for make bench's first-boot comparison only.
@@ -89,9 +100,9 @@ image: bake $(OUT)/cluster/demo-cp-1.ign
 	bin/kiln run $(OUT)/$(basename $(notdir $(DEF)))-control-plane.qcow2 --snapshot \
 		--config $(OUT)/cluster/demo-cp-1.ign --disk etcd-main=1G --until-firstboot
 
-# Every test, the QEMU boot tests included (TCG; they need the base, so it is built first).
+# Every test, the QEMU boot tests included (TCG; they need the bases, so they are built first).
 # -v: the boot tests log their timings.
-test: deps build base
+test: deps build base base-generic
 	@builder/scripts/deps.sh test
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 60m ./...

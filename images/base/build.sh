@@ -8,7 +8,11 @@
 set -euo pipefail
 out=${1:?usage: build.sh OUT.tar}
 here=$(cd "$(dirname "$0")" && pwd)
-packages=$(grep -v '^#' "$here/packages" | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+list=$(grep -v '^#' "$here/packages")
+# KILN_BASE_KERNEL replaces the kernel package (the linux-image-* line of packages), e.g.
+# linux-image-amd64: Debian's generic kernel, whose drivers and filesystems are modules.
+[ -n "${KILN_BASE_KERNEL:-}" ] && list=$(printf '%s\n%s\n' "$(grep -v '^linux-image-' <<<"$list")" "$KILN_BASE_KERNEL")
+packages=$(tr -s ' \n' ',' <<<"$list" | sed 's/^,//; s/,$//')
 # KILN_BASE_EXTRA_PACKAGES adds packages (comma-separated), e.g. cloud-init for `make bench`.
 [ -n "${KILN_BASE_EXTRA_PACKAGES:-}" ] && packages="$packages,$KILN_BASE_EXTRA_PACKAGES"
 mirror=${KILN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
