@@ -98,7 +98,7 @@ $(OUT)/cluster/demo-cp-1.ign: | bin/kiln
 image: ROLE = control-plane
 image: bake $(OUT)/cluster/demo-cp-1.ign
 	bin/kiln run $(OUT)/$(basename $(notdir $(DEF)))-control-plane.qcow2 --snapshot \
-		--config $(OUT)/cluster/demo-cp-1.ign --disk etcd-main=1G --until-firstboot
+		--config $(OUT)/cluster/demo-cp-1.ign --disk etcd-main=2G --until-firstboot
 
 # Every test, the QEMU boot tests included (TCG; they need the bases, so they are built first).
 # -v: the boot tests log their timings.

@@ -42,9 +42,10 @@ var (
 	manifestLink = "/lib/kiln/etc/upper/kubernetes/manifests/etcd.manifest"
 )
 
-// Three control-plane nodes, each with a 1 GiB etcd disk (serial etcd-main) and BIND on the
-// host: each disk is formatted once and mounted, the etcd manifest lives on it and is linked
-// from the manifests directory, and the three etcd-<member> names are in BIND. A reboot keeps
+// Three control-plane nodes, each with a 2 GiB etcd disk (sparse; the default
+// etcd.volume.minSize) with serial etcd-main, and BIND on the host: each disk is formatted once
+// and mounted, the etcd manifest lives on it and is linked from the manifests directory, and
+// the three etcd-<member> names are in BIND. A reboot keeps
 // the disk's filesystem and a file on it; a node killed right after it found its disk (mkfs
 // under way) converges on the next boot.
 func TestControlPlanesEtcdDisksAndDNS(t *testing.T) {
@@ -75,7 +76,7 @@ func TestControlPlanesEtcdDisksAndDNS(t *testing.T) {
 		if err := os.WriteFile(n.etcd, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Truncate(n.etcd, 1<<30); err != nil {
+		if err := os.Truncate(n.etcd, 2<<30); err != nil {
 			t.Fatal(err)
 		}
 		cfg := controlPlaneConfig(member, fmt.Sprintf("10.0.%d.2:%d", 3+i, b.port), b.secret)

@@ -85,6 +85,10 @@ type Volume struct {
 	Label     string            `yaml:"label"`
 	Wipe      bool              `yaml:"wipe"`
 	MountPath string            `yaml:"mountPath"`
+	// MinSize is the smallest disk accepted, as written ("2GiB", "20GB", bytes); MinBytes
+	// is its value, DefaultEtcdMinSize when it is not set. 0 accepts any size.
+	MinSize  string `yaml:"minSize"`
+	MinBytes int64  `yaml:"-"`
 }
 
 // Kubernetes holds the cluster-wide Kubernetes settings this node needs.
@@ -108,6 +112,11 @@ const (
 	DefaultEtcdFSType    = "ext4"
 	DefaultEtcdLabel     = "etcd"
 	DefaultEtcdMountPath = "/var/lib/etcd" // + "/<cluster.name>"
+	// DefaultEtcdMinSize is the smallest etcd disk accepted unless etcd.volume.minSize says
+	// otherwise: etcd's default space quota (--quota-backend-bytes), so that the database
+	// reaches its quota before it fills the disk.
+	DefaultEtcdMinSize     = 2 << 30
+	DefaultEtcdMinSizeText = "2GiB"
 )
 
 // ClusterFQDN is the cluster's DNS name, <cluster.name>.<cluster.dnsZone>.
@@ -325,6 +334,42 @@ func (n *Node) checkVolume(d *yamlDoc, v *Volume) {
 	if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" {
 		d.failf("etcd.volume.mountPath", "%q must be a clean absolute path below /", v.MountPath)
 	}
+	v.MinBytes = DefaultEtcdMinSize
+	if v.MinSize != "" {
+		n, err := parseSize(v.MinSize)
+		if err != nil {
+			d.failf("etcd.volume.minSize", "%v", err)
+		}
+		v.MinBytes = n
+	}
+}
+
+// sizeUnits are the units parseSize knows: powers of 1024 and of 1000.
+var sizeUnits = []struct {
+	name string
+	mult int64
+}{
+	{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+	{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1},
+}
+
+// parseSize reads a number of bytes: "2GiB", "20 GB", "1073741824".
+func parseSize(s string) (int64, error) {
+	t, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range sizeUnits {
+		if num, ok := strings.CutSuffix(t, u.name); ok {
+			t, mult = strings.TrimSpace(num), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a size: want a whole number of bytes, or one with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 20GiB", s)
+	}
+	if n > (1<<63-1)/mult {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return n * mult, nil
 }
 
 func (n *Node) checkAPIEndpoint(d *yamlDoc) {

@@ -47,7 +47,7 @@ func TestParseNodeDefaults(t *testing.T) {
 		DNS: DNS{Provider: DNSRFC2136, Server: "10.0.0.53:53", Zone: "k8s.example.com",
 			TSIGKeyName: "kiln-update.", TSIGSecretFile: "/etc/kiln/tsig.key", TTL: 60},
 		Etcd: &Etcd{Member: "b", Members: []string{"a", "b", "c"},
-			Volume: &Volume{Serial: "etcd-main", FSType: "ext4", Label: "etcd", Wipe: true, MountPath: "/var/lib/etcd/prod"}},
+			Volume: &Volume{Serial: "etcd-main", FSType: "ext4", Label: "etcd", Wipe: true, MountPath: "/var/lib/etcd/prod", MinBytes: 2 << 30}},
 		APIEndpoint: "api.internal.prod.k8s.example.com:6443",
 		Kubernetes: Kubernetes{Version: "v1.37.2", PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12",
 			ClusterDNS: "10.96.0.10", ClusterDomain: "cluster.local",
@@ -79,6 +79,14 @@ func TestParseNodeMinimal(t *testing.T) {
 			func(n *Node) bool {
 				return n.Etcd.Volume.FSType == "xfs" && len(n.Etcd.Volume.AWSTags) == 2 && n.DNS.TTL == 300
 			}},
+		{"etcd volume minimum in GiB", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {member: a, members: [a], volume: {serial: etcd-main, minSize: 20GiB}}\n",
+			func(n *Node) bool { return n.Etcd.Volume.MinBytes == 20<<30 }},
+		{"etcd volume minimum in bytes", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {member: a, members: [a], volume: {serial: etcd-main, minSize: 1073741824}}\n",
+			func(n *Node) bool { return n.Etcd.Volume.MinBytes == 1<<30 }},
+		{"etcd volume minimum in GB", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {member: a, members: [a], volume: {serial: etcd-main, minSize: 8 GB}}\n",
+			func(n *Node) bool { return n.Etcd.Volume.MinBytes == 8e9 }},
+		{"etcd volume without a minimum", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {member: a, members: [a], volume: {serial: etcd-main, minSize: 0}}\n",
+			func(n *Node) bool { return n.Etcd.Volume.MinBytes == 0 }},
 		{"empty values keep defaults", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\ndns:\nkubernetes: ~\n",
 			func(n *Node) bool { return n.Kubernetes.PodCIDR == DefaultPodCIDR && n.DNS.TTL == DefaultDNSTTL }},
 	}
@@ -130,6 +138,8 @@ func TestParseNodeErrors(t *testing.T) {
 			"node.yaml:6: etcd.volume: set exactly one of serial, byId, awsTags and gceName (2 are set)",
 			`node.yaml:9: etcd.volume.fsType: "btrfs" is not supported (ext4 or xfs)`,
 			`node.yaml:10: etcd.volume.mountPath: "var/lib/etcd" must be a clean absolute path below /`}},
+		{"etcd volume minimum", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a]\n  volume:\n    serial: etcd-main\n    minSize: 2 gigs\n",
+			[]string{`node.yaml:8: etcd.volume.minSize: "2 gigs" is not a size: want a whole number of bytes, or one with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 20GiB`}},
 		{"xfs label", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {member: a, members: [a], volume: {byId: /dev/disk/by-id/virtio-etcd, fsType: xfs, label: etcd-main-disk}}\n",
 			[]string{`node.yaml:3: etcd.volume.label: "etcd-main-disk" is longer than the 12 bytes xfs allows`}},
 		{"dns", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\ndns:\n  provider: bind\n  zone: other.org\n  ttl: -1\n", []string{

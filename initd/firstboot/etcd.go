@@ -49,7 +49,10 @@ func (p *plan) etcdVolume(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("etcd volume: %w", err)
 	}
 	p.opts.Log.Info("etcd volume found", "device", dev)
-	res, err := volume.Prepare(ctx, dev, volume.Want{FSType: v.FSType, Label: v.Label, Wipe: v.Wipe})
+	res, err := volume.Prepare(ctx, dev, volume.Want{FSType: v.FSType, Label: v.Label, Wipe: v.Wipe, MinSize: v.MinBytes})
+	if errors.Is(err, volume.ErrTooSmall) {
+		return false, fmt.Errorf("etcd volume: %w (etcd.volume.minSize in node.yaml sets the minimum, %s by default)", err, config.DefaultEtcdMinSizeText)
+	}
 	if err != nil {
 		return false, fmt.Errorf("etcd volume %s: %w", dev, err)
 	}

@@ -33,6 +33,9 @@ type Want struct {
 	// A disk that already carries the wanted filesystem is kept even with Wipe, so that
 	// running Prepare at every boot never destroys the data it put there.
 	Wipe bool
+	// MinSize, when set, is the fewest bytes the device must hold: a smaller one is
+	// refused (a *TooSmallError), whatever it carries.
+	MinSize int64
 }
 
 // Result says what Prepare found and did.
@@ -65,6 +68,50 @@ func (e *RefusedError) Error() string {
 // Is makes errors.Is(err, ErrRefused) true.
 func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
 
+// ErrTooSmall is matched (errors.Is) by every *TooSmallError.
+var ErrTooSmall = errors.New("device too small")
+
+// TooSmallError is returned when a device holds fewer bytes than Want.MinSize. The device
+// is left untouched.
+type TooSmallError struct {
+	Device    string
+	Size, Min int64
+}
+
+func (e *TooSmallError) Error() string {
+	return fmt.Sprintf("%s holds %s, less than the minimum of %s; refusing to use it", e.Device, sizeString(e.Size), sizeString(e.Min))
+}
+
+// Is makes errors.Is(err, ErrTooSmall) true.
+func (e *TooSmallError) Is(target error) bool { return target == ErrTooSmall }
+
+// sizeString gives n bytes in GiB or MiB (whole, or to one decimal) and in bytes: "1 GiB
+// (1073741824 bytes)".
+func sizeString(n int64) string {
+	unit, name := int64(1<<30), "GiB"
+	if n < 1<<30 {
+		unit, name = 1<<20, "MiB"
+	}
+	if n%unit == 0 {
+		return fmt.Sprintf("%d %s (%d bytes)", n/unit, name, n)
+	}
+	return fmt.Sprintf("%.1f %s (%d bytes)", float64(n)/float64(unit), name, n)
+}
+
+// deviceSize is how many bytes dev (a block device or a regular file) holds.
+func deviceSize(dev string) (int64, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return 0, fmt.Errorf("size: %w", err)
+	}
+	defer f.Close()
+	n, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", dev, err)
+	}
+	return n, nil
+}
+
 // signature is what blkid found on a device.
 type signature struct {
 	blank                     bool // blkid found nothing (exit 2)
@@ -74,6 +121,7 @@ type signature struct {
 
 // Prepare makes dev carry the wanted filesystem without ever formatting a disk with data:
 //
+//   - smaller than want.MinSize: a *TooSmallError and the device untouched;
 //   - blank (blkid -p finds no signature): mkfs (mkfs.ext4 -F -m0, or mkfs.xfs) with
 //     the label and UUID;
 //   - the wanted type, with the wanted label and UUID when they are set: kept, after
@@ -97,6 +145,15 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 	}
 	if want.FSType != FSExt4 && want.FSType != FSXFS {
 		return Result{}, fmt.Errorf("prepare %s: filesystem type %q is not supported (ext4 or xfs)", dev, want.FSType)
+	}
+	if want.MinSize > 0 {
+		size, err := deviceSize(dev)
+		if err != nil {
+			return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
+		}
+		if size < want.MinSize {
+			return Result{}, &TooSmallError{Device: dev, Size: size, Min: want.MinSize}
+		}
 	}
 	sig, err := probe(ctx, dev)
 	if err != nil {

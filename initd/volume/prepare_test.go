@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -479,4 +481,67 @@ func TestPrepareBadInput(t *testing.T) {
 	if _, err := Prepare(context.Background(), "/nonexistent/disk", Want{}); err == nil || !strings.Contains(err.Error(), "/nonexistent/disk") {
 		t.Errorf("Prepare of a missing device: %v", err)
 	}
+}
+
+// TestPrepareMinSize: a disk smaller than Want.MinSize is refused, whatever it holds, with an
+// error naming the device, its size and the minimum, and is left as it was; a disk of exactly
+// the minimum is used.
+func TestPrepareMinSize(t *testing.T) {
+	requireTools(t, "blkid", "mkfs.ext4", "e2fsck", "debugfs")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		setup   func(t *testing.T) string
+		min     int64
+		wantErr []string // all in the error; none: formatted or kept
+	}{
+		{name: "blank, 1 GiB of 2 GiB", setup: func(t *testing.T) string { return newDisk(t, 1024) }, min: 2 << 30,
+			wantErr: []string{"holds 1 GiB (1073741824 bytes), less than the minimum of 2 GiB (2147483648 bytes)"}},
+		{name: "blank, 1.5 GiB of 2 GiB", setup: func(t *testing.T) string { return newDisk(t, 1536) }, min: 2 << 30,
+			wantErr: []string{"holds 1.5 GiB (1610612736 bytes), less than the minimum of 2 GiB"}},
+		{name: "etcd data on 64 MiB of 100 MiB", setup: func(t *testing.T) string { return ext4WithData(t, "etcd", etcdData) }, min: 100 << 20,
+			wantErr: []string{"holds 64 MiB (67108864 bytes), less than the minimum of 100 MiB (104857600 bytes)"}},
+		{name: "exactly the minimum", setup: func(t *testing.T) string { return newDisk(t, 64) }, min: 64 << 20},
+		{name: "no minimum", setup: func(t *testing.T) string { return newDisk(t, 64) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dev := tc.setup(t)
+			// A blank sparse disk stays without a written block; one with data stays byte for byte.
+			unchanged := func() bool { return allocated(t, dev) == 0 }
+			if allocated(t, dev) != 0 {
+				before := hashFile(t, dev)
+				unchanged = func() bool { return hashFile(t, dev) == before }
+			}
+			sig := blkidOf(t, dev)
+			res, err := Prepare(ctx, dev, Want{FSType: "ext4", Label: "etcd", MinSize: tc.min})
+			if tc.wantErr == nil {
+				if err != nil || !res.Formatted {
+					t.Fatalf("Prepare = %+v, %v; want formatted", res, err)
+				}
+				return
+			}
+			var tooSmall *TooSmallError
+			if !errors.As(err, &tooSmall) || !errors.Is(err, ErrTooSmall) || tooSmall.Device != dev {
+				t.Fatalf("Prepare = %+v, %v; want a *TooSmallError for %s", res, err, dev)
+			}
+			for _, w := range append(tc.wantErr, dev) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			if !unchanged() || !reflect.DeepEqual(blkidOf(t, dev), sig) {
+				t.Error("the refused device was changed")
+			}
+		})
+	}
+}
+
+// allocated is how many bytes of p are allocated on disk (0 for a sparse file never written).
+func allocated(t *testing.T, p string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
 }

@@ -58,7 +58,7 @@ entry's command line plus the given arguments; the guest reaches the host at 10.
 Without --snapshot the image itself is written to (first boot creates the data partition).`,
 		Example: `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
-  kiln run out/qemu-control-plane.qcow2 --disk etcd-main=1G --forward 6443:6443
+  kiln run out/qemu-control-plane.qcow2 --disk etcd-main=2G --forward 6443:6443
   kiln run out/qemu-worker.qcow2 --snapshot --append 'kiln.config.url=http://10.0.2.2:8080/node.ign'
   kiln run cp-1.raw --config cp-1.ign --config debug.bu --link cluster,mac=02:00:00:00:00:01 --offline --forward 6443:6443
   kiln run worker-1.raw --config worker-1.ign --link cluster,mac=02:00:00:00:00:02 --offline`,
@@ -69,7 +69,7 @@ Without --snapshot the image itself is written to (first boot creates the data p
 			for _, d := range disks {
 				name, size, ok := strings.Cut(d, "=")
 				if !ok || name == "" || size == "" {
-					return fmt.Errorf("--disk %q: want NAME=SIZE or NAME=FILE, e.g. etcd-main=1G", d)
+					return fmt.Errorf("--disk %q: want NAME=SIZE or NAME=FILE, e.g. etcd-main=2G", d)
 				}
 				if fi, err := os.Stat(size); err == nil && fi.Mode().IsRegular() {
 					cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Path: size})
