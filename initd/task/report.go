@@ -61,6 +61,8 @@ type Report struct {
 	Changed int          `json:"changed"`
 	Failed  int          `json:"failed"`
 	Tasks   []TaskStatus `json:"tasks"`
+	// Waits are the run's waits for facts that tasks lacked (see Fact), in order.
+	Waits []Wait `json:"waits,omitempty"`
 }
 
 // Duration is how long the run took, to the millisecond.

@@ -26,10 +26,28 @@ type Options struct {
 	Log *slog.Logger
 	// Now is the clock for the report; nil means time.Now. Deadlines use the real clock.
 	Now func() time.Time
-	// Notify, if set, is told what the run is doing, e.g. "task 3/12: files" and at the
-	// end the Summary; the caller wires it to sd_notify STATUS=.
+	// Notify, if set, is told what the run is doing, e.g. "task 3/12: files", what it waits
+	// for while it waits for a fact (Wait.String), and at the end the Summary; the caller
+	// wires it to sd_notify STATUS=.
 	Notify func(status string)
+	// Facts are the facts tasks may fail without (see Fact and UnknownError); the run
+	// waits for them instead of failing those tasks at once.
+	Facts []Fact
+	// FactWait bounds the time the run spends waiting for facts, all waits together; 0
+	// means DefaultFactWait. A task that still lacks its fact then fails, and its error
+	// says how long the run waited.
+	FactWait time.Duration
+	// Waiting, if set, is called when the run starts waiting for a fact and about every
+	// second while it waits, with the wait so far and a copy of the tasks' states (the
+	// caller records them where `kiln-init status` reads them).
+	Waiting func(w Wait, tasks []TaskStatus)
 }
+
+// DefaultFactWait is Options.FactWait's default.
+const DefaultFactWait = 90 * time.Second
+
+// waitReport is how often a waiting run reports the wait.
+const waitReport = time.Second
 
 func (o Options) withDefaults(n int) Options {
 	if o.TaskTimeout <= 0 {
@@ -50,6 +68,12 @@ func (o Options) withDefaults(n int) Options {
 	if o.Notify == nil {
 		o.Notify = func(string) {}
 	}
+	if o.FactWait <= 0 {
+		o.FactWait = DefaultFactWait
+	}
+	if o.Waiting == nil {
+		o.Waiting = func(Wait, []TaskStatus) {}
+	}
 	return o
 }
 
@@ -58,12 +82,18 @@ func (o Options) withDefaults(n int) Options {
 // task whose dependencies are done, so a graph without failures finishes in one round. A
 // task is done when Check says so (unchanged) or when Apply succeeds and a second Check
 // confirms it (applied). A failed task stays pending and is tried again in the next round
-// if the round made progress; a round without progress ends the run, leaving the failed
-// tasks failed and those behind them blocked. Run returns the report together with
-// Report.Err, so the caller can record the report in every case.
+// if the round made progress. After a round without progress the run waits for a fact
+// that failed tasks lack (an UnknownError naming one of Options.Facts), bounded by
+// Options.FactWait, and once it is known runs the task that learns it and the tasks after
+// that one again; otherwise the run ends, leaving the failed tasks failed and those behind
+// them blocked. MaxRounds counts the rounds since the last wait. Run returns the report
+// together with Report.Err, so the caller can record the report in every case.
 func Run(ctx context.Context, tasks []Task, o Options) (*Report, error) {
 	order, err := Order(tasks)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkFacts(order, o.Facts); err != nil {
 		return nil, err
 	}
 	o = o.withDefaults(len(order))
@@ -72,21 +102,29 @@ func Run(ctx context.Context, tasks []Task, o Options) (*Report, error) {
 		order:     order,
 		status:    make(map[string]*TaskStatus, len(order)),
 		abandoned: map[string]bool{},
+		lastErr:   map[string]error{},
+		awaited:   map[string]int{},
 	}
 	rep := &Report{Started: o.Now().UTC(), Tasks: make([]TaskStatus, len(order))}
+	r.rep = rep
 	for i, t := range order {
 		rep.Tasks[i].Name = t.Name()
 		r.status[t.Name()] = &rep.Tasks[i]
 	}
 
-	for rep.Rounds < o.MaxRounds && ctx.Err() == nil && r.pending() > 0 {
+	for rounds := 0; rounds < o.MaxRounds && ctx.Err() == nil && r.pending() > 0; {
 		rep.Rounds++
+		rounds++
 		if rep.Rounds > 1 {
 			o.Log.Info("retrying failed tasks", "round", rep.Rounds, "pending", r.pending())
 		}
-		if !r.round(ctx) {
+		if r.round(ctx) {
+			continue
+		}
+		if !r.awaitFact(ctx) {
 			break
 		}
+		rounds = 0
 	}
 	r.finish(ctx)
 
@@ -112,8 +150,12 @@ func Run(ctx context.Context, tasks []Task, o Options) (*Report, error) {
 type runner struct {
 	o         Options
 	order     []Task
+	rep       *Report
 	status    map[string]*TaskStatus
-	abandoned map[string]bool // given up on after ignoring its deadline; never retried
+	abandoned map[string]bool  // given up on after ignoring its deadline; never retried
+	lastErr   map[string]error // each failed task's last error
+	waited    time.Duration    // spent waiting for facts
+	awaited   map[string]int   // waits per fact that ended with the fact known
 }
 
 func (r *runner) done(name string) bool { return r.status[name].State.OK() }
@@ -151,9 +193,11 @@ func (r *runner) round(ctx context.Context) (progress bool) {
 		st.DurationMS += st.Finished.Sub(start).Milliseconds()
 		if err != nil {
 			st.State, st.Error = StateFailed, err.Error()
+			r.lastErr[name] = err
 			r.o.Log.Warn("task failed", "task", name, "attempt", st.Attempts, "error", err)
 			continue
 		}
+		delete(r.lastErr, name)
 		st.State, st.Error = state, ""
 		progress = true
 		lvl := slog.LevelDebug

@@ -1,8 +1,9 @@
 // Package task is kiln-init's first-boot task graph: small idempotent tasks, each of which
 // checks whether its desired state already holds before it acts, run in dependency order.
-// A failed task is retried as long as the run makes progress, every attempt has a
-// deadline, and the outcome is a Report that is stored in /var/lib/kiln/status.json and
-// printed by `kiln-init status`. Because every task checks first, running the same graph
+// A failed task is retried as long as the run makes progress; one that lacks a fact not
+// known yet (the node's address, see Fact) is retried once the run, waiting bounded, has
+// learnt it. Every attempt has a deadline, and the outcome is a Report that is stored in
+// /var/lib/kiln/status.json and printed by `kiln-init status`. Because every task checks first, running the same graph
 // again on a configured node changes nothing.
 package task
 
@@ -85,6 +86,13 @@ type timeoutTask struct {
 
 func (t *timeoutTask) Timeout() time.Duration { return t.d }
 
+// Resetter is implemented by tasks that remember having run (Converge). When a Fact that a
+// failed task needed becomes known, the run calls Reset on the task that learns it and on
+// every task after that one, so that their next attempt runs them again with the new fact.
+type Resetter interface {
+	Reset()
+}
+
 // Changer is implemented by tasks that know, after Apply, whether it changed anything; one
 // that changed nothing is reported unchanged.
 type Changer interface {
@@ -112,6 +120,8 @@ func (c *convergeTask) Deps() []string { return c.deps }
 func (c *convergeTask) Changed() bool  { return c.changed }
 
 func (c *convergeTask) Check(context.Context) (bool, error) { return c.ran, nil }
+
+func (c *convergeTask) Reset() { c.ran, c.changed = false, false }
 
 func (c *convergeTask) Apply(ctx context.Context) error {
 	changed, err := c.step(ctx)
