@@ -82,13 +82,15 @@ type FactsOptions struct {
 	ProcRoot, SysRoot string
 	// Addrs lists an interface's addresses; nil asks the kernel.
 	Addrs func(iface string) ([]netip.Prefix, error)
-	// AddressWait bounds how long a control plane or etcd node waits for an address (DHCP
-	// may answer after first boot started); 0 means DefaultAddressWait.
+	// AddressWait bounds how long first boot waits, in all, for the node's address (DHCP
+	// may answer well after first boot started) and other facts tasks lack; 0 means
+	// DefaultAddressWait.
 	AddressWait time.Duration
 }
 
-// DefaultAddressWait is how long first boot waits for a control plane's or etcd node's
-// address before going on (its certificates and etcd's manifest need one).
+// DefaultAddressWait is how long first boot waits for a worker's, control plane's or etcd
+// node's address (kubelet, the certificates and etcd's manifest need one) before it fails,
+// naming the missing address.
 const DefaultAddressWait = 90 * time.Second
 
 // NoSource is the status source when no provider had a config.
@@ -227,13 +229,28 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 	}
 	plan := newPlan(opts, cfg, img.Role)
 	plan.rerun = rerun
+	wait := opts.Facts.AddressWait
+	if wait <= 0 {
+		wait = DefaultAddressWait
+	}
 	rep, err := task.Run(ctx, plan.tasks(), task.Options{
 		TaskTimeout: opts.TaskTimeout,
 		Log:         opts.Log,
 		Notify:      func(s string) { _ = opts.Notify("STATUS=kiln-init: " + s) },
+		Facts:       plan.factList(),
+		FactWait:    wait,
+		Waiting: func(w task.Wait, tasks []task.TaskStatus) {
+			// Where `kiln-init status` looks, while first boot waits.
+			first := st.Waiting == nil
+			st.State, st.Waiting, st.Tasks = StateRunning, &w, tasks
+			if err := writeStatus(ctx, opts.Root, st); err != nil && first {
+				opts.Log.Warn("record the wait in the first-boot status", "error", err)
+			}
+		},
 	})
+	st.Waiting = nil
 	if rep != nil {
-		st.Tasks = rep.Tasks
+		st.Tasks, st.Waits = rep.Tasks, rep.Waits
 	}
 	st.Files = plan.fileStatus()
 	if plan.facts != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/systemd"
+	"github.com/kilnproject/kiln/initd/task"
 )
 
 // Kubernetes paths first boot writes or checks, relative to the node's root.
@@ -55,7 +56,7 @@ func (p *plan) pkiTask(context.Context) (bool, error) {
 		nodeIP = p.facts.IPv6
 	}
 	if nodeIP == "" {
-		return false, errors.New("the node has no IP address for the API server")
+		return false, task.Unknown(factAddress, errors.New("the node has no IP address for the API server"))
 	}
 	certs, err := pki.ControlPlaneCerts(dir, n, p.opts.Now())
 	if err != nil {

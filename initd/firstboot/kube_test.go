@@ -3,7 +3,7 @@ package firstboot
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
+	"errors"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -11,11 +11,14 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/vincent-petithory/dataurl"
 
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/facts"
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
@@ -297,40 +300,130 @@ func fakeMachine(t *testing.T, addrs func() []netip.Prefix) FactsOptions {
 		Addrs: func(string) ([]netip.Prefix, error) { return addrs(), nil }}
 }
 
-// A control plane whose DHCP lease arrives after first boot started waits for it (its
-// certificates and etcd's manifest need the address) instead of failing; without any
-// address it goes on after AddressWait.
-func TestControlPlaneWaitsForItsAddress(t *testing.T) {
+// A node whose DHCP lease comes after first boot started waits for it, whatever its role:
+// `kiln-init status` says what it waits for while it waits, and once the address is there
+// the templates and a control plane's certificates carry it. Without any address first boot
+// fails after AddressWait, naming the missing address.
+func TestFirstBootWaitsForItsAddress(t *testing.T) {
+	const lease = "10.0.2.15"
 	for _, tc := range []struct {
-		name  string
-		after time.Duration // the address appears after this; 0: never
-		want  string
+		name     string
+		role     string
+		nodeYAML string
+		kube     bool // the kubernetes overlay and the cluster's CAs: the pki task makes certificates
+		dhcp     bool // DHCP answers, once the status shows the wait
+		wantErr  string
 	}{
-		{"DHCP answers late", 400 * time.Millisecond, "node address up"},
-		{"no address at all", 0, "the node has no address; going on"},
+		{name: "worker, late lease", role: "worker", nodeYAML: workerNodeYAML, dhcp: true},
+		{name: "control plane, late lease", role: "control-plane", nodeYAML: cpNodeYAML, kube: true, dhcp: true},
+		{name: "etcd, late lease", role: "etcd", nodeYAML: "cluster: {name: demo, dnsZone: example.com}\nrole: etcd\nhostname: etcd-1\netcd: {member: a, members: [a]}\n", dhcp: true},
+		{name: "worker, no lease", role: "worker", nodeYAML: workerNodeYAML,
+			wantErr: "task facts failed: apply: a worker node needs its IP address (not known yet: an IPv4/IPv6 address on a link (DHCP)); gave up waiting for it after 300ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			start := time.Now()
+			root := nodeRoot(t, tc.role)
+			files := []string{ignFile("/etc/kiln/node.yaml", 0o644, []byte(tc.nodeYAML))}
+			if tc.kube {
+				withKubernetesOverlay(t, root)
+				files = append(files, clusterSecrets(t)...)
+			}
+			var mu sync.Mutex
+			shown := "" // `kiln-init status` while first boot waited
 			fo := fakeMachine(t, func() []netip.Prefix {
-				if tc.after > 0 && time.Since(start) > tc.after {
-					return []netip.Prefix{netip.MustParsePrefix("10.0.2.15/24")}
+				mu.Lock()
+				defer mu.Unlock()
+				if shown == "" {
+					st, err := ReadStatus(root)
+					if err != nil || st.State != StateRunning || st.Waiting == nil {
+						return nil
+					}
+					var b strings.Builder
+					if err := PrintStatus(&b, st, "table"); err != nil {
+						t.Error(err)
+					}
+					shown = b.String()
 				}
-				return nil
+				if !tc.dhcp {
+					return nil
+				}
+				return []netip.Prefix{netip.MustParsePrefix(lease + "/24")}
 			})
-			fo.AddressWait = 2 * time.Second
-			root := nodeRoot(t, "control-plane")
-			var logs strings.Builder
-			o := kubeOpts(t, root, ignition(ignFile("/etc/kiln/node.yaml", 0o644, []byte(cpNodeYAML))))
-			o.Facts, o.Log = fo, slog.New(slog.NewTextHandler(&logs, nil))
-			Run(context.Background(), o)
-			if !strings.Contains(logs.String(), tc.want) {
-				t.Errorf("log lacks %q:\n%s", tc.want, logs.String())
+			fo.AddressWait = 300 * time.Millisecond
+			if tc.dhcp {
+				fo.AddressWait = time.Minute
 			}
-			if tc.after > 0 && !strings.Contains(logs.String(), "ipv4=10.0.2.15") {
-				t.Errorf("the late address was not taken:\n%s", logs.String())
+			o := kubeOpts(t, root, ignition(files...))
+			o.Facts = fo
+			st, err := Run(context.Background(), o)
+
+			mu.Lock()
+			defer mu.Unlock()
+			for _, want := range []string{"running", "waiting for an IPv4/IPv6 address on a link (DHCP) (needed by facts), "} {
+				if !strings.Contains(shown, want) {
+					t.Errorf("kiln-init status while first boot waited lacks %q:\n%s", want, shown)
+				}
 			}
-			if d := time.Since(start); tc.after == 0 && d < fo.AddressWait {
-				t.Errorf("gave up after %s, before AddressWait %s", d, fo.AddressWait)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(st.Line(), tc.wantErr) {
+					t.Fatalf("Run = %v, want %q", err, tc.wantErr)
+				}
+				if s, _ := taskState(st, "render"); s != task.StateBlocked {
+					t.Errorf("render %s, want blocked", s)
+				}
+				if saved, err := ReadStatus(root); err != nil || saved.State != StateFailed || saved.Waiting != nil ||
+					len(saved.Waits) != 1 || saved.Waits[0].Known {
+					t.Errorf("status.json after the run = %+v, %v", saved, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("first boot: %v", err)
+			}
+			if got := nodeIP(t, root); got != lease {
+				t.Errorf("kubelet --node-ip=%s, want the late lease %s", got, lease)
+			}
+			if s, e := taskState(st, "render"); s != task.StateApplied {
+				t.Errorf("render %s %s, want applied", s, e)
+			}
+			saved, err := ReadStatus(root)
+			if err != nil || saved.State != StateOK || saved.Waiting != nil || len(saved.Waits) != 1 || !saved.Waits[0].Known {
+				t.Errorf("status.json after the run = %+v, %v; want ok with one wait, known", saved, err)
+			}
+			if tc.kube {
+				crt, err := pki.ReadKeyPair(filepath.Join(root, "etc/kubernetes/pki"), "apiserver")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c, _ := pki.ParseCertPEM(crt.CertPEM); c == nil || c.VerifyHostname(lease) != nil {
+					t.Errorf("the apiserver certificate does not cover the late lease %s", lease)
+				}
+			}
+		})
+	}
+}
+
+// The tasks that need the node's address and find none say so with task.Unknown, so the
+// runner waits for the address and runs them again instead of failing first boot.
+func TestNoAddressIsUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		role string
+		run  func(p *plan, ctx context.Context) (bool, error)
+		want string
+	}{
+		{"pki", "control-plane", (*plan).pkiTask, "the node has no IP address for the API server"},
+		{"render", "worker", (*plan).render, `<required "the node has no IP address" .NodeIP>`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := nodeRoot(t, tc.role)
+			withKubernetesOverlay(t, root)
+			mustWrite(t, filepath.Join(root, "etc/kubernetes/pki/ca.crt"), "a CA")
+			n := &config.Node{Role: config.Role(tc.role)}
+			p := &plan{opts: withDefaults(Options{Root: root}), node: n, facts: &facts.Facts{Hostname: "node-1"}}
+			_, err := tc.run(p, context.Background())
+			var u *task.UnknownError
+			if !errors.As(err, &u) || u.Fact != factAddress || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%s without an address: %v, want task.Unknown(%q) saying %q", tc.name, err, factAddress, tc.want)
 			}
 		})
 	}

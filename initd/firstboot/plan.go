@@ -174,9 +174,25 @@ func (p *plan) loadNode(context.Context) (bool, error) {
 	return false, nil
 }
 
-// gatherFacts reads the machine. The hostname the config chose wins: node.yaml's, else an
-// /etc/hostname the config wrote (the Ignition way of naming a node).
-func (p *plan) gatherFacts(ctx context.Context) (bool, error) {
+// factAddress is the fact a Kubernetes node cannot be configured without: its address,
+// which DHCP may hand out well after first boot started (a slow server, spanning tree on
+// the switch port).
+const factAddress = "an IPv4/IPv6 address on a link (DHCP)"
+
+// needsAddress reports whether a node of role needs an address at first boot: kubelet's
+// --node-ip, a control plane's certificates and etcd's URLs carry it.
+func needsAddress(role config.Role) bool {
+	return role == config.RoleWorker || role == config.RoleControlPlane || role == config.RoleEtcd
+}
+
+// facts are what the task runner waits for when a task lacks them (task.UnknownError):
+// the node's address, learnt by the facts task.
+func (p *plan) factList() []task.Fact {
+	return []task.Fact{{Name: factAddress, Task: "facts", Await: p.awaitAddress}}
+}
+
+// factsOptions are facts.Gather's options for this node.
+func (p *plan) factsOptions() facts.Options {
 	name := p.node.Hostname
 	if name == "" {
 		for _, f := range p.files {
@@ -185,39 +201,39 @@ func (p *plan) gatherFacts(ctx context.Context) (bool, error) {
 			}
 		}
 	}
-	fo := facts.Options{Root: p.opts.Root, ProcRoot: p.opts.Facts.ProcRoot,
+	return facts.Options{Root: p.opts.Root, ProcRoot: p.opts.Facts.ProcRoot,
 		SysRoot: p.opts.Facts.SysRoot, Hostname: name, Addrs: p.opts.Facts.Addrs}
-	f, err := facts.Gather(ctx, fo)
+}
+
+// gatherFacts reads the machine. The hostname the config chose wins: node.yaml's, else an
+// /etc/hostname the config wrote (the Ignition way of naming a node). A Kubernetes node
+// without an address yet fails with task.Unknown: the runner waits (bounded) for the
+// address and runs this task and those after it again.
+func (p *plan) gatherFacts(ctx context.Context) (bool, error) {
+	f, err := facts.Gather(ctx, p.factsOptions())
 	if err != nil {
 		return false, err
 	}
-	// A control plane's certificates and etcd's manifest carry the node's address: when
-	// DHCP has not answered yet, wait for it (bounded) instead of failing first boot.
-	if f.IPv4 == "" && f.IPv6 == "" && (p.node.Role == config.RoleControlPlane || p.node.Role == config.RoleEtcd) {
-		wait := p.opts.Facts.AddressWait
-		if wait == 0 {
-			wait = DefaultAddressWait
+	p.facts = f
+	if f.IPv4 == "" && f.IPv6 == "" && needsAddress(p.node.Role) {
+		return false, task.Unknown(factAddress, fmt.Errorf("a %s node needs its IP address", p.node.Role))
+	}
+	return false, nil
+}
+
+// awaitAddress blocks until the machine has an address facts.Gather takes for the node's.
+func (p *plan) awaitAddress(ctx context.Context) error {
+	o := p.factsOptions()
+	for {
+		if f, err := facts.Gather(ctx, o); err == nil && (f.IPv4 != "" || f.IPv6 != "") {
+			return nil
 		}
-		start := time.Now()
-		p.opts.Log.Info("waiting for the node's address", "role", p.node.Role, "limit", wait)
-		for f.IPv4 == "" && f.IPv6 == "" && time.Since(start) < wait {
-			select {
-			case <-ctx.Done():
-				return false, ctx.Err()
-			case <-time.After(250 * time.Millisecond):
-			}
-			if f, err = facts.Gather(ctx, fo); err != nil {
-				return false, err
-			}
-		}
-		if f.IPv4 == "" && f.IPv6 == "" {
-			p.opts.Log.Warn("the node has no address; going on", "waited", time.Since(start).Round(time.Millisecond))
-		} else {
-			p.opts.Log.Info("node address up", "ipv4", f.IPv4, "ipv6", f.IPv6, "waited", time.Since(start).Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	p.facts = f
-	return false, nil
 }
 
 // setHostname makes the chosen hostname the node's, now and on later boots.
@@ -283,6 +299,10 @@ func (p *plan) render(context.Context) (bool, error) {
 	d := renderData(p.node, p.facts)
 	d.Nameservers = kube.Nameservers(p.opts.Root)
 	changed, err := render.Render(src, p.opts.Root, d)
+	if err != nil && p.facts.IPv4 == "" && p.facts.IPv6 == "" {
+		// Templates of a role that does not need an address may still use it (.NodeIP).
+		err = task.Unknown(factAddress, err)
+	}
 	return len(changed) > 0, err
 }
 

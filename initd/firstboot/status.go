@@ -23,6 +23,9 @@ const StatusPath = "/var/lib/kiln/status.json"
 const (
 	StateOK     = "ok"
 	StateFailed = "failed"
+	// StateRunning is recorded while first boot waits for a fact its tasks need (see
+	// Status.Waiting); a boot that ends in it (power cut) runs first boot again.
+	StateRunning = "running"
 )
 
 // Status is the first-boot report, stored as JSON at StatusPath.
@@ -37,9 +40,13 @@ type Status struct {
 	Hostname   string       `json:"hostname,omitempty"`
 	Files      []FileStatus `json:"files"`
 	// Tasks are the task graph's outcome, in the order they ran.
-	Tasks   []task.TaskStatus `json:"tasks,omitempty"`
-	Error   string            `json:"error,omitempty"`
-	Version string            `json:"version"`
+	Tasks []task.TaskStatus `json:"tasks,omitempty"`
+	// Waiting is what first boot is waiting for, while it waits (State running).
+	Waiting *task.Wait `json:"waiting,omitempty"`
+	// Waits are first boot's waits for facts its tasks lacked (the node's address).
+	Waits   []task.Wait `json:"waits,omitempty"`
+	Error   string      `json:"error,omitempty"`
+	Version string      `json:"version"`
 
 	// Skipped is set by Run when an earlier boot already succeeded; it is not stored.
 	Skipped bool `json:"-"`
@@ -157,6 +164,12 @@ func printTable(w io.Writer, st *Status) error {
 	row("FINISHED", timeOrDash(st.Finished))
 	row("DURATION", st.Duration().String())
 	row("VERSION", orDash(st.Version))
+	if st.Waiting != nil {
+		row("WAITING", st.Waiting.String())
+	}
+	for _, w := range st.Waits {
+		row("WAITED", waitedLine(w))
+	}
 	if st.Error != "" {
 		row("ERROR", oneLine(st.Error))
 	}
@@ -181,6 +194,16 @@ func printTable(w io.Writer, st *Status) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", f.Path, f.Mode, orDash(f.SHA256))
 	}
 	return tw.Flush()
+}
+
+// waitedLine is a finished wait, e.g. "35s for an IPv4/IPv6 address on a link (DHCP)
+// (needed by facts): known".
+func waitedLine(w task.Wait) string {
+	outcome := "known"
+	if !w.Known {
+		outcome = "gave up"
+	}
+	return fmt.Sprintf("%s for %s (needed by %s): %s", w.Waited().Round(time.Second), w.Fact, strings.Join(w.Tasks, ", "), outcome)
 }
 
 func orDash(s string) string {
