@@ -82,9 +82,11 @@ func probeOK(source string) *regexp.Regexp {
 // QEMU fw_cfg (Butane YAML, translated in the guest), kiln.config.url= on the kernel command line
 // (Ignition served by this test process, ${mac} substituted) and a CIDATA volume (gzip'd
 // Ignition). Each writes a file, creates a user with an ssh key and enables a unit that reports
-// both on the console.
+// both on the console. The root filesystem does not matter here, so these are the boots whose
+// image is erofs: stage 1 must say it mounted erofs.
 func TestConfigSources(t *testing.T) {
 	top := newEnv(t)
+	useEROFS(t, filepath.Join(top.repo, "images", "qemu.yaml"))
 	baked := top.bake("qemu", "worker")
 	// sub gives a subtest the environment with its own *testing.T.
 	sub := func(t *testing.T) *env { e := *top; e.t = t; return &e }
@@ -156,11 +158,15 @@ func TestConfigSources(t *testing.T) {
 	})
 }
 
-// assertFirstboot checks the first-boot status line named the source and reported success,
-// and that the config's probe unit reported the file, user and key.
+// assertFirstboot checks that stage 1 mounted an erofs root, that the first-boot status line
+// named the source and reported success, and that the config's probe unit reported the file,
+// user and key.
 func assertFirstboot(t *testing.T, m *vm.Machine, source, probe string) {
 	t.Helper()
 	m.Stop()
+	if i := slices.IndexFunc(m.Lines(), rootMounted.MatchString); i < 0 || !strings.Contains(m.Lines()[i], " fstype=erofs") {
+		t.Errorf("stage 1 did not mount an erofs root:\n%s", tail(m.Lines(), 30))
+	}
 	if !slices.ContainsFunc(m.Lines(), probeOK(probe).MatchString) {
 		t.Errorf("no probe report for %s", probe)
 	}
@@ -173,4 +179,27 @@ func assertFirstboot(t *testing.T, m *vm.Machine, source, probe string) {
 		}
 	}
 	t.Errorf("no 'kiln-init: firstboot ok' line on the console:\n%s", tail(m.Lines(), 30))
+}
+
+// rootMounted is stage 1's line naming the root filesystem type it mounted.
+var rootMounted = regexp.MustCompile(`msg="root mounted".* fstype=`)
+
+// useEROFS switches an image definition to an erofs root filesystem.
+func useEROFS(t *testing.T, def string) {
+	t.Helper()
+	b, err := os.ReadFile(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	for field, value := range map[string]string{"rootfs": "erofs", "compression": "lz4hc"} {
+		re := regexp.MustCompile(`(?m)^(\s+` + field + `:) *\S+`)
+		if !re.MatchString(s) {
+			t.Fatalf("%s has no disk.%s line", def, field)
+		}
+		s = re.ReplaceAllString(s, "${1} "+value)
+	}
+	if err := os.WriteFile(def, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
