@@ -148,6 +148,9 @@ func (c *Cluster) NodeConfig(n Node) config.Node {
 		Kubernetes:  config.Kubernetes{Version: s.KubernetesVersion, PodCIDR: s.PodCIDR, ServiceCIDR: s.ServiceCIDR},
 	}
 	if n.Role == RoleControlPlane {
+		if s.SlowControlPlane {
+			nc.Kubernetes.LeaderElection = SlowLeaderElection
+		}
 		nc.Etcd = &config.Etcd{Member: n.EtcdMember, Members: etcdMembers[:s.ControlPlanes]}
 		if s.EtcdDiskSerial != "" {
 			nc.Etcd.Volume = &config.Volume{Serial: s.EtcdDiskSerial}

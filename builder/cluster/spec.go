@@ -37,7 +37,15 @@ type Spec struct {
 	// AdminTLSServerName is admin.conf's tls-server-name (for a forwarded port whose
 	// host is not in the API server's certificate).
 	AdminTLSServerName string `yaml:"adminTLSServerName,omitempty"`
+	// SlowControlPlane gives the control planes' controller-manager and scheduler
+	// SlowLeaderElection: for emulated or shared CPUs, where the API server can stall longer
+	// than the default 10 s renew deadline and a leader that misses it exits.
+	SlowControlPlane bool `yaml:"slowControlPlane,omitempty"`
 }
+
+// SlowLeaderElection are the lease timings of a SlowControlPlane: a lease request may take
+// 20 s (half the renew deadline) instead of 5 s; failover takes up to a minute.
+var SlowLeaderElection = config.LeaderElection{LeaseDuration: "60s", RenewDeadline: "40s", RetryPeriod: "5s"}
 
 // Role names in the node list.
 const (

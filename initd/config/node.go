@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // NodePath is where the kiln node config lives on a node.
@@ -100,7 +101,26 @@ type Kubernetes struct {
 	ClusterDomain    string            `yaml:"clusterDomain"`
 	NodeLabels       map[string]string `yaml:"nodeLabels"`
 	KubeletExtraArgs map[string]string `yaml:"kubeletExtraArgs"`
+	LeaderElection   LeaderElection    `yaml:"leaderElection"`
 }
+
+// LeaderElection tunes how kube-controller-manager and kube-scheduler hold their leader
+// leases: Go durations ("15s"); unset fields keep the components' defaults
+// (DefaultLeaseDuration, DefaultRenewDeadline, DefaultRetryPeriod). A leader that cannot
+// renew its lease within RenewDeadline (each request may take RenewDeadline/2) exits, so
+// slow or overloaded control planes (emulated CPUs) need longer ones.
+type LeaderElection struct {
+	LeaseDuration string `yaml:"leaseDuration"`
+	RenewDeadline string `yaml:"renewDeadline"`
+	RetryPeriod   string `yaml:"retryPeriod"`
+}
+
+// The leader-election defaults of kube-controller-manager and kube-scheduler.
+const (
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+)
 
 // Defaults.
 const (
@@ -452,6 +472,7 @@ func (n *Node) checkKubernetes(d *yamlDoc) {
 			d.failf(field, "%v", err)
 		}
 	}
+	n.checkLeaderElection(d)
 	for flag, val := range k.KubeletExtraArgs {
 		field := mapField("kubernetes.kubeletExtraArgs", flag)
 		switch {
@@ -575,4 +596,33 @@ func checkLabel(key, val string) error {
 		return errors.New("a kubelet may not set labels in the kubernetes.io and k8s.io namespaces except node.kubernetes.io/* and kubelet.kubernetes.io/* (kiln sets node-role labels itself)")
 	}
 	return nil
+}
+
+// checkLeaderElection checks the lease timings as the components do at start: each a positive
+// duration, leaseDuration > renewDeadline > 1.2 × retryPeriod (the retries' jitter).
+func (n *Node) checkLeaderElection(d *yamlDoc) {
+	le := n.Kubernetes.LeaderElection
+	value := func(field, s string, def time.Duration) (time.Duration, bool) {
+		if s == "" {
+			return def, true
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil || v <= 0 {
+			d.failf("kubernetes.leaderElection."+field, "%q is not a positive duration like 15s", s)
+			return 0, false
+		}
+		return v, true
+	}
+	lease, ok1 := value("leaseDuration", le.LeaseDuration, DefaultLeaseDuration)
+	renew, ok2 := value("renewDeadline", le.RenewDeadline, DefaultRenewDeadline)
+	retry, ok3 := value("retryPeriod", le.RetryPeriod, DefaultRetryPeriod)
+	if !ok1 || !ok2 || !ok3 {
+		return
+	}
+	if lease <= renew {
+		d.failf("kubernetes.leaderElection.leaseDuration", "%s must be longer than renewDeadline (%s)", lease, renew)
+	}
+	if renew*5 <= retry*6 {
+		d.failf("kubernetes.leaderElection.renewDeadline", "%s must be longer than 1.2 × retryPeriod (%s)", renew, retry)
+	}
 }

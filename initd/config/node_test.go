@@ -115,7 +115,7 @@ func TestParseNodeErrors(t *testing.T) {
 		{"bad YAML", "cluster: {name: x\n", []string{"node.yaml:1: not valid YAML: did not find expected ',' or '}'"}},
 		{"two documents", "role: worker\n---\nrole: etcd\n", []string{"node.yaml:2: holds more than one YAML document"}},
 		{"unknown field", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCidr: 10.0.0.0/16\n",
-			[]string{"node.yaml:4: kubernetes.podCidr: unknown field (known fields here: version, podCIDR, serviceCIDR, clusterDNS, clusterDomain, nodeLabels, kubeletExtraArgs)"}},
+			[]string{"node.yaml:4: kubernetes.podCidr: unknown field (known fields here: version, podCIDR, serviceCIDR, clusterDNS, clusterDomain, nodeLabels, kubeletExtraArgs, leaderElection)"}},
 		{"duplicate key", "role: worker\nrole: etcd\n", []string{"node.yaml:2: role: set twice (first at line 1)"}},
 		{"wrong types", "cluster: prod\nrole: [worker]\ndns: {ttl: soon}\netcd: {volume: {wipe: maybe}}\n", []string{
 			`node.yaml:1: cluster: want a mapping, got "prod"`,
@@ -162,6 +162,11 @@ func TestParseNodeErrors(t *testing.T) {
 			`node.yaml:10: kubernetes.nodeLabels["node-role.kubernetes.io/worker"]: a kubelet may not set labels in the kubernetes.io and k8s.io namespaces`,
 			`node.yaml:11: kubernetes.nodeLabels["bad key"]: "bad key" is not a label key`,
 			`node.yaml:13: kubernetes.kubeletExtraArgs["--max-pods"]: write the flag name without leading dashes (max-pods)`}},
+		{"leader election", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 2s\n    retryPeriod: soon\n", []string{
+			`node.yaml:8: kubernetes.leaderElection.retryPeriod: "soon" is not a positive duration like 15s`}},
+		{"leader election order", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 20s\n    retryPeriod: 18s\n", []string{
+			"node.yaml:6: kubernetes.leaderElection.leaseDuration: 10s must be longer than renewDeadline (20s)",
+			"node.yaml:7: kubernetes.leaderElection.renewDeadline: 20s must be longer than 1.2 × retryPeriod (18s)"}},
 		{"overlapping ranges", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCIDR: 10.96.0.0/16\n", []string{
 			"node.yaml:3: kubernetes.serviceCIDR: 10.96.0.0/12 overlaps podCIDR 10.96.0.0/16"}},
 		{"dual stack of one family", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCIDR: 10.244.0.0/16,10.245.0.0/16\n", []string{

@@ -20,6 +20,7 @@ import (
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/facts"
 	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
 )
@@ -426,5 +427,27 @@ func TestNoAddressIsUnknown(t *testing.T) {
 				t.Fatalf("%s without an address: %v, want task.Unknown(%q) saying %q", tc.name, err, factAddress, tc.want)
 			}
 		})
+	}
+}
+
+// The leader-election timings of node.yaml reach the control plane's templates as written;
+// unset ones stay empty (the components' defaults).
+func TestRenderDataLeaderElection(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want render.LeaderElection
+	}{
+		{"", render.LeaderElection{}},
+		{"kubernetes: {leaderElection: {leaseDuration: 60s, renewDeadline: 40s, retryPeriod: 5s}}\n",
+			render.LeaderElection{LeaseDuration: "60s", RenewDeadline: "40s", RetryPeriod: "5s"}},
+		{"kubernetes: {leaderElection: {renewDeadline: 12s}}\n", render.LeaderElection{RenewDeadline: "12s"}},
+	} {
+		n, err := config.ParseNode([]byte("cluster: {name: demo, dnsZone: kiln.test}\nrole: control-plane\netcd: {member: a, members: [a]}\n"+tc.yaml), "node.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := renderData(n, &facts.Facts{IPv4: "10.0.0.1"}).Node.Kubernetes.LeaderElection; got != tc.want {
+			t.Errorf("%q: leader election %+v, want %+v", tc.yaml, got, tc.want)
+		}
 	}
 }

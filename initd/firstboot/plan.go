@@ -319,6 +319,7 @@ func renderData(n *config.Node, f *facts.Facts) render.Data {
 	}
 	d.Node.Kubernetes.ClusterDomain = k.ClusterDomain
 	d.Node.Kubernetes.NodeLabels = k.NodeLabels
+	d.Node.Kubernetes.LeaderElection = render.LeaderElection(k.LeaderElection)
 	if n.APIEndpoint != "" {
 		d.Node.Kubernetes.APIServer = pki.ServerURL(n.APIEndpoint)
 	}

@@ -61,6 +61,17 @@ type Kubernetes struct {
 	NodeLabels map[string]string
 	// FeatureGates are passed to kubelet and the control-plane components.
 	FeatureGates map[string]bool
+	// LeaderElection are kube-controller-manager's and kube-scheduler's lease timings
+	// (--leader-elect-lease-duration, -renew-deadline, -retry-period); empty fields keep the
+	// components' defaults (15s, 10s, 2s).
+	LeaderElection LeaderElection
+}
+
+// LeaderElection holds lease timings as Go durations ("15s").
+type LeaderElection struct {
+	LeaseDuration string
+	RenewDeadline string
+	RetryPeriod   string
 }
 
 // Etcd settings (control-plane and etcd roles).

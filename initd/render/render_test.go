@@ -42,6 +42,7 @@ func fixedData(role string) Data {
 	}
 	d.Node.Kubernetes.NodeLabels = map[string]string{"example.com/pool": "general"}
 	d.Node.Kubernetes.FeatureGates = map[string]bool{"UserNamespacesSupport": true}
+	d.Node.Kubernetes.LeaderElection = LeaderElection{LeaseDuration: "60s", RenewDeadline: "40s", RetryPeriod: "5s"}
 	if role == "etcd" {
 		d.Node.Etcd.Members = []Member{
 			{Name: "node-1", PeerURL: "https://10.0.0.11:2380"},

@@ -54,7 +54,10 @@ an existing non-empty DIR is refused unless --force.`,
   # reach the API through a forwarded port from the host
   kiln cluster init --name e2e --dns-zone test --api-endpoint 192.168.100.11:6443 \
       --admin-server https://127.0.0.1:16443 -o e2e
-  KUBECONFIG=e2e/admin.conf kubectl get nodes`,
+  KUBECONFIG=e2e/admin.conf kubectl get nodes
+
+  # control planes on emulated CPUs (kiln run --accel tcg): leader leases that survive stalls
+  kiln cluster init --name demo --dns-zone kiln.test --slow-control-plane -o demo`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := cluster.Init(out, s, force, time.Now())
@@ -82,6 +85,7 @@ an existing non-empty DIR is refused unless --force.`,
 	f.StringVar(&s.ServiceCIDR, "service-cidr", config.DefaultServiceCIDR, `service range ("v4,v6" for dual stack)`)
 	f.StringVar(&s.AdminServer, "admin-server", "", "server URL in admin.conf (default https://<api-endpoint>)")
 	f.StringVar(&s.AdminTLSServerName, "admin-tls-server-name", "", "tls-server-name in admin.conf, for an --admin-server whose host the API certificate does not name")
+	f.BoolVar(&s.SlowControlPlane, "slow-control-plane", false, "longer leader-election timings (60s/40s/5s) for control planes on slow or shared CPUs, e.g. QEMU without KVM")
 	f.StringVarP(&out, "output", "o", "", "output directory (created; must be empty or absent unless --force)")
 	f.BoolVar(&force, "force", false, "replace a non-empty output directory")
 	cmd.MarkFlagRequired("name")
