@@ -118,7 +118,7 @@ func BootstrapTasks(o BootstrapOptions) ([]task.Task, error) {
 	b := &bootstrap{o: o}
 	after := []string{"cluster-admins"}
 	tasks := []task.Task{
-		task.WithTimeout(task.Func("api-ready", nil, b.apiReady, b.waitAPI), o.APIWait+time.Minute),
+		b.apiReadyTask(),
 		task.Converge("cluster-admins", []string{"api-ready"}, b.clusterAdmins),
 		task.Converge("bootstrap-token", after, b.bootstrapToken),
 		task.Converge("bootstrap-rbac", after, b.applyAll(bootstrapRBAC)),
@@ -135,6 +135,18 @@ func BootstrapTasks(o BootstrapOptions) ([]task.Task, error) {
 		tasks = append(tasks, task.Converge(name, after, b.applyFile(f)))
 	}
 	return tasks, nil
+}
+
+// APIReadyTask is the "api-ready" task alone: it waits (bounded by o.APIWait) until the API
+// server of admin.conf answers /readyz, as the bootstrap does before its first step. Work
+// that is useful only once the API serves orders itself after it.
+func APIReadyTask(o BootstrapOptions) task.Task {
+	b := &bootstrap{o: o.withDefaults()}
+	return b.apiReadyTask()
+}
+
+func (b *bootstrap) apiReadyTask() task.Task {
+	return task.WithTimeout(task.Func("api-ready", nil, b.apiReady, b.waitAPI), b.o.APIWait+time.Minute)
 }
 
 // addonFiles lists the .yaml manifests in dir, sorted; none when dir does not exist.

@@ -19,10 +19,11 @@ import (
 )
 
 const kubeUsage = `kiln-init kube: the Kubernetes steps after first boot (each records a stage shown by kiln-init status)
-  kiln-init kube images [--for-kubelet]
+  kiln-init kube images [--for-kubelet | --after-api]
                              import the pre-pulled images into containerd; --for-kubelet: only the
                              sandbox and static-pod images (kiln-images.service, before kubelet), the
-                             rest after kubelet started (kiln-images-rest.service)
+                             rest after kubelet started (kiln-images-rest.service); --after-api: on a
+                             control plane, once its API server answers ready
   kiln-init kube cni         write the CNI config once the node has a pod CIDR (kiln-cni.service, after kubelet)
   kiln-init kube bootstrap [--force]
                              kubeadm's init phases on a control plane: wait for the API, token, RBAC,
@@ -57,8 +58,14 @@ func runKubeImages(ctx context.Context, args []string, log *slog.Logger) error {
 	ctr := fs.String("ctr", "ctr", "containerd's ctr")
 	address := fs.String("address", "", "containerd's socket (default: ctr's)")
 	forKubelet := fs.Bool("for-kubelet", false, "import only the images kubelet needs first: containerd's sandbox image and the static pods' images")
+	afterAPI := fs.Bool("after-api", false, "on a control plane (admin.conf present), first wait for its API server to answer ready: "+
+		"the images left for this step are used only once it serves, and unpacking them beside a starting API server starves it")
+	apiWait := fs.Duration("api-wait", 20*time.Minute, "with --after-api: how long to wait for the API server (the import fails after it)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *forKubelet && *afterAPI {
+		return errors.New("kube images: --for-kubelet and --after-api exclude each other (kubelet needs its images before the API server runs)")
 	}
 	stage := kube.StageImages
 	if *forKubelet {
@@ -67,7 +74,18 @@ func runKubeImages(ctx context.Context, args []string, log *slog.Logger) error {
 	var only []string // nil: every image of the layout
 	var imported []string
 	total := 0
-	tasks := []task.Task{task.Converge("import", nil, func(ctx context.Context) (bool, error) {
+	var tasks []task.Task
+	var importAfter []string
+	if *afterAPI {
+		switch _, err := os.Stat(filepath.Join(*root, kube.AdminConf)); {
+		case err == nil:
+			tasks = append(tasks, kube.APIReadyTask(kube.BootstrapOptions{Root: *root, APIWait: *apiWait, Log: log}))
+			importAfter = []string{"api-ready"}
+		case !errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("kube images: %w", err)
+		}
+	}
+	tasks = append(tasks, task.Converge("import", importAfter, func(ctx context.Context) (bool, error) {
 		all, err := kube.ReadLayout(*layout)
 		if err != nil {
 			return false, err
@@ -82,7 +100,7 @@ func runKubeImages(ctx context.Context, args []string, log *slog.Logger) error {
 		imported, err = kube.ImportImages(ctx, kube.ImportOptions{Layout: *layout, Log: log,
 			Ctr: kube.Ctr{Path: *ctr, Address: *address}, Only: only})
 		return len(imported) > 0, err
-	})}
+	}))
 	st, err := kube.RunStage(ctx, stage, tasks, kube.RunOptions{Root: *root, Log: log, TaskTimeout: 30 * time.Minute},
 		func() string { return fmt.Sprintf("%d images, %d imported", total, len(imported)) })
 	fmt.Println("kiln-init: " + st.Summary())
