@@ -87,10 +87,10 @@ bake: deps lock
 	bin/kiln bake $(DEF) --role $(ROLE) $(OVERLAY_FLAG) -o $(OUT)
 
 # A one-node cluster's config for make image (the API endpoint is QEMU user networking's
-# guest address).
+# guest address; its control plane runs emulated there: --slow-control-plane).
 $(OUT)/cluster/demo-cp-1.ign: | bin/kiln
 	bin/kiln cluster init --name demo --dns-zone kiln.test --control-planes 1 --workers 1 \
-		--api-endpoint 10.0.2.15:6443 -o $(OUT)/cluster
+		--api-endpoint 10.0.2.15:6443 --slow-control-plane -o $(OUT)/cluster
 
 # Bake the control-plane image and boot it once with its etcd disk (the image stays pristine:
 # --snapshot), printing the serial console up to kiln-init's first-boot status line. Run it

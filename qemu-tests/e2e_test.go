@@ -120,7 +120,7 @@ func runE2ECluster(t *testing.T, pull bool) {
 	clusterDir := filepath.Join(e.dir, "cluster")
 	e2eStep(t, "cluster config written", func() {
 		e.run(e.repo, e.kiln, "cluster", "init", "--name", e2eCluster, "--dns-zone", e2eZone,
-			"--control-planes", "1", "--workers", "1", "--api-endpoint", cpAddr+":6443", "-o", clusterDir)
+			"--control-planes", "1", "--workers", "1", "--api-endpoint", cpAddr+":6443", "--slow-control-plane", "-o", clusterDir)
 	})
 	cpName, workerName := e2eCluster+"-cp-1", e2eCluster+"-worker-1"
 	cpConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, cpName+".ign"), cpAddr, e.dir, pull)
@@ -138,20 +138,14 @@ func runE2ECluster(t *testing.T, pull bool) {
 	}
 
 	start := time.Now()
-	cp, _ := e.bootWith(vm.Config{
+	e.bootWith(vm.Config{
 		Image: filepath.Join(out, "qemu-control-plane.raw"), Snapshot: true, Config: cpConfig,
 		Disks: []vm.Disk{{Name: "etcd-main", Size: "2G"}}, MemoryMB: 3072, CPUs: 2,
 		Links:   []vm.Link{{Name: e2eLink, MAC: linkMAC(cpAddr)}},
 		Offline: !pull, Forward: map[string]int{fmt.Sprintf("127.0.0.1:%d", apiPort): 6443},
 	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
 	cpBoot := time.Now()
-	worker, _ := e.bootWith(vm.Config{
-		Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
-		MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(workerAddr)}}, Offline: !pull,
-	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
-	workerBoot := time.Now()
-	_ = cp
-	_ = worker
+	t.Logf("e2e: control plane's first boot done after %s", cpBoot.Sub(start).Round(time.Second))
 	// A cluster that does not come up says where its time went (run before the VMs stop).
 	diagnosed := false
 	t.Cleanup(func() {
@@ -167,6 +161,17 @@ func runE2ECluster(t *testing.T, pull bool) {
 	})
 	t.Logf("e2e: API ready %s after the control plane started", time.Since(start).Round(time.Second))
 
+	// A guest runs emulated (TCG) here, and two guests of two vCPUs share the host's two cores:
+	// a worker booting beside the control plane's start takes the CPU its API server needs to
+	// meet its own start-up deadlines. The worker starts once the API answers, as a worker of
+	// a real cluster joins one that serves.
+	workerStart := time.Now()
+	e.bootWith(vm.Config{
+		Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
+		MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(workerAddr)}}, Offline: !pull,
+	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
+	workerBoot := time.Now()
+
 	ready := map[string]time.Duration{}
 	waitFor(t, "both nodes Ready", 25*time.Minute, func() (bool, string) {
 		out, err := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
@@ -180,14 +185,14 @@ func runE2ECluster(t *testing.T, pull bool) {
 				case cpName:
 					ready[name] = time.Since(start)
 				case workerName:
-					ready[name] = time.Since(cpBoot)
+					ready[name] = time.Since(workerStart)
 				}
 			}
 		}
 		return ready[cpName] > 0 && ready[workerName] > 0, out
 	})
-	t.Logf("e2e: boot-to-Ready control plane %s, worker %s (worker started %s after the control plane; its first boot finished %s after its start)",
-		ready[cpName].Round(time.Second), ready[workerName].Round(time.Second), cpBoot.Sub(start).Round(time.Second), workerBoot.Sub(cpBoot).Round(time.Second))
+	t.Logf("e2e: boot-to-Ready control plane %s, worker %s (worker started %s after the control plane, once the API answered; its first boot finished %s after its start)",
+		ready[cpName].Round(time.Second), ready[workerName].Round(time.Second), workerStart.Sub(start).Round(time.Second), workerBoot.Sub(workerStart).Round(time.Second))
 
 	// A pod runs on the worker, from a pre-pulled image (the guests have no route to a
 	// registry) or, without images, from the one containerd pulled for its sandboxes.
