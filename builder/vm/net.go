@@ -31,6 +31,9 @@ const (
 	MaxLinks = userSlot - linkSlot
 )
 
+// UserNetdev is the QEMU id of the user network's netdev, e.g. for the monitor's set_link.
+const UserNetdev = "user0"
+
 var linkNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // LinkMAC is the MAC address a VM booted from image gets on link name when none is given:
@@ -96,7 +99,7 @@ func netArgs(cfg Config) ([]string, error) {
 			"-netdev", fmt.Sprintf("socket,id=%s,mcast=%s,localaddr=127.0.0.1", id, LinkGroup(l.Name)),
 			"-device", fmt.Sprintf("virtio-net-pci,netdev=%s,mac=%s,addr=%x", id, mac, linkSlot+i))
 	}
-	user := "user,id=user0"
+	user := "user,id=" + UserNetdev
 	if cfg.Net != "" {
 		if strings.Contains(cfg.Net, ",") {
 			return nil, fmt.Errorf("user network %q: want a range like 10.0.3.0/24", cfg.Net)
@@ -124,6 +127,6 @@ func netArgs(cfg Config) ([]string, error) {
 		}
 		user += fmt.Sprintf(",hostfwd=tcp:%s:%s-:%d", addr, port, cfg.Forward[h])
 	}
-	args = append(args, "-netdev", user, "-device", fmt.Sprintf("virtio-net-pci,netdev=user0,addr=%x", userSlot))
+	args = append(args, "-netdev", user, "-device", fmt.Sprintf("virtio-net-pci,netdev=%s,addr=%x", UserNetdev, userSlot))
 	return args, nil
 }
