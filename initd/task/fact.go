@@ -184,11 +184,10 @@ func (r *runner) awaitFact(ctx context.Context) bool {
 		ch <- f.Await(wctx)
 	}()
 	report := func() {
-		w.WaitedMS = (r.waited + time.Since(start)).Milliseconds()
 		r.o.Notify(w.String())
 		r.o.Waiting(w, append([]TaskStatus(nil), r.rep.Tasks...))
 	}
-	report()
+	report() // as the wait begins: WaitedMS is what earlier waits took
 	tick := time.NewTicker(waitReport)
 	defer tick.Stop()
 	var err error
@@ -200,6 +199,7 @@ wait:
 		case err = <-ch:
 			break wait
 		case <-tick.C:
+			w.WaitedMS = (r.waited + time.Since(start)).Milliseconds()
 			report()
 		case <-done:
 			done, grace = nil, time.After(r.o.Grace)
