@@ -107,7 +107,11 @@ func loadModules(ctx context.Context, log *slog.Logger, paths []string, load fun
 			rep.Unused = append(rep.Unused, p)
 		case err != nil:
 			me := ModuleError{Path: p, Err: err, Kernel: kernelLines(klog(), ModuleName(p), 3)}
-			log.Warn("module not loaded", "module", p, "err", me.Err, "kernel", strings.Join(me.Kernel, "; "))
+			args := []any{"module", p, "err", me.Err}
+			if len(me.Kernel) > 0 {
+				args = append(args, "kernel", strings.Join(me.Kernel, "; "))
+			}
+			log.Warn("module not loaded", args...)
 			rep.Failed = append(rep.Failed, me)
 		case loaded:
 			rep.Loaded++

@@ -142,6 +142,14 @@ func TestLoadModulesOrderAndReport(t *testing.T) {
 	if n := strings.Count(logged, `msg="module not loaded"`); n != 2 {
 		t.Errorf("%d \"module not loaded\" lines, want 2:\n%s", n, logged)
 	}
+	for _, l := range strings.Split(logged, "\n") {
+		switch {
+		case strings.Contains(l, "module="+list[2]) && strings.Contains(l, "kernel="):
+			t.Errorf("libcrc32c's line quotes kernel lines the kernel did not write: %s", l)
+		case strings.Contains(l, "module="+list[3]) && !strings.Contains(l, `kernel="erofs: Unknown symbol crc32c (err -2);`):
+			t.Errorf("erofs's line lacks what the kernel said: %s", l)
+		}
+	}
 	if !strings.Contains(logged, `msg="module not used: no device or CPU feature for it on this machine" module=`+list[0]) {
 		t.Errorf("no unused line for crc32c-intel:\n%s", logged)
 	}
