@@ -176,6 +176,7 @@ func (c *CmdlineURL) fetchWithRetry(ctx context.Context, u *url.URL) ([]byte, er
 	if logger == nil {
 		logger = slog.Default()
 	}
+	var last error // the last attempt's error that the overall deadline did not cause
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		data, err := c.fetchOnce(actx, u)
@@ -188,8 +189,14 @@ func (c *CmdlineURL) fetchWithRetry(ctx context.Context, u *url.URL) ([]byte, er
 			return nil, err
 		}
 		if ctx.Err() != nil {
+			// The deadline cut this attempt short: what the attempts before it found (a
+			// refused connection, a 502) says more than "context deadline exceeded".
+			if last != nil {
+				err = last
+			}
 			return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 		}
+		last = err
 		logger.Warn("config url: retrying", "url", u.Redacted(), "attempt", attempt, "in", pause, "err", err)
 		t := time.NewTimer(pause)
 		select {
