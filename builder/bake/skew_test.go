@@ -152,7 +152,7 @@ func TestReadVersionsTimeout(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "/usr/bin/kubelet: --version did not finish within 300ms") {
 		t.Errorf("error %v, want a timeout", err)
 	}
-	if took := time.Since(start); took > 5*time.Second {
+	if took := time.Since(start); took > 30*time.Second { // the binary sleeps 60 s
 		t.Errorf("a hung binary held the bake for %s", took)
 	}
 }

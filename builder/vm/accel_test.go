@@ -20,7 +20,7 @@ func TestProbeKVMFailsBounded(t *testing.T) {
 	if err == nil {
 		t.Fatal("ProbeKVM with a file that is not a kernel succeeded")
 	}
-	if d := time.Since(start); d > 20*time.Second {
+	if d := time.Since(start); d > time.Minute { // a bound far past 5 s: a slow machine is no hang
 		t.Fatalf("ProbeKVM took %s, past its bound", d)
 	}
 }

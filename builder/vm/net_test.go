@@ -141,8 +141,8 @@ func TestLinkMACAndGroup(t *testing.T) {
 	}
 }
 
-// QEMU itself accepts the network arguments: it builds the machine (paused, -S) and keeps
-// running instead of exiting with a usage error.
+// QEMU itself accepts the network arguments: it builds the machine (paused, -S) and listens
+// on the forwarded port instead of exiting with a usage error.
 func TestQEMUAcceptsNetworkArgs(t *testing.T) {
 	img := testImage(t)
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
@@ -171,11 +171,20 @@ func TestQEMUAcceptsNetworkArgs(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		t.Fatalf("qemu exited: %v: %s", err, stderr.String())
-	case <-time.After(3 * time.Second):
-		cmd.Process.Kill()
-		<-done
+	// QEMU listens on the forwarded port once it has built the machine from the arguments;
+	// one it refuses exits instead. Either comes, however slow the machine (ctx bounds a hang).
+	fwd := fmt.Sprintf("127.0.0.1:%d", port)
+	for {
+		if c, err := net.Dial("tcp", fwd); err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("qemu exited: %v: %s", err, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
+	cmd.Process.Kill()
+	<-done
 }

@@ -103,7 +103,8 @@ func TestWaitForRootNotFound(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := time.Now()
 	_, _, _, err := waitForRoot(context.Background(), log, sysBlock, dev, missing, 600*time.Millisecond)
-	if took := time.Since(start); took < 600*time.Millisecond || took > 5*time.Second {
+	// At least the timeout; the upper bound only tells a bounded wait from a hang.
+	if took := time.Since(start); took < 600*time.Millisecond || took > time.Minute {
 		t.Errorf("waited %s, want about 600ms", took)
 	}
 	var nf *RootNotFoundError
