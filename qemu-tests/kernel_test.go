@@ -5,14 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// genericDef is an image of the base with Debian's generic kernel (make base-generic). The root
-// is squashfs, yet the initramfs carries (and stage 1 loads) erofs as every image's does.
+// genericDef is an image of the base with Debian's generic kernel (make base-generic), with an
+// erofs root: mounting it needs erofs.ko, libcrc32c.ko and the crc32c algorithm.
 const genericDef = `# The default image on the base with Debian's generic kernel (qemu-tests/kernel_test.go).
 name: generic
 platform: qemu
@@ -21,8 +22,8 @@ base:
   tag: bookworm-generic
 disk:
   size: 4GiB
-  rootfs: squashfs
-  compression: zstd
+  rootfs: erofs
+  compression: lz4hc
 formats: [raw]
 kernel:
   args: ["console=ttyS0,115200"]
@@ -35,7 +36,8 @@ var modulesSummary = regexp.MustCompile(`msg="modules loaded" .*\bcount=(\d+) of
 // between them (libcrc32c, which erofs needs, wants the crc32c algorithm loaded first). An image
 // baked from it carries crc32c_generic before libcrc32c in its initramfs; stage 1 loads every
 // module (a CPU-specific one may find no CPU feature under TCG: unused, not failed) with no
-// "module not loaded" line, and the node reaches kiln-init's first-boot line. One boot.
+// "module not loaded" line, mounts the erofs root and the node reaches kiln-init's first-boot
+// line. One boot.
 func TestGenericKernelBoots(t *testing.T) {
 	e := newEnv(t)
 	cache := os.Getenv("KILN_CACHE")
@@ -97,6 +99,9 @@ func TestGenericKernelBoots(t *testing.T) {
 		if s := modulesSummary.FindStringSubmatch(l); s != nil {
 			summary = s
 		}
+	}
+	if i := slices.IndexFunc(m.Lines(), rootMounted.MatchString); i < 0 || !strings.Contains(m.Lines()[i], " fstype=erofs") {
+		t.Errorf("stage 1 did not mount an erofs root:\n%s", tail(m.Lines(), 30))
 	}
 	if summary == nil {
 		t.Fatalf("no stage 1 \"modules loaded\" line on the console:\n%s", tail(m.Lines(), 60))
