@@ -163,8 +163,18 @@ func runE2ECluster(t *testing.T, pull bool) {
 
 	// A guest runs emulated (TCG) here, and two guests of two vCPUs share the host's two cores:
 	// a worker booting beside the control plane's start takes the CPU its API server needs to
-	// meet its own start-up deadlines. The worker starts once the API answers, as a worker of
-	// a real cluster joins one that serves.
+	// meet its own start-up deadlines. The worker starts once the control plane is Ready (its
+	// controller-manager allocated its pod CIDR), as a worker of a real cluster joins one that
+	// serves.
+	ready := map[string]time.Duration{}
+	waitFor(t, "the control plane is Ready", 25*time.Minute, func() (bool, string) {
+		out, err := kubectl("get", "node", cpName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		if err == nil && out == "True" {
+			ready[cpName] = time.Since(start)
+		}
+		return ready[cpName] > 0, out
+	})
+	t.Logf("e2e: control plane Ready %s after it started", ready[cpName].Round(time.Second))
 	workerStart := time.Now()
 	e.bootWith(vm.Config{
 		Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
@@ -172,7 +182,6 @@ func runE2ECluster(t *testing.T, pull bool) {
 	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
 	workerBoot := time.Now()
 
-	ready := map[string]time.Duration{}
 	waitFor(t, "both nodes Ready", 25*time.Minute, func() (bool, string) {
 		out, err := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
 		if err != nil {
@@ -191,7 +200,7 @@ func runE2ECluster(t *testing.T, pull bool) {
 		}
 		return ready[cpName] > 0 && ready[workerName] > 0, out
 	})
-	t.Logf("e2e: boot-to-Ready control plane %s, worker %s (worker started %s after the control plane, once the API answered; its first boot finished %s after its start)",
+	t.Logf("e2e: boot-to-Ready control plane %s, worker %s (worker started %s after the control plane, once it was Ready; its first boot finished %s after its start)",
 		ready[cpName].Round(time.Second), ready[workerName].Round(time.Second), workerStart.Sub(start).Round(time.Second), workerBoot.Sub(workerStart).Round(time.Second))
 
 	// A pod runs on the worker, from a pre-pulled image (the guests have no route to a
