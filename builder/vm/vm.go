@@ -60,6 +60,10 @@ type Config struct {
 	Serial  io.Writer // every console line is copied here (may be nil)
 	QEMU    string    // qemu-system-x86_64 binary; from PATH when empty
 	Extra   []string  // extra QEMU arguments
+	// Nice lowers QEMU's host CPU priority (1..19, as nice(1)): on a host with fewer cores than
+	// its VMs' vCPUs, a VM that may wait (a worker joining) leaves the cycles to one that must
+	// meet deadlines (an emulated control plane's leases and probes). 0 keeps the caller's.
+	Nice int
 }
 
 // Firmware locates OVMF: the code (read-only) and a template for the variable store.
@@ -248,7 +252,18 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	if _, err := exec.LookPath(bin); err != nil {
 		return nil, fmt.Errorf("%s not found: install the Debian package qemu-system-x86", bin)
 	}
+	if cfg.Nice < 0 || cfg.Nice > 19 {
+		if own {
+			os.RemoveAll(work)
+		}
+		return nil, fmt.Errorf("nice %d: want 0 (unchanged) to 19", cfg.Nice)
+	}
 	cmd := exec.Command(bin, args...)
+	if cfg.Nice > 0 {
+		// nice(1) before exec, so every QEMU thread (vCPUs included) inherits the priority:
+		// setpriority on a started process reaches its main thread only.
+		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(cfg.Nice), bin}, args...)...)
+	}
 	cmd.Stdin = nil
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()

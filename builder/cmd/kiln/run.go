@@ -195,6 +195,7 @@ Without --snapshot the image itself is written to (first boot creates the data p
 	f.BoolVar(&cfg.Snapshot, "snapshot", false, "leave IMAGE unchanged (writes go to a throwaway overlay)")
 	f.IntVar(&cfg.MemoryMB, "memory", 2048, "guest memory in MiB")
 	f.IntVar(&cfg.CPUs, "cpus", 2, "guest CPUs")
+	f.IntVar(&cfg.Nice, "nice", 0, "run QEMU at this host CPU niceness (1-19): a VM that may wait leaves the host's cores to others, e.g. a worker beside an emulated control plane")
 	f.StringVar(&cfg.Append, "append", "", "extra kernel arguments, e.g. 'kiln.config.url=http://10.0.2.2:8080/${mac}.ign' (boots the image's kernel directly)")
 	f.StringVar(&cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
 	return cmd
