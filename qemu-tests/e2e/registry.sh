@@ -67,8 +67,16 @@ storage:
 http:
   addr: $ADDR
 EOF
-	# setsid: the registry outlives this script and the caller's terminal.
-	setsid "$BIN" serve "$RUN/config.yml" >"$RUN/registry.log" 2>&1 </dev/null &
+	# setsid: the registry outlives this script and the caller's terminal. It keeps none of
+	# the caller's other descriptors either: an inherited lock or pipe would stay held (a
+	# flock(1) lock, a test runner waiting for its output to close) as long as it runs.
+	(
+		for fd in /proc/$BASHPID/fd/*; do
+			fd=${fd##*/}
+			if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+		done
+		exec setsid "$BIN" serve "$RUN/config.yml" >"$RUN/registry.log" 2>&1 </dev/null
+	) &
 	local pid=$!
 	echo "$pid" >"$RUN/pid"
 	for _ in $(seq 100); do
