@@ -25,7 +25,7 @@ const (
 
 // DefaultZstdLevel is the squashfs zstd level used when none is given: on
 // the 351 MB base tree level 3 takes 2.3 s for 119 MB where level 15 takes
-// 73 s for 105 MB (DESIGN.md §6).
+// 73 s for 105 MB.
 const DefaultZstdLevel = 3
 
 // RootFSOptions selects how MakeRootFS builds the root filesystem.
