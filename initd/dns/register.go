@@ -49,6 +49,12 @@ type Options struct {
 	OnState func(State)
 }
 
+// warner is a Provider whose settings have a weakness Register warns of every time it
+// runs, e.g. RFC2136 without TSIG.
+type warner interface {
+	Warning() string
+}
+
 // errConfig marks errors no retry can fix (see invalid).
 var errConfig = errors.New("invalid")
 
@@ -71,7 +77,8 @@ func invalid(err error) error {
 // (providers without lookup are always updated), else it upserts. A failed attempt
 // is retried with exponential backoff and jitter until ctx ends; Register then
 // returns the last state and an error wrapping the last failure. Invalid records are
-// not retried (state failed).
+// not retried (state failed). A provider set up without authentication (RFC2136
+// without TSIG) gets a warning logged at every call.
 func Register(ctx context.Context, p Provider, recs []Record, opts Options) (State, error) {
 	log := opts.Log
 	if log == nil {
@@ -90,6 +97,11 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 		st.Updated = time.Now().UTC()
 		if opts.OnState != nil {
 			opts.OnState(st)
+		}
+	}
+	if w, ok := p.(warner); ok {
+		if msg := w.Warning(); msg != "" {
+			log.Warn("dns: "+msg, "provider", p.Name())
 		}
 	}
 	if err := checkRecords(recs); err != nil {

@@ -27,8 +27,9 @@ var tsigAlgorithms = map[string]string{
 }
 
 // RFC2136 publishes records with RFC 2136 dynamic updates to the zone's primary
-// server, signed with TSIG (RFC 8945) when KeyName is set. Updates and lookups go over
-// TCP. Each Upsert is one UPDATE message, applied by the server all or nothing: for
+// server, signed with TSIG (RFC 8945) when KeyName is set; the server's replies must
+// then be signed with the same key (ErrReplyNotSigned otherwise). Updates and lookups go
+// over TCP. Each Upsert is one UPDATE message, applied by the server all or nothing: for
 // each record it deletes the name's record set of that type and adds the addresses
 // (for a Shared record: deletes only the Stale addresses).
 type RFC2136 struct {
@@ -139,16 +140,66 @@ func (p *RFC2136) Upsert(ctx context.Context, recs []Record) error {
 	if in != nil && in.Rcode != mdns.RcodeSuccess {
 		return rcodeError(op, p.Server, in)
 	}
-	if err != nil {
+	if err := p.checkReply(in, err, alg); err != nil {
 		return fmt.Errorf("%s at %s: %w", op, p.Server, err)
 	}
 	return nil
 }
 
+// ErrReplyNotSigned is matched (errors.Is) by the error for a reply that is not signed
+// with the configured TSIG key: unsigned, signed with another key or secret, or with a
+// signature outside its time window. Anyone on the path can forge such a reply, so a
+// success it reports is not believed.
+var ErrReplyNotSigned = errors.New("reply is not signed with the TSIG key")
+
+// checkReply returns the error of an exchange whose reply came with rcode NOERROR (or
+// NXDOMAIN for a lookup), given the exchange's own error err. With a TSIG key (alg set)
+// the reply must carry a valid signature made with that key and algorithm.
+func (p *RFC2136) checkReply(in *mdns.Msg, err error, alg string) error {
+	if alg == "" {
+		return err
+	}
+	notSigned := func(why string) error {
+		return fmt.Errorf("%w %s (%s): refusing to trust it, as anyone on the path could have sent it", ErrReplyNotSigned, hostName(p.KeyName), why)
+	}
+	switch {
+	case errors.Is(err, mdns.ErrTime):
+		return notSigned("its signature time is outside the allowed window; is the node's clock right?")
+	case errors.Is(err, mdns.ErrSecret):
+		return notSigned("signed with another key name")
+	case errors.Is(err, mdns.ErrSig), errors.Is(err, mdns.ErrKeyAlg), errors.Is(err, mdns.ErrAlg):
+		return notSigned("its signature does not verify with the key's secret: " + err.Error())
+	case err != nil:
+		return err
+	}
+	t := in.IsTsig()
+	switch {
+	case t == nil:
+		return notSigned("it carries no TSIG signature")
+	case !strings.EqualFold(t.Hdr.Name, fqdn(p.KeyName)):
+		return notSigned("signed with key " + hostName(t.Hdr.Name))
+	case !strings.EqualFold(fqdn(t.Algorithm), fqdn(alg)):
+		return notSigned("signed with algorithm " + hostName(t.Algorithm))
+	case t.Error != 0:
+		return notSigned("TSIG error " + rcodeName(int(t.Error)))
+	}
+	return nil
+}
+
+// Warning implements warner: updates without TSIG are accepted by the server from
+// anyone allowed by address, and the server's replies could come from anyone.
+func (p *RFC2136) Warning() string {
+	if p.KeyName != "" {
+		return ""
+	}
+	return "updates are not TSIG-signed (no dns.tsigKeyName): the server cannot tell them from a forger's, nor the node the server's replies from a spoofer's"
+}
+
 // Lookup implements Provider: it asks Server itself (not a resolver, whose cache
-// could be stale) for name's A and AAAA records.
+// could be stale) for name's A and AAAA records. With a TSIG key the queries are signed
+// and an answer not signed with the key is an error, like an update's reply.
 func (p *RFC2136) Lookup(ctx context.Context, name string) ([]netip.Addr, error) {
-	c, _, err := p.client()
+	c, alg, err := p.client()
 	if err != nil {
 		return nil, err
 	}
@@ -157,15 +208,16 @@ func (p *RFC2136) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 		m := new(mdns.Msg)
 		m.SetQuestion(fqdn(name), rrtype(typ))
 		m.RecursionDesired = false
+		if alg != "" {
+			m.SetTsig(fqdn(p.KeyName), alg, 300, time.Now().Unix())
+		}
 		op := "query " + hostName(name) + " " + typ
 		in, _, err := c.ExchangeContext(ctx, m, p.Server)
-		if err != nil {
-			return nil, fmt.Errorf("%s at %s: %w", op, p.Server, err)
-		}
-		switch in.Rcode {
-		case mdns.RcodeSuccess, mdns.RcodeNameError:
-		default:
+		if in != nil && in.Rcode != mdns.RcodeSuccess && in.Rcode != mdns.RcodeNameError {
 			return nil, rcodeError(op, p.Server, in)
+		}
+		if err := p.checkReply(in, err, alg); err != nil {
+			return nil, fmt.Errorf("%s at %s: %w", op, p.Server, err)
 		}
 		for _, rr := range in.Answer {
 			if !strings.EqualFold(rr.Header().Name, fqdn(name)) {

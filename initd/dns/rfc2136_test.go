@@ -27,10 +27,13 @@ const (
 	namedPath = "/usr/sbin/named"
 	testZone  = "example.test"
 	testKey   = "kiln-update"
+	// openZone takes unsigned updates from 127.0.0.1.
+	openZone = "open.test"
 )
 
 // bind is a real BIND serving the dynamic zone example.test on 127.0.0.1 and a free
-// port, updatable with the TSIG key testKey.
+// port, updatable with the TSIG key testKey, and the zone open.test, updatable
+// without a key from 127.0.0.1.
 type bind struct {
 	dir, conf string
 	port      int
@@ -89,14 +92,20 @@ zone %[7]q {
 	file %[8]q;
 	allow-update { key %[5]q; };
 };
-`, dir, b.port, filepath.Join(dir, "named.pid"), filepath.Join(dir, "session.key"), testKey, b.secret, testZone, filepath.Join(dir, testZone+".zone"))
+zone %[9]q {
+	type primary;
+	file %[10]q;
+	allow-update { 127.0.0.1; };
+};
+`, dir, b.port, filepath.Join(dir, "named.pid"), filepath.Join(dir, "session.key"), testKey, b.secret, testZone, filepath.Join(dir, testZone+".zone"),
+		openZone, filepath.Join(dir, openZone+".zone"))
 	zone := `$TTL 300
 @	IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60
 @	IN NS ns.example.test.
 ns	IN A 127.0.0.1
 other	IN A 192.0.2.99
 `
-	for name, data := range map[string]string{b.conf: conf, filepath.Join(dir, testZone+".zone"): zone} {
+	for name, data := range map[string]string{b.conf: conf, filepath.Join(dir, testZone+".zone"): zone, filepath.Join(dir, openZone+".zone"): zone} {
 		if err := os.WriteFile(name, []byte(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -435,5 +444,171 @@ func TestLoadTSIGSecret(t *testing.T) {
 		if secret, alg, err := LoadTSIGSecret(path); err != nil || alg != "hmac-sha256" || len(secret) != 44 {
 			t.Errorf("tsig-keygen output: %q, %q, %v", secret, alg, err)
 		}
+	}
+}
+
+// forger is a DNS server on UDP and TCP that is not the zone's primary: it answers
+// every update NOERROR and every A query with forgedAddr, signed as sign says.
+type forger struct {
+	addr string
+}
+
+const forgedAddr = "192.0.2.66"
+
+// forgerSign says how a forger signs its replies: not at all, or with keyName and
+// secret (the real name and secret make it the control case, a server that does know the
+// key).
+type forgerSign struct {
+	keyName, secret string
+}
+
+func newForger(t *testing.T, sign forgerSign) *forger {
+	t.Helper()
+	port := freePort(t)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	handler := mdns.HandlerFunc(func(w mdns.ResponseWriter, r *mdns.Msg) {
+		m := new(mdns.Msg)
+		m.SetReply(r)
+		m.Authoritative = true
+		if r.Opcode == mdns.OpcodeQuery && len(r.Question) == 1 && r.Question[0].Qtype == mdns.TypeA {
+			m.Answer = append(m.Answer, &mdns.A{
+				Hdr: mdns.RR_Header{Name: r.Question[0].Name, Rrtype: mdns.TypeA, Class: mdns.ClassINET, Ttl: 60},
+				A:   net.ParseIP(forgedAddr),
+			})
+		}
+		if sign.keyName != "" {
+			alg := mdns.HmacSHA256
+			if sig := r.IsTsig(); sig != nil {
+				alg = sig.Algorithm
+			}
+			m.SetTsig(fqdn(sign.keyName), alg, 300, time.Now().Unix())
+		}
+		w.WriteMsg(m)
+	})
+	var secrets map[string]string
+	if sign.keyName != "" {
+		secrets = map[string]string{fqdn(sign.keyName): sign.secret}
+	}
+	for _, network := range []string{"tcp", "udp"} {
+		started := make(chan struct{})
+		srv := &mdns.Server{Addr: addr, Net: network, Handler: handler, TsigSecret: secrets, NotifyStartedFunc: func() { close(started) },
+			MsgAcceptFunc: func(mdns.Header) mdns.MsgAcceptAction { return mdns.MsgAccept }} // updates too
+		failed := make(chan error, 1)
+		go func() { failed <- srv.ListenAndServe() }()
+		select {
+		case <-started:
+		case err := <-failed:
+			t.Fatalf("forger on %s %s: %v", network, addr, err)
+		}
+		t.Cleanup(func() { srv.Shutdown() })
+	}
+	return &forger{addr: addr}
+}
+
+// TestRFC2136RefusesForgedReplies: with a TSIG key configured, a server that answers
+// without signing, or signs with a key or secret other than the node's, is not
+// believed: its NOERROR to an update is an error saying the reply is not signed, its
+// answer to a lookup is an error too, and Register does not report the records as
+// registered. A server that does sign with the key (the control case) is believed.
+func TestRFC2136RefusesForgedReplies(t *testing.T) {
+	secret := func() string {
+		k := make([]byte, 32)
+		rand.Read(k)
+		return base64.StdEncoding.EncodeToString(k)
+	}
+	nodeSecret := secret()
+	const name = "etcd-a.internal.prod.example.test"
+	cases := []struct {
+		name string
+		sign forgerSign
+		why  string // in the error; "" means the replies are trusted
+	}{
+		{"unsigned", forgerSign{}, "it carries no TSIG signature"},
+		{"signed with another secret", forgerSign{testKey, secret()}, "does not verify with the key's secret"},
+		{"signed with another key", forgerSign{"intruder", secret()}, "signed with another key name"},
+		{"signed with the key", forgerSign{testKey, nodeSecret}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newForger(t, c.sign)
+			p := &RFC2136{Server: f.addr, Zone: testZone, KeyName: testKey, Secret: nodeSecret, Timeout: 30 * time.Second}
+			ctx := context.Background()
+			recs := []Record{{Name: name, Type: TypeA, Addrs: addrs(forgedAddr), TTL: 60}}
+			checkErr := func(what string, err error) {
+				t.Helper()
+				if c.why == "" {
+					if err != nil {
+						t.Errorf("%s: %v", what, err)
+					}
+					return
+				}
+				if !errors.Is(err, ErrReplyNotSigned) || !strings.Contains(err.Error(), c.why) ||
+					!strings.Contains(err.Error(), "not signed with the TSIG key "+testKey) || !strings.Contains(err.Error(), f.addr) {
+					t.Errorf("%s: err = %v, want it to say the reply from %s is not signed with the TSIG key %s (%s)", what, err, f.addr, testKey, c.why)
+				}
+			}
+			checkErr("update", p.Upsert(ctx, recs))
+			got, err := p.Lookup(ctx, name)
+			checkErr("lookup", err)
+			if c.why != "" && len(got) > 0 {
+				t.Errorf("lookup believed the forged answer %v", got)
+			}
+
+			// Register believes the forged answer to its lookup only when signed with the
+			// key; otherwise it stays pending until cut short.
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			st, err := Register(rctx, p, recs, Options{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, OnState: func(s State) {
+				if s.LastError != "" {
+					cancel()
+				}
+			}})
+			if c.why == "" {
+				if err != nil || st.State != StateRegistered {
+					t.Errorf("Register = %v, %v; want registered", st, err)
+				}
+				return
+			}
+			if st.State == StateRegistered || !errors.Is(err, ErrReplyNotSigned) {
+				t.Errorf("Register = %v, %v; want pending with the unsigned reply's error", st, err)
+			}
+		})
+	}
+}
+
+// TestRFC2136WithoutTSIGWarns: a registration without a TSIG key works where the server
+// allows it, and logs a warning every time; one with a key logs none.
+func TestRFC2136WithoutTSIGWarns(t *testing.T) {
+	b := newBind(t)
+	b.start(t)
+	ctx := context.Background()
+	cases := []struct {
+		name     string
+		p        *RFC2136
+		zone     string
+		warnings int
+	}{
+		{"unsigned", &RFC2136{Server: b.server(), Zone: openZone}, openZone, 1},
+		{"TSIG", b.provider(), testZone, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rec := "etcd-c.internal.prod." + c.zone
+			for run, addr := range []string{"10.2.0.3", "10.2.0.4"} {
+				var logs bytes.Buffer
+				log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+				st, err := Register(ctx, c.p, []Record{{Name: rec, Type: TypeA, Addrs: addrs(addr), TTL: 30}}, Options{Log: log})
+				if err != nil || st.State != StateRegistered {
+					t.Fatalf("Register %d = %v, %v", run+1, st, err)
+				}
+				if got := b.dig(t, rec, "A"); !slices.Equal(got, []string{addr}) {
+					t.Errorf("dig %s = %v, want %s", rec, got, addr)
+				}
+				warns := strings.Count(logs.String(), "level=WARN")
+				if warns != c.warnings || (c.warnings > 0 && !strings.Contains(logs.String(), "not TSIG-signed")) {
+					t.Errorf("Register %d logged %d warnings, want %d about TSIG:\n%s", run+1, warns, c.warnings, logs.String())
+				}
+			}
+		})
 	}
 }
