@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 )
 
@@ -21,7 +22,8 @@ import (
 type AWS struct {
 	// Endpoint is the IMDS base URL; "" means the SDK's default (http://169.254.169.254).
 	Endpoint string
-	// HTTPClient sends the requests; nil means the SDK's default.
+	// HTTPClient sends the requests; nil means one with the SDK's default timeouts. Every
+	// answer (session token, metadata, user data) is cut off at MaxConfigSize.
 	HTTPClient imds.HTTPClient
 	// ProbeTimeout bounds Probe; 0 means 2s.
 	ProbeTimeout time.Duration
@@ -35,9 +37,16 @@ func (*AWS) Name() string { return "aws-imds" }
 
 func (a *AWS) imds() *imds.Client {
 	a.once.Do(func() {
+		inner := a.HTTPClient
+		if inner == nil {
+			// The SDK's own default, whose short timeouts make Probe fail fast off EC2.
+			inner = awshttp.NewBuildableClient().
+				WithDialerOptions(func(d *net.Dialer) { d.Timeout = 250 * time.Millisecond }).
+				WithTransportOptions(func(tr *http.Transport) { tr.ResponseHeaderTimeout = 500 * time.Millisecond })
+		}
 		a.client = imds.New(imds.Options{
 			Endpoint:       a.Endpoint,
-			HTTPClient:     a.HTTPClient,
+			HTTPClient:     cappedClient{inner},
 			EnableFallback: aws.FalseTernary,
 		})
 	})
@@ -71,14 +80,20 @@ func (a *AWS) Fetch(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("imds user-data: %w", err)
 	}
 	defer out.Content.Close()
-	data, err := io.ReadAll(io.LimitReader(out.Content, MaxConfigSize+1))
+	return readLimited(out.Content, MaxConfigSize, "imds user-data")
+}
+
+// cappedClient cuts every IMDS answer off at MaxConfigSize: the SDK reads each answer
+// whole into memory before it hands it over.
+type cappedClient struct{ imds.HTTPClient }
+
+func (c cappedClient) Do(req *http.Request) (*http.Response, error) {
+	resp, err := c.HTTPClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("imds user-data: read: %w", err)
+		return nil, err
 	}
-	if len(data) > MaxConfigSize {
-		return nil, fmt.Errorf("imds user-data: larger than %d bytes", MaxConfigSize)
-	}
-	return data, nil
+	resp.Body = limitBody(resp.Body, MaxConfigSize, "imds "+req.Method+" "+req.URL.Path)
+	return resp, nil
 }
 
 // httpStatus returns the HTTP status code carried by an SDK error, or 0.

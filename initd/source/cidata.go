@@ -7,7 +7,6 @@ import (
 	"github.com/diskfs/go-diskfs/backend/file"
 	"github.com/diskfs/go-diskfs/filesystem/iso9660"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -116,14 +115,17 @@ func readUserData(fsys filesystem.FileSystem, dev string) ([]byte, error) {
 		if fi.IsDir() {
 			return nil, fmt.Errorf("%s on %s is a directory", name, dev)
 		}
+		what := name + " on " + dev
 		if fi.Size() > MaxConfigSize {
-			return nil, fmt.Errorf("%s on %s: larger than %d bytes", name, dev, MaxConfigSize)
+			return nil, &TooLargeError{What: what, Limit: MaxConfigSize}
 		}
-		data, err := fs.ReadFile(fsys, name)
+		// The size the filesystem claims is not trusted: reading stops at the cap anyway.
+		f, err := fsys.Open(name)
 		if err != nil {
-			return nil, fmt.Errorf("read %s on %s: %w", name, dev, err)
+			return nil, fmt.Errorf("read %s: %w", what, err)
 		}
-		return data, nil
+		defer f.Close()
+		return readLimited(f, MaxConfigSize, what)
 	}
 	return nil, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -221,8 +220,12 @@ func (c *CmdlineURL) fetchOnce(ctx context.Context, u *url.URL) ([]byte, error) 
 	if err != nil {
 		return nil, &permanentError{err}
 	}
-	resp, err := hc.Do(req)
+	resp, err := SafeRedirects(hc).Do(req)
 	if err != nil {
+		var re *RedirectError
+		if errors.As(err, &re) {
+			return nil, &permanentError{err}
+		}
 		return nil, err
 	}
 	defer resp.Body.Close()
@@ -233,14 +236,61 @@ func (c *CmdlineURL) fetchOnce(ctx context.Context, u *url.URL) ([]byte, error) 
 	default:
 		return nil, &permanentError{fmt.Errorf("server answered %s", resp.Status)}
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxConfigSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read body: %w", err)
+	data, err := readLimited(resp.Body, MaxConfigSize, "the answer")
+	var tooLarge *TooLargeError
+	if errors.As(err, &tooLarge) {
+		return nil, &permanentError{err}
 	}
-	if len(data) > MaxConfigSize {
-		return nil, &permanentError{fmt.Errorf("larger than %d bytes", MaxConfigSize)}
+	return data, err
+}
+
+// MaxRedirects is how many redirects an http(s) fetch follows (kiln.config.url, and
+// storage.files contents through the apply package).
+const MaxRedirects = 10
+
+// RedirectError is a redirect that SafeRedirects refused.
+type RedirectError struct {
+	From, To string
+	Reason   string
+}
+
+func (e *RedirectError) Error() string {
+	return fmt.Sprintf("refused redirect from %s to %s: %s", e.From, e.To, e.Reason)
+}
+
+// CheckRedirect is the redirect policy of kiln's http(s) fetches, for
+// http.Client.CheckRedirect: at most MaxRedirects redirects, and once a chain has been on
+// https, every later hop must be https too, so a redirect cannot strip TLS off a fetch
+// the user asked to be secure. http to https is followed.
+func CheckRedirect(req *http.Request, via []*http.Request) error {
+	prev := via[len(via)-1].URL
+	if len(via) > MaxRedirects {
+		return &RedirectError{From: prev.Redacted(), To: req.URL.Redacted(), Reason: fmt.Sprintf("more than %d redirects", MaxRedirects)}
 	}
-	return data, nil
+	if req.URL.Scheme != "https" {
+		for _, v := range via {
+			if v.URL.Scheme == "https" {
+				return &RedirectError{From: prev.Redacted(), To: req.URL.Redacted(), Reason: "a fetch that began on https must stay on https"}
+			}
+		}
+	}
+	return nil
+}
+
+// SafeRedirects returns a copy of hc that applies CheckRedirect before hc's own policy.
+func SafeRedirects(hc *http.Client) *http.Client {
+	c := *hc
+	own := hc.CheckRedirect
+	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if err := CheckRedirect(req, via); err != nil {
+			return err
+		}
+		if own != nil {
+			return own(req, via)
+		}
+		return nil
+	}
+	return &c
 }
 
 // urlVariables lists the names Expand substitutes, for error messages.

@@ -5,7 +5,6 @@ import (
 	"compress/gzip"
 	"encoding/base64"
 	"fmt"
-	"io"
 	"unicode/utf8"
 )
 
@@ -49,14 +48,7 @@ func gunzip(data []byte) ([]byte, error) {
 		return nil, err
 	}
 	defer zr.Close()
-	out, err := io.ReadAll(io.LimitReader(zr, MaxConfigSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(out) > MaxConfigSize {
-		return nil, fmt.Errorf("larger than %d bytes once uncompressed", MaxConfigSize)
-	}
-	return out, nil
+	return readLimited(zr, MaxConfigSize, "the gunzipped user data")
 }
 
 // decodeBase64 returns the decoded payload and true when data is base64 by the rule in

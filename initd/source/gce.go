@@ -48,6 +48,8 @@ func (g *GCE) metadata() *metadata.Client {
 		g.client = metadata.NewClient(&http.Client{
 			Transport: gceTransport{host: g.Host, base: base, last: g.last},
 			Timeout:   30 * time.Second,
+			// The metadata server never redirects; following one would leave it.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		})
 	})
 	return g.client
@@ -81,14 +83,12 @@ func (g *GCE) Fetch(ctx context.Context) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("gce metadata instance/attributes/%s: %w", GCEUserDataAttribute, err)
 	}
-	if len(v) > MaxConfigSize {
-		return nil, fmt.Errorf("gce metadata instance/attributes/%s: larger than %d bytes", GCEUserDataAttribute, MaxConfigSize)
-	}
 	return []byte(v), nil
 }
 
-// gceTransport sends metadata requests to host (when set) and rejects answers that do
-// not come from a Google metadata server.
+// gceTransport sends metadata requests to host (when set), rejects answers that do not
+// come from a Google metadata server and cuts every answer off at MaxConfigSize (the
+// metadata client reads each answer whole into memory).
 type gceTransport struct {
 	host string
 	base http.RoundTripper
@@ -133,5 +133,6 @@ func (t gceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Body.Close()
 		return nil, fmt.Errorf("%s is not a Google metadata server (no Metadata-Flavor: Google in the answer, status %s)", req.URL.Host, resp.Status)
 	}
+	resp.Body = limitBody(resp.Body, MaxConfigSize, "the answer")
 	return resp, nil
 }

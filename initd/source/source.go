@@ -28,8 +28,80 @@ type Provider interface {
 	Fetch(ctx context.Context) ([]byte, error)
 }
 
-// MaxConfigSize bounds how much a provider reads, so a broken source cannot exhaust memory.
+// MaxConfigSize bounds how much a provider reads, so a broken or hostile source (a
+// metadata server answering gigabytes, a URL streaming without end) cannot exhaust
+// memory: every source stops reading there and fails with a *TooLargeError.
 const MaxConfigSize = 64 << 20
+
+// TooLargeError is a source's answer that goes over MaxConfigSize.
+type TooLargeError struct {
+	// What names the answer, e.g. "imds user-data" or "tftp config.ign".
+	What string
+	// Limit is the cap in bytes.
+	Limit int64
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("%s is larger than the %s cap on a config", e.What, sizeString(e.Limit))
+}
+
+// RetryableError tells retrying clients (the AWS SDK's) that asking again is useless.
+func (e *TooLargeError) RetryableError() bool { return false }
+
+// sizeString renders a byte count in MiB when it is whole MiB, else in bytes.
+func sizeString(n int64) string {
+	if n >= 1<<20 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// readLimited reads r to the end, failing with a *TooLargeError naming what once it has
+// seen more than limit bytes; it never holds more than limit+1 bytes.
+func readLimited(r io.Reader, limit int64, what string) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", what, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, &TooLargeError{What: what, Limit: limit}
+	}
+	return data, nil
+}
+
+// limitedBody passes through the first limit bytes of a response body and then fails
+// with a *TooLargeError, so that a client library that reads whole answers into memory
+// (the AWS SDK, the GCE metadata client) stops at the cap.
+type limitedBody struct {
+	rc    io.ReadCloser
+	left  int64
+	limit int64
+	what  string
+}
+
+func limitBody(rc io.ReadCloser, limit int64, what string) io.ReadCloser {
+	return &limitedBody{rc: rc, left: limit, limit: limit, what: what}
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// At the cap: one more byte means the answer is too large.
+		var one [1]byte
+		n, err := b.rc.Read(one[:])
+		if n > 0 {
+			return 0, &TooLargeError{What: b.what, Limit: b.limit}
+		}
+		return 0, err
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.rc.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+func (b *limitedBody) Close() error { return b.rc.Close() }
 
 // Select asks each provider in order and returns the first non-empty config and the name
 // of its source. Each provider gets perSourceTimeout for Probe and Fetch together
@@ -114,14 +186,7 @@ func readFileLimited(name string) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxConfigSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	if len(data) > MaxConfigSize {
-		return nil, fmt.Errorf("read %s: larger than %d bytes", name, MaxConfigSize)
-	}
-	return data, nil
+	return readLimited(f, MaxConfigSize, name)
 }
 
 // isRegular reports whether name exists and is a regular file (following symlinks).

@@ -229,7 +229,7 @@ func (tr *tftpTransfer) handle(pkt []byte, from *net.UDPAddr) (done bool, err er
 			return false, tr.abort(from, 4, fmt.Errorf("block %d has %d bytes, block size is %d", block, len(payload), tr.blksize))
 		}
 		if tr.data.Len()+len(payload) > MaxConfigSize {
-			return false, tr.abort(from, tftpErrDiskFull, fmt.Errorf("file larger than %d bytes", MaxConfigSize))
+			return false, tr.abort(from, tftpErrDiskFull, &TooLargeError{What: "the file", Limit: MaxConfigSize})
 		}
 		tr.data.Write(payload)
 		tr.progressed = true

@@ -162,7 +162,7 @@ func TestTFTPTooLarge(t *testing.T) {
 	f.Close()
 	os.Chmod(big, 0o644)
 	_, err = TFTPClient{BlockSize: 65464}.Get(context.Background(), addr, "big")
-	if err == nil || !strings.Contains(err.Error(), "file larger than") {
+	if err == nil || !strings.Contains(err.Error(), "larger than the 64 MiB cap") {
 		t.Fatalf("err = %v, want the size limit", err)
 	}
 }

@@ -1,0 +1,228 @@
+package source
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// hostileAnswer is how much a hostile server offers: eight times the cap. It would stream
+// on; it stops there only so that a client without the cap fails this test instead of
+// exhausting the machine.
+const hostileAnswer = 8 * MaxConfigSize
+
+// streamer answers with hostileAnswer bytes of a config-looking JSON prefix and then
+// spaces, chunked (no Content-Length), and counts what the client took.
+type streamer struct {
+	served atomic.Int64
+}
+
+func (s *streamer) taken() int64 { return s.served.Load() }
+
+func (s *streamer) stream(w http.ResponseWriter) {
+	chunk := []byte(strings.Repeat(" ", 1<<20))
+	copy(chunk, `{"ignition":{"version":"3.4.0"}`)
+	w.WriteHeader(http.StatusOK)
+	for s.served.Load() < hostileAnswer {
+		n, err := w.Write(chunk)
+		s.served.Add(int64(n))
+		if err != nil {
+			return
+		}
+	}
+}
+
+// hostileIMDS is an IMDSv2 service whose user data, or whose session token, never ends.
+type hostileIMDS struct {
+	streamer
+	fakeIMDS
+	streamToken bool
+}
+
+func (h *hostileIMDS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case h.streamToken && r.Method == http.MethodPut:
+		w.Header().Set("X-aws-ec2-metadata-token-ttl-seconds", r.Header.Get("X-aws-ec2-metadata-token-ttl-seconds"))
+		h.stream(w)
+	case !h.streamToken && r.Method == http.MethodGet && r.URL.Path == "/latest/user-data":
+		h.stream(w)
+	default:
+		h.fakeIMDS.ServeHTTP(w, r)
+	}
+}
+
+// hostileGCE is a Google metadata server whose user-data attribute never ends.
+type hostileGCE struct {
+	streamer
+	fakeGCE
+}
+
+func (h *hostileGCE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/computeMetadata/v1/instance/attributes/"+GCEUserDataAttribute {
+		w.Header().Set("Metadata-Flavor", "Google")
+		h.stream(w)
+		return
+	}
+	h.fakeGCE.ServeHTTP(w, r)
+}
+
+// hostileURL is a web server whose config never ends.
+type hostileURL struct{ streamer }
+
+func (h *hostileURL) ServeHTTP(w http.ResponseWriter, _ *http.Request) { h.stream(w) }
+
+// TestAttackEndlessAnswer: a metadata service or config server that answers far more
+// than MaxConfigSize makes the source fail, naming the source and the cap, after reading
+// no more than the cap: the client stops taking bytes and the heap does not grow with
+// the answer.
+func TestAttackEndlessAnswer(t *testing.T) {
+	type server interface {
+		http.Handler
+		taken() int64
+	}
+	tests := []struct {
+		name     string
+		handler  server
+		provider func(srv *httptest.Server) Provider
+		// direct: call Fetch rather than Select (a token that never ends makes Probe
+		// say no, so Select would just skip the source).
+		direct  bool
+		wantErr []string
+	}{
+		{
+			name:    "aws user data",
+			handler: &hostileIMDS{},
+			provider: func(srv *httptest.Server) Provider {
+				return &AWS{Endpoint: srv.URL, ProbeTimeout: time.Minute}
+			},
+			wantErr: []string{"config source aws-imds", "imds user-data", "64 MiB cap"},
+		},
+		{
+			name:    "aws session token",
+			handler: &hostileIMDS{streamToken: true},
+			provider: func(srv *httptest.Server) Provider {
+				return &AWS{Endpoint: srv.URL, ProbeTimeout: time.Minute}
+			},
+			direct:  true,
+			wantErr: []string{"imds user-data", "64 MiB cap"},
+		},
+		{
+			name:    "gce user data",
+			handler: &hostileGCE{},
+			provider: func(srv *httptest.Server) Provider {
+				return &GCE{Host: srv.Listener.Addr().String(), ProbeTimeout: time.Minute}
+			},
+			wantErr: []string{"config source gce-metadata", "instance/attributes/user-data", "64 MiB cap"},
+		},
+		{
+			name:    "kiln.config.url",
+			handler: &hostileURL{},
+			provider: func(srv *httptest.Server) Provider {
+				return &CmdlineURL{Cmdline: "kiln.config.url=" + srv.URL + "/node.ign", Backoff: time.Millisecond}
+			},
+			wantErr: []string{"config source cmdline-url", "/node.ign", "64 MiB cap"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(tc.handler)
+			defer srv.Close()
+			p := tc.provider(srv)
+
+			before := allocated()
+			var err error
+			if tc.direct {
+				_, err = p.Fetch(context.Background())
+			} else {
+				_, _, err = Select(context.Background(), []Provider{p}, 5*time.Minute)
+			}
+			grown := allocated() - before
+
+			if err == nil {
+				t.Fatal("a never-ending answer was accepted")
+			}
+			for _, want := range tc.wantErr {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+			// The client stops at the cap; socket buffers may hold a few MiB more.
+			if taken := tc.handler.taken(); taken > MaxConfigSize+32<<20 {
+				t.Errorf("the client took %d MiB of the answer; the cap is %d MiB", taken>>20, MaxConfigSize>>20)
+			}
+			// Reading up to the cap into a growing buffer allocates about twice the cap.
+			if limit := uint64(4 * MaxConfigSize); grown > limit {
+				t.Errorf("reading the answer allocated %d MiB, want at most %d MiB", grown>>20, limit>>20)
+			}
+		})
+	}
+}
+
+// TestAttackHugeFile: a file source (embedded file, fw_cfg item) of gigabytes is refused
+// naming the file and the cap.
+func TestAttackHugeFile(t *testing.T) {
+	huge := func(t *testing.T, path string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := f.Truncate(4 << 30); err != nil { // sparse: 4 GiB of zeros
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T) (Provider, string)
+		wantErr string
+	}{
+		{name: "embedded", setup: func(t *testing.T) (Provider, string) {
+			p := filepath.Join(t.TempDir(), "config.ign")
+			huge(t, p)
+			return Embedded{Path: p}, p
+		}, wantErr: "config source embedded"},
+		{name: "fw_cfg", setup: func(t *testing.T) (Provider, string) {
+			f := &FWCfg{Sysfs: t.TempDir(), LoadModule: func(context.Context) error { return nil }}
+			huge(t, f.RawPath())
+			return f, f.RawPath()
+		}, wantErr: "config source fw_cfg"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, path := tc.setup(t)
+			before := allocated()
+			_, _, err := Select(context.Background(), []Provider{p}, 5*time.Minute)
+			grown := allocated() - before
+			if err == nil {
+				t.Fatal("a 4 GiB config file was accepted")
+			}
+			for _, want := range []string{tc.wantErr, path, "64 MiB cap"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+			if limit := uint64(4 * MaxConfigSize); grown > limit {
+				t.Errorf("reading the file allocated %d MiB, want at most %d MiB", grown>>20, limit>>20)
+			}
+		})
+	}
+}
+
+// allocated is the bytes allocated on the heap so far (it only grows, so the difference
+// of two readings bounds what was held in between).
+func allocated() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.TotalAlloc
+}
