@@ -11,11 +11,13 @@ import (
 	"path"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/source"
 )
 
 // Files writes storage.files entries (from config.Config.Files) below root. Remote
 // contents are fetched with get first (all of them, before anything is written; a nil
-// get uses HTTPGetter(http.DefaultClient)) and must match their verification hash.
+// get uses HTTPGetter(http.DefaultClient)) and must match their verification hash; all
+// contents together may not exceed config.MaxFilesSize.
 //
 // The rules are Ignition's, plus one that makes re-runs converge:
 //   - a missing file is created (empty when the entry has no contents), mode 0644 unless
@@ -38,6 +40,7 @@ func Files(ctx context.Context, root string, files []config.File, get config.Get
 	}
 	defer t.Close()
 	resolved := make([]config.File, len(files))
+	var total int64 // held in memory: bounded by config.MaxFilesSize
 	for i, f := range files {
 		if f.Remote() {
 			// A file already holding the verified contents needs no download: a re-run
@@ -49,6 +52,9 @@ func Files(ctx context.Context, root string, files []config.File, get config.Get
 		rf, err := f.Fetch(ctx, get)
 		if err != nil {
 			return nil, err
+		}
+		if total += int64(len(rf.Contents)); total > config.MaxFilesSize {
+			return nil, config.FilesTotalError(rf.Field)
 		}
 		resolved[i] = rf
 	}
@@ -134,8 +140,10 @@ func (t *tree) sameContents(p string, fi fs.FileInfo, data []byte) bool {
 }
 
 // HTTPGetter fetches http(s) URLs with client. A status other than 200 is an error;
-// bodies larger than config.MaxSize are refused.
+// bodies larger than config.MaxSize are refused; redirects follow source.CheckRedirect
+// (at most source.MaxRedirects, never from https to http) before client's own policy.
 func HTTPGetter(client *http.Client) config.Getter {
+	client = source.SafeRedirects(client)
 	return func(ctx context.Context, url string) ([]byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
@@ -154,7 +162,7 @@ func HTTPGetter(client *http.Client) config.Getter {
 			return nil, fmt.Errorf("read body: %w", err)
 		}
 		if len(data) > config.MaxSize {
-			return nil, fmt.Errorf("body is larger than %d bytes", config.MaxSize)
+			return nil, &config.TooLargeError{What: "the answer", Limit: config.MaxSize}
 		}
 		return data, nil
 	}

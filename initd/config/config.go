@@ -29,8 +29,32 @@ import (
 	"github.com/coreos/vcontext/tree"
 )
 
-// MaxSize bounds a config after decompression.
+// MaxSize bounds a config after decompression, and the contents of one storage.files
+// entry after decoding, decompression or download.
 const MaxSize = 64 << 20
+
+// MaxFilesSize bounds the contents of all storage.files entries of one config together,
+// as kiln holds them in memory before it writes any: a config of small gzip'd data: URLs
+// must not decompress into more than the node's memory.
+const MaxFilesSize = 128 << 20
+
+// TooLargeError is data over one of the caps above.
+type TooLargeError struct {
+	// What is over the cap, e.g. "the gzip'd config".
+	What  string
+	Limit int64
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("%s is larger than the %d MiB cap", e.What, e.Limit>>20)
+}
+
+// FilesTotalError is the error for the storage.files entry (at JSON path field) whose
+// contents take the sum over MaxFilesSize.
+func FilesTotalError(field string) error {
+	return &FieldError{Path: field + ".contents", Err: fmt.Errorf(
+		"with this entry, the contents of storage.files add up to more than the %d MiB cap on all of them", MaxFilesSize>>20)}
+}
 
 // Config is a parsed user config.
 type Config struct {
@@ -136,15 +160,16 @@ func decompress(raw []byte) ([]byte, error) {
 	if !bytes.HasPrefix(raw, gzipMagic) {
 		return raw, nil
 	}
-	data, err := gunzip(raw, MaxSize)
+	data, err := gunzip(raw, MaxSize, "the gunzipped config")
 	if err != nil {
 		return nil, fmt.Errorf("parse config: gzip'd config: %w", err)
 	}
 	return data, nil
 }
 
-// gunzip decompresses data, refusing output larger than limit.
-func gunzip(data []byte, limit int64) ([]byte, error) {
+// gunzip decompresses data, failing with a *TooLargeError naming what once the output
+// goes over limit; it never holds more than limit+1 bytes of output.
+func gunzip(data []byte, limit int64, what string) ([]byte, error) {
 	zr, err := gzip.NewReader(bytes.NewReader(data))
 	if err != nil {
 		return nil, err
@@ -155,7 +180,7 @@ func gunzip(data []byte, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(out)) > limit {
-		return nil, fmt.Errorf("larger than %d bytes once decompressed", limit)
+		return nil, &TooLargeError{What: what, Limit: limit}
 	}
 	return out, nil
 }

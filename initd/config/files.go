@@ -87,7 +87,7 @@ func (f File) Fetch(ctx context.Context, get Getter) (File, error) {
 	if err != nil {
 		return File{}, &FieldError{Path: f.Field + ".contents.source", Err: fmt.Errorf("fetch %s: %w", f.Source, err)}
 	}
-	data, err = decode(f.Field, data, f.Compression, &f.Hash)
+	data, err = decode(f.Field, data, f.Compression, &f.Hash, MaxSize)
 	if err != nil {
 		return File{}, err
 	}
@@ -98,21 +98,26 @@ func (f File) Fetch(ctx context.Context, get Getter) (File, error) {
 // Files decodes the contents of every storage.files entry: data: URL, gzip
 // decompression, and contents.verification.hash (checked on the decompressed bytes, as
 // Ignition does). http(s) sources are left for File.Fetch (Source set, Contents nil).
-// It fails on the first entry that cannot be resolved, before anything is written.
+// It fails on the first entry that cannot be resolved, before anything is written: one
+// whose contents are over MaxSize, or take the sum of all contents over MaxFilesSize.
 // Call Validate first: Files assumes only supported fields are set.
 func (c *Config) Files() ([]File, error) {
 	files := make([]File, 0, len(c.Ignition.Storage.Files))
+	var total int64
 	for i, f := range c.Ignition.Storage.Files {
-		rf, err := resolve(fmt.Sprintf("storage.files[%d]", i), f)
+		field := fmt.Sprintf("storage.files[%d]", i)
+		rf, err := resolve(field, f, MaxFilesSize-total)
 		if err != nil {
 			return nil, err
 		}
+		total += int64(len(rf.Contents))
 		files = append(files, rf)
 	}
 	return files, nil
 }
 
-func resolve(field string, f types.File) (File, error) {
+// resolve decodes one entry; left is what MaxFilesSize leaves for its contents.
+func resolve(field string, f types.File, left int64) (File, error) {
 	out := File{
 		Field:     field,
 		Path:      path.Clean("/" + f.Path),
@@ -151,7 +156,7 @@ func resolve(field string, f types.File) (File, error) {
 	if err != nil {
 		return File{}, &FieldError{Path: field + ".contents.source", Err: fmt.Errorf("decode data URL: %w", err)}
 	}
-	data, err := decode(field, du.Data, deref(f.Contents.Compression), f.Contents.Verification.Hash)
+	data, err := decode(field, du.Data, deref(f.Contents.Compression), f.Contents.Verification.Hash, left)
 	if err != nil {
 		return File{}, err
 	}
@@ -159,13 +164,32 @@ func resolve(field string, f types.File) (File, error) {
 	return out, nil
 }
 
-// decode decompresses data and verifies it against hash (if not nil).
-func decode(field string, data []byte, compression string, hash *string) ([]byte, error) {
+// decode decompresses data and verifies it against hash (if not nil). The contents may
+// not exceed MaxSize, nor left (what MaxFilesSize leaves for them): decompression stops
+// at the smaller of the two.
+func decode(field string, data []byte, compression string, hash *string, left int64) ([]byte, error) {
+	limit, what := int64(MaxSize), "the contents"
+	if left < limit {
+		limit, what = max(left, 0), ""
+	}
+	tooLarge := func() error {
+		if what == "" {
+			return FilesTotalError(field)
+		}
+		return &FieldError{Path: field + ".contents", Err: &TooLargeError{What: what, Limit: MaxSize}}
+	}
 	var err error
 	switch compression {
 	case "":
+		if int64(len(data)) > limit {
+			return nil, tooLarge()
+		}
 	case "gzip":
-		data, err = gunzip(data, MaxSize)
+		data, err = gunzip(data, limit, what)
+		var tl *TooLargeError
+		if errors.As(err, &tl) {
+			return nil, tooLarge()
+		}
 		if err != nil {
 			return nil, &FieldError{Path: field + ".contents", Err: fmt.Errorf("gunzip: %w", err)}
 		}
