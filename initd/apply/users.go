@@ -112,6 +112,8 @@ func (db *accountDB) load() (*accounts, error) {
 	return db.t.accounts, nil
 }
 
+// run runs tool (useradd, usermod, groupadd) chrooted into the node's root. Callers put
+// "--" before the account name, so that no name from the config is read as an option.
 func (db *accountDB) run(ctx context.Context, tool string, args ...string) error {
 	if !db.t.asRoot {
 		return fmt.Errorf("%s needs root privileges (it chroots into %s)", tool, db.root)
@@ -159,7 +161,7 @@ func (db *accountDB) group(ctx context.Context, field string, g types.PasswdGrou
 	if g.System != nil && *g.System {
 		args = append(args, "--system")
 	}
-	return db.run(ctx, "groupadd", append(args, g.Name)...)
+	return db.run(ctx, "groupadd", append(args, "--", g.Name)...)
 }
 
 func (db *accountDB) user(ctx context.Context, field string, u types.PasswdUser) error {
@@ -218,7 +220,7 @@ func (db *accountDB) user(ctx context.Context, field string, u types.PasswdUser)
 	if len(args) == 0 {
 		return nil
 	}
-	return db.run(ctx, "usermod", append(args, u.Name)...)
+	return db.run(ctx, "usermod", append(args, "--", u.Name)...)
 }
 
 func (db *accountDB) addUser(ctx context.Context, u types.PasswdUser) error {
@@ -264,7 +266,7 @@ func (db *accountDB) addUser(ctx context.Context, u types.PasswdUser) error {
 	} else {
 		args = append(args, "--no-create-home")
 	}
-	if err := db.run(ctx, "useradd", append(args, u.Name)...); err != nil {
+	if err := db.run(ctx, "useradd", append(args, "--", u.Name)...); err != nil {
 		return err
 	}
 	if createHome {

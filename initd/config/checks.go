@@ -125,6 +125,8 @@ func checkUnitName(name string) error {
 		return fmt.Errorf("unit name %q contains a slash", name)
 	case strings.HasPrefix(name, "."):
 		return fmt.Errorf("unit name %q starts with a dot", name)
+	case strings.HasPrefix(name, "-"):
+		return fmt.Errorf("unit name %q starts with a dash, which systemctl would read as an option", name)
 	}
 	return nil
 }

@@ -133,7 +133,7 @@ func (p *plan) kubeletTask(ctx context.Context) (bool, error) {
 			return false, err
 		}
 		// --no-block: they are ordered after kiln-firstboot, which is still running.
-		if err := p.opts.Systemctl(ctx, append([]string{"start", "--no-block"}, units...)...); err != nil {
+		if err := p.opts.Systemctl(ctx, append([]string{"start", "--no-block", "--"}, units...)...); err != nil {
 			return false, err
 		}
 	}

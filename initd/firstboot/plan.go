@@ -114,7 +114,8 @@ func (p *plan) startUnits(ctx context.Context) (bool, error) {
 	}
 	if len(p.enabledUnits) > 0 {
 		// --no-block: units ordered after kiln-firstboot must not wait for us to exit.
-		args := append([]string{"start", "--no-block"}, p.enabledUnits...)
+		// "--": the names come from the config and must never be read as options.
+		args := append([]string{"start", "--no-block", "--"}, p.enabledUnits...)
 		if err := p.opts.Systemctl(ctx, args...); err != nil {
 			return false, err
 		}

@@ -176,7 +176,7 @@ func TestRunWholeGraphIsIdempotent(t *testing.T) {
 	if target, err := os.Readlink(filepath.Join(root, "etc/systemd/system/multi-user.target.wants/demo.service")); err != nil || target != "/etc/systemd/system/demo.service" {
 		t.Errorf("demo.service enablement link -> %q, %v", target, err)
 	}
-	if !slices.Contains(calls, "daemon-reload") || !slices.Contains(calls, "start --no-block demo.service") {
+	if !slices.Contains(calls, "daemon-reload") || !slices.Contains(calls, "start --no-block -- demo.service") {
 		t.Errorf("systemctl calls %v: want a daemon-reload and the enabled unit started", calls)
 	}
 
