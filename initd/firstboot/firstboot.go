@@ -97,10 +97,11 @@ const DefaultAddressWait = 90 * time.Second
 const NoSource = "none"
 
 // Run performs the first boot. When an earlier run succeeded (and not Force) it returns that
-// run's status with Skipped set and touches nothing. Otherwise it gets the config, runs the
-// task graph, writes the status (ok or failed) and syncs. On failure it returns the failed
-// status together with the error, so the caller can print Status.Line in every case (the
-// status is nil only if the root cannot be opened).
+// run's status with Skipped set and touches nothing but the status file's mode (see
+// StatusMode). Otherwise it gets the config, runs the task graph, writes the status (ok or
+// failed) and syncs. On failure it returns the failed status together with the error, so
+// the caller can print Status.Line in every case (the status is nil only if the root
+// cannot be opened).
 func Run(ctx context.Context, opts Options) (*Status, error) {
 	opts = withDefaults(opts)
 	if fi, err := os.Stat(opts.Root); err != nil || !fi.IsDir() {
@@ -112,6 +113,9 @@ func Run(ctx context.Context, opts Options) (*Status, error) {
 	case err == nil && prev.State == StateOK && !opts.Force:
 		prev.Skipped = true
 		opts.Log.Info("first boot already done", "finished", prev.Finished, "source", prev.Source)
+		if err := tightenStatus(opts.Root); err != nil {
+			return prev, err
+		}
 		return prev, nil
 	case err == nil && prev.State != StateOK:
 		opts.Log.Info("previous first boot did not succeed; running again", "state", prev.State, "error", prev.Error)

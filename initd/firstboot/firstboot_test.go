@@ -81,8 +81,8 @@ func readStatusFile(t *testing.T, root string) (map[string]any, *Status) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Mode().Perm() != 0o644 {
-		t.Errorf("status.json mode = %v, want 0644", fi.Mode().Perm())
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("status.json mode = %v, want 0600", fi.Mode().Perm())
 	}
 	var raw map[string]any
 	if err := json.Unmarshal(data, &raw); err != nil {

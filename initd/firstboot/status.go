@@ -19,6 +19,10 @@ import (
 // StatusPath is where the first-boot report lives, relative to the node's root.
 const StatusPath = "/var/lib/kiln/status.json"
 
+// StatusMode is the status file's mode: it lists the SHA-256 of every file the config
+// wrote, secrets included, and a digest of a short secret gives the secret away.
+const StatusMode = 0o600
+
 // States of a first boot.
 const (
 	StateOK     = "ok"
@@ -129,10 +133,23 @@ func writeStatus(ctx context.Context, root string, st *Status) error {
 	if err != nil {
 		return fmt.Errorf("encode status: %w", err)
 	}
-	_, err = apply.Files(ctx, root, []config.File{{Field: "status", Path: StatusPath, Mode: 0o644, ModeSet: true,
+	_, err = apply.Files(ctx, root, []config.File{{Field: "status", Path: StatusPath, Mode: StatusMode, ModeSet: true,
 		Overwrite: true, HasContents: true, Contents: append(data, '\n')}}, nil)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", StatusPath, err)
+	}
+	return nil
+}
+
+// tightenStatus gives a status file written by an older kiln (mode 0644) StatusMode.
+func tightenStatus(root string) error {
+	p := filepath.Join(root, StatusPath)
+	fi, err := os.Lstat(p)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&^StatusMode == 0 {
+		return nil
+	}
+	if err := os.Chmod(p, StatusMode); err != nil {
+		return fmt.Errorf("restrict %s to mode %04o: %w", StatusPath, StatusMode, err)
 	}
 	return nil
 }
