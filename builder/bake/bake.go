@@ -335,11 +335,7 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 		return nil, nil, err
 	}
 	if len(found) > 0 {
-		lines := make([]string, len(found))
-		for i, f := range found {
-			lines[i] = f.String()
-		}
-		return nil, nil, fmt.Errorf("refusing to bake: secrets in the image (they belong in the node's config):\n  %s", strings.Join(lines, "\n  "))
+		return nil, nil, secretsError(found)
 	}
 	b.step("secrets scanned", t)
 

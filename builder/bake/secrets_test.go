@@ -66,7 +66,7 @@ func TestScanSecrets(t *testing.T) {
 		// Not secrets:
 		"usr/bin/kubelet":            {Data: []byte("\x00pem: -----BEGIN RSA PRIVATE KEY-----\x00format\x00abcdef.0123456789abcdef\x00")},
 		"usr/share/doc/tls.md":       {Data: []byte("Keys start with `-----BEGIN PRIVATE KEY-----` and end with -----END PRIVATE KEY-----.\n")},
-		"usr/lib/libgnutls.so.30":    {Data: []byte("\x7fELF\x02\x01 self-test\x00" + ec)},
+		"usr/lib/libgnutls.so.30":    {Data: append(program(t), ec...)},
 		"etc/kiln/token.gz":          {Data: []byte("\x1f\x8b\x08\x00abcdef.0123456789abcdef\n")},
 		"etc/ssl/certs/ca.pem":       {Data: []byte("-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUQ2Zfakefakefakefakefakefakefakefake\n-----END CERTIFICATE-----\n")},
 		"etc/hosts":                  {Data: []byte("127.0.0.1 localhost\n10.0.0.1 api.internal.demo.example.com\n")},
@@ -79,14 +79,14 @@ func TestScanSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Finding{
-		{"/etc/kiln/bootstrap-token", 1, "Kubernetes bootstrap token"},
-		{"/etc/kubernetes/tokens.csv", 2, "Kubernetes bootstrap token"},
-		{"/etc/kubernetes/tokens.csv", 3, "private key (EC PRIVATE KEY)"},
-		{"/etc/ssh/ssh_host_ecdsa_key", 1, "private key (EC PRIVATE KEY)"},
-		{"/etc/ssl/private/snakeoil.key", 2, "private key (PRIVATE KEY)"},
-		{"/usr/lib/kiln/templates/join.tmpl", 2, "Kubernetes bootstrap token"},
-		{"/usr/share/big.dat", bigLine, "private key (EC PRIVATE KEY)"},
-		{"/var/roothome/.ssh/id_ed25519", 1, "OpenSSH private key"},
+		{"/etc/kiln/bootstrap-token", 1, "Kubernetes bootstrap token", ""},
+		{"/etc/kubernetes/tokens.csv", 2, "Kubernetes bootstrap token", ""},
+		{"/etc/kubernetes/tokens.csv", 3, "private key (EC PRIVATE KEY)", ""},
+		{"/etc/ssh/ssh_host_ecdsa_key", 1, "private key (EC PRIVATE KEY)", ""},
+		{"/etc/ssl/private/snakeoil.key", 2, "private key (PRIVATE KEY)", ""},
+		{"/usr/lib/kiln/templates/join.tmpl", 2, "Kubernetes bootstrap token", ""},
+		{"/usr/share/big.dat", bigLine, "private key (EC PRIVATE KEY)", ""},
+		{"/var/roothome/.ssh/id_ed25519", 1, "OpenSSH private key", ""},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("findings:\n got %v\nwant %v", got, want)
@@ -111,7 +111,7 @@ func TestScanSecretsChunkBoundaries(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := []Finding{{"/etc/f", pad/2 + 1, secret.kind}}
+				want := []Finding{{"/etc/f", pad/2 + 1, secret.kind, ""}}
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("%s at offset %d: got %v, want %v", secret.kind, len(data)-len(secret.text), got, want)
 				}
@@ -321,7 +321,7 @@ func TestScanSecretsKeys(t *testing.T) {
 			}
 			var want []Finding
 			if tc.line != 0 {
-				want = []Finding{{"/" + tc.path, tc.line, tc.kind}}
+				want = []Finding{{"/" + tc.path, tc.line, tc.kind, ""}}
 			}
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("findings in\n%s\n got %v\nwant %v", tc.data, got, want)

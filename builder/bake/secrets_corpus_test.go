@@ -1,0 +1,336 @@
+package bake
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/md5"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"debug/elf"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/ulikunitz/xz"
+)
+
+var (
+	programOnce  sync.Once
+	programBytes []byte
+)
+
+// program is a real ELF program: the test binary.
+func program(t *testing.T) []byte {
+	t.Helper()
+	programOnce.Do(func() {
+		exe, err := os.Executable()
+		if err == nil {
+			programBytes, _ = os.ReadFile(exe)
+		}
+	})
+	if len(programBytes) == 0 {
+		t.Fatal("cannot read the test binary")
+	}
+	return bytes.Clone(programBytes)
+}
+
+// rewrap re-wraps a PEM block's base64 at width (0: one line) and ends its lines with eol.
+func rewrap(block *pem.Block, width int, eol string) string {
+	b64 := base64.StdEncoding.EncodeToString(block.Bytes)
+	var lines []string
+	for width > 0 && len(b64) > width {
+		lines = append(lines, b64[:width])
+		b64 = b64[width:]
+	}
+	lines = append(lines, b64)
+	return "-----BEGIN " + block.Type + "-----" + eol + strings.Join(lines, eol) + eol + "-----END " + block.Type + "-----" + eol
+}
+
+func gzipped(t *testing.T, b []byte) []byte {
+	var out bytes.Buffer
+	w := gzip.NewWriter(&out)
+	w.Write(b)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
+}
+
+func zstded(t *testing.T, b []byte) []byte {
+	var out bytes.Buffer
+	w, err := zstd.NewWriter(&out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(b)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
+}
+
+func xzed(t *testing.T, b []byte) []byte {
+	var out bytes.Buffer
+	w, err := xz.NewWriter(&out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(b)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
+}
+
+// tarOf is a tar archive of files, in order (name, content, name, content…).
+func tarOf(t *testing.T, files ...[]byte) []byte {
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	for i := 0; i+1 < len(files); i += 2 {
+		if err := tw.WriteHeader(&tar.Header{Name: string(files[i]), Mode: 0o644, Size: int64(len(files[i+1])), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(files[i+1])
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
+}
+
+func testdata(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile("testdata/secrets/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// fakeJWT has a service account token's shape: a JSON header naming its algorithm, claims, a
+// signature.
+func fakeJWT() string {
+	enc := base64.RawURLEncoding.EncodeToString
+	sig := make([]byte, 64)
+	rand.Read(sig)
+	return enc([]byte(`{"alg":"RS256","kid":"x"}`)) + "." + enc([]byte(`{"sub":"system:serviceaccount:kube-system:admin"}`)) + "." + enc(sig)
+}
+
+func kubeconfig(user string) string {
+	return "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n" +
+		"    certificate-authority-data: " + base64.StdEncoding.EncodeToString([]byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")) + "\n" +
+		"contexts:\n- name: c\n  context: {cluster: c, user: admin}\ncurrent-context: c\nusers:\n- name: admin\n  user:\n" + user
+}
+
+// tinyELF is an ELF64 file that debug/elf parses: a header and one loadable segment, payload.
+func tinyELF(t *testing.T, payload []byte) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	hdr := elf.Header64{
+		Ident: [elf.EI_NIDENT]byte{0x7f, 'E', 'L', 'F', byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)},
+		Type:  uint16(elf.ET_REL), Machine: uint16(elf.EM_X86_64), Version: uint32(elf.EV_CURRENT),
+		Phoff: 64, Ehsize: 64, Phentsize: 56, Phnum: 1,
+	}
+	prog := elf.Prog64{Type: uint32(elf.PT_LOAD), Flags: uint32(elf.PF_R), Off: 120, Filesz: uint64(len(payload)), Memsz: uint64(len(payload)), Align: 1}
+	if err := binary.Write(&b, binary.LittleEndian, hdr); err != nil {
+		t.Fatal(err)
+	}
+	if err := binary.Write(&b, binary.LittleEndian, prog); err != nil {
+		t.Fatal(err)
+	}
+	b.Write(payload)
+	if _, err := elf.NewFile(bytes.NewReader(b.Bytes())); err != nil {
+		t.Fatalf("tinyELF: %v", err)
+	}
+	return b.Bytes()
+}
+
+// TestScanSecretsCorpus: one real secret of each form the guard knows, each reported with the
+// file (and where in it) named in the bake's error; and near misses that are not reported.
+func TestScanSecretsCorpus(t *testing.T) {
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkcs1 := x509.MarshalPKCS1PrivateKey(rsaKey)
+	rsaBlock := &pem.Block{Type: "RSA PRIVATE KEY", Bytes: pkcs1}
+	ecKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec1, err := x509.MarshalECPrivateKey(ecKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, edKey, _ := ed25519.GenerateKey(rand.Reader)
+	pkcs8, err := x509.MarshalPKCS8PrivateKey(edKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkcs8RSA, err := x509.MarshalPKCS8PrivateKey(rsaKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ecPEM := pemString("EC PRIVATE KEY", sec1)
+	//lint:ignore SA1019 the legacy encryption is what old tools wrote; the guard must know it.
+	legacy, err := x509.EncryptPEMBlock(rand.Reader, "RSA PRIVATE KEY", pkcs1, []byte("secret"), x509.PEMCipherAES128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	encPEM := encryptedPKCS8PEM(t, pkcs8, "secret")
+	encBlock, _ := pem.Decode([]byte(encPEM))
+	pubDER, err := x509.MarshalPKIXPublicKey(&ecKey.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "node"},
+		NotBefore: time.Unix(0, 0), NotAfter: time.Unix(1<<31, 0)}
+	certDER, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &ecKey.PublicKey, ecKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b64 := base64.StdEncoding.EncodeToString
+	secretYAML := "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bootstrap-token-07401b\n  namespace: kube-system\n" +
+		"type: bootstrap.kubernetes.io/token\ndata:\n  token-id: " + b64([]byte("07401b")) + "\n  token-secret: " + b64([]byte("f395accd246ae52d")) +
+		"\n  usage-bootstrap-authentication: " + b64([]byte("true")) + "\n"
+	secretJSON, _ := json.MarshalIndent(map[string]any{"apiVersion": "v1", "kind": "List", "items": []any{
+		map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]string{"name": "x"}},
+		map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+			"metadata": map[string]string{"name": "bootstrap-token-abcdef"}, "stringData": map[string]string{"token-id": "abcdef", "token-secret": "0123456789abcdef"}},
+	}}, "", "  ")
+	kubeJSON, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Config",
+		"clusters": []any{map[string]any{"name": "c", "cluster": map[string]string{"server": "https://10.0.0.1:6443"}}},
+		"users":    []any{map[string]any{"name": "kubelet", "user": map[string]string{"token": "abcdef.0123456789abcdef"}}}})
+
+	// Other findings of a case, sorted before its own.
+	also := map[string][]Finding{
+		"kubeconfig in JSON, bootstrap token": {{"/opt/kube/kubelet.json", 1, "Kubernetes bootstrap token", ""}},
+	}
+	for _, tc := range []struct {
+		name, path string
+		data       []byte
+		kind, in   string // of the finding; kind "": none
+		line       int
+	}{
+		{"RSA, 64 wide", "etc/ssl/private/node.key", []byte(rewrap(rsaBlock, 64, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"RSA, 76 wide", "etc/ssl/private/node76.key", []byte(rewrap(rsaBlock, 76, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"RSA, one long line", "opt/app/one.pem", []byte(rewrap(rsaBlock, 0, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"RSA, CRLF", "srv/win.pem", []byte(rewrap(rsaBlock, 64, "\r\n")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"RSA, line ends turned to spaces", "opt/app/env", []byte("KEY=" + rewrap(rsaBlock, 64, " ")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"EC", "etc/ssh/ssh_host_ecdsa_key", []byte(ecPEM), "private key (EC PRIVATE KEY)", "", 1},
+		{"PKCS #8", "etc/kubernetes/pki/sa.key", []byte(pemString("PRIVATE KEY", pkcs8)), "private key (PRIVATE KEY)", "", 1},
+		{"PKCS #8 encrypted", "opt/app/enc.pem", []byte(encPEM), "private key (ENCRYPTED PRIVATE KEY)", "", 1},
+		{"legacy encrypted PEM", "opt/app/legacy.pem", pem.EncodeToMemory(legacy), "private key (RSA PRIVATE KEY)", "", 1},
+		{"OpenSSH", "root/.ssh/id_ed25519", []byte(openSSHKeyPEM(t, nil)), "OpenSSH private key", "", 1},
+		{"PGP", "root/.gnupg/secret.asc", testdata(t, "pgp-secret.asc"), "OpenPGP private key (PGP PRIVATE KEY BLOCK)", "", 1},
+		{"PGP, CRLF", "srv/secret.asc", bytes.ReplaceAll(testdata(t, "pgp-secret.asc"), []byte("\n"), []byte("\r\n")), "OpenPGP private key (PGP PRIVATE KEY BLOCK)", "", 1},
+		{"gzip", "usr/share/doc/app/key.pem.gz", gzipped(t, []byte("notes\n"+ecPEM)), "private key (EC PRIVATE KEY)", "gzip data", 2},
+		{"zstd", "var/backups/key.zst", zstded(t, []byte(ecPEM)), "private key (EC PRIVATE KEY)", "zstd data", 1},
+		{"xz", "var/backups/key.xz", xzed(t, []byte(ecPEM)), "private key (EC PRIVATE KEY)", "xz data", 1},
+		{"an image layer (tar.gz)", "usr/lib/kiln/images/blobs/sha256/0123", gzipped(t, tarOf(t, []byte("bin/app"), program(t), []byte("etc/app/tls.key"), []byte(ecPEM))),
+			"private key (EC PRIVATE KEY)", "gzip data, tar entry etc/app/tls.key", 1},
+		{"gzip in xz", "var/backups/key.gz.xz", xzed(t, gzipped(t, []byte(ecPEM))), "private key (EC PRIVATE KEY)", "xz data, gzip data", 1},
+		{"DER PKCS #1", "etc/app/key.der", pkcs1, "private key (RSA, DER)", "", 1},
+		{"DER PKCS #8", "etc/app/key8.der", pkcs8RSA, "private key (PKCS #8, DER)", "", 1},
+		{"DER EC", "etc/app/ec.der", sec1, "private key (EC, DER)", "", 1},
+		{"DER encrypted PKCS #8", "etc/app/enc.der", encBlock.Bytes, "private key (ENCRYPTED PRIVATE KEY, DER)", "", 1},
+		{"PKCS #12 (openssl pkcs12 -export)", "etc/app/client.p12", testdata(t, "client.p12"), "PKCS #12 file with a private key", "", 1},
+		{"kubeconfig client-key-data", "root/.kube/config", []byte(kubeconfig("    client-certificate-data: " + b64(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER})) +
+			"\n    client-key-data: " + b64([]byte(ecPEM)) + "\n")), "kubeconfig users[0] (admin) client-key-data: a private key", "", 16},
+		{"kubeconfig token (JWT)", "home/ops/admin.conf", []byte(kubeconfig("    token: " + fakeJWT() + "\n")), "kubeconfig users[0] (admin) token", "", 15},
+		{"kubeconfig in JSON, bootstrap token", "opt/kube/kubelet.json", kubeJSON, "kubeconfig users[0] (kubelet) token", "", 1},
+		{"bootstrap token Secret (YAML)", "opt/manifests/token.yaml", []byte(secretYAML), "Kubernetes bootstrap token Secret (bootstrap-token-07401b)", "", 9},
+		{"bootstrap token Secret (JSON List)", "srv/objects.json", secretJSON, "Kubernetes bootstrap token Secret (bootstrap-token-abcdef)", "", 19},
+		{"bootstrap token in a command line", "opt/join.sh", []byte("#!/bin/sh\nkubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef \\\n  --discovery-token-unsafe-skip-ca-verification\n"), "Kubernetes bootstrap token", "", 2},
+		{"a key behind ELF magic", "usr/lib/x86_64-linux-gnu/libfake.so", append([]byte("\x7fELF"), ecPEM...), "private key (EC PRIVATE KEY)", "", 1},
+
+		// Not secrets.
+		{"PEM header in Python", "usr/lib/python3/dist-packages/app/pem.py", []byte("HEADER = '-----BEGIN RSA PRIVATE KEY-----'\nFOOTER = '-----END RSA PRIVATE KEY-----'\n"), "", "", 0},
+		{"PEM headers in Markdown", "usr/share/doc/app/README.md", []byte("A key:\n\n```\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE...\n-----END OPENSSH PRIVATE KEY-----\n```\n\n-----BEGIN PGP PRIVATE KEY BLOCK-----\n...\n-----END PGP PRIVATE KEY BLOCK-----\n"), "", "", 0},
+		{"the Markdown gzipped", "usr/share/doc/app/README.md.gz", gzipped(t, []byte("-----BEGIN PRIVATE KEY-----\n<your key>\n-----END PRIVATE KEY-----\n")), "", "", 0},
+		{"a public key", "etc/app/pub.pem", []byte(pemString("PUBLIC KEY", pubDER) + pemString("RSA PUBLIC KEY", x509.MarshalPKCS1PublicKey(&rsaKey.PublicKey))), "", "", 0},
+		{"a certificate", "etc/ssl/certs/node.pem", []byte(pemString("CERTIFICATE", certDER)), "", "", 0},
+		{"a DER certificate", "usr/share/ca-certificates/node.der", certDER, "", "", 0},
+		{"a DER public key", "etc/app/pub.der", pubDER, "", "", 0},
+		{"a PKCS #12 trust store (certificates only)", "etc/ssl/certs/java/cacerts", testdata(t, "truststore.p12"), "", "", 0},
+		{"a PGP public key", "usr/share/keyrings/app.asc", testdata(t, "pgp-public.asc"), "", "", 0},
+		{"a PGP block of something else", "usr/share/app/x.asc", []byte("-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n" + base64.StdEncoding.EncodeToString(pubDER) + "\n-----END PGP PRIVATE KEY BLOCK-----\n"), "", "", 0},
+		{"invalid base64 client-key-data", "root/.kube/bad", []byte(kubeconfig("    client-key-data: LS0tLS1CRUdJTi!!!notbase64\n    token: <your token here>\n")), "", "", 0},
+		{"client-key-data that is no key", "root/.kube/cert-only", []byte(kubeconfig("    client-key-data: " + b64([]byte("-----BEGIN EC PRIVATE KEY-----\n...\n-----END EC PRIVATE KEY-----\n")) + "\n    token: REDACTED\n")), "", "", 0},
+		{"a Secret of another type", "opt/manifests/opaque.yaml", []byte(strings.Replace(secretYAML, "bootstrap.kubernetes.io/token", "Opaque", 1)), "", "", 0},
+		{"a bootstrap token Secret with placeholders", "opt/manifests/tmpl.yaml", []byte(strings.NewReplacer(b64([]byte("07401b")), "${TOKEN_ID}", b64([]byte("f395accd246ae52d")), "${TOKEN_SECRET}").Replace(secretYAML)), "", "", 0},
+		{"a token's shape out of context", "usr/share/app/hosts.txt", []byte("mirror abcdef.0123456789abcdef\n"), "", "", 0},
+		{"a program carrying a key", "usr/lib/x86_64-linux-gnu/libgnutls.so.30", append(program(t), ecPEM...), "", "", 0},
+		{"a program compressed (a kernel module)", "usr/lib/modules/6.1.0/kernel/fake.ko.xz", xzed(t, tinyELF(t, []byte(ecPEM))), "", "", 0},
+		{"corrupt gzip", "usr/share/app/broken.gz", []byte("\x1f\x8b\x08\x00garbage" + ecPEM), "", "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ScanSecrets(fstest.MapFS{tc.path: {Data: tc.data}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := also[tc.name]
+			if tc.kind != "" {
+				want = append(want, Finding{"/" + tc.path, tc.line, tc.kind, tc.in})
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("findings:\n got %v\nwant %v", got, want)
+			}
+			if len(got) > 0 {
+				if msg := secretsError(got).Error(); !strings.Contains(msg, "/"+tc.path) {
+					t.Errorf("the bake's error does not name /%s:\n%s", tc.path, msg)
+				}
+			}
+		})
+	}
+}
+
+// TestScanSecretsPackagedFiles: a key in a file that a dpkg package installed unchanged (a
+// published example, as cloud-init's documentation ships) is not reported; the same file
+// changed, or a key in a file no package has, is.
+func TestScanSecretsPackagedFiles(t *testing.T) {
+	example := []byte("#cloud-config\nssh_keys:\n  rsa_private: |\n" + indent("    ", ecKeyPEM(t, "EC PRIVATE KEY")))
+	conf := []byte(ecKeyPEM(t, "EC PRIVATE KEY"))
+	sum := func(b []byte) string { s := md5.Sum(b); return hex.EncodeToString(s[:]) }
+	files := fstest.MapFS{
+		"usr/share/doc/cloud-init/examples/cloud-config-ssh-keys.txt": {Data: example},
+		"usr/share/doc/cloud-init/examples/changed.txt":               {Data: append(bytes.Clone(example), '\n')},
+		"usr/lib/app/example.key":                                     {Data: example}, // under /lib in the package: merged /usr
+		"etc/app/default.key":                                         {Data: conf},
+		"etc/ssl/private/node.key":                                    {Data: example},
+		"lib":                                                         {Data: []byte("usr/lib"), Mode: os.ModeSymlink},
+		"var/lib/dpkg/info/cloud-init.md5sums": {Data: []byte(
+			sum(example) + "  usr/share/doc/cloud-init/examples/cloud-config-ssh-keys.txt\n" +
+				sum(example) + "  usr/share/doc/cloud-init/examples/changed.txt\n" +
+				sum(example) + "  lib/app/example.key\n")},
+		"var/lib/dpkg/status": {Data: []byte("Package: app\nStatus: install ok installed\nConffiles:\n /etc/app/default.key " + sum(conf) + "\nDescription: x\n")},
+	}
+	got, err := ScanSecrets(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Finding{
+		{"/etc/ssl/private/node.key", 4, "private key (EC PRIVATE KEY)", ""},
+		{"/usr/share/doc/cloud-init/examples/changed.txt", 4, "private key (EC PRIVATE KEY)", ""},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("findings:\n got %v\nwant %v", got, want)
+	}
+}
