@@ -264,16 +264,21 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("base %s: %w", src, err)
 	}
-	md.Kernel = KernelInfo{Version: kernel.Version, SHA256: fileSHA256(kernel.Image)}
-	// The ESP gets its own copies: the root tree may shadow them later.
+	// The ESP gets its own copies: the root tree may shadow them later. They are read
+	// through the tree (a symlink leading out of it is an error) and must fit the ESP.
+	espSize := def.Disk.ESPSize.Bytes()
+	if espSize == 0 {
+		espSize = disk.ESPSize
+	}
 	vmlinuz := filepath.Join(b.work, "vmlinuz")
 	efi := filepath.Join(b.work, "systemd-bootx64.efi")
-	if err := copyFile(kernel.Image, vmlinuz); err != nil {
-		return nil, nil, err
+	if err := tree.CopyOut("kernel", kernel.Image, vmlinuz, espSize); err != nil {
+		return nil, nil, fmt.Errorf("base %s: %w", src, err)
 	}
-	if err := copyFile(bootloader, efi); err != nil {
-		return nil, nil, err
+	if err := tree.CopyOut("systemd-boot", bootloader, efi, espSize); err != nil {
+		return nil, nil, fmt.Errorf("base %s: %w", src, err)
 	}
+	md.Kernel = KernelInfo{Version: kernel.Version, SHA256: fileSHA256(vmlinuz)}
 
 	t = time.Now()
 	for i, a := range prof.Artifacts {

@@ -1,14 +1,12 @@
 package rootfs
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 )
 
@@ -122,54 +120,4 @@ func (t *Tree) Symlink(target, rel string) error {
 	}
 	delete(t.Owners, rel)
 	return os.Symlink(target, dst)
-}
-
-// Kernel is the kernel found in the base.
-type Kernel struct {
-	Version string // e.g. 6.1.0-28-cloud-amd64
-	Image   string // host path of the kernel image
-}
-
-// FindKernel looks for /boot/vmlinuz-<version> or /usr/lib/modules/<version>/vmlinuz with a
-// matching modules directory. A base without a kernel is an error that says so.
-func (t *Tree) FindKernel() (*Kernel, error) {
-	var found []Kernel
-	mods, _ := filepath.Glob(filepath.Join(t.Dir, "usr/lib/modules/*"))
-	for _, m := range mods {
-		v := filepath.Base(m)
-		for _, cand := range []string{filepath.Join(t.Dir, "boot", "vmlinuz-"+v), filepath.Join(m, "vmlinuz")} {
-			if fi, err := os.Stat(cand); err == nil && fi.Mode().IsRegular() {
-				found = append(found, Kernel{Version: v, Image: cand})
-				break
-			}
-		}
-	}
-	switch len(found) {
-	case 0:
-		boot, _ := filepath.Glob(filepath.Join(t.Dir, "boot/vmlinuz-*"))
-		if len(boot) > 0 {
-			return nil, fmt.Errorf("base has %s but no matching /usr/lib/modules/<version>: the initramfs needs the modules", strings.TrimPrefix(boot[0], t.Dir))
-		}
-		return nil, errors.New("base has no kernel: no /boot/vmlinuz-* or /usr/lib/modules/*/vmlinuz (install a kernel package, e.g. linux-image-cloud-amd64, in the base)")
-	case 1:
-		return &found[0], nil
-	default:
-		var vs []string
-		for _, k := range found {
-			vs = append(vs, k.Version)
-		}
-		sort.Strings(vs)
-		return nil, fmt.Errorf("base has %d kernels (%s): keep exactly one", len(found), strings.Join(vs, ", "))
-	}
-}
-
-// SystemdBoot returns the host path of the systemd-boot EFI binary in the tree.
-func (t *Tree) SystemdBoot() (string, error) {
-	for _, c := range []string{"usr/lib/systemd/boot/efi/systemd-bootx64.efi", "lib/systemd/boot/efi/systemd-bootx64.efi"} {
-		p := filepath.Join(t.Dir, c)
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", errors.New("base has no systemd-boot (/usr/lib/systemd/boot/efi/systemd-bootx64.efi): install systemd-boot-efi in the base")
 }
