@@ -13,12 +13,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"github.com/ulikunitz/xz"
-
-	"github.com/kilnproject/kiln/initd/rootpath"
 )
 
 // moduleName returns the canonical name of a module file path such as
@@ -59,8 +58,9 @@ func normalizeAlias(s string) string {
 // way modprobe reads it: modules.dep for files and hard dependencies,
 // modules.softdep and each module's .modinfo for soft dependencies,
 // modules.alias for aliases, modules.builtin and modules.builtin.modinfo for
-// what the kernel has built in. Every file is opened through the root, with
-// the tree as "/": nothing outside it is read.
+// what the kernel has built in. Every file is opened through the root, which
+// follows a symlink only while it stays inside the tree: nothing outside it is
+// read, and a link that is absolute or climbs out is an error naming it.
 type kernelModules struct {
 	root *os.Root
 	dir  string // the module directory, relative to root, without symlinks
@@ -123,37 +123,52 @@ func parseSoftdep(fields []string) softdep {
 
 // ModulesDir returns the module directory of kernel kver in the tree opened
 // as r (usr/lib/modules/<kver>, or lib/modules/<kver>), relative to the
-// tree's root with every symlink resolved inside the tree.
+// tree's root. The directory and everything in it are read through r: a
+// symlink is followed only while it stays inside the tree, and one that is
+// absolute or climbs out of it is an error naming it.
 func ModulesDir(r *os.Root, kver string) (string, error) {
 	if kver == "" || strings.ContainsRune(kver, '/') || kver == "." || kver == ".." {
 		return "", fmt.Errorf("invalid kernel version %q", kver)
 	}
 	var tried []string
 	for _, base := range []string{"usr/lib/modules", "lib/modules"} {
-		tried = append(tried, filepath.Join(r.Name(), base, kver))
-		dir, err := rootpath.Resolve(r, path.Join(base, kver), nil)
-		if err != nil {
-			continue
-		}
-		dep, err := rootpath.Resolve(r, path.Join(dir, "modules.dep"), nil)
-		if err != nil {
-			continue
-		}
-		if fi, err := r.Stat(dep); err == nil && fi.Mode().IsRegular() {
+		dir := path.Join(base, kver)
+		tried = append(tried, filepath.Join(r.Name(), dir))
+		dep := path.Join(dir, "modules.dep")
+		fi, err := r.Stat(dep)
+		switch {
+		case err == nil && fi.Mode().IsRegular():
 			return dir, nil
+		case err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
+			return "", inTreeError(r, dep, err)
 		}
 	}
 	var have []string
-	if d, err := rootpath.Resolve(r, "usr/lib/modules", nil); err == nil {
-		entries, _ := fs.ReadDir(r.FS(), d)
-		for _, e := range entries {
-			if fi, err := r.Stat(path.Join(d, e.Name(), "modules.dep")); err == nil && fi.Mode().IsRegular() {
-				have = append(have, e.Name())
-			}
+	entries, _ := fs.ReadDir(r.FS(), "usr/lib/modules")
+	for _, e := range entries {
+		if fi, err := r.Stat(path.Join("usr/lib/modules", e.Name(), "modules.dep")); err == nil && fi.Mode().IsRegular() {
+			have = append(have, e.Name())
 		}
 	}
 	return "", fmt.Errorf("no modules for kernel %s in root tree %s (looked for modules.dep in %s; kernels present: %s)",
 		kver, r.Name(), strings.Join(tried, " and "), orNone(have))
+}
+
+// inTreeError describes err, the failure of opening rel (relative to the
+// tree's root) through r: it names the file by its host path and, when rel is
+// itself a symlink, its target.
+func inTreeError(r *os.Root, rel string, err error) error {
+	name := filepath.Join(r.Name(), filepath.FromSlash(rel))
+	if fi, lerr := r.Lstat(rel); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		if target, rerr := r.Readlink(rel); rerr == nil {
+			name += fmt.Sprintf(" (a symlink to %q)", target)
+		}
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("open %s: %w", name, err)
+	}
+	return fmt.Errorf("open %s: %w (the initramfs takes files only from inside the root tree: "+
+		"absolute symlinks and symlinks leading out of it are refused)", name, err)
 }
 
 // openKernelModules reads kver's module tables from the tree opened as r.
@@ -175,23 +190,47 @@ func openKernelModules(r *os.Root, kver string) (*kernelModules, error) {
 	return k, nil
 }
 
+// MaxFileSize bounds every file the initramfs takes from the root tree (a
+// module, compressed or not, and each module table): the largest module of a
+// distribution kernel is a few tens of MiB, modules.alias about 1 MiB.
+const MaxFileSize = 256 << 20
+
 // name is how errors name a file of the module directory: its host path.
 func (k *kernelModules) name(rel string) string {
 	return filepath.Join(k.root.Name(), filepath.FromSlash(k.dir), filepath.FromSlash(rel))
 }
 
-// open opens rel (relative to the module directory) inside the tree. A
-// missing file is an error wrapping fs.ErrNotExist.
+// open opens the regular file rel (relative to the module directory) through
+// the root: symlinks are followed only inside the tree. A missing file is an
+// error wrapping fs.ErrNotExist.
 func (k *kernelModules) open(rel string) (*os.File, error) {
-	p, err := rootpath.Resolve(k.root, path.Join(k.dir, rel), nil)
+	p := path.Join(k.dir, rel)
+	// Stat first: opening a named pipe would wait for a writer.
+	fi, err := k.root.Stat(p)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", k.name(rel), err)
+		return nil, inTreeError(k.root, p, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("open %s: not a regular file (%s)", k.name(rel), fi.Mode().Type())
+	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("open %s: %d bytes, more than the %d the initramfs takes from one file", k.name(rel), fi.Size(), MaxFileSize)
 	}
 	f, err := k.root.Open(p)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", k.name(rel), err)
+		return nil, inTreeError(k.root, p, err)
 	}
 	return f, nil
+}
+
+// readAll reads r to its end, failing once it has given more than
+// MaxFileSize bytes.
+func readAll(r io.Reader) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxFileSize+1))
+	if err == nil && len(data) > MaxFileSize {
+		err = fmt.Errorf("more than %d bytes", MaxFileSize)
+	}
+	return data, err
 }
 
 // readFile reads rel (relative to the module directory) from the tree.
@@ -201,7 +240,7 @@ func (k *kernelModules) readFile(rel string) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(f)
+	data, err := readAll(f)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", k.name(rel), err)
 	}
@@ -447,7 +486,7 @@ func (k *kernelModules) readModule(mod string) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("kernel module %s: not a .ko, .ko.xz, .ko.zst or .ko.gz file", k.name(mod))
 	}
-	out, err := io.ReadAll(dec)
+	out, err := readAll(dec)
 	if err != nil {
 		return nil, fmt.Errorf("kernel module %s: decompress: %w", k.name(mod), err)
 	}
@@ -602,7 +641,8 @@ func (r *resolver) visitSoft(names, chain []string) error {
 // "pre" modules load before a module, "post" modules after it. A built-in
 // module (modules.builtin, modules.builtin.modinfo) needs no file. An
 // unknown name is an error naming it and the kernel version; a module path in
-// modules.dep that leaves the module directory is an error naming it.
+// modules.dep that leaves the module directory, and a file reached through an
+// absolute symlink or one leading out of the tree, are errors naming them.
 func Resolve(root, kver string, names []string) ([]string, error) {
 	r, err := os.OpenRoot(root)
 	if err != nil {

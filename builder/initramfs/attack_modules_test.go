@@ -1,0 +1,245 @@
+package initramfs
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The initramfs takes kernel modules and their tables from the root tree only. A hostile
+// tree — a modules.dep entry that is absolute or climbs out with "..", a module file or
+// table that is an absolute symlink or one climbing out, a module directory symlinked out
+// — fails Write with an error naming the entry, and the build host's file it points at is
+// never read into the archive. Symlinks that stay inside the tree still work.
+func TestWriteModulesStayInTree(t *testing.T) {
+	const kver = "6.1.0-test-amd64"
+	const squashfs = "kernel/fs/squashfs/squashfs.ko"
+	// The host's files: an ELF module whose .modinfo carries the sentinel, and a module
+	// directory naming it.
+	host := t.TempDir()
+	sentinel := "HOST-SENTINEL " + strings.Repeat("build host secret ", 4)
+	hostModule := elfModule("name=squashfs", "description="+sentinel)
+	write(t, filepath.Join(host, "sentinel.ko"), string(hostModule))
+	write(t, filepath.Join(host, "squashfs.ko"), string(hostModule))
+	write(t, filepath.Join(host, "modules.dep"), "kernel/fs/squashfs/squashfs.ko:\n# "+sentinel+"\n")
+	write(t, filepath.Join(host, "modules.alias"), "alias "+strings.ReplaceAll(sentinel, " ", "_")+" squashfs\n")
+	write(t, filepath.Join(host, "mods", kver, "modules.dep"), "kernel/fs/squashfs/squashfs.ko:\n")
+	write(t, filepath.Join(host, "mods", kver, squashfs), string(hostModule))
+	hostFiles := snapshot(t, host)
+	climb := strings.Repeat("../", 64) + strings.TrimPrefix(host, "/")
+
+	initBin := staticInit(t)
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T, root, dir string) // dir: the tree's usr/lib/modules/<kver>
+		modules []string
+		wantErr []string // none: Write succeeds and squashfs.ko is the tree's own
+	}{
+		{
+			name: "modules.dep entry climbing out",
+			setup: func(t *testing.T, root, dir string) {
+				write(t, filepath.Join(dir, "modules.dep"), "kernel/fs/squashfs/squashfs.ko:\n"+climb+"/sentinel.ko:\n")
+			},
+			modules: []string{"sentinel"},
+			wantErr: []string{"modules.dep:2", climb + "/sentinel.ko", "not a plain path"},
+		},
+		{
+			name: "absolute modules.dep entry",
+			setup: func(t *testing.T, root, dir string) {
+				write(t, filepath.Join(dir, "modules.dep"), host+"/sentinel.ko:\n")
+			},
+			modules: []string{"sentinel"},
+			wantErr: []string{"modules.dep:1", host + "/sentinel.ko", "not a plain path"},
+		},
+		{
+			name: "dependency climbing out",
+			setup: func(t *testing.T, root, dir string) {
+				write(t, filepath.Join(dir, "modules.dep"), "kernel/fs/squashfs/squashfs.ko: ../../../../sentinel.ko\n")
+			},
+			modules: []string{"squashfs"},
+			wantErr: []string{"modules.dep:1", `"../../../../sentinel.ko"`},
+		},
+		{
+			name:    "module file: absolute symlink to a host file",
+			setup:   func(t *testing.T, root, dir string) { symlink(t, host+"/sentinel.ko", filepath.Join(dir, squashfs)) },
+			modules: []string{"squashfs"},
+			wantErr: []string{squashfs, `a symlink to "` + host + `/sentinel.ko"`, "refused"},
+		},
+		{
+			name:    "module file: relative symlink climbing out",
+			setup:   func(t *testing.T, root, dir string) { symlink(t, climb+"/sentinel.ko", filepath.Join(dir, squashfs)) },
+			modules: []string{"squashfs"},
+			wantErr: []string{squashfs, "a symlink to", "refused"},
+		},
+		{
+			name: "module's directory symlinked to the host",
+			setup: func(t *testing.T, root, dir string) {
+				if err := os.RemoveAll(filepath.Join(dir, "kernel/fs/squashfs")); err != nil {
+					t.Fatal(err)
+				}
+				symlink(t, host, filepath.Join(dir, "kernel/fs/squashfs"))
+			},
+			modules: []string{"squashfs"},
+			wantErr: []string{squashfs, "refused"},
+		},
+		{
+			name: "modules.dep symlinked to the host",
+			setup: func(t *testing.T, root, dir string) {
+				symlink(t, host+"/modules.dep", filepath.Join(dir, "modules.dep"))
+			},
+			modules: []string{"squashfs"},
+			wantErr: []string{kver + "/modules.dep", "refused"},
+		},
+		{
+			name: "modules.alias climbing out",
+			setup: func(t *testing.T, root, dir string) {
+				symlink(t, climb+"/modules.alias", filepath.Join(dir, "modules.alias"))
+			},
+			modules: []string{"squashfs"},
+			wantErr: []string{"modules.alias", "refused"},
+		},
+		{
+			name: "modules.softdep symlinked to the host",
+			setup: func(t *testing.T, root, dir string) {
+				symlink(t, host+"/modules.dep", filepath.Join(dir, "modules.softdep"))
+			},
+			modules: []string{"squashfs"},
+			wantErr: []string{"modules.softdep", "refused"},
+		},
+		{
+			name: "modules.builtin.modinfo symlinked to the host",
+			setup: func(t *testing.T, root, dir string) {
+				symlink(t, host+"/sentinel.ko", filepath.Join(dir, "modules.builtin.modinfo"))
+			},
+			modules: []string{"squashfs"},
+			wantErr: []string{"modules.builtin.modinfo", "refused"},
+		},
+		{
+			name: "module directory symlinked to the host",
+			setup: func(t *testing.T, root, dir string) {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+				symlink(t, filepath.Join(host, "mods", kver), dir)
+			},
+			modules: []string{"squashfs"},
+			wantErr: []string{kver + "/modules.dep", "refused"},
+		},
+		{
+			name: "module file: relative symlink inside the tree",
+			setup: func(t *testing.T, root, dir string) {
+				write(t, filepath.Join(root, "usr/share/mods/squashfs.ko"), string(elfModule("name=squashfs")))
+				symlink(t, "../../../../../../share/mods/squashfs.ko", filepath.Join(dir, squashfs))
+			},
+			modules: []string{"squashfs"},
+		},
+		{
+			name: "module directory: relative symlink inside the tree",
+			setup: func(t *testing.T, root, dir string) {
+				if err := os.Rename(dir, filepath.Join(root, "opt-kernel")); err != nil {
+					t.Fatal(err)
+				}
+				symlink(t, "../../../opt-kernel", dir)
+			},
+			modules: []string{"squashfs"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			dir := fakeModulesDir(t, root, kver)
+			if err := os.Symlink("usr/lib", filepath.Join(root, "lib")); err != nil {
+				t.Fatal(err)
+			}
+			own := elfModule("name=squashfs") // what fakeModulesDir wrote
+			tc.setup(t, root, dir)
+			var buf bytes.Buffer
+			_, err := Write(&buf, Spec{Root: root, KernelVersion: kver, Modules: tc.modules, Init: initBin, Compression: None})
+			if bytes.Contains(buf.Bytes(), []byte(sentinel)) || bytes.Contains(buf.Bytes(), []byte(strings.ReplaceAll(sentinel, " ", "_"))) {
+				t.Error("the host sentinel is in the initramfs")
+			}
+			if got := snapshot(t, host); !equalSnapshots(got, hostFiles) {
+				t.Errorf("host files changed:\n got %v\nwant %v", got, hostFiles)
+			}
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Write: %v", err)
+				}
+				_, contents, err := List(bytes.NewReader(buf.Bytes()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := contents["/lib/modules/"+kver+"/"+squashfs]; !bytes.Equal(got, own) {
+					t.Errorf("initramfs %s has %d bytes, want the tree's %d", squashfs, len(got), len(own))
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("Write succeeded; want an error naming the entry")
+			}
+			if strings.Contains(err.Error(), sentinel) {
+				t.Errorf("the host sentinel is in the error: %v", err)
+			}
+			for _, s := range tc.wantErr {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not mention %q", err, s)
+				}
+			}
+		})
+	}
+}
+
+func symlink(t *testing.T, target, name string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(name)
+	if err := os.Symlink(target, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// snapshot maps every file under dir to its content and modification time.
+func snapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		v := fi.Mode().String() + " " + fi.ModTime().String()
+		if d.Type().IsRegular() {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			v += " " + string(b)
+		}
+		files[p] = v
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+func equalSnapshots(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
