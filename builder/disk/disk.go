@@ -365,16 +365,23 @@ type espFile struct {
 	data []byte
 }
 
+// readESPFiles reads the boot files. Each must be a regular file that fits
+// the ESP: a bigger one could not be written there, and is not read into
+// memory.
 func readESPFiles(s Spec) ([]espFile, error) {
+	espSize := s.ESPSize
+	if espSize == 0 {
+		espSize = ESPSize
+	}
 	var files []espFile
 	for _, f := range []struct{ dst, src, what string }{
 		{"/EFI/BOOT/BOOTX64.EFI", s.Bootloader, "bootloader"},
 		{KernelPath, s.Kernel, "kernel"},
 		{InitrdPath, s.Initrd, "initrd"},
 	} {
-		data, err := os.ReadFile(f.src)
+		data, err := readBootFile(f.src, espSize)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", f.what, err)
+			return nil, fmt.Errorf("%s: %w", f.what, err)
 		}
 		if len(data) == 0 {
 			return nil, fmt.Errorf("%s %s is empty", f.what, f.src)
@@ -382,6 +389,32 @@ func readESPFiles(s Spec) ([]espFile, error) {
 		files = append(files, espFile{f.dst, data})
 	}
 	return append(files, espFile{"/kiln/image.json", s.ImageJSON}), nil
+}
+
+func readBootFile(name string, limit int64) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("read: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", name, fi.Mode().Type())
+	}
+	if fi.Size() > limit {
+		return nil, fmt.Errorf("%s is %d bytes, more than the %d MiB ESP holds", name, fi.Size(), limit/MiB)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err == nil && int64(len(data)) > limit {
+		err = fmt.Errorf("%s grew past %d MiB while read", name, limit/MiB)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return data, nil
 }
 
 // fatEpoch is the earliest timestamp FAT can store.
