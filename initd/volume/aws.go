@@ -53,6 +53,10 @@ type AWS struct {
 	Member string
 	// Tags are further filters: each key must carry that value ("" matches any value).
 	Tags map[string]string
+	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
+	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
+	// found (see UnsafeDiskError) is refused.
+	MountPath string
 	// DevDir is the by-id directory; empty means DefaultDevDir.
 	DevDir string
 	// Devices are the device names tried for AttachVolume, in order; empty means
@@ -65,6 +69,7 @@ type AWS struct {
 }
 
 // Find returns the device node of this member's volume, attaching it first if needed.
+// A device that is not a whole disk free for the volume is an *UnsafeDiskError.
 func (a AWS) Find(ctx context.Context) (string, error) {
 	switch {
 	case a.Client == nil:
@@ -95,7 +100,14 @@ func (a AWS) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return a.waitDevice(ctx, id, device)
+	dev, err := a.waitDevice(ctx, id, device)
+	if err != nil {
+		return "", err
+	}
+	if err := checkDisk(fmt.Sprintf("aws volume %s (%s, member %s)", id, a.etcdTag(), a.Member), dev, a.MountPath); err != nil {
+		return "", err
+	}
+	return dev, nil
 }
 
 func (a AWS) etcdTag() string {

@@ -23,6 +23,10 @@ import (
 type ByID struct {
 	Serial string
 	ID     string
+	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
+	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
+	// found (see UnsafeDiskError) is refused.
+	MountPath string
 	// DevDir is the by-id directory; empty means DefaultDevDir.
 	DevDir string
 	// Timeout bounds the wait for the link (DefaultTimeout when zero); Poll is how often
@@ -31,7 +35,8 @@ type ByID struct {
 }
 
 // Find waits for the disk's link and returns the device node it resolves to, e.g.
-// /dev/vdb. Links for the same serial on different devices are an error.
+// /dev/vdb. Links for the same serial on different devices are an error, and so is a
+// device that is not a whole disk free for the volume (an *UnsafeDiskError).
 func (b ByID) Find(ctx context.Context) (string, error) {
 	dir := b.DevDir
 	if dir == "" {
@@ -62,6 +67,13 @@ func (b ByID) Find(ctx context.Context) (string, error) {
 	})
 	if err != nil {
 		return "", fmt.Errorf("by-id volume: %w", err)
+	}
+	selector := "by-id volume serial " + b.Serial
+	if b.ID != "" {
+		selector = "by-id volume id " + b.ID
+	}
+	if err := checkDisk(selector, dev, b.MountPath); err != nil {
+		return "", err
 	}
 	return dev, nil
 }

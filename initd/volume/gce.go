@@ -25,6 +25,10 @@ type GCE struct {
 	DiskName string
 	// DeviceName is the name the disk is attached under; empty means DiskName.
 	DeviceName string
+	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
+	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
+	// found (see UnsafeDiskError) is refused.
+	MountPath string
 	// DevDir is the by-id directory; empty means DefaultDevDir.
 	DevDir string
 	// Timeout bounds each wait (the attach operation, the device node); Poll is how
@@ -34,7 +38,8 @@ type GCE struct {
 	Log *slog.Logger
 }
 
-// Find returns the device node of the disk, attaching it first if needed.
+// Find returns the device node of the disk, attaching it first if needed. A device that
+// is not a whole disk free for the volume is an *UnsafeDiskError.
 func (g GCE) Find(ctx context.Context) (string, error) {
 	switch {
 	case g.Service == nil:
@@ -82,6 +87,9 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 	dev, err := g.waitDevice(ctx, device)
 	if err != nil {
 		return fail(err)
+	}
+	if err := checkDisk("gce disk "+g.DiskName, dev, g.MountPath); err != nil {
+		return "", err
 	}
 	return dev, nil
 }

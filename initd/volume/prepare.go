@@ -131,6 +131,11 @@ type signature struct {
 //     conflicting signatures: a *RefusedError and the device untouched, unless
 //     want.Wipe, which erases every signature (wipefs -a) and formats.
 //
+// Before it wipes or formats a block device Prepare makes sure it is a whole disk that
+// nothing uses: not the boot disk, not a partition, not mounted, swapped on or held by
+// device-mapper or RAID, nor any of its partitions. Otherwise it returns an
+// *UnsafeDiskError and leaves the device untouched, whatever want.Wipe says.
+//
 // Prepare is idempotent and safe to run again after a power cut at any point.
 // mke2fs zeroes the old superblock area first and writes the primary superblock last,
 // after an fsync, so an interrupted mkfs.ext4 leaves a device blkid reports as blank and
@@ -160,11 +165,17 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 		return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 	}
 	if sig.blank {
+		if err := checkDisk("", dev, ""); err != nil {
+			return Result{}, fmt.Errorf("prepare: %w", err)
+		}
 		return format(ctx, dev, want, false, false)
 	}
 	if found := mismatch(sig, want); found != "" {
 		if !want.Wipe {
 			return Result{}, &RefusedError{Device: dev, Found: found}
+		}
+		if err := checkDisk("", dev, ""); err != nil {
+			return Result{}, fmt.Errorf("prepare: %w", err)
 		}
 		if _, err := run(ctx, "wipefs", "-a", dev); err != nil {
 			return Result{}, fmt.Errorf("prepare %s: wipe (it had %s): %w", dev, found, err)
@@ -177,6 +188,9 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 			return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 		}
 		if interrupted {
+			if err := checkDisk("", dev, ""); err != nil {
+				return Result{}, fmt.Errorf("prepare: %w", err)
+			}
 			return format(ctx, dev, want, false, true)
 		}
 	}

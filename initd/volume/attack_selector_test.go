@@ -1,0 +1,403 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The attack: an etcd volume selector (serial, by-id name, AWS tags, GCE disk name) that
+// leads to the boot disk, a partition, or a disk something else uses. wipe: true must not
+// turn that into an erased disk. These tests use real loop devices (root only), real
+// mkfs, mount and swapon, and the machine's own boot disk; device-mapper and RAID holders
+// are a sysfs tree of the test's own (see fakeHolder).
+
+// needTools skips the test unless it runs as root with the tools it needs.
+func needTools(t *testing.T, tools ...string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("loop devices need root")
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skipf("no loop devices: %v", err)
+	}
+}
+
+// shTrim runs a command like sh and returns its output without the trailing newline.
+func shTrim(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	return strings.TrimSpace(sh(t, name, args...))
+}
+
+// loopDisk attaches a 64 MiB sparse image as a loop device, with one GPT partition
+// filling it when partitioned, and returns the disk's device node.
+func loopDisk(t *testing.T, partitioned bool) string {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if partitioned {
+		shTrim(t, "sgdisk", "-n", "1:0:0", img)
+	}
+	dev := shTrim(t, "losetup", "--find", "--show", "--partscan", img)
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	if partitioned {
+		if _, err := os.Stat(dev + "p1"); err != nil {
+			// Without udev the kernel's partition scan may not have run; ask for it.
+			exec.Command("partx", "-a", dev).Run()
+		}
+		if _, err := os.Stat(dev + "p1"); err != nil {
+			t.Fatalf("partition of %s: %v", dev, err)
+		}
+	}
+	return dev
+}
+
+// mountAt makes an ext4 filesystem labelled label on dev (unless label is "") and mounts
+// dev on a new directory, which it returns.
+func mountAt(t *testing.T, dev, label string) string {
+	t.Helper()
+	if label != "" {
+		shTrim(t, "mkfs.ext4", "-q", "-F", "-L", label, dev)
+	}
+	dir := t.TempDir()
+	shTrim(t, "mount", "-t", "ext4", dev, dir)
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	return dir
+}
+
+// fakeHolder points the checks at a sysfs tree of a test's own in which holder
+// (dm-0, a device-mapper device named etcd-vg-data, or md0, a RAID) holds the loop disk
+// dev, or its partition p1 when part. This kernel has neither device-mapper nor RAID, and
+// a holder is nothing more to the checks than an entry in holders/.
+func fakeHolder(t *testing.T, dev string, part bool, holder string) {
+	t.Helper()
+	root := t.TempDir()
+	mkdir := func(dir string) {
+		if err := os.MkdirAll(filepath.Join(root, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := func(target, name string) {
+		mkdir(filepath.Dir(name))
+		if err := os.Symlink(target, filepath.Join(root, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(name, data string) {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(data+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := func(dev string) string {
+		var st unix.Stat_t
+		if err := unix.Stat(dev, &st); err != nil {
+			t.Fatal(err)
+		}
+		return majMin(st.Rdev)
+	}
+	disk := filepath.Base(dev)
+	held := "devices/virtual/block/" + disk
+	mkdir(held + "/holders")
+	link("../../"+held, "dev/block/"+id(dev))
+	if part {
+		p := disk + "p1"
+		held += "/" + p
+		mkdir(held + "/holders")
+		write(held+"/partition", "1")
+		write(held+"/dev", id(dev+"p1"))
+		link("../../devices/virtual/block/"+disk+"/"+p, "dev/block/"+id(dev+"p1"))
+	}
+	mkdir("devices/virtual/block/" + holder)
+	link(filepath.Join(root, "devices/virtual/block", holder), held+"/holders/"+holder)
+	link("../../devices/virtual/block/"+holder, "class/block/"+holder)
+	if strings.HasPrefix(holder, "dm-") {
+		mkdir("devices/virtual/block/" + holder + "/dm")
+		write("devices/virtual/block/"+holder+"/dm/name", "etcd-vg-data")
+	}
+	old := sysDir
+	sysDir = root
+	t.Cleanup(func() { sysDir = old })
+}
+
+// rootDevice returns the device mounted on /, and the whole disk holding it (the same
+// when / is on a whole disk). It skips the test when / is not on a block device.
+func rootDevice(t *testing.T) (dev, disk string) {
+	t.Helper()
+	dev = shTrim(t, "findmnt", "-n", "-o", "SOURCE", "/")
+	if fi, err := os.Stat(dev); err != nil || fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0 {
+		t.Skipf("/ is on %q, not a block device", dev)
+	}
+	disk = dev
+	if parent := shTrim(t, "lsblk", "-n", "-d", "-o", "PKNAME", dev); parent != "" {
+		disk = "/dev/" + parent
+	}
+	return dev, disk
+}
+
+// signatures is what blkid -p finds on dev, to show it unchanged.
+func signatures(dev string) string {
+	out, err := exec.Command("blkid", "-p", "-o", "export", dev).CombinedOutput()
+	return fmt.Sprintf("%s (%v)", out, err)
+}
+
+// TestSelectorRefusesDisksInUse: a by-id selector whose link leads to the boot disk, a
+// partition, or a disk that is mounted, swapped on or held by device-mapper or RAID
+// (directly or through a partition) fails with an error naming the selector and the reason, wipe: true
+// or not, and the device keeps what it had. Prepare handed such a device directly refuses
+// to wipe or format it too. A free whole disk, and the volume mounted at its own mount
+// path by an earlier run, are accepted.
+func TestSelectorRefusesDisksInUse(t *testing.T) {
+	needTools(t, "losetup", "sgdisk", "partx", "mkfs.ext4", "mkswap", "swapon", "blkid", "findmnt", "lsblk")
+	tests := []struct {
+		name string
+		// setup returns the device the selector's link leads to and the volume's mount
+		// path.
+		setup func(t *testing.T) (dev, mountPath string)
+		// reason is in the error; "" means the disk is accepted.
+		reason string
+		// direct also hands the device to Prepare (loop devices only: never the boot disk).
+		direct bool
+	}{
+		{
+			name: "boot disk",
+			setup: func(t *testing.T) (string, string) {
+				_, disk := rootDevice(t)
+				return disk, ""
+			},
+			reason: "is the boot disk (it holds /",
+		},
+		{
+			name: "partition holding /",
+			setup: func(t *testing.T) (string, string) {
+				dev, disk := rootDevice(t)
+				if dev == disk {
+					t.Skipf("/ is on the whole disk %s", disk)
+				}
+				return dev, ""
+			},
+			reason: " of disk ",
+		},
+		{
+			name: "partition of a free disk",
+			setup: func(t *testing.T) (string, string) {
+				return loopDisk(t, true) + "p1", ""
+			},
+			reason: " of disk loop",
+			direct: true,
+		},
+		{
+			name: "mounted disk",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, false)
+				mountAt(t, dev, "data")
+				return dev, ""
+			},
+			reason: "is mounted at /",
+			direct: true,
+		},
+		{
+			name: "volume mounted at its mount path and elsewhere",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, false)
+				own := mountAt(t, dev, "etcd")
+				mountAt(t, dev, "")
+				return dev, own
+			},
+			reason: "is mounted at /",
+		},
+		{
+			name: "disk with a mounted partition",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, true)
+				mountAt(t, dev+"p1", "data")
+				return dev, ""
+			},
+			reason: "p1, which is mounted at /",
+			direct: true,
+		},
+		{
+			name: "disk held by device-mapper",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, false)
+				fakeHolder(t, dev, false, "dm-0")
+				return dev, ""
+			},
+			reason: "is in use by dm-0 (device-mapper etcd-vg-data)",
+			direct: true,
+		},
+		{
+			name: "disk in a RAID",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, false)
+				fakeHolder(t, dev, false, "md0")
+				return dev, ""
+			},
+			reason: "is in use by md0 (RAID)",
+			direct: true,
+		},
+		{
+			name: "disk whose partition device-mapper holds",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, true)
+				fakeHolder(t, dev, true, "dm-0")
+				return dev, ""
+			},
+			reason: "p1, which is in use by dm-0 (device-mapper etcd-vg-data)",
+			direct: true,
+		},
+		{
+			name: "disk whose partition is in a RAID",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, true)
+				fakeHolder(t, dev, true, "md0")
+				return dev, ""
+			},
+			reason: "p1, which is in use by md0 (RAID)",
+			direct: true,
+		},
+		{
+			name: "swap disk",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, false)
+				shTrim(t, "mkswap", dev)
+				shTrim(t, "swapon", dev)
+				t.Cleanup(func() { exec.Command("swapoff", dev).Run() })
+				return dev, ""
+			},
+			reason: "is in use as swap",
+			direct: true,
+		},
+		{
+			name: "free whole disk",
+			setup: func(t *testing.T) (string, string) {
+				return loopDisk(t, false), ""
+			},
+		},
+		{
+			name: "volume mounted at its mount path by an earlier run",
+			setup: func(t *testing.T) (string, string) {
+				dev := loopDisk(t, false)
+				return dev, mountAt(t, dev, "etcd")
+			},
+		},
+	}
+	ctx := context.Background()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dev, mountPath := tt.setup(t)
+			links := t.TempDir()
+			if err := os.Symlink(dev, filepath.Join(links, "virtio-etcd-main")); err != nil {
+				t.Fatal(err)
+			}
+			before := signatures(dev)
+			for _, wipe := range []bool{false, true} {
+				want := Want{FSType: FSExt4, Label: "etcd", Wipe: wipe}
+				finder := ByID{Serial: "etcd-main", DevDir: links, MountPath: mountPath, Timeout: time.Minute, Poll: 10 * time.Millisecond}
+				got, err := finder.Find(ctx)
+				if tt.reason == "" {
+					if err != nil || got != dev {
+						t.Fatalf("wipe %v: Find = %q, %v; want %s", wipe, got, err, dev)
+					}
+					res, err := Prepare(ctx, got, want)
+					if err != nil || res.FSType != FSExt4 || res.Label != "etcd" {
+						t.Fatalf("wipe %v: Prepare = %+v, %v", wipe, res, err)
+					}
+					continue
+				}
+				if err == nil {
+					// Never go on to Prepare: the device may be this machine's boot disk.
+					t.Errorf("wipe %v: Find accepted %s", wipe, got)
+					continue
+				}
+				t.Log(err)
+				if !errors.Is(err, ErrUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
+					!strings.Contains(err.Error(), tt.reason) {
+					t.Errorf("wipe %v: Find error %q; want it to name the selector, %s and %q", wipe, err, dev, tt.reason)
+				}
+				if tt.direct {
+					_, err := Prepare(ctx, dev, want)
+					if err == nil || wipe && !errors.Is(err, ErrUnsafeDisk) {
+						t.Errorf("wipe %v: Prepare(%s) = %v; want it refused", wipe, dev, err)
+					}
+				}
+				if after := signatures(dev); after != before {
+					t.Errorf("wipe %v: %s changed:\nbefore %s\nafter  %s", wipe, dev, before, after)
+				}
+			}
+		})
+	}
+}
+
+// TestCloudSelectorsRefusePartitions: the AWS and GCE finders check the device the
+// volume's link leads to like ByID does: a link to a partition is refused, naming the
+// volume or disk.
+func TestCloudSelectorsRefusePartitions(t *testing.T) {
+	needTools(t, "losetup", "sgdisk", "partx")
+	tests := []struct {
+		name     string
+		finder   func(t *testing.T, byID string) Finder
+		link     string // the by-id link the finder follows
+		selector string
+	}{
+		{
+			name: "aws",
+			finder: func(t *testing.T, byID string) Finder {
+				vols := etcdVolumes()
+				for _, v := range vols {
+					if v.id == "vol-0b" {
+						v.attachedTo(me, "/dev/xvdu")
+					}
+				}
+				f := &fakeEC2{t: t, vols: vols}
+				return AWS{Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: "b",
+					DevDir: byID, Timeout: time.Minute, Poll: 10 * time.Millisecond, Log: quiet}
+			},
+			link:     "nvme-Amazon_Elastic_Block_Store_vol0b",
+			selector: "aws volume vol-0b (k8s.io/etcd/main, member b): ",
+		},
+		{
+			name: "gce",
+			finder: func(t *testing.T, byID string) Finder {
+				f := &fakeCompute{t: t, disks: map[string][]string{"prod-etcd-b": {gceMe}},
+					deviceNames: map[string]string{gceMe + "/prod-etcd-b": "prod-etcd-b"}}
+				return GCE{Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
+					DiskName: "prod-etcd-b", DevDir: byID, Timeout: time.Minute, Poll: 10 * time.Millisecond, Log: quiet}
+			},
+			link:     "google-prod-etcd-b",
+			selector: "gce disk prod-etcd-b: ",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			part := loopDisk(t, true) + "p1"
+			byID := t.TempDir()
+			if err := os.Symlink(part, filepath.Join(byID, tt.link)); err != nil {
+				t.Fatal(err)
+			}
+			got, err := tt.finder(t, byID).Find(context.Background())
+			if !errors.Is(err, ErrUnsafeDisk) || !strings.Contains(err.Error(), tt.selector+part+" is ") ||
+				!strings.Contains(err.Error(), "is partition loop") {
+				t.Fatalf("Find = %q, %v; want the partition refused, naming %q", got, err, tt.selector)
+			}
+			t.Log(err)
+		})
+	}
+}
