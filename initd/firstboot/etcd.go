@@ -77,7 +77,7 @@ func (p *plan) etcdVolume(ctx context.Context) (bool, error) {
 func (p *plan) volumeFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
 	switch {
 	case v.Serial != "" || v.ByID != "":
-		return volume.ByID{Serial: v.Serial, ID: v.ByID}, nil
+		return volume.ByID{Serial: v.Serial, ID: v.ByID, MountPath: v.MountPath}, nil
 	case len(v.AWSTags) > 0:
 		return awsFinder(ctx, p.node, v)
 	case v.GCEName != "":
@@ -113,7 +113,7 @@ func awsFinder(ctx context.Context, n *config.Node, v *config.Volume) (volume.Fi
 		return nil, err
 	}
 	return volume.AWS{Client: ec2.NewFromConfig(cfg), InstanceID: id, AZ: az, Cluster: n.Cluster.Name,
-		Member: n.Etcd.Member, Tags: v.AWSTags}, nil
+		Member: n.Etcd.Member, Tags: v.AWSTags, MountPath: v.MountPath}, nil
 }
 
 // gceFinder attaches the named disk through the Compute API with the instance's service
@@ -135,7 +135,7 @@ func gceFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: compute API: %w", err)
 	}
-	return volume.GCE{Service: svc, Project: project, Zone: zone, Instance: name, DiskName: v.GCEName}, nil
+	return volume.GCE{Service: svc, Project: project, Zone: zone, Instance: name, DiskName: v.GCEName, MountPath: v.MountPath}, nil
 }
 
 // etcdManifestTask places the rendered etcd manifest: on the volume, linked from the manifests
