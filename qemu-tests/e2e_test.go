@@ -232,6 +232,14 @@ func runE2ECluster(t *testing.T, pull bool) {
 		return err == nil && out != "" && !strings.HasPrefix(out, "/") && !strings.HasPrefix(out, "0/"), out
 	})
 	t.Logf("e2e: CoreDNS ready %s after the control plane started (waited %s after the pod ran)", time.Since(start).Round(time.Second), time.Since(dnsStart).Round(time.Second))
+
+	// Every node routes Services: kube-proxy (the other addon) is ready on both, its image
+	// imported from the worker's pre-pulled set as well.
+	waitFor(t, "kube-proxy is ready on every node", 10*time.Minute, func() (bool, string) {
+		out, err := kubectl("get", "daemonset", "kube-proxy", "-n", "kube-system", "-o", "jsonpath={.status.numberReady}/{.status.desiredNumberScheduled}")
+		return err == nil && out == "2/2", out
+	})
+	t.Logf("e2e: kube-proxy ready on both nodes %s after the control plane started", time.Since(start).Round(time.Second))
 	diagnosed = true
 	diagnose(t, kubectl, cpName, workerName)
 }
