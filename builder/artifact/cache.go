@@ -173,6 +173,30 @@ func (c *Cache) store(ctx context.Context, s Source, want string) (sum, path str
 	return sum, path, nil
 }
 
+// MismatchError says that content does not hash to the sha256 it was named by.
+type MismatchError struct{ Want, Got string }
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("sha256 mismatch: want %s, got %s", e.Want, e.Got)
+}
+
+// PutBlob stores the content of r as the blob want (sha256, hex), hashing it while it is
+// written, and returns its path. Content that hashes to something else is a *MismatchError and
+// leaves nothing in the cache.
+func (c *Cache) PutBlob(want string, r io.Reader) (string, error) {
+	if !hexRE.MatchString(want) {
+		return "", fmt.Errorf("blob sha256 %q is not 64 lower-case hex digits", want)
+	}
+	sum, p, _, err := c.put(want, func(w io.Writer) (int64, error) { return io.Copy(w, r) })
+	if errors.Is(err, errMismatch) {
+		return "", &MismatchError{Want: want, Got: sum}
+	}
+	if err != nil {
+		return "", fmt.Errorf("blob sha256:%s: %w", want, err)
+	}
+	return p, nil
+}
+
 // errMismatch is returned by put when the content does not hash to want.
 var errMismatch = errors.New("sha256 mismatch")
 

@@ -59,60 +59,63 @@ func Place(blob string, a spec.Artifact, root string) ([]string, error) {
 // Permission bits (with setuid, setgid and sticky) are kept; ownership and
 // times are not (the image is built with everything owned by root). A
 // member that would land outside its destination, by .. or through a
-// symlink, is refused. Device nodes and fifos are skipped. It returns the
-// paths written (not directories), as absolute paths in the image, in
-// archive order.
+// symlink, is refused. Device nodes and fifos are skipped. An archive that
+// unpacks past MaxUnpacked is refused (a *TooBigError) once it gets there.
+// It returns the paths written (not directories), as absolute paths in the
+// image, in archive order.
 func Extract(blob string, x spec.Extract, root string) ([]string, error) {
 	f, err := os.Open(blob)
 	if err != nil {
 		return nil, fmt.Errorf("extract: %w", err)
 	}
 	defer f.Close()
-	tr, closeFn, err := openTar(f, x.Format)
+	stream, closeFn, err := openTar(f, x.Format)
 	if err != nil {
 		return nil, fmt.Errorf("extract %s: %w", x.Format, err)
 	}
 	defer closeFn()
+	u := LimitUnpacked(stream, maxUnpacked)
+	tr := tar.NewReader(u)
 	r, err := os.OpenRoot(root)
 	if err != nil {
 		return nil, fmt.Errorf("extract: %w", err)
 	}
 	defer r.Close()
 	if len(x.Files) > 0 {
-		return extractFiles(tr, x.Files, r)
+		return extractFiles(tr, u, x.Files, r)
 	}
 	if x.Dir == "" {
 		return nil, errors.New("extract: no files and no destination directory")
 	}
-	return extractAll(tr, x, r)
+	return extractAll(tr, u, x, r)
 }
 
-// openTar returns a tar reader for the content of f in format.
-func openTar(f io.Reader, format string) (*tar.Reader, func(), error) {
+// openTar returns the decompressed tar stream held in f in format.
+func openTar(f io.Reader, format string) (io.Reader, func(), error) {
 	nop := func() {}
 	switch format {
 	case "tar":
-		return tar.NewReader(f), nop, nil
+		return f, nop, nil
 	case "tar.gz":
 		z, err := gzip.NewReader(bufio.NewReader(f))
 		if err != nil {
 			return nil, nop, err
 		}
-		return tar.NewReader(z), func() { z.Close() }, nil
+		return z, func() { z.Close() }, nil
 	case "tar.xz":
 		z, err := xz.NewReader(bufio.NewReader(f))
 		if err != nil {
 			return nil, nop, err
 		}
-		return tar.NewReader(z), nop, nil
+		return z, nop, nil
 	case "tar.zst":
 		z, err := zstd.NewReader(f)
 		if err != nil {
 			return nil, nop, err
 		}
-		return tar.NewReader(z), z.Close, nil
+		return z, z.Close, nil
 	case "tar.bz2":
-		return tar.NewReader(bzip2.NewReader(bufio.NewReader(f))), nop, nil
+		return bzip2.NewReader(bufio.NewReader(f)), nop, nil
 	case "deb":
 		data, name, err := debData(f)
 		if err != nil {
@@ -193,7 +196,7 @@ func fileMode(h *tar.Header) fs.FileMode {
 	return m.Perm() | m&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)
 }
 
-func extractFiles(tr *tar.Reader, files map[string]string, r *os.Root) ([]string, error) {
+func extractFiles(tr *tar.Reader, u *Unpacked, files map[string]string, r *os.Root) ([]string, error) {
 	want := map[string]string{}
 	for m, dest := range files {
 		want[memberName(m)] = dest
@@ -218,6 +221,9 @@ func extractFiles(tr *tar.Reader, files map[string]string, r *os.Root) ([]string
 		if h.Typeflag != tar.TypeReg {
 			return out, fmt.Errorf("member %s is not a regular file (type %q)", name, h.Typeflag)
 		}
+		if err := u.AddFile(h); err != nil {
+			return out, fmt.Errorf("member %s: %w", name, err)
+		}
 		if err := writeFile(r, dest, tr, fileMode(h)); err != nil {
 			return out, fmt.Errorf("member %s: %w", name, err)
 		}
@@ -235,7 +241,7 @@ func extractFiles(tr *tar.Reader, files map[string]string, r *os.Root) ([]string
 	return out, nil
 }
 
-func extractAll(tr *tar.Reader, x spec.Extract, root *os.Root) ([]string, error) {
+func extractAll(tr *tar.Reader, u *Unpacked, x spec.Extract, root *os.Root) ([]string, error) {
 	dir := path.Clean("/" + x.Dir)
 	if err := root.MkdirAll(strings.TrimPrefix(dir, "/"), 0o755); err != nil {
 		return nil, fmt.Errorf("extract: %w", err)
@@ -258,6 +264,9 @@ func extractAll(tr *tar.Reader, x spec.Extract, root *os.Root) ([]string, error)
 		}
 		if escapes(h.Name) {
 			return out, fmt.Errorf("member %q escapes the destination", h.Name)
+		}
+		if err := u.AddFile(h); err != nil {
+			return out, fmt.Errorf("member %s: %w", h.Name, err)
 		}
 		parts := strings.Split(memberName(h.Name), "/")
 		if len(parts) <= x.Strip {

@@ -268,7 +268,12 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 			return 0, err
 		}
 		defer rc.Close()
-		return io.Copy(w, &progressReader{r: rc, onRead: func() { timer.Reset(stall) }})
+		var r io.Reader = &progressReader{r: rc, onRead: func() { timer.Reset(stall) }}
+		if d.Size > 0 {
+			// A registry sending more than the manifest says cannot fill the disk.
+			r = io.LimitReader(r, d.Size+1)
+		}
+		return io.Copy(w, r)
 	})
 	switch {
 	case errors.Is(err, errMismatch):

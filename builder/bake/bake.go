@@ -250,7 +250,7 @@ func (b *baker) run(stem string) (*Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	tree, err := rootfs.Flatten(img, filepath.Join(b.work, "tree"))
+	tree, err := rootfs.FlattenWith(img, filepath.Join(b.work, "tree"), rootfs.FlattenOptions{Cache: b.o.Cache})
 	if err != nil {
 		return nil, nil, fmt.Errorf("base %s: %w", src, err)
 	}

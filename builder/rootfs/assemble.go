@@ -24,15 +24,23 @@ func (t *Tree) AddFile(rel, src string, mode os.FileMode) error {
 // WriteFile writes the content of r to rel with mode, replacing what was there.
 func (t *Tree) WriteFile(rel string, r io.Reader, mode os.FileMode) error {
 	rel = strings.TrimPrefix(path.Clean("/"+rel), "/")
-	dst, err := t.host(rel)
+	root, err := t.openRoot()
+	if err != nil {
+		return err
+	}
+	dst, err := t.resolveParent(rel, true)
 	if err != nil {
 		return fmt.Errorf("add /%s: %w", rel, err)
 	}
-	if fi, err := os.Lstat(dst); err == nil && fi.IsDir() {
+	if fi, err := root.Lstat(dst); err == nil && fi.IsDir() {
 		return fmt.Errorf("add /%s: a directory is in the way", rel)
+	} else if err == nil {
+		t.changed()
+		if err := root.Remove(dst); err != nil {
+			return fmt.Errorf("add /%s: %w", rel, err)
+		}
 	}
-	_ = os.Remove(dst)
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := root.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("add /%s: %w", rel, err)
 	}
@@ -43,8 +51,8 @@ func (t *Tree) WriteFile(rel string, r io.Reader, mode os.FileMode) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("add /%s: %w", rel, err)
 	}
-	delete(t.Owners, rel)
-	return os.Chmod(dst, mode)
+	delete(t.Owners, dst)
+	return root.Chmod(dst, mode)
 }
 
 // AddOverlay copies the host directory tree src over the root: directories are merged, files
@@ -52,11 +60,17 @@ func (t *Tree) WriteFile(rel string, r io.Reader, mode os.FileMode) error {
 func (t *Tree) AddOverlay(src string) error { return t.AddDir(src, "") }
 
 // AddDir copies the host directory tree src to dst (relative to the root, "" for the root
-// itself) the way AddOverlay does.
+// itself) the way AddOverlay does. Like every write to the tree, it resolves symlinks inside
+// the tree: one the base planted cannot send the copy out of it.
 func (t *Tree) AddDir(src, dst string) error {
+	root, err := t.openRoot()
+	if err != nil {
+		return err
+	}
+	dst = strings.Trim(path.Clean("/"+dst), "/")
 	if dst != "" {
-		if err := os.MkdirAll(filepath.Join(t.Dir, filepath.FromSlash(dst)), 0o755); err != nil {
-			return err
+		if _, err := t.resolveDir(dst, true); err != nil {
+			return fmt.Errorf("overlay %s: /%s: %w", src, dst, err)
 		}
 	}
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
@@ -74,18 +88,19 @@ func (t *Tree) AddDir(src, dst string) error {
 		}
 		switch {
 		case d.IsDir():
-			dst, err := t.host(rel)
+			dst, err := t.resolveParent(rel, true)
 			if err != nil {
 				return fmt.Errorf("overlay %s: %w", p, err)
 			}
-			if fi, err := os.Lstat(dst); err == nil && fi.IsDir() {
+			if fi, err := root.Lstat(dst); err == nil && fi.IsDir() {
 				return nil
 			} else if err == nil {
-				if err := os.Remove(dst); err != nil {
+				t.changed()
+				if err := root.Remove(dst); err != nil {
 					return err
 				}
 			}
-			return os.Mkdir(dst, info.Mode().Perm())
+			return root.Mkdir(dst, info.Mode().Perm())
 		case info.Mode()&os.ModeSymlink != 0:
 			target, err := os.Readlink(p)
 			if err != nil {
@@ -106,18 +121,23 @@ func (t *Tree) AddDir(src, dst string) error {
 // Symlink creates (or replaces) the symlink rel -> target.
 func (t *Tree) Symlink(target, rel string) error {
 	rel = strings.TrimPrefix(path.Clean("/"+rel), "/")
-	dst, err := t.host(rel)
+	root, err := t.openRoot()
+	if err != nil {
+		return err
+	}
+	dst, err := t.resolveParent(rel, true)
 	if err != nil {
 		return fmt.Errorf("symlink /%s: %w", rel, err)
 	}
-	if fi, err := os.Lstat(dst); err == nil {
-		if fi.IsDir() && fi.Mode()&os.ModeSymlink == 0 {
+	t.changed()
+	if fi, err := root.Lstat(dst); err == nil {
+		if fi.IsDir() {
 			return fmt.Errorf("symlink /%s: a directory is in the way", rel)
 		}
-		if err := os.Remove(dst); err != nil {
+		if err := root.Remove(dst); err != nil {
 			return err
 		}
 	}
-	delete(t.Owners, rel)
-	return os.Symlink(target, dst)
+	delete(t.Owners, dst)
+	return root.Symlink(target, dst)
 }

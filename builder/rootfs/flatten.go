@@ -4,8 +4,6 @@ import (
 	"archive/tar"
 	"bufio"
 	"compress/gzip"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +18,9 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/initd/rootpath"
 )
 
 // Owner is the ownership and mode an entry of the tree must have in the image.
@@ -29,86 +30,158 @@ type Owner struct {
 }
 
 // Tree is an assembled root directory on the host plus what the host filesystem could not hold.
+//
+// Every change the tree's methods make goes through an os.Root opened on Dir, after the path was
+// resolved by rootpath.Resolve the way the node will resolve it: a symlink planted by a layer (even
+// one pointing at / or climbing with ..) can redirect a write to another place in the tree, never
+// out of it.
 type Tree struct {
 	Dir string
 	// Owners lists entries (paths relative to Dir, slash separated, no leading slash) whose owner
 	// is not root:root. Everything else in the image is owned by root.
 	Owners map[string]Owner
+
+	root *os.Root
+	// dirs caches resolved parent directories (image path -> symlink-free path). It is cleared
+	// whenever an entry is removed or a symlink is made, the only changes that can alter a
+	// resolution already made.
+	dirs map[string]string
 }
 
-// Flatten extracts the layers of img, lowest first, into dir, honouring OCI whiteouts. Each
-// layer's compressed bytes are hashed while they are read and must match the digest named in the
-// manifest; on a mismatch Flatten fails (the caller removes dir).
+// FlattenOptions tune Flatten.
+type FlattenOptions struct {
+	// Cache receives each layer blob, hashed while it is written, before any of its entries is
+	// applied; a layer already cached (verified when it was stored) is not read again from the
+	// image. Without a cache the blob is verified into a temporary file beside dir, removed after.
+	Cache *artifact.Cache
+	// MaxUnpacked bounds what one layer unpacks to: its decompressed tar stream, and separately
+	// the sum of its file sizes (sparse files count their holes). Zero means
+	// artifact.MaxUnpacked.
+	MaxUnpacked int64
+}
+
+// Flatten extracts the layers of img, lowest first, into dir, honouring OCI whiteouts. It is
+// FlattenWith without a cache.
 func Flatten(img v1.Image, dir string) (*Tree, error) {
+	return FlattenWith(img, dir, FlattenOptions{})
+}
+
+// FlattenWith extracts the layers of img, lowest first, into dir, honouring OCI whiteouts. Each
+// layer's compressed bytes are hashed in full and must match the digest named in the manifest
+// before any entry of the layer is applied; on a mismatch, an entry that would leave the tree, a
+// symlink loop or a layer that unpacks past the bound, FlattenWith fails naming the layer (and the
+// entry) and the caller removes dir.
+func FlattenWith(img v1.Image, dir string, o FlattenOptions) (*Tree, error) {
 	layers, err := img.Layers()
 	if err != nil {
 		return nil, fmt.Errorf("list layers: %w", err)
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	t := &Tree{Dir: dir, Owners: map[string]Owner{}}
+	if _, err := t.openRoot(); err != nil {
+		return nil, err
+	}
+	max := o.MaxUnpacked
+	if max <= 0 {
+		max = artifact.MaxUnpacked
+	}
+	spool := o.Cache
+	if spool == nil {
+		tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(dir)), ".layers-")
+		if err != nil {
+			return nil, fmt.Errorf("verify layers: %w", err)
+		}
+		defer os.RemoveAll(tmp)
+		spool = artifact.NewCache(tmp)
+	}
 	for i, l := range layers {
 		d, err := l.Digest()
 		if err != nil {
 			return nil, fmt.Errorf("layer %d: digest: %w", i, err)
 		}
-		if err := t.applyLayer(l); err != nil {
+		if err := t.applyLayer(l, d, spool, max); err != nil {
 			return nil, fmt.Errorf("layer %d (%s): %w", i, d, err)
 		}
 	}
 	return t, nil
 }
 
-func (t *Tree) applyLayer(l v1.Layer) error {
-	want, err := l.Digest()
-	if err != nil {
-		return err
+func (t *Tree) openRoot() (*os.Root, error) {
+	if t.root == nil {
+		r, err := os.OpenRoot(t.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("open tree: %w", err)
+		}
+		t.root = r
 	}
+	return t.root, nil
+}
+
+// verifiedBlob returns the path of the layer's compressed blob in c, storing it there first
+// (hashed as it is written) unless c holds it already.
+func verifiedBlob(l v1.Layer, want v1.Hash, c *artifact.Cache) (string, error) {
+	if want.Algorithm != "sha256" {
+		return "", fmt.Errorf("layer digest %s is not sha256", want)
+	}
+	if p, ok := c.Has(want.Hex); ok {
+		return p, nil
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return "", err
+	}
+	defer rc.Close()
+	p, err := c.PutBlob(want.Hex, rc)
+	var mm *artifact.MismatchError
+	if errors.As(err, &mm) {
+		return "", fmt.Errorf("layer digest mismatch: want %s, got sha256:%s", want, mm.Got)
+	}
+	return p, err
+}
+
+func (t *Tree) applyLayer(l v1.Layer, want v1.Hash, c *artifact.Cache, max int64) error {
 	mt, err := l.MediaType()
 	if err != nil {
 		return err
 	}
-	rc, err := l.Compressed()
+	blob, err := verifiedBlob(l, want, c)
 	if err != nil {
 		return err
 	}
-	defer rc.Close()
-	h := sha256.New()
-	tee := io.TeeReader(bufio.NewReaderSize(rc, 1<<20), h)
+	f, err := os.Open(blob)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 1<<20)
 	var r io.Reader
 	switch mt {
 	case types.OCILayer, types.DockerLayer, types.OCIRestrictedLayer, types.DockerForeignLayer:
-		zr, err := gzip.NewReader(tee)
+		zr, err := gzip.NewReader(br)
 		if err != nil {
 			return fmt.Errorf("gunzip: %w", err)
 		}
 		defer zr.Close()
 		r = zr
 	case types.OCILayerZStd:
-		zr, err := zstd.NewReader(tee)
+		zr, err := zstd.NewReader(br)
 		if err != nil {
 			return fmt.Errorf("zstd: %w", err)
 		}
 		defer zr.Close()
 		r = zr
 	case types.OCIUncompressedLayer, types.DockerUncompressedLayer:
-		r = tee
+		r = br
 	default:
 		return fmt.Errorf("unsupported layer media type %q", mt)
 	}
-	if err := t.applyTar(r); err != nil {
-		return err
-	}
-	// Drain what the tar reader left (padding, compression trailer) so the hash covers the blob.
-	if _, err := io.Copy(io.Discard, tee); err != nil {
-		return fmt.Errorf("read layer: %w", err)
-	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != want.String() {
-		return fmt.Errorf("layer digest mismatch: want %s, got %s", want, got)
-	}
-	return nil
+	return t.applyTar(artifact.LimitUnpacked(r, max))
 }
 
 // applyTar writes the entries of one layer into the tree.
-func (t *Tree) applyTar(r io.Reader) error {
+func (t *Tree) applyTar(r *artifact.Unpacked) error {
 	tr := tar.NewReader(r)
 	type dirTime struct {
 		path string
@@ -123,6 +196,9 @@ func (t *Tree) applyTar(r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("read tar: %w", err)
 		}
+		if err := r.AddFile(hdr); err != nil {
+			return fmt.Errorf("%s: %w", hdr.Name, err)
+		}
 		rel, err := cleanRel(hdr.Name)
 		if err != nil {
 			return err
@@ -133,27 +209,36 @@ func (t *Tree) applyTar(r io.Reader) error {
 		dir, base := path.Split(rel)
 		if base == ".wh..wh..opq" {
 			if err := t.clearDir(dir); err != nil {
-				return err
+				return fmt.Errorf("%s: %w", hdr.Name, err)
 			}
 			continue
 		}
-		if strings.HasPrefix(base, ".wh.") {
-			victim := path.Join(dir, strings.TrimPrefix(base, ".wh."))
-			if err := t.remove(victim); err != nil {
-				return err
+		if victim, ok := strings.CutPrefix(base, ".wh."); ok {
+			if victim == "" || victim == "." || victim == ".." {
+				return fmt.Errorf("%s: whiteout names no entry", hdr.Name)
+			}
+			if err := t.whiteout(dir, victim); err != nil {
+				return fmt.Errorf("%s: %w", hdr.Name, err)
 			}
 			continue
 		}
-		if err := t.writeEntry(rel, hdr, tr); err != nil {
+		p, err := t.writeEntry(rel, hdr, tr)
+		if err != nil {
 			return fmt.Errorf("%s: %w", hdr.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeDir {
-			dirs = append(dirs, dirTime{rel, hdr.ModTime})
+			dirs = append(dirs, dirTime{p, hdr.ModTime})
 		}
 	}
-	// Directory times last: writing children changes them.
+	// Directory times last: writing children changes them. A later entry of the layer may have
+	// replaced the directory (with a symlink, say): only directories get a time.
 	for _, d := range dirs {
-		_ = os.Chtimes(filepath.Join(t.Dir, d.path), d.t, d.t)
+		if fi, err := t.root.Lstat(d.path); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := t.root.Chtimes(d.path, d.t, d.t); err != nil {
+			return fmt.Errorf("set time of /%s: %w", d.path, err)
+		}
 	}
 	return nil
 }
@@ -175,126 +260,138 @@ func cleanRel(name string) (string, error) {
 	return strings.TrimPrefix(p, "/"), nil
 }
 
-// resolveDir returns the host path of a relative directory, refusing symlinks that lead out.
-func (t *Tree) host(rel string) (string, error) {
-	dir := path.Dir(rel)
-	if dir != "." {
-		// Parents must be real directories inside the tree: a layer cannot redirect a write
-		// through a symlink it planted earlier.
-		cur := t.Dir
-		for _, part := range strings.Split(dir, "/") {
-			cur = filepath.Join(cur, part)
-			fi, err := os.Lstat(cur)
-			if err != nil {
-				if errors.Is(err, os.ErrNotExist) {
-					if err := os.Mkdir(cur, 0o755); err != nil {
-						return "", err
-					}
-					continue
-				}
-				return "", err
-			}
-			if fi.Mode()&os.ModeSymlink != 0 {
-				target, err := os.Readlink(cur)
-				if err != nil {
-					return "", err
-				}
-				// Resolve a symlinked parent (e.g. lib -> usr/lib) within the tree.
-				relCur, _ := filepath.Rel(t.Dir, cur)
-				var next string
-				if filepath.IsAbs(target) {
-					next = path.Clean(target)
-				} else {
-					next = path.Clean("/" + path.Join(path.Dir(filepath.ToSlash(relCur)), target))
-				}
-				rest := strings.TrimPrefix(strings.TrimPrefix(dir, filepath.ToSlash(relCur)), "/")
-				return t.host(strings.TrimPrefix(path.Join(next, rest, path.Base(rel)), "/"))
-			}
-			if !fi.IsDir() {
-				return "", fmt.Errorf("parent %s is not a directory", relCur(t.Dir, cur))
-			}
-		}
+// resolveDir returns the symlink-free path, relative to the tree, of the directory dir (an image
+// path), resolving symlinks as the node would (absolute ones from the tree's root, .. stopping
+// there). With create, missing directories are made (0755); without, a missing one is an error
+// wrapping fs.ErrNotExist.
+func (t *Tree) resolveDir(dir string, create bool) (string, error) {
+	dir = strings.Trim(dir, "/")
+	if dir == "" || dir == "." {
+		return ".", nil
 	}
-	return filepath.Join(t.Dir, filepath.FromSlash(rel)), nil
-}
-
-func relCur(root, p string) string {
-	r, _ := filepath.Rel(root, p)
-	return r
-}
-
-func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) error {
-	dst, err := t.host(rel)
+	if p, ok := t.dirs[dir]; ok {
+		return p, nil
+	}
+	r, err := t.openRoot()
 	if err != nil {
-		return err
+		return "", err
+	}
+	var mkdir func(string) error
+	if create {
+		mkdir = func(rel string) error { return r.Mkdir(rel, 0o755) }
+	}
+	p, err := rootpath.Resolve(r, dir, mkdir)
+	if err != nil {
+		return "", err
+	}
+	if fi, err := r.Lstat(p); err != nil {
+		return "", err
+	} else if !fi.IsDir() {
+		return "", fmt.Errorf("/%s is not a directory", p)
+	}
+	if t.dirs == nil {
+		t.dirs = map[string]string{}
+	}
+	t.dirs[dir] = p
+	return p, nil
+}
+
+// resolveParent returns the symlink-free path of rel's parent joined with rel's last component,
+// which is not followed.
+func (t *Tree) resolveParent(rel string, create bool) (string, error) {
+	dir, base := path.Split(rel)
+	d, err := t.resolveDir(dir, create)
+	if err != nil {
+		return "", err
+	}
+	return path.Join(d, base), nil
+}
+
+// changed forgets resolutions that a removal or a new symlink may have made stale.
+func (t *Tree) changed() { clear(t.dirs) }
+
+// writeEntry applies one tar entry at rel and returns where (relative to the tree) it landed.
+func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, error) {
+	root, err := t.openRoot()
+	if err != nil {
+		return "", err
+	}
+	p, err := t.resolveParent(rel, true)
+	if err != nil {
+		return "", err
 	}
 	mode := os.FileMode(hdr.Mode).Perm() | specialBits(hdr.Mode)
-	if old, err := os.Lstat(dst); err == nil {
+	if old, err := root.Lstat(p); err == nil {
 		// A directory stays a directory (its children survive); anything else is replaced.
 		if !(old.IsDir() && hdr.Typeflag == tar.TypeDir) {
-			if err := os.RemoveAll(dst); err != nil {
-				return err
+			if err := t.removeResolved(p); err != nil {
+				return "", err
 			}
 		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
 	}
-	key := strings.TrimPrefix(filepath.ToSlash(mustRel(t.Dir, dst)), "./")
-	delete(t.Owners, key)
+	delete(t.Owners, p)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if err := os.MkdirAll(dst, 0o755); err != nil {
-			return err
+		if err := root.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", err
 		}
 		// The host copy stays writable for its owner (a non-root bake must be able to add
 		// files below /proc's 0555, say); the image gets the real mode through Owners.
-		if err := os.Chmod(dst, mode|0o700); err != nil {
-			return err
+		if err := root.Chmod(p, mode|0o700); err != nil {
+			return "", err
 		}
 		if mode&0o700 != 0o700 {
-			t.Owners[key] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
+			t.Owners[p] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
 		}
 	case tar.TypeReg, tar.TypeRegA:
-		f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		f, err := root.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if _, err := io.Copy(f, r); err != nil {
 			f.Close()
-			return err
+			return "", err
 		}
 		if err := f.Close(); err != nil {
-			return err
+			return "", err
 		}
-		if err := os.Chmod(dst, mode); err != nil {
-			return err
+		if err := root.Chmod(p, mode); err != nil {
+			return "", err
 		}
 	case tar.TypeSymlink:
-		if err := os.Symlink(hdr.Linkname, dst); err != nil {
-			return err
+		t.changed()
+		if err := root.Symlink(hdr.Linkname, p); err != nil {
+			return "", err
 		}
-		return nil // symlinks: owner root, no times
+		return p, nil // symlinks: owner root, no times
 	case tar.TypeLink:
 		target, err := cleanRel(hdr.Linkname)
 		if err != nil {
-			return err
+			return "", err
 		}
-		src, err := t.host(target)
+		if target == "" {
+			return "", fmt.Errorf("hard link to the root")
+		}
+		src, err := t.resolveParent(target, false)
 		if err != nil {
-			return err
+			return "", fmt.Errorf("hard link to %s: %w", hdr.Linkname, err)
 		}
-		if err := os.Link(src, dst); err != nil {
-			return err
+		if err := root.Link(src, p); err != nil {
+			return "", err
 		}
-		return nil
+		return p, nil
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
 		// Device nodes are provided by devtmpfs at boot; the image does not carry them.
-		return nil
+		return p, nil
 	default:
-		return fmt.Errorf("unsupported tar entry type %q", hdr.Typeflag)
+		return "", fmt.Errorf("unsupported tar entry type %q", hdr.Typeflag)
 	}
 	if hdr.Uid != 0 || hdr.Gid != 0 {
-		t.Owners[key] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
+		t.Owners[p] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
 	}
-	return os.Chtimes(dst, hdr.ModTime, hdr.ModTime)
+	return p, root.Chtimes(p, hdr.ModTime, hdr.ModTime)
 }
 
 func mustRel(root, p string) string {
@@ -319,28 +416,51 @@ func specialBits(m int64) os.FileMode {
 	return out
 }
 
-func (t *Tree) remove(rel string) error {
-	p := filepath.Join(t.Dir, filepath.FromSlash(rel))
+// removeResolved removes the symlink-free path p (a symlink itself, not its target) and
+// everything below it.
+func (t *Tree) removeResolved(p string) error {
 	for k := range t.Owners {
-		if k == rel || strings.HasPrefix(k, rel+"/") {
+		if k == p || strings.HasPrefix(k, p+"/") {
 			delete(t.Owners, k)
 		}
 	}
-	return os.RemoveAll(p)
+	t.changed()
+	return t.root.RemoveAll(p)
 }
 
-func (t *Tree) clearDir(dir string) error {
-	dir = strings.TrimSuffix(dir, "/")
-	p := filepath.Join(t.Dir, filepath.FromSlash(dir))
-	ents, err := os.ReadDir(p)
-	if errors.Is(err, os.ErrNotExist) {
+// whiteout removes name from the image directory dir. A directory that is not there has nothing
+// to remove.
+func (t *Tree) whiteout(dir, name string) error {
+	d, err := t.resolveDir(dir, false)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	for _, e := range ents {
-		if err := t.remove(path.Join(dir, e.Name())); err != nil {
+	return t.removeResolved(path.Join(d, name))
+}
+
+// clearDir empties the image directory dir (an opaque whiteout).
+func (t *Tree) clearDir(dir string) error {
+	d, err := t.resolveDir(dir, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	f, err := t.root.Open(d)
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := t.removeResolved(path.Join(d, n)); err != nil {
 			return err
 		}
 	}

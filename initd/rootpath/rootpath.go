@@ -1,7 +1,15 @@
 // Package rootpath resolves paths inside a node's root directory the way the node itself
 // would, with that root as "/": absolute symlinks point back inside it and ".." stops at it.
-// kiln-init writes into roots that are not "/" (tests, a mounted image), so every writer
-// resolves through here before it touches anything.
+// kiln-init writes into roots that are not "/" (tests, a mounted image), and the builder
+// flattens untrusted image layers into a directory, so every writer resolves through here
+// before it touches anything.
+//
+// It is built on os.Root rather than replaced by it: os.Root keeps every access inside the root
+// but refuses an absolute symlink, or a ".." that climbs past the root, as an escape, while an
+// image is full of absolute symlinks (/var/run -> /run, /etc/localtime ->
+// /usr/share/zoneinfo/UTC) that mean the image's own root. Resolve gives them that meaning and
+// returns a symlink-free path; callers then act on that path through the same os.Root, so even
+// a tree changed behind their back cannot send them outside it.
 package rootpath
 
 import (

@@ -323,14 +323,14 @@ func TestSelectorRefusesDisksInUse(t *testing.T) {
 					continue
 				}
 				if err == nil {
-					// Never go on to Prepare: the device may be this machine's boot disk.
+					// Never hand what Find returned to Prepare: it may be this machine's boot disk.
 					t.Errorf("wipe %v: Find accepted %s", wipe, got)
-					continue
-				}
-				t.Log(err)
-				if !errors.Is(err, ErrUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
-					!strings.Contains(err.Error(), tt.reason) {
-					t.Errorf("wipe %v: Find error %q; want it to name the selector, %s and %q", wipe, err, dev, tt.reason)
+				} else {
+					t.Log(err)
+					if !errors.Is(err, ErrUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
+						!strings.Contains(err.Error(), tt.reason) {
+						t.Errorf("wipe %v: Find error %q; want it to name the selector, %s and %q", wipe, err, dev, tt.reason)
+					}
 				}
 				if tt.direct {
 					_, err := Prepare(ctx, dev, want)
