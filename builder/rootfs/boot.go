@@ -26,10 +26,10 @@ type Kernel struct {
 	Image string
 }
 
-// InTreeError describes err, the failure of reading rel through the root r: it names the file
+// inTreeError describes err, the failure of reading rel through the root r: it names the file
 // as the image sees it and, when rel is itself a symlink, its target. what says what the file
 // is for ("kernel", "systemd-boot").
-func InTreeError(r *os.Root, what, rel string, err error) error {
+func inTreeError(r *os.Root, what, rel string, err error) error {
 	name := "/" + rel
 	if fi, lerr := r.Lstat(rel); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
 		if target, rerr := r.Readlink(rel); rerr == nil {
@@ -54,7 +54,7 @@ func statInTree(r *os.Root, what, rel string) (fi fs.FileInfo, found bool, err e
 	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
 		return nil, false, nil
 	default:
-		return nil, false, InTreeError(r, what, rel, err)
+		return nil, false, inTreeError(r, what, rel, err)
 	}
 }
 
@@ -69,7 +69,7 @@ func (t *Tree) FindKernel() (*Kernel, error) {
 	defer r.Close()
 	ents, err := fs.ReadDir(r.FS(), "usr/lib/modules")
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, InTreeError(r, "module directory", "usr/lib/modules", err)
+		return nil, inTreeError(r, "module directory", "usr/lib/modules", err)
 	}
 	var found []Kernel
 	for _, e := range ents {
@@ -141,7 +141,7 @@ func (t *Tree) CopyOut(what, rel, dst string, limit int64) error {
 	// Stat first: opening a named pipe would wait for a writer.
 	fi, err := r.Stat(rel)
 	if err != nil {
-		return InTreeError(r, what, rel, err)
+		return inTreeError(r, what, rel, err)
 	}
 	if !fi.Mode().IsRegular() {
 		return fmt.Errorf("base %s /%s is a %s, not a regular file", what, rel, fileType(fi.Mode()))
@@ -151,7 +151,7 @@ func (t *Tree) CopyOut(what, rel, dst string, limit int64) error {
 	}
 	in, err := r.Open(rel)
 	if err != nil {
-		return InTreeError(r, what, rel, err)
+		return inTreeError(r, what, rel, err)
 	}
 	defer in.Close()
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
