@@ -51,7 +51,7 @@ func (f Finding) String() string {
 }
 
 // tokenDirs are where a bootstrap token is configuration wherever it stands in a file;
-// elsewhere a token counts only in a token context (tokenContext).
+// elsewhere a token counts only in a token context (search).
 var tokenDirs = []string{"etc/", "usr/lib/kiln/"}
 
 const (
@@ -134,8 +134,10 @@ func ScanSecrets(fsys fs.FS) ([]Finding, error) {
 		go func() {
 			defer wg.Done()
 			buf := make([]byte, scanChunk+scanLookahead+scanLookbehind)
+			small := make([]byte, maxWhole)
+			var dec [maxNesting]bytes.Buffer
 			for p := range paths {
-				fs, err := scanFile(fsys, p, buf)
+				fs, err := scanFile(fsys, p, buf, small, &dec)
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
@@ -181,13 +183,16 @@ func ScanSecrets(fsys fs.FS) ([]Finding, error) {
 // fileScan collects the findings of one file.
 type fileScan struct {
 	path string // "/etc/x"
-	buf  []byte
+	// buf is the window of a large file; small holds a small file whole.
+	buf, small []byte
 	// tokenName: the file's name says it holds a token ("bootstrap-token", "tokens.csv").
 	tokenName bool
 	// budget is what is left of MaxDecompressed for this file.
 	budget int64
-	out    []Finding
-	seen   map[string]bool
+	// dec holds decompressed data, one buffer per level, reused from file to file.
+	dec  *[maxNesting]bytes.Buffer
+	out  []Finding
+	seen map[string]bool
 }
 
 func (s *fileScan) add(in string, line int, kind string) {
@@ -197,7 +202,9 @@ func (s *fileScan) add(in string, line int, kind string) {
 	}
 }
 
-func scanFile(fsys fs.FS, p string, buf []byte) ([]Finding, error) {
+// scanFile judges the file p: a file of at most maxWhole bytes is read once, whole, into small;
+// a larger one is read through buf.
+func scanFile(fsys fs.FS, p string, buf, small []byte, dec *[maxNesting]bytes.Buffer) ([]Finding, error) {
 	f, err := fsys.Open(p)
 	if err != nil {
 		return nil, err
@@ -207,65 +214,93 @@ func scanFile(fsys fs.FS, p string, buf []byte) ([]Finding, error) {
 	if err != nil {
 		return nil, fmt.Errorf("/%s: %w", p, err)
 	}
-	r, ok := f.(io.ReaderAt)
-	size := fi.Size()
-	if !ok {
-		b, err := io.ReadAll(f)
-		if err != nil {
-			return nil, fmt.Errorf("/%s: %w", p, err)
-		}
-		r, size = bytes.NewReader(b), int64(len(b))
-	}
 	tokens := false
 	for _, d := range tokenDirs {
 		tokens = tokens || strings.HasPrefix(p, d)
 	}
 	s := &fileScan{
-		path: "/" + p, buf: buf, budget: MaxDecompressed, seen: map[string]bool{},
+		path: "/" + p, buf: buf, small: small, dec: dec, budget: MaxDecompressed, seen: map[string]bool{},
 		tokenName: strings.Contains(strings.ToLower(path.Base(p)), "token"),
 	}
-	if err := s.data(r, size, "", 0, tokens); err != nil {
-		return s.out, fmt.Errorf("/%s: %w", p, err)
+	r, ok := f.(io.ReaderAt)
+	if fi.Size() <= maxWhole || !ok {
+		n, err := io.ReadFull(f, small[:cap(small)])
+		if err == nil && !ok { // more than maxWhole and no ReaderAt: hold it all
+			rest, rerr := io.ReadAll(f)
+			b := append(bytes.Clone(small[:n]), rest...)
+			n, err, small = len(b), rerr, b
+		}
+		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+			return nil, fmt.Errorf("/%s: %w", p, err)
+		}
+		err = s.mem(small[:n], "", 0, tokens)
+		return s.out, wrapPath(p, err)
 	}
-	return s.out, nil
+	return s.out, wrapPath(p, s.file(r, fi.Size(), tokens))
 }
 
-// data judges size bytes of r: the file, or data decompressed from it or an entry of a tar
-// archive in that (in says which). anyToken: every bootstrap token counts, not only those in
-// a token context.
-func (s *fileScan) data(r io.ReaderAt, size int64, in string, depth int, anyToken bool) error {
-	head := make([]byte, min(size, 512))
+func wrapPath(p string, err error) error {
+	if err != nil {
+		return fmt.Errorf("/%s: %w", p, err)
+	}
+	return nil
+}
+
+// file judges a file larger than maxWhole, read at r in windows.
+func (s *fileScan) file(r io.ReaderAt, size int64, anyToken bool) error {
+	head := make([]byte, 512)
 	if _, err := r.ReadAt(head, 0); err != nil && err != io.EOF {
 		return err
 	}
 	if c := compression(head); c != "" {
-		if depth >= maxNesting || s.budget <= 0 {
-			return nil
-		}
-		b, err := decompress(c, io.NewSectionReader(r, 0, size), s.budget)
-		if err != nil {
-			return nil // not data of that kind after all: nothing to search
-		}
-		s.budget -= int64(len(b))
-		return s.data(bytes.NewReader(b), int64(len(b)), within(in, c+" data"), depth+1, false)
-	}
-	if depth > 0 && isTar(head) {
-		return s.tar(r, size, in, depth)
+		return s.decompressed(c, io.NewSectionReader(r, 0, size), "", 0)
 	}
 	if bytes.HasPrefix(head, elfMagic) && isProgram(r) {
 		if !anyToken {
 			return nil
 		}
-		return s.stream(r, size, in, false, true)
+		return s.stream(r, size, "", false, true)
 	}
-	if size <= maxWhole {
-		whole := make([]byte, size)
-		if _, err := r.ReadAt(whole, 0); err != nil && err != io.EOF {
-			return err
+	return s.stream(r, size, "", true, anyToken)
+}
+
+// mem judges data held whole: a small file, data decompressed from a file, or an entry of a tar
+// archive in that (in says which). anyToken: every bootstrap token counts, not only those in
+// a token context.
+func (s *fileScan) mem(b []byte, in string, depth int, anyToken bool) error {
+	if c := compression(b); c != "" {
+		return s.decompressed(c, bytes.NewReader(b), in, depth)
+	}
+	if depth > 0 && isTar(b) {
+		s.tar(b, in, depth)
+		return nil
+	}
+	keys := true
+	if bytes.HasPrefix(b, elfMagic) && isProgram(bytes.NewReader(b)) {
+		if !anyToken {
+			return nil
 		}
-		s.whole(whole, in)
+		keys = false
+	} else if len(b) <= maxWhole {
+		s.whole(b, in)
 	}
-	return s.stream(r, size, in, true, anyToken)
+	s.search(b, 0, len(b), 0, in, keys, anyToken)
+	return nil
+}
+
+// decompressed judges what r decompresses to, within the file's budget.
+func (s *fileScan) decompressed(kind string, r io.Reader, in string, depth int) error {
+	if depth >= maxNesting || s.budget <= 0 {
+		return nil
+	}
+	out := &s.dec[depth]
+	out.Reset()
+	b, err := decompress(kind, r, s.budget, out)
+	if err != nil {
+		return nil // not data of that kind after all: nothing to search
+	}
+	s.budget -= int64(len(b))
+	return s.mem(b, within(in, kind+" data"), depth+1, false)
 }
 
 func within(in, what string) string {
@@ -277,34 +312,32 @@ func within(in, what string) string {
 
 // tar judges each regular entry of a tar archive (decompressed, in memory) as a file; a
 // bootstrap token in it counts in a token context only, wherever the entry is.
-func (s *fileScan) tar(r io.ReaderAt, size int64, in string, depth int) error {
-	tr := tar.NewReader(io.NewSectionReader(r, 0, size))
+func (s *fileScan) tar(b []byte, in string, depth int) {
+	r := bytes.NewReader(b)
+	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
 		if err != nil {
-			return nil // the end, or a tar cut short by the bound: what was read was judged
+			return // the end, or a tar cut short by the bound: what was read was judged
 		}
-		if h.Typeflag != tar.TypeReg || h.Size <= 0 || h.Size > size {
+		if h.Typeflag != tar.TypeReg || h.Size <= 0 || h.Size > int64(len(b)) {
 			continue
 		}
-		b := make([]byte, h.Size)
-		n, _ := io.ReadFull(tr, b)
+		// The entry's bytes are where the reader stands in b.
+		at := len(b) - r.Len()
+		end := min(len(b), at+int(h.Size))
 		name := strings.TrimPrefix(path.Clean("/"+h.Name), "/")
-		if err := s.data(bytes.NewReader(b[:n]), int64(n), within(in, "tar entry "+name), depth, false); err != nil {
-			return err
-		}
+		s.mem(b[at:end], within(in, "tar entry "+name), depth, false)
 	}
 }
 
-// stream searches r for PEM keys (keys) and bootstrap tokens in windows of buf. Each window is
-// the tail of the previous one plus a chunk: positions before from were judged already (they
-// are kept as context for checks that look back), and a match is judged only once
-// scanLookahead bytes after it are in the window or the data has ended, so each match is seen
-// once, with its context, wherever chunks split.
+// stream searches a large file for PEM keys (keys) and bootstrap tokens in windows of buf.
+// Each window is the tail of the previous one plus a chunk: positions before from were judged
+// already (they are kept as context for checks that look back), and a match is judged only
+// once scanLookahead bytes after it are in the window or the data has ended, so each match is
+// seen once, with its context, wherever chunks split.
 func (s *fileScan) stream(ra io.ReaderAt, size int64, in string, keys, anyToken bool) error {
 	r := io.NewSectionReader(ra, 0, size)
-	// Data inside the file (decompressed, a tar entry) is judged before or after the file's own
-	// bytes, never while they are, so they share the window.
 	buf := s.buf
 	have, from, lines := 0, 0, 0 // lines: newlines before the window
 	for {
@@ -319,40 +352,7 @@ func (s *fileScan) stream(ra io.ReaderAt, size int64, in string, keys, anyToken 
 		if eof {
 			limit = have
 		}
-		lineAt := func(i int) int { return lines + bytes.Count(win[:i], []byte{'\n'}) + 1 }
-		for off := from; keys && off < limit; {
-			i := bytes.Index(win[off:], pemMarker)
-			if i < 0 || off+i >= limit {
-				break
-			}
-			i += off
-			if kind, start, ok := pemKey(win, i); ok {
-				s.add(in, lineAt(start), kind)
-			}
-			off = i + len(pemMarker)
-		}
-		for off := from; keys && off < limit; {
-			i := bytes.Index(win[off:], pgpMarker)
-			if i < 0 || off+i >= limit {
-				break
-			}
-			i += off
-			if start, ok := pgpKey(win, i); ok {
-				s.add(in, lineAt(start), "OpenPGP private key (PGP PRIVATE KEY BLOCK)")
-			}
-			off = i + len(pgpMarker)
-		}
-		for off := from; off < limit; {
-			i := bytes.IndexByte(win[off:], tokenMarker)
-			if i < 0 || off+i >= limit {
-				break
-			}
-			i += off
-			if isToken(win, i) && (anyToken || s.tokenName || tokenContext(win, i-6)) {
-				s.add(in, lineAt(i-6), "Kubernetes bootstrap token")
-			}
-			off = i + 1
-		}
+		s.search(win, from, limit, lines, in, keys, anyToken)
 		if eof {
 			return nil
 		}
@@ -363,16 +363,59 @@ func (s *fileScan) stream(ra io.ReaderAt, size int64, in string, keys, anyToken 
 	}
 }
 
-// tokenContext reports whether the line before a token at i names a token: "token: ",
-// "--token ", "TOKEN=", "Authorization: Bearer ".
+// search judges the matches that start in win[from:limit]; lines is the number of newlines
+// before win.
+func (s *fileScan) search(win []byte, from, limit, lines int, in string, keys, anyToken bool) {
+	lineAt := func(i int) int { return lines + bytes.Count(win[:i], []byte{'\n'}) + 1 }
+	for off := from; keys && off < limit; {
+		i := bytes.Index(win[off:], pemMarker)
+		if i < 0 || off+i >= limit {
+			break
+		}
+		i += off
+		if kind, start, ok := pemKey(win, i); ok {
+			s.add(in, lineAt(start), kind)
+		}
+		off = i + len(pemMarker)
+	}
+	for off := from; keys && off < limit; {
+		i := bytes.Index(win[off:], pgpMarker)
+		if i < 0 || off+i >= limit {
+			break
+		}
+		i += off
+		if start, ok := pgpKey(win, i); ok {
+			s.add(in, lineAt(start), "OpenPGP private key (PGP PRIVATE KEY BLOCK)")
+		}
+		off = i + len(pgpMarker)
+	}
+	for off := from; off < limit; {
+		i := bytes.IndexByte(win[off:], tokenMarker)
+		if i < 0 || off+i >= limit {
+			break
+		}
+		i += off
+		if isToken(win, i) && (anyToken || s.tokenName || tokenContext(win, i-6)) {
+			s.add(in, lineAt(i-6), "Kubernetes bootstrap token")
+		}
+		off = i + 1
+	}
+}
+
+// tokenContext reports whether the line before a token at i names one within tokenReach
+// bytes: "token: ", "--token ", "TOKEN=", "Authorization: Bearer ".
 func tokenContext(win []byte, i int) bool {
-	from := max(0, i-64)
+	from := max(0, i-tokenReach)
 	if nl := bytes.LastIndexByte(win[from:i], '\n'); nl >= 0 {
 		from += nl + 1
 	}
 	before := bytes.ToLower(win[from:i])
 	return bytes.Contains(before, []byte("token")) || bytes.Contains(before, []byte("bearer"))
 }
+
+// tokenReach is how far after "token" or "bearer" on its line a token still counts (within
+// scanLookbehind, which the window keeps).
+const tokenReach = 64
 
 var magics = []struct {
 	magic []byte
@@ -393,9 +436,9 @@ func compression(b []byte) string {
 	return ""
 }
 
-// decompress returns at most limit bytes decompressed from r: all of it, or its first limit
-// bytes, or what came out before the data turned out corrupt or cut short.
-func decompress(kind string, r io.Reader, limit int64) ([]byte, error) {
+// decompress returns at most limit bytes decompressed from r (in b): all of it, or its first
+// limit bytes, or what came out before the data turned out corrupt or cut short.
+func decompress(kind string, r io.Reader, limit int64, b *bytes.Buffer) ([]byte, error) {
 	var d io.Reader
 	switch kind {
 	case "gzip":
@@ -422,8 +465,7 @@ func decompress(kind string, r io.Reader, limit int64) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("unknown compression %q", kind)
 	}
-	var b bytes.Buffer
-	_, err := io.Copy(&b, io.LimitReader(d, limit))
+	_, err := io.Copy(b, io.LimitReader(d, limit))
 	if b.Len() == 0 && err != nil {
 		return nil, err
 	}
@@ -456,11 +498,11 @@ func (s *fileScan) whole(b []byte, in string) {
 			return
 		}
 	}
-	if bytes.IndexByte(b, 0) >= 0 {
-		return
+	if bytes.IndexByte(b[:min(len(b), 8<<10)], 0) >= 0 {
+		return // binary
 	}
 	kube := bytes.Contains(b, []byte("users")) && (bytes.Contains(b, []byte("client-key-data")) || bytes.Contains(b, []byte("token")))
-	if kube || bytes.Contains(b, []byte(bootstrapTokenType)) {
+	if kube || bytes.Contains(b, []byte("kubernetes.io/token")) {
 		for _, f := range manifestSecrets(b) {
 			s.add(in, f.Line, f.Kind)
 		}
