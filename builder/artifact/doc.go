@@ -16,6 +16,9 @@
 // layers, each verified against its digest): Cache.FetchImage pulls an image
 // by digest with go-containerregistry and contacts no registry when every blob
 // is cached. Registries on the loopback interface are reached over plain HTTP.
+// The base image's layers go through the same cache (rootfs.FlattenWith):
+// a layer is hashed in full on its way in, before any of its entries is
+// applied. Unpacking one layer or archive is bounded by MaxUnpacked.
 //
 // The lock file, images/<name>.lock, is JSON with sorted keys. It records the
 // manifest digest of the base image (resolved from a tag through a
