@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"path/filepath"
 
-	gcemeta "cloud.google.com/go/compute/metadata"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/route53"
 	gdns "google.golang.org/api/dns/v1"
@@ -17,6 +16,7 @@ import (
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/source"
 )
 
 // RegisterDNS publishes this node's cluster names (etcd-<member>.internal…, api.internal…)
@@ -78,7 +78,7 @@ func cloudClients(ctx context.Context, n *config.Node) (dns.Clouds, error) {
 		}
 		return dns.Clouds{Route53: route53.NewFromConfig(cfg)}, nil
 	case config.DNSCloudDNS:
-		project, err := gcemeta.ProjectIDWithContext(ctx)
+		project, err := source.GCEMetadataClient().ProjectIDWithContext(ctx)
 		if err != nil {
 			return dns.Clouds{}, fmt.Errorf("clouddns: GCE metadata: %w", err)
 		}

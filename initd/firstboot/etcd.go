@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	gcemeta "cloud.google.com/go/compute/metadata"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/volume"
 )
 
@@ -93,7 +93,7 @@ func awsFinder(ctx context.Context, n *config.Node, v *config.Volume) (volume.Fi
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: AWS config: %w", err)
 	}
-	md := imds.NewFromConfig(cfg)
+	md := imds.NewFromConfig(cfg, func(o *imds.Options) { o.HTTPClient = source.CapIMDS(o.HTTPClient) })
 	get := func(path string) (string, error) {
 		out, err := md.GetMetadata(ctx, &imds.GetMetadataInput{Path: path})
 		if err != nil {
@@ -119,15 +119,16 @@ func awsFinder(ctx context.Context, n *config.Node, v *config.Volume) (volume.Fi
 // gceFinder attaches the named disk through the Compute API with the instance's service
 // account; project, zone and instance come from the metadata server.
 func gceFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
-	project, err := gcemeta.ProjectIDWithContext(ctx)
+	md := source.GCEMetadataClient()
+	project, err := md.ProjectIDWithContext(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
 	}
-	zone, err := gcemeta.ZoneWithContext(ctx)
+	zone, err := md.ZoneWithContext(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
 	}
-	name, err := gcemeta.InstanceNameWithContext(ctx)
+	name, err := md.InstanceNameWithContext(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
 	}

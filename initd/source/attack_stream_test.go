@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 )
 
 // hostileAnswer is how much a hostile server offers: eight times the cap. It would stream
@@ -162,6 +164,68 @@ func TestAttackEndlessAnswer(t *testing.T) {
 				t.Errorf("reading the answer allocated %d MiB, want at most %d MiB", grown>>20, limit>>20)
 			}
 		})
+	}
+}
+
+// TestAttackEndlessLookup: the metadata clients that first boot uses for its other
+// lookups (the etcd volume's instance id and zone, the DNS provider's project) stop at
+// the cap too.
+func TestAttackEndlessLookup(t *testing.T) {
+	tests := []struct {
+		name    string
+		handler http.Handler
+		stream  *streamer
+		lookup  func(ctx context.Context, srv *httptest.Server) error
+	}{
+		{name: "imds instance-id", lookup: func(ctx context.Context, srv *httptest.Server) error {
+			md := imds.New(imds.Options{Endpoint: srv.URL, HTTPClient: CapIMDS(nil)})
+			out, err := md.GetMetadata(ctx, &imds.GetMetadataInput{Path: "instance-id"})
+			if err == nil {
+				out.Content.Close()
+			}
+			return err
+		}},
+		{name: "gce instance name", lookup: func(ctx context.Context, srv *httptest.Server) error {
+			t.Setenv("GCE_METADATA_HOST", srv.Listener.Addr().String())
+			_, err := GCEMetadataClient().InstanceNameWithContext(ctx)
+			return err
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &hostileLookup{}
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			before := allocated()
+			err := tc.lookup(context.Background(), srv)
+			grown := allocated() - before
+			if err == nil || !strings.Contains(err.Error(), "64 MiB cap") {
+				t.Fatalf("lookup error = %v; want the 64 MiB cap", err)
+			}
+			if taken := h.taken(); taken > MaxConfigSize+32<<20 {
+				t.Errorf("the client took %d MiB of the answer; the cap is %d MiB", taken>>20, MaxConfigSize>>20)
+			}
+			if limit := uint64(4 * MaxConfigSize); grown > limit {
+				t.Errorf("reading the answer allocated %d MiB, want at most %d MiB", grown>>20, limit>>20)
+			}
+		})
+	}
+}
+
+// hostileLookup is a metadata server (IMDSv2 or Google) whose every metadata answer
+// never ends.
+type hostileLookup struct {
+	streamer
+	fakeIMDS
+}
+
+func (h *hostileLookup) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method == http.MethodPut:
+		h.fakeIMDS.ServeHTTP(w, r) // the session token
+	default:
+		w.Header().Set("Metadata-Flavor", "Google")
+		h.stream(w)
 	}
 }
 

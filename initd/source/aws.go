@@ -37,16 +37,9 @@ func (*AWS) Name() string { return "aws-imds" }
 
 func (a *AWS) imds() *imds.Client {
 	a.once.Do(func() {
-		inner := a.HTTPClient
-		if inner == nil {
-			// The SDK's own default, whose short timeouts make Probe fail fast off EC2.
-			inner = awshttp.NewBuildableClient().
-				WithDialerOptions(func(d *net.Dialer) { d.Timeout = 250 * time.Millisecond }).
-				WithTransportOptions(func(tr *http.Transport) { tr.ResponseHeaderTimeout = 500 * time.Millisecond })
-		}
 		a.client = imds.New(imds.Options{
 			Endpoint:       a.Endpoint,
-			HTTPClient:     cappedClient{inner},
+			HTTPClient:     CapIMDS(a.HTTPClient),
 			EnableFallback: aws.FalseTernary,
 		})
 	})
@@ -83,8 +76,21 @@ func (a *AWS) Fetch(ctx context.Context) ([]byte, error) {
 	return readLimited(out.Content, MaxConfigSize, "imds user-data")
 }
 
-// cappedClient cuts every IMDS answer off at MaxConfigSize: the SDK reads each answer
-// whole into memory before it hands it over.
+// CapIMDS returns an HTTP client for an IMDS client (imds.Options.HTTPClient) that cuts
+// every answer off at MaxConfigSize with a *TooLargeError: the SDK reads each answer
+// whole into memory before it hands it over. c nil, or the SDK's buildable client, gets
+// the SDK's short IMDS timeouts, which make a probe fail fast off EC2.
+func CapIMDS(c imds.HTTPClient) imds.HTTPClient {
+	if c == nil {
+		c = awshttp.NewBuildableClient()
+	}
+	if b, ok := c.(*awshttp.BuildableClient); ok {
+		c = b.WithDialerOptions(func(d *net.Dialer) { d.Timeout = 250 * time.Millisecond }).
+			WithTransportOptions(func(tr *http.Transport) { tr.ResponseHeaderTimeout = 500 * time.Millisecond })
+	}
+	return cappedClient{c}
+}
+
 type cappedClient struct{ imds.HTTPClient }
 
 func (c cappedClient) Do(req *http.Request) (*http.Response, error) {

@@ -40,19 +40,31 @@ func (*GCE) Name() string { return "gce-metadata" }
 
 func (g *GCE) metadata() *metadata.Client {
 	g.once.Do(func() {
-		base := g.Transport
-		if base == nil {
-			base = http.DefaultTransport
-		}
 		g.last = &lastError{}
-		g.client = metadata.NewClient(&http.Client{
-			Transport: gceTransport{host: g.Host, base: base, last: g.last},
-			Timeout:   30 * time.Second,
-			// The metadata server never redirects; following one would leave it.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		})
+		g.client = gceClient(g.Host, g.Transport, g.last)
 	})
 	return g.client
+}
+
+// GCEMetadataClient returns a client of the GCE metadata server for first-boot lookups
+// (project, zone, instance name): it cuts every answer off at MaxConfigSize with a
+// *TooLargeError, follows no redirect and accepts answers only from a Google metadata
+// server. Use it instead of the metadata package's functions, whose client reads
+// answers of any size into memory.
+func GCEMetadataClient() *metadata.Client {
+	return gceClient("", nil, &lastError{})
+}
+
+func gceClient(host string, base http.RoundTripper, last *lastError) *metadata.Client {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return metadata.NewClient(&http.Client{
+		Transport: gceTransport{host: host, base: base, last: last},
+		Timeout:   30 * time.Second,
+		// The metadata server never redirects; following one would leave it.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	})
 }
 
 // Probe implements Provider: true when a Google metadata server answers instance/id
