@@ -362,7 +362,8 @@ func TestKubeletImages(t *testing.T) {
 			volume.ManifestsDir + "/apiserver.yaml": "kind: Pod\nspec:\n  initContainers:\n  - image: registry.k8s.io/etcd:3.6.16-0\n  containers:\n  - image: registry.k8s.io/kube-apiserver:v1.37.2\n",
 			volume.ManifestsDir + "/.swp":           "kind: Pod\nspec:\n  containers:\n  - image: hidden:1\n",
 			volume.ManifestsDir + "/README":         "not a manifest",
-		}, want: []string{"registry.k8s.io/etcd:3.6.16-0", "registry.k8s.io/kube-apiserver:v1.37.2", "registry.k8s.io/pause:3.10.2"},
+			AfterAPIManifestsPath + "/kube-scheduler.yaml": "kind: Pod\nspec:\n  containers:\n  - image: registry.k8s.io/kube-scheduler:v1.37.2\n",
+		}, want: []string{"registry.k8s.io/etcd:3.6.16-0", "registry.k8s.io/kube-apiserver:v1.37.2", "registry.k8s.io/kube-scheduler:v1.37.2", "registry.k8s.io/pause:3.10.2"},
 			warn: "file=/etc/kubernetes/manifests/README"},
 		{name: "nothing rendered yet", want: []string{}},
 	} {
