@@ -61,10 +61,10 @@ const (
 	scanLookahead = 32 << 10
 	// scanLookbehind is how many bytes before a match a check may read.
 	scanLookbehind = 72
-	// MaxDecompressed bounds what is read out of one compressed file: its first 32 MiB
+	// MaxDecompressed bounds what is read out of one compressed file: its first 16 MiB
 	// (all nested levels together) are searched, the rest is not read. An image layer or a
 	// compressed kernel module is read up to there, a compression bomb no further.
-	MaxDecompressed = 32 << 20
+	MaxDecompressed = 16 << 20
 	// maxNesting is how deep compressed data within compressed data is opened.
 	maxNesting = 2
 	// maxWhole is the largest file (or tar entry, or decompressed data) that is read whole to be
