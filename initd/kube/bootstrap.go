@@ -18,11 +18,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/kilnproject/kiln/initd/apply"
-	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/task"
-	"github.com/kilnproject/kiln/initd/volume"
 )
 
 // Files the control-plane bootstrap reads, relative to the node's root.
@@ -34,11 +31,6 @@ const (
 	// AddonsPath holds the rendered addon manifests (kube-proxy, CoreDNS), applied in
 	// name order; the control-plane templates put them there.
 	AddonsPath = "/etc/kubernetes/addons"
-	// AfterAPIManifestsPath holds static-pod manifests (kube-controller-manager,
-	// kube-scheduler) the bootstrap places in the manifests directory once the API server
-	// answers ready: started beside an API server that is still starting, they take CPU it
-	// needs and exit when it is slow to become healthy.
-	AfterAPIManifestsPath = "/etc/kubernetes/manifests-after-api"
 )
 
 // Names kubeadm gives the things its init phases create; kiln uses the same so that
@@ -115,7 +107,6 @@ type bootstrap struct {
 //	                             ├─► mark-control-plane (label + NoSchedule taint, once kubelet registered)
 //	                             └─► addon-<file>      (one per manifest in AddonsPath: kube-proxy, coredns)
 //	api-ready ─► kubelet-finalize (kubelet.conf points at kubelet's rotated client certificate)
-//	api-ready ─► after-api-pods   (AfterAPIManifestsPath's static pods join the manifests directory)
 //
 // cluster-admins binds kubeadm:cluster-admins (admin.conf's group) to cluster-admin with
 // super-admin.conf; every later step uses admin.conf.
@@ -134,9 +125,8 @@ func BootstrapTasks(o BootstrapOptions) ([]task.Task, error) {
 		task.Converge("cluster-info", after, b.clusterInfo),
 		ConvergeWithTimeout("mark-control-plane", after, o.NodeWait+time.Minute, b.markControlPlane),
 		task.Converge("kubelet-finalize", []string{"api-ready"}, b.kubeletFinalize),
-		task.Converge("after-api-pods", []string{"api-ready"}, b.afterAPIPods),
 	}
-	addons, err := manifestFiles(filepath.Join(o.Root, AddonsPath))
+	addons, err := addonFiles(filepath.Join(o.Root, AddonsPath))
 	if err != nil {
 		return nil, err
 	}
@@ -159,14 +149,14 @@ func (b *bootstrap) apiReadyTask() task.Task {
 	return task.WithTimeout(task.Func("api-ready", nil, b.apiReady, b.waitAPI), b.o.APIWait+time.Minute)
 }
 
-// manifestFiles lists the .yaml manifests in dir, sorted; none when dir does not exist.
-func manifestFiles(dir string) ([]string, error) {
+// addonFiles lists the .yaml manifests in dir, sorted; none when dir does not exist.
+func addonFiles(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("manifests: %w", err)
+		return nil, fmt.Errorf("addons: %w", err)
 	}
 	var out []string
 	for _, e := range entries {
@@ -176,30 +166,6 @@ func manifestFiles(dir string) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
-}
-
-// afterAPIPods copies the manifests of AfterAPIManifestsPath into the manifests directory
-// (0600, as kubeadm writes them), leaving a file that is already the same alone.
-func (b *bootstrap) afterAPIPods(ctx context.Context) (bool, error) {
-	paths, err := manifestFiles(filepath.Join(b.o.Root, AfterAPIManifestsPath))
-	if err != nil {
-		return false, err
-	}
-	var files []config.File
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return false, err
-		}
-		files = append(files, config.File{Field: "static pod " + filepath.Base(p),
-			Path: filepath.Join(volume.ManifestsDir, filepath.Base(p)), Mode: 0o600, ModeSet: true,
-			Overwrite: true, HasContents: true, Contents: data})
-	}
-	if len(files) == 0 {
-		return false, nil
-	}
-	changed, err := apply.Files(ctx, b.o.Root, files, nil)
-	return len(changed) > 0, err
 }
 
 // client is the admin.conf client, loaded once it is needed.

@@ -28,7 +28,6 @@ import (
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/task"
-	"github.com/kilnproject/kiln/initd/volume"
 )
 
 const (
@@ -166,7 +165,7 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 	if _, err := pki.ControlPlaneKubeconfigs(filepath.Join(root, "etc/kubernetes"), pkiDir, node, server, now); err != nil {
 		t.Fatal(err)
 	}
-	startComponent(t, died, root, manifestCommand(t, root, "etc/kubernetes/manifests-after-api/kube-controller-manager.yaml"), ports,
+	startComponent(t, died, root, manifestCommand(t, root, "etc/kubernetes/manifests/kube-controller-manager.yaml"), ports,
 		"--secure-port="+freePort(t))
 	mustWrite(t, filepath.Join(root, BootstrapTokenPath), []byte(testToken+"\n"), 0o600)
 	// kubelet copies kubelet.conf's embedded certificate to its rotation store when it starts.
@@ -259,18 +258,6 @@ func TestBootstrapControlPlane(t *testing.T) {
 	}
 	if st, err := ReadStage(root, StageControlPlane); err != nil || st.State != StateOK || len(st.Tasks) != len(first.Tasks) {
 		t.Errorf("stored stage = %+v, %v", st, err)
-	}
-	// kubelet finds the controller-manager and scheduler pods only now, the API serving.
-	for _, name := range []string{"kube-controller-manager.yaml", "kube-scheduler.yaml"} {
-		want, err := os.ReadFile(filepath.Join(root, AfterAPIManifestsPath, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(root, volume.ManifestsDir, name)
-		got, err := os.ReadFile(p)
-		if fi, serr := os.Stat(p); err != nil || serr != nil || !bytes.Equal(got, want) || fi.Mode().Perm() != 0o600 {
-			t.Errorf("after the bootstrap %s is not the rendered %s with mode 0600 (%v)", p, name, err)
-		}
 	}
 
 	admin, err := LoadKubeconfig(root, AdminConf)

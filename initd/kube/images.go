@@ -441,13 +441,12 @@ var sandboxRE = regexp.MustCompile(`(?m)^\s*sandbox(?:_image)?\s*=\s*["']([^"']+
 
 // KubeletImages names the images kubelet needs before anything else on this node: the
 // pod sandbox image of containerd's config and the images of the static pods in
-// volume.ManifestsDir and AfterAPIManifestsPath (containers and init containers; the latter's
-// pods start as soon as the API serves, offline), sorted and never nil (an empty list limits an
-// import to nothing; nil would mean every image). Like kubelet it reads every file there whose
-// name does not start with a dot, following links (etcd's manifest is a link to its volume); a
-// file that is not a pod is logged and skipped, as kubelet skips it. Importing these first lets
-// kubelet start while the others (kube-proxy, CoreDNS: pods that appear only once the API
-// serves) are imported beside it.
+// volume.ManifestsDir (containers and init containers), sorted and never nil (an empty
+// list limits an import to nothing; nil would mean every image). Like kubelet it reads every file
+// there whose name does not start with a dot, following links (etcd's manifest is a link
+// to its volume); a file that is not a pod is logged and skipped, as kubelet skips it.
+// Importing these first lets kubelet start while the others (kube-proxy, CoreDNS: pods
+// that appear only once the API serves) are imported beside it.
 func KubeletImages(root string, log *slog.Logger) ([]string, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -460,33 +459,21 @@ func KubeletImages(root string, log *slog.Logger) ([]string, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	for _, dir := range []string{volume.ManifestsDir, AfterAPIManifestsPath} {
-		if err := staticPodImages(root, dir, set, log); err != nil {
-			return nil, err
-		}
-	}
-	out := slices.AppendSeq(make([]string, 0, len(set)), maps.Keys(set))
-	slices.Sort(out)
-	return out, nil
-}
-
-// staticPodImages adds the images of the static-pod manifests in dir (below root) to set.
-func staticPodImages(root, dir string, set map[string]bool, log *slog.Logger) error {
-	entries, err := os.ReadDir(filepath.Join(root, dir))
+	entries, err := os.ReadDir(filepath.Join(root, volume.ManifestsDir))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
+		return nil, err
 	}
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		p := filepath.Join(dir, e.Name())
+		p := filepath.Join(volume.ManifestsDir, e.Name())
 		if fi, err := os.Stat(filepath.Join(root, p)); err != nil || !fi.Mode().IsRegular() {
 			continue // a directory, or a link to a volume not mounted
 		}
 		b, err := os.ReadFile(filepath.Join(root, p))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var pod struct {
 			Kind string `yaml:"kind"`
@@ -505,5 +492,7 @@ func staticPodImages(root, dir string, set map[string]bool, log *slog.Logger) er
 			}
 		}
 	}
-	return nil
+	out := slices.AppendSeq(make([]string, 0, len(set)), maps.Keys(set))
+	slices.Sort(out)
+	return out, nil
 }

@@ -69,7 +69,7 @@ func TestAddonManifests(t *testing.T) {
 	if _, err := render.Render("../../profiles/templates/control-plane", root, d); err != nil {
 		t.Fatal(err)
 	}
-	files, err := manifestFiles(filepath.Join(root, AddonsPath))
+	files, err := addonFiles(filepath.Join(root, AddonsPath))
 	if err != nil || len(files) != 2 {
 		t.Fatalf("addon files %v, %v", files, err)
 	}

@@ -229,8 +229,8 @@ func TestRenderIdempotent(t *testing.T) {
 	want := []string{
 		"/etc/kubernetes/addons/kube-proxy.yaml",
 		"/etc/kubernetes/manifests/kube-apiserver.yaml",
-		"/etc/kubernetes/manifests-after-api/kube-controller-manager.yaml",
-		"/etc/kubernetes/manifests-after-api/kube-scheduler.yaml",
+		"/etc/kubernetes/manifests/kube-controller-manager.yaml",
+		"/etc/kubernetes/manifests/kube-scheduler.yaml",
 	}
 	if err != nil || !reflect.DeepEqual(changed, want) {
 		t.Fatalf("Render after a version bump = %v, %v; want %v", changed, err, want)
