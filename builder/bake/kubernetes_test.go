@@ -29,8 +29,9 @@ import (
 	"github.com/kilnproject/kiln/builder/disk"
 )
 
-// k8sRepo is a test repository whose worker profile carries fake Kubernetes binaries and two
-// images from a registry on 127.0.0.1 that share a layer.
+// k8sRepo is a test repository whose worker profile carries stand-in Kubernetes binaries (Go
+// programs whose build information records the versions) and two images from a registry on
+// 127.0.0.1 that share a layer.
 type k8sRepo struct {
 	*testRepo
 	registry string // host:port
@@ -85,13 +86,10 @@ func newK8sRepo(t *testing.T, profileExtra string) *k8sRepo {
 	}
 
 	dir := t.TempDir()
-	bins := map[string]string{
-		"kubelet": "Kubernetes v1.37.2", "containerd": "containerd github.com/containerd/containerd/v2 v2.4.2 abc",
-		"runc": "runc version 1.5.3",
-	}
+	bins := map[string]string{"kubelet": kubelet1372, "containerd": containerd242, "runc": runc153}
 	var arts strings.Builder
 	for _, n := range []string{"kubelet", "containerd", "runc"} {
-		body := "#!/bin/sh\necho '" + bins[n] + "'\n"
+		body := string(goBinary(t, bins[n]))
 		write(t, filepath.Join(dir, n), body)
 		dest := "/usr/bin/" + n
 		if n == "runc" {

@@ -1,35 +1,29 @@
 package bake
 
 import (
-	"bytes"
 	"context"
+	"debug/buildinfo"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/kilnproject/kiln/builder/spec"
 	"github.com/kilnproject/kiln/initd/rootpath"
 )
 
-// VersionTimeout bounds each `<binary> --version` run at bake time.
-const VersionTimeout = 10 * time.Second
-
 // binDirs are searched for the runtime binaries, in the order of systemd's default PATH.
 var binDirs = []string{"usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin"}
 
-// Binary is a program found in a root tree and the version it reports.
+// Binary is a program found in a root tree and the version its Go build information records.
 type Binary struct {
 	Path    string // absolute path in the image, "/usr/bin/kubelet"
-	Version string // normalised "v1.37.2" (build metadata such as "+unknown" dropped)
-	Output  string // what it printed, first line
+	Version string // normalised "v1.37.2" (build metadata such as "+unknown" dropped); "" if not recorded
+	Source  string // where Version was read: "-X k8s.io/component-base/version.gitVersion=v1.37.2" or "module k8s.io/kubernetes v1.37.2"
 }
 
 // Versions are the runtime binaries found in a root tree; nil means absent.
@@ -37,43 +31,49 @@ type Versions struct {
 	Kubelet, Kubectl, Containerd, Runc, Dockerd, CRIDockerd *Binary
 }
 
-// versionArgs are the arguments that make each program print its version.
-var versionArgs = []struct {
-	name string
-	args []string
-	set  func(v *Versions, b *Binary)
+// versionSources says where each program's Go build information records its version: the
+// -ldflags "-X" variables its release builds set, then its main module. need is true for the
+// programs whose version CheckVersions compares; the others only have to be present.
+var versionSources = []struct {
+	name    string
+	vars    []string // -X variables, matched as the end of the variable's import path
+	modules []string // module paths whose tagged version is the program's
+	need    bool
+	set     func(v *Versions, b *Binary)
 }{
-	{"kubelet", []string{"--version"}, func(v *Versions, b *Binary) { v.Kubelet = b }},
-	{"kubectl", []string{"version", "--client"}, func(v *Versions, b *Binary) { v.Kubectl = b }},
-	{"containerd", []string{"--version"}, func(v *Versions, b *Binary) { v.Containerd = b }},
-	{"runc", []string{"--version"}, func(v *Versions, b *Binary) { v.Runc = b }},
-	{"dockerd", []string{"--version"}, func(v *Versions, b *Binary) { v.Dockerd = b }},
-	{"cri-dockerd", []string{"--version"}, func(v *Versions, b *Binary) { v.CRIDockerd = b }},
+	{"kubelet", kubeVars, []string{"k8s.io/kubernetes"}, true, func(v *Versions, b *Binary) { v.Kubelet = b }},
+	{"kubectl", kubeVars, []string{"k8s.io/kubernetes"}, true, func(v *Versions, b *Binary) { v.Kubectl = b }},
+	{"containerd", []string{"github.com/containerd/containerd/v2/version.Version", "github.com/containerd/containerd/version.Version"},
+		[]string{"github.com/containerd/containerd/v2", "github.com/containerd/containerd"}, true, func(v *Versions, b *Binary) { v.Containerd = b }},
+	{"runc", []string{"main.version"}, []string{"github.com/opencontainers/runc"}, false, func(v *Versions, b *Binary) { v.Runc = b }},
+	{"dockerd", []string{"github.com/docker/docker/dockerversion.Version", "github.com/moby/moby/v2/dockerversion.Version"},
+		[]string{"github.com/docker/docker", "github.com/moby/moby/v2"}, false, func(v *Versions, b *Binary) { v.Dockerd = b }},
+	{"cri-dockerd", []string{"github.com/Mirantis/cri-dockerd/cmd/version.Version"}, []string{"github.com/Mirantis/cri-dockerd"}, false,
+		func(v *Versions, b *Binary) { v.CRIDockerd = b }},
 }
+
+// kubeVars are the variables Kubernetes' build sets to the release (hack/lib/version.sh),
+// also under a vendor/ prefix in older releases.
+var kubeVars = []string{"k8s.io/component-base/version.gitVersion", "k8s.io/client-go/pkg/version.gitVersion", "k8s.io/kubernetes/pkg/version.gitVersion"}
 
 // ReadVersions finds kubelet, kubectl, containerd, runc, dockerd and cri-dockerd in the tree at
 // root (in /usr/local/sbin, /usr/local/bin, /usr/sbin or /usr/bin, symlinks resolved inside the
-// tree) and runs each present one on the host to ask its version, each bounded by
-// VersionTimeout. A binary that is present but does not run or prints no version is an error.
+// tree) and reads each present one's version from its Go build information, opened inside the
+// tree: nothing from the tree runs on the host. kubelet, kubectl and containerd must record
+// their version (an -ldflags -X of the release's version variable, or a tagged module
+// version); runc, dockerd and cri-dockerd need only be present and executable.
 func ReadVersions(ctx context.Context, root string) (Versions, error) {
-	return readVersions(ctx, root, VersionTimeout)
-}
-
-func readVersions(ctx context.Context, root string, timeout time.Duration) (Versions, error) {
 	var v Versions
-	// The binaries run with another working directory: a relative root (kiln bake -o out)
-	// must not be resolved against it.
-	root, err := filepath.Abs(root)
-	if err != nil {
-		return v, err
-	}
 	r, err := os.OpenRoot(root)
 	if err != nil {
 		return v, fmt.Errorf("versions: %w", err)
 	}
 	defer r.Close()
 	var errs []error
-	for _, p := range versionArgs {
+	for _, p := range versionSources {
+		if err := ctx.Err(); err != nil {
+			return v, err
+		}
 		rel, resolved, err := findBinary(r, p.name)
 		if err != nil {
 			errs = append(errs, err)
@@ -82,10 +82,13 @@ func readVersions(ctx context.Context, root string, timeout time.Duration) (Vers
 		if rel == "" {
 			continue
 		}
-		b, err := runVersion(ctx, filepath.Join(root, filepath.FromSlash(resolved)), p.args, timeout)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", "/"+rel, err))
+		b, err := readVersion(r, resolved, p.vars, p.modules)
+		if err != nil && p.need {
+			errs = append(errs, fmt.Errorf("/%s: %w", rel, err))
 			continue
+		}
+		if b == nil {
+			b = &Binary{}
 		}
 		b.Path = "/" + rel
 		p.set(&v, b)
@@ -94,7 +97,7 @@ func readVersions(ctx context.Context, root string, timeout time.Duration) (Vers
 }
 
 // findBinary returns where name is in the tree (rel, "" if nowhere) and that path with its
-// symlinks resolved inside the tree (resolved, for running it from the host).
+// symlinks resolved inside the tree (resolved, for opening it through the tree's root).
 func findBinary(r *os.Root, name string) (rel, resolved string, err error) {
 	for _, d := range binDirs {
 		p, err := rootpath.Resolve(r, path.Join(d, name), nil)
@@ -118,28 +121,102 @@ func findBinary(r *os.Root, name string) (rel, resolved string, err error) {
 
 var versionRE = regexp.MustCompile(`(?:^|[\s:])v?(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?`)
 
-func runVersion(ctx context.Context, host string, args []string, timeout time.Duration) (*Binary, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, host, args...)
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/nonexistent", "LANG=C"}
-	cmd.Dir = os.TempDir()
-	cmd.WaitDelay = time.Second
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	first, _, _ := strings.Cut(strings.TrimSpace(out.String()), "\n")
-	if ctx.Err() == context.DeadlineExceeded {
-		return nil, fmt.Errorf("%s did not finish within %s", strings.Join(args, " "), timeout)
-	}
+// releaseRE is a module version naming a release or a pre-release; pseudoRE is the tail of a
+// pseudo-version ("-0.20260101120000-abcdef123456"), which names a commit, not a release.
+var (
+	releaseRE = regexp.MustCompile(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
+	pseudoRE  = regexp.MustCompile(`[-.]\d{14}-[0-9a-f]{12}(\+[0-9A-Za-z.-]+)?$`)
+)
+
+// readVersion reads the version of the executable at p in r from its Go build information,
+// through the file opened inside the tree: first the last -ldflags -X of the first of vars it
+// sets, then the main module's version if the main module is one of modules and the version
+// names a release. The binary is never run.
+func readVersion(r *os.Root, p string, vars, modules []string) (*Binary, error) {
+	f, err := r.Open(p)
 	if err != nil {
-		return nil, fmt.Errorf("cannot run it on this host (%s): %w %s", strings.Join(args, " "), err, first)
+		return nil, err
 	}
-	m := versionRE.FindStringSubmatch(out.String())
-	if m == nil {
-		return nil, fmt.Errorf("%s printed no version: %q", strings.Join(args, " "), first)
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file")
 	}
-	return &Binary{Version: "v" + m[1] + "." + m[2] + "." + m[3] + m[4], Output: first}, nil
+	bi, err := buildinfo.Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read its version: it has no Go build information (%v), and kiln does not run binaries from the image", err)
+	}
+	var ldflags string
+	for _, s := range bi.Settings {
+		if s.Key == "-ldflags" {
+			ldflags = s.Value
+		}
+	}
+	xs := ldflagsX(ldflags)
+	for _, want := range vars {
+		for i := len(xs) - 1; i >= 0; i-- {
+			name, val, _ := strings.Cut(xs[i], "=")
+			if name != want && !strings.HasSuffix(name, "/vendor/"+want) {
+				continue
+			}
+			m := versionRE.FindStringSubmatch(val)
+			if m == nil {
+				return nil, fmt.Errorf("its build information sets -X %s=%q, which is not a version", name, val)
+			}
+			return &Binary{Version: "v" + m[1] + "." + m[2] + "." + m[3] + m[4], Source: "-X " + xs[i]}, nil
+		}
+	}
+	mv := bi.Main.Version
+	for _, mod := range modules {
+		if bi.Main.Path == mod && releaseRE.MatchString(mv) && !pseudoRE.MatchString(mv) {
+			m := versionRE.FindStringSubmatch(mv)
+			return &Binary{Version: "v" + m[1] + "." + m[2] + "." + m[3] + m[4], Source: "module " + mod + " " + mv}, nil
+		}
+	}
+	ld := "no -ldflags recorded"
+	if ldflags != "" {
+		ld = "-ldflags without -X " + vars[0]
+	}
+	main := bi.Main.Path + " " + mv
+	if bi.Main.Path == "" {
+		main = "none"
+	}
+	return nil, fmt.Errorf("its Go build information records no release version (main module %s, %s), and kiln does not run binaries from the image to ask them: "+
+		"build it from a release tag of %s, or with -ldflags \"-X %s=<version>\" and without -trimpath (which leaves -ldflags out of the build information)",
+		main, ld, modules[0], vars[0])
+}
+
+// ldflagsX returns the name=value arguments of the -X flags in a recorded -ldflags value, in
+// order. Fields are split as the go command splits them: at spaces, with '…' or "…" quoting a
+// whole field.
+func ldflagsX(ldflags string) []string {
+	var fields []string
+	for s := strings.TrimLeft(ldflags, " \t\n\r"); s != ""; s = strings.TrimLeft(s, " \t\n\r") {
+		if q := s[0]; q == '\'' || q == '"' {
+			if end := strings.IndexByte(s[1:], q); end >= 0 {
+				fields = append(fields, s[1:1+end])
+				s = s[2+end:]
+				continue
+			}
+		}
+		end := strings.IndexAny(s, " \t\n\r")
+		if end < 0 {
+			end = len(s)
+		}
+		fields = append(fields, s[:end])
+		s = s[end:]
+	}
+	var xs []string
+	for i := 0; i < len(fields); i++ {
+		flag := strings.TrimPrefix(strings.TrimPrefix(fields[i], "-"), "-")
+		switch {
+		case flag == "X" && i+1 < len(fields) && fields[i] != flag:
+			i++
+			xs = append(xs, fields[i])
+		case strings.HasPrefix(flag, "X=") && fields[i] != flag:
+			xs = append(xs, flag[2:])
+		}
+	}
+	return xs
 }
 
 type semver struct{ major, minor, patch int }
@@ -191,7 +268,7 @@ func CheckVersions(k spec.Kubernetes, v Versions) error {
 	case v.Kubelet == nil:
 		fail("kubelet is missing: no kubelet in /usr/local/sbin, /usr/local/bin, /usr/sbin or /usr/bin (add it as an artifact)")
 	case v.Kubelet.Version != k.Version:
-		fail("%s reports %s (%q) but kubernetes.version is %s", v.Kubelet.Path, v.Kubelet.Version, v.Kubelet.Output, k.Version)
+		fail("%s reports %s (%s) but kubernetes.version is %s", v.Kubelet.Path, v.Kubelet.Version, v.Kubelet.Source, k.Version)
 	}
 	if v.Kubectl != nil {
 		if kv, ok := parseSemver(v.Kubectl.Version); !ok || kv.major != want.major || kv.minor > want.minor+1 || kv.minor+1 < want.minor {
@@ -216,7 +293,7 @@ func CheckVersions(k spec.Kubernetes, v Versions) error {
 		}
 		cv, ok := parseSemver(v.Containerd.Version)
 		if !ok {
-			fail("%s: cannot read a version from %q", v.Containerd.Path, v.Containerd.Output)
+			fail("%s: cannot read a version from %q", v.Containerd.Path, v.Containerd.Source)
 			break
 		}
 		for _, m := range containerdMinimum {
