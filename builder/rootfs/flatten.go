@@ -42,10 +42,47 @@ type Tree struct {
 	Owners map[string]Owner
 
 	root *os.Root
-	// dirs caches resolved parent directories (image path -> symlink-free path). It is cleared
-	// whenever an entry is removed or a symlink is made, the only changes that can alter a
-	// resolution already made.
-	dirs map[string]string
+	// dirs caches resolved parent directories (image path -> symlink-free path) and roots
+	// holds os.Roots opened on some of them, so that an entry is written with calls on its
+	// name alone rather than walking its whole path again for each. Both are dropped whenever
+	// an entry is removed or a symlink is made, the only changes that can alter a resolution
+	// already made.
+	dirs  map[string]string
+	roots map[string]*os.Root
+}
+
+// maxRoots bounds the directories kept open at once.
+const maxRoots = 64
+
+// dirRoot returns an os.Root on the symlink-free directory d (relative to the tree).
+func (t *Tree) dirRoot(d string) (*os.Root, error) {
+	if d == "." || d == "" {
+		return t.openRoot()
+	}
+	if r, ok := t.roots[d]; ok {
+		return r, nil
+	}
+	root, err := t.openRoot()
+	if err != nil {
+		return nil, err
+	}
+	r, err := root.OpenRoot(d)
+	if err != nil {
+		return nil, err
+	}
+	if len(t.roots) >= maxRoots || t.roots == nil {
+		t.closeRoots()
+		t.roots = map[string]*os.Root{}
+	}
+	t.roots[d] = r
+	return r, nil
+}
+
+func (t *Tree) closeRoots() {
+	for _, r := range t.roots {
+		r.Close()
+	}
+	clear(t.roots)
 }
 
 // FlattenOptions tune Flatten.
@@ -102,9 +139,11 @@ func FlattenWith(img v1.Image, dir string, o FlattenOptions) (*Tree, error) {
 			return nil, fmt.Errorf("layer %d: digest: %w", i, err)
 		}
 		if err := t.applyLayer(l, d, spool, max); err != nil {
+			t.closeRoots()
 			return nil, fmt.Errorf("layer %d (%s): %w", i, d, err)
 		}
 	}
+	t.closeRoots()
 	return t, nil
 }
 
@@ -308,7 +347,10 @@ func (t *Tree) resolveParent(rel string, create bool) (string, error) {
 }
 
 // changed forgets resolutions that a removal or a new symlink may have made stale.
-func (t *Tree) changed() { clear(t.dirs) }
+func (t *Tree) changed() {
+	clear(t.dirs)
+	t.closeRoots()
+}
 
 // writeEntry applies one tar entry at rel and returns where (relative to the tree) it landed.
 func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, error) {
@@ -320,11 +362,21 @@ func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, err
 	if err != nil {
 		return "", err
 	}
+	// p's directory has no symlinks: act on its last component through a root on it.
+	pdir, name := path.Split(p)
+	pdir = strings.TrimSuffix(pdir, "/")
+	dr, err := t.dirRoot(pdir)
+	if err != nil {
+		return "", err
+	}
 	mode := os.FileMode(hdr.Mode).Perm() | specialBits(hdr.Mode)
-	if old, err := root.Lstat(p); err == nil {
+	if old, err := dr.Lstat(name); err == nil {
 		// A directory stays a directory (its children survive); anything else is replaced.
 		if !(old.IsDir() && hdr.Typeflag == tar.TypeDir) {
 			if err := t.removeResolved(p); err != nil {
+				return "", err
+			}
+			if dr, err = t.dirRoot(pdir); err != nil {
 				return "", err
 			}
 		}
@@ -334,19 +386,19 @@ func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, err
 	delete(t.Owners, p)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if err := root.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := dr.Mkdir(name, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return "", err
 		}
 		// The host copy stays writable for its owner (a non-root bake must be able to add
 		// files below /proc's 0555, say); the image gets the real mode through Owners.
-		if err := root.Chmod(p, mode|0o700); err != nil {
+		if err := dr.Chmod(name, mode|0o700); err != nil {
 			return "", err
 		}
 		if mode&0o700 != 0o700 {
 			t.Owners[p] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
 		}
 	case tar.TypeReg, tar.TypeRegA:
-		f, err := root.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		f, err := dr.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			return "", err
 		}
@@ -357,12 +409,11 @@ func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, err
 		if err := f.Close(); err != nil {
 			return "", err
 		}
-		if err := root.Chmod(p, mode); err != nil {
+		if err := dr.Chmod(name, mode); err != nil {
 			return "", err
 		}
 	case tar.TypeSymlink:
-		t.changed()
-		if err := root.Symlink(hdr.Linkname, p); err != nil {
+		if err := dr.Symlink(hdr.Linkname, name); err != nil {
 			return "", err
 		}
 		return p, nil // symlinks: owner root, no times
@@ -391,7 +442,7 @@ func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, err
 	if hdr.Uid != 0 || hdr.Gid != 0 {
 		t.Owners[p] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
 	}
-	return p, root.Chtimes(p, hdr.ModTime, hdr.ModTime)
+	return p, dr.Chtimes(name, hdr.ModTime, hdr.ModTime)
 }
 
 func mustRel(root, p string) string {
