@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"path/filepath"
 
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/route53"
 	gdns "google.golang.org/api/dns/v1"
 
@@ -72,7 +71,7 @@ func RegisterDNS(ctx context.Context, root string, log *slog.Logger) (dns.State,
 func cloudClients(ctx context.Context, n *config.Node) (dns.Clouds, error) {
 	switch n.DNS.Provider {
 	case config.DNSRoute53:
-		cfg, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithEC2IMDSRegion())
+		cfg, err := source.AWSConfig(ctx)
 		if err != nil {
 			return dns.Clouds{}, fmt.Errorf("route53: AWS config: %w", err)
 		}

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	compute "google.golang.org/api/compute/v1"
@@ -89,7 +88,7 @@ func (p *plan) volumeFinder(ctx context.Context, v *config.Volume) (volume.Finde
 // awsFinder discovers the volume through EC2 with the instance's role credentials; the
 // instance id and zone come from IMDSv2.
 func awsFinder(ctx context.Context, n *config.Node, v *config.Volume) (volume.Finder, error) {
-	cfg, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithEC2IMDSRegion())
+	cfg, err := source.AWSConfig(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: AWS config: %w", err)
 	}

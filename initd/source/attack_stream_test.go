@@ -185,6 +185,20 @@ func TestAttackEndlessLookup(t *testing.T) {
 			}
 			return err
 		}},
+		{name: "imds region for the node's AWS calls", lookup: func(ctx context.Context, srv *httptest.Server) error {
+			awsEnv(t, srv, "")
+			_, err := AWSConfig(ctx)
+			return err
+		}},
+		{name: "imds instance-role credentials for the node's AWS calls", lookup: func(ctx context.Context, srv *httptest.Server) error {
+			awsEnv(t, srv, "eu-west-1") // the region from the environment: only the credentials come from IMDS
+			cfg, err := AWSConfig(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = cfg.Credentials.Retrieve(ctx)
+			return err
+		}},
 		{name: "gce instance name", lookup: func(ctx context.Context, srv *httptest.Server) error {
 			t.Setenv("GCE_METADATA_HOST", srv.Listener.Addr().String())
 			_, err := GCEMetadataClient().InstanceNameWithContext(ctx)
@@ -209,6 +223,21 @@ func TestAttackEndlessLookup(t *testing.T) {
 				t.Errorf("reading the answer allocated %d MiB, want at most %d MiB", grown>>20, limit>>20)
 			}
 		})
+	}
+}
+
+// awsEnv points the SDK's default configuration at srv as its IMDS, with no other source of
+// credentials, and region as its region ("" for none).
+func awsEnv(t *testing.T, srv *httptest.Server, region string) {
+	t.Helper()
+	dir := t.TempDir()
+	for k, v := range map[string]string{
+		"AWS_EC2_METADATA_SERVICE_ENDPOINT": srv.URL, "AWS_REGION": region, "AWS_DEFAULT_REGION": "",
+		"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": "", "AWS_PROFILE": "",
+		"AWS_CONFIG_FILE": filepath.Join(dir, "config"), "AWS_SHARED_CREDENTIALS_FILE": filepath.Join(dir, "credentials"),
+		"AWS_CONTAINER_CREDENTIALS_FULL_URI": "", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "", "AWS_WEB_IDENTITY_TOKEN_FILE": "",
+	} {
+		t.Setenv(k, v)
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials/ec2rolecreds"
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 )
 
@@ -89,6 +91,22 @@ func CapIMDS(c imds.HTTPClient) imds.HTTPClient {
 			WithTransportOptions(func(tr *http.Transport) { tr.ResponseHeaderTimeout = 500 * time.Millisecond })
 	}
 	return cappedClient{c}
+}
+
+// AWSConfig loads the SDK's default configuration for a node's own AWS calls (Route 53, EC2),
+// with the region from IMDS when the environment names none. Every IMDS answer it reads —
+// the region, and later the instance role's credentials — goes through CapIMDS: the SDK's
+// default clients would read an answer of any size into memory. The IMDS endpoint comes
+// from the environment and shared config as the SDK's own would (AWS_EC2_METADATA_SERVICE_ENDPOINT).
+func AWSConfig(ctx context.Context) (aws.Config, error) {
+	base, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		return aws.Config{}, err
+	}
+	md := imds.NewFromConfig(base, func(o *imds.Options) { o.HTTPClient = CapIMDS(o.HTTPClient) })
+	return awsconfig.LoadDefaultConfig(ctx,
+		awsconfig.WithEC2IMDSRegion(func(o *awsconfig.UseEC2IMDSRegion) { o.Client = md }),
+		awsconfig.WithEC2RoleCredentialOptions(func(o *ec2rolecreds.Options) { o.Client = md }))
 }
 
 type cappedClient struct{ imds.HTTPClient }
