@@ -191,6 +191,43 @@ func TestMakeRootFSEROFSOwners(t *testing.T) {
 	}
 }
 
+// TestMakeRootFSRootlessIdentical bakes the same tree, owners recorded beside it, into
+// squashfs and erofs as root and as an unprivileged user who owns the tree (its setuid bits
+// dropped by the chown, as a rootless extraction has them): each pair must be byte-identical,
+// names with backslashes (systemd's \x2d escapes) included.
+func TestMakeRootFSRootlessIdentical(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (to bake as root and to become another user)")
+	}
+	for _, tool := range []string{"mksquashfs", "mkfs.erofs", "fakeroot", "setfattr"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (builder/scripts/deps.sh installs it)", tool)
+		}
+	}
+	for _, typ := range []string{SquashFS, EROFS} {
+		t.Run(typ, func(t *testing.T) {
+			tree, pf := ownedTree(t, false)
+			dir := t.TempDir()
+			asRoot, rootless := filepath.Join(dir, "root."+typ), filepath.Join(dir, "rootless."+typ)
+			if err := MakeRootFS(context.Background(), tree.Dir, asRoot, RootFSOptions{Type: typ, PseudoFile: pf}); err != nil {
+				t.Fatal(err)
+			}
+			makeRootFSTypeAs(t, nobody, typ, tree.Dir, rootless, pf)
+			a, err := os.ReadFile(asRoot)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(rootless)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a, b) {
+				t.Errorf("%s baked as root (%d bytes) and without root (%d bytes) differ", typ, len(a), len(b))
+			}
+		})
+	}
+}
+
 func union(a, b map[string]fsEntry) []string {
 	var names []string
 	for n := range a {
@@ -220,11 +257,11 @@ func TestMakeRootFSHelperProcess(t *testing.T) {
 	if arg == "" {
 		t.Skip("run by TestMakeRootFSEROFSOwners as another user")
 	}
-	var a struct{ Tree, Out, PseudoFile string }
+	var a struct{ Tree, Out, PseudoFile, Type string }
 	if err := json.Unmarshal([]byte(arg), &a); err != nil {
 		t.Fatal(err)
 	}
-	if err := MakeRootFS(context.Background(), a.Tree, a.Out, RootFSOptions{Type: EROFS, PseudoFile: a.PseudoFile}); err != nil {
+	if err := MakeRootFS(context.Background(), a.Tree, a.Out, RootFSOptions{Type: a.Type, PseudoFile: a.PseudoFile}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -232,6 +269,12 @@ func TestMakeRootFSHelperProcess(t *testing.T) {
 // makeRootFSAs runs MakeRootFS (erofs, default owner method) as uid on a tree that uid owns,
 // the way a bake without root sees its tree.
 func makeRootFSAs(t *testing.T, uid int, tree, out, pf string) {
+	t.Helper()
+	makeRootFSTypeAs(t, uid, EROFS, tree, out, pf)
+}
+
+// makeRootFSTypeAs is makeRootFSAs for a root filesystem type of the caller's choice.
+func makeRootFSTypeAs(t *testing.T, uid int, typ, tree, out, pf string) {
 	t.Helper()
 	// The test binary and every directory on the way must be reachable by uid.
 	bin := filepath.Join(filepath.Dir(filepath.Dir(tree)), "disk.test")
@@ -252,7 +295,7 @@ func makeRootFSAs(t *testing.T, uid int, tree, out, pf string) {
 		// chown -R drops setuid bits on the host copy: the pseudo file holds the modes.
 		run(t, "chown", "-R", fmt.Sprintf("%d:%d", uid, uid), p)
 	}
-	arg, _ := json.Marshal(map[string]string{"Tree": tree, "Out": out, "PseudoFile": pf})
+	arg, _ := json.Marshal(map[string]string{"Tree": tree, "Out": out, "PseudoFile": pf, "Type": typ})
 	cmd := exec.Command(bin, "-test.run=^TestMakeRootFSHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "KILN_DISK_TEST_MAKEROOTFS="+string(arg), "HOME=/")
 	cmd.Dir = "/"
