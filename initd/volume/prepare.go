@@ -392,7 +392,7 @@ func deviceMounted(dev string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	want := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	want := majMin(st.Rdev)
 	for _, m := range mounts {
 		if m.majMin == want {
 			return true, nil
