@@ -23,22 +23,10 @@ func (t *Tree) AddFile(rel, src string, mode os.FileMode) error {
 
 // WriteFile writes the content of r to rel with mode, replacing what was there.
 func (t *Tree) WriteFile(rel string, r io.Reader, mode os.FileMode) error {
-	rel = strings.TrimPrefix(path.Clean("/"+rel), "/")
-	root, err := t.openRoot()
+	rel = cleanPath(rel)
+	root, dst, err := t.place("add", rel)
 	if err != nil {
 		return err
-	}
-	dst, err := t.resolveParent(rel, true)
-	if err != nil {
-		return fmt.Errorf("add /%s: %w", rel, err)
-	}
-	if fi, err := root.Lstat(dst); err == nil && fi.IsDir() {
-		return fmt.Errorf("add /%s: a directory is in the way", rel)
-	} else if err == nil {
-		t.changed()
-		if err := root.Remove(dst); err != nil {
-			return fmt.Errorf("add /%s: %w", rel, err)
-		}
 	}
 	f, err := root.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -51,8 +39,33 @@ func (t *Tree) WriteFile(rel string, r io.Reader, mode os.FileMode) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("add /%s: %w", rel, err)
 	}
-	delete(t.Owners, dst)
 	return root.Chmod(dst, mode)
+}
+
+// cleanPath is the image path p relative to the root: slash separated, no leading slash, no
+// "..", "." or double slashes.
+func cleanPath(p string) string { return strings.TrimPrefix(path.Clean("/"+p), "/") }
+
+// place resolves where the entry rel (a cleanPath) goes — its parent's symlink-free path,
+// made if missing, joined with its name — and clears the way: an entry already there is
+// removed, unless it is a directory, which is an error. what names the change in errors.
+func (t *Tree) place(what, rel string) (root *os.Root, dst string, err error) {
+	if root, err = t.openRoot(); err != nil {
+		return nil, "", err
+	}
+	if dst, err = t.resolveParent(rel, true); err != nil {
+		return nil, "", fmt.Errorf("%s /%s: %w", what, rel, err)
+	}
+	if fi, err := root.Lstat(dst); err == nil && fi.IsDir() {
+		return nil, "", fmt.Errorf("%s /%s: a directory is in the way", what, rel)
+	} else if err == nil {
+		t.changed()
+		if err := root.Remove(dst); err != nil {
+			return nil, "", fmt.Errorf("%s /%s: %w", what, rel, err)
+		}
+	}
+	delete(t.Owners, dst)
+	return root, dst, nil
 }
 
 // AddOverlay copies the host directory tree src over the root: directories are merged, files
@@ -106,7 +119,7 @@ func (t *Tree) AddDir(src, dst string) error {
 			if err != nil {
 				return err
 			}
-			return t.Symlink(target, rel)
+			return t.symlink(target, rel)
 		case info.Mode().IsRegular():
 			if err := t.AddFile(rel, p, info.Mode().Perm()); err != nil {
 				return fmt.Errorf("overlay %s: %w", p, err)
@@ -118,26 +131,13 @@ func (t *Tree) AddDir(src, dst string) error {
 	})
 }
 
-// Symlink creates (or replaces) the symlink rel -> target.
-func (t *Tree) Symlink(target, rel string) error {
-	rel = strings.TrimPrefix(path.Clean("/"+rel), "/")
-	root, err := t.openRoot()
+// symlink creates (or replaces) the symlink rel -> target.
+func (t *Tree) symlink(target, rel string) error {
+	rel = cleanPath(rel)
+	root, dst, err := t.place("symlink", rel)
 	if err != nil {
 		return err
 	}
-	dst, err := t.resolveParent(rel, true)
-	if err != nil {
-		return fmt.Errorf("symlink /%s: %w", rel, err)
-	}
-	t.changed()
-	if fi, err := root.Lstat(dst); err == nil {
-		if fi.IsDir() {
-			return fmt.Errorf("symlink /%s: a directory is in the way", rel)
-		}
-		if err := root.Remove(dst); err != nil {
-			return err
-		}
-	}
-	delete(t.Owners, dst)
+	t.changed() // the new link may redirect paths already resolved
 	return root.Symlink(target, dst)
 }

@@ -34,7 +34,7 @@ func BenchmarkFlattenBase(b *testing.B) {
 	}
 	var src Source
 	for _, d := range im.Manifests {
-		if d.Annotations[RefNameAnnotation] == tag {
+		if d.Annotations[artifact.RefNameAnnotation] == tag {
 			src = Source{Layout: dir, Digest: d.Digest.String()}
 		}
 	}

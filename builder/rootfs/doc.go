@@ -1,7 +1,7 @@
 // Package rootfs assembles the root tree of an image: it opens the OCI base image by digest
 // (from a registry, an OCI layout or a tarball), verifies every blob it reads, flattens the layers
-// into a directory (whiteouts honoured) and then lays artifacts, overlays, kiln-init, enabled units
-// and the image metadata on top.
+// into a directory (whiteouts honoured), finds the kernel and systemd-boot in it and copies them
+// out, and lets the bake lay files and directories on top, every write resolved inside the tree.
 //
 // Ownership is recorded rather than trusted to the host: entries that are not owned by root are
 // listed in the tree's Owners so the filesystem writer can set them (mksquashfs pseudo definitions)

@@ -15,10 +15,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-)
 
-// RefNameAnnotation is the OCI annotation that names an image inside a layout.
-const RefNameAnnotation = "org.opencontainers.image.ref.name"
+	"github.com/kilnproject/kiln/builder/artifact"
+)
 
 // ImportTar turns a root filesystem tarball into a one-layer OCI image (linux/amd64) and stores
 // it in the OCI layout at dir under tag, replacing an older image with the same tag. It returns
@@ -59,7 +58,7 @@ func ImportTar(tarPath, dir, tag string, created time.Time) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("open layout %s: %w", dir, err)
 	}
-	ann := map[string]string{RefNameAnnotation: tag}
+	ann := map[string]string{artifact.RefNameAnnotation: tag}
 	if err := p.ReplaceImage(img, match.Name(tag), layout.WithAnnotations(ann)); err != nil {
 		return v1.Hash{}, fmt.Errorf("write %s to layout %s: %w", tag, dir, err)
 	}
