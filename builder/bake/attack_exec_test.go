@@ -21,7 +21,7 @@ func TestReadVersionsRunsNothingFromTheTree(t *testing.T) {
 		name    string
 		hostile []string  // where the script is put, or what links to /opt/evil
 		link    [2]string // optional: link name -> target, inside the tree
-		want    string    // substring of ReadVersions' error; "" = read without error
+		want    string    // substring of readVersions' error; "" = read without error
 	}{
 		{"kubelet", []string{"usr/bin/kubelet"}, [2]string{}, "/usr/bin/kubelet: cannot read its version: it has no Go build information"},
 		{"containerd in /usr/local/sbin", []string{"usr/local/sbin/containerd"}, [2]string{}, "/usr/local/sbin/containerd: cannot read its version"},
@@ -46,7 +46,7 @@ func TestReadVersionsRunsNothingFromTheTree(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			_, err := ReadVersions(context.Background(), root)
+			_, err := readVersions(context.Background(), root)
 			if _, serr := os.Stat(sentinel); serr == nil {
 				t.Errorf("a binary from the tree ran on the build host (%s exists)", sentinel)
 			}

@@ -1,38 +1,33 @@
-// Package bake is the bake pipeline: definition + role profile (+ profile overlays) + lock ⇒
-// verified artifacts and container images ⇒ root tree (base ⊕ artifacts ⊕ overlays ⊕ templates ⊕
-// kiln-init ⊕ pre-pulled images ⊕ units ⊕ metadata), with the Kubernetes binaries' versions
-// checked and the tree scanned for secrets ⇒ initramfs and root filesystem ⇒ GPT disk ⇒ output
-// formats. Everything is written in a work directory inside the
-// output directory and renamed into place at the end, so a failed bake leaves no output behind.
+// Package bake is the bake pipeline. Its stages run in this order, one file each:
+//
+//	resolve     definition + role profile (+ profile overlays) + lock; unpinned inputs refused
+//	fetch       artifacts and container images, verified into the cache
+//	base        the base OS image flattened into the root tree; kernel and systemd-boot copied out
+//	tree        base ⊕ artifacts ⊕ overlays ⊕ templates ⊕ kiln-init ⊕ Kubernetes ⊕ units ⊕ image.json
+//	kubernetes  the binaries' versions checked (skew), the runtime's units, the pre-pulled images (images)
+//	secrets     the tree searched for private keys and Kubernetes credentials
+//	initramfs   kiln-init as /init and the kernel modules that find and mount the root
+//	rootfs      the tree as a squashfs or erofs, with its owners
+//	disk        the GPT disk: the ESP (kernel, initramfs, systemd-boot, image.json) and the root
+//	formats     the raw disk converted to the definition's formats
+//	metadata    image.json in the tree and <image>-<role>.json beside the outputs
+//
+// Everything is written in a work directory inside the output directory and renamed into place
+// at the end, so a failed bake leaves no output behind.
 package bake
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/disk"
-	"github.com/kilnproject/kiln/builder/initramfs"
-	"github.com/kilnproject/kiln/builder/output"
-	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/builder/spec"
-	"github.com/kilnproject/kiln/initd/systemd"
 )
-
-// DefaultModules are the kernel modules every initramfs carries: enough to find the root on
-// virtio, SCSI or NVMe disks and to mount squashfs/erofs, ext4 and the /etc overlay. What they
-// need comes with them, soft dependencies included (crc32c for libcrc32c, ext4 and jbd2).
-var DefaultModules = []string{
-	"virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "nvme",
-	"squashfs", "erofs", "ext4", "overlay",
-}
 
 // Options configure one bake.
 type Options struct {
@@ -150,28 +145,9 @@ func Bake(ctx context.Context, o Options) (*Result, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	start := time.Now()
-	def, err := spec.LoadDefinition(o.Definition)
+	def, prof, lock, err := resolve(o.Definition, o.Role, o.ProfileOverlays, log)
 	if err != nil {
 		return nil, err
-	}
-	prof, err := def.Profile(o.Role)
-	if err != nil {
-		return nil, err
-	}
-	if prof, err = applyOverlays(def, prof, o.ProfileOverlays, log); err != nil {
-		return nil, err
-	}
-	if k := prof.Kubernetes; k != nil {
-		if err := CheckKernelArgs(*k, def.Kernel.Args); err != nil {
-			return nil, fmt.Errorf("%s: %w", def.File, err)
-		}
-	}
-	lock, err := artifact.ReadLock(artifact.LockPath(def))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	if u := artifact.Unpinned(def, prof, lock); len(u) > 0 {
-		return nil, fmt.Errorf("refusing to bake unpinned inputs:\n  %s", strings.Join(u, "\n  "))
 	}
 	if _, err := os.Stat(o.KilnInit); err != nil {
 		return nil, fmt.Errorf("kiln-init binary: %w (build it with `make build`)", err)
@@ -185,28 +161,20 @@ func Bake(ctx context.Context, o Options) (*Result, error) {
 	}
 	defer os.RemoveAll(work)
 
-	stem := def.Name + "-" + o.Role
-	b := &baker{ctx: ctx, o: o, log: log, def: def, prof: prof, lock: lock, work: work}
-	md, files, err := b.run(stem)
+	b := &baker{ctx: ctx, o: o, log: log, def: def, prof: prof, lock: lock, work: work, stem: def.Name + "-" + o.Role}
+	md, files, err := b.run()
 	if err != nil {
 		return nil, err
 	}
-	// Everything succeeded: move the outputs into place, metadata last.
-	var outs []string
-	for _, f := range files {
-		dst := filepath.Join(o.OutDir, filepath.Base(f))
-		if err := os.Rename(f, dst); err != nil {
-			for _, done := range outs {
-				os.Remove(done)
-			}
-			return nil, fmt.Errorf("move %s into %s: %w", filepath.Base(f), o.OutDir, err)
-		}
-		outs = append(outs, dst)
+	outs, err := publish(files, o.OutDir)
+	if err != nil {
+		return nil, err
 	}
-	log.Info("baked", "image", stem, "seconds", time.Since(start).Round(time.Millisecond).Seconds(), "outputs", len(outs))
+	log.Info("baked", "image", b.stem, "seconds", time.Since(start).Round(time.Millisecond).Seconds(), "outputs", len(outs))
 	return &Result{Outputs: outs, Metadata: md}, nil
 }
 
+// baker is one bake under way: its inputs, resolved, and its work directory.
 type baker struct {
 	ctx  context.Context
 	o    Options
@@ -215,290 +183,71 @@ type baker struct {
 	prof *spec.Profile
 	lock *artifact.Lock
 	work string
+	stem string // <image>-<role>, the outputs' file name without the suffix
 }
 
-func (b *baker) step(name string, start time.Time) {
-	b.log.Info(name, "seconds", time.Since(start).Round(time.Millisecond).Seconds())
-}
-
-func (b *baker) run(stem string) (*Metadata, []string, error) {
-	def, prof := b.def, b.prof
-	md := &Metadata{Name: def.Name, Role: prof.Role, Platform: def.Platform, Created: b.o.Created.UTC(),
-		Kiln: b.o.Version, RootFS: def.Disk.RootFS, Artifacts: []ArtifactInfo{}}
-
-	// Artifacts first: a bad hash fails before any heavy work.
-	t := time.Now()
-	blobs, err := b.fetchArtifacts()
+// run bakes the image in the work directory, stage after stage, and returns its metadata and
+// the files to publish: the outputs (raw first) and then <stem>.json.
+func (b *baker) run() (*Metadata, []string, error) {
+	md := &Metadata{Name: b.def.Name, Role: b.prof.Role, Platform: b.def.Platform, Created: b.o.Created.UTC(),
+		Kiln: b.o.Version, RootFS: b.def.Disk.RootFS, Artifacts: []ArtifactInfo{}}
+	// Inputs first: a bad hash fails before any heavy work.
+	blobs, images, err := b.fetch()
 	if err != nil {
 		return nil, nil, err
 	}
-	b.step("artifacts fetched", t)
-
-	t = time.Now()
-	images, err := b.fetchImages()
+	tree, boot, err := b.openBase(md)
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(images) > 0 {
-		b.step("images fetched", t)
-	}
-
-	t = time.Now()
-	src := rootfs.Source{Layout: def.Base.Layout, Image: def.Base.Image, Tarball: def.Base.Tarball, Digest: b.lock.BaseDigest(def.Base)}
-	md.Base = BaseInfo{Ref: def.Base.Ref, Digest: src.Digest}
-	img, err := rootfs.OpenBase(b.ctx, src)
+	imageJSON, err := b.layTree(tree, blobs, images, md)
 	if err != nil {
 		return nil, nil, err
 	}
-	tree, err := rootfs.FlattenWith(img, filepath.Join(b.work, "tree"), rootfs.FlattenOptions{Cache: b.o.Cache})
-	if err != nil {
-		return nil, nil, fmt.Errorf("base %s: %w", src, err)
-	}
-	b.step("base flattened", t)
-
-	kernel, err := tree.FindKernel()
-	if err != nil {
-		return nil, nil, fmt.Errorf("base %s: %w", src, err)
-	}
-	bootloader, err := tree.SystemdBoot()
-	if err != nil {
-		return nil, nil, fmt.Errorf("base %s: %w", src, err)
-	}
-	// The ESP gets its own copies: the root tree may shadow them later. They are read
-	// through the tree (a symlink leading out of it is an error) and must fit the ESP.
-	espSize := def.Disk.ESPSize.Bytes()
-	if espSize == 0 {
-		espSize = disk.ESPSize
-	}
-	vmlinuz := filepath.Join(b.work, "vmlinuz")
-	efi := filepath.Join(b.work, "systemd-bootx64.efi")
-	if err := tree.CopyOut("kernel", kernel.Image, vmlinuz, espSize); err != nil {
-		return nil, nil, fmt.Errorf("base %s: %w", src, err)
-	}
-	if err := tree.CopyOut("systemd-boot", bootloader, efi, espSize); err != nil {
-		return nil, nil, fmt.Errorf("base %s: %w", src, err)
-	}
-	md.Kernel = KernelInfo{Version: kernel.Version, SHA256: fileSHA256(vmlinuz)}
-
-	t = time.Now()
-	for i, a := range prof.Artifacts {
-		if err := b.layArtifact(tree, a, blobs[i]); err != nil {
-			return nil, nil, err
-		}
-		md.Artifacts = append(md.Artifacts, ArtifactInfo{Name: a.Name, Source: a.Source, SHA256: b.lock.SHA256(prof.Role, a), Dest: artifactDest(a)})
-	}
-	for _, ov := range append(append([]string{}, def.Overlays...), prof.Overlays...) {
-		if err := tree.AddOverlay(ov); err != nil {
-			return nil, nil, fmt.Errorf("overlay %s: %w", ov, err)
-		}
-	}
-	if prof.Templates != "" {
-		// kiln-init renders them at first boot (/usr/lib/kiln/templates).
-		if err := tree.AddDir(prof.Templates, "usr/lib/kiln/templates"); err != nil {
-			return nil, nil, fmt.Errorf("%s: templates: %w", prof.File, err)
-		}
-	}
-	if err := tree.AddFile("usr/bin/kiln-init", b.o.KilnInit, 0o755); err != nil {
+	if err := b.scanSecrets(tree); err != nil {
 		return nil, nil, err
 	}
-	if k := prof.Kubernetes; k != nil {
-		if md.Kubernetes, err = b.addKubernetes(tree, *k, images); err != nil {
-			return nil, nil, err
-		}
-	}
-	// Units are enabled the way kiln-init enables a config's units at first boot.
-	for _, u := range prof.Units.Enable {
-		if _, err := systemd.Enable(tree.Dir, u); err != nil {
-			return nil, nil, fmt.Errorf("%s: units.enable: %w", prof.File, err)
-		}
-	}
-	for _, u := range prof.Units.Disable {
-		if _, err := systemd.Disable(tree.Dir, u); err != nil {
-			return nil, nil, fmt.Errorf("%s: units.disable: %w", prof.File, err)
-		}
-	}
-	for _, u := range prof.Units.Mask {
-		if _, err := systemd.Mask(tree.Dir, u); err != nil {
-			return nil, nil, fmt.Errorf("%s: units.mask: %w", prof.File, err)
-		}
-	}
-	imageJSON, err := json.MarshalIndent(md, "", "  ")
+	initrd, err := b.writeInitramfs(tree, md)
 	if err != nil {
 		return nil, nil, err
 	}
-	imageJSON = append(imageJSON, '\n')
-	if err := tree.WriteFile("etc/kiln/image.json", strings.NewReader(string(imageJSON)), 0o644); err != nil {
-		return nil, nil, err
-	}
-	b.step("tree assembled", t)
-
-	// Secrets come with a node's config at first boot; one baked into the image would be
-	// shared by every node made from it.
-	t = time.Now()
-	found, err := ScanSecrets(os.DirFS(tree.Dir))
+	rootImg, err := b.makeRootFS(tree)
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(found) > 0 {
-		return nil, nil, secretsError(found)
-	}
-	b.step("secrets scanned", t)
-
-	t = time.Now()
-	initrd := filepath.Join(b.work, "initrd.img")
-	man, err := b.writeInitramfs(tree.Dir, kernel.Version, initrd)
+	raw, err := b.writeDisk(rootImg, boot, initrd, imageJSON, md)
 	if err != nil {
 		return nil, nil, err
 	}
-	md.Initramfs = &InitramfsDigest{SHA256: fileSHA256(initrd), Size: fileSize(initrd), Modules: man}
-	b.step("initramfs written", t)
-
-	t = time.Now()
-	pseudo := filepath.Join(b.work, "owners.pseudo")
-	pf, err := os.Create(pseudo)
+	files, err := b.convert(raw)
 	if err != nil {
 		return nil, nil, err
 	}
-	err = tree.PseudoFile(pf)
-	if cerr := pf.Close(); err == nil {
-		err = cerr
-	}
+	mdFile, err := b.writeMetadata(files, md)
 	if err != nil {
-		return nil, nil, err
-	}
-	rootImg := filepath.Join(b.work, "root."+def.Disk.RootFS)
-	err = disk.MakeRootFS(b.ctx, tree.Dir, rootImg, disk.RootFSOptions{
-		Type: def.Disk.RootFS, Compression: def.Disk.Compression, PseudoFile: pseudo,
-		SourceDateEpoch: b.o.Created.Unix(), Logger: b.log,
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	b.step("root filesystem made", t)
-	// The tree is no longer needed; free the space before the disk is written.
-	if err := os.RemoveAll(tree.Dir); err != nil {
-		return nil, nil, err
-	}
-
-	t = time.Now()
-	raw := filepath.Join(b.work, stem+".raw")
-	res, err := disk.Build(raw, disk.Spec{
-		Size: def.Disk.Size.Bytes(), ESPSize: def.Disk.ESPSize.Bytes(),
-		RootFS: rootImg, RootFSType: def.Disk.RootFS,
-		Kernel: vmlinuz, Initrd: initrd, Bootloader: efi,
-		Cmdline: strings.Join(def.Kernel.Args, " "), Platform: def.Platform,
-		ImageJSON: imageJSON, Title: fmt.Sprintf("kiln %s %s (%s)", def.Name, prof.Role, kernel.Version),
-		Seed: stem + "@" + src.Digest,
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	md.Disk = &DiskInfo{Size: fileSize(raw), GUID: res.DiskGUID, Cmdline: res.Cmdline, Partitions: res.Partitions}
-	b.step("disk written", t)
-	if err := os.Remove(rootImg); err != nil {
-		return nil, nil, err
-	}
-
-	files := []string{}
-	for _, f := range def.Formats {
-		if f == "raw" {
-			files = append(files, raw)
-			continue
-		}
-		t = time.Now()
-		dst := filepath.Join(b.work, stem+output.Formats[f])
-		if err := output.Convert(b.ctx, raw, f, dst); err != nil {
-			return nil, nil, err
-		}
-		files = append(files, dst)
-		b.step("converted to "+f, t)
-	}
-	keepRaw := false
-	for _, f := range def.Formats {
-		keepRaw = keepRaw || f == "raw"
-	}
-	if !keepRaw {
-		os.Remove(raw)
-	}
-	for i, f := range files {
-		md.Outputs = append(md.Outputs, OutputInfo{Format: formatOf(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f)})
-		_ = i
-	}
-	mdFile := filepath.Join(b.work, stem+".json")
-	out, err := json.MarshalIndent(md, "", "  ")
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := os.WriteFile(mdFile, append(out, '\n'), 0o644); err != nil {
 		return nil, nil, err
 	}
 	return md, append(files, mdFile), nil
 }
 
-func formatOf(file string) string {
-	for f, ext := range output.Formats {
-		if strings.HasSuffix(file, ext) {
-			return f
+// step logs that the stage name took since start.
+func (b *baker) step(name string, start time.Time) {
+	b.log.Info(name, "seconds", time.Since(start).Round(time.Millisecond).Seconds())
+}
+
+// publish moves the files of a successful bake into dir, in order, and returns where they are
+// now. When one cannot be moved, those moved already are removed again.
+func publish(files []string, dir string) ([]string, error) {
+	var outs []string
+	for _, f := range files {
+		dst := filepath.Join(dir, filepath.Base(f))
+		if err := os.Rename(f, dst); err != nil {
+			for _, done := range outs {
+				os.Remove(done)
+			}
+			return nil, fmt.Errorf("move %s into %s: %w", filepath.Base(f), dir, err)
 		}
+		outs = append(outs, dst)
 	}
-	return ""
-}
-
-func (b *baker) fetchArtifacts() ([]string, error) {
-	srcs, err := artifact.Sources(b.prof, b.lock)
-	if err != nil {
-		return nil, err
-	}
-	paths := make([]string, len(srcs))
-	for i, s := range srcs {
-		p, err := b.o.Cache.Fetch(b.ctx, s)
-		if err != nil {
-			return nil, err
-		}
-		paths[i] = p
-	}
-	return paths, nil
-}
-
-func artifactDest(a spec.Artifact) string {
-	if a.Extract == nil {
-		return a.Dest
-	}
-	if a.Extract.Dir != "" {
-		return a.Extract.Dir
-	}
-	var ds []string
-	for _, d := range a.Extract.Files {
-		ds = append(ds, d)
-	}
-	return strings.Join(sortedStrings(ds), ",")
-}
-
-func (b *baker) layArtifact(tree *rootfs.Tree, a spec.Artifact, blob string) error {
-	if a.Extract == nil {
-		if err := tree.AddFile(strings.TrimPrefix(a.Dest, "/"), blob, a.Mode); err != nil {
-			return fmt.Errorf("artifact %q: %w", a.Name, err)
-		}
-		return nil
-	}
-	if _, err := artifact.Extract(blob, *a.Extract, tree.Dir); err != nil {
-		return fmt.Errorf("artifact %q: %w", a.Name, err)
-	}
-	return nil
-}
-
-func (b *baker) writeInitramfs(root, kver, dst string) ([]string, error) {
-	f, err := os.Create(dst)
-	if err != nil {
-		return nil, err
-	}
-	mods := append(append([]string{}, DefaultModules...), b.def.Kernel.Modules...)
-	man, err := initramfs.Write(f, initramfs.Spec{Root: root, KernelVersion: kver, Modules: mods, Init: b.o.KilnInit})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("initramfs: %w", err)
-	}
-	return man.Modules, nil
+	return outs, nil
 }

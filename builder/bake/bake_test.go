@@ -70,7 +70,7 @@ func writeTar(t *testing.T, path string, entries []tarEntry) {
 // a merged-/usr lib symlink and a file owned by a non-root user.
 func fakeBase(withKernel bool) []tarEntry {
 	var builtin strings.Builder
-	for _, m := range DefaultModules {
+	for _, m := range defaultModules {
 		fmt.Fprintf(&builtin, "kernel/drivers/fake/%s.ko\n", m)
 	}
 	es := []tarEntry{

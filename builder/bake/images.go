@@ -9,24 +9,52 @@ import (
 	"io"
 	"os"
 	"path"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/builder/rootfs"
 )
 
-// ImagesDir is where the pre-pulled images live in the image: one OCI image layout.
-const ImagesDir = "usr/lib/kiln/images"
+// imagesDir is where the pre-pulled images live in the image: one OCI image layout.
+const imagesDir = "usr/lib/kiln/images"
 
-// Annotations on each manifest descriptor of the images layout's index.json.
-const (
-	// ImageNameAnnotation is the full name, registry.k8s.io/pause:3.10.2; `ctr images import`
-	// names the image after it.
-	ImageNameAnnotation = "io.containerd.image.name"
-	// RefNameAnnotation is the tag, 3.10.2.
-	RefNameAnnotation = artifact.RefNameAnnotation
-)
+// imageNameAnnotation, on each manifest descriptor of the images layout's index.json, is the
+// image's full name, registry.k8s.io/pause:3.10.2; `ctr images import` names the image after
+// it. artifact.RefNameAnnotation beside it is the tag, 3.10.2.
+const imageNameAnnotation = "io.containerd.image.name"
+
+// layImages lays the pre-pulled images, fetched in the profile's order, into the tree as one
+// OCI image layout at imagesDir and returns their records for image.json.
+func (b *baker) layImages(tree *rootfs.Tree, images []*artifact.CachedImage) ([]ImageInfo, error) {
+	infos := []ImageInfo{}
+	if len(images) == 0 {
+		return infos, nil
+	}
+	t := time.Now()
+	tags := make([]string, len(b.prof.Images))
+	for i, im := range b.prof.Images {
+		tags[i] = im.Tag()
+		infos = append(infos, ImageInfo{Name: im.Name, Digest: images[i].Manifest.Digest.String()})
+	}
+	if err := writeImageLayout(tree, imagesDir, b.o.Cache, images, tags); err != nil {
+		return nil, fmt.Errorf("pre-pulled images: %w", err)
+	}
+	var size int64
+	seen := map[string]bool{}
+	for _, im := range images {
+		for _, d := range im.Blobs() {
+			if !seen[d.Digest.Hex] {
+				seen[d.Digest.Hex] = true
+				size += d.Size
+			}
+		}
+	}
+	b.log.Info("images laid", "images", len(images), "blobs", len(seen), "bytes", size, "seconds", time.Since(t).Round(time.Millisecond).Seconds())
+	return infos, nil
+}
 
 // fileWriter writes files into a root tree (rootfs.Tree does).
 type fileWriter interface {
@@ -50,7 +78,7 @@ func writeImageLayout(w fileWriter, dir string, cache *artifact.Cache, imgs []*a
 			written[b.Digest] = true
 		}
 		d := im.Manifest
-		d.Annotations = map[string]string{ImageNameAnnotation: im.Name, RefNameAnnotation: tags[i]}
+		d.Annotations = map[string]string{imageNameAnnotation: im.Name, artifact.RefNameAnnotation: tags[i]}
 		d.Platform = im.Platform
 		idx.Manifests = append(idx.Manifests, d)
 	}

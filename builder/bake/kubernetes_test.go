@@ -162,7 +162,7 @@ func TestBakeKubernetes(t *testing.T) {
 	if b, err := exec.Command("unsquashfs", "-o", fmt.Sprint(root.Start), "-d", out, raw, "/usr/lib/kiln/images").CombinedOutput(); err != nil {
 		t.Fatalf("unsquashfs: %v\n%s", err, b)
 	}
-	lp := filepath.Join(out, ImagesDir)
+	lp := filepath.Join(out, imagesDir)
 	blobs, _ := os.ReadDir(filepath.Join(lp, "blobs/sha256"))
 	if len(blobs) != r.blobs {
 		t.Errorf("layout holds %d blobs, want %d (the shared layer once)", len(blobs), r.blobs)
@@ -186,13 +186,13 @@ func TestBakeKubernetes(t *testing.T) {
 	}
 	var got []string
 	for _, d := range im.Manifests {
-		got = append(got, fmt.Sprintf("%s %s %s %v", d.Annotations[ImageNameAnnotation], d.Annotations[RefNameAnnotation], d.Digest, d.Platform))
+		got = append(got, fmt.Sprintf("%s %s %s %v", d.Annotations[imageNameAnnotation], d.Annotations[artifact.RefNameAnnotation], d.Digest, d.Platform))
 		img, err := idx.Image(d.Digest)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ls, err := img.Layers(); err != nil || len(ls) != 2 {
-			t.Errorf("%s in the layout: %d layers, %v", d.Annotations[ImageNameAnnotation], len(ls), err)
+			t.Errorf("%s in the layout: %d layers, %v", d.Annotations[imageNameAnnotation], len(ls), err)
 		}
 	}
 	want := []string{
@@ -236,8 +236,8 @@ func TestBakeKubernetesWithoutImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	root, _ := parts.Partition("root-a")
-	if ls := unsquash(t, raw, root.Start, "-lln"); strings.Contains(ls, ImagesDir) {
-		t.Errorf("the image holds %s although its images were left out", ImagesDir)
+	if ls := unsquash(t, raw, root.Start, "-lln"); strings.Contains(ls, imagesDir) {
+		t.Errorf("the image holds %s although its images were left out", imagesDir)
 	}
 }
 

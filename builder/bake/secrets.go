@@ -17,17 +17,36 @@ import (
 	"io"
 	"io/fs"
 	"math/big"
+	"os"
 	"path"
 	"runtime"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"github.com/ulikunitz/xz"
 	"gopkg.in/yaml.v3"
+
+	"github.com/kilnproject/kiln/builder/rootfs"
 )
+
+// scanSecrets refuses a tree with secrets in it (ScanSecrets): they come with a node's config
+// at first boot; one baked into the image would be shared by every node made from it.
+func (b *baker) scanSecrets(tree *rootfs.Tree) error {
+	t := time.Now()
+	found, err := ScanSecrets(os.DirFS(tree.Dir))
+	if err != nil {
+		return err
+	}
+	if len(found) > 0 {
+		return secretsError(found)
+	}
+	b.step("secrets scanned", t)
+	return nil
+}
 
 // Finding is a secret found in a tree.
 type Finding struct {
@@ -61,10 +80,10 @@ const (
 	scanLookahead = 32 << 10
 	// scanLookbehind is how many bytes before a match a check may read.
 	scanLookbehind = 72
-	// MaxDecompressed bounds what is read out of one compressed file: its first 16 MiB
+	// maxDecompressed bounds what is read out of one compressed file: its first 16 MiB
 	// (all nested levels together) are searched, the rest is not read. An image layer or a
 	// compressed kernel module is read up to there, a compression bomb no further.
-	MaxDecompressed = 16 << 20
+	maxDecompressed = 16 << 20
 	// maxNesting is how deep compressed data within compressed data is opened.
 	maxNesting = 2
 	// maxWhole is the largest file (or tar entry, or decompressed data) that is read whole to be
@@ -105,7 +124,7 @@ var (
 // shortened with "...", a placeholder, a public key or a certificate is not. cloud-init's
 // Python sources and their .pyc files carry such examples in their documentation strings.
 //
-// gzip, zstd and xz data is decompressed — at most MaxDecompressed bytes of each file, two
+// gzip, zstd and xz data is decompressed — at most maxDecompressed bytes of each file, two
 // levels deep — and searched like a file, a tar archive in it entry by entry (image layers).
 // Programs and libraries (files that debug/elf parses as ELF with segments or sections) are
 // not searched for keys: some carry public self-test keys (Debian's libgnutls has four PEM
@@ -187,7 +206,7 @@ type fileScan struct {
 	buf, small []byte
 	// tokenName: the file's name says it holds a token ("bootstrap-token", "tokens.csv").
 	tokenName bool
-	// budget is what is left of MaxDecompressed for this file.
+	// budget is what is left of maxDecompressed for this file.
 	budget int64
 	// dec holds decompressed data, one buffer per level, reused from file to file.
 	dec  *[maxNesting]bytes.Buffer
@@ -219,7 +238,7 @@ func scanFile(fsys fs.FS, p string, buf, small []byte, dec *[maxNesting]bytes.Bu
 		tokens = tokens || strings.HasPrefix(p, d)
 	}
 	s := &fileScan{
-		path: "/" + p, buf: buf, small: small, dec: dec, budget: MaxDecompressed, seen: map[string]bool{},
+		path: "/" + p, buf: buf, small: small, dec: dec, budget: maxDecompressed, seen: map[string]bool{},
 		tokenName: strings.Contains(strings.ToLower(path.Base(p)), "token"),
 	}
 	r, ok := f.(io.ReaderAt)
@@ -1165,5 +1184,5 @@ func secretsError(found []Finding) error {
 		"credentials and bootstrap tokens; gzip, zstd and xz files up to %d MiB decompressed, "+
 		"tar archives in them entry by entry; programs (ELF) only for tokens in /etc and "+
 		"/usr/lib/kiln; a file a dpkg package installed unchanged is public and not reported)",
-		strings.Join(lines, "\n  "), MaxDecompressed>>20)
+		strings.Join(lines, "\n  "), maxDecompressed>>20)
 }

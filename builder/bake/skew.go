@@ -19,51 +19,51 @@ import (
 // binDirs are searched for the runtime binaries, in the order of systemd's default PATH.
 var binDirs = []string{"usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin"}
 
-// Binary is a program found in a root tree and the version its Go build information records.
-type Binary struct {
+// binaryVersion is a program found in a root tree and the version its Go build information records.
+type binaryVersion struct {
 	Path    string // absolute path in the image, "/usr/bin/kubelet"
 	Version string // normalised "v1.37.2" (build metadata such as "+unknown" dropped); "" if not recorded
 	Source  string // where Version was read: "-X k8s.io/component-base/version.gitVersion=v1.37.2" or "module k8s.io/kubernetes v1.37.2"
 }
 
-// Versions are the runtime binaries found in a root tree; nil means absent.
-type Versions struct {
-	Kubelet, Kubectl, Containerd, Runc, Dockerd, CRIDockerd *Binary
+// treeVersions are the runtime binaries found in a root tree; nil means absent.
+type treeVersions struct {
+	Kubelet, Kubectl, Containerd, Runc, Dockerd, CRIDockerd *binaryVersion
 }
 
 // versionSources says where each program's Go build information records its version: the
 // -ldflags "-X" variables its release builds set, then its main module. need is true for the
-// programs whose version CheckVersions compares; the others only have to be present.
+// programs whose version checkVersions compares; the others only have to be present.
 var versionSources = []struct {
 	name    string
 	vars    []string // -X variables, matched as the end of the variable's import path
 	modules []string // module paths whose tagged version is the program's
 	need    bool
-	set     func(v *Versions, b *Binary)
+	set     func(v *treeVersions, b *binaryVersion)
 }{
-	{"kubelet", kubeVars, []string{"k8s.io/kubernetes"}, true, func(v *Versions, b *Binary) { v.Kubelet = b }},
-	{"kubectl", kubeVars, []string{"k8s.io/kubernetes"}, true, func(v *Versions, b *Binary) { v.Kubectl = b }},
+	{"kubelet", kubeVars, []string{"k8s.io/kubernetes"}, true, func(v *treeVersions, b *binaryVersion) { v.Kubelet = b }},
+	{"kubectl", kubeVars, []string{"k8s.io/kubernetes"}, true, func(v *treeVersions, b *binaryVersion) { v.Kubectl = b }},
 	{"containerd", []string{"github.com/containerd/containerd/v2/version.Version", "github.com/containerd/containerd/version.Version"},
-		[]string{"github.com/containerd/containerd/v2", "github.com/containerd/containerd"}, true, func(v *Versions, b *Binary) { v.Containerd = b }},
-	{"runc", []string{"main.version"}, []string{"github.com/opencontainers/runc"}, false, func(v *Versions, b *Binary) { v.Runc = b }},
+		[]string{"github.com/containerd/containerd/v2", "github.com/containerd/containerd"}, true, func(v *treeVersions, b *binaryVersion) { v.Containerd = b }},
+	{"runc", []string{"main.version"}, []string{"github.com/opencontainers/runc"}, false, func(v *treeVersions, b *binaryVersion) { v.Runc = b }},
 	{"dockerd", []string{"github.com/docker/docker/dockerversion.Version", "github.com/moby/moby/v2/dockerversion.Version"},
-		[]string{"github.com/docker/docker", "github.com/moby/moby/v2"}, false, func(v *Versions, b *Binary) { v.Dockerd = b }},
+		[]string{"github.com/docker/docker", "github.com/moby/moby/v2"}, false, func(v *treeVersions, b *binaryVersion) { v.Dockerd = b }},
 	{"cri-dockerd", []string{"github.com/Mirantis/cri-dockerd/cmd/version.Version"}, []string{"github.com/Mirantis/cri-dockerd"}, false,
-		func(v *Versions, b *Binary) { v.CRIDockerd = b }},
+		func(v *treeVersions, b *binaryVersion) { v.CRIDockerd = b }},
 }
 
 // kubeVars are the variables Kubernetes' build sets to the release (hack/lib/version.sh),
 // also under a vendor/ prefix in older releases.
 var kubeVars = []string{"k8s.io/component-base/version.gitVersion", "k8s.io/client-go/pkg/version.gitVersion", "k8s.io/kubernetes/pkg/version.gitVersion"}
 
-// ReadVersions finds kubelet, kubectl, containerd, runc, dockerd and cri-dockerd in the tree at
+// readVersions finds kubelet, kubectl, containerd, runc, dockerd and cri-dockerd in the tree at
 // root (in /usr/local/sbin, /usr/local/bin, /usr/sbin or /usr/bin, symlinks resolved inside the
 // tree) and reads each present one's version from its Go build information, opened inside the
 // tree: nothing from the tree runs on the host. kubelet, kubectl and containerd must record
 // their version (an -ldflags -X of the release's version variable, or a tagged module
 // version); runc, dockerd and cri-dockerd need only be present and executable.
-func ReadVersions(ctx context.Context, root string) (Versions, error) {
-	var v Versions
+func readVersions(ctx context.Context, root string) (treeVersions, error) {
+	var v treeVersions
 	r, err := os.OpenRoot(root)
 	if err != nil {
 		return v, fmt.Errorf("versions: %w", err)
@@ -88,7 +88,7 @@ func ReadVersions(ctx context.Context, root string) (Versions, error) {
 			continue
 		}
 		if b == nil {
-			b = &Binary{}
+			b = &binaryVersion{}
 		}
 		b.Path = "/" + rel
 		p.set(&v, b)
@@ -132,7 +132,7 @@ var (
 // through the file opened inside the tree: first the last -ldflags -X of the first of vars it
 // sets, then the main module's version if the main module is one of modules and the version
 // names a release. The binary is never run.
-func readVersion(r *os.Root, p string, vars, modules []string) (*Binary, error) {
+func readVersion(r *os.Root, p string, vars, modules []string) (*binaryVersion, error) {
 	f, err := r.Open(p)
 	if err != nil {
 		return nil, err
@@ -162,14 +162,14 @@ func readVersion(r *os.Root, p string, vars, modules []string) (*Binary, error) 
 			if m == nil {
 				return nil, fmt.Errorf("its build information sets -X %s=%q, which is not a version", name, val)
 			}
-			return &Binary{Version: "v" + m[1] + "." + m[2] + "." + m[3] + m[4], Source: "-X " + xs[i]}, nil
+			return &binaryVersion{Version: "v" + m[1] + "." + m[2] + "." + m[3] + m[4], Source: "-X " + xs[i]}, nil
 		}
 	}
 	mv := bi.Main.Version
 	for _, mod := range modules {
 		if bi.Main.Path == mod && releaseRE.MatchString(mv) && !pseudoRE.MatchString(mv) {
 			m := versionRE.FindStringSubmatch(mv)
-			return &Binary{Version: "v" + m[1] + "." + m[2] + "." + m[3] + m[4], Source: "module " + mod + " " + mv}, nil
+			return &binaryVersion{Version: "v" + m[1] + "." + m[2] + "." + m[3] + m[4], Source: "module " + mod + " " + mv}, nil
 		}
 	}
 	ld := "no -ldflags recorded"
@@ -252,12 +252,12 @@ var containerdMinimum = []struct {
 	{35, "v1.7.28"},
 }
 
-// CheckVersions refuses a tree whose binaries do not fit k: kubelet must report exactly
+// checkVersions refuses a tree whose binaries do not fit k: kubelet must report exactly
 // k.Version; kubectl, if present, must be within one minor release of it; with the containerd
 // runtime, containerd and runc must be present and containerd new enough for the release
 // (containerdMinimum); with the docker runtime, dockerd, cri-dockerd and runc must be present
 // (containerd, if any, is Docker's and kubelet does not talk to it).
-func CheckVersions(k spec.Kubernetes, v Versions) error {
+func checkVersions(k spec.Kubernetes, v treeVersions) error {
 	want, ok := parseSemver(k.Version)
 	if !ok {
 		return fmt.Errorf("kubernetes.version %q is not a release", k.Version)
@@ -311,10 +311,10 @@ func CheckVersions(k spec.Kubernetes, v Versions) error {
 // cgroupV2Since is the first Kubernetes minor whose kubelet refuses cgroup v1.
 const cgroupV2Since = 35
 
-// CheckKernelArgs refuses kernel arguments that force cgroup v1 (or the hybrid hierarchy) when
+// checkKernelArgs refuses kernel arguments that force cgroup v1 (or the hybrid hierarchy) when
 // k's kubelet needs cgroup v2: systemd.unified_cgroup_hierarchy=0 and
 // systemd.legacy_systemd_cgroup_controller. cgroup_no_v1= is fine (it only disables v1).
-func CheckKernelArgs(k spec.Kubernetes, args []string) error {
+func checkKernelArgs(k spec.Kubernetes, args []string) error {
 	v, ok := parseSemver(k.Version)
 	if !ok || v.major != 1 || v.minor < cgroupV2Since {
 		return nil
@@ -343,10 +343,4 @@ func isFalse(s string) bool {
 		return true
 	}
 	return false
-}
-
-// runtimeUnits are the units the bake enables for each kubernetes.runtime.
-var runtimeUnits = map[string][]string{
-	"containerd": {"containerd.service"},
-	"docker":     {"docker.service", "cri-docker.service"},
 }

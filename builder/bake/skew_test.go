@@ -187,11 +187,11 @@ func TestCheckVersions(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			v, err := ReadVersions(context.Background(), root)
+			v, err := readVersions(context.Background(), root)
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = CheckVersions(tt.k, v)
+			err = checkVersions(tt.k, v)
 			if len(tt.want) == 0 {
 				if err != nil {
 					t.Errorf("refused: %v", err)
@@ -210,7 +210,7 @@ func TestCheckVersions(t *testing.T) {
 	}
 }
 
-// ReadVersions reads each version from the binary's Go build information; nothing runs (the
+// readVersions reads each version from the binary's Go build information; nothing runs (the
 // test programs print v0.0.1 when run).
 func TestReadVersions(t *testing.T) {
 	script := []byte("#!/bin/sh\necho 'Kubernetes v1.37.2'\n")
@@ -219,32 +219,32 @@ func TestReadVersions(t *testing.T) {
 		rel     string
 		bin     func(t *testing.T) []byte
 		mode    os.FileMode
-		get     func(v Versions) *Binary
-		version string // with source: what ReadVersions reads
+		get     func(v treeVersions) *binaryVersion
+		version string // with source: what readVersions reads
 		source  string
 		wantErr string // or the error it gives
 	}{
 		{"kubelet of a Kubernetes release build", "usr/bin/kubelet", func(t *testing.T) []byte { return goBinary(t, kubelet1372) }, 0o755,
-			func(v Versions) *Binary { return v.Kubelet }, "v1.37.2", "-X k8s.io/component-base/version.gitVersion=v1.37.2", ""},
+			func(v treeVersions) *binaryVersion { return v.Kubelet }, "v1.37.2", "-X k8s.io/component-base/version.gitVersion=v1.37.2", ""},
 		{"kubelet of an older release, vendored", "usr/local/bin/kubelet", func(t *testing.T) []byte {
 			return goBinary(t, "-X k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version.gitVersion=v1.33.1 -X k8s.io/kubernetes/vendor/k8s.io/component-base/version.gitVersion=v1.33.1")
-		}, 0o755, func(v Versions) *Binary { return v.Kubelet }, "v1.33.1", "-X k8s.io/kubernetes/vendor/k8s.io/component-base/version.gitVersion=v1.33.1", ""},
+		}, 0o755, func(v treeVersions) *binaryVersion { return v.Kubelet }, "v1.33.1", "-X k8s.io/kubernetes/vendor/k8s.io/component-base/version.gitVersion=v1.33.1", ""},
 		{"kubelet built with -trimpath from the release tag", "usr/bin/kubelet", func(t *testing.T) []byte { return goModuleBinary(t, "k8s.io/kubernetes", "v1.37.2") }, 0o755,
-			func(v Versions) *Binary { return v.Kubelet }, "v1.37.2", "module k8s.io/kubernetes v1.37.2", ""},
+			func(v treeVersions) *binaryVersion { return v.Kubelet }, "v1.37.2", "module k8s.io/kubernetes v1.37.2", ""},
 		{"kubectl", "usr/bin/kubectl", func(t *testing.T) []byte { return goBinary(t, kubectl1372) }, 0o755,
-			func(v Versions) *Binary { return v.Kubectl }, "v1.37.2", "-X k8s.io/component-base/version.gitVersion=v1.37.2", ""},
+			func(v treeVersions) *binaryVersion { return v.Kubectl }, "v1.37.2", "-X k8s.io/component-base/version.gitVersion=v1.37.2", ""},
 		{"containerd 2 built from source", "usr/bin/containerd", func(t *testing.T) []byte { return goBinary(t, containerdSrc) }, 0o755,
-			func(v Versions) *Binary { return v.Containerd }, "v2.4.2", "-X github.com/containerd/containerd/v2/version.Version=2.4.2+unknown", ""},
+			func(v treeVersions) *binaryVersion { return v.Containerd }, "v2.4.2", "-X github.com/containerd/containerd/v2/version.Version=2.4.2+unknown", ""},
 		{"containerd 1.7", "usr/bin/containerd", func(t *testing.T) []byte { return goBinary(t, containerd1728) }, 0o755,
-			func(v Versions) *Binary { return v.Containerd }, "v1.7.28", "-X github.com/containerd/containerd/version.Version=1.7.28", ""},
+			func(v treeVersions) *binaryVersion { return v.Containerd }, "v1.7.28", "-X github.com/containerd/containerd/version.Version=1.7.28", ""},
 		{"runc", "usr/sbin/runc", func(t *testing.T) []byte { return goBinary(t, runc153) }, 0o755,
-			func(v Versions) *Binary { return v.Runc }, "v1.5.3", "-X main.version=1.5.3", ""},
+			func(v treeVersions) *binaryVersion { return v.Runc }, "v1.5.3", "-X main.version=1.5.3", ""},
 		{"dockerd", "usr/bin/dockerd", func(t *testing.T) []byte { return goBinary(t, dockerd) }, 0o755,
-			func(v Versions) *Binary { return v.Dockerd }, "v26.1.5", "-X github.com/docker/docker/dockerversion.Version=26.1.5+dfsg1", ""},
+			func(v treeVersions) *binaryVersion { return v.Dockerd }, "v26.1.5", "-X github.com/docker/docker/dockerversion.Version=26.1.5+dfsg1", ""},
 		{"cri-dockerd", "usr/bin/cri-dockerd", func(t *testing.T) []byte { return goBinary(t, criDockerd) }, 0o755,
-			func(v Versions) *Binary { return v.CRIDockerd }, "v0.3.15", "-X github.com/Mirantis/cri-dockerd/cmd/version.Version=0.3.15", ""},
+			func(v treeVersions) *binaryVersion { return v.CRIDockerd }, "v0.3.15", "-X github.com/Mirantis/cri-dockerd/cmd/version.Version=0.3.15", ""},
 		{"runc that is no Go program: present, version unknown", "usr/sbin/runc", func(*testing.T) []byte { return script }, 0o755,
-			func(v Versions) *Binary { return v.Runc }, "", "", ""},
+			func(v treeVersions) *binaryVersion { return v.Runc }, "", "", ""},
 		{"kubelet that is no Go program", "usr/bin/kubelet", func(*testing.T) []byte { return script }, 0o755, nil, "", "",
 			"/usr/bin/kubelet: cannot read its version: it has no Go build information"},
 		{"kubelet built with -trimpath, not from a tag", "usr/bin/kubelet", func(t *testing.T) []byte { return goBinary(t, kubeletLd("v1.37.2"), "-trimpath") }, 0o755, nil, "", "",
@@ -263,7 +263,7 @@ func TestReadVersions(t *testing.T) {
 			root := t.TempDir()
 			putFile(t, root, tt.rel, tt.bin(t))
 			os.Chmod(filepath.Join(root, tt.rel), tt.mode)
-			v, err := ReadVersions(context.Background(), root)
+			v, err := readVersions(context.Background(), root)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error %v, want %q", err, tt.wantErr)
@@ -302,7 +302,7 @@ func TestCheckKernelArgs(t *testing.T) {
 		{k134, []string{"systemd.unified_cgroup_hierarchy=0"}, ""},
 	}
 	for _, tt := range tests {
-		err := CheckKernelArgs(tt.k, tt.args)
+		err := checkKernelArgs(tt.k, tt.args)
 		switch {
 		case tt.want == "" && err != nil:
 			t.Errorf("%s %q: refused: %v", tt.k.Version, tt.args, err)
@@ -317,7 +317,7 @@ func TestReadVersionsRelativeRoot(t *testing.T) {
 	dir := t.TempDir()
 	fakeBin(t, filepath.Join(dir, "tree"), "usr/bin/kubelet", kubelet1372)
 	t.Chdir(dir)
-	v, err := ReadVersions(context.Background(), "tree")
+	v, err := readVersions(context.Background(), "tree")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,12 +340,12 @@ func TestReadVersionsE2EBinaries(t *testing.T) {
 		}
 		putFile(t, root, rel, b)
 	}
-	v, err := ReadVersions(context.Background(), root)
+	v, err := readVersions(context.Background(), root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		b    *Binary
+		b    *binaryVersion
 		want string
 	}{{v.Kubelet, "module k8s.io/kubernetes v1.37.2"}, {v.Kubectl, "module k8s.io/kubernetes v1.37.2"},
 		{v.Containerd, "module github.com/containerd/containerd/v2 v2.4.2"}, {v.Runc, "module github.com/opencontainers/runc v1.5.3"}} {
@@ -353,7 +353,7 @@ func TestReadVersionsE2EBinaries(t *testing.T) {
 			t.Errorf("read %+v, want a version from %q", c.b, c.want)
 		}
 	}
-	if err := CheckVersions(spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, v); err != nil {
+	if err := checkVersions(spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, v); err != nil {
 		t.Error(err)
 	}
 }

@@ -1,0 +1,37 @@
+package bake
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/disk"
+)
+
+// writeDisk writes the raw GPT disk <stem>.raw to the work directory: the ESP with the kernel,
+// systemd-boot, the initramfs and image.json, and the root filesystem rootImg, which is removed
+// afterwards. It returns the disk's path and records its layout in md.
+func (b *baker) writeDisk(rootImg string, boot bootFiles, initrd string, imageJSON []byte, md *Metadata) (string, error) {
+	t := time.Now()
+	def := b.def
+	raw := filepath.Join(b.work, b.stem+".raw")
+	res, err := disk.Build(raw, disk.Spec{
+		Size: def.Disk.Size.Bytes(), ESPSize: def.Disk.ESPSize.Bytes(),
+		RootFS: rootImg, RootFSType: def.Disk.RootFS,
+		Kernel: boot.kernel, Initrd: initrd, Bootloader: boot.bootloader,
+		Cmdline: strings.Join(def.Kernel.Args, " "), Platform: def.Platform,
+		ImageJSON: imageJSON, Title: fmt.Sprintf("kiln %s %s (%s)", def.Name, b.prof.Role, md.Kernel.Version),
+		Seed: b.stem + "@" + md.Base.Digest,
+	})
+	if err != nil {
+		return "", err
+	}
+	md.Disk = &DiskInfo{Size: fileSize(raw), GUID: res.DiskGUID, Cmdline: res.Cmdline, Partitions: res.Partitions}
+	b.step("disk written", t)
+	if err := os.Remove(rootImg); err != nil {
+		return "", err
+	}
+	return raw, nil
+}

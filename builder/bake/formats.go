@@ -1,0 +1,45 @@
+package bake
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/output"
+)
+
+// convert turns the raw disk into each of the definition's formats, in its order, and returns
+// the files: raw itself where the definition lists raw. Without raw in the list, the raw disk
+// is removed once converted.
+func (b *baker) convert(raw string) ([]string, error) {
+	files := []string{}
+	for _, f := range b.def.Formats {
+		if f == "raw" {
+			files = append(files, raw)
+			continue
+		}
+		t := time.Now()
+		dst := filepath.Join(b.work, b.stem+output.Formats[f])
+		if err := output.Convert(b.ctx, raw, f, dst); err != nil {
+			return nil, err
+		}
+		files = append(files, dst)
+		b.step("converted to "+f, t)
+	}
+	if !slices.Contains(b.def.Formats, "raw") {
+		os.Remove(raw)
+	}
+	return files, nil
+}
+
+// formatOf names the format of an output file by its suffix.
+func formatOf(file string) string {
+	for f, ext := range output.Formats {
+		if strings.HasSuffix(file, ext) {
+			return f
+		}
+	}
+	return ""
+}

@@ -1,0 +1,45 @@
+package bake
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/initramfs"
+	"github.com/kilnproject/kiln/builder/rootfs"
+)
+
+// defaultModules are the kernel modules every initramfs carries: enough to find the root on
+// virtio, SCSI or NVMe disks and to mount squashfs/erofs, ext4 and the /etc overlay. What they
+// need comes with them, soft dependencies included (crc32c for libcrc32c, ext4 and jbd2).
+var defaultModules = []string{
+	"virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "nvme",
+	"squashfs", "erofs", "ext4", "overlay",
+}
+
+// writeInitramfs writes the initramfs to the work directory: kiln-init as its init and the
+// tree's modules for md's kernel, the default ones and the definition's. It returns its path
+// and records its digest and modules in md.
+func (b *baker) writeInitramfs(tree *rootfs.Tree, md *Metadata) (string, error) {
+	t := time.Now()
+	dst := filepath.Join(b.work, "initrd.img")
+	f, err := os.Create(dst)
+	if err != nil {
+		return "", err
+	}
+	man, err := initramfs.Write(f, initramfs.Spec{
+		Root: tree.Dir, KernelVersion: md.Kernel.Version, Init: b.o.KilnInit,
+		Modules: slices.Concat(defaultModules, b.def.Kernel.Modules),
+	})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("initramfs: %w", err)
+	}
+	md.Initramfs = &InitramfsDigest{SHA256: fileSHA256(dst), Size: fileSize(dst), Modules: man.Modules}
+	b.step("initramfs written", t)
+	return dst, nil
+}

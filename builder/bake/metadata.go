@@ -1,0 +1,88 @@
+package bake
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/kilnproject/kiln/builder/rootfs"
+)
+
+// imageJSONPath is where the image's metadata is in the image.
+const imageJSONPath = "etc/kiln/image.json"
+
+// writeImageJSON writes md, as it stands once the tree is laid, to /etc/kiln/image.json in the
+// tree and returns what it wrote.
+func writeImageJSON(tree *rootfs.Tree, md *Metadata) ([]byte, error) {
+	data, err := marshalMetadata(md)
+	if err != nil {
+		return nil, err
+	}
+	if err := tree.WriteFile(imageJSONPath, bytes.NewReader(data), 0o644); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// writeMetadata records the output files in md and writes it, complete with the disk's layout,
+// as <stem>.json in the work directory. It returns that file's path.
+func (b *baker) writeMetadata(files []string, md *Metadata) (string, error) {
+	for _, f := range files {
+		md.Outputs = append(md.Outputs, OutputInfo{Format: formatOf(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f)})
+	}
+	data, err := marshalMetadata(md)
+	if err != nil {
+		return "", err
+	}
+	file := filepath.Join(b.work, b.stem+".json")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		return "", err
+	}
+	return file, nil
+}
+
+// marshalMetadata is md as indented JSON with a final newline.
+func marshalMetadata(md *Metadata) ([]byte, error) {
+	data, err := json.MarshalIndent(md, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(data, '\n'), nil
+}
+
+// fileSHA256 is the hex SHA-256 of the file p, "" if it cannot be read.
+func fileSHA256(p string) string {
+	f, err := os.Open(p)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return ""
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// fileSize is the size of the file p, 0 if it cannot be stat'ed.
+func fileSize(p string) int64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// allocated is the space a (sparse) file really takes on disk.
+func allocated(p string) int64 {
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}

@@ -1,0 +1,105 @@
+package bake
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/initd/systemd"
+)
+
+// templatesDir is where the profile's templates go; kiln-init renders them at first boot.
+const templatesDir = "usr/lib/kiln/templates"
+
+// layTree lays onto the base, in order: the profile's artifacts (blobs, from fetch), the
+// definition's and then the profile's overlays, the profile's templates, kiln-init, what the
+// profile's Kubernetes release needs (images, from fetch) and the units the profile enables,
+// disables or masks; last, /etc/kiln/image.json. It records the artifacts and Kubernetes in md
+// and returns image.json, which the ESP carries too.
+func (b *baker) layTree(tree *rootfs.Tree, blobs []string, images []*artifact.CachedImage, md *Metadata) ([]byte, error) {
+	t := time.Now()
+	prof := b.prof
+	for i, a := range prof.Artifacts {
+		info, err := b.layArtifact(tree, a, blobs[i])
+		if err != nil {
+			return nil, err
+		}
+		md.Artifacts = append(md.Artifacts, info)
+	}
+	for _, ov := range slices.Concat(b.def.Overlays, prof.Overlays) {
+		if err := tree.AddOverlay(ov); err != nil {
+			return nil, fmt.Errorf("overlay %s: %w", ov, err)
+		}
+	}
+	if prof.Templates != "" {
+		if err := tree.AddDir(prof.Templates, templatesDir); err != nil {
+			return nil, fmt.Errorf("%s: templates: %w", prof.File, err)
+		}
+	}
+	if err := tree.AddFile("usr/bin/kiln-init", b.o.KilnInit, 0o755); err != nil {
+		return nil, err
+	}
+	if k := prof.Kubernetes; k != nil {
+		var err error
+		if md.Kubernetes, err = b.addKubernetes(tree, *k, images); err != nil {
+			return nil, err
+		}
+	}
+	if err := setUnits(tree.Dir, prof); err != nil {
+		return nil, err
+	}
+	imageJSON, err := writeImageJSON(tree, md)
+	if err != nil {
+		return nil, err
+	}
+	b.step("tree assembled", t)
+	return imageJSON, nil
+}
+
+// layArtifact lays the artifact a, whose verified blob is in the cache, into the tree: the
+// blob itself as the file a.Dest, or what a.Extract picks out of it. It returns the artifact's
+// record for image.json.
+func (b *baker) layArtifact(tree *rootfs.Tree, a spec.Artifact, blob string) (ArtifactInfo, error) {
+	info := ArtifactInfo{Name: a.Name, Source: a.Source, SHA256: b.lock.SHA256(b.prof.Role, a), Dest: a.Dest}
+	var err error
+	if x := a.Extract; x == nil {
+		err = tree.AddFile(strings.TrimPrefix(a.Dest, "/"), blob, a.Mode)
+	} else {
+		_, err = artifact.Extract(blob, *x, tree.Dir)
+		// The record names the directory the archive went to, or else the files it gave.
+		info.Dest = x.Dir
+		if info.Dest == "" {
+			info.Dest = strings.Join(slices.Sorted(maps.Values(x.Files)), ",")
+		}
+	}
+	if err != nil {
+		return ArtifactInfo{}, fmt.Errorf("artifact %q: %w", a.Name, err)
+	}
+	return info, nil
+}
+
+// setUnits enables, disables and masks the profile's units in the tree at root, the way
+// kiln-init does a config's units at first boot.
+func setUnits(root string, prof *spec.Profile) error {
+	for _, set := range []struct {
+		field string
+		units []string
+		apply func(root, unit string) (changed bool, err error)
+	}{
+		{"units.enable", prof.Units.Enable, systemd.Enable},
+		{"units.disable", prof.Units.Disable, systemd.Disable},
+		{"units.mask", prof.Units.Mask, systemd.Mask},
+	} {
+		for _, u := range set.units {
+			if _, err := set.apply(root, u); err != nil {
+				return fmt.Errorf("%s: %s: %w", prof.File, set.field, err)
+			}
+		}
+	}
+	return nil
+}
