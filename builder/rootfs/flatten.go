@@ -354,10 +354,6 @@ func (t *Tree) changed() {
 
 // writeEntry applies one tar entry at rel and returns where (relative to the tree) it landed.
 func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, error) {
-	root, err := t.openRoot()
-	if err != nil {
-		return "", err
-	}
 	p, err := t.resolveParent(rel, true)
 	if err != nil {
 		return "", err
@@ -398,18 +394,7 @@ func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, err
 			t.Owners[p] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
 		}
 	case tar.TypeReg, tar.TypeRegA:
-		f, err := dr.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return "", err
-		}
-		if _, err := io.Copy(f, r); err != nil {
-			f.Close()
-			return "", err
-		}
-		if err := f.Close(); err != nil {
-			return "", err
-		}
-		if err := dr.Chmod(name, mode); err != nil {
+		if err := writeRegular(dr, name, r, mode); err != nil {
 			return "", err
 		}
 	case tar.TypeSymlink:
@@ -418,21 +403,7 @@ func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, err
 		}
 		return p, nil // symlinks: owner root, no times
 	case tar.TypeLink:
-		target, err := cleanRel(hdr.Linkname)
-		if err != nil {
-			return "", err
-		}
-		if target == "" {
-			return "", fmt.Errorf("hard link to the root")
-		}
-		src, err := t.resolveParent(target, false)
-		if err != nil {
-			return "", fmt.Errorf("hard link to %s: %w", hdr.Linkname, err)
-		}
-		if err := root.Link(src, p); err != nil {
-			return "", err
-		}
-		return p, nil
+		return p, t.hardLink(hdr.Linkname, p)
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
 		// Device nodes are provided by devtmpfs at boot; the image does not carry them.
 		return p, nil
@@ -443,6 +414,43 @@ func (t *Tree) writeEntry(rel string, hdr *tar.Header, r io.Reader) (string, err
 		t.Owners[p] = Owner{UID: hdr.Uid, GID: hdr.Gid, Mode: mode}
 	}
 	return p, dr.Chtimes(name, hdr.ModTime, hdr.ModTime)
+}
+
+// writeRegular creates the file name in dr with r's content and mode.
+func writeRegular(dr *os.Root, name string, r io.Reader, mode os.FileMode) error {
+	f, err := dr.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return dr.Chmod(name, mode)
+}
+
+// hardLink links p (resolved) to the entry a tar hard link names: linkname, an image path whose
+// parent is resolved in the tree and whose last component is not followed.
+func (t *Tree) hardLink(linkname, p string) error {
+	target, err := cleanRel(linkname)
+	if err != nil {
+		return err
+	}
+	if target == "" {
+		return fmt.Errorf("hard link to the root")
+	}
+	src, err := t.resolveParent(target, false)
+	if err != nil {
+		return fmt.Errorf("hard link to %s: %w", linkname, err)
+	}
+	root, err := t.openRoot()
+	if err != nil {
+		return err
+	}
+	return root.Link(src, p)
 }
 
 func mustRel(root, p string) string {
