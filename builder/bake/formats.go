@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/output"
@@ -21,7 +20,11 @@ func (b *baker) convert(raw string) ([]string, error) {
 			continue
 		}
 		t := time.Now()
-		dst := filepath.Join(b.work, b.stem+output.Formats[f])
+		format, err := output.Lookup(f)
+		if err != nil {
+			return nil, err
+		}
+		dst := filepath.Join(b.work, b.stem+format.Suffix)
 		if err := output.Convert(b.ctx, raw, f, dst); err != nil {
 			return nil, err
 		}
@@ -32,14 +35,4 @@ func (b *baker) convert(raw string) ([]string, error) {
 		os.Remove(raw)
 	}
 	return files, nil
-}
-
-// formatOf names the format of an output file by its suffix.
-func formatOf(file string) string {
-	for f, ext := range output.Formats {
-		if strings.HasSuffix(file, ext) {
-			return f
-		}
-	}
-	return ""
 }

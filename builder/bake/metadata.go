@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
 )
 
@@ -33,7 +34,7 @@ func writeImageJSON(tree *rootfs.Tree, md *Metadata) ([]byte, error) {
 // as <stem>.json in the work directory. It returns that file's path.
 func (b *baker) writeMetadata(files []string, md *Metadata) (string, error) {
 	for _, f := range files {
-		md.Outputs = append(md.Outputs, OutputInfo{Format: formatOf(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f)})
+		md.Outputs = append(md.Outputs, OutputInfo{Format: output.OfFile(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f)})
 	}
 	data, err := marshalMetadata(md)
 	if err != nil {

@@ -2,6 +2,9 @@
 // qcow2, vmdk (streamOptimized, for vSphere and AMI import), vhd (fixed, for Azure/Hyper-V) and
 // GCE's disk.raw in a gzip'd oldgnu tar. Conversions use qemu-img and GNU tar, which keep the
 // image sparse.
+//
+// A new format is one entry in the formats table: its name (what a definition lists), the
+// suffix of its file and the command that writes it.
 package output
 
 import (
@@ -13,45 +16,94 @@ import (
 	"strings"
 )
 
-// Formats are the names a definition may list, with their file suffix.
-var Formats = map[string]string{
-	"raw":   ".raw",
-	"qcow2": ".qcow2",
-	"vmdk":  ".vmdk",
-	"vhd":   ".vhd",
-	"gce":   ".tar.gz",
+// A Format is one kind of file a bake can write.
+type Format struct {
+	Name   string // what an image definition lists under formats
+	Suffix string // the output file's suffix, after <image>-<role>
+	// command returns the command that writes raw as this format to tmp, and what to remove
+	// once it has run. Nil for raw, which is the bake's own output.
+	command func(ctx context.Context, raw, tmp string) (*exec.Cmd, func(), error)
+}
+
+// formats lists every format, raw first.
+var formats = []Format{
+	{Name: "raw", Suffix: ".raw"},
+	{Name: "qcow2", Suffix: ".qcow2", command: qemuImg("qcow2", "compat=1.1")},
+	{Name: "vmdk", Suffix: ".vmdk", command: qemuImg("vmdk", "subformat=streamOptimized")},
+	{Name: "vhd", Suffix: ".vhd", command: qemuImg("vpc", "subformat=fixed,force_size=on")},
+	{Name: "gce", Suffix: ".tar.gz", command: gceTar},
+}
+
+// Names lists the formats a definition may name, raw first.
+func Names() []string {
+	names := make([]string, len(formats))
+	for i, f := range formats {
+		names[i] = f.Name
+	}
+	return names
+}
+
+// Lookup returns the format called name.
+func Lookup(name string) (Format, error) {
+	for _, f := range formats {
+		if f.Name == name {
+			return f, nil
+		}
+	}
+	return Format{}, fmt.Errorf("unknown output format %q (one of: %s)", name, strings.Join(Names(), ", "))
+}
+
+// OfFile names the format of an output file by its suffix, or "" for none.
+func OfFile(file string) string {
+	for _, f := range formats {
+		if strings.HasSuffix(file, f.Suffix) {
+			return f.Name
+		}
+	}
+	return ""
 }
 
 // Convert writes raw as format to dst. dst is replaced only when the conversion succeeds.
 func Convert(ctx context.Context, raw, format, dst string) error {
+	f, err := Lookup(format)
+	if err != nil {
+		return err
+	}
+	if f.command == nil {
+		return fmt.Errorf("%s is the bake's own output, not a conversion", format)
+	}
 	tmp := dst + ".part"
 	defer os.Remove(tmp)
-	var cmd *exec.Cmd
-	switch format {
-	case "raw":
-		return fmt.Errorf("raw is the bake's own output, not a conversion")
-	case "qcow2":
-		cmd = exec.CommandContext(ctx, "qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", "-o", "compat=1.1", raw, tmp)
-	case "vmdk":
-		cmd = exec.CommandContext(ctx, "qemu-img", "convert", "-q", "-f", "raw", "-O", "vmdk", "-o", "subformat=streamOptimized", raw, tmp)
-	case "vhd":
-		cmd = exec.CommandContext(ctx, "qemu-img", "convert", "-q", "-f", "raw", "-O", "vpc", "-o", "subformat=fixed,force_size=on", raw, tmp)
-	case "gce":
-		// GCE wants a file named disk.raw in an oldgnu tar, gzip'd; -S keeps it sparse.
-		dir, err := os.MkdirTemp(filepath.Dir(dst), ".gce-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		if err := os.Link(raw, filepath.Join(dir, "disk.raw")); err != nil {
-			return fmt.Errorf("gce: %w", err)
-		}
-		cmd = exec.CommandContext(ctx, "tar", "--format=oldgnu", "-S", "-czf", tmp, "-C", dir, "disk.raw")
-	default:
-		return fmt.Errorf("unknown output format %q", format)
+	cmd, cleanup, err := f.command(ctx, raw, tmp)
+	if err != nil {
+		return fmt.Errorf("convert to %s: %w", format, err)
 	}
+	defer cleanup()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("convert to %s: %s: %v: %s", format, strings.Join(cmd.Args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return os.Rename(tmp, dst)
+}
+
+// qemuImg converts with qemu-img to its format fmt with the creation options opts.
+func qemuImg(format, opts string) func(context.Context, string, string) (*exec.Cmd, func(), error) {
+	return func(ctx context.Context, raw, tmp string) (*exec.Cmd, func(), error) {
+		cmd := exec.CommandContext(ctx, "qemu-img", "convert", "-q", "-f", "raw", "-O", format, "-o", opts, raw, tmp)
+		return cmd, func() {}, nil
+	}
+}
+
+// gceTar writes GCE's image file: a file named disk.raw in an oldgnu tar, gzip'd; -S keeps it
+// sparse. The raw disk is hard-linked under that name, not copied.
+func gceTar(ctx context.Context, raw, tmp string) (*exec.Cmd, func(), error) {
+	dir, err := os.MkdirTemp(filepath.Dir(tmp), ".gce-")
+	if err != nil {
+		return nil, nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	if err := os.Link(raw, filepath.Join(dir, "disk.raw")); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return exec.CommandContext(ctx, "tar", "--format=oldgnu", "-S", "-czf", tmp, "-C", dir, "disk.raw"), cleanup, nil
 }

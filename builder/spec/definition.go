@@ -9,12 +9,14 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"gopkg.in/yaml.v3"
+
+	"github.com/kilnproject/kiln/builder/output"
 )
 
 // Platforms, output formats and root filesystems a definition may name.
 var (
 	Platforms = []string{"qemu", "aws", "gce", "metal"}
-	Formats   = []string{"raw", "qcow2", "vmdk", "vhd", "gce"}
+	Formats   = output.Names()
 	// Compressions lists, per root filesystem type, the accepted
 	// compression names; the first one is the default.
 	Compressions = map[string][]string{
