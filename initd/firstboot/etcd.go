@@ -16,6 +16,7 @@ import (
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/initd/volume"
 )
 
@@ -26,15 +27,24 @@ const (
 	etcdManifest         = "etcd.manifest"
 )
 
+// etcdTasks give an etcd member its disk and place etcd's manifest, on that disk when it
+// has one, once the role's templates rendered it.
+func (p *plan) etcdTasks() []task.Task {
+	return []task.Task{
+		task.Converge("etcd-volume", []string{"preflight"}, p.prepareEtcdVolume),
+		task.Converge("etcd-manifest", []string{"render", "etcd-volume"}, p.placeEtcdManifest),
+	}
+}
+
 // etcdMember reports whether this node runs an etcd member (and so may have a volume).
 func (p *plan) etcdMember() bool {
 	return p.node != nil && p.node.Etcd != nil &&
 		(p.node.Role == config.RoleControlPlane || p.node.Role == config.RoleEtcd)
 }
 
-// etcdVolume finds the etcd disk, makes it safe to use (never formatting one with data),
+// prepareEtcdVolume finds the etcd disk, makes it safe to use (never formatting one with data),
 // mounts it now and writes the mount unit that mounts it on later boots before the runtime.
-func (p *plan) etcdVolume(ctx context.Context) (bool, error) {
+func (p *plan) prepareEtcdVolume(ctx context.Context) (bool, error) {
 	if !p.etcdMember() || p.node.Etcd.Volume == nil {
 		return false, nil
 	}
@@ -138,10 +148,10 @@ func gceFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
 	return volume.GCE{Service: svc, Project: project, Zone: zone, Instance: name, DiskName: v.GCEName, MountPath: v.MountPath}, nil
 }
 
-// etcdManifestTask places the rendered etcd manifest: on the volume, linked from the manifests
+// placeEtcdManifest places the rendered etcd manifest: on the volume, linked from the manifests
 // directory (so etcd cannot start without its disk), or straight into the manifests directory
 // when the node has no etcd volume.
-func (p *plan) etcdManifestTask(ctx context.Context) (bool, error) {
+func (p *plan) placeEtcdManifest(ctx context.Context) (bool, error) {
 	if !p.etcdMember() {
 		return false, nil
 	}

@@ -1,8 +1,11 @@
 // Package firstboot is `kiln-init firstboot`, the oneshot service that configures a node on
-// its first boot: sources ⇒ config (Ignition v3 / Butane, merged over the image's default) ⇒
-// plan (a task graph) ⇒ apply ⇒ report. Every task checks before it acts, so a re-run (or a
-// boot after a power cut) converges to the same state; once a first boot has succeeded, later
-// boots change nothing.
+// its first boot, in the order the data flows: sources ⇒ config (Ignition v3 / Butane, merged
+// over the image's default; Run, loadConfig) ⇒ plan (a task graph: plan.go, etcd.go,
+// kube.go) ⇒ apply (task.Run) ⇒ report (the Status at StatusPath, printed by
+// `kiln-init status`). Every task checks before it acts, so a re-run (or a boot after a
+// power cut) converges to the same state; once a first boot has succeeded, later boots
+// change nothing. RegisterDNS, `kiln-init dns`, publishes the node's cluster names at every
+// boot from the node config first boot put in place.
 package firstboot
 
 import (
@@ -107,24 +110,38 @@ func Run(ctx context.Context, opts Options) (*Status, error) {
 	if fi, err := os.Stat(opts.Root); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("firstboot: root %s is not a directory (%v)", opts.Root, err)
 	}
-	prev, err := ReadStatus(opts.Root)
-	rerun := err == nil
-	switch {
-	case err == nil && prev.State == StateOK && !opts.Force:
+	prev, rerun := previousRun(opts)
+	if prev != nil {
 		prev.Skipped = true
 		opts.Log.Info("first boot already done", "finished", prev.Finished, "source", prev.Source)
 		if err := tightenStatus(opts.Root); err != nil {
 			return prev, err
 		}
 		return prev, nil
+	}
+	st := &Status{Started: opts.Now().UTC(), Files: []FileStatus{}, Version: opts.Version}
+	return st, finish(ctx, opts, st, run(ctx, opts, st, rerun))
+}
+
+// previousRun reads the status an earlier first boot left: done is that status when the
+// boot succeeded (and opts.Force does not ask for a run all the same); rerun says whether
+// an earlier boot ran at all.
+func previousRun(opts Options) (done *Status, rerun bool) {
+	prev, err := ReadStatus(opts.Root)
+	switch {
+	case err == nil && prev.State == StateOK && !opts.Force:
+		return prev, true
 	case err == nil && prev.State != StateOK:
 		opts.Log.Info("previous first boot did not succeed; running again", "state", prev.State, "error", prev.Error)
 	case err != nil && !statusMissing(err):
 		opts.Log.Warn("unreadable first-boot status; running again", "error", err)
 	}
+	return nil, err == nil
+}
 
-	st := &Status{Started: opts.Now().UTC(), Files: []FileStatus{}, Version: opts.Version}
-	runErr := run(ctx, opts, st, rerun)
+// finish completes st with runErr's outcome, records it (see writeStatus), syncs and tells
+// systemd the console line. It returns runErr joined with a failure to record it.
+func finish(ctx context.Context, opts Options, st *Status, runErr error) error {
 	st.Finished = opts.Now().UTC()
 	st.DurationMS = st.Finished.Sub(st.Started).Milliseconds()
 	st.State = StateOK
@@ -142,10 +159,10 @@ func Run(ctx context.Context, opts Options) (*Status, error) {
 	_ = opts.Notify("STATUS=" + st.Line())
 	if runErr != nil {
 		opts.Log.Error("first boot failed", "error", runErr)
-		return st, runErr
+		return runErr
 	}
 	opts.Log.Info("first boot done", "source", st.Source, "tasks", st.Summary(), "duration", st.Duration())
-	return st, nil
+	return nil
 }
 
 func withDefaults(o Options) Options {
@@ -165,32 +182,40 @@ func withDefaults(o Options) Options {
 		o.Notify = task.Notify
 	}
 	if o.Networkctl == nil {
-		if o.Root == "/" {
-			o.Networkctl = func(ctx context.Context, args ...string) (string, error) {
-				out, err := exec.CommandContext(ctx, "networkctl", args...).CombinedOutput()
-				if err != nil {
-					return "", fmt.Errorf("networkctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-				}
-				return string(out), nil
-			}
-		} else {
-			o.Networkctl = func(context.Context, ...string) (string, error) { return "", nil }
-		}
+		o.Networkctl = networkctl(o.Root)
 	}
 	if o.Systemctl == nil {
-		if o.Root == "/" {
-			o.Systemctl = func(ctx context.Context, args ...string) error {
-				out, err := exec.CommandContext(ctx, "systemctl", args...).CombinedOutput()
-				if err != nil {
-					return fmt.Errorf("systemctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-				}
-				return nil
-			}
-		} else {
-			o.Systemctl = func(context.Context, ...string) error { return nil }
-		}
+		o.Systemctl = systemctl(o.Root)
 	}
 	return o
+}
+
+// networkctl runs networkctl on the live system (root "/"); elsewhere it does nothing.
+func networkctl(root string) func(ctx context.Context, args ...string) (string, error) {
+	if root != "/" {
+		return func(context.Context, ...string) (string, error) { return "", nil }
+	}
+	return func(ctx context.Context, args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, "networkctl", args...).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("networkctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return string(out), nil
+	}
+}
+
+// systemctl runs systemctl on the live system (root "/"); elsewhere it does nothing.
+func systemctl(root string) func(ctx context.Context, args ...string) error {
+	if root != "/" {
+		return func(context.Context, ...string) error { return nil }
+	}
+	return func(ctx context.Context, args ...string) error {
+		out, err := exec.CommandContext(ctx, "systemctl", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("systemctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
 }
 
 // image is what the bake recorded about the image (ImageJSONPath).
@@ -202,22 +227,12 @@ type image struct {
 
 // run gets the config and runs the task graph, filling in st.
 func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
-	var img image
-	if b, err := os.ReadFile(filepath.Join(opts.Root, ImageJSONPath)); err == nil {
-		if err := json.Unmarshal(b, &img); err != nil {
-			return fmt.Errorf("%s: %w", ImageJSONPath, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
-		return fmt.Errorf("%s: %w", ImageJSONPath, err)
+	img, err := readImage(opts.Root)
+	if err != nil {
+		return err
 	}
 	st.Role = img.Role
-
-	cmdline := opts.Cmdline
-	if cmdline == "" {
-		if b, err := os.ReadFile("/proc/cmdline"); err == nil {
-			cmdline = string(b)
-		}
-	}
+	cmdline := kernelCmdline(opts)
 	platform := opts.Platform
 	if platform == "" {
 		platform, _ = source.CmdlineParam(cmdline, "kiln.platform")
@@ -233,6 +248,38 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 	}
 	plan := newPlan(opts, cfg, img.Role)
 	plan.rerun = rerun
+	return runPlan(ctx, plan, st)
+}
+
+// readImage reads what the bake recorded; an image without the file is a zero image.
+func readImage(root string) (image, error) {
+	var img image
+	b, err := os.ReadFile(filepath.Join(root, ImageJSONPath))
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		return img, nil
+	case err != nil:
+		return img, fmt.Errorf("%s: %w", ImageJSONPath, err)
+	}
+	if err := json.Unmarshal(b, &img); err != nil {
+		return img, fmt.Errorf("%s: %w", ImageJSONPath, err)
+	}
+	return img, nil
+}
+
+// kernelCmdline is opts.Cmdline, else /proc/cmdline.
+func kernelCmdline(opts Options) string {
+	if opts.Cmdline != "" {
+		return opts.Cmdline
+	}
+	b, _ := os.ReadFile("/proc/cmdline")
+	return string(b)
+}
+
+// runPlan runs the plan's tasks, recording a wait for a fact in the status file as it
+// begins, and fills in st with what the tasks did and learnt.
+func runPlan(ctx context.Context, plan *plan, st *Status) error {
+	opts := plan.opts
 	wait := opts.Facts.AddressWait
 	if wait <= 0 {
 		wait = DefaultAddressWait
@@ -271,27 +318,11 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 func loadConfig(ctx context.Context, opts Options, cmdline, platform string, st *Status) (*config.Config, error) {
 	providers := opts.Providers
 	if providers == nil {
-		ps, err := source.ForPlatform(platform, cmdline)
+		ps, err := platformProviders(ctx, opts, cmdline, platform)
 		if err != nil {
 			return nil, err
 		}
 		providers = ps
-		// Cloud metadata services answer only once the network is up; the unit does not
-		// wait for network-online.target, so fw_cfg and CIDATA boots do not wait for DHCP.
-		// (The URL source retries until its own deadline.)
-		switch platform {
-		case "aws", "gce":
-			if err := waitForRoute(ctx, "/proc/net/route", 2*time.Minute); err != nil {
-				opts.Log.Warn("no default route; asking the metadata service anyway", "error", err)
-			}
-		case "qemu", "metal":
-			// A CIDATA volume is found through udev's /dev/disk/by-label: let udev finish.
-			if opts.Root == "/" {
-				if out, err := exec.CommandContext(ctx, "udevadm", "settle", "--timeout=30").CombinedOutput(); err != nil {
-					opts.Log.Warn("udevadm settle", "error", err, "output", strings.TrimSpace(string(out)))
-				}
-			}
-		}
 	}
 	raw, src, err := source.Select(ctx, providers, opts.SourceTimeout)
 	if err != nil {
@@ -308,7 +339,38 @@ func loadConfig(ctx context.Context, opts Options, cmdline, platform string, st 
 			return nil, err
 		}
 	}
-	base, err := os.ReadFile(filepath.Join(opts.Root, BaseConfigPath))
+	return overDefault(opts.Root, user, src)
+}
+
+// platformProviders are the platform's config sources, once they can answer: cloud
+// metadata services once the network is up (the unit does not wait for
+// network-online.target, so fw_cfg and CIDATA boots do not wait for DHCP; the URL source
+// retries until its own deadline), a CIDATA volume once udev has named it.
+func platformProviders(ctx context.Context, opts Options, cmdline, platform string) ([]source.Provider, error) {
+	ps, err := source.ForPlatform(platform, cmdline)
+	if err != nil {
+		return nil, err
+	}
+	switch platform {
+	case "aws", "gce":
+		if err := waitForRoute(ctx, "/proc/net/route", 2*time.Minute); err != nil {
+			opts.Log.Warn("no default route; asking the metadata service anyway", "error", err)
+		}
+	case "qemu", "metal":
+		// A CIDATA volume is found through udev's /dev/disk/by-label: let udev finish.
+		if opts.Root == "/" {
+			if out, err := exec.CommandContext(ctx, "udevadm", "settle", "--timeout=30").CombinedOutput(); err != nil {
+				opts.Log.Warn("udevadm settle", "error", err, "output", strings.TrimSpace(string(out)))
+			}
+		}
+	}
+	return ps, nil
+}
+
+// overDefault merges the user's config (nil: none, src: where it came from) over the
+// image's default config at BaseConfigPath; an image without one leaves the user's as it is.
+func overDefault(root string, user *config.Config, src string) (*config.Config, error) {
+	base, err := os.ReadFile(filepath.Join(root, BaseConfigPath))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if user == nil {

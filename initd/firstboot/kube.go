@@ -32,12 +32,23 @@ const (
 	ControlPlaneUnit = "kiln-control-plane.service"
 )
 
-// pkiTask is kubeadm's certs and kubeconfig phases on a control plane: the leaf
+// pkiTasks make a control plane's certificates and kubeconfigs once preflight passed.
+func (p *plan) pkiTasks() []task.Task {
+	return []task.Task{task.Converge("pki", []string{"preflight"}, p.writePKI)}
+}
+
+// kubeletTasks hand over to kubelet once its configuration (render), credentials (pki) and,
+// on an etcd member, etcd's manifest are in place.
+func (p *plan) kubeletTasks() []task.Task {
+	return []task.Task{task.Converge("kubelet", []string{"render", "pki", "etcd-manifest"}, p.handOver)}
+}
+
+// writePKI is kubeadm's certs and kubeconfig phases on a control plane: the leaf
 // certificates from the CAs the config delivered, and the kubeconfigs of admin,
 // super-admin, kubelet, controller-manager and scheduler pointing at this node's API
 // server. Valid existing files are kept (a re-run changes nothing). An image without
 // the kubernetes overlay (no kubelet.service) runs no control plane: nothing to do.
-func (p *plan) pkiTask(context.Context) (bool, error) {
+func (p *plan) writePKI(context.Context) (bool, error) {
 	if p.node.Role != config.RoleControlPlane {
 		return false, nil
 	}
@@ -91,13 +102,13 @@ func (p *plan) pkiNode() pki.Node {
 	return n
 }
 
-// kubeletTask hands over to the Kubernetes units once kubelet's configuration and
+// handOver hands over to the Kubernetes units once kubelet's configuration and
 // credentials are in place: it enables kubelet (and, by role, kiln-cni and
 // kiln-control-plane) for every later boot and, on the live system, reloads systemd (the
 // drop-in was just rendered) and queues their start; systemd starts them after first boot,
 // containerd and the image import. An image without the kubernetes overlay has no
 // kubelet.service: nothing to do.
-func (p *plan) kubeletTask(ctx context.Context) (bool, error) {
+func (p *plan) handOver(ctx context.Context) (bool, error) {
 	root := p.opts.Root
 	if _, err := systemd.Find(root, KubeletUnit); errors.Is(err, systemd.ErrNotFound) {
 		return false, nil

@@ -412,7 +412,7 @@ func TestNoAddressIsUnknown(t *testing.T) {
 		run  func(p *plan, ctx context.Context) (bool, error)
 		want string
 	}{
-		{"pki", "control-plane", (*plan).pkiTask, "the node has no IP address for the API server"},
+		{"pki", "control-plane", (*plan).writePKI, "the node has no IP address for the API server"},
 		{"render", "worker", (*plan).render, `<required "the node has no IP address" .NodeIP>`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

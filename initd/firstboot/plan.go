@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,13 +21,19 @@ import (
 	"github.com/kilnproject/kiln/initd/task"
 )
 
-// plan is one first boot's task graph and what its tasks learn on the way.
+// plan is one first boot's task graph and what its tasks learn on the way. Its tasks, each
+// arrow a dependency the task declares:
 //
-//	users ─► directories ─► files ─► links ─► units ─► systemd
-//	                          └────► node-config ─► facts ─► hostname
-//	                                                  └────► preflight ─► render ─────► etcd-manifest ─► kubelet
-//	                                                              ├────► etcd-volume ──┘                   ▲
-//	                                                              └────► pki ──────────────────────────────┘
+//	users ─► directories ─► files ─┬─► links ─► units ─► systemd
+//	                               ├─► network ─────┐
+//	                               └─► node-config ─┴─► facts ─► hostname ─► preflight
+//
+//	preflight ─┬─► render ──────┬─► etcd-manifest ─┬─► kubelet
+//	           ├─► etcd-volume ─┘                  │
+//	           └─► pki ────────────────────────────┘
+//
+// Some tasks also declare a dependency an arrow path already gives them: files on users,
+// units on files, render on node-config, kubelet on render.
 //
 // kubelet hands over to the units that run after first boot: containerd, kiln-images,
 // kubelet, kiln-cni and (control plane) kiln-control-plane.
@@ -50,51 +57,91 @@ func newPlan(opts Options, cfg *config.Config, imageRole string) *plan {
 	return &plan{opts: opts, cfg: cfg, imageRole: imageRole}
 }
 
+// tasks is the graph, in the order the data flows: the Ignition config onto the node, the
+// node's own config and facts, then its Kubernetes parts.
 func (p *plan) tasks() []task.Task {
-	ign := p.cfg.Ignition
-	root := p.opts.Root
-	changedAny := func(paths []string, err error) (bool, error) { return len(paths) > 0, err }
+	return slices.Concat(
+		p.ignitionTasks(),
+		p.nodeTasks(),
+		p.kubeConfigTasks(),
+		p.etcdTasks(),
+		p.pkiTasks(),
+		p.kubeletTasks(),
+	)
+}
+
+// ignitionTasks apply the Ignition config: accounts, then the filesystem, then what the
+// running networkd and systemd must learn of it.
+func (p *plan) ignitionTasks() []task.Task {
 	return []task.Task{
-		task.Converge("users", nil, func(ctx context.Context) (bool, error) {
-			return changedAny(apply.Users(ctx, root, ign.Passwd.Users, ign.Passwd.Groups))
-		}),
-		task.Converge("directories", []string{"users"}, func(ctx context.Context) (bool, error) {
-			return changedAny(apply.Directories(ctx, root, ign.Storage.Directories))
-		}),
-		task.Converge("files", []string{"users", "directories"}, func(ctx context.Context) (bool, error) {
-			files, err := p.cfg.Files()
-			if err != nil {
-				return false, err
-			}
-			p.files = files
-			changed, err := apply.Files(ctx, root, files, nil)
-			for _, c := range changed {
-				if strings.HasPrefix(c, networkDir) {
-					p.networkChanged = true
-				}
-			}
-			return len(changed) > 0, err
-		}),
+		task.Converge("users", nil, p.applyUsers),
+		task.Converge("directories", []string{"users"}, p.applyDirectories),
+		task.Converge("files", []string{"users", "directories"}, p.applyFiles),
 		task.Converge("network", []string{"files"}, p.reloadNetwork),
-		task.Converge("links", []string{"files"}, func(ctx context.Context) (bool, error) {
-			return changedAny(apply.Links(ctx, root, ign.Storage.Links))
-		}),
-		task.Converge("units", []string{"files", "links"}, func(ctx context.Context) (bool, error) {
-			changed, reload, err := apply.Units(ctx, root, ign.Systemd.Units)
-			p.reload = p.reload || reload
-			return len(changed) > 0, err
-		}),
+		task.Converge("links", []string{"files"}, p.applyLinks),
+		task.Converge("units", []string{"files", "links"}, p.applyUnits),
 		task.Converge("systemd", []string{"units"}, p.startUnits),
+	}
+}
+
+// nodeTasks learn what node this is: its node config (the config may just have written
+// it), the machine's facts and, from both, its hostname.
+func (p *plan) nodeTasks() []task.Task {
+	return []task.Task{
 		task.Converge("node-config", []string{"files"}, p.loadNode),
 		task.Converge("facts", []string{"node-config", "network"}, p.gatherFacts),
 		task.Converge("hostname", []string{"facts"}, p.setHostname),
+	}
+}
+
+// kubeConfigTasks check the machine for the node's role and write the role's
+// configuration from its templates.
+func (p *plan) kubeConfigTasks() []task.Task {
+	return []task.Task{
 		task.Converge("preflight", []string{"facts", "hostname"}, p.preflight),
 		task.Converge("render", []string{"preflight", "node-config"}, p.render),
-		task.Converge("etcd-volume", []string{"preflight"}, p.etcdVolume),
-		task.Converge("etcd-manifest", []string{"render", "etcd-volume"}, p.etcdManifestTask),
-		task.Converge("pki", []string{"preflight"}, p.pkiTask),
-		task.Converge("kubelet", []string{"render", "pki", "etcd-manifest"}, p.kubeletTask),
 	}
+}
+
+// changedAny adapts an applier's list of changed paths to a Converge step's result.
+func changedAny(paths []string, err error) (bool, error) { return len(paths) > 0, err }
+
+func (p *plan) applyUsers(ctx context.Context) (bool, error) {
+	pw := p.cfg.Ignition.Passwd
+	return changedAny(apply.Users(ctx, p.opts.Root, pw.Users, pw.Groups))
+}
+
+func (p *plan) applyDirectories(ctx context.Context) (bool, error) {
+	return changedAny(apply.Directories(ctx, p.opts.Root, p.cfg.Ignition.Storage.Directories))
+}
+
+// applyFiles writes the config's files (Ignition's and the Butane sugar's) and notes
+// whether any of them is networkd's.
+func (p *plan) applyFiles(ctx context.Context) (bool, error) {
+	files, err := p.cfg.Files()
+	if err != nil {
+		return false, err
+	}
+	p.files = files
+	changed, err := apply.Files(ctx, p.opts.Root, files, nil)
+	for _, c := range changed {
+		if strings.HasPrefix(c, networkDir) {
+			p.networkChanged = true
+		}
+	}
+	return len(changed) > 0, err
+}
+
+func (p *plan) applyLinks(ctx context.Context) (bool, error) {
+	return changedAny(apply.Links(ctx, p.opts.Root, p.cfg.Ignition.Storage.Links))
+}
+
+// applyUnits writes the config's units and drop-ins and notes whether systemd must re-read
+// them.
+func (p *plan) applyUnits(ctx context.Context) (bool, error) {
+	changed, reload, err := apply.Units(ctx, p.opts.Root, p.cfg.Ignition.Systemd.Units)
+	p.reload = p.reload || reload
+	return len(changed) > 0, err
 }
 
 // startUnits makes the running systemd see the config's units and starts the enabled ones in

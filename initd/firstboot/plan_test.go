@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
 )
@@ -259,5 +260,43 @@ func TestNetworkFilesAreReloaded(t *testing.T) {
 				t.Errorf("networkctl calls %q: want a reload, then lists until no link is configuring", calls)
 			}
 		})
+	}
+}
+
+// The plan's tasks, in order, with the dependencies each declares: the graph drawn in
+// plan's doc comment.
+func TestPlanGraph(t *testing.T) {
+	want := []struct {
+		name string
+		deps []string
+	}{
+		{"users", nil},
+		{"directories", []string{"users"}},
+		{"files", []string{"users", "directories"}},
+		{"network", []string{"files"}},
+		{"links", []string{"files"}},
+		{"units", []string{"files", "links"}},
+		{"systemd", []string{"units"}},
+		{"node-config", []string{"files"}},
+		{"facts", []string{"node-config", "network"}},
+		{"hostname", []string{"facts"}},
+		{"preflight", []string{"facts", "hostname"}},
+		{"render", []string{"preflight", "node-config"}},
+		{"etcd-volume", []string{"preflight"}},
+		{"etcd-manifest", []string{"render", "etcd-volume"}},
+		{"pki", []string{"preflight"}},
+		{"kubelet", []string{"render", "pki", "etcd-manifest"}},
+	}
+	got := newPlan(Options{}, &config.Config{}, "").tasks()
+	if len(got) != len(want) {
+		t.Fatalf("%d tasks, want %d", len(got), len(want))
+	}
+	for i, w := range want {
+		if got[i].Name() != w.name || !slices.Equal(got[i].Deps(), w.deps) {
+			t.Errorf("task %d: %s after %v, want %s after %v", i, got[i].Name(), got[i].Deps(), w.name, w.deps)
+		}
+	}
+	if _, err := task.Order(got); err != nil {
+		t.Errorf("the graph does not order: %v", err)
 	}
 }
