@@ -23,6 +23,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/initd/volume"
 )
 
@@ -418,10 +419,14 @@ func poll(ctx context.Context, limit, interval time.Duration, f func(context.Con
 		}
 		left := time.Until(deadline)
 		if left <= 0 || ctx.Err() != nil {
+			err := fmt.Errorf("not done after %s", limit)
 			if last = cmp.Or(last, ctx.Err()); last != nil {
-				return fmt.Errorf("after %s: %w", limit, last)
+				err = fmt.Errorf("after %s: %w", limit, last)
 			}
-			return fmt.Errorf("not done after %s", limit)
+			if left <= 0 {
+				return task.TimedOut(err) // the wait ran out: a timeout, whatever the last error was
+			}
+			return err
 		}
 		t := time.NewTimer(min(interval, left))
 		select {

@@ -157,7 +157,7 @@ func (r *runner) awaitFact(ctx context.Context) bool {
 		WaitedMS: r.waited.Milliseconds(), LimitMS: r.o.FactWait.Milliseconds()}
 	left := r.o.FactWait - r.waited
 	if left <= 0 {
-		r.gaveUp(tasks, "gave up waiting for it after "+roundDuration(r.o.FactWait).String())
+		r.gaveUp(tasks, "gave up waiting for it after "+roundDuration(r.o.FactWait).String(), true)
 		return false
 	}
 	r.o.Log.Info("waiting for a fact", "fact", f.Name, "tasks", tasks, "waited", r.waited.Round(time.Millisecond), "limit", r.o.FactWait)
@@ -216,11 +216,11 @@ wait:
 		return false
 	case errors.Is(err, context.DeadlineExceeded):
 		r.o.Log.Warn("gave up waiting for a fact", "fact", f.Name, "tasks", tasks, "waited", r.waited.Round(time.Millisecond))
-		r.gaveUp(tasks, "gave up waiting for it after "+roundDuration(r.o.FactWait).String())
+		r.gaveUp(tasks, "gave up waiting for it after "+roundDuration(r.o.FactWait).String(), true)
 		return false
 	case err != nil:
 		r.o.Log.Warn("waiting for a fact failed", "fact", f.Name, "tasks", tasks, "error", err)
-		r.gaveUp(tasks, fmt.Sprintf("waiting for it: %v", err))
+		r.gaveUp(tasks, fmt.Sprintf("waiting for it: %v", err), false)
 		return false
 	}
 	r.awaited[f.Name]++
@@ -230,11 +230,13 @@ wait:
 	return true
 }
 
-// gaveUp adds why the run stopped waiting to the errors of the tasks that lacked a fact.
-func (r *runner) gaveUp(tasks []string, why string) {
+// gaveUp adds why the run stopped waiting to the errors of the tasks that lacked a fact;
+// timedOut says the wait ran out of time.
+func (r *runner) gaveUp(tasks []string, why string, timedOut bool) {
 	for _, n := range tasks {
 		st := r.status[n]
 		st.Error += "; " + why
+		st.TimedOut = st.TimedOut || timedOut
 	}
 }
 

@@ -1,6 +1,7 @@
 package task
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +41,9 @@ type TaskStatus struct {
 	DurationMS int64 `json:"duration_ms"`
 	// Error is the last attempt's error, or why the task did not run.
 	Error string `json:"error,omitempty"`
+	// TimedOut says a failed task ran out of time: its last attempt's deadline, a wait of
+	// its own (see TimedOut), or the run's wait for a fact it lacked.
+	TimedOut bool `json:"timed_out,omitempty"`
 	// Started is when the first attempt began, Finished when the last one ended.
 	Started  time.Time `json:"started,omitzero"`
 	Finished time.Time `json:"finished,omitzero"`
@@ -100,23 +104,45 @@ func (r *Report) Summary() string {
 }
 
 // Err is nil when every task succeeded; otherwise it joins one error per task that did
-// not, "task NAME STATE: ERROR", failed tasks first. It only looks at Tasks, so it works
+// not, "task NAME STATE: ERROR", failed tasks first. When every failed task timed out, the
+// error is context.DeadlineExceeded too (see TimedOut). It only looks at Tasks, so it works
 // on a report read back from JSON.
 func (r *Report) Err() error {
 	var failed, rest []error
+	timedOut := true
 	for _, t := range r.Tasks {
 		if t.State.OK() {
 			continue
 		}
 		e := fmt.Errorf("task %s %s: %s", t.Name, t.State, orDash(t.Error))
 		if t.State == StateFailed {
+			timedOut = timedOut && t.TimedOut
 			failed = append(failed, e)
 		} else {
 			rest = append(rest, e)
 		}
 	}
-	return errors.Join(append(failed, rest...)...)
+	err := errors.Join(append(failed, rest...)...)
+	if err != nil && len(failed) > 0 && timedOut {
+		return TimedOut(err)
+	}
+	return err
 }
+
+// TimedOut marks err as a wait that ran out of time: the error reads as err does and is
+// context.DeadlineExceeded too (errors.Is), whatever err wraps. A task returns it when a
+// wait of its own gives up, so that the run reports the task as timed out.
+func TimedOut(err error) error {
+	if err == nil {
+		return nil
+	}
+	return timeoutError{err}
+}
+
+type timeoutError struct{ error }
+
+func (e timeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
+func (e timeoutError) Unwrap() error        { return e.error }
 
 // WriteTable prints tasks for `kiln-init status` as a table with the columns TASK,
 // STATE, ATTEMPTS, DURATION and ERROR (folded onto one line).

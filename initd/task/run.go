@@ -193,12 +193,13 @@ func (r *runner) round(ctx context.Context) (progress bool) {
 		st.DurationMS += st.Finished.Sub(start).Milliseconds()
 		if err != nil {
 			st.State, st.Error = StateFailed, err.Error()
+			st.TimedOut = errors.Is(err, context.DeadlineExceeded)
 			r.lastErr[name] = err
 			r.o.Log.Warn("task failed", "task", name, "attempt", st.Attempts, "error", err)
 			continue
 		}
 		delete(r.lastErr, name)
-		st.State, st.Error = state, ""
+		st.State, st.Error, st.TimedOut = state, "", false
 		progress = true
 		lvl := slog.LevelDebug
 		if state == StateApplied {
@@ -333,7 +334,7 @@ func (r *runner) attempt(ctx context.Context, t Task) (State, error) {
 		}
 	}
 	if res.err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
-		return "", fmt.Errorf("timed out after %s: %w", d, res.err)
+		return "", TimedOut(fmt.Errorf("timed out after %s: %w", d, res.err))
 	}
 	return res.state, res.err
 }

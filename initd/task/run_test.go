@@ -437,3 +437,45 @@ func TestConverge(t *testing.T) {
 		}
 	}
 }
+
+// A run whose failed tasks all ran out of time (their deadline, a wait of their own, the
+// wait for a fact) says so: its error is context.DeadlineExceeded; any other failure
+// among them makes it a plain failure.
+func TestTimedOutErr(t *testing.T) {
+	const d = 20 * time.Millisecond
+	waitLease := func(ctx context.Context) error { <-ctx.Done(); return fmt.Errorf("wait for lease: %w", ctx.Err()) }
+	fail := func(err error) func(context.Context) error { return func(context.Context) error { return err } }
+	notDone := func(context.Context) (bool, error) { return false, nil }
+	noAddr := func(context.Context) (bool, error) { return false, Unknown("address", errors.New("no address")) }
+	tests := []struct {
+		name  string
+		tasks []Task
+		facts []Fact
+		want  bool
+	}{
+		{"deadline", []Task{Func("dhcp", nil, notDone, waitLease)}, nil, true},
+		{"own wait", []Task{Func("cni", nil, notDone, fail(TimedOut(errors.New("no pod CIDR after 15m"))))}, nil, true},
+		{"fact wait", []Task{Func("facts", nil, noAddr, nil)},
+			[]Fact{{Name: "address", Task: "facts", Await: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }}}, true},
+		{"plain failure", []Task{Func("files", nil, notDone, fail(errors.New("disk full")))}, nil, false},
+		{"timeout and failure", []Task{Func("dhcp", nil, notDone, waitLease),
+			Func("files", nil, notDone, fail(errors.New("disk full")))}, nil, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := Run(context.Background(), tc.tasks, Options{TaskTimeout: d, Grace: time.Hour, Facts: tc.facts, FactWait: d})
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			if got := errors.Is(err, context.DeadlineExceeded); got != tc.want {
+				t.Errorf("errors.Is(%q, DeadlineExceeded) = %v, want %v", err, got, tc.want)
+			}
+			if got := errors.Is(rep.Err(), context.DeadlineExceeded); got != tc.want {
+				t.Errorf("report's Err: timed out %v, want %v", got, tc.want)
+			}
+			if s := rep.Tasks[0]; s.TimedOut != (tc.want || tc.name == "timeout and failure") {
+				t.Errorf("%s: TimedOut %v", s.Name, s.TimedOut)
+			}
+		})
+	}
+}
