@@ -330,35 +330,6 @@ func TestPrint(t *testing.T) {
 	}
 }
 
-func TestMain(t *testing.T) {
-	tests := []struct {
-		args    []string
-		wantErr string
-		wantOut string
-	}{
-		{[]string{}, "--role is required", ""},
-		{[]string{"--role", "master"}, `unknown role "master"`, ""},
-		{[]string{"--role", "worker", "-o", "yaml"}, `unknown output format "yaml"`, ""},
-		{[]string{"--role", "worker", "extra"}, `unexpected argument "extra"`, ""},
-		{[]string{"-h"}, "", "usage: kiln-init preflight"},
-		// "all" ignored: whatever this machine is, the command succeeds and prints JSON.
-		{[]string{"--role=etcd", "-o", "json", "--ignore", "all", "--skip", "cri-socket"}, "", `"role": "etcd"`},
-		{[]string{"--role=worker", "--ignore=all"}, "", "CHECK  "},
-	}
-	for _, tc := range tests {
-		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			var out bytes.Buffer
-			err := Main(context.Background(), tc.args, &out)
-			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
-				t.Fatalf("Main error = %v, want %q", err, tc.wantErr)
-			}
-			if !strings.Contains(out.String(), tc.wantOut) {
-				t.Errorf("output lacks %q:\n%s", tc.wantOut, out.String())
-			}
-		})
-	}
-}
-
 // TestRunThisMachine runs the real checks against this machine. What this machine is
 // (its CPUs, cgroup layout, tools) is not asserted; what the test controls is.
 func TestRunThisMachine(t *testing.T) {

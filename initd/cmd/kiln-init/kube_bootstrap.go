@@ -1,0 +1,83 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/kube"
+	"github.com/kilnproject/kiln/initd/task"
+)
+
+func newKubeBootstrapCmd(log *slog.Logger) *cobra.Command {
+	var o kube.BootstrapOptions
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "bootstrap [--force]",
+		Short: "kubeadm's init phases on a control plane (kiln-control-plane.service, after kubelet)",
+		Long: `Bootstrap runs kubeadm's init phases on a control plane: it waits for the API server, then
+writes the bootstrap token, RBAC and cluster-info, marks the node and applies the addons.
+Once it succeeded it does nothing (--force runs every step again). It exits 3 when the API
+server or the node did not come in time.`,
+		Example: `  kiln-init kube bootstrap
+  kiln-init kube bootstrap --force --api-wait 30m`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Log = log
+			return bootstrap(cmd, o, force)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Root, "root", "/", "root of the node's filesystem")
+	f.BoolVar(&force, "force", false, "run every step again even if the bootstrap succeeded (changes nothing on a bootstrapped cluster)")
+	f.DurationVar(&o.APIWait, "api-wait", 20*time.Minute, "how long to wait for the API server")
+	f.DurationVar(&o.NodeWait, "node-wait", 10*time.Minute, "how long to wait for kubelet to register the node")
+	return cmd
+}
+
+// bootstrap runs the control-plane stage and prints how long the control plane took to
+// become ready.
+func bootstrap(cmd *cobra.Command, o kube.BootstrapOptions, force bool) error {
+	w := cmd.OutOrStdout()
+	if prev, err := kube.ReadStage(o.Root, kube.StageControlPlane); err == nil && prev.State == kube.StateOK && !force {
+		fmt.Fprintf(w, "kiln-init: control plane bootstrapped already (%s)\n", prev.Finished.Format(time.RFC3339))
+		return nil
+	}
+	n, err := config.LoadNode(filepath.Join(o.Root, config.NodePath))
+	if err != nil {
+		return err
+	}
+	if n.Role != config.RoleControlPlane {
+		return fmt.Errorf("kube bootstrap: %s says role %s; only a control plane bootstraps the cluster", config.NodePath, n.Role)
+	}
+	if o.NodeName, err = nodeName(o.Root); err != nil {
+		return err
+	}
+	o.APIEndpoint = n.APIEndpoint
+	tasks, err := kube.BootstrapTasks(o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "kiln-init: control plane bootstrap: waiting for the API server (up to %s)\n", o.APIWait)
+	st, err := kube.RunStage(cmd.Context(), kube.StageControlPlane, tasks, kube.RunOptions{Root: o.Root, Log: o.Log},
+		func() string { return "node " + o.NodeName })
+	if err != nil {
+		step := st.FailedTask()
+		if step == "" {
+			step = "?"
+		}
+		fmt.Fprintf(w, "kiln-init: control plane bootstrap failed at step %s: %s\n", step, st.Failure())
+		return err
+	}
+	ready := st.Duration().Round(time.Second).String()
+	if up, ok := uptime(); ok {
+		ready = fmt.Sprintf("%d s", int(up.Seconds()))
+	}
+	fmt.Fprintf(w, "kiln-init: control plane ready after %s (boot to ready; bootstrap %s, %s)\n",
+		ready, st.Duration().Round(time.Second), (&task.Report{Tasks: st.Tasks}).Summary())
+	return nil
+}

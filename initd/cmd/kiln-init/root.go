@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes, the same as kiln's.
+const (
+	exitFailed  = 1 // first boot or a step failed; any other error
+	exitUsage   = 2 // the command line is wrong
+	exitTimeout = 3 // a wait ran out: the node's address, the API server, the pod CIDR, a step's deadline
+)
+
+const exitCodes = `Exit codes:
+  0  success
+  1  first boot or a step failed (kiln-init status says which); any other error
+  2  usage error: an unknown verb or flag, a missing or wrong argument
+  3  timeout: a wait ran out (the node's address, the API server, the pod CIDR, a step's deadline)`
+
+// usageError is a wrong command line: exit code 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// exitCode is the process's exit code for err (see exitCodes).
+func exitCode(err error) int {
+	var u usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &u):
+		return exitUsage
+	case errors.Is(err, context.DeadlineExceeded):
+		return exitTimeout
+	}
+	return exitFailed
+}
+
+// run is kiln-init outside the initramfs: it runs the verb args name and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stderr)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "kiln-init:", err)
+		if code := exitCode(err); code == exitUsage {
+			fmt.Fprintln(stderr, "Run 'kiln-init --help' for usage.")
+		}
+	}
+	return exitCode(err)
+}
+
+func newRoot(stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kiln-init",
+		Short: "The kiln node agent",
+		Long: `kiln-init is the kiln node agent. As /init in the initramfs (PID 1) it runs stage 1 (mount
+the read-only root and the persistent /var and /etc) and hands over to systemd; the image's
+units then run its verbs.
+
+` + exitCodes,
+		Example: `  kiln-init firstboot            # kiln-firstboot.service, once
+  kiln-init status               # what first boot and the Kubernetes steps did
+  kiln-init status -o json | jq .tasks`,
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.ArbitraryArgs,
+		RunE:          needVerb,
+	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.CompletionOptions.DisableDefaultCmd = true // a node agent run by units: nothing to complete
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	root.AddCommand(newFirstbootCmd(log), newStatusCmd(), newDNSCmd(log), newKubeCmd(log),
+		newPreflightCmd(), newVersionCmd())
+	return root
+}
+
+// needVerb is the RunE of a command that only groups verbs: called without one, or with an
+// unknown one, it is a usage error.
+func needVerb(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		cmd.SetOut(cmd.ErrOrStderr())
+		_ = cmd.Usage()
+		return usagef("%s: missing verb", cmd.CommandPath())
+	}
+	return usagef("unknown verb %q for %s", args[0], cmd.CommandPath())
+}
+
+// noArgs is cobra.NoArgs as a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("%s: unexpected argument %q", cmd.CommandPath(), args[0])
+	}
+	return nil
+}
+
+// outputFlag adds -o/--output (table or json) to cmd.
+func outputFlag(cmd *cobra.Command, format *string) {
+	cmd.Flags().StringVarP(format, "output", "o", "table", "output format: table or json")
+}
+
+// checkOutput is a usage error for a format other than table and json.
+func checkOutput(format string) error {
+	if format != "table" && format != "json" {
+		return usagef("-o: unknown output format %q (want table or json)", format)
+	}
+	return nil
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "version",
+		Short:   "Print kiln-init's version",
+		Example: "  kiln-init version\n  kiln-init --version",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(cmd.OutOrStdout(), version)
+			return nil
+		},
+	}
+}
