@@ -3,8 +3,6 @@ package artifact
 import (
 	"archive/tar"
 	"bufio"
-	"compress/bzip2"
-	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -15,18 +13,17 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
-
 	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/internal/decompress"
 )
 
 // Place puts the artifact a, whose content is the file blob, into the
-// tree at root: a plain file at a.Dest with a.Mode, or unpacked by Extract.
-// It returns the paths it wrote, as absolute paths in the image.
-func Place(blob string, a spec.Artifact, root string) ([]string, error) {
+// tree at root: a plain file at a.Dest with a.Mode, or unpacked by Extract
+// within maxUnpacked. It returns the paths it wrote, as absolute paths in the
+// image.
+func Place(blob string, a spec.Artifact, root string, maxUnpacked int64) ([]string, error) {
 	if a.Extract != nil {
-		paths, err := Extract(blob, *a.Extract, root)
+		paths, err := Extract(blob, *a.Extract, root, maxUnpacked)
 		if err != nil {
 			return nil, fmt.Errorf("artifact %q: %w", a.Name, err)
 		}
@@ -60,20 +57,20 @@ func Place(blob string, a spec.Artifact, root string) ([]string, error) {
 // times are not (the image is built with everything owned by root). A
 // member that would land outside its destination, by .. or through a
 // symlink, is refused. Device nodes and fifos are skipped. An archive that
-// unpacks past MaxUnpacked is refused (a *TooBigError) once it gets there.
-// It returns the paths written (not directories), as absolute paths in the
-// image, in archive order.
-func Extract(blob string, x spec.Extract, root string) ([]string, error) {
+// unpacks past maxUnpacked (MaxUnpacked when <= 0) is refused (a *TooBigError)
+// once it gets there. It returns the paths written (not directories), as
+// absolute paths in the image, in archive order.
+func Extract(blob string, x spec.Extract, root string, maxUnpacked int64) ([]string, error) {
 	f, err := os.Open(blob)
 	if err != nil {
 		return nil, fmt.Errorf("extract: %w", err)
 	}
 	defer f.Close()
-	stream, closeFn, err := openTar(f, x.Format)
+	stream, err := openTar(f, x.Format)
 	if err != nil {
 		return nil, fmt.Errorf("extract %s: %w", x.Format, err)
 	}
-	defer closeFn()
+	defer stream.Close()
 	u := LimitUnpacked(stream, maxUnpacked)
 	tr := tar.NewReader(u)
 	r, err := os.OpenRoot(root)
@@ -91,46 +88,26 @@ func Extract(blob string, x spec.Extract, root string) ([]string, error) {
 }
 
 // openTar returns the decompressed tar stream held in f in format.
-func openTar(f io.Reader, format string) (io.Reader, func(), error) {
-	nop := func() {}
-	switch format {
-	case "tar":
-		return f, nop, nil
-	case "tar.gz":
-		z, err := gzip.NewReader(bufio.NewReader(f))
-		if err != nil {
-			return nil, nop, err
-		}
-		return z, func() { z.Close() }, nil
-	case "tar.xz":
-		z, err := xz.NewReader(bufio.NewReader(f))
-		if err != nil {
-			return nil, nop, err
-		}
-		return z, nop, nil
-	case "tar.zst":
-		z, err := zstd.NewReader(f)
-		if err != nil {
-			return nil, nop, err
-		}
-		return z, z.Close, nil
-	case "tar.bz2":
-		return bzip2.NewReader(bufio.NewReader(f)), nop, nil
-	case "deb":
+func openTar(f io.Reader, format string) (io.ReadCloser, error) {
+	if format == "deb" {
 		data, name, err := debData(f)
 		if err != nil {
-			return nil, nop, err
+			return nil, err
 		}
 		inner := "tar"
 		if i := strings.Index(name, ".tar."); i >= 0 {
 			inner = "tar." + name[i+len(".tar."):]
 		}
 		if inner == "tar.deb" || !contains(spec.ArchiveFormats, inner) {
-			return nil, nop, fmt.Errorf("%s: unsupported compression", name)
+			return nil, fmt.Errorf("%s: unsupported compression", name)
 		}
 		return openTar(data, inner)
 	}
-	return nil, nop, fmt.Errorf("unknown archive format %q", format)
+	if !contains(spec.ArchiveFormats, format) {
+		return nil, fmt.Errorf("unknown archive format %q", format)
+	}
+	kind, _ := decompress.ByExtension(format)
+	return decompress.Open(bufio.NewReader(f), kind)
 }
 
 func contains(list []string, s string) bool {

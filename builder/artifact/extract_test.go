@@ -140,7 +140,7 @@ func TestExtractFormats(t *testing.T) {
 	for format, blob := range blobs {
 		t.Run(format, func(t *testing.T) {
 			root := t.TempDir()
-			paths, err := Extract(writeBlob(t, blob), spec.Extract{Format: format, Dir: "/opt/cni", Strip: 1}, root)
+			paths, err := Extract(writeBlob(t, blob), spec.Extract{Format: format, Dir: "/opt/cni", Strip: 1}, root, MaxUnpacked)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +187,7 @@ func TestExtractFiles(t *testing.T) {
 	os.MkdirAll(filepath.Join(root, "usr/local/bin"), 0o755)
 	os.WriteFile(filepath.Join(root, "usr/local/bin/crictl"), []byte("old"), 0o600)
 
-	paths, err := Extract(writeBlob(t, data), spec.Extract{Format: "tar.gz", Files: map[string]string{"crictl": "/usr/local/bin/crictl"}}, root)
+	paths, err := Extract(writeBlob(t, data), spec.Extract{Format: "tar.gz", Files: map[string]string{"crictl": "/usr/local/bin/crictl"}}, root, MaxUnpacked)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestExtractFiles(t *testing.T) {
 		t.Error("extracted a member that was not asked for")
 	}
 
-	_, err = Extract(writeBlob(t, data), spec.Extract{Format: "tar.gz", Files: map[string]string{"bin/crictl": "/usr/bin/crictl", "crictl": "/c"}}, t.TempDir())
+	_, err = Extract(writeBlob(t, data), spec.Extract{Format: "tar.gz", Files: map[string]string{"bin/crictl": "/usr/bin/crictl", "crictl": "/c"}}, t.TempDir(), MaxUnpacked)
 	if want := "archive has no file bin/crictl (it has: crictl, LICENSE)"; err == nil || err.Error() != want {
 		t.Errorf("missing member: got %v, want %s", err, want)
 	}
@@ -230,7 +230,7 @@ func TestExtractRefusesEscapes(t *testing.T) {
 			outside := t.TempDir()
 			root := filepath.Join(outside, "a", "root")
 			os.MkdirAll(root, 0o755)
-			_, err := Extract(writeBlob(t, tarBytes(t, tt.entries)), spec.Extract{Format: "tar", Dir: "/opt/x"}, root)
+			_, err := Extract(writeBlob(t, tarBytes(t, tt.entries)), spec.Extract{Format: "tar", Dir: "/opt/x"}, root, MaxUnpacked)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Errorf("error %v, want %q", err, tt.wantErr)
 			}
@@ -250,7 +250,7 @@ func TestExtractRefusesEscapes(t *testing.T) {
 func TestPlace(t *testing.T) {
 	root := t.TempDir()
 	blob := writeBlob(t, []byte("[plugins]\n"))
-	paths, err := Place(blob, spec.Artifact{Name: "config", Dest: "/etc/containerd/config.toml", Mode: 0o600}, root)
+	paths, err := Place(blob, spec.Artifact{Name: "config", Dest: "/etc/containerd/config.toml", Mode: 0o600}, root, MaxUnpacked)
 	if err != nil || !reflect.DeepEqual(paths, []string{"/etc/containerd/config.toml"}) {
 		t.Fatalf("Place = %v, %v", paths, err)
 	}
@@ -258,7 +258,7 @@ func TestPlace(t *testing.T) {
 	if err != nil || fi.Mode() != 0o600 {
 		t.Errorf("placed file: %v %v", fi, err)
 	}
-	_, err = Place(blob, spec.Artifact{Name: "bad", Extract: &spec.Extract{Format: "tar.gz", Dir: "/opt"}}, root)
+	_, err = Place(blob, spec.Artifact{Name: "bad", Extract: &spec.Extract{Format: "tar.gz", Dir: "/opt"}}, root, MaxUnpacked)
 	if err == nil || !strings.HasPrefix(err.Error(), `artifact "bad": extract tar.gz: gzip: invalid header`) {
 		t.Errorf("extracting a non-archive: %v", err)
 	}
@@ -281,7 +281,7 @@ func TestExtractRealDeb(t *testing.T) {
 				t.Skipf("dpkg-deb -Z%s: %v\n%s", comp, err, out)
 			}
 			root := t.TempDir()
-			paths, err := Extract(debFile, spec.Extract{Format: "deb", Files: map[string]string{"usr/bin/kiln-test": "/usr/local/bin/kiln-test"}}, root)
+			paths, err := Extract(debFile, spec.Extract{Format: "deb", Files: map[string]string{"usr/bin/kiln-test": "/usr/local/bin/kiln-test"}}, root, MaxUnpacked)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"fmt"
 	"io"
+
+	"github.com/kilnproject/kiln/internal/bounded"
 )
 
 // MaxUnpacked bounds what one base image layer or one artifact archive may unpack to: 16 GiB of
@@ -11,9 +13,6 @@ import (
 // A node's whole root is a few GiB; past the bound the input is a decompression bomb, and
 // unpacking stops with an error naming the layer or artifact instead of filling the disk.
 const MaxUnpacked int64 = 16 << 30
-
-// maxUnpacked is the bound Extract applies (tests lower it).
-var maxUnpacked = MaxUnpacked
 
 // TooBigError says that a layer or archive unpacks past its bound.
 type TooBigError struct {
@@ -38,9 +37,9 @@ func size(n int64) string {
 // Unpacked counts what a decompressor yields and what the tar entries read from it hold, and
 // fails once either passes its bound.
 type Unpacked struct {
-	r          io.Reader
-	max        int64
-	read, file int64
+	r    *bounded.Reader
+	max  int64
+	file int64
 }
 
 // LimitUnpacked wraps the decompressed stream r of one layer or archive; max <= 0 means
@@ -49,23 +48,10 @@ func LimitUnpacked(r io.Reader, max int64) *Unpacked {
 	if max <= 0 {
 		max = MaxUnpacked
 	}
-	return &Unpacked{r: r, max: max}
+	return &Unpacked{r: bounded.NewReader(r, max, &TooBigError{Max: max, What: "stream"}), max: max}
 }
 
-func (u *Unpacked) Read(p []byte) (int, error) {
-	if u.read > u.max {
-		return 0, &TooBigError{Max: u.max, What: "stream"}
-	}
-	if rest := u.max - u.read + 1; int64(len(p)) > rest {
-		p = p[:rest]
-	}
-	n, err := u.r.Read(p)
-	u.read += int64(n)
-	if u.read > u.max {
-		return n, &TooBigError{Max: u.max, What: "stream"}
-	}
-	return n, err
-}
+func (u *Unpacked) Read(p []byte) (int, error) { return u.r.Read(p) }
 
 // AddFile charges the content of a tar entry (its logical size, holes included) to the bound.
 func (u *Unpacked) AddFile(h *tar.Header) error {

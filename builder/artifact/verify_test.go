@@ -63,9 +63,6 @@ func diskUse(dir string) int64 {
 
 func TestPlaceRefusesDecompressionBombs(t *testing.T) {
 	const bound = 8 << 20
-	old := maxUnpacked
-	maxUnpacked = bound
-	t.Cleanup(func() { maxUnpacked = old })
 
 	zeros := tarHeader(t, &tar.Header{Name: "pkg/zeros", Typeflag: tar.TypeReg, Mode: 0o644, Size: 10 << 30})
 	dir := tarHeader(t, &tar.Header{Name: "pkg/", Typeflag: tar.TypeDir, Mode: 0o755})
@@ -91,7 +88,7 @@ func TestPlaceRefusesDecompressionBombs(t *testing.T) {
 			}
 			root := t.TempDir()
 			x := tc.extract
-			_, err := Place(blob, spec.Artifact{Name: "bomb", Extract: &x}, root)
+			_, err := Place(blob, spec.Artifact{Name: "bomb", Extract: &x}, root, bound)
 			var tb *TooBigError
 			if !errors.As(err, &tb) || tb.What != tc.what {
 				t.Fatalf("Place of a %d MiB archive that inflates to 10 GiB: %v; want a bound on the %s", len(tc.archive)>>20, err, tc.what)

@@ -70,7 +70,7 @@ func (b *baker) layArtifact(tree *rootfs.Tree, a spec.Artifact, blob string) (Ar
 	if x := a.Extract; x == nil {
 		err = tree.AddFile(strings.TrimPrefix(a.Dest, "/"), blob, a.Mode)
 	} else {
-		_, err = artifact.Extract(blob, *x, tree.Dir)
+		_, err = artifact.Extract(blob, *x, tree.Dir, artifact.MaxUnpacked)
 		// The record names the directory the archive went to, or else the files it gave.
 		info.Dest = x.Dir
 		if info.Dest == "" {
