@@ -3,7 +3,6 @@ package rootfs
 import (
 	"archive/tar"
 	"bufio"
-	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -16,11 +15,10 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/klauspost/compress/zstd"
 
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/initd/rootpath"
+	"github.com/kilnproject/kiln/internal/decompress"
 )
 
 // Owner is the ownership and mode an entry of the tree must have in the image.
@@ -194,28 +192,18 @@ func (t *Tree) applyLayer(l v1.Layer, want v1.Hash, c *artifact.Cache, max int64
 		return err
 	}
 	defer f.Close()
-	br := bufio.NewReaderSize(f, 1<<20)
-	var r io.Reader
-	switch mt {
-	case types.OCILayer, types.DockerLayer, types.OCIRestrictedLayer, types.DockerForeignLayer:
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return fmt.Errorf("gunzip: %w", err)
-		}
-		defer zr.Close()
-		r = zr
-	case types.OCILayerZStd:
-		zr, err := zstd.NewReader(br)
-		if err != nil {
-			return fmt.Errorf("zstd: %w", err)
-		}
-		defer zr.Close()
-		r = zr
-	case types.OCIUncompressedLayer, types.DockerUncompressedLayer:
-		r = br
-	default:
+	kind, ok := decompress.ByMediaType(mt)
+	if !ok {
 		return fmt.Errorf("unsupported layer media type %q", mt)
 	}
+	r, err := decompress.Open(bufio.NewReaderSize(f, 1<<20), kind)
+	if err != nil {
+		if kind == decompress.Gzip {
+			return fmt.Errorf("gunzip: %w", err)
+		}
+		return fmt.Errorf("%s: %w", kind, err)
+	}
+	defer r.Close()
 	return t.applyTar(artifact.LimitUnpacked(r, max))
 }
 
