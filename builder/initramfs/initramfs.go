@@ -24,6 +24,8 @@ import (
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"github.com/u-root/u-root/pkg/cpio"
+
+	"github.com/kilnproject/kiln/internal/decompress"
 )
 
 // Compression codecs understood by Write.
@@ -120,14 +122,31 @@ func Write(w io.Writer, s Spec) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-
-	files := map[string]cpio.Record{}
-	addFile := func(name string, data []byte, perm uint64) {
-		files[name] = cpio.StaticRecord(data, cpio.Info{Name: name, Mode: cpio.S_IFREG | perm})
+	files := records{}
+	files.addFile("init", initData, 0o755)
+	load, err := files.addModules(kmods, mods, s.KernelVersion)
+	if err != nil {
+		return nil, err
 	}
-	addFile("init", initData, 0o755)
+	files.addDevicesAndDirs()
+	man := &Manifest{KernelVersion: s.KernelVersion, Compression: comp, Modules: load}
+	if err := files.write(w, comp, man); err != nil {
+		return nil, err
+	}
+	return man, nil
+}
 
-	inRoot := path.Join("lib/modules", s.KernelVersion)
+// records are the archive's records by name (relative, e.g. "etc/kiln/modules.load").
+type records map[string]cpio.Record
+
+func (f records) addFile(name string, data []byte, perm uint64) {
+	f[name] = cpio.StaticRecord(data, cpio.Info{Name: name, Mode: cpio.S_IFREG | perm})
+}
+
+// addModules adds the module files mods (in load order), modules.dep and the list of
+// modules to load, and returns that list (absolute paths inside the initramfs).
+func (f records) addModules(kmods *kernelModules, mods []string, kver string) ([]string, error) {
+	inRoot := path.Join("lib/modules", kver)
 	var load []string
 	for _, m := range mods {
 		data, err := kmods.readFile(m)
@@ -135,71 +154,78 @@ func Write(w io.Writer, s Spec) (*Manifest, error) {
 			return nil, fmt.Errorf("read kernel module: %w", err)
 		}
 		name := path.Join(inRoot, m)
-		addFile(name, data, 0o644)
+		f.addFile(name, data, 0o644)
 		load = append(load, "/"+name)
 	}
 	dep, err := kmods.readFile("modules.dep")
 	if err != nil {
 		return nil, fmt.Errorf("read module dependencies: %w", err)
 	}
-	addFile(path.Join(inRoot, "modules.dep"), dep, 0o644)
+	f.addFile(path.Join(inRoot, "modules.dep"), dep, 0o644)
 	var list bytes.Buffer
 	for _, l := range load {
 		list.WriteString(l + "\n")
 	}
-	addFile(strings.TrimPrefix(ModulesLoadPath, "/"), list.Bytes(), 0o644)
+	f.addFile(strings.TrimPrefix(ModulesLoadPath, "/"), list.Bytes(), 0o644)
+	return load, nil
+}
 
-	files["dev/console"] = cpio.CharDev("dev/console", 0o600, 5, 1)
-	files["dev/null"] = cpio.CharDev("dev/null", 0o666, 1, 3)
+// addDevicesAndDirs adds /dev/console, /dev/null, the parent directory of every record and
+// the directories stage 1 needs.
+func (f records) addDevicesAndDirs() {
+	f["dev/console"] = cpio.CharDev("dev/console", 0o600, 5, 1)
+	f["dev/null"] = cpio.CharDev("dev/null", 0o666, 1, 3)
 
 	// Every parent directory gets its own record: the kernel's unpacker
 	// does not create missing parents.
-	for name := range files {
+	for name := range f {
 		for d := path.Dir(name); d != "."; d = path.Dir(d) {
-			if _, ok := files[d]; !ok {
-				files[d] = cpio.Directory(d, 0o755)
+			if _, ok := f[d]; !ok {
+				f[d] = cpio.Directory(d, 0o755)
 			}
 		}
 	}
 	for _, d := range baseDirs {
-		if _, ok := files[d]; !ok {
-			files[d] = cpio.Directory(d, 0o755)
+		if _, ok := f[d]; !ok {
+			f[d] = cpio.Directory(d, 0o755)
 		}
 	}
-	files["tmp"] = cpio.Directory("tmp", 0o1777)
+	f["tmp"] = cpio.Directory("tmp", 0o1777)
+}
 
-	names := make([]string, 0, len(files))
-	for n := range files {
+// write writes the records to w as a newc cpio archive compressed with comp, in lexical
+// order (which puts every directory before its contents), and lists them in man.Entries.
+func (f records) write(w io.Writer, comp string, man *Manifest) error {
+	names := make([]string, 0, len(f))
+	for n := range f {
 		names = append(names, n)
 	}
-	// Lexical order puts every directory before its contents.
 	sort.Strings(names)
 
 	cw, finish, err := compressor(w, comp)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rw := cpio.Newc.Writer(cw)
-	man := &Manifest{KernelVersion: s.KernelVersion, Compression: comp, Modules: load}
 	for i, n := range names {
-		r := files[n]
+		r := f[n]
 		r.Ino = uint64(i + 1)
 		r.NLink = 1
 		if r.Mode&cpio.S_IFMT == cpio.S_IFDIR {
 			r.NLink = 2
 		}
 		if err := rw.WriteRecord(r); err != nil {
-			return nil, fmt.Errorf("write initramfs record %s: %w", n, err)
+			return fmt.Errorf("write initramfs record %s: %w", n, err)
 		}
 		man.Entries = append(man.Entries, Entry{Name: "/" + n, Mode: r.Mode, Size: int64(r.FileSize), Major: r.Rmajor, Minor: r.Rminor})
 	}
 	if err := cpio.WriteTrailer(rw); err != nil {
-		return nil, fmt.Errorf("write initramfs trailer: %w", err)
+		return fmt.Errorf("write initramfs trailer: %w", err)
 	}
 	if err := finish(); err != nil {
-		return nil, fmt.Errorf("finish %s initramfs stream: %w", comp, err)
+		return fmt.Errorf("finish %s initramfs stream: %w", comp, err)
 	}
-	return man, nil
+	return nil
 }
 
 // readStaticInit reads the init binary and checks that it is a statically
@@ -256,19 +282,13 @@ func Open(r io.Reader) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read initramfs header: %w", err)
 	}
-	switch {
-	case bytes.Equal(head, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		zr, err := zstd.NewReader(&br)
+	switch kind := decompress.ByMagic(head); {
+	case kind == decompress.Zstd || kind == decompress.Gzip:
+		rc, err := decompress.Open(&br, kind)
 		if err != nil {
-			return nil, fmt.Errorf("zstd initramfs: %w", err)
+			return nil, fmt.Errorf("%s initramfs: %w", kind, err)
 		}
-		return zr.IOReadCloser(), nil
-	case head[0] == 0x1f && head[1] == 0x8b:
-		gr, err := gzip.NewReader(&br)
-		if err != nil {
-			return nil, fmt.Errorf("gzip initramfs: %w", err)
-		}
-		return gr, nil
+		return rc, nil
 	case string(head) == "0707":
 		return io.NopCloser(&br), nil
 	}

@@ -15,9 +15,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/klauspost/compress/gzip"
-	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
+	"github.com/kilnproject/kiln/internal/decompress"
 )
 
 // moduleName returns the canonical name of a module file path such as
@@ -460,32 +458,18 @@ func (k *kernelModules) readModule(mod string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read kernel module: %w", err)
 	}
-	var dec io.Reader
-	switch {
-	case strings.HasSuffix(mod, ".ko"):
-		return data, nil
-	case strings.HasSuffix(mod, ".ko.xz"):
-		xr, err := xz.NewReader(bytes.NewReader(data))
-		if err != nil {
-			return nil, fmt.Errorf("kernel module %s: xz: %w", k.name(mod), err)
-		}
-		dec = xr
-	case strings.HasSuffix(mod, ".ko.zst"):
-		zr, err := zstd.NewReader(bytes.NewReader(data))
-		if err != nil {
-			return nil, fmt.Errorf("kernel module %s: zstd: %w", k.name(mod), err)
-		}
-		defer zr.Close()
-		dec = zr
-	case strings.HasSuffix(mod, ".ko.gz"):
-		gr, err := gzip.NewReader(bytes.NewReader(data))
-		if err != nil {
-			return nil, fmt.Errorf("kernel module %s: gzip: %w", k.name(mod), err)
-		}
-		dec = gr
-	default:
+	kind, base := decompress.ByExtension(mod)
+	if !strings.HasSuffix(base, ".ko") || kind == decompress.Bzip2 {
 		return nil, fmt.Errorf("kernel module %s: not a .ko, .ko.xz, .ko.zst or .ko.gz file", k.name(mod))
 	}
+	if kind == decompress.None {
+		return data, nil
+	}
+	dec, err := decompress.Open(bytes.NewReader(data), kind)
+	if err != nil {
+		return nil, fmt.Errorf("kernel module %s: %s: %w", k.name(mod), kind, err)
+	}
+	defer dec.Close()
 	out, err := readAll(dec)
 	if err != nil {
 		return nil, fmt.Errorf("kernel module %s: decompress: %w", k.name(mod), err)
