@@ -16,11 +16,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/klauspost/compress/gzip"
-	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
-
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/decompress"
 )
 
 // scanSecrets refuses a tree with secrets in it (ScanSecrets): they come with a node's config
@@ -261,7 +258,7 @@ func (s *fileScan) file(r io.ReaderAt, size int64, anyToken bool) error {
 	if _, err := r.ReadAt(head, 0); err != nil && err != io.EOF {
 		return err
 	}
-	if c := compression(head); c != "" {
+	if c := decompress.ByMagic(head); c != decompress.None {
 		return s.decompressed(c, io.NewSectionReader(r, 0, size), "", 0)
 	}
 	if bytes.HasPrefix(head, elfMagic) && isProgram(r) {
@@ -277,7 +274,7 @@ func (s *fileScan) file(r io.ReaderAt, size int64, anyToken bool) error {
 // archive in that (in says which). anyToken: every bootstrap token counts, not only those in
 // a token context.
 func (s *fileScan) mem(b []byte, in string, depth int, anyToken bool) error {
-	if c := compression(b); c != "" {
+	if c := decompress.ByMagic(b); c != decompress.None {
 		return s.decompressed(c, bytes.NewReader(b), in, depth)
 	}
 	if depth > 0 && isTar(b) {
@@ -298,18 +295,18 @@ func (s *fileScan) mem(b []byte, in string, depth int, anyToken bool) error {
 }
 
 // decompressed judges what r decompresses to, within the file's budget.
-func (s *fileScan) decompressed(kind string, r io.Reader, in string, depth int) error {
+func (s *fileScan) decompressed(kind decompress.Kind, r io.Reader, in string, depth int) error {
 	if depth >= maxNesting || s.budget <= 0 {
 		return nil
 	}
 	out := &s.dec[depth]
 	out.Reset()
-	b, err := decompress(kind, r, s.budget, out)
+	b, err := inflate(kind, r, s.budget, out)
 	if err != nil {
 		return nil // not data of that kind after all: nothing to search
 	}
 	s.budget -= int64(len(b))
-	return s.mem(b, within(in, kind+" data"), depth+1, false)
+	return s.mem(b, within(in, string(kind)+" data"), depth+1, false)
 }
 
 func within(in, what string) string {
@@ -411,55 +408,15 @@ func (s *fileScan) search(win []byte, from, limit, lines int, in string, keys, a
 	}
 }
 
-var magics = []struct {
-	magic []byte
-	kind  string
-}{
-	{[]byte{0x1f, 0x8b}, "gzip"},
-	{[]byte{0x28, 0xb5, 0x2f, 0xfd}, "zstd"},
-	{[]byte("\xfd7zXZ\x00"), "xz"},
-}
-
-// compression names the compression of data that starts with b, or "".
-func compression(b []byte) string {
-	for _, m := range magics {
-		if bytes.HasPrefix(b, m.magic) {
-			return m.kind
-		}
-	}
-	return ""
-}
-
-// decompress returns at most limit bytes decompressed from r (in b): all of it, or its first
+// inflate returns at most limit bytes decompressed from r (in b): all of it, or its first
 // limit bytes, or what came out before the data turned out corrupt or cut short.
-func decompress(kind string, r io.Reader, limit int64, b *bytes.Buffer) ([]byte, error) {
-	var d io.Reader
-	switch kind {
-	case "gzip":
-		z, err := gzip.NewReader(r)
-		if err != nil {
-			return nil, err
-		}
-		defer z.Close()
-		d = z
-	case "zstd":
-		z, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
-			zstd.WithDecoderMaxMemory(uint64(limit)+1<<20))
-		if err != nil {
-			return nil, err
-		}
-		defer z.Close()
-		d = z
-	case "xz":
-		z, err := xz.NewReader(r)
-		if err != nil {
-			return nil, err
-		}
-		d = z
-	default:
-		return nil, fmt.Errorf("unknown compression %q", kind)
+func inflate(kind decompress.Kind, r io.Reader, limit int64, b *bytes.Buffer) ([]byte, error) {
+	d, err := decompress.Options{MaxMemory: limit + 1<<20}.Open(r, kind)
+	if err != nil {
+		return nil, err
 	}
-	_, err := io.Copy(b, io.LimitReader(d, limit))
+	defer d.Close()
+	_, err = io.Copy(b, io.LimitReader(d, limit))
 	if b.Len() == 0 && err != nil {
 		return nil, err
 	}
