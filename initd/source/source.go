@@ -11,10 +11,13 @@ package source
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/bounded"
 )
 
 // Provider is one place a config may come from.
@@ -57,51 +60,28 @@ func sizeString(n int64) string {
 }
 
 // readLimited reads r to the end, failing with a *TooLargeError naming what once it has
-// seen more than limit bytes; it never holds more than limit+1 bytes.
+// seen more than limit bytes; it never holds more than limit bytes.
 func readLimited(r io.Reader, limit int64, what string) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	tooLarge := &TooLargeError{What: what, Limit: limit}
+	data, err := bounded.ReadAll(r, limit, tooLarge)
+	if errors.Is(err, tooLarge) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", what, err)
-	}
-	if int64(len(data)) > limit {
-		return nil, &TooLargeError{What: what, Limit: limit}
 	}
 	return data, nil
 }
 
-// limitedBody passes through the first limit bytes of a response body and then fails
-// with a *TooLargeError, so that a client library that reads whole answers into memory
-// (the AWS SDK, the GCE metadata client) stops at the cap.
-type limitedBody struct {
-	rc    io.ReadCloser
-	left  int64
-	limit int64
-	what  string
-}
-
+// limitBody passes through the first limit bytes of a response body and then fails with a
+// *TooLargeError, so that a client library that reads whole answers into memory (the AWS
+// SDK, the GCE metadata client) stops at the cap.
 func limitBody(rc io.ReadCloser, limit int64, what string) io.ReadCloser {
-	return &limitedBody{rc: rc, left: limit, limit: limit, what: what}
+	return struct {
+		io.Reader
+		io.Closer
+	}{bounded.NewReader(rc, limit, &TooLargeError{What: what, Limit: limit}), rc}
 }
-
-func (b *limitedBody) Read(p []byte) (int, error) {
-	if b.left <= 0 {
-		// At the cap: one more byte means the answer is too large.
-		var one [1]byte
-		n, err := b.rc.Read(one[:])
-		if n > 0 {
-			return 0, &TooLargeError{What: b.what, Limit: b.limit}
-		}
-		return 0, err
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := b.rc.Read(p)
-	b.left -= int64(n)
-	return n, err
-}
-
-func (b *limitedBody) Close() error { return b.rc.Close() }
 
 // Select asks each provider in order and returns the first non-empty config and the name
 // of its source. Each provider gets perSourceTimeout for Probe and Fetch together
