@@ -83,11 +83,11 @@ func mountAt(t *testing.T, dev, label string) string {
 	return dir
 }
 
-// fakeHolder points the checks at a sysfs tree of a test's own in which holder
-// (dm-0, a device-mapper device named etcd-vg-data, or md0, a RAID) holds the loop disk
-// dev, or its partition p1 when part. This kernel has neither device-mapper nor RAID, and
-// a holder is nothing more to the checks than an entry in holders/.
-func fakeHolder(t *testing.T, dev string, part bool, holder string) {
+// fakeHolder returns a sysfs tree, for the checks to read, in which holder (dm-0, a
+// device-mapper device named etcd-vg-data, or md0, a RAID) holds the loop disk dev, or its
+// partition p1 when part. This kernel has neither device-mapper nor RAID, and a holder is
+// nothing more to the checks than an entry in holders/.
+func fakeHolder(t *testing.T, dev string, part bool, holder string) string {
 	t.Helper()
 	root := t.TempDir()
 	mkdir := func(dir string) {
@@ -132,9 +132,7 @@ func fakeHolder(t *testing.T, dev string, part bool, holder string) {
 		mkdir("devices/virtual/block/" + holder + "/dm")
 		write("devices/virtual/block/"+holder+"/dm/name", "etcd-vg-data")
 	}
-	old := sysDir
-	sysDir = root
-	t.Cleanup(func() { sysDir = old })
+	return root
 }
 
 // rootDevice returns the device mounted on /, and the whole disk holding it (the same
@@ -175,6 +173,10 @@ func TestSelectorRefusesDisksInUse(t *testing.T) {
 		reason string
 		// direct also hands the device to Prepare (loop devices only: never the boot disk).
 		direct bool
+		// holder, when set, holds the device (its partition p1 when holderPart) in a sysfs
+		// tree of the test's own (see fakeHolder), which the checks read.
+		holder     string
+		holderPart bool
 	}{
 		{
 			name: "boot disk",
@@ -236,42 +238,40 @@ func TestSelectorRefusesDisksInUse(t *testing.T) {
 		{
 			name: "disk held by device-mapper",
 			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, false)
-				fakeHolder(t, dev, false, "dm-0")
-				return dev, ""
+				return loopDisk(t, false), ""
 			},
+			holder: "dm-0",
 			reason: "is in use by dm-0 (device-mapper etcd-vg-data)",
 			direct: true,
 		},
 		{
 			name: "disk in a RAID",
 			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, false)
-				fakeHolder(t, dev, false, "md0")
-				return dev, ""
+				return loopDisk(t, false), ""
 			},
+			holder: "md0",
 			reason: "is in use by md0 (RAID)",
 			direct: true,
 		},
 		{
 			name: "disk whose partition device-mapper holds",
 			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, true)
-				fakeHolder(t, dev, true, "dm-0")
-				return dev, ""
+				return loopDisk(t, true), ""
 			},
-			reason: "p1, which is in use by dm-0 (device-mapper etcd-vg-data)",
-			direct: true,
+			holder:     "dm-0",
+			holderPart: true,
+			reason:     "p1, which is in use by dm-0 (device-mapper etcd-vg-data)",
+			direct:     true,
 		},
 		{
 			name: "disk whose partition is in a RAID",
 			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, true)
-				fakeHolder(t, dev, true, "md0")
-				return dev, ""
+				return loopDisk(t, true), ""
 			},
-			reason: "p1, which is in use by md0 (RAID)",
-			direct: true,
+			holder:     "md0",
+			holderPart: true,
+			reason:     "p1, which is in use by md0 (RAID)",
+			direct:     true,
 		},
 		{
 			name: "swap disk",
@@ -303,14 +303,18 @@ func TestSelectorRefusesDisksInUse(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dev, mountPath := tt.setup(t)
+			var sysDir string
+			if tt.holder != "" {
+				sysDir = fakeHolder(t, dev, tt.holderPart, tt.holder)
+			}
 			links := t.TempDir()
 			if err := os.Symlink(dev, filepath.Join(links, "virtio-etcd-main")); err != nil {
 				t.Fatal(err)
 			}
 			before := signatures(dev)
 			for _, wipe := range []bool{false, true} {
-				want := Want{FSType: FSExt4, Label: "etcd", Wipe: wipe}
-				finder := ByID{Serial: "etcd-main", DevDir: links, MountPath: mountPath, Timeout: time.Minute, Poll: 10 * time.Millisecond}
+				want := Want{FSType: FSExt4, Label: "etcd", Wipe: wipe, SysDir: sysDir}
+				finder := ByID{Serial: "etcd-main", DevDir: links, SysDir: sysDir, MountPath: mountPath, Timeout: time.Minute, Poll: 10 * time.Millisecond}
 				got, err := finder.Find(ctx)
 				if tt.reason == "" {
 					if err != nil || got != dev {

@@ -59,6 +59,9 @@ type AWS struct {
 	MountPath string
 	// DevDir is the by-id directory; empty means DefaultDevDir.
 	DevDir string
+	// SysDir is where sysfs is mounted, which the disk checks read; empty means
+	// DefaultSysDir.
+	SysDir string
 	// Devices are the device names tried for AttachVolume, in order; empty means
 	// /dev/xvdu to /dev/xvdz (the range kOps uses for etcd volumes).
 	Devices []string
@@ -104,7 +107,7 @@ func (a AWS) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := checkDisk(fmt.Sprintf("aws volume %s (%s, member %s)", id, a.etcdTag(), a.Member), dev, a.MountPath); err != nil {
+	if err := sysfsAt(a.SysDir).checkDisk(fmt.Sprintf("aws volume %s (%s, member %s)", id, a.etcdTag(), a.Member), dev, a.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil

@@ -29,6 +29,9 @@ type ByID struct {
 	MountPath string
 	// DevDir is the by-id directory; empty means DefaultDevDir.
 	DevDir string
+	// SysDir is where sysfs is mounted, which the disk checks read; empty means
+	// DefaultSysDir.
+	SysDir string
 	// Timeout bounds the wait for the link (DefaultTimeout when zero); Poll is how often
 	// the directory is read (DefaultPoll when zero).
 	Timeout, Poll time.Duration
@@ -72,7 +75,7 @@ func (b ByID) Find(ctx context.Context) (string, error) {
 	if b.ID != "" {
 		selector = "by-id volume id " + b.ID
 	}
-	if err := checkDisk(selector, dev, b.MountPath); err != nil {
+	if err := sysfsAt(b.SysDir).checkDisk(selector, dev, b.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil

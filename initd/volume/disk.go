@@ -15,9 +15,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sysDir is where sysfs is mounted; /sys/dev/block/<major>:<minor> leads to each block
-// device's directory. Tests point it at a tree of their own.
-var sysDir = "/sys"
+// DefaultSysDir is where sysfs is mounted; /sys/dev/block/<major>:<minor> leads to each
+// block device's directory.
+const DefaultSysDir = "/sys"
+
+// sysfs is the root of the sysfs tree the disk checks read.
+type sysfs string
+
+// sysfsAt is the sysfs tree at dir; empty means DefaultSysDir.
+func sysfsAt(dir string) sysfs {
+	if dir == "" {
+		return DefaultSysDir
+	}
+	return sysfs(dir)
+}
 
 // swapsPath lists the active swap areas.
 const swapsPath = "/proc/swaps"
@@ -52,8 +63,8 @@ func (e *UnsafeDiskError) Is(target error) bool { return target == ErrUnsafeDisk
 // checkDisk returns an *UnsafeDiskError unless dev is a whole disk that nothing uses.
 // A disk mounted at mountPath only (when set) is accepted: it is the volume, mounted by
 // an earlier run. A regular file (a disk image) is not a disk and is not checked.
-func checkDisk(selector, dev, mountPath string) error {
-	reason, err := diskUse(dev, mountPath)
+func (sys sysfs) checkDisk(selector, dev, mountPath string) error {
+	reason, err := sys.diskUse(dev, mountPath)
 	if err != nil {
 		if selector != "" {
 			return fmt.Errorf("%s: check %s: %w", selector, dev, err)
@@ -67,7 +78,7 @@ func checkDisk(selector, dev, mountPath string) error {
 }
 
 // diskUse describes why dev may not be the volume, or returns "" when it may.
-func diskUse(dev, mountPath string) (string, error) {
+func (sys sysfs) diskUse(dev, mountPath string) (string, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil {
 		return "", fmt.Errorf("stat: %w", err)
@@ -80,7 +91,7 @@ func diskUse(dev, mountPath string) (string, error) {
 		return "is not a block device", nil
 	}
 	id := majMin(st.Rdev)
-	dir, err := blockDir(id)
+	dir, err := sys.blockDir(id)
 	if err != nil {
 		return "", err
 	}
@@ -93,7 +104,7 @@ func diskUse(dev, mountPath string) (string, error) {
 		return "", err
 	}
 	if root, ok := mountedAt(mounts, "/"); ok {
-		for _, d := range underlyingDisks(root.majMin) {
+		for _, d := range sys.underlyingDisks(root.majMin) {
 			if d == name {
 				return fmt.Sprintf("is the boot disk (it holds /, %s)", root.source), nil
 			}
@@ -103,7 +114,7 @@ func diskUse(dev, mountPath string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if why := usedBy(dir, id, mounts, swaps, mountPath); why != "" {
+	if why := sys.usedBy(dir, id, mounts, swaps, mountPath); why != "" {
 		return why, nil
 	}
 	parts, err := partitions(dir)
@@ -115,7 +126,7 @@ func diskUse(dev, mountPath string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		if why := usedBy(filepath.Join(dir, p), pid, mounts, swaps, ""); why != "" {
+		if why := sys.usedBy(filepath.Join(dir, p), pid, mounts, swaps, ""); why != "" {
 			return fmt.Sprintf("has partition %s, which %s", p, why), nil
 		}
 	}
@@ -125,12 +136,12 @@ func diskUse(dev, mountPath string) (string, error) {
 // usedBy describes how the block device in sysfs directory dir (major:minor id) is in
 // use: held by another block device (device-mapper, RAID), swapped on, or mounted
 // anywhere but mountPath.
-func usedBy(dir, id string, mounts []mountEntry, swaps map[string]string, mountPath string) string {
+func (sys sysfs) usedBy(dir, id string, mounts []mountEntry, swaps map[string]string, mountPath string) string {
 	holders, _ := os.ReadDir(filepath.Join(dir, "holders"))
 	if len(holders) > 0 {
 		var names []string
 		for _, h := range holders {
-			names = append(names, describeHolder(h.Name()))
+			names = append(names, sys.describeHolder(h.Name()))
 		}
 		return fmt.Sprintf("is in use by %s (%s/holders is not empty)", strings.Join(names, ", "), dir)
 	}
@@ -152,8 +163,8 @@ func usedBy(dir, id string, mounts []mountEntry, swaps map[string]string, mountP
 
 // describeHolder names a holder as an operator knows it: dm-0 (device-mapper vg-lv),
 // md0 (RAID).
-func describeHolder(name string) string {
-	if dm, err := readTrim(filepath.Join(sysDir, "class/block", name, "dm/name")); err == nil && dm != "" {
+func (sys sysfs) describeHolder(name string) string {
+	if dm, err := readTrim(filepath.Join(string(sys), "class/block", name, "dm/name")); err == nil && dm != "" {
 		return fmt.Sprintf("%s (device-mapper %s)", name, dm)
 	}
 	if strings.HasPrefix(name, "md") {
@@ -168,8 +179,8 @@ func majMin(rdev uint64) string {
 
 // blockDir is the sysfs directory of the block device with major:minor id, e.g.
 // /sys/devices/pci0000:00/…/block/vda or …/block/vda/vda1 for a partition.
-func blockDir(id string) (string, error) {
-	dir, err := filepath.EvalSymlinks(filepath.Join(sysDir, "dev/block", id))
+func (sys sysfs) blockDir(id string) (string, error) {
+	dir, err := filepath.EvalSymlinks(filepath.Join(string(sys), "dev/block", id))
 	if err != nil {
 		return "", fmt.Errorf("block device %s in sysfs: %w", id, err)
 	}
@@ -201,8 +212,8 @@ func partitions(dir string) ([]string, error) {
 // major:minor id: itself, the disk of a partition, and the disks under each slave of a
 // device-mapper or RAID device, recursively. A device without sysfs entry (a virtual
 // filesystem's 0:N) has none.
-func underlyingDisks(id string) []string {
-	dir, err := blockDir(id)
+func (sys sysfs) underlyingDisks(id string) []string {
+	dir, err := sys.blockDir(id)
 	if err != nil {
 		return nil
 	}

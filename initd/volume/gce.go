@@ -31,6 +31,9 @@ type GCE struct {
 	MountPath string
 	// DevDir is the by-id directory; empty means DefaultDevDir.
 	DevDir string
+	// SysDir is where sysfs is mounted, which the disk checks read; empty means
+	// DefaultSysDir.
+	SysDir string
 	// Timeout bounds each wait (the attach operation, the device node); Poll is how
 	// often to look.
 	Timeout, Poll time.Duration
@@ -88,7 +91,7 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := checkDisk("gce disk "+g.DiskName, dev, g.MountPath); err != nil {
+	if err := sysfsAt(g.SysDir).checkDisk("gce disk "+g.DiskName, dev, g.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil

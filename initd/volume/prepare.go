@@ -36,6 +36,9 @@ type Want struct {
 	// MinSize, when set, is the fewest bytes the device must hold: a smaller one is
 	// refused (a *TooSmallError), whatever it carries.
 	MinSize int64
+	// SysDir is where sysfs is mounted, which the checks on a disk about to be formatted
+	// read; empty means DefaultSysDir.
+	SysDir string
 }
 
 // Result says what Prepare found and did.
@@ -165,7 +168,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 		return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 	}
 	if sig.blank {
-		if err := checkDisk("", dev, ""); err != nil {
+		if err := sysfsAt(want.SysDir).checkDisk("", dev, ""); err != nil {
 			return Result{}, fmt.Errorf("prepare: %w", err)
 		}
 		return format(ctx, dev, want, false, false)
@@ -174,7 +177,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 		if !want.Wipe {
 			return Result{}, &RefusedError{Device: dev, Found: found}
 		}
-		if err := checkDisk("", dev, ""); err != nil {
+		if err := sysfsAt(want.SysDir).checkDisk("", dev, ""); err != nil {
 			return Result{}, fmt.Errorf("prepare: %w", err)
 		}
 		if _, err := run(ctx, "wipefs", "-a", dev); err != nil {
@@ -188,7 +191,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 			return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 		}
 		if interrupted {
-			if err := checkDisk("", dev, ""); err != nil {
+			if err := sysfsAt(want.SysDir).checkDisk("", dev, ""); err != nil {
 				return Result{}, fmt.Errorf("prepare: %w", err)
 			}
 			return format(ctx, dev, want, false, true)
