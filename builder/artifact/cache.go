@@ -273,15 +273,8 @@ func (c *Cache) copy(ctx context.Context, s Source, w io.Writer) (int64, error) 
 		return n, nil
 	}
 
-	stall := c.StallTimeout
-	if stall <= 0 {
-		stall = DefaultStallTimeout
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	errStalled := fmt.Errorf("no data for %s", stall)
-	timer := time.AfterFunc(stall, func() { cancel(errStalled) })
-	defer timer.Stop()
+	ctx, watch := c.watchStalls(ctx)
+	defer watch.stop()
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 	if err != nil {
@@ -303,7 +296,7 @@ func (c *Cache) copy(ctx context.Context, s Source, w io.Writer) (int64, error) 
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("GET %s: %s", s.URL, resp.Status)
 	}
-	n, err := io.Copy(w, &progressReader{r: resp.Body, onRead: func() { timer.Reset(stall) }})
+	n, err := io.Copy(w, watch.reader(resp.Body))
 	if err != nil {
 		return n, fmt.Errorf("GET %s: after %d bytes: %w", s.URL, n, causeOr(ctx, err))
 	}
@@ -319,6 +312,38 @@ func causeOr(ctx context.Context, err error) error {
 		return cause
 	}
 	return err
+}
+
+// stallWatch ends a download's context once no data has arrived for a while.
+type stallWatch struct {
+	stall  time.Duration
+	timer  *time.Timer
+	cancel context.CancelCauseFunc
+}
+
+// watchStalls returns a context that ends with "no data for <stall>" once reads through the
+// watch's reader have brought nothing for c.StallTimeout (DefaultStallTimeout when zero).
+// stop releases it.
+func (c *Cache) watchStalls(ctx context.Context) (context.Context, *stallWatch) {
+	stall := c.StallTimeout
+	if stall <= 0 {
+		stall = DefaultStallTimeout
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	errStalled := fmt.Errorf("no data for %s", stall)
+	w := &stallWatch{stall: stall, cancel: cancel}
+	w.timer = time.AfterFunc(stall, func() { cancel(errStalled) })
+	return ctx, w
+}
+
+// reader passes r through; each read that brings data restarts the stall clock.
+func (w *stallWatch) reader(r io.Reader) io.Reader {
+	return &progressReader{r: r, onRead: func() { w.timer.Reset(w.stall) }}
+}
+
+func (w *stallWatch) stop() {
+	w.timer.Stop()
+	w.cancel(nil)
 }
 
 type progressReader struct {

@@ -126,68 +126,15 @@ func (c *Cache) FetchImage(ctx context.Context, s ImageSource, f ImageFetch) (*C
 	if err != nil || !hexRE.MatchString(want.Hex) || want.Algorithm != "sha256" {
 		return nil, fmt.Errorf("%s: digest %q is not sha256:<64 hex> (run kiln lock)", label, s.Digest)
 	}
-	var repo name.Repository
-	var opts []remote.Option
-	remoteRepo := func() (name.Repository, []remote.Option, error) {
-		if opts == nil {
-			ref, err := ParseReference(s.Source)
-			if err != nil {
-				return repo, nil, fmt.Errorf("%s: source %s: %w", label, s.Source, err)
-			}
-			repo = ref.Context()
-			opts = append([]remote.Option{remote.WithContext(ctx), remote.WithUserAgent("kiln")}, f.Remote...)
-			if c.Client != nil && c.Client.Transport != nil {
-				opts = append([]remote.Option{remote.WithTransport(c.Client.Transport)}, opts...)
-			}
-		}
-		return repo, opts, nil
-	}
+	x := &imageFetcher{c: c, ctx: ctx, s: s, f: f, label: label, want: want}
 	start := time.Now()
-	var fetched int64
-
-	raw, err := c.readBlob(want.Hex)
+	raw, err := x.manifest()
 	if err != nil {
-		repo, opts, err := remoteRepo()
-		if err != nil {
-			return nil, err
-		}
-		desc, err := remote.Get(repo.Digest(want.String()), opts...)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %s@%s: %w", label, repo, want, err)
-		}
-		got, _, n, err := c.put(want.Hex, func(w io.Writer) (int64, error) {
-			n, err := w.Write(desc.Manifest)
-			return int64(n), err
-		})
-		if err != nil {
-			if errors.Is(err, errMismatch) {
-				return nil, fmt.Errorf("%s: manifest from %s hashes to sha256:%s, want %s", label, repo, got, want)
-			}
-			return nil, fmt.Errorf("%s: %w", label, err)
-		}
-		fetched += n
-		raw = desc.Manifest
+		return nil, err
 	}
-	var head struct {
-		MediaType types.MediaType `json:"mediaType"`
-		Manifests json.RawMessage `json:"manifests"`
-	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%s: manifest %s: %w", label, want, err)
-	}
-	if head.MediaType.IsIndex() || len(head.Manifests) > 0 {
-		return nil, fmt.Errorf("%s: %s is a multi-platform index, not an image manifest; pin the linux/amd64 image's digest (kiln lock does)", label, want)
-	}
-	if head.MediaType != "" && !head.MediaType.IsImage() {
-		return nil, fmt.Errorf("%s: %s has media type %s, not an image manifest", label, want, head.MediaType)
-	}
-	m, err := v1.ParseManifest(bytes.NewReader(raw))
+	m, mt, err := parseImageManifest(raw, label, want)
 	if err != nil {
-		return nil, fmt.Errorf("%s: manifest %s: %w", label, want, err)
-	}
-	mt := m.MediaType
-	if mt == "" {
-		mt = types.OCIManifestSchema1
+		return nil, err
 	}
 	ci := &CachedImage{
 		Name:     s.Name,
@@ -195,45 +142,148 @@ func (c *Cache) FetchImage(ctx context.Context, s ImageSource, f ImageFetch) (*C
 		Config:   m.Config,
 		Layers:   m.Layers,
 	}
-	for _, d := range append([]v1.Descriptor{m.Config}, m.Layers...) {
-		if d.Digest.Algorithm != "sha256" || !hexRE.MatchString(d.Digest.Hex) {
-			return nil, fmt.Errorf("%s: blob digest %s is not sha256", label, d.Digest)
+	if err := x.blobs(append([]v1.Descriptor{m.Config}, m.Layers...)); err != nil {
+		return nil, err
+	}
+	if ci.Platform, err = x.platform(m.Config); err != nil {
+		return nil, err
+	}
+	if x.fetched > 0 {
+		c.logger().Info("fetched", "image", s.Name, "source", s.Source, "digest", want.String(), "bytes", x.fetched, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return ci, nil
+}
+
+// imageFetcher is one FetchImage: what it fetches, the registry repository it reaches on
+// first need, and the bytes it fetched so far.
+type imageFetcher struct {
+	c     *Cache
+	ctx   context.Context
+	s     ImageSource
+	f     ImageFetch
+	label string // `image "registry.k8s.io/pause:3.10"`
+	want  v1.Hash
+	// repo and opts are set by remote.
+	repo    name.Repository
+	opts    []remote.Option
+	fetched int64
+}
+
+// remote returns the repository of the image's source and the options to reach it.
+func (x *imageFetcher) remote() (name.Repository, []remote.Option, error) {
+	if x.opts == nil {
+		ref, err := ParseReference(x.s.Source)
+		if err != nil {
+			return x.repo, nil, fmt.Errorf("%s: source %s: %w", x.label, x.s.Source, err)
 		}
-		if _, ok := c.Has(d.Digest.Hex); ok {
+		x.repo = ref.Context()
+		x.opts = append([]remote.Option{remote.WithContext(x.ctx), remote.WithUserAgent("kiln")}, x.f.Remote...)
+		if t := x.c.Client; t != nil && t.Transport != nil {
+			x.opts = append([]remote.Option{remote.WithTransport(t.Transport)}, x.opts...)
+		}
+	}
+	return x.repo, x.opts, nil
+}
+
+// manifest returns the pinned manifest, from the cache or else fetched into it.
+func (x *imageFetcher) manifest() ([]byte, error) {
+	if raw, err := x.c.readBlob(x.want.Hex); err == nil {
+		return raw, nil
+	}
+	repo, opts, err := x.remote()
+	if err != nil {
+		return nil, err
+	}
+	desc, err := remote.Get(repo.Digest(x.want.String()), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s@%s: %w", x.label, repo, x.want, err)
+	}
+	got, _, n, err := x.c.put(x.want.Hex, func(w io.Writer) (int64, error) {
+		n, err := w.Write(desc.Manifest)
+		return int64(n), err
+	})
+	if err != nil {
+		if errors.Is(err, errMismatch) {
+			return nil, fmt.Errorf("%s: manifest from %s hashes to sha256:%s, want %s", x.label, repo, got, x.want)
+		}
+		return nil, fmt.Errorf("%s: %w", x.label, err)
+	}
+	x.fetched += n
+	return desc.Manifest, nil
+}
+
+// parseImageManifest parses raw, the manifest want, and returns it with its media type;
+// an index or anything but an image manifest is refused.
+func parseImageManifest(raw []byte, label string, want v1.Hash) (*v1.Manifest, types.MediaType, error) {
+	var head struct {
+		MediaType types.MediaType `json:"mediaType"`
+		Manifests json.RawMessage `json:"manifests"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, "", fmt.Errorf("%s: manifest %s: %w", label, want, err)
+	}
+	if head.MediaType.IsIndex() || len(head.Manifests) > 0 {
+		return nil, "", fmt.Errorf("%s: %s is a multi-platform index, not an image manifest; pin the linux/amd64 image's digest (kiln lock does)", label, want)
+	}
+	if head.MediaType != "" && !head.MediaType.IsImage() {
+		return nil, "", fmt.Errorf("%s: %s has media type %s, not an image manifest", label, want, head.MediaType)
+	}
+	m, err := v1.ParseManifest(bytes.NewReader(raw))
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: manifest %s: %w", label, want, err)
+	}
+	mt := m.MediaType
+	if mt == "" {
+		mt = types.OCIManifestSchema1
+	}
+	return m, mt, nil
+}
+
+// blobs fetches into the cache each blob of ds it does not hold yet.
+func (x *imageFetcher) blobs(ds []v1.Descriptor) error {
+	for _, d := range ds {
+		if d.Digest.Algorithm != "sha256" || !hexRE.MatchString(d.Digest.Hex) {
+			return fmt.Errorf("%s: blob digest %s is not sha256", x.label, d.Digest)
+		}
+		if _, ok := x.c.Has(d.Digest.Hex); ok {
 			continue
 		}
-		repo, opts, err := remoteRepo()
+		repo, opts, err := x.remote()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		n, err := c.putRemoteBlob(ctx, repo, d, opts)
+		n, err := x.c.putRemoteBlob(x.ctx, repo, d, opts)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", label, err)
+			return fmt.Errorf("%s: %w", x.label, err)
 		}
-		fetched += n
+		x.fetched += n
 	}
-	cfg, err := c.readBlob(m.Config.Digest.Hex)
+	return nil
+}
+
+// platform returns the image's os/architecture from its config (nil when the config does
+// not say), refusing an image for another platform than the fetch wants.
+func (x *imageFetcher) platform(config v1.Descriptor) (*v1.Platform, error) {
+	cfg, err := x.c.readBlob(config.Digest.Hex)
 	if err != nil {
-		return nil, fmt.Errorf("%s: config: %w", label, err)
+		return nil, fmt.Errorf("%s: config: %w", x.label, err)
 	}
 	cf, err := v1.ParseConfigFile(bytes.NewReader(cfg))
 	if err != nil {
-		return nil, fmt.Errorf("%s: config %s: %w", label, m.Config.Digest, err)
+		return nil, fmt.Errorf("%s: config %s: %w", x.label, config.Digest, err)
+	}
+	if cf.OS == "" && cf.Architecture == "" {
+		return nil, nil
 	}
 	wantP := v1.Platform{OS: "linux", Architecture: "amd64"}
-	if f.Platform != nil {
-		wantP = *f.Platform
+	if x.f.Platform != nil {
+		wantP = *x.f.Platform
 	}
-	if cf.OS != "" || cf.Architecture != "" {
-		ci.Platform = &v1.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant}
-		if cf.OS != wantP.OS || cf.Architecture != wantP.Architecture {
-			return nil, fmt.Errorf("%s: %s is a %s image; nodes need %s", label, want, ci.Platform, wantP.String())
-		}
+	p := &v1.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant}
+	if cf.OS != wantP.OS || cf.Architecture != wantP.Architecture {
+		return nil, fmt.Errorf("%s: %s is a %s image; nodes need %s", x.label, x.want, p, wantP.String())
 	}
-	if fetched > 0 {
-		c.logger().Info("fetched", "image", s.Name, "source", s.Source, "digest", want.String(), "bytes", fetched, "took", time.Since(start).Round(time.Millisecond))
-	}
-	return ci, nil
+	return p, nil
 }
 
 // readBlob returns the content of a cached blob.
@@ -248,15 +298,8 @@ func (c *Cache) readBlob(hex string) ([]byte, error) {
 // putRemoteBlob downloads the blob d of repo into the cache, failing if
 // it receives nothing for StallTimeout or does not hash to d.Digest.
 func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.Descriptor, opts []remote.Option) (int64, error) {
-	stall := c.StallTimeout
-	if stall <= 0 {
-		stall = DefaultStallTimeout
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	errStalled := fmt.Errorf("no data for %s", stall)
-	timer := time.AfterFunc(stall, func() { cancel(errStalled) })
-	defer timer.Stop()
+	ctx, watch := c.watchStalls(ctx)
+	defer watch.stop()
 	ref := repo.Digest(d.Digest.String())
 	l, err := remote.Layer(ref, append(opts, remote.WithContext(ctx))...)
 	if err != nil {
@@ -268,7 +311,7 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 			return 0, err
 		}
 		defer rc.Close()
-		var r io.Reader = &progressReader{r: rc, onRead: func() { timer.Reset(stall) }}
+		r := watch.reader(rc)
 		if d.Size > 0 {
 			// A registry sending more than the manifest says cannot fill the disk.
 			r = io.LimitReader(r, d.Size+1)

@@ -138,32 +138,39 @@ func (l *Lock) Write(path string) error {
 // SHA256 returns the sha256 pinning artifact a of role: the profile's own,
 // else the lock's if its source still matches, else "".
 func (l *Lock) SHA256(role string, a spec.Artifact) string {
-	if a.SHA256 != "" {
+	if a.SHA256 != "" || l == nil {
 		return a.SHA256
 	}
-	if l == nil {
-		return ""
-	}
-	if e, ok := l.Artifacts[LockKey(role, a.Name)]; ok && e.Source == a.Source {
-		return e.SHA256
-	}
-	return ""
+	return lockedPin(l.Artifacts, LockKey(role, a.Name), a.Source)
 }
 
 // ImageDigest returns the manifest digest pinning image im of role: the
 // profile's own, else the lock's if its source still matches, else "".
 func (l *Lock) ImageDigest(role string, im spec.Image) string {
-	if im.Digest != "" {
+	if im.Digest != "" || l == nil {
 		return im.Digest
 	}
-	if l == nil {
-		return ""
-	}
-	if e, ok := l.Images[LockKey(role, im.Name)]; ok && e.Source == im.Source {
-		return e.Digest
+	return lockedPin(l.Images, LockKey(role, im.Name), im.Source)
+}
+
+// lockedPin returns the pin locked under key if it was locked from source
+// (a changed source makes it stale), else "".
+func lockedPin[E lockEntry](entries map[string]E, key, source string) string {
+	if e, ok := entries[key]; ok {
+		if src, pin := e.locked(); src == source {
+			return pin
+		}
 	}
 	return ""
 }
+
+// lockEntry is an entry of a lock file's artifacts or images.
+type lockEntry interface {
+	locked() (source, pin string)
+}
+
+func (e LockedArtifact) locked() (string, string) { return e.Source, e.SHA256 }
+func (e LockedImage) locked() (string, string)    { return e.Source, e.Digest }
 
 // BaseDigest returns the manifest digest pinning b: the definition's own,
 // else the lock's if its ref still matches, else "".
