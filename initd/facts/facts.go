@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/kilnproject/kiln/internal/cmdline"
 )
 
 // Facts describe a machine. They serialise to JSON for status reports and templates.
@@ -464,17 +466,14 @@ func machineID(file string) string {
 	return s
 }
 
+// cmdlinePlatform returns kiln.platform= from the kernel command line stored in file.
 func cmdlinePlatform(file string) string {
-	data, err := os.ReadFile(file)
+	line, err := cmdline.Read(file)
 	if err != nil {
 		return ""
 	}
-	for _, w := range strings.Fields(string(data)) {
-		if v, ok := strings.CutPrefix(w, "kiln.platform="); ok {
-			return v
-		}
-	}
-	return ""
+	v, _ := line.Lookup("kiln.platform")
+	return v
 }
 
 // regionOf derives the region from a zone: aws "us-east-1a" → "us-east-1",

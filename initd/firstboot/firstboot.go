@@ -30,6 +30,7 @@ import (
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/cmdline"
 )
 
 // Where the image keeps what first boot reads, relative to the node's root.
@@ -232,17 +233,17 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 		return err
 	}
 	st.Role = img.Role
-	cmdline := kernelCmdline(opts)
+	kernelLine := kernelCmdline(opts)
 	platform := opts.Platform
 	if platform == "" {
-		platform, _ = source.CmdlineParam(cmdline, "kiln.platform")
+		platform, _ = cmdline.Parse(kernelLine).Lookup("kiln.platform")
 	}
 	if platform == "" {
 		platform = img.Platform
 	}
 	st.Platform = platform
 
-	cfg, err := loadConfig(ctx, opts, cmdline, platform, st)
+	cfg, err := loadConfig(ctx, opts, kernelLine, platform, st)
 	if err != nil {
 		return err
 	}
@@ -272,7 +273,7 @@ func kernelCmdline(opts Options) string {
 	if opts.Cmdline != "" {
 		return opts.Cmdline
 	}
-	b, _ := os.ReadFile("/proc/cmdline")
+	b, _ := os.ReadFile(cmdline.ProcPath)
 	return string(b)
 }
 
@@ -315,10 +316,10 @@ func runPlan(ctx context.Context, plan *plan, st *Status) error {
 
 // loadConfig takes the user's config from the first source that has one and merges it over
 // the image's default config. No config at all is fine: the image's defaults apply.
-func loadConfig(ctx context.Context, opts Options, cmdline, platform string, st *Status) (*config.Config, error) {
+func loadConfig(ctx context.Context, opts Options, kernelLine, platform string, st *Status) (*config.Config, error) {
 	providers := opts.Providers
 	if providers == nil {
-		ps, err := platformProviders(ctx, opts, cmdline, platform)
+		ps, err := platformProviders(ctx, opts, kernelLine, platform)
 		if err != nil {
 			return nil, err
 		}
@@ -346,8 +347,8 @@ func loadConfig(ctx context.Context, opts Options, cmdline, platform string, st 
 // metadata services once the network is up (the unit does not wait for
 // network-online.target, so fw_cfg and CIDATA boots do not wait for DHCP; the URL source
 // retries until its own deadline), a CIDATA volume once udev has named it.
-func platformProviders(ctx context.Context, opts Options, cmdline, platform string) ([]source.Provider, error) {
-	ps, err := source.ForPlatform(platform, cmdline)
+func platformProviders(ctx context.Context, opts Options, kernelLine, platform string) ([]source.Provider, error) {
+	ps, err := source.ForPlatform(platform, kernelLine)
 	if err != nil {
 		return nil, err
 	}

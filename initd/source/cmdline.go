@@ -11,9 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/cmdline"
 )
 
 // Kernel command-line parameters read by CmdlineURL.
@@ -69,19 +70,11 @@ type CmdlineURL struct {
 // Name implements Provider.
 func (*CmdlineURL) Name() string { return "cmdline-url" }
 
-func (c *CmdlineURL) cmdline() (string, error) {
+func (c *CmdlineURL) cmdline() (cmdline.Line, error) {
 	if c.Cmdline != "" {
-		return c.Cmdline, nil
+		return cmdline.Parse(c.Cmdline), nil
 	}
-	path := c.CmdlinePath
-	if path == "" {
-		path = "/proc/cmdline"
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("read kernel command line: %w", err)
-	}
-	return string(data), nil
+	return cmdline.Read(c.CmdlinePath)
 }
 
 // Probe implements Provider: true iff the kernel command line has kiln.config.url=.
@@ -90,7 +83,7 @@ func (c *CmdlineURL) Probe(context.Context) bool {
 	if err != nil {
 		return false
 	}
-	_, ok := CmdlineParam(line, CmdlineURLKey)
+	_, ok := line.Lookup(CmdlineURLKey)
 	return ok
 }
 
@@ -100,16 +93,34 @@ func (c *CmdlineURL) Fetch(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, ok := CmdlineParam(line, CmdlineURLKey)
+	raw, ok := line.Lookup(CmdlineURLKey)
 	if !ok {
 		return nil, fmt.Errorf("kernel command line has no %s=", CmdlineURLKey)
 	}
 	timeout := DefaultURLTimeout
-	if v, ok := CmdlineParam(line, CmdlineTimeoutKey); ok {
+	if v, ok := line.Lookup(CmdlineTimeoutKey); ok {
 		if timeout, err = parseTimeout(v); err != nil {
 			return nil, fmt.Errorf("%s=%s: %w", CmdlineTimeoutKey, v, err)
 		}
 	}
+	u, err := c.configURL(raw)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	data, err := c.fetchWithRetry(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s: %w", u.Redacted(), err)
+	}
+	if len(data) == 0 {
+		return nil, fmt.Errorf("fetch %s: empty response", u.Redacted())
+	}
+	return data, nil
+}
+
+// configURL expands the variables in kiln.config.url's value and checks the result.
+func (c *CmdlineURL) configURL(raw string) (*url.URL, error) {
 	expanded, err := c.Expand(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s=%s: %w", CmdlineURLKey, raw, err)
@@ -126,30 +137,16 @@ func (c *CmdlineURL) Fetch(ctx context.Context) ([]byte, error) {
 	if u.Host == "" {
 		return nil, fmt.Errorf("%s=%s: no host", CmdlineURLKey, raw)
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	data, err := c.fetchWithRetry(ctx, u)
-	if err != nil {
-		return nil, fmt.Errorf("fetch %s: %w", u.Redacted(), err)
-	}
-	if len(data) == 0 {
-		return nil, fmt.Errorf("fetch %s: empty response", u.Redacted())
-	}
-	return data, nil
+	return u, nil
 }
 
+// parseTimeout reads kiln.config.timeout: a duration as package cmdline reads it, above 0.
 func parseTimeout(v string) (time.Duration, error) {
-	if n, err := strconv.Atoi(v); err == nil {
-		if n <= 0 {
-			return 0, errors.New("must be positive")
-		}
-		return time.Duration(n) * time.Second, nil
-	}
-	d, err := time.ParseDuration(v)
+	d, err := cmdline.Duration(v)
 	if err != nil {
-		return 0, fmt.Errorf("not a duration (e.g. 90s, 5m) or a number of seconds")
+		return 0, err
 	}
-	if d <= 0 {
+	if d == 0 {
 		return 0, errors.New("must be positive")
 	}
 	return d, nil
@@ -394,49 +391,4 @@ func PrimaryMAC(ifaces []net.Interface) (string, error) {
 		return strings.ToLower(ifc.HardwareAddr.String()), nil
 	}
 	return "", errors.New("no network interface with a MAC address")
-}
-
-// CmdlineParam returns the value of key=value on a kernel command line. Values may be
-// double-quoted (key="a b"); the last occurrence wins, as for the kernel's own
-// parameters; arguments after "--" belong to init and are not searched.
-func CmdlineParam(cmdline, key string) (string, bool) {
-	var val string
-	found := false
-	for _, arg := range splitCmdline(cmdline) {
-		if arg == "--" {
-			break
-		}
-		k, v, _ := strings.Cut(arg, "=")
-		if k == key {
-			val, found = v, true
-		}
-	}
-	return val, found
-}
-
-// splitCmdline splits at white space outside double quotes and drops the quotes.
-func splitCmdline(s string) []string {
-	var args []string
-	var cur strings.Builder
-	inQuote, inArg := false, false
-	for _, r := range s {
-		switch {
-		case r == '"':
-			inQuote = !inQuote
-			inArg = true
-		case !inQuote && (r == ' ' || r == '\t' || r == '\n' || r == '\r'):
-			if inArg {
-				args = append(args, cur.String())
-				cur.Reset()
-				inArg = false
-			}
-		default:
-			cur.WriteRune(r)
-			inArg = true
-		}
-	}
-	if inArg {
-		args = append(args, cur.String())
-	}
-	return args
 }

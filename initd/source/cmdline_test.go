@@ -15,30 +15,6 @@ import (
 	"time"
 )
 
-func TestCmdlineParam(t *testing.T) {
-	tests := []struct {
-		name, cmdline, key string
-		want               string
-		wantOK             bool
-	}{
-		{"present", "root=PARTUUID=x ro kiln.config.url=http://h/c.ign console=ttyS0", CmdlineURLKey, "http://h/c.ign", true},
-		{"absent", "root=PARTUUID=x ro", CmdlineURLKey, "", false},
-		{"prefix of another key", "kiln.config.url.bak=x", CmdlineURLKey, "", false},
-		{"quoted", `kiln.config.url="http://h/a b.ign" quiet`, CmdlineURLKey, "http://h/a b.ign", true},
-		{"last wins", "kiln.config.timeout=10 kiln.config.timeout=20\n", CmdlineTimeoutKey, "20", true},
-		{"after -- belongs to init", "ro -- kiln.config.url=http://h/", CmdlineURLKey, "", false},
-		{"empty value", "kiln.config.url= ro", CmdlineURLKey, "", true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, ok := CmdlineParam(tc.cmdline, tc.key)
-			if got != tc.want || ok != tc.wantOK {
-				t.Errorf("CmdlineParam = %q, %v; want %q, %v", got, ok, tc.want, tc.wantOK)
-			}
-		})
-	}
-}
-
 func mustMAC(t *testing.T, s string) net.HardwareAddr {
 	t.Helper()
 	m, err := net.ParseMAC(s)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/kilnproject/kiln/internal/cmdline"
 )
 
 // DefaultRootWait bounds how long stage 1 waits for the root disk to appear when the command line
@@ -33,32 +35,28 @@ type Cmdline struct {
 // Platform returns kiln.platform= (qemu, aws, gce, metal), empty when absent.
 func (c Cmdline) Platform() string { return c.Kiln["platform"] }
 
-// ParseCmdline parses a kernel command line. It splits it like the kernel does (spaces separate
-// parameters, double quotes group), stops at "--" (what follows is for init), and requires
-// root=PARTUUID=<guid>.
+// ParseCmdline parses a kernel command line (see package cmdline for how it is split; what
+// follows "--" is for init) and requires root=PARTUUID=<guid>.
 func ParseCmdline(s string) (Cmdline, error) {
-	c := Cmdline{Raw: strings.TrimSpace(s), RootWait: DefaultRootWait, Kiln: map[string]string{}}
+	line := cmdline.Parse(s)
+	c := Cmdline{Raw: line.Raw, RootWait: DefaultRootWait, Kiln: map[string]string{}}
 	var root string
-	for _, p := range splitCmdline(s) {
-		if p == "--" {
-			break
-		}
-		key, val, hasVal := strings.Cut(p, "=")
+	for _, p := range line.Params {
 		switch {
-		case key == "root":
-			root = val
-		case key == "rootfstype":
-			c.RootFSType = val
-		case key == "ro" && !hasVal:
+		case p.Key == "root":
+			root = p.Value
+		case p.Key == "rootfstype":
+			c.RootFSType = p.Value
+		case p.Key == "ro" && !p.HasValue:
 			c.ReadWrite = false
-		case key == "rw" && !hasVal:
+		case p.Key == "rw" && !p.HasValue:
 			c.ReadWrite = true
-		case strings.HasPrefix(key, "kiln."):
-			name := strings.TrimPrefix(key, "kiln.")
+		case strings.HasPrefix(p.Key, "kiln."):
+			name := strings.TrimPrefix(p.Key, "kiln.")
 			if name == "" {
 				return Cmdline{}, fmt.Errorf("kernel cmdline: parameter %q has an empty kiln.* key", p)
 			}
-			c.Kiln[name] = val
+			c.Kiln[name] = p.Value
 		}
 	}
 	if root == "" {
@@ -73,51 +71,11 @@ func ParseCmdline(s string) (Cmdline, error) {
 	}
 	c.RootPARTUUID = strings.ToLower(id)
 	if w, ok := c.Kiln["rootwait"]; ok {
-		d, err := parseWait(w)
+		d, err := cmdline.Duration(w)
 		if err != nil {
 			return Cmdline{}, fmt.Errorf("kernel cmdline: kiln.rootwait=%s: %w", w, err)
 		}
 		c.RootWait = d
 	}
 	return c, nil
-}
-
-func parseWait(s string) (time.Duration, error) {
-	var secs uint
-	if _, err := fmt.Sscanf(s, "%d", &secs); err == nil && fmt.Sprint(secs) == s {
-		return time.Duration(secs) * time.Second, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return 0, fmt.Errorf("want whole seconds or a duration like 90s")
-	}
-	return d, nil
-}
-
-// splitCmdline splits on unquoted whitespace and removes the double quotes, like the kernel's
-// next_arg.
-func splitCmdline(s string) []string {
-	var out []string
-	var cur strings.Builder
-	inQuote, inWord := false, false
-	for _, r := range s {
-		switch {
-		case r == '"':
-			inQuote = !inQuote
-			inWord = true
-		case !inQuote && (r == ' ' || r == '\t' || r == '\n'):
-			if inWord {
-				out = append(out, cur.String())
-				cur.Reset()
-				inWord = false
-			}
-		default:
-			cur.WriteRune(r)
-			inWord = true
-		}
-	}
-	if inWord {
-		out = append(out, cur.String())
-	}
-	return out
 }

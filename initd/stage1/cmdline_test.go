@@ -38,6 +38,13 @@ func TestParseCmdline(t *testing.T) {
 			in:   "root=PARTUUID=" + id + " kiln.rootwait=1m30s -- kiln.platform=aws",
 			want: Cmdline{RootPARTUUID: id, RootWait: 90 * time.Second, Kiln: map[string]string{"rootwait": "1m30s"}},
 		},
+		{
+			name: "carriage returns separate, a quoted whole parameter",
+			in:   "root=PARTUUID=" + id + "\r\n\"kiln.note=a b\"\rkiln.platform=aws\r\n",
+			want: Cmdline{RootPARTUUID: id, RootWait: DefaultRootWait,
+				Kiln: map[string]string{"note": "a b", "platform": "aws"}},
+			platform: "aws",
+		},
 		{name: "root missing", in: "ro quiet kiln.platform=qemu", wantErr: "root= is missing"},
 		{name: "root by device name", in: "root=/dev/vda2 ro", wantErr: "root=/dev/vda2 is not supported"},
 		{name: "root by fs uuid", in: "root=UUID=" + id, wantErr: "want root=PARTUUID=<guid>"},

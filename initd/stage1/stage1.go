@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnproject/kiln/internal/cmdline"
 )
 
 // Paths and names from the boot contract.
@@ -42,7 +44,7 @@ func Run(ctx context.Context, log *slog.Logger) error {
 	if err := mountKernelFS(log); err != nil {
 		return err
 	}
-	raw, err := os.ReadFile("/proc/cmdline")
+	raw, err := os.ReadFile(cmdline.ProcPath)
 	if err != nil {
 		return fmt.Errorf("read kernel cmdline: %w", err)
 	}
