@@ -11,6 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kilnproject/kiln/builder/output"
+	"github.com/kilnproject/kiln/internal/strictyaml"
 )
 
 // Platforms, output formats and root filesystems a definition may name.
@@ -123,19 +124,19 @@ func LoadDefinition(path string) (*Definition, error) {
 		ProfilesPos: Pos{File: path},
 	}
 	var diskNode *yaml.Node
-	seen, _ := d.fields(root, "", []string{"name", "platform", "base", "disk", "formats", "kernel", "overlays", "profiles"}, func(key, field string, v *yaml.Node) {
+	seen, _ := d.Fields(root, "", []string{"name", "platform", "base", "disk", "formats", "kernel", "overlays", "profiles"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "name":
-			if s, ok := d.str(v, field); ok {
+			if s, ok := d.String(v, field); ok {
 				if !nameRE.MatchString(s) {
-					d.failf(v, field, "%q: use lower-case letters, digits and '-' (at most 63)", s)
+					d.FailAt(v, field, "%q: use lower-case letters, digits and '-' (at most 63)", s)
 				}
 				def.Name = s
 			}
 		case "platform":
-			if s, ok := d.str(v, field); ok {
+			if s, ok := d.String(v, field); ok {
 				if !contains(Platforms, s) {
-					d.failf(v, field, "%q is not a platform (one of: %s)", s, strings.Join(Platforms, ", "))
+					d.FailAt(v, field, "%q is not a platform (one of: %s)", s, strings.Join(Platforms, ", "))
 				}
 				def.Platform = s
 			}
@@ -147,7 +148,7 @@ func LoadDefinition(path string) (*Definition, error) {
 		case "formats":
 			def.Formats = d.strs(v, field, func(s, f string, n *yaml.Node) {
 				if !contains(Formats, s) {
-					d.failf(n, f, "%q is not an output format (one of: %s)", s, strings.Join(Formats, ", "))
+					d.FailAt(n, f, "%q is not an output format (one of: %s)", s, strings.Join(Formats, ", "))
 				}
 			})
 		case "kernel":
@@ -155,20 +156,20 @@ func LoadDefinition(path string) (*Definition, error) {
 		case "overlays":
 			def.Overlays = d.overlays(v, field, dir)
 		case "profiles":
-			if s, ok := d.str(v, field); ok {
+			if s, ok := d.String(v, field); ok {
 				p, err := expandPath(s, dir)
 				if err != nil {
-					d.failf(v, field, "%v", err)
+					d.FailAt(v, field, "%v", err)
 					break
 				}
 				if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
-					d.failf(v, field, "%s is not a directory", p)
+					d.FailAt(v, field, "%s is not a directory", p)
 				}
 				def.ProfilesDir, def.ProfilesPos = p, d.pos(v)
 			}
 		}
 	})
-	d.require(root, "", seen, "name", "platform", "base")
+	d.Require(root, "", seen, "name", "platform", "base")
 	if def.Disk.Compression == "" {
 		def.Disk.Compression = Compressions[def.Disk.RootFS][0]
 	}
@@ -176,9 +177,9 @@ func LoadDefinition(path string) (*Definition, error) {
 		def.Formats = []string{DefaultFormat}
 	}
 	if diskNode != nil && def.Disk.Size != 0 && def.Disk.Size <= def.Disk.ESPSize {
-		d.failf(diskNode, "disk.size", "%s leaves no room after the %s ESP", def.Disk.Size, def.Disk.ESPSize)
+		d.FailAt(diskNode, "disk.size", "%s leaves no room after the %s ESP", def.Disk.Size, def.Disk.ESPSize)
 	}
-	if err := d.err(); err != nil {
+	if err := d.Err(); err != nil {
 		return nil, err
 	}
 	return def, nil
@@ -188,8 +189,8 @@ func (d *decoder) base(n *yaml.Node, path, dir string) Base {
 	b := Base{Pos: d.pos(n)}
 	var sources []string
 	var tagNode *yaml.Node
-	seen, ok := d.fields(n, path, []string{"layout", "tag", "image", "tarball", "digest"}, func(key, field string, v *yaml.Node) {
-		s, ok := d.str(v, field)
+	seen, ok := d.Fields(n, path, []string{"layout", "tag", "image", "tarball", "digest"}, func(key, field string, v *yaml.Node) {
+		s, ok := d.String(v, field)
 		if !ok {
 			return
 		}
@@ -197,7 +198,7 @@ func (d *decoder) base(n *yaml.Node, path, dir string) Base {
 		case "layout", "tarball", "image":
 			sources = append(sources, key)
 			if len(sources) > 1 {
-				d.failf(v, field, "give only one of layout, image or tarball (already have %s)", sources[0])
+				d.FailAt(v, field, "give only one of layout, image or tarball (already have %s)", sources[0])
 				return
 			}
 		}
@@ -205,7 +206,7 @@ func (d *decoder) base(n *yaml.Node, path, dir string) Base {
 		case "layout", "tarball":
 			p, err := expandPath(s, dir)
 			if err != nil {
-				d.failf(v, field, "%v", err)
+				d.FailAt(v, field, "%v", err)
 				return
 			}
 			if key == "layout" {
@@ -220,7 +221,7 @@ func (d *decoder) base(n *yaml.Node, path, dir string) Base {
 		case "image":
 			ref, err := name.ParseReference(s)
 			if err != nil {
-				d.failf(v, field, "%v", err)
+				d.FailAt(v, field, "%v", err)
 				return
 			}
 			b.Ref = "docker://" + s
@@ -228,17 +229,17 @@ func (d *decoder) base(n *yaml.Node, path, dir string) Base {
 			if dg, ok := ref.(name.Digest); ok {
 				b.Image = strings.TrimSuffix(s, "@"+dg.DigestStr())
 				if b.Digest != "" && b.Digest != dg.DigestStr() {
-					d.failf(v, field, "digest %s differs from digest: %s", dg.DigestStr(), b.Digest)
+					d.FailAt(v, field, "digest %s differs from digest: %s", dg.DigestStr(), b.Digest)
 				}
 				b.Digest = dg.DigestStr()
 			}
 		case "digest":
 			if !digestRE.MatchString(s) {
-				d.failf(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
+				d.FailAt(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
 				return
 			}
 			if b.Digest != "" && b.Digest != s {
-				d.failf(v, field, "%s differs from the digest in image: %s", s, b.Digest)
+				d.FailAt(v, field, "%s differs from the digest in image: %s", s, b.Digest)
 			}
 			b.Digest = s
 		}
@@ -247,10 +248,10 @@ func (d *decoder) base(n *yaml.Node, path, dir string) Base {
 		return b
 	}
 	if len(sources) == 0 {
-		d.failf(n, path, "one of layout, image or tarball is required")
+		d.FailAt(n, path, "one of layout, image or tarball is required")
 	}
 	if seen["tag"] && b.Layout == "" && tagNode != nil {
-		d.failf(tagNode, join(path, "tag"), "only used with layout (put the tag in image: name:tag)")
+		d.FailAt(tagNode, strictyaml.Join(path, "tag"), "only used with layout (put the tag in image: name:tag)")
 	}
 	if b.Layout != "" && b.Tag != "" {
 		b.Ref += ":" + b.Tag
@@ -260,7 +261,7 @@ func (d *decoder) base(n *yaml.Node, path, dir string) Base {
 
 func (d *decoder) disk(n *yaml.Node, path string, disk *Disk) {
 	var compNode *yaml.Node
-	d.fields(n, path, []string{"size", "rootfs", "compression", "esp_size"}, func(key, field string, v *yaml.Node) {
+	d.Fields(n, path, []string{"size", "rootfs", "compression", "esp_size"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "size", "esp_size":
 			s, ok := d.size(v, field)
@@ -268,53 +269,53 @@ func (d *decoder) disk(n *yaml.Node, path string, disk *Disk) {
 				return
 			}
 			if s%MiB != 0 {
-				d.failf(v, field, "%s is not a whole number of MiB", s)
+				d.FailAt(v, field, "%s is not a whole number of MiB", s)
 				return
 			}
 			if key == "size" {
 				disk.Size = s
 			} else if s < MinESPSize {
-				d.failf(v, field, "%s is too small for a FAT32 ESP (at least %s)", s, MinESPSize)
+				d.FailAt(v, field, "%s is too small for a FAT32 ESP (at least %s)", s, MinESPSize)
 			} else {
 				disk.ESPSize = s
 			}
 		case "rootfs":
-			if s, ok := d.str(v, field); ok {
+			if s, ok := d.String(v, field); ok {
 				if _, known := Compressions[s]; !known {
-					d.failf(v, field, "%q is not a root filesystem type (squashfs or erofs)", s)
+					d.FailAt(v, field, "%q is not a root filesystem type (squashfs or erofs)", s)
 					return
 				}
 				disk.RootFS = s
 			}
 		case "compression":
-			if s, ok := d.str(v, field); ok {
+			if s, ok := d.String(v, field); ok {
 				disk.Compression, compNode = s, v
 			}
 		}
 	})
 	if allowed := Compressions[disk.RootFS]; disk.Compression != "" && !contains(allowed, disk.Compression) {
-		d.failf(compNode, join(path, "compression"), "%q does not work with %s (one of: %s)", disk.Compression, disk.RootFS, strings.Join(allowed, ", "))
+		d.FailAt(compNode, strictyaml.Join(path, "compression"), "%q does not work with %s (one of: %s)", disk.Compression, disk.RootFS, strings.Join(allowed, ", "))
 	}
 }
 
 func (d *decoder) kernel(n *yaml.Node, path string, k *Kernel) {
-	d.fields(n, path, []string{"args", "modules"}, func(key, field string, v *yaml.Node) {
+	d.Fields(n, path, []string{"args", "modules"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "args":
 			k.Args = d.strs(v, field, func(s, f string, n *yaml.Node) {
 				if s == "" || strings.ContainsAny(s, " \t\r\n") {
-					d.failf(n, f, "%q: one argument per list entry, without spaces", s)
+					d.FailAt(n, f, "%q: one argument per list entry, without spaces", s)
 					return
 				}
 				key, _, _ := strings.Cut(s, "=")
 				if contains(kernelArgs, key) {
-					d.failf(n, f, "%q: kiln sets %s= itself", s, key)
+					d.FailAt(n, f, "%q: kiln sets %s= itself", s, key)
 				}
 			})
 		case "modules":
 			k.Modules = d.strs(v, field, func(s, f string, n *yaml.Node) {
 				if !moduleRE.MatchString(s) {
-					d.failf(n, f, "%q is not a module name (like virtio_blk, without .ko)", s)
+					d.FailAt(n, f, "%q is not a module name (like virtio_blk, without .ko)", s)
 				}
 			})
 		}
@@ -326,12 +327,12 @@ func (d *decoder) overlays(n *yaml.Node, field, dir string) []string {
 	var out []string
 	d.strs(n, field, func(s, f string, n *yaml.Node) {
 		if !dirNameRE.MatchString(s) {
-			d.failf(n, f, "%q: give the name of a directory under overlays/", s)
+			d.FailAt(n, f, "%q: give the name of a directory under overlays/", s)
 			return
 		}
 		p := filepath.Join(dir, "..", "overlays", s)
 		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
-			d.failf(n, f, "overlay %s: %s is not a directory", s, p)
+			d.FailAt(n, f, "overlay %s: %s is not a directory", s, p)
 			return
 		}
 		out = append(out, p)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"gopkg.in/yaml.v3"
+
+	"github.com/kilnproject/kiln/internal/strictyaml"
 )
 
 // Runtimes are the container runtimes a profile may name; the first is
@@ -51,20 +53,20 @@ var k8sVersionRE = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1
 
 func (d *decoder) kubernetes(n *yaml.Node, at string) *Kubernetes {
 	k := &Kubernetes{Pos: d.pos(n), Runtime: Runtimes[0]}
-	seen, ok := d.fields(n, at, []string{"version", "runtime"}, func(key, field string, v *yaml.Node) {
-		s, ok := d.str(v, field)
+	seen, ok := d.Fields(n, at, []string{"version", "runtime"}, func(key, field string, v *yaml.Node) {
+		s, ok := d.String(v, field)
 		if !ok {
 			return
 		}
 		switch key {
 		case "version":
 			if !k8sVersionRE.MatchString(s) {
-				d.failf(v, field, "%q is not a Kubernetes release (like v1.37.2)", s)
+				d.FailAt(v, field, "%q is not a Kubernetes release (like v1.37.2)", s)
 			}
 			k.Version = s
 		case "runtime":
 			if !contains(Runtimes, s) {
-				d.failf(v, field, "%q is not a runtime (one of: %s)", s, strings.Join(Runtimes, ", "))
+				d.FailAt(v, field, "%q is not a runtime (one of: %s)", s, strings.Join(Runtimes, ", "))
 			}
 			k.Runtime = s
 		}
@@ -72,7 +74,7 @@ func (d *decoder) kubernetes(n *yaml.Node, at string) *Kubernetes {
 	if !ok {
 		return nil
 	}
-	d.require(n, at, seen, "version")
+	d.Require(n, at, seen, "version")
 	return k
 }
 
@@ -81,18 +83,18 @@ func (d *decoder) images(n *yaml.Node, at string) []Image {
 		return nil
 	}
 	if n.Kind != yaml.SequenceNode {
-		d.failf(n, at, "expected a list, got %s", describe(n))
+		d.FailAt(n, at, "expected a list, got %s", strictyaml.Describe(n))
 		return nil
 	}
 	var out []Image
 	names := map[string]bool{}
 	for i, item := range n.Content {
-		item = deref(item)
+		item = strictyaml.Deref(item)
 		f := fmt.Sprintf("%s[%d]", at, i)
 		im := d.image(item, f)
 		if im.Name != "" {
 			if names[im.Name] {
-				d.failf(item, f+".name", "%q used by an earlier image", im.Name)
+				d.FailAt(item, f+".name", "%q used by an earlier image", im.Name)
 			}
 			names[im.Name] = true
 		}
@@ -105,28 +107,28 @@ func (d *decoder) image(n *yaml.Node, at string) Image {
 	im := Image{Pos: d.pos(n)}
 	var srcDigest string
 	var srcNode *yaml.Node
-	seen, ok := d.fields(n, at, []string{"name", "source", "digest"}, func(key, field string, v *yaml.Node) {
-		s, ok := d.str(v, field)
+	seen, ok := d.Fields(n, at, []string{"name", "source", "digest"}, func(key, field string, v *yaml.Node) {
+		s, ok := d.String(v, field)
 		if !ok {
 			return
 		}
 		switch key {
 		case "name":
 			if err := checkImageName(s); err != nil {
-				d.failf(v, field, "%q: %v; want a full name with registry and tag, like registry.k8s.io/pause:3.10.2", s, err)
+				d.FailAt(v, field, "%q: %v; want a full name with registry and tag, like registry.k8s.io/pause:3.10.2", s, err)
 				return
 			}
 			im.Name = s
 		case "source":
 			dg, err := ParseSource(s)
 			if err != nil {
-				d.failf(v, field, "%v", err)
+				d.FailAt(v, field, "%v", err)
 				return
 			}
 			im.Source, srcDigest, srcNode = s, dg, v
 		case "digest":
 			if !digestRE.MatchString(s) {
-				d.failf(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
+				d.FailAt(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
 				return
 			}
 			im.Digest = s
@@ -135,10 +137,10 @@ func (d *decoder) image(n *yaml.Node, at string) Image {
 	if !ok {
 		return im
 	}
-	d.require(n, at, seen, "name")
+	d.Require(n, at, seen, "name")
 	if srcDigest != "" {
 		if im.Digest != "" && im.Digest != srcDigest {
-			d.failf(srcNode, join(at, "source"), "digest %s differs from digest: %s", srcDigest, im.Digest)
+			d.FailAt(srcNode, strictyaml.Join(at, "source"), "digest %s differs from digest: %s", srcDigest, im.Digest)
 		}
 		im.Digest = srcDigest
 	}

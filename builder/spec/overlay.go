@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kilnproject/kiln/internal/strictyaml"
 )
 
 // ProfileOverlay is a document given to `kiln bake --profile-overlay FILE`
@@ -57,14 +59,14 @@ func LoadProfileOverlay(file string) (*ProfileOverlay, error) {
 	}
 	dir := filepath.Dir(abs)
 	o := &ProfileOverlay{File: abs}
-	d.fields(root, "", []string{"artifacts", "images"}, func(key, field string, v *yaml.Node) {
+	d.Fields(root, "", []string{"artifacts", "images"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "artifacts":
 			d.list(v, field, func(item *yaml.Node, at string) {
 				if a, ok := d.artifactOverride(item, at, dir); ok {
 					for _, prev := range o.Artifacts {
 						if prev.Name == a.Name {
-							d.failf(item, at+".name", "%q given more than once", a.Name)
+							d.FailAt(item, at+".name", "%q given more than once", a.Name)
 						}
 					}
 					o.Artifacts = append(o.Artifacts, a)
@@ -75,7 +77,7 @@ func LoadProfileOverlay(file string) (*ProfileOverlay, error) {
 				if im, ok := d.imageOverride(item, at); ok {
 					for _, prev := range o.Images {
 						if prev.Name == im.Name {
-							d.failf(item, at+".name", "%q given more than once", im.Name)
+							d.FailAt(item, at+".name", "%q given more than once", im.Name)
 						}
 					}
 					o.Images = append(o.Images, im)
@@ -83,7 +85,7 @@ func LoadProfileOverlay(file string) (*ProfileOverlay, error) {
 			})
 		}
 	})
-	if err := d.err(); err != nil {
+	if err := d.Err(); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -95,27 +97,27 @@ func (d *decoder) list(n *yaml.Node, at string, each func(item *yaml.Node, at st
 		return
 	}
 	if n.Kind != yaml.SequenceNode {
-		d.failf(n, at, "expected a list, got %s", describe(n))
+		d.FailAt(n, at, "expected a list, got %s", strictyaml.Describe(n))
 		return
 	}
 	for i, item := range n.Content {
-		each(deref(item), fmt.Sprintf("%s[%d]", at, i))
+		each(strictyaml.Deref(item), fmt.Sprintf("%s[%d]", at, i))
 	}
 }
 
 func (d *decoder) artifactOverride(n *yaml.Node, at, dir string) (ArtifactOverride, bool) {
 	a := ArtifactOverride{Pos: d.pos(n)}
-	before := len(d.errs)
-	seen, ok := d.fields(n, at, []string{"name", "url", "path", "sha256"}, func(key, field string, v *yaml.Node) {
+	before := d.Failed()
+	seen, ok := d.Fields(n, at, []string{"name", "url", "path", "sha256"}, func(key, field string, v *yaml.Node) {
 		if key == "sha256" {
 			if v.Kind == yaml.ScalarNode && v.Tag != "!!null" && hexRE.MatchString(trimSHA(v.Value)) {
 				a.SHA256 = trimSHA(v.Value)
 			} else {
-				d.failf(v, field, "%s is not a sha256 (64 lower-case hex digits)", describe(v))
+				d.FailAt(v, field, "%s is not a sha256 (64 lower-case hex digits)", strictyaml.Describe(v))
 			}
 			return
 		}
-		s, ok := d.str(v, field)
+		s, ok := d.String(v, field)
 		if !ok {
 			return
 		}
@@ -124,23 +126,23 @@ func (d *decoder) artifactOverride(n *yaml.Node, at, dir string) (ArtifactOverri
 			a.Name = s
 		case "url":
 			if a.Source != "" {
-				d.failf(v, field, "give either url or path, not both")
+				d.FailAt(v, field, "give either url or path, not both")
 				return
 			}
 			u, err := url.Parse(s)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				d.failf(v, field, "%q is not an http(s) URL", s)
+				d.FailAt(v, field, "%q is not an http(s) URL", s)
 				return
 			}
 			a.URL, a.Source, a.sourceReplaced = s, s, true
 		case "path":
 			if a.Source != "" {
-				d.failf(v, field, "give either url or path, not both")
+				d.FailAt(v, field, "give either url or path, not both")
 				return
 			}
 			p, err := expandPath(s, dir)
 			if err != nil {
-				d.failf(v, field, "%v", err)
+				d.FailAt(v, field, "%v", err)
 				return
 			}
 			a.Path, a.Source, a.sourceReplaced = p, s, true
@@ -149,20 +151,20 @@ func (d *decoder) artifactOverride(n *yaml.Node, at, dir string) (ArtifactOverri
 	if !ok {
 		return a, false
 	}
-	d.require(n, at, seen, "name")
+	d.Require(n, at, seen, "name")
 	if !seen["url"] && !seen["path"] && !seen["sha256"] {
-		d.failf(n, at, "nothing to replace: give url, path or sha256")
+		d.FailAt(n, at, "nothing to replace: give url, path or sha256")
 	}
-	return a, len(d.errs) == before
+	return a, d.Failed() == before
 }
 
 func (d *decoder) imageOverride(n *yaml.Node, at string) (ImageOverride, bool) {
 	im := ImageOverride{Pos: d.pos(n)}
-	before := len(d.errs)
+	before := d.Failed()
 	var srcDigest string
 	var srcNode *yaml.Node
-	seen, ok := d.fields(n, at, []string{"name", "source", "digest"}, func(key, field string, v *yaml.Node) {
-		s, ok := d.str(v, field)
+	seen, ok := d.Fields(n, at, []string{"name", "source", "digest"}, func(key, field string, v *yaml.Node) {
+		s, ok := d.String(v, field)
 		if !ok {
 			return
 		}
@@ -172,13 +174,13 @@ func (d *decoder) imageOverride(n *yaml.Node, at string) (ImageOverride, bool) {
 		case "source":
 			dg, err := ParseSource(s)
 			if err != nil {
-				d.failf(v, field, "%v", err)
+				d.FailAt(v, field, "%v", err)
 				return
 			}
 			im.Source, srcDigest, srcNode = s, dg, v
 		case "digest":
 			if !digestRE.MatchString(s) {
-				d.failf(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
+				d.FailAt(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
 				return
 			}
 			im.Digest = s
@@ -187,17 +189,17 @@ func (d *decoder) imageOverride(n *yaml.Node, at string) (ImageOverride, bool) {
 	if !ok {
 		return im, false
 	}
-	d.require(n, at, seen, "name")
+	d.Require(n, at, seen, "name")
 	if !seen["source"] && !seen["digest"] {
-		d.failf(n, at, "nothing to replace: give source or digest")
+		d.FailAt(n, at, "nothing to replace: give source or digest")
 	}
 	if srcDigest != "" {
 		if im.Digest != "" && im.Digest != srcDigest {
-			d.failf(srcNode, join(at, "source"), "digest %s differs from digest: %s", srcDigest, im.Digest)
+			d.FailAt(srcNode, strictyaml.Join(at, "source"), "digest %s differs from digest: %s", srcDigest, im.Digest)
 		}
 		im.Digest = srcDigest
 	}
-	return im, len(d.errs) == before
+	return im, d.Failed() == before
 }
 
 func trimSHA(s string) string {

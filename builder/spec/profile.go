@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kilnproject/kiln/internal/strictyaml"
 )
 
 // Profile is a role profile, profiles/<role>.yaml: what a node of that
@@ -164,12 +166,12 @@ func loadProfile(file, role string) (*Profile, error) {
 	dir := filepath.Dir(abs)
 	p := &Profile{File: abs}
 	var imagesNode *yaml.Node
-	seen, _ := d.fields(root, "", []string{"role", "artifacts", "units", "overlays", "templates", "kubernetes", "images"}, func(key, field string, v *yaml.Node) {
+	seen, _ := d.Fields(root, "", []string{"role", "artifacts", "units", "overlays", "templates", "kubernetes", "images"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "role":
-			if s, ok := d.str(v, field); ok {
+			if s, ok := d.String(v, field); ok {
 				if s != role {
-					d.failf(v, field, "%q does not match the file name (%s.yaml)", s, role)
+					d.FailAt(v, field, "%q does not match the file name (%s.yaml)", s, role)
 				}
 				p.Role = s
 			}
@@ -185,20 +187,20 @@ func loadProfile(file, role string) (*Profile, error) {
 			imagesNode = v
 			p.Images = d.images(v, field)
 		case "templates":
-			if s, ok := d.str(v, field); ok {
+			if s, ok := d.String(v, field); ok {
 				t, err := expandPath(s, dir)
 				if err != nil {
-					d.failf(v, field, "%v", err)
+					d.FailAt(v, field, "%v", err)
 				}
 				p.Templates = t
 			}
 		}
 	})
-	d.require(root, "", seen, "role")
+	d.Require(root, "", seen, "role")
 	if len(p.Images) > 0 && !seen["kubernetes"] {
-		d.failf(imagesNode, "images", "pre-pulled images need a kubernetes section (its runtime imports them)")
+		d.FailAt(imagesNode, "images", "pre-pulled images need a kubernetes section (its runtime imports them)")
 	}
-	if err := d.err(); err != nil {
+	if err := d.Err(); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -209,17 +211,17 @@ func (d *decoder) artifacts(n *yaml.Node, at, dir string) []Artifact {
 		return nil
 	}
 	if n.Kind != yaml.SequenceNode {
-		d.failf(n, at, "expected a list, got %s", describe(n))
+		d.FailAt(n, at, "expected a list, got %s", strictyaml.Describe(n))
 		return nil
 	}
 	var out []Artifact
 	names := map[string]bool{}
 	for i, item := range n.Content {
-		item = deref(item)
+		item = strictyaml.Deref(item)
 		a := d.artifact(item, fmt.Sprintf("%s[%d]", at, i), dir)
 		if a.Name != "" {
 			if names[a.Name] {
-				d.failf(item, fmt.Sprintf("%s[%d].name", at, i), "%q used by an earlier artifact", a.Name)
+				d.FailAt(item, fmt.Sprintf("%s[%d].name", at, i), "%q used by an earlier artifact", a.Name)
 			}
 			names[a.Name] = true
 		}
@@ -231,7 +233,7 @@ func (d *decoder) artifacts(n *yaml.Node, at, dir string) []Artifact {
 func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
 	a := Artifact{Pos: d.pos(n)}
 	var extractNode, modeNode, destNode *yaml.Node
-	seen, ok := d.fields(n, at, []string{"name", "url", "path", "sha256", "dest", "mode", "extract"}, func(key, field string, v *yaml.Node) {
+	seen, ok := d.Fields(n, at, []string{"name", "url", "path", "sha256", "dest", "mode", "extract"}, func(key, field string, v *yaml.Node) {
 		if key == "extract" {
 			extractNode = v
 			return
@@ -240,62 +242,62 @@ func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
 			// Read the text whatever YAML thinks it is: a hex digest may
 			// happen to look like a number.
 			if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
-				d.failf(v, field, "expected a sha256 (64 hex digits), got %s", describe(v))
+				d.FailAt(v, field, "expected a sha256 (64 hex digits), got %s", strictyaml.Describe(v))
 				return
 			}
 			if s := strings.TrimPrefix(v.Value, "sha256:"); hexRE.MatchString(s) {
 				a.SHA256 = s
 			} else {
-				d.failf(v, field, "%q is not a sha256 (64 lower-case hex digits)", v.Value)
+				d.FailAt(v, field, "%q is not a sha256 (64 lower-case hex digits)", v.Value)
 			}
 			return
 		}
 		if key == "mode" {
 			modeNode = v
 			if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!int") || !modeRE.MatchString(v.Value) {
-				d.failf(v, field, "expected an octal mode such as \"0755\", got %s", describe(v))
+				d.FailAt(v, field, "expected an octal mode such as \"0755\", got %s", strictyaml.Describe(v))
 				return
 			}
 			m, _ := strconv.ParseUint(v.Value, 8, 32)
 			a.Mode = fs.FileMode(m)
 			return
 		}
-		s, ok := d.str(v, field)
+		s, ok := d.String(v, field)
 		if !ok {
 			return
 		}
 		switch key {
 		case "name":
 			if !artNameRE.MatchString(s) {
-				d.failf(v, field, "%q: use lower-case letters, digits, '.', '_' and '-'", s)
+				d.FailAt(v, field, "%q: use lower-case letters, digits, '.', '_' and '-'", s)
 			}
 			a.Name = s
 		case "url":
 			if a.Source != "" {
-				d.failf(v, field, "give either url or path, not both")
+				d.FailAt(v, field, "give either url or path, not both")
 				return
 			}
 			u, err := url.Parse(s)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				d.failf(v, field, "%q is not an http(s) URL", s)
+				d.FailAt(v, field, "%q is not an http(s) URL", s)
 				return
 			}
 			a.URL, a.Source = s, s
 		case "path":
 			if a.Source != "" {
-				d.failf(v, field, "give either url or path, not both")
+				d.FailAt(v, field, "give either url or path, not both")
 				return
 			}
 			p, err := expandPath(s, dir)
 			if err != nil {
-				d.failf(v, field, "%v", err)
+				d.FailAt(v, field, "%v", err)
 				return
 			}
 			a.Path, a.Source = p, s
 		case "dest":
 			destNode = v
 			if err := imagePath(s); err != nil {
-				d.failf(v, field, "%v", err)
+				d.FailAt(v, field, "%v", err)
 				return
 			}
 			a.Dest = path.Clean(s)
@@ -304,13 +306,13 @@ func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
 	if !ok {
 		return a
 	}
-	d.require(n, at, seen, "name")
+	d.Require(n, at, seen, "name")
 	if !seen["url"] && !seen["path"] {
-		d.failf(n, at, "one of url or path is required")
+		d.FailAt(n, at, "one of url or path is required")
 	}
 	if extractNode == nil {
 		if !seen["dest"] {
-			d.failf(n, join(at, "dest"), "required (or extract)")
+			d.FailAt(n, strictyaml.Join(at, "dest"), "required (or extract)")
 		}
 		if a.Mode == 0 && modeNode == nil {
 			a.Mode = 0o644
@@ -318,15 +320,15 @@ func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
 		return a
 	}
 	if modeNode != nil {
-		d.failf(modeNode, join(at, "mode"), "only for plain files; extracted files keep the archive's modes")
+		d.FailAt(modeNode, strictyaml.Join(at, "mode"), "only for plain files; extracted files keep the archive's modes")
 	}
-	a.Extract = d.extract(extractNode, join(at, "extract"), a.Source)
+	a.Extract = d.extract(extractNode, strictyaml.Join(at, "extract"), a.Source)
 	if a.Extract != nil {
 		switch {
 		case a.Extract.Files != nil && destNode != nil:
-			d.failf(destNode, join(at, "dest"), "not used with extract.files (each file names its destination)")
+			d.FailAt(destNode, strictyaml.Join(at, "dest"), "not used with extract.files (each file names its destination)")
 		case a.Extract.Files == nil && destNode == nil:
-			d.failf(extractNode, join(at, "extract"), "needs files, or a dest directory on the artifact")
+			d.FailAt(extractNode, strictyaml.Join(at, "extract"), "needs files, or a dest directory on the artifact")
 		default:
 			a.Extract.Dir = a.Dest
 		}
@@ -336,23 +338,23 @@ func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
 
 func (d *decoder) extract(n *yaml.Node, at, source string) *Extract {
 	x := &Extract{}
-	_, ok := d.fields(n, at, []string{"format", "files", "strip"}, func(key, field string, v *yaml.Node) {
+	_, ok := d.Fields(n, at, []string{"format", "files", "strip"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "format":
-			if s, ok := d.str(v, field); ok {
+			if s, ok := d.String(v, field); ok {
 				if !contains(ArchiveFormats, s) {
-					d.failf(v, field, "%q is not an archive format (one of: %s)", s, strings.Join(ArchiveFormats, ", "))
+					d.FailAt(v, field, "%q is not an archive format (one of: %s)", s, strings.Join(ArchiveFormats, ", "))
 				}
 				x.Format = s
 			}
 		case "strip":
 			if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
-				d.failf(v, field, "expected a number, got %s", describe(v))
+				d.FailAt(v, field, "expected a number, got %s", strictyaml.Describe(v))
 				return
 			}
 			s, err := strconv.Atoi(v.Value)
 			if err != nil || s < 0 || s > 32 {
-				d.failf(v, field, "%s: want 0 to 32", v.Value)
+				d.FailAt(v, field, "%s: want 0 to 32", v.Value)
 				return
 			}
 			x.Strip = s
@@ -366,7 +368,7 @@ func (d *decoder) extract(n *yaml.Node, at, source string) *Extract {
 	if x.Format == "" {
 		x.Format = guessFormat(source)
 		if x.Format == "" {
-			d.failf(n, join(at, "format"), "required: cannot tell the format from %q (one of: %s)", source, strings.Join(ArchiveFormats, ", "))
+			d.FailAt(n, strictyaml.Join(at, "format"), "required: cannot tell the format from %q (one of: %s)", source, strings.Join(ArchiveFormats, ", "))
 		}
 	}
 	return x
@@ -375,14 +377,14 @@ func (d *decoder) extract(n *yaml.Node, at, source string) *Extract {
 // files decodes extract.files: archive member -> absolute path in the image.
 func (d *decoder) files(n *yaml.Node, at string) map[string]string {
 	if n.Kind != yaml.MappingNode {
-		d.failf(n, at, "expected a mapping of archive member to destination, got %s", describe(n))
+		d.FailAt(n, at, "expected a mapping of archive member to destination, got %s", strictyaml.Describe(n))
 		return map[string]string{}
 	}
 	out := map[string]string{}
 	dests := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := deref(n.Content[i]), deref(n.Content[i+1])
-		member, ok := d.str(k, at)
+		k, v := strictyaml.Deref(n.Content[i]), strictyaml.Deref(n.Content[i+1])
+		member, ok := d.String(k, at)
 		if !ok {
 			continue
 		}
@@ -390,29 +392,29 @@ func (d *decoder) files(n *yaml.Node, at string) map[string]string {
 		m := strings.TrimPrefix(member, "./")
 		switch {
 		case m == "" || strings.HasPrefix(m, "/") || containsDotDot(m):
-			d.failf(k, field, "%q: want a relative path inside the archive", member)
+			d.FailAt(k, field, "%q: want a relative path inside the archive", member)
 			continue
 		case out[path.Clean(m)] != "":
-			d.failf(k, field, "given more than once")
+			d.FailAt(k, field, "given more than once")
 			continue
 		}
-		dest, ok := d.str(v, field)
+		dest, ok := d.String(v, field)
 		if !ok {
 			continue
 		}
 		if err := imagePath(dest); err != nil {
-			d.failf(v, field, "%v", err)
+			d.FailAt(v, field, "%v", err)
 			continue
 		}
 		dest = path.Clean(dest)
 		if dests[dest] {
-			d.failf(v, field, "%s is the destination of another member", dest)
+			d.FailAt(v, field, "%s is the destination of another member", dest)
 		}
 		dests[dest] = true
 		out[path.Clean(m)] = dest
 	}
 	if len(n.Content) == 0 {
-		d.failf(n, at, "lists no files")
+		d.FailAt(n, at, "lists no files")
 	}
 	return out
 }
@@ -454,14 +456,14 @@ func containsDotDot(s string) bool {
 
 func (d *decoder) units(n *yaml.Node, at string, u *Units) {
 	where := map[string]string{}
-	d.fields(n, at, []string{"enable", "disable", "mask"}, func(key, field string, v *yaml.Node) {
+	d.Fields(n, at, []string{"enable", "disable", "mask"}, func(key, field string, v *yaml.Node) {
 		list := d.strs(v, field, func(s, f string, n *yaml.Node) {
 			if !unitRE.MatchString(s) {
-				d.failf(n, f, "%q is not a systemd unit name (like kubelet.service)", s)
+				d.FailAt(n, f, "%q is not a systemd unit name (like kubelet.service)", s)
 				return
 			}
 			if other, ok := where[s]; ok {
-				d.failf(n, f, "%q is also in units.%s", s, other)
+				d.FailAt(n, f, "%q is also in units.%s", s, other)
 			}
 			where[s] = key
 		})

@@ -44,14 +44,14 @@ func TestLoadDefinitionErrors(t *testing.T) {
 			"F:2: invalid YAML: did not find expected ',' or ']'"}},
 		{"tab indentation", "name: qemu\nbase:\n\tlayout: x\n", []string{
 			"F:3: invalid YAML: found character that cannot start any token"}},
-		{"empty", "", []string{"F: document is empty"}},
+		{"empty", "", []string{"F: the document is empty"}},
 		{"not a mapping", "- a\n- b\n", []string{"F:1: expected a mapping at the top level, got a list"}},
 		{"two documents", validBase + "---\nname: x\n", []string{"F:6: more than one YAML document; expected one"}},
 		{"unknown field", validBase + "disk:\n  sise: 4GiB\n", []string{
 			"F:7: disk.sise: unknown field (known: compression, esp_size, rootfs, size)"}},
 		{"unknown top-level field", validBase + "format: [raw]\n", []string{
 			"F:6: format: unknown field (known: base, disk, formats, kernel, name, overlays, platform, profiles)"}},
-		{"duplicate field", validBase + "name: other\n", []string{"F:6: name: given more than once"}},
+		{"duplicate field", validBase + "name: other\n", []string{"F:6: name: set twice (first at line 1)"}},
 		{"missing required", "name: qemu\n", []string{"F:1: platform: required", "F:1: base: required"}},
 		{"wrong type mapping", validBase + "disk: 4GiB\n", []string{"F:6: disk: expected a mapping, got the string \"4GiB\""}},
 		{"wrong type list", validBase + "formats: raw\n", []string{"F:6: formats: expected a list, got the string \"raw\""}},

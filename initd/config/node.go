@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/strictyaml"
 )
 
 // NodePath is where the kiln node config lives on a node.
@@ -164,46 +166,46 @@ func LoadNode(path string) (*Node, error) {
 // `node.yaml:12: etcd.member: "d" is not one of etcd.members (a, b, c)`. The result has
 // every default filled in.
 func ParseNode(data []byte, name string) (*Node, error) {
-	d := &yamlDoc{file: name, lines: map[string]int{}}
+	d := strictyaml.NewDoc(name)
 	var n Node
-	decodeYAML(d, data, &n)
-	if err := d.err(); err != nil {
+	d.Decode(data, &n)
+	if err := d.ErrByLine(); err != nil {
 		return nil, err
 	}
 	n.check(d)
-	if err := d.err(); err != nil {
+	if err := d.ErrByLine(); err != nil {
 		return nil, err
 	}
 	return &n, nil
 }
 
 // check validates n and fills in defaults, reporting problems to d.
-func (n *Node) check(d *yamlDoc) {
+func (n *Node) check(d *strictyaml.Doc) {
 	n.Cluster.DNSZone = strings.TrimSuffix(n.Cluster.DNSZone, ".")
 	switch {
 	case n.Cluster.Name == "":
-		d.failf("cluster.name", "is required")
+		d.Failf("cluster.name", "is required")
 	case !isDNSLabel(n.Cluster.Name):
-		d.failf("cluster.name", "%q is not an RFC 1123 label (lower-case letters, digits and '-', at most 63)", n.Cluster.Name)
+		d.Failf("cluster.name", "%q is not an RFC 1123 label (lower-case letters, digits and '-', at most 63)", n.Cluster.Name)
 	}
 	if z := n.Cluster.DNSZone; z != "" && !isDNSName(z) {
-		d.failf("cluster.dnsZone", "%q is not an RFC 1123 DNS name", z)
+		d.Failf("cluster.dnsZone", "%q is not an RFC 1123 DNS name", z)
 	}
 
 	switch n.Role {
 	case RoleWorker, RoleControlPlane, RoleEtcd:
 	case "":
-		d.failf("role", "is required (worker, control-plane or etcd)")
+		d.Failf("role", "is required (worker, control-plane or etcd)")
 	default:
-		d.failf("role", "%q is not a role (worker, control-plane or etcd)", n.Role)
+		d.Failf("role", "%q is not a role (worker, control-plane or etcd)", n.Role)
 	}
 	needsZone := n.Role == RoleControlPlane || n.Role == RoleEtcd
 	if n.Cluster.DNSZone == "" && needsZone {
-		d.failf("cluster.dnsZone", "is required for role %s (etcd and API names live in it)", n.Role)
+		d.Failf("cluster.dnsZone", "is required for role %s (etcd and API names live in it)", n.Role)
 	}
 
 	if h := n.Hostname; h != "" && !isDNSName(h) {
-		d.failf("hostname", "%q is not an RFC 1123 DNS name (lower-case letters, digits, '-' and '.')", h)
+		d.Failf("hostname", "%q is not an RFC 1123 DNS name (lower-case letters, digits, '-' and '.')", h)
 	}
 
 	n.checkDNS(d)
@@ -212,7 +214,7 @@ func (n *Node) check(d *yamlDoc) {
 	n.checkKubernetes(d)
 }
 
-func (n *Node) checkDNS(d *yamlDoc) {
+func (n *Node) checkDNS(d *strictyaml.Doc) {
 	dns := &n.DNS
 	if dns.Provider == "" {
 		dns.Provider = DNSNone
@@ -220,10 +222,10 @@ func (n *Node) checkDNS(d *yamlDoc) {
 	switch dns.Provider {
 	case DNSRFC2136, DNSRoute53, DNSCloudDNS, DNSHosts, DNSNone:
 	default:
-		d.failf("dns.provider", "%q is not a provider (rfc2136, route53, clouddns, hosts or none)", dns.Provider)
+		d.Failf("dns.provider", "%q is not a provider (rfc2136, route53, clouddns, hosts or none)", dns.Provider)
 	}
 	if dns.Provider != DNSNone && n.Cluster.DNSZone == "" {
-		d.failf("cluster.dnsZone", "is required with dns.provider %s", dns.Provider)
+		d.Failf("cluster.dnsZone", "is required with dns.provider %s", dns.Provider)
 	}
 	dns.Zone = strings.TrimSuffix(dns.Zone, ".")
 	if dns.Zone == "" {
@@ -232,82 +234,82 @@ func (n *Node) checkDNS(d *yamlDoc) {
 	if dns.Zone != "" && n.Cluster.DNSZone != "" {
 		switch fqdn := n.ClusterFQDN(); {
 		case !isDNSName(dns.Zone):
-			d.failf("dns.zone", "%q is not an RFC 1123 DNS name", dns.Zone)
+			d.Failf("dns.zone", "%q is not an RFC 1123 DNS name", dns.Zone)
 		case fqdn != dns.Zone && !strings.HasSuffix(fqdn, "."+dns.Zone):
-			d.failf("dns.zone", "the cluster's names (*.internal.%s) are not inside zone %s", fqdn, dns.Zone)
+			d.Failf("dns.zone", "the cluster's names (*.internal.%s) are not inside zone %s", fqdn, dns.Zone)
 		}
 	}
 	if dns.TTL == 0 {
 		dns.TTL = DefaultDNSTTL
 	}
 	if dns.TTL < 1 || dns.TTL > 86400 {
-		d.failf("dns.ttl", "%d is not between 1 and 86400 seconds", dns.TTL)
+		d.Failf("dns.ttl", "%d is not between 1 and 86400 seconds", dns.TTL)
 	}
 	if dns.Provider != DNSRFC2136 {
 		for field, v := range map[string]string{"dns.server": dns.Server, "dns.tsigKeyName": dns.TSIGKeyName, "dns.tsigSecretFile": dns.TSIGSecretFile} {
 			if v != "" {
-				d.failf(field, "is only used with dns.provider rfc2136 (provider is %s)", dns.Provider)
+				d.Failf(field, "is only used with dns.provider rfc2136 (provider is %s)", dns.Provider)
 			}
 		}
 		return
 	}
 	if dns.Server == "" {
-		d.failf("dns.server", "is required with dns.provider rfc2136 (host or host:port of the authoritative server)")
+		d.Failf("dns.server", "is required with dns.provider rfc2136 (host or host:port of the authoritative server)")
 	} else if hp, err := hostPort(dns.Server, 53); err != nil {
-		d.failf("dns.server", "%v", err)
+		d.Failf("dns.server", "%v", err)
 	} else {
 		dns.Server = hp
 	}
 	switch {
 	case (dns.TSIGKeyName == "") != (dns.TSIGSecretFile == ""):
-		d.failf("dns.tsigKeyName", "tsigKeyName and tsigSecretFile go together: set both or neither")
+		d.Failf("dns.tsigKeyName", "tsigKeyName and tsigSecretFile go together: set both or neither")
 	case dns.TSIGKeyName != "" && !isDNSName(strings.TrimSuffix(dns.TSIGKeyName, ".")):
-		d.failf("dns.tsigKeyName", "%q is not a DNS name", dns.TSIGKeyName)
+		d.Failf("dns.tsigKeyName", "%q is not a DNS name", dns.TSIGKeyName)
 	case dns.TSIGSecretFile != "" && (!path.IsAbs(dns.TSIGSecretFile) || path.Clean(dns.TSIGSecretFile) != dns.TSIGSecretFile):
-		d.failf("dns.tsigSecretFile", "%q must be a clean absolute path", dns.TSIGSecretFile)
+		d.Failf("dns.tsigSecretFile", "%q must be a clean absolute path", dns.TSIGSecretFile)
 	}
 }
 
-func (n *Node) checkEtcd(d *yamlDoc) {
+func (n *Node) checkEtcd(d *strictyaml.Doc) {
 	wantEtcd := n.Role == RoleControlPlane || n.Role == RoleEtcd
 	e := n.Etcd
 	switch {
 	case e == nil && wantEtcd:
-		d.failf("etcd", "is required for role %s (member, members)", n.Role)
+		d.Failf("etcd", "is required for role %s (member, members)", n.Role)
 		return
 	case e == nil:
 		return
 	case n.Role == RoleWorker:
-		d.failf("etcd", "a worker node runs no etcd member; remove etcd or change role")
+		d.Failf("etcd", "a worker node runs no etcd member; remove etcd or change role")
 		return
 	}
 	switch {
 	case e.Member == "":
-		d.failf("etcd.member", "is required")
+		d.Failf("etcd.member", "is required")
 	case !isDNSLabel(e.Member):
-		d.failf("etcd.member", "%q is not an RFC 1123 label", e.Member)
+		d.Failf("etcd.member", "%q is not an RFC 1123 label", e.Member)
 	}
 	if len(e.Members) == 0 {
-		d.failf("etcd.members", "is required: the names of all members, this one included")
+		d.Failf("etcd.members", "is required: the names of all members, this one included")
 	}
 	for i, m := range e.Members {
 		field := fmt.Sprintf("etcd.members[%d]", i)
 		switch {
 		case !isDNSLabel(m):
-			d.failf(field, "%q is not an RFC 1123 label", m)
+			d.Failf(field, "%q is not an RFC 1123 label", m)
 		case slices.Index(e.Members, m) < i:
-			d.failf(field, "%q is listed twice", m)
+			d.Failf(field, "%q is listed twice", m)
 		}
 	}
 	if e.Member != "" && len(e.Members) > 0 && !slices.Contains(e.Members, e.Member) {
-		d.failf("etcd.member", "%q is not one of etcd.members (%s)", e.Member, strings.Join(e.Members, ", "))
+		d.Failf("etcd.member", "%q is not one of etcd.members (%s)", e.Member, strings.Join(e.Members, ", "))
 	}
 	if e.Volume != nil {
 		n.checkVolume(d, e.Volume)
 	}
 }
 
-func (n *Node) checkVolume(d *yamlDoc, v *Volume) {
+func (n *Node) checkVolume(d *strictyaml.Doc, v *Volume) {
 	set := 0
 	for _, s := range []bool{v.Serial != "", v.ByID != "", len(v.AWSTags) > 0, v.GCEName != ""} {
 		if s {
@@ -315,50 +317,50 @@ func (n *Node) checkVolume(d *yamlDoc, v *Volume) {
 		}
 	}
 	if set != 1 {
-		d.failf("etcd.volume", "set exactly one of serial, byId, awsTags and gceName (%d are set)", set)
+		d.Failf("etcd.volume", "set exactly one of serial, byId, awsTags and gceName (%d are set)", set)
 	}
 	if v.Serial != "" && strings.ContainsAny(v.Serial, "/ \t\n") {
-		d.failf("etcd.volume.serial", "%q must not contain '/' or spaces", v.Serial)
+		d.Failf("etcd.volume.serial", "%q must not contain '/' or spaces", v.Serial)
 	}
 	if id := v.ByID; id != "" {
 		name := strings.TrimPrefix(id, "/dev/disk/by-id/")
 		if name == "" || strings.ContainsAny(name, "/ \t\n") {
-			d.failf("etcd.volume.byId", "%q is neither a name in /dev/disk/by-id nor /dev/disk/by-id/<name>", id)
+			d.Failf("etcd.volume.byId", "%q is neither a name in /dev/disk/by-id nor /dev/disk/by-id/<name>", id)
 		}
 	}
 	for k := range v.AWSTags {
 		if k == "" || len(k) > 128 {
-			d.failf(mapField("etcd.volume.awsTags", k), "an AWS tag key has 1 to 128 characters")
+			d.Failf(strictyaml.MapKey("etcd.volume.awsTags", k), "an AWS tag key has 1 to 128 characters")
 		}
 	}
 	if g := v.GCEName; g != "" && !isRFC1035Label(g) {
-		d.failf("etcd.volume.gceName", "%q is not a GCE disk name (lower-case letter first, then letters, digits and '-', at most 63)", g)
+		d.Failf("etcd.volume.gceName", "%q is not a GCE disk name (lower-case letter first, then letters, digits and '-', at most 63)", g)
 	}
 	if v.FSType == "" {
 		v.FSType = DefaultEtcdFSType
 	}
 	maxLabel := map[string]int{"ext4": 16, "xfs": 12}[v.FSType]
 	if maxLabel == 0 {
-		d.failf("etcd.volume.fsType", "%q is not supported (ext4 or xfs)", v.FSType)
+		d.Failf("etcd.volume.fsType", "%q is not supported (ext4 or xfs)", v.FSType)
 	}
 	if v.Label == "" {
 		v.Label = DefaultEtcdLabel
 	}
 	if maxLabel > 0 && len(v.Label) > maxLabel {
-		d.failf("etcd.volume.label", "%q is longer than the %d bytes %s allows", v.Label, maxLabel, v.FSType)
+		d.Failf("etcd.volume.label", "%q is longer than the %d bytes %s allows", v.Label, maxLabel, v.FSType)
 	}
 	if v.MountPath == "" {
 		// One directory per cluster, as etcd-manager mounts them.
 		v.MountPath = path.Join(DefaultEtcdMountPath, n.Cluster.Name)
 	}
 	if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" {
-		d.failf("etcd.volume.mountPath", "%q must be a clean absolute path below /", v.MountPath)
+		d.Failf("etcd.volume.mountPath", "%q must be a clean absolute path below /", v.MountPath)
 	}
 	v.MinBytes = DefaultEtcdMinSize
 	if v.MinSize != "" {
 		n, err := parseSize(v.MinSize)
 		if err != nil {
-			d.failf("etcd.volume.minSize", "%v", err)
+			d.Failf("etcd.volume.minSize", "%v", err)
 		}
 		v.MinBytes = n
 	}
@@ -392,10 +394,10 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
-func (n *Node) checkAPIEndpoint(d *yamlDoc) {
+func (n *Node) checkAPIEndpoint(d *strictyaml.Doc) {
 	if n.APIEndpoint == "" {
 		if n.Cluster.DNSZone == "" || n.Cluster.Name == "" {
-			d.failf("apiEndpoint", "is required when cluster.dnsZone is not set (host:port of the Kubernetes API)")
+			d.Failf("apiEndpoint", "is required when cluster.dnsZone is not set (host:port of the Kubernetes API)")
 			return
 		}
 		n.APIEndpoint = net.JoinHostPort(n.InternalName("api"), strconv.Itoa(DefaultAPIPort))
@@ -403,23 +405,23 @@ func (n *Node) checkAPIEndpoint(d *yamlDoc) {
 	}
 	host, port, err := net.SplitHostPort(n.APIEndpoint)
 	if err != nil {
-		d.failf("apiEndpoint", "%q is not host:port (e.g. api.example.com:6443)", n.APIEndpoint)
+		d.Failf("apiEndpoint", "%q is not host:port (e.g. api.example.com:6443)", n.APIEndpoint)
 		return
 	}
 	if err := checkHost(host); err != nil {
-		d.failf("apiEndpoint", "%v", err)
+		d.Failf("apiEndpoint", "%v", err)
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-		d.failf("apiEndpoint", "port %q is not between 1 and 65535", port)
+		d.Failf("apiEndpoint", "port %q is not between 1 and 65535", port)
 	}
 }
 
 var kubeVersion = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`)
 
-func (n *Node) checkKubernetes(d *yamlDoc) {
+func (n *Node) checkKubernetes(d *strictyaml.Doc) {
 	k := &n.Kubernetes
 	if k.Version != "" && !kubeVersion.MatchString(k.Version) {
-		d.failf("kubernetes.version", "%q is not a version like v1.37.2", k.Version)
+		d.Failf("kubernetes.version", "%q is not a version like v1.37.2", k.Version)
 	}
 	if k.PodCIDR == "" {
 		k.PodCIDR = DefaultPodCIDR
@@ -429,18 +431,18 @@ func (n *Node) checkKubernetes(d *yamlDoc) {
 	}
 	pods, podErr := parseCIDRs(k.PodCIDR, 0, 0)
 	if podErr != nil {
-		d.failf("kubernetes.podCIDR", "%v", podErr)
+		d.Failf("kubernetes.podCIDR", "%v", podErr)
 	}
 	// kube-apiserver refuses service ranges larger than /12 (IPv4) or /108 (IPv6).
 	services, svcErr := parseCIDRs(k.ServiceCIDR, 12, 108)
 	if svcErr != nil {
-		d.failf("kubernetes.serviceCIDR", "%v", svcErr)
+		d.Failf("kubernetes.serviceCIDR", "%v", svcErr)
 	}
 	if podErr == nil && svcErr == nil {
 		for _, p := range pods {
 			for _, s := range services {
 				if p.Overlaps(s) {
-					d.failf("kubernetes.serviceCIDR", "%s overlaps podCIDR %s", s, p)
+					d.Failf("kubernetes.serviceCIDR", "%s overlaps podCIDR %s", s, p)
 				}
 			}
 		}
@@ -455,33 +457,33 @@ func (n *Node) checkKubernetes(d *yamlDoc) {
 	}
 	if ip, err := netip.ParseAddr(k.ClusterDNS); err != nil {
 		if k.ClusterDNS != "" {
-			d.failf("kubernetes.clusterDNS", "%q is not an IP address", k.ClusterDNS)
+			d.Failf("kubernetes.clusterDNS", "%q is not an IP address", k.ClusterDNS)
 		}
 	} else if svcErr == nil && !slices.ContainsFunc(services, func(p netip.Prefix) bool { return p.Contains(ip) }) {
-		d.failf("kubernetes.clusterDNS", "%s is not inside serviceCIDR %s", ip, k.ServiceCIDR)
+		d.Failf("kubernetes.clusterDNS", "%s is not inside serviceCIDR %s", ip, k.ServiceCIDR)
 	}
 	if k.ClusterDomain == "" {
 		k.ClusterDomain = DefaultClusterDomain
 	}
 	if !isDNSName(k.ClusterDomain) {
-		d.failf("kubernetes.clusterDomain", "%q is not an RFC 1123 DNS name", k.ClusterDomain)
+		d.Failf("kubernetes.clusterDomain", "%q is not an RFC 1123 DNS name", k.ClusterDomain)
 	}
 	for key, val := range k.NodeLabels {
-		field := mapField("kubernetes.nodeLabels", key)
+		field := strictyaml.MapKey("kubernetes.nodeLabels", key)
 		if err := checkLabel(key, val); err != nil {
-			d.failf(field, "%v", err)
+			d.Failf(field, "%v", err)
 		}
 	}
 	n.checkLeaderElection(d)
 	for flag, val := range k.KubeletExtraArgs {
-		field := mapField("kubernetes.kubeletExtraArgs", flag)
+		field := strictyaml.MapKey("kubernetes.kubeletExtraArgs", flag)
 		switch {
 		case strings.HasPrefix(flag, "-"):
-			d.failf(field, "write the flag name without leading dashes (%s)", strings.TrimLeft(flag, "-"))
+			d.Failf(field, "write the flag name without leading dashes (%s)", strings.TrimLeft(flag, "-"))
 		case !kubeletFlag.MatchString(flag):
-			d.failf(field, "%q is not a kubelet flag name", flag)
+			d.Failf(field, "%q is not a kubelet flag name", flag)
 		case strings.ContainsAny(val, "\n\x00"):
-			d.failf(field, "the value must be one line")
+			d.Failf(field, "the value must be one line")
 		}
 	}
 }
@@ -600,7 +602,7 @@ func checkLabel(key, val string) error {
 
 // checkLeaderElection checks the lease timings as the components do at start: each a positive
 // duration, leaseDuration > renewDeadline > 1.2 × retryPeriod (the retries' jitter).
-func (n *Node) checkLeaderElection(d *yamlDoc) {
+func (n *Node) checkLeaderElection(d *strictyaml.Doc) {
 	le := n.Kubernetes.LeaderElection
 	value := func(field, s string, def time.Duration) (time.Duration, bool) {
 		if s == "" {
@@ -608,7 +610,7 @@ func (n *Node) checkLeaderElection(d *yamlDoc) {
 		}
 		v, err := time.ParseDuration(s)
 		if err != nil || v <= 0 {
-			d.failf("kubernetes.leaderElection."+field, "%q is not a positive duration like 15s", s)
+			d.Failf("kubernetes.leaderElection."+field, "%q is not a positive duration like 15s", s)
 			return 0, false
 		}
 		return v, true
@@ -620,9 +622,9 @@ func (n *Node) checkLeaderElection(d *yamlDoc) {
 		return
 	}
 	if lease <= renew {
-		d.failf("kubernetes.leaderElection.leaseDuration", "%s must be longer than renewDeadline (%s)", lease, renew)
+		d.Failf("kubernetes.leaderElection.leaseDuration", "%s must be longer than renewDeadline (%s)", lease, renew)
 	}
 	if renew*5 <= retry*6 {
-		d.failf("kubernetes.leaderElection.renewDeadline", "%s must be longer than 1.2 × retryPeriod (%s)", renew, retry)
+		d.Failf("kubernetes.leaderElection.renewDeadline", "%s must be longer than 1.2 × retryPeriod (%s)", renew, retry)
 	}
 }
