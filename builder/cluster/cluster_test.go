@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 var now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -118,7 +119,7 @@ func TestInit(t *testing.T) {
 
 			// admin.conf
 			adminData, _ := os.ReadFile(filepath.Join(dir, "admin.conf"))
-			admin, err := pki.ParseKubeconfig(adminData)
+			admin, err := kubeconfig.Parse(adminData)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,7 +200,7 @@ func TestInit(t *testing.T) {
 						if nc.Etcd != nil {
 							t.Error("worker with etcd")
 						}
-						kc, err := pki.ParseKubeconfig(files["/etc/kubernetes/bootstrap-kubelet.conf"].Contents)
+						kc, err := kubeconfig.Parse(files["/etc/kubernetes/bootstrap-kubelet.conf"].Contents)
 						if err != nil {
 							t.Fatal(err)
 						}

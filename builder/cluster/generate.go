@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 // Paths on a node.
@@ -48,7 +49,7 @@ type Cluster struct {
 	// CA, FrontProxyCA and EtcdCA are the three CAs; ServiceAccount the signing key.
 	CA, FrontProxyCA, EtcdCA, ServiceAccount pki.KeyPair
 	Token                                    pki.Token
-	Admin                                    pki.Kubeconfig
+	Admin                                    kubeconfig.Config
 	// Files is the output directory's content, in the order it is written.
 	Files []File
 }
@@ -247,7 +248,7 @@ func (c *Cluster) Ignition(n Node) ([]byte, error) {
 		add(path.Join(NodePKIDir, pki.ServiceAccount+".pub"), c.ServiceAccount.CertPEM, pki.ModeCert)
 		add(BootstrapTokenPath, []byte(c.Token.String()+"\n"), pki.ModeSecret)
 	case RoleWorker:
-		kc := pki.Kubeconfig{Cluster: bootstrapKubeconfigCl, Server: pki.ServerURL(c.Spec.APIEndpoint),
+		kc := kubeconfig.Config{Cluster: bootstrapKubeconfigCl, Server: pki.ServerURL(c.Spec.APIEndpoint),
 			CAPEM: c.CA.CertPEM, User: BootstrapUser, Token: c.Token.String()}
 		data, err := kc.Marshal()
 		if err != nil {

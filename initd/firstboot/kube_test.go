@@ -23,6 +23,7 @@ import (
 	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 // withKubernetesOverlay adds the kubernetes overlay's units to a node root, as the bake does.
@@ -142,7 +143,7 @@ func TestRunControlPlaneKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := pki.ParseKubeconfig(kc)
+	k, err := kubeconfig.Parse(kc)
 	if err != nil || !strings.HasSuffix(k.Server, ":6443") || !strings.Contains(k.Server, nodeIP(t, root)) {
 		t.Errorf("kubelet.conf server %q, %v; want https://<node IP>:6443", k.Server, err)
 	}

@@ -16,10 +16,9 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 // Files the control-plane bootstrap reads, relative to the node's root.
@@ -397,30 +396,12 @@ func (b *bootstrap) clusterInfo(ctx context.Context) (bool, error) {
 // ClusterInfo is the kube-public/cluster-info ConfigMap for server and the CA, and the
 // Role and RoleBinding that let system:anonymous get it.
 func ClusterInfo(server string, caPEM []byte) ([]Object, error) {
-	type cluster struct {
-		CAData string `yaml:"certificate-authority-data"`
-		Server string `yaml:"server"`
-	}
-	kc := struct {
-		APIVersion string `yaml:"apiVersion"`
-		Clusters   []struct {
-			Cluster cluster `yaml:"cluster"`
-			Name    string  `yaml:"name"`
-		} `yaml:"clusters"`
-		Contexts       []any          `yaml:"contexts"`
-		CurrentContext string         `yaml:"current-context"`
-		Kind           string         `yaml:"kind"`
-		Preferences    map[string]any `yaml:"preferences"`
-		Users          []any          `yaml:"users"`
-	}{APIVersion: "v1", Kind: "Config", Preferences: map[string]any{}}
-	kc.Clusters = append(kc.Clusters, struct {
-		Cluster cluster `yaml:"cluster"`
-		Name    string  `yaml:"name"`
-	}{Cluster: cluster{CAData: b64(caPEM), Server: server}})
 	if _, err := pki.ParseCertPEM(caPEM); err != nil {
 		return nil, fmt.Errorf("cluster-info: CA: %w", err)
 	}
-	data, err := yaml.Marshal(kc)
+	kc := kubeconfig.New()
+	kc.Clusters = []kubeconfig.NamedCluster{{Cluster: kubeconfig.Cluster{CAData: b64(caPEM), Server: server}}}
+	data, err := kc.Encode()
 	if err != nil {
 		return nil, fmt.Errorf("cluster-info: %w", err)
 	}
@@ -533,8 +514,8 @@ func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("kubelet-finalize: %w", err)
 	}
-	var kc kubeconfig
-	if err := yaml.Unmarshal(data, &kc); err != nil {
+	kc, err := kubeconfig.Decode(data)
+	if err != nil {
 		return false, fmt.Errorf("kubelet-finalize: %s: %w", KubeletConf, err)
 	}
 	if len(kc.Users) != 1 || len(kc.Clusters) != 1 || kc.Users[0].User.CertData == "" {
@@ -545,21 +526,13 @@ func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
 		return false, nil
 	}
 	cl, u := kc.Clusters[0], kc.Users[0]
-	type kv = map[string]any
-	out := kv{
-		"apiVersion": "v1",
-		"kind":       "Config",
-		"clusters": []kv{{"name": cl.Name, "cluster": kv{"certificate-authority-data": cl.Cluster.CAData,
-			"server": cl.Cluster.Server}}},
-		"contexts":        []kv{{"name": kc.CurrentContext, "context": kv{"cluster": cl.Name, "user": u.Name}}},
-		"current-context": kc.CurrentContext,
-		"preferences":     kv{},
-		"users":           []kv{{"name": u.Name, "user": kv{"client-certificate": KubeletClientCert, "client-key": KubeletClientCert}}},
-	}
-	if cl.Cluster.TLSServerName != "" {
-		out["clusters"].([]kv)[0]["cluster"].(kv)["tls-server-name"] = cl.Cluster.TLSServerName
-	}
-	newData, err := yaml.Marshal(out)
+	out := kubeconfig.New()
+	out.Clusters = []kubeconfig.NamedCluster{{Name: cl.Name, Cluster: kubeconfig.Cluster{
+		CAData: cl.Cluster.CAData, Server: cl.Cluster.Server, TLSServerName: cl.Cluster.TLSServerName}}}
+	out.Contexts = []kubeconfig.NamedContext{{Name: kc.CurrentContext, Context: kubeconfig.Context{Cluster: cl.Name, User: u.Name}}}
+	out.CurrentContext = kc.CurrentContext
+	out.Users = []kubeconfig.NamedUser{{Name: u.Name, User: kubeconfig.User{CertFile: KubeletClientCert, KeyFile: KubeletClientCert}}}
+	newData, err := out.Encode()
 	if err != nil {
 		return false, fmt.Errorf("kubelet-finalize: %w", err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 const (
@@ -173,7 +174,7 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := pki.ParseKubeconfig(kc)
+	k, err := kubeconfig.Parse(kc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,7 +442,7 @@ func TestBootstrapFailureNamesTheStep(t *testing.T) {
 	// An admin.conf for an API server that is not there.
 	ca := testCA(t)
 	admin := issue(t, ca, pki.Cert{CommonName: "kubernetes-admin", Organization: []string{pki.GroupClusterAdmins}, Client: true})
-	kc := pki.Kubeconfig{Cluster: "kubernetes", Server: "https://127.0.0.1:" + freePort(t), CAPEM: ca.CertPEM,
+	kc := kubeconfig.Config{Cluster: "kubernetes", Server: "https://127.0.0.1:" + freePort(t), CAPEM: ca.CertPEM,
 		User: "kubernetes-admin", CertPEM: admin.CertPEM, KeyPEM: admin.KeyPEM}
 	data, err := kc.Marshal()
 	if err != nil {

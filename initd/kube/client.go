@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 // Client talks to the Kubernetes API over plain net/http with the credentials of one
@@ -32,39 +31,6 @@ type Client struct {
 	Token string
 }
 
-// kubeconfig is the part of a clientcmd v1 file LoadKubeconfig reads.
-type kubeconfig struct {
-	Kind     string `yaml:"kind"`
-	Clusters []struct {
-		Name    string `yaml:"name"`
-		Cluster struct {
-			Server        string `yaml:"server"`
-			CAData        string `yaml:"certificate-authority-data"`
-			CAFile        string `yaml:"certificate-authority"`
-			TLSServerName string `yaml:"tls-server-name"`
-		} `yaml:"cluster"`
-	} `yaml:"clusters"`
-	Users []struct {
-		Name string `yaml:"name"`
-		User struct {
-			CertData  string `yaml:"client-certificate-data"`
-			CertFile  string `yaml:"client-certificate"`
-			KeyData   string `yaml:"client-key-data"`
-			KeyFile   string `yaml:"client-key"`
-			Token     string `yaml:"token"`
-			TokenFile string `yaml:"tokenFile"`
-		} `yaml:"user"`
-	} `yaml:"users"`
-	Contexts []struct {
-		Name    string `yaml:"name"`
-		Context struct {
-			Cluster string `yaml:"cluster"`
-			User    string `yaml:"user"`
-		} `yaml:"context"`
-	} `yaml:"contexts"`
-	CurrentContext string `yaml:"current-context"`
-}
-
 // LoadKubeconfig builds a Client from the current context of the kubeconfig at path.
 // Credentials may be embedded (*-data, as kubeadm and kiln write them) or files (as
 // kubelet writes kubelet.conf after its TLS bootstrap: client-certificate and client-key
@@ -76,113 +42,35 @@ func LoadKubeconfig(root, path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
-	var kc kubeconfig
-	if err := yaml.Unmarshal(data, &kc); err != nil {
+	f, err := kubeconfig.Decode(data)
+	if err != nil {
 		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	if kc.Kind != "" && kc.Kind != "Config" {
-		return nil, fmt.Errorf("kubeconfig %s: kind is %q, not Config", path, kc.Kind)
-	}
-	ctxName := kc.CurrentContext
-	if ctxName == "" && len(kc.Contexts) == 1 {
-		ctxName = kc.Contexts[0].Name
-	}
-	var clusterName, userName string
-	found := false
-	for _, c := range kc.Contexts {
-		if c.Name == ctxName {
-			clusterName, userName, found = c.Context.Cluster, c.Context.User, true
-		}
-	}
-	if !found {
-		return nil, fmt.Errorf("kubeconfig %s: current-context %q is not among the contexts", path, ctxName)
-	}
-	file := func(field, name string) ([]byte, error) {
+	kc, err := f.Resolve(func(_, name string) ([]byte, error) {
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(filepath.Dir(path), name)
 		}
-		b, err := os.ReadFile(filepath.Join(root, name))
+		return os.ReadFile(filepath.Join(root, name))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: kc.TLSServerName}
+	if len(kc.CAPEM) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(kc.CAPEM) {
+			return nil, fmt.Errorf("kubeconfig %s: cluster %s: no PEM certificate in the certificate authority", path, kc.Cluster)
+		}
+		tlsConf.RootCAs = pool
+	}
+	if len(kc.CertPEM) > 0 || len(kc.KeyPEM) > 0 {
+		pair, err := tls.X509KeyPair(kc.CertPEM, kc.KeyPEM)
 		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %s: %w", path, field, err)
+			return nil, fmt.Errorf("kubeconfig %s: user %s: %w", path, kc.User, err)
 		}
-		return b, nil
+		tlsConf.Certificates = []tls.Certificate{pair}
 	}
-	b64 := func(field, s string) ([]byte, error) {
-		b, err := base64.StdEncoding.DecodeString(s)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %s: %w", path, field, err)
-		}
-		return b, nil
-	}
-	pick := func(field, data, fileName string) ([]byte, error) {
-		switch {
-		case data != "":
-			return b64(field+"-data", data)
-		case fileName != "":
-			return file(field, fileName)
-		}
-		return nil, nil
-	}
-
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
-	c := &Client{}
-	clusterFound, userFound := false, false
-	for _, cl := range kc.Clusters {
-		if cl.Name != clusterName {
-			continue
-		}
-		clusterFound = true
-		c.Server = strings.TrimSuffix(cl.Cluster.Server, "/")
-		tlsConf.ServerName = cl.Cluster.TLSServerName
-		ca, err := pick("certificate-authority", cl.Cluster.CAData, cl.Cluster.CAFile)
-		if err != nil {
-			return nil, err
-		}
-		if len(ca) > 0 {
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(ca) {
-				return nil, fmt.Errorf("kubeconfig %s: cluster %s: no PEM certificate in the certificate authority", path, clusterName)
-			}
-			tlsConf.RootCAs = pool
-		}
-	}
-	for _, u := range kc.Users {
-		if u.Name != userName {
-			continue
-		}
-		userFound = true
-		cert, err := pick("client-certificate", u.User.CertData, u.User.CertFile)
-		if err != nil {
-			return nil, err
-		}
-		key, err := pick("client-key", u.User.KeyData, u.User.KeyFile)
-		if err != nil {
-			return nil, err
-		}
-		if len(cert) > 0 || len(key) > 0 {
-			pair, err := tls.X509KeyPair(cert, key)
-			if err != nil {
-				return nil, fmt.Errorf("kubeconfig %s: user %s: %w", path, userName, err)
-			}
-			tlsConf.Certificates = []tls.Certificate{pair}
-		}
-		c.Token = u.User.Token
-		if c.Token == "" && u.User.TokenFile != "" {
-			b, err := file("tokenFile", u.User.TokenFile)
-			if err != nil {
-				return nil, err
-			}
-			c.Token = strings.TrimSpace(string(b))
-		}
-	}
-	if !clusterFound || !userFound {
-		return nil, fmt.Errorf("kubeconfig %s: cluster %q or user %q of context %q is missing", path, clusterName, userName, ctxName)
-	}
-	if c.Server == "" {
-		return nil, fmt.Errorf("kubeconfig %s: cluster %s has no server", path, clusterName)
-	}
-	c.HTTP = newHTTPClient(tlsConf)
-	return c, nil
+	return &Client{Server: strings.TrimSuffix(kc.Server, "/"), Token: kc.Token, HTTP: newHTTPClient(tlsConf)}, nil
 }
 
 // NewClient is a Client for server that trusts caPEM and authenticates with token (or

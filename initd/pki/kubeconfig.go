@@ -1,8 +1,6 @@
 package pki
 
 import (
-	"bytes"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -10,165 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
-
-// Kubeconfig is a one-cluster, one-user kubeconfig with everything embedded.
-type Kubeconfig struct {
-	Cluster       string // cluster (and context suffix) name; kubeadm uses "kubernetes"
-	Server        string // https://host:port
-	CAPEM         []byte // certificate-authority-data
-	User          string
-	CertPEM       []byte // client-certificate-data
-	KeyPEM        []byte // client-key-data
-	Token         string // bearer token (bootstrap token for a kubelet)
-	TLSServerName string // tls-server-name: the name to check the server's certificate against
-}
-
-// Context is the kubeconfig's only context name, <user>@<cluster>, as kubeadm names it.
-func (k Kubeconfig) Context() string { return k.User + "@" + k.Cluster }
-
-// The clientcmd v1 document, only the fields kiln writes.
-type kcFile struct {
-	APIVersion     string         `yaml:"apiVersion"`
-	Kind           string         `yaml:"kind"`
-	Clusters       []kcNamedCl    `yaml:"clusters"`
-	Contexts       []kcNamedCtx   `yaml:"contexts"`
-	CurrentContext string         `yaml:"current-context"`
-	Preferences    map[string]any `yaml:"preferences"`
-	Users          []kcNamedUser  `yaml:"users"`
-}
-
-type kcNamedCl struct {
-	Name    string    `yaml:"name"`
-	Cluster kcCluster `yaml:"cluster"`
-}
-
-type kcCluster struct {
-	CAData        string `yaml:"certificate-authority-data,omitempty"`
-	Server        string `yaml:"server"`
-	TLSServerName string `yaml:"tls-server-name,omitempty"`
-}
-
-type kcNamedCtx struct {
-	Name    string    `yaml:"name"`
-	Context kcContext `yaml:"context"`
-}
-
-type kcContext struct {
-	Cluster string `yaml:"cluster"`
-	User    string `yaml:"user"`
-}
-
-type kcNamedUser struct {
-	Name string `yaml:"name"`
-	User kcUser `yaml:"user"`
-}
-
-type kcUser struct {
-	CertData string `yaml:"client-certificate-data,omitempty"`
-	KeyData  string `yaml:"client-key-data,omitempty"`
-	Token    string `yaml:"token,omitempty"`
-}
-
-func b64(b []byte) string {
-	if len(b) == 0 {
-		return ""
-	}
-	return base64.StdEncoding.EncodeToString(b)
-}
-
-// Marshal renders k as clientcmd v1 YAML (apiVersion v1, kind Config) with the CA, client
-// certificate and key embedded as *-data.
-func (k Kubeconfig) Marshal() ([]byte, error) {
-	switch {
-	case k.Cluster == "":
-		return nil, errors.New("kubeconfig: empty cluster name")
-	case k.User == "":
-		return nil, errors.New("kubeconfig: empty user name")
-	case k.Server == "":
-		return nil, errors.New("kubeconfig: empty server")
-	case len(k.CAPEM) == 0:
-		return nil, errors.New("kubeconfig: no CA certificate")
-	case (len(k.CertPEM) == 0) != (len(k.KeyPEM) == 0):
-		return nil, errors.New("kubeconfig: a client certificate needs its key and the other way round")
-	case len(k.CertPEM) == 0 && k.Token == "":
-		return nil, errors.New("kubeconfig: neither a client certificate nor a token")
-	}
-	f := kcFile{
-		APIVersion:     "v1",
-		Kind:           "Config",
-		Clusters:       []kcNamedCl{{Name: k.Cluster, Cluster: kcCluster{CAData: b64(k.CAPEM), Server: k.Server, TLSServerName: k.TLSServerName}}},
-		Contexts:       []kcNamedCtx{{Name: k.Context(), Context: kcContext{Cluster: k.Cluster, User: k.User}}},
-		CurrentContext: k.Context(),
-		Preferences:    map[string]any{},
-		Users:          []kcNamedUser{{Name: k.User, User: kcUser{CertData: b64(k.CertPEM), KeyData: b64(k.KeyPEM), Token: k.Token}}},
-	}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(f); err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	return buf.Bytes(), nil
-}
-
-// ParseKubeconfig reads the current context of a kubeconfig with embedded data (as
-// Marshal writes it, or kubeadm).
-func ParseKubeconfig(data []byte) (Kubeconfig, error) {
-	var f kcFile
-	if err := yaml.Unmarshal(data, &f); err != nil {
-		return Kubeconfig{}, fmt.Errorf("kubeconfig: %w", err)
-	}
-	if f.Kind != "Config" {
-		return Kubeconfig{}, fmt.Errorf("kubeconfig: kind is %q, not Config", f.Kind)
-	}
-	var k Kubeconfig
-	var ctx *kcContext
-	for i := range f.Contexts {
-		if f.Contexts[i].Name == f.CurrentContext {
-			ctx = &f.Contexts[i].Context
-		}
-	}
-	if ctx == nil {
-		return Kubeconfig{}, fmt.Errorf("kubeconfig: current-context %q is not among the contexts", f.CurrentContext)
-	}
-	k.Cluster, k.User = ctx.Cluster, ctx.User
-	found := 0
-	var err error
-	dec := func(field, s string) []byte {
-		b, e := base64.StdEncoding.DecodeString(s)
-		if e != nil && err == nil {
-			err = fmt.Errorf("kubeconfig: %s: %w", field, e)
-		}
-		return b
-	}
-	for _, c := range f.Clusters {
-		if c.Name == ctx.Cluster {
-			found++
-			k.Server, k.TLSServerName = c.Cluster.Server, c.Cluster.TLSServerName
-			k.CAPEM = dec("certificate-authority-data", c.Cluster.CAData)
-		}
-	}
-	for _, u := range f.Users {
-		if u.Name == ctx.User {
-			found++
-			k.CertPEM = dec("client-certificate-data", u.User.CertData)
-			k.KeyPEM = dec("client-key-data", u.User.KeyData)
-			k.Token = u.User.Token
-		}
-	}
-	if err != nil {
-		return Kubeconfig{}, err
-	}
-	if found != 2 {
-		return Kubeconfig{}, fmt.Errorf("kubeconfig: cluster %q or user %q of the current context is missing", ctx.Cluster, ctx.User)
-	}
-	return k, nil
-}
 
 // KubeconfigCluster is the cluster name kubeadm writes into its kubeconfigs.
 const KubeconfigCluster = "kubernetes"
@@ -189,12 +30,12 @@ func controlPlaneUsers(hostname string) map[string]Cert {
 
 // AdminKubeconfig makes the kubeadm admin.conf user (CN kubernetes-admin, O
 // kubeadm:cluster-admins) for server, signed by ca.
-func AdminKubeconfig(ca *CA, server, tlsServerName string, now time.Time) (Kubeconfig, error) {
+func AdminKubeconfig(ca *CA, server, tlsServerName string, now time.Time) (kubeconfig.Config, error) {
 	kp, err := ca.Issue(controlPlaneUsers("")["admin.conf"], now)
 	if err != nil {
-		return Kubeconfig{}, fmt.Errorf("admin kubeconfig: %w", err)
+		return kubeconfig.Config{}, fmt.Errorf("admin kubeconfig: %w", err)
 	}
-	return Kubeconfig{Cluster: KubeconfigCluster, Server: server, CAPEM: ca.CertPEM, User: "kubernetes-admin",
+	return kubeconfig.Config{Cluster: KubeconfigCluster, Server: server, CAPEM: ca.CertPEM, User: "kubernetes-admin",
 		CertPEM: kp.CertPEM, KeyPEM: kp.KeyPEM, TLSServerName: tlsServerName}, nil
 }
 
@@ -234,7 +75,7 @@ func ControlPlaneKubeconfigs(kubeDir, pkiDir string, n Node, server string, now 
 		if err != nil {
 			return changed, fmt.Errorf("kubeconfig %s: %w", path, err)
 		}
-		kc := Kubeconfig{Cluster: KubeconfigCluster, Server: server, CAPEM: ca.CertPEM, User: want.CommonName, CertPEM: kp.CertPEM, KeyPEM: kp.KeyPEM}
+		kc := kubeconfig.Config{Cluster: KubeconfigCluster, Server: server, CAPEM: ca.CertPEM, User: want.CommonName, CertPEM: kp.CertPEM, KeyPEM: kp.KeyPEM}
 		data, err := kc.Marshal()
 		if err != nil {
 			return changed, fmt.Errorf("kubeconfig %s: %w", path, err)
@@ -248,7 +89,7 @@ func ControlPlaneKubeconfigs(kubeDir, pkiDir string, n Node, server string, now 
 }
 
 func kubeconfigValid(data []byte, ca *CA, server string, want Cert, now time.Time) bool {
-	k, err := ParseKubeconfig(data)
+	k, err := kubeconfig.Parse(data)
 	if err != nil || k.Server != server || k.Cluster != KubeconfigCluster || k.User != want.CommonName {
 		return false
 	}

@@ -8,13 +8,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 func TestKubeconfigMarshalRoundTrip(t *testing.T) {
 	caKP, _ := NewCA("kubernetes", now)
 	ca, _ := ParseCA(caKP)
 	leaf, _ := ca.Issue(Cert{CommonName: "u", Client: true}, now)
-	for _, k := range []Kubeconfig{
+	for _, k := range []kubeconfig.Config{
 		{Cluster: "kubernetes", Server: "https://10.0.0.1:6443", CAPEM: caKP.CertPEM, User: "u", CertPEM: leaf.CertPEM, KeyPEM: leaf.KeyPEM},
 		{Cluster: "demo", Server: "https://127.0.0.1:16443", CAPEM: caKP.CertPEM, User: "kubelet-bootstrap", Token: "abcdef.0123456789abcdef", TLSServerName: "api.internal.demo.example.com"},
 	} {
@@ -27,7 +29,7 @@ func TestKubeconfigMarshalRoundTrip(t *testing.T) {
 				t.Errorf("kubeconfig lacks %q:\n%s", want, data)
 			}
 		}
-		back, err := ParseKubeconfig(data)
+		back, err := kubeconfig.Parse(data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,7 +39,7 @@ func TestKubeconfigMarshalRoundTrip(t *testing.T) {
 			t.Errorf("round trip: got %+v", back)
 		}
 	}
-	for _, bad := range []Kubeconfig{
+	for _, bad := range []kubeconfig.Config{
 		{Server: "https://x", CAPEM: caKP.CertPEM, User: "u", Token: "t"},
 		{Cluster: "c", CAPEM: caKP.CertPEM, User: "u", Token: "t"},
 		{Cluster: "c", Server: "https://x", User: "u", Token: "t"},
@@ -79,7 +81,7 @@ func TestControlPlaneKubeconfigs(t *testing.T) {
 				t.Errorf("mode %v, want 0600", m)
 			}
 			data, _ := os.ReadFile(path)
-			k, err := ParseKubeconfig(data)
+			k, err := kubeconfig.Parse(data)
 			if err != nil {
 				t.Fatal(err)
 			}

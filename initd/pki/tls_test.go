@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 // The written certificates work for real TLS: the API server's serves, admin.conf's
@@ -46,7 +48,7 @@ func TestTLSHandshake(t *testing.T) {
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
 
 	data, _ := os.ReadFile(filepath.Join(kubeDir, "admin.conf"))
-	kc, err := ParseKubeconfig(data)
+	kc, err := kubeconfig.Parse(data)
 	if err != nil {
 		t.Fatal(err)
 	}
