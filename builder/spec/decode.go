@@ -3,6 +3,7 @@ package spec
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"gopkg.in/yaml.v3"
 
@@ -14,18 +15,36 @@ type decoder struct {
 	*strictyaml.Doc
 }
 
-// parse reads path and returns its single top-level mapping node.
-func parse(path string) (*decoder, *yaml.Node, error) {
+// parse reads the document at path, what kind of document it is, and returns its single
+// top-level mapping node and its absolute path.
+func parse(path, what string) (d *decoder, root *yaml.Node, abs string, err error) {
+	abs, err = filepath.Abs(path)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", fmt.Errorf("%s: %w", what, err)
 	}
-	d := &decoder{strictyaml.NewDoc(path)}
-	root := d.Parse(data)
-	if root == nil {
-		return nil, nil, d.Err()
+	d = &decoder{strictyaml.NewDoc(path)}
+	if root = d.Parse(data); root == nil {
+		return nil, nil, "", fmt.Errorf("%s: %w", what, d.Err())
 	}
-	return d, root, nil
+	return d, root, abs, nil
+}
+
+// list calls each for every entry of the list n (at field path at); null is an empty list.
+func (d *decoder) list(n *yaml.Node, at string, each func(item *yaml.Node, at string)) {
+	if strictyaml.IsNull(n) {
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.FailAt(n, at, "expected a list, got %s", strictyaml.Describe(n))
+		return
+	}
+	for i, item := range n.Content {
+		each(strictyaml.Deref(item), strictyaml.Index(at, i))
+	}
 }
 
 func (d *decoder) pos(n *yaml.Node) Pos { return Pos{File: d.File(), Line: n.Line} }

@@ -1,7 +1,6 @@
 package spec
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -108,13 +107,9 @@ var (
 // LoadDefinition reads and validates the image definition at path. All
 // problems are returned together; each is an *Error.
 func LoadDefinition(path string) (*Definition, error) {
-	abs, err := filepath.Abs(path)
+	d, root, abs, err := parse(path, "image definition")
 	if err != nil {
-		return nil, fmt.Errorf("image definition %s: %w", path, err)
-	}
-	d, root, err := parse(path)
-	if err != nil {
-		return nil, fmt.Errorf("image definition: %w", err)
+		return nil, err
 	}
 	dir := filepath.Dir(abs)
 	def := &Definition{

@@ -79,18 +79,9 @@ func (d *decoder) kubernetes(n *yaml.Node, at string) *Kubernetes {
 }
 
 func (d *decoder) images(n *yaml.Node, at string) []Image {
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-		return nil
-	}
-	if n.Kind != yaml.SequenceNode {
-		d.FailAt(n, at, "expected a list, got %s", strictyaml.Describe(n))
-		return nil
-	}
 	var out []Image
 	names := map[string]bool{}
-	for i, item := range n.Content {
-		item = strictyaml.Deref(item)
-		f := fmt.Sprintf("%s[%d]", at, i)
+	d.list(n, at, func(item *yaml.Node, f string) {
 		im := d.image(item, f)
 		if im.Name != "" {
 			if names[im.Name] {
@@ -99,12 +90,28 @@ func (d *decoder) images(n *yaml.Node, at string) []Image {
 			names[im.Name] = true
 		}
 		out = append(out, im)
-	}
+	})
 	return out
 }
 
 func (d *decoder) image(n *yaml.Node, at string) Image {
-	im := Image{Pos: d.pos(n)}
+	r, _, ok := d.imageRef(n, at, true)
+	im := Image{Name: r.name, Source: r.source, Digest: r.digest, Pos: d.pos(n)}
+	if ok && im.Source == "" {
+		im.Source = im.Name
+	}
+	return im
+}
+
+// imageRef is what an image and an image override both give: the image's name, where it is
+// pulled from and its digest.
+type imageRef struct{ name, source, digest string }
+
+// imageRef decodes name, source and digest. checkName asks for a full name with registry and
+// tag. A digest in source becomes the digest; one given as well must match it. It reports
+// which fields were given and whether n was a mapping.
+func (d *decoder) imageRef(n *yaml.Node, at string, checkName bool) (imageRef, map[string]bool, bool) {
+	var r imageRef
 	var srcDigest string
 	var srcNode *yaml.Node
 	seen, ok := d.Fields(n, at, []string{"name", "source", "digest"}, func(key, field string, v *yaml.Node) {
@@ -114,40 +121,39 @@ func (d *decoder) image(n *yaml.Node, at string) Image {
 		}
 		switch key {
 		case "name":
-			if err := checkImageName(s); err != nil {
-				d.FailAt(v, field, "%q: %v; want a full name with registry and tag, like registry.k8s.io/pause:3.10.2", s, err)
-				return
+			if checkName {
+				if err := checkImageName(s); err != nil {
+					d.FailAt(v, field, "%q: %v; want a full name with registry and tag, like registry.k8s.io/pause:3.10.2", s, err)
+					return
+				}
 			}
-			im.Name = s
+			r.name = s
 		case "source":
 			dg, err := ParseSource(s)
 			if err != nil {
 				d.FailAt(v, field, "%v", err)
 				return
 			}
-			im.Source, srcDigest, srcNode = s, dg, v
+			r.source, srcDigest, srcNode = s, dg, v
 		case "digest":
 			if !digestRE.MatchString(s) {
 				d.FailAt(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
 				return
 			}
-			im.Digest = s
+			r.digest = s
 		}
 	})
 	if !ok {
-		return im
+		return r, nil, false
 	}
 	d.Require(n, at, seen, "name")
 	if srcDigest != "" {
-		if im.Digest != "" && im.Digest != srcDigest {
-			d.FailAt(srcNode, strictyaml.Join(at, "source"), "digest %s differs from digest: %s", srcDigest, im.Digest)
+		if r.digest != "" && r.digest != srcDigest {
+			d.FailAt(srcNode, strictyaml.Join(at, "source"), "digest %s differs from digest: %s", srcDigest, r.digest)
 		}
-		im.Digest = srcDigest
+		r.digest = srcDigest
 	}
-	if im.Source == "" {
-		im.Source = im.Name
-	}
-	return im
+	return r, seen, true
 }
 
 // checkImageName says what is wrong with an image name, if anything.

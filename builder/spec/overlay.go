@@ -3,7 +3,6 @@ package spec
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"path/filepath"
 
 	"gopkg.in/yaml.v3"
@@ -49,13 +48,9 @@ type ImageOverride struct {
 
 // LoadProfileOverlay reads and validates a profile overlay document.
 func LoadProfileOverlay(file string) (*ProfileOverlay, error) {
-	abs, err := filepath.Abs(file)
+	d, root, abs, err := parse(file, "profile overlay")
 	if err != nil {
-		return nil, fmt.Errorf("profile overlay %s: %w", file, err)
-	}
-	d, root, err := parse(file)
-	if err != nil {
-		return nil, fmt.Errorf("profile overlay: %w", err)
+		return nil, err
 	}
 	dir := filepath.Dir(abs)
 	o := &ProfileOverlay{File: abs}
@@ -91,20 +86,6 @@ func LoadProfileOverlay(file string) (*ProfileOverlay, error) {
 	return o, nil
 }
 
-// list calls each for every entry of the list n.
-func (d *decoder) list(n *yaml.Node, at string, each func(item *yaml.Node, at string)) {
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-		return
-	}
-	if n.Kind != yaml.SequenceNode {
-		d.FailAt(n, at, "expected a list, got %s", strictyaml.Describe(n))
-		return
-	}
-	for i, item := range n.Content {
-		each(strictyaml.Deref(item), fmt.Sprintf("%s[%d]", at, i))
-	}
-}
-
 func (d *decoder) artifactOverride(n *yaml.Node, at, dir string) (ArtifactOverride, bool) {
 	a := ArtifactOverride{Pos: d.pos(n)}
 	before := d.Failed()
@@ -124,28 +105,10 @@ func (d *decoder) artifactOverride(n *yaml.Node, at, dir string) (ArtifactOverri
 		switch key {
 		case "name":
 			a.Name = s
-		case "url":
-			if a.Source != "" {
-				d.FailAt(v, field, "give either url or path, not both")
-				return
+		case "url", "path":
+			if u, p, ok := d.source(key, field, s, a.Source, v, dir); ok {
+				a.URL, a.Path, a.Source, a.sourceReplaced = u, p, s, true
 			}
-			u, err := url.Parse(s)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				d.FailAt(v, field, "%q is not an http(s) URL", s)
-				return
-			}
-			a.URL, a.Source, a.sourceReplaced = s, s, true
-		case "path":
-			if a.Source != "" {
-				d.FailAt(v, field, "give either url or path, not both")
-				return
-			}
-			p, err := expandPath(s, dir)
-			if err != nil {
-				d.FailAt(v, field, "%v", err)
-				return
-			}
-			a.Path, a.Source, a.sourceReplaced = p, s, true
 		}
 	})
 	if !ok {
@@ -159,45 +122,14 @@ func (d *decoder) artifactOverride(n *yaml.Node, at, dir string) (ArtifactOverri
 }
 
 func (d *decoder) imageOverride(n *yaml.Node, at string) (ImageOverride, bool) {
-	im := ImageOverride{Pos: d.pos(n)}
 	before := d.Failed()
-	var srcDigest string
-	var srcNode *yaml.Node
-	seen, ok := d.Fields(n, at, []string{"name", "source", "digest"}, func(key, field string, v *yaml.Node) {
-		s, ok := d.String(v, field)
-		if !ok {
-			return
-		}
-		switch key {
-		case "name":
-			im.Name = s
-		case "source":
-			dg, err := ParseSource(s)
-			if err != nil {
-				d.FailAt(v, field, "%v", err)
-				return
-			}
-			im.Source, srcDigest, srcNode = s, dg, v
-		case "digest":
-			if !digestRE.MatchString(s) {
-				d.FailAt(v, field, "%q is not a digest (sha256: and 64 lower-case hex digits)", s)
-				return
-			}
-			im.Digest = s
-		}
-	})
+	r, seen, ok := d.imageRef(n, at, false)
+	im := ImageOverride{Name: r.name, Source: r.source, Digest: r.digest, Pos: d.pos(n)}
 	if !ok {
 		return im, false
 	}
-	d.Require(n, at, seen, "name")
 	if !seen["source"] && !seen["digest"] {
 		d.FailAt(n, at, "nothing to replace: give source or digest")
-	}
-	if srcDigest != "" {
-		if im.Digest != "" && im.Digest != srcDigest {
-			d.FailAt(srcNode, strictyaml.Join(at, "source"), "digest %s differs from digest: %s", srcDigest, im.Digest)
-		}
-		im.Digest = srcDigest
 	}
 	return im, d.Failed() == before
 }

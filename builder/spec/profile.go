@@ -155,13 +155,9 @@ func LoadProfiles(dir string) ([]*Profile, error) {
 }
 
 func loadProfile(file, role string) (*Profile, error) {
-	abs, err := filepath.Abs(file)
+	d, root, abs, err := parse(file, "profile")
 	if err != nil {
-		return nil, fmt.Errorf("profile %s: %w", file, err)
-	}
-	d, root, err := parse(file)
-	if err != nil {
-		return nil, fmt.Errorf("profile: %w", err)
+		return nil, err
 	}
 	dir := filepath.Dir(abs)
 	p := &Profile{File: abs}
@@ -207,100 +203,46 @@ func loadProfile(file, role string) (*Profile, error) {
 }
 
 func (d *decoder) artifacts(n *yaml.Node, at, dir string) []Artifact {
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-		return nil
-	}
-	if n.Kind != yaml.SequenceNode {
-		d.FailAt(n, at, "expected a list, got %s", strictyaml.Describe(n))
-		return nil
-	}
 	var out []Artifact
 	names := map[string]bool{}
-	for i, item := range n.Content {
-		item = strictyaml.Deref(item)
-		a := d.artifact(item, fmt.Sprintf("%s[%d]", at, i), dir)
+	d.list(n, at, func(item *yaml.Node, f string) {
+		a := d.artifact(item, f, dir)
 		if a.Name != "" {
 			if names[a.Name] {
-				d.FailAt(item, fmt.Sprintf("%s[%d].name", at, i), "%q used by an earlier artifact", a.Name)
+				d.FailAt(item, f+".name", "%q used by an earlier artifact", a.Name)
 			}
 			names[a.Name] = true
 		}
 		out = append(out, a)
-	}
+	})
 	return out
 }
 
+// artifactNodes are the values of an artifact's fields that are checked against each other
+// once all are read.
+type artifactNodes struct{ extract, mode, dest *yaml.Node }
+
 func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
 	a := Artifact{Pos: d.pos(n)}
-	var extractNode, modeNode, destNode *yaml.Node
+	var nodes artifactNodes
 	seen, ok := d.Fields(n, at, []string{"name", "url", "path", "sha256", "dest", "mode", "extract"}, func(key, field string, v *yaml.Node) {
-		if key == "extract" {
-			extractNode = v
-			return
-		}
-		if key == "sha256" {
-			// Read the text whatever YAML thinks it is: a hex digest may
-			// happen to look like a number.
-			if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
-				d.FailAt(v, field, "expected a sha256 (64 hex digits), got %s", strictyaml.Describe(v))
-				return
-			}
-			if s := strings.TrimPrefix(v.Value, "sha256:"); hexRE.MatchString(s) {
-				a.SHA256 = s
-			} else {
-				d.FailAt(v, field, "%q is not a sha256 (64 lower-case hex digits)", v.Value)
-			}
-			return
-		}
-		if key == "mode" {
-			modeNode = v
-			if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!int") || !modeRE.MatchString(v.Value) {
-				d.FailAt(v, field, "expected an octal mode such as \"0755\", got %s", strictyaml.Describe(v))
-				return
-			}
-			m, _ := strconv.ParseUint(v.Value, 8, 32)
-			a.Mode = fs.FileMode(m)
-			return
-		}
-		s, ok := d.String(v, field)
-		if !ok {
-			return
-		}
 		switch key {
-		case "name":
-			if !artNameRE.MatchString(s) {
-				d.FailAt(v, field, "%q: use lower-case letters, digits, '.', '_' and '-'", s)
-			}
-			a.Name = s
-		case "url":
-			if a.Source != "" {
-				d.FailAt(v, field, "give either url or path, not both")
+		case "extract":
+			nodes.extract = v
+		case "sha256":
+			d.artifactSHA256(v, field, &a)
+		case "mode":
+			nodes.mode = v
+			d.artifactMode(v, field, &a)
+		default:
+			s, ok := d.String(v, field)
+			if !ok {
 				return
 			}
-			u, err := url.Parse(s)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				d.FailAt(v, field, "%q is not an http(s) URL", s)
-				return
+			if key == "dest" {
+				nodes.dest = v
 			}
-			a.URL, a.Source = s, s
-		case "path":
-			if a.Source != "" {
-				d.FailAt(v, field, "give either url or path, not both")
-				return
-			}
-			p, err := expandPath(s, dir)
-			if err != nil {
-				d.FailAt(v, field, "%v", err)
-				return
-			}
-			a.Path, a.Source = p, s
-		case "dest":
-			destNode = v
-			if err := imagePath(s); err != nil {
-				d.FailAt(v, field, "%v", err)
-				return
-			}
-			a.Dest = path.Clean(s)
+			d.artifactString(key, field, s, v, dir, &a)
 		}
 	})
 	if !ok {
@@ -310,30 +252,104 @@ func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
 	if !seen["url"] && !seen["path"] {
 		d.FailAt(n, at, "one of url or path is required")
 	}
-	if extractNode == nil {
+	if nodes.extract == nil {
 		if !seen["dest"] {
 			d.FailAt(n, strictyaml.Join(at, "dest"), "required (or extract)")
 		}
-		if a.Mode == 0 && modeNode == nil {
+		if a.Mode == 0 && nodes.mode == nil {
 			a.Mode = 0o644
 		}
 		return a
 	}
-	if modeNode != nil {
-		d.FailAt(modeNode, strictyaml.Join(at, "mode"), "only for plain files; extracted files keep the archive's modes")
-	}
-	a.Extract = d.extract(extractNode, strictyaml.Join(at, "extract"), a.Source)
-	if a.Extract != nil {
-		switch {
-		case a.Extract.Files != nil && destNode != nil:
-			d.FailAt(destNode, strictyaml.Join(at, "dest"), "not used with extract.files (each file names its destination)")
-		case a.Extract.Files == nil && destNode == nil:
-			d.FailAt(extractNode, strictyaml.Join(at, "extract"), "needs files, or a dest directory on the artifact")
-		default:
-			a.Extract.Dir = a.Dest
-		}
-	}
+	d.artifactExtract(at, nodes, &a)
 	return a
+}
+
+// artifactSHA256 reads the text whatever YAML thinks it is: a hex digest may happen to look
+// like a number.
+func (d *decoder) artifactSHA256(v *yaml.Node, field string, a *Artifact) {
+	if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+		d.FailAt(v, field, "expected a sha256 (64 hex digits), got %s", strictyaml.Describe(v))
+		return
+	}
+	if s := strings.TrimPrefix(v.Value, "sha256:"); hexRE.MatchString(s) {
+		a.SHA256 = s
+	} else {
+		d.FailAt(v, field, "%q is not a sha256 (64 lower-case hex digits)", v.Value)
+	}
+}
+
+func (d *decoder) artifactMode(v *yaml.Node, field string, a *Artifact) {
+	if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!int") || !modeRE.MatchString(v.Value) {
+		d.FailAt(v, field, "expected an octal mode such as \"0755\", got %s", strictyaml.Describe(v))
+		return
+	}
+	m, _ := strconv.ParseUint(v.Value, 8, 32)
+	a.Mode = fs.FileMode(m)
+}
+
+// artifactString decodes the string fields of an artifact: name, url, path and dest.
+func (d *decoder) artifactString(key, field, s string, v *yaml.Node, dir string, a *Artifact) {
+	switch key {
+	case "name":
+		if !artNameRE.MatchString(s) {
+			d.FailAt(v, field, "%q: use lower-case letters, digits, '.', '_' and '-'", s)
+		}
+		a.Name = s
+	case "url", "path":
+		if u, p, ok := d.source(key, field, s, a.Source, v, dir); ok {
+			a.URL, a.Path, a.Source = u, p, s
+		}
+	case "dest":
+		if err := imagePath(s); err != nil {
+			d.FailAt(v, field, "%v", err)
+			return
+		}
+		a.Dest = path.Clean(s)
+	}
+}
+
+// artifactExtract decodes the extract section of a, which says where its files go instead of
+// dest and mode.
+func (d *decoder) artifactExtract(at string, nodes artifactNodes, a *Artifact) {
+	if nodes.mode != nil {
+		d.FailAt(nodes.mode, strictyaml.Join(at, "mode"), "only for plain files; extracted files keep the archive's modes")
+	}
+	a.Extract = d.extract(nodes.extract, strictyaml.Join(at, "extract"), a.Source)
+	if a.Extract == nil {
+		return
+	}
+	switch {
+	case a.Extract.Files != nil && nodes.dest != nil:
+		d.FailAt(nodes.dest, strictyaml.Join(at, "dest"), "not used with extract.files (each file names its destination)")
+	case a.Extract.Files == nil && nodes.dest == nil:
+		d.FailAt(nodes.extract, strictyaml.Join(at, "extract"), "needs files, or a dest directory on the artifact")
+	default:
+		a.Extract.Dir = a.Dest
+	}
+}
+
+// source decodes an artifact's url or path (key says which) into the URL or the expanded
+// path; have is the source read so far, since only one of them may be given.
+func (d *decoder) source(key, field, s, have string, v *yaml.Node, dir string) (u, p string, ok bool) {
+	if have != "" {
+		d.FailAt(v, field, "give either url or path, not both")
+		return "", "", false
+	}
+	if key == "url" {
+		parsed, err := url.Parse(s)
+		if err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
+			d.FailAt(v, field, "%q is not an http(s) URL", s)
+			return "", "", false
+		}
+		return s, "", true
+	}
+	p, err := expandPath(s, dir)
+	if err != nil {
+		d.FailAt(v, field, "%v", err)
+		return "", "", false
+	}
+	return "", p, true
 }
 
 func (d *decoder) extract(n *yaml.Node, at, source string) *Extract {
