@@ -103,77 +103,15 @@ func TestParseNodeMinimal(t *testing.T) {
 	}
 }
 
+// nodeErrorCase is a node.yaml and the problems ParseNode finds in it.
+type nodeErrorCase struct {
+	name string
+	doc  string
+	want []string // each a full line of the error
+}
+
 func TestParseNodeErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		doc  string
-		want []string // each a full line of the error
-	}{
-		{"empty", "", []string{"node.yaml: the document is empty"}},
-		{"only a comment", "# nothing\n", []string{"node.yaml: the document is empty"}},
-		{"not a mapping", "- a\n", []string{"node.yaml:1: expected a mapping at the top level, got a list"}},
-		{"bad YAML", "cluster: {name: x\n", []string{"node.yaml:2: invalid YAML: did not find expected ',' or '}'"}},
-		{"bad YAML names the line the flow mapping starts", "role: worker\ncluster: {name: x\nhostname: h\n", []string{"node.yaml:2: invalid YAML: did not find expected ',' or '}'"}},
-		{"two documents", "role: worker\n---\nrole: etcd\n", []string{"node.yaml:2: more than one YAML document; expected one"}},
-		{"unknown field", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCidr: 10.0.0.0/16\n",
-			[]string{"node.yaml:4: kubernetes.podCidr: unknown field (known: clusterDNS, clusterDomain, kubeletExtraArgs, leaderElection, nodeLabels, podCIDR, serviceCIDR, version)"}},
-		{"duplicate key", "role: worker\nrole: etcd\n", []string{"node.yaml:2: role: set twice (first at line 1)"}},
-		{"wrong types", "cluster: prod\nrole: [worker]\ndns: {ttl: soon}\netcd: {volume: {wipe: maybe}}\n", []string{
-			`node.yaml:1: cluster: expected a mapping, got the string "prod"`,
-			"node.yaml:2: role: expected a string, got a list",
-			`node.yaml:3: dns.ttl: expected an integer, got the string "soon"`,
-			`node.yaml:4: etcd.volume.wipe: expected true or false, got the string "maybe"`}},
-		{"required fields", "dns: {provider: none}\n", []string{
-			"node.yaml: cluster.name: is required",
-			"node.yaml: role: is required (worker, control-plane or etcd)",
-			"node.yaml: apiEndpoint: is required when cluster.dnsZone is not set"}},
-		{"control plane without etcd", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\n",
-			[]string{"node.yaml: etcd: is required for role control-plane (member, members)"}},
-		{"worker with etcd", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\netcd: {member: a, members: [a]}\n",
-			[]string{"node.yaml:3: etcd: a worker node runs no etcd member"}},
-		{"etcd membership", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: d\n  members:\n    - a\n    - B\n    - a\n", []string{
-			`node.yaml:4: etcd.member: "d" is not one of etcd.members (a, B, a)`,
-			`node.yaml:7: etcd.members[1]: "B" is not an RFC 1123 label`,
-			`node.yaml:8: etcd.members[2]: "a" is listed twice`}},
-		{"etcd volume", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a]\n  volume:\n    serial: x\n    gceName: y\n    fsType: btrfs\n    mountPath: var/lib/etcd\n", []string{
-			"node.yaml:6: etcd.volume: set exactly one of serial, byId, awsTags and gceName (2 are set)",
-			`node.yaml:9: etcd.volume.fsType: "btrfs" is not supported (ext4 or xfs)`,
-			`node.yaml:10: etcd.volume.mountPath: "var/lib/etcd" must be a clean absolute path below /`}},
-		{"etcd volume minimum", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a]\n  volume:\n    serial: etcd-main\n    minSize: 2 gigs\n",
-			[]string{`node.yaml:8: etcd.volume.minSize: "2 gigs" is not a size: want a whole number of bytes, or one with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 20GiB`}},
-		{"xfs label", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {member: a, members: [a], volume: {byId: /dev/disk/by-id/virtio-etcd, fsType: xfs, label: etcd-main-disk}}\n",
-			[]string{`node.yaml:3: etcd.volume.label: "etcd-main-disk" is longer than the 12 bytes xfs allows`}},
-		{"dns", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\ndns:\n  provider: bind\n  zone: other.org\n  ttl: -1\n", []string{
-			`node.yaml:4: dns.provider: "bind" is not a provider (rfc2136, route53, clouddns, hosts or none)`,
-			"node.yaml:5: dns.zone: the cluster's names (*.internal.prod.example.com) are not inside zone other.org",
-			"node.yaml:6: dns.ttl: -1 is not between 1 and 86400 seconds"}},
-		{"rfc2136", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\ndns:\n  provider: rfc2136\n  tsigKeyName: k\n", []string{
-			"node.yaml:3: dns.server: is required with dns.provider rfc2136",
-			"node.yaml:5: dns.tsigKeyName: tsigKeyName and tsigSecretFile go together"}},
-		{"provider without a zone", "cluster: {name: prod}\nrole: worker\napiEndpoint: 10.0.0.1:6443\ndns: {provider: hosts}\n",
-			[]string{"node.yaml:1: cluster.dnsZone: is required with dns.provider hosts"}},
-		{"api endpoint", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\napiEndpoint: api.example.com\n",
-			[]string{`node.yaml:3: apiEndpoint: "api.example.com" is not host:port (e.g. api.example.com:6443)`}},
-		{"kubernetes", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  version: 1.37\n  podCIDR: 10.244.0.1/16\n  serviceCIDR: 10.0.0.0/8\n  clusterDNS: ten\n  clusterDomain: Cluster.Local\n  nodeLabels:\n    node-role.kubernetes.io/worker: \"\"\n    bad key: x\n  kubeletExtraArgs:\n    --max-pods: \"1\"\n", []string{
-			`node.yaml:4: kubernetes.version: "1.37" is not a version like v1.37.2`,
-			"node.yaml:5: kubernetes.podCIDR: 10.244.0.1/16 has host bits set (the range is 10.244.0.0/16)",
-			"node.yaml:6: kubernetes.serviceCIDR: 10.0.0.0/8 is too large (at most /12)",
-			`node.yaml:7: kubernetes.clusterDNS: "ten" is not an IP address`,
-			`node.yaml:8: kubernetes.clusterDomain: "Cluster.Local" is not an RFC 1123 DNS name`,
-			`node.yaml:10: kubernetes.nodeLabels["node-role.kubernetes.io/worker"]: a kubelet may not set labels in the kubernetes.io and k8s.io namespaces`,
-			`node.yaml:11: kubernetes.nodeLabels["bad key"]: "bad key" is not a label key`,
-			`node.yaml:13: kubernetes.kubeletExtraArgs["--max-pods"]: write the flag name without leading dashes (max-pods)`}},
-		{"leader election", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 2s\n    retryPeriod: soon\n", []string{
-			`node.yaml:8: kubernetes.leaderElection.retryPeriod: "soon" is not a positive duration like 15s`}},
-		{"leader election order", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 20s\n    retryPeriod: 18s\n", []string{
-			"node.yaml:6: kubernetes.leaderElection.leaseDuration: 10s must be longer than renewDeadline (20s)",
-			"node.yaml:7: kubernetes.leaderElection.renewDeadline: 20s must be longer than 1.2 × retryPeriod (18s)"}},
-		{"overlapping ranges", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCIDR: 10.96.0.0/16\n", []string{
-			"node.yaml:3: kubernetes.serviceCIDR: 10.96.0.0/12 overlaps podCIDR 10.96.0.0/16"}},
-		{"dual stack of one family", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCIDR: 10.244.0.0/16,10.245.0.0/16\n", []string{
-			`node.yaml:4: kubernetes.podCIDR: "10.244.0.0/16,10.245.0.0/16": a dual-stack pair is one IPv4 and one IPv6 range`}},
-	}
-	for _, tc := range tests {
+	for _, tc := range nodeErrorCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			n, err := ParseNode([]byte(tc.doc), "node.yaml")
 			if err == nil {
@@ -250,4 +188,72 @@ func FuzzParseNode(f *testing.F) {
 			t.Fatalf("second parse differs: %v", err)
 		}
 	})
+}
+
+func nodeErrorCases() []nodeErrorCase {
+	return []nodeErrorCase{
+		{"empty", "", []string{"node.yaml: the document is empty"}},
+		{"only a comment", "# nothing\n", []string{"node.yaml: the document is empty"}},
+		{"not a mapping", "- a\n", []string{"node.yaml:1: expected a mapping at the top level, got a list"}},
+		{"bad YAML", "cluster: {name: x\n", []string{"node.yaml:2: invalid YAML: did not find expected ',' or '}'"}},
+		{"bad YAML names the line the flow mapping starts", "role: worker\ncluster: {name: x\nhostname: h\n", []string{"node.yaml:2: invalid YAML: did not find expected ',' or '}'"}},
+		{"two documents", "role: worker\n---\nrole: etcd\n", []string{"node.yaml:2: more than one YAML document; expected one"}},
+		{"unknown field", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCidr: 10.0.0.0/16\n",
+			[]string{"node.yaml:4: kubernetes.podCidr: unknown field (known: clusterDNS, clusterDomain, kubeletExtraArgs, leaderElection, nodeLabels, podCIDR, serviceCIDR, version)"}},
+		{"duplicate key", "role: worker\nrole: etcd\n", []string{"node.yaml:2: role: set twice (first at line 1)"}},
+		{"wrong types", "cluster: prod\nrole: [worker]\ndns: {ttl: soon}\netcd: {volume: {wipe: maybe}}\n", []string{
+			`node.yaml:1: cluster: expected a mapping, got the string "prod"`,
+			"node.yaml:2: role: expected a string, got a list",
+			`node.yaml:3: dns.ttl: expected an integer, got the string "soon"`,
+			`node.yaml:4: etcd.volume.wipe: expected true or false, got the string "maybe"`}},
+		{"required fields", "dns: {provider: none}\n", []string{
+			"node.yaml: cluster.name: is required",
+			"node.yaml: role: is required (worker, control-plane or etcd)",
+			"node.yaml: apiEndpoint: is required when cluster.dnsZone is not set"}},
+		{"control plane without etcd", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\n",
+			[]string{"node.yaml: etcd: is required for role control-plane (member, members)"}},
+		{"worker with etcd", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\netcd: {member: a, members: [a]}\n",
+			[]string{"node.yaml:3: etcd: a worker node runs no etcd member"}},
+		{"etcd membership", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: d\n  members:\n    - a\n    - B\n    - a\n", []string{
+			`node.yaml:4: etcd.member: "d" is not one of etcd.members (a, B, a)`,
+			`node.yaml:7: etcd.members[1]: "B" is not an RFC 1123 label`,
+			`node.yaml:8: etcd.members[2]: "a" is listed twice`}},
+		{"etcd volume", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a]\n  volume:\n    serial: x\n    gceName: y\n    fsType: btrfs\n    mountPath: var/lib/etcd\n", []string{
+			"node.yaml:6: etcd.volume: set exactly one of serial, byId, awsTags and gceName (2 are set)",
+			`node.yaml:9: etcd.volume.fsType: "btrfs" is not supported (ext4 or xfs)`,
+			`node.yaml:10: etcd.volume.mountPath: "var/lib/etcd" must be a clean absolute path below /`}},
+		{"etcd volume minimum", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a]\n  volume:\n    serial: etcd-main\n    minSize: 2 gigs\n",
+			[]string{`node.yaml:8: etcd.volume.minSize: "2 gigs" is not a size: want a whole number of bytes, or one with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 20GiB`}},
+		{"xfs label", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {member: a, members: [a], volume: {byId: /dev/disk/by-id/virtio-etcd, fsType: xfs, label: etcd-main-disk}}\n",
+			[]string{`node.yaml:3: etcd.volume.label: "etcd-main-disk" is longer than the 12 bytes xfs allows`}},
+		{"dns", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\ndns:\n  provider: bind\n  zone: other.org\n  ttl: -1\n", []string{
+			`node.yaml:4: dns.provider: "bind" is not a provider (rfc2136, route53, clouddns, hosts or none)`,
+			"node.yaml:5: dns.zone: the cluster's names (*.internal.prod.example.com) are not inside zone other.org",
+			"node.yaml:6: dns.ttl: -1 is not between 1 and 86400 seconds"}},
+		{"rfc2136", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\ndns:\n  provider: rfc2136\n  tsigKeyName: k\n", []string{
+			"node.yaml:3: dns.server: is required with dns.provider rfc2136",
+			"node.yaml:5: dns.tsigKeyName: tsigKeyName and tsigSecretFile go together"}},
+		{"provider without a zone", "cluster: {name: prod}\nrole: worker\napiEndpoint: 10.0.0.1:6443\ndns: {provider: hosts}\n",
+			[]string{"node.yaml:1: cluster.dnsZone: is required with dns.provider hosts"}},
+		{"api endpoint", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\napiEndpoint: api.example.com\n",
+			[]string{`node.yaml:3: apiEndpoint: "api.example.com" is not host:port (e.g. api.example.com:6443)`}},
+		{"kubernetes", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  version: 1.37\n  podCIDR: 10.244.0.1/16\n  serviceCIDR: 10.0.0.0/8\n  clusterDNS: ten\n  clusterDomain: Cluster.Local\n  nodeLabels:\n    node-role.kubernetes.io/worker: \"\"\n    bad key: x\n  kubeletExtraArgs:\n    --max-pods: \"1\"\n", []string{
+			`node.yaml:4: kubernetes.version: "1.37" is not a version like v1.37.2`,
+			"node.yaml:5: kubernetes.podCIDR: 10.244.0.1/16 has host bits set (the range is 10.244.0.0/16)",
+			"node.yaml:6: kubernetes.serviceCIDR: 10.0.0.0/8 is too large (at most /12)",
+			`node.yaml:7: kubernetes.clusterDNS: "ten" is not an IP address`,
+			`node.yaml:8: kubernetes.clusterDomain: "Cluster.Local" is not an RFC 1123 DNS name`,
+			`node.yaml:10: kubernetes.nodeLabels["node-role.kubernetes.io/worker"]: a kubelet may not set labels in the kubernetes.io and k8s.io namespaces`,
+			`node.yaml:11: kubernetes.nodeLabels["bad key"]: "bad key" is not a label key`,
+			`node.yaml:13: kubernetes.kubeletExtraArgs["--max-pods"]: write the flag name without leading dashes (max-pods)`}},
+		{"leader election", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 2s\n    retryPeriod: soon\n", []string{
+			`node.yaml:8: kubernetes.leaderElection.retryPeriod: "soon" is not a positive duration like 15s`}},
+		{"leader election order", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 20s\n    retryPeriod: 18s\n", []string{
+			"node.yaml:6: kubernetes.leaderElection.leaseDuration: 10s must be longer than renewDeadline (20s)",
+			"node.yaml:7: kubernetes.leaderElection.renewDeadline: 20s must be longer than 1.2 × retryPeriod (18s)"}},
+		{"overlapping ranges", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCIDR: 10.96.0.0/16\n", []string{
+			"node.yaml:3: kubernetes.serviceCIDR: 10.96.0.0/12 overlaps podCIDR 10.96.0.0/16"}},
+		{"dual stack of one family", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCIDR: 10.244.0.0/16,10.245.0.0/16\n", []string{
+			`node.yaml:4: kubernetes.podCIDR: "10.244.0.0/16,10.245.0.0/16": a dual-stack pair is one IPv4 and one IPv6 range`}},
+	}
 }

@@ -44,17 +44,9 @@ func Run(ctx context.Context, log *slog.Logger) error {
 	if err := mountKernelFS(log); err != nil {
 		return err
 	}
-	raw, err := os.ReadFile(cmdline.ProcPath)
-	if err != nil {
-		return fmt.Errorf("read kernel cmdline: %w", err)
-	}
-	cl, err := ParseCmdline(string(raw))
+	cl, err := readCmdline(log)
 	if err != nil {
 		return err
-	}
-	log.Info("stage 1", "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
-	if cl.ReadWrite {
-		log.Warn("rw on the kernel cmdline is ignored: the root is mounted read-only")
 	}
 
 	modFailures, err := loadModuleList(ctx, log, ModulesLoadPath)
@@ -127,6 +119,23 @@ func Run(ctx context.Context, log *slog.Logger) error {
 	log.Info("switching root", "init", Init, "took", time.Since(start).Round(time.Millisecond))
 	freeInitramfs(log)
 	return switchRoot(SysRoot, Init, os.Args[1:])
+}
+
+// readCmdline parses the running kernel's command line and logs what stage 1 acts on.
+func readCmdline(log *slog.Logger) (Cmdline, error) {
+	raw, err := os.ReadFile(cmdline.ProcPath)
+	if err != nil {
+		return Cmdline{}, fmt.Errorf("read kernel cmdline: %w", err)
+	}
+	cl, err := ParseCmdline(string(raw))
+	if err != nil {
+		return Cmdline{}, err
+	}
+	log.Info("stage 1", "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
+	if cl.ReadWrite {
+		log.Warn("rw on the kernel cmdline is ignored: the root is mounted read-only")
+	}
+	return cl, nil
 }
 
 func mountKernelFS(log *slog.Logger) error {
