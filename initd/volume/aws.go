@@ -252,7 +252,7 @@ func (a AWS) attach(ctx context.Context, id string) error {
 // device name it was attached under.
 func (a AWS) waitAttached(ctx context.Context, id string) (string, error) {
 	var device string
-	err := poll(ctx, a.Timeout, a.Poll, "volume "+id+" to be attached", func() (bool, error) {
+	err := waitFor(ctx, a.Timeout, a.Poll, "volume "+id+" to be attached", func() (bool, error) {
 		vols, err := a.describe(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
 		if err != nil {
 			return false, err
@@ -288,7 +288,7 @@ func (a AWS) waitDevice(ctx context.Context, id, device string) (string, error) 
 	}
 	link := filepath.Join(dir, "nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(id, "-", ""))
 	var found string
-	err := poll(ctx, a.Timeout, a.Poll, link, func() (bool, error) {
+	err := waitFor(ctx, a.Timeout, a.Poll, link, func() (bool, error) {
 		for _, p := range []string{link, device} {
 			if p == "" {
 				continue

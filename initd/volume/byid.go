@@ -63,7 +63,7 @@ func (b ByID) Find(ctx context.Context) (string, error) {
 		what = filepath.Join(dir, id)
 	}
 	var dev string
-	err := poll(ctx, b.Timeout, b.Poll, what, func() (bool, error) {
+	err := waitFor(ctx, b.Timeout, b.Poll, what, func() (bool, error) {
 		var err error
 		dev, err = b.lookup(dir)
 		return dev != "", err

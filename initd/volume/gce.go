@@ -108,7 +108,7 @@ func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) erro
 		return fmt.Errorf("attach to %s: %w", g.Instance, err)
 	}
 	g.logger().InfoContext(ctx, "attaching etcd disk", "disk", g.DiskName, "instance", g.Instance, "device", device, "operation", op.Name)
-	err = poll(ctx, g.Timeout, g.Poll, "attach operation "+op.Name, func() (bool, error) {
+	err = waitFor(ctx, g.Timeout, g.Poll, "attach operation "+op.Name, func() (bool, error) {
 		if op.Status == "DONE" {
 			return true, nil
 		}
@@ -144,7 +144,7 @@ func (g GCE) waitDevice(ctx context.Context, device string) (string, error) {
 	}
 	link := filepath.Join(dir, "google-"+device)
 	var dev string
-	err := poll(ctx, g.Timeout, g.Poll, link, func() (bool, error) {
+	err := waitFor(ctx, g.Timeout, g.Poll, link, func() (bool, error) {
 		d, err := filepath.EvalSymlinks(link)
 		if err != nil {
 			return false, nil

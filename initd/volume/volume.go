@@ -18,8 +18,9 @@ package volume
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // Finder locates a disk and returns its device node, e.g. /dev/nvme1n1.
@@ -45,28 +46,20 @@ const (
 	DefaultPoll    = 500 * time.Millisecond
 )
 
-// poll calls try every interval until it reports done or fails, the timeout passes or ctx
-// ends. what names the awaited state in the timeout error.
-func poll(ctx context.Context, timeout, interval time.Duration, what string, try func() (bool, error)) error {
+// waitFor calls try every interval until it reports done or fails, the timeout passes or
+// ctx ends. what names the awaited state in the timeout error. An error from try ends the
+// wait at once: try reports "not yet" as (false, nil).
+func waitFor(ctx context.Context, timeout, interval time.Duration, what string, try func() (bool, error)) error {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
 	if interval <= 0 {
 		interval = DefaultPoll
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		done, err := try()
-		if err != nil || done {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting %s for %s: %w", timeout, what, ctx.Err())
-		case <-t.C:
-		}
-	}
+	return poll.Until(ctx, poll.Options{
+		What:      what,
+		Timeout:   timeout,
+		Backoff:   poll.Constant(interval),
+		Retryable: func(error) bool { return false },
+	}, func(context.Context) (bool, error) { return try() })
 }
