@@ -19,6 +19,7 @@ import (
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // Files the control-plane bootstrap reads, relative to the node's root.
@@ -196,7 +197,7 @@ func (b *bootstrap) waitAPI(ctx context.Context) error {
 	}
 	start := time.Now()
 	last := ""
-	err = poll(ctx, b.o.APIWait, b.o.Interval, func(ctx context.Context) (bool, error) {
+	err = waitUntil(ctx, b.o.APIWait, b.o.Interval, "/readyz", func(ctx context.Context) (bool, error) {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		err := c.Ready(rctx)
@@ -215,18 +216,21 @@ func (b *bootstrap) waitAPI(ctx context.Context) error {
 // retry runs f until it succeeds, fails for good (an error that is not transient) or ctx
 // ends: the API server may still be settling (e.g. RBAC caches) right after /readyz.
 func (b *bootstrap) retry(ctx context.Context, f func(context.Context) (bool, error)) (bool, error) {
-	for {
-		changed, err := f(ctx)
-		if err == nil || !transient(err) {
-			return changed, err
-		}
-		b.o.Log.Debug("retrying", "error", err)
-		select {
-		case <-ctx.Done():
-			return false, err
-		case <-time.After(b.o.Interval):
-		}
+	var changed bool
+	err := poll.Retry(ctx, poll.Options{
+		What:      "the API server",
+		Backoff:   poll.Constant(b.o.Interval),
+		Retryable: transient,
+		OnRetry:   func(a poll.Attempt) { b.o.Log.Debug("retrying", "error", a.Err) },
+	}, func(ctx context.Context) error {
+		var err error
+		changed, err = f(ctx)
+		return err
+	})
+	if err != nil {
+		return false, err
 	}
+	return changed, nil
 }
 
 // applyObjects server-side applies objs with c, in order.
@@ -450,7 +454,7 @@ func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
 		} `json:"spec"`
 	}
 	last := ""
-	err = poll(ctx, b.o.NodeWait, b.o.Interval, func(ctx context.Context) (bool, error) {
+	err = waitUntil(ctx, b.o.NodeWait, b.o.Interval, "kubelet to register it", func(ctx context.Context) (bool, error) {
 		err := c.Get(ctx, path, &node)
 		if err != nil {
 			note(b.o.Log, &last, "node "+b.o.NodeName+" to register", err)

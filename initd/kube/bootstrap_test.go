@@ -286,7 +286,7 @@ func TestBootstrapControlPlane(t *testing.T) {
 		}
 		// kube-controller-manager approves it (kubeadm:node-autoapprove-bootstrap) and signs it.
 		var got struct{ Status struct{ Certificate string } }
-		err = poll(ctx, 90*time.Second, time.Second, func(ctx context.Context) (bool, error) {
+		err = waitUntil(ctx, 90*time.Second, time.Second, "the CSR to be signed", func(ctx context.Context) (bool, error) {
 			err := c.Get(ctx, "/apis/certificates.k8s.io/v1/certificatesigningrequests/"+created.Metadata.Name, &got)
 			return err == nil && got.Status.Certificate != "", err
 		})
@@ -330,7 +330,7 @@ func TestBootstrapControlPlane(t *testing.T) {
 			t.Errorf("cluster-info server %q, CA matches %t", got.Server, got.CAData == base64.StdEncoding.EncodeToString(ca))
 		}
 		// The bootstrap signer signs it with the token (usage-bootstrap-signing).
-		err := poll(ctx, 90*time.Second, time.Second, func(ctx context.Context) (bool, error) {
+		err := waitUntil(ctx, 90*time.Second, time.Second, "the signature", func(ctx context.Context) (bool, error) {
 			err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm)
 			return err == nil && cm.Data["jws-kubeconfig-abcdef"] != "", err
 		})

@@ -140,7 +140,7 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 		} `json:"spec"`
 	}
 	waiting := ""
-	err = poll(ctx, o.Wait, o.Interval, func(ctx context.Context) (bool, error) {
+	err = waitUntil(ctx, o.Wait, o.Interval, "node "+o.NodeName+"'s pod CIDR", func(ctx context.Context) (bool, error) {
 		c, err := LoadKubeconfig(o.Root, o.Kubeconfig)
 		if err != nil {
 			return false, note(o.Log, &waiting, "kubelet credentials", err)

@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,8 +22,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // ImagesPath is the OCI image layout holding the role's pre-pulled images.
@@ -364,7 +363,7 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 		}
 	}
 	var have map[string]string
-	err = poll(ctx, o.Wait, 2*time.Second, func(ctx context.Context) (bool, error) {
+	err = waitUntil(ctx, o.Wait, 2*time.Second, "its image list", func(ctx context.Context) (bool, error) {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		var err error
@@ -401,41 +400,14 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 	return imported, nil
 }
 
-// poll calls f until it reports done or limit has passed, interval between two calls, and
-// returns the last error f returned. limit is checked between calls, never inside one: each
-// call runs to its end (bounded by ctx and by f's own timeouts) and at least one is made, so
-// the error says what the last call found — "node has no pod CIDR yet" — and not that the
-// deadline cut a call short, however slow the machine is.
-func poll(ctx context.Context, limit, interval time.Duration, f func(context.Context) (bool, error)) error {
-	deadline := time.Now().Add(limit)
-	var last error
-	for {
-		done, err := f(ctx)
-		if done {
-			return nil
-		}
-		if err != nil {
-			last = err
-		}
-		left := time.Until(deadline)
-		if left <= 0 || ctx.Err() != nil {
-			err := fmt.Errorf("not done after %s", limit)
-			if last = cmp.Or(last, ctx.Err()); last != nil {
-				err = fmt.Errorf("after %s: %w", limit, last)
-			}
-			if left <= 0 {
-				return task.TimedOut(err) // the wait ran out: a timeout, whatever the last error was
-			}
-			return err
-		}
-		t := time.NewTimer(min(interval, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("after %s: %w", limit, cmp.Or(last, ctx.Err()))
-		case <-t.C:
-		}
-	}
+// waitUntil calls f until it reports done or limit has passed, interval between two calls,
+// and returns an error naming what and carrying the last error f returned. Each call runs
+// to its end and the limit is checked between calls (see poll.Options.Timeout), so the error
+// says what the last call found — "node has no pod CIDR yet" — however slow the machine is.
+// Running out of time is context.DeadlineExceeded (poll.ErrTimeout), whatever the last error
+// was, so the task run reports the step as timed out.
+func waitUntil(ctx context.Context, limit, interval time.Duration, what string, f func(context.Context) (bool, error)) error {
+	return poll.Until(ctx, poll.Options{What: what, Timeout: limit, Backoff: poll.Constant(interval)}, f)
 }
 
 // ContainerdConfig is containerd's configuration, relative to the node's root; KubeletImages

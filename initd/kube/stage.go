@@ -299,20 +299,6 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 
 // ConvergeWithTimeout is task.Converge with its own per-attempt deadline d, for a step
 // that waits (for the API server, a node, a pod CIDR) longer than the runner's default.
-// Unlike wrapping it with task.WithTimeout, it still reports unchanged when the step
-// changed nothing.
 func ConvergeWithTimeout(name string, deps []string, d time.Duration, step func(context.Context) (bool, error)) task.Task {
-	return &timedConverge{Task: task.Converge(name, deps, step), d: d}
-}
-
-type timedConverge struct {
-	task.Task
-	d time.Duration
-}
-
-func (t *timedConverge) Timeout() time.Duration { return t.d }
-
-func (t *timedConverge) Changed() bool {
-	c, ok := t.Task.(task.Changer)
-	return !ok || c.Changed()
+	return task.WithTimeout(task.Converge(name, deps, step), d)
 }

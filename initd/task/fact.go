@@ -163,51 +163,7 @@ func (r *runner) awaitFact(ctx context.Context) bool {
 	r.o.Log.Info("waiting for a fact", "fact", f.Name, "tasks", tasks, "waited", r.waited.Round(time.Millisecond), "limit", r.o.FactWait)
 
 	start := time.Now()
-	wctx, cancel := context.WithTimeout(ctx, left)
-	defer cancel()
-	pace := r.awaited[f.Name] > 0 // known before, yet still missing: do not spin
-	ch := make(chan error, 1)     // buffered: an Await ignoring its context must not block forever
-	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				ch <- fmt.Errorf("panic: %v", p)
-			}
-		}()
-		if pace {
-			select {
-			case <-time.After(waitReport):
-			case <-wctx.Done():
-				ch <- wctx.Err()
-				return
-			}
-		}
-		ch <- f.Await(wctx)
-	}()
-	report := func() {
-		r.o.Notify(w.String())
-		r.o.Waiting(w, append([]TaskStatus(nil), r.rep.Tasks...))
-	}
-	report() // as the wait begins: WaitedMS is what earlier waits took
-	tick := time.NewTicker(waitReport)
-	defer tick.Stop()
-	var err error
-	var grace <-chan time.Time
-	done := wctx.Done()
-wait:
-	for {
-		select {
-		case err = <-ch:
-			break wait
-		case <-tick.C:
-			w.WaitedMS = (r.waited + time.Since(start)).Milliseconds()
-			report()
-		case <-done:
-			done, grace = nil, time.After(r.o.Grace)
-		case <-grace:
-			err = fmt.Errorf("still waiting %s after the deadline: %w", r.o.Grace, wctx.Err())
-			break wait
-		}
-	}
+	err := r.watchAwait(ctx, f, &w, left, start)
 	r.waited += time.Since(start)
 	w.WaitedMS, w.Known = r.waited.Milliseconds(), err == nil
 	r.rep.Waits = append(r.rep.Waits, w)
@@ -228,6 +184,61 @@ wait:
 		"waited", time.Since(start).Round(time.Millisecond))
 	r.rerun(f.Task)
 	return true
+}
+
+// watchAwait runs f's Await bounded by left and returns its error, reporting w as the wait
+// begins and every waitReport after. An Await that ignores its deadline is given up on
+// Options.Grace after it.
+func (r *runner) watchAwait(ctx context.Context, f *Fact, w *Wait, left time.Duration, start time.Time) error {
+	wctx, cancel := context.WithTimeout(ctx, left)
+	defer cancel()
+	ch := startAwait(wctx, f, r.awaited[f.Name] > 0)
+	report := func() {
+		r.o.Notify(w.String())
+		r.o.Waiting(*w, append([]TaskStatus(nil), r.rep.Tasks...))
+	}
+	report() // as the wait begins: WaitedMS is what earlier waits took
+	tick := time.NewTicker(waitReport)
+	defer tick.Stop()
+	var grace <-chan time.Time
+	done := wctx.Done()
+	for {
+		select {
+		case err := <-ch:
+			return err
+		case <-tick.C:
+			w.WaitedMS = (r.waited + time.Since(start)).Milliseconds()
+			report()
+		case <-done:
+			done, grace = nil, time.After(r.o.Grace)
+		case <-grace:
+			return fmt.Errorf("still waiting %s after the deadline: %w", r.o.Grace, wctx.Err())
+		}
+	}
+}
+
+// startAwait runs f's Await in a goroutine and delivers its error. With pace (the fact was
+// known before, yet a task still lacks it) it first waits waitReport, so that the run does
+// not spin.
+func startAwait(ctx context.Context, f *Fact, pace bool) <-chan error {
+	ch := make(chan error, 1) // buffered: an Await ignoring its context must not block forever
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				ch <- fmt.Errorf("panic: %v", p)
+			}
+		}()
+		if pace {
+			select {
+			case <-time.After(waitReport):
+			case <-ctx.Done():
+				ch <- ctx.Err()
+				return
+			}
+		}
+		ch <- f.Await(ctx)
+	}()
+	return ch
 }
 
 // gaveUp adds why the run stopped waiting to the errors of the tasks that lacked a fact;

@@ -266,6 +266,35 @@ func TestFactWait(t *testing.T) {
 	}
 }
 
+// Tasks wrapped with WithTimeout are run again like any other once a fact is known, and
+// still report unchanged when their step changed nothing.
+func TestFactWaitWithTimeout(t *testing.T) {
+	d := &dhcp{steps: map[string]int{}}
+	tasks := []Task{
+		WithTimeout(d.facts(false), time.Minute),
+		WithTimeout(d.other("hostname", "facts"), time.Minute),
+		WithTimeout(d.user("render", "facts", "hostname"), time.Minute),
+	}
+	await := func(context.Context) error { d.answer("10.0.2.15"); return nil }
+	o := Options{FactWait: 5 * time.Second, Facts: []Fact{{Name: address, Task: "facts", Await: await}}}
+	rep, err := Run(context.Background(), tasks, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]State{"facts": StateUnchanged, "hostname": StateApplied, "render": StateApplied}
+	for name, st := range want {
+		if got := status(t, rep, name).State; got != st {
+			t.Errorf("%s: state %s, want %s", name, got, st)
+		}
+	}
+	wantSteps := map[string]int{"facts": 2, "hostname": 2, "render": 3}
+	for name, n := range wantSteps {
+		if d.steps[name] != n {
+			t.Errorf("%s ran %d times, want %d (all: %v)", name, d.steps[name], n, d.steps)
+		}
+	}
+}
+
 // An invalid fact is reported before anything runs.
 func TestFactsInvalid(t *testing.T) {
 	await := func(context.Context) error { return nil }

@@ -74,7 +74,8 @@ func (f *funcTask) Apply(ctx context.Context) error {
 }
 
 // WithTimeout returns t with its own per-attempt deadline d instead of
-// Options.TaskTimeout.
+// Options.TaskTimeout. The result is still reset when a fact t's run depends on becomes
+// known (Resetter) and still reports unchanged when t changed nothing (Changer).
 func WithTimeout(t Task, d time.Duration) Task {
 	return &timeoutTask{Task: t, d: d}
 }
@@ -85,6 +86,19 @@ type timeoutTask struct {
 }
 
 func (t *timeoutTask) Timeout() time.Duration { return t.d }
+
+// Reset resets the wrapped task when it remembers having run.
+func (t *timeoutTask) Reset() {
+	if rs, ok := t.Task.(Resetter); ok {
+		rs.Reset()
+	}
+}
+
+// Changed is the wrapped task's answer; a task that cannot tell counts as changed.
+func (t *timeoutTask) Changed() bool {
+	c, ok := t.Task.(Changer)
+	return !ok || c.Changed()
+}
 
 // Resetter is implemented by tasks that remember having run (Converge). When a Fact that a
 // failed task needed becomes known, the run calls Reset on the task that learns it and on
