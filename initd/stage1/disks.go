@@ -2,6 +2,7 @@ package stage1
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
+
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // Partition is one GPT entry.
@@ -149,37 +152,55 @@ func (e *RootNotFoundError) Error() string {
 	return b.String()
 }
 
-// waitForRoot rescans the disks until one holds the partition, or wait has passed.
+// waitForRoot rescans the disks until one holds the partition, or wait has passed (0 still
+// looks once).
 func waitForRoot(ctx context.Context, log *slog.Logger, sysBlock, devDir, partuuid string, wait time.Duration) (Disk, Partition, []Disk, error) {
 	start := time.Now()
-	deadline := start.Add(wait)
-	var last string
-	for {
-		disks, err := ScanDisks(sysBlock, devDir)
-		if err != nil {
-			return Disk{}, Partition{}, nil, err
+	var (
+		disks []Disk
+		disk  Disk
+		part  Partition
+		last  string
+	)
+	err := poll.Until(ctx, poll.Options{
+		What:      "root PARTUUID=" + partuuid,
+		Timeout:   max(wait, time.Nanosecond),
+		Backoff:   poll.Constant(250 * time.Millisecond),
+		Retryable: func(error) bool { return false },
+	}, func(context.Context) (bool, error) {
+		var err error
+		if disks, err = ScanDisks(sysBlock, devDir); err != nil {
+			return false, err
 		}
-		if d, p, ok := FindPartition(disks, partuuid); ok {
-			log.Info("root found", "disk", d.Path, "partition", p.Index, "name", p.Name, "partuuid", p.GUID)
-			return d, p, disks, nil
+		var found bool
+		if disk, part, found = FindPartition(disks, partuuid); found {
+			return true, nil
 		}
-		var seen []string
-		for _, d := range disks {
-			seen = append(seen, d.String())
+		if seen := disksSeen(disks); seen != last {
+			log.Info("waiting for root", "partuuid", partuuid, "disks", seen)
+			last = seen
 		}
-		if s := strings.Join(seen, "; "); s != last {
-			log.Info("waiting for root", "partuuid", partuuid, "disks", s)
-			last = s
-		}
-		if time.Now().After(deadline) {
-			return Disk{}, Partition{}, disks, &RootNotFoundError{PARTUUID: partuuid, Waited: time.Since(start), Disks: disks}
-		}
-		select {
-		case <-ctx.Done():
-			return Disk{}, Partition{}, disks, ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
+		return false, nil
+	})
+	switch {
+	case errors.Is(err, poll.ErrTimeout):
+		return Disk{}, Partition{}, disks, &RootNotFoundError{PARTUUID: partuuid, Waited: time.Since(start), Disks: disks}
+	case ctx.Err() != nil:
+		return Disk{}, Partition{}, disks, ctx.Err()
+	case err != nil:
+		return Disk{}, Partition{}, nil, err
 	}
+	log.Info("root found", "disk", disk.Path, "partition", part.Index, "name", part.Name, "partuuid", part.GUID)
+	return disk, part, disks, nil
+}
+
+// disksSeen lists disks for the log, one "; " apart.
+func disksSeen(disks []Disk) string {
+	seen := make([]string, 0, len(disks))
+	for _, d := range disks {
+		seen = append(seen, d.String())
+	}
+	return strings.Join(seen, "; ")
 }
 
 // partitionDevice finds the kernel name of partition number index of disk (vda4, nvme0n1p4) in
@@ -203,21 +224,26 @@ func partitionDevice(sysBlock, devDir, disk string, index int) (string, bool) {
 
 // waitForPartition waits until the kernel knows partition index of disk and its device node exists.
 func waitForPartition(ctx context.Context, sysBlock, devDir, disk string, index int, wait time.Duration) (string, error) {
-	deadline := time.Now().Add(wait)
-	for {
-		if dev, ok := partitionDevice(sysBlock, devDir, disk, index); ok {
-			if _, err := os.Stat(dev); err == nil {
-				return dev, nil
-			}
+	var dev string
+	err := poll.Until(ctx, poll.Options{
+		What:    fmt.Sprintf("partition %d of %s", index, disk),
+		Timeout: max(wait, time.Nanosecond),
+		Backoff: poll.Constant(100 * time.Millisecond),
+	}, func(context.Context) (bool, error) {
+		d, ok := partitionDevice(sysBlock, devDir, disk, index)
+		if !ok {
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("partition %d of %s did not appear within %s (no %s/%s/%s<n> or %s/%s[p]%d)",
-				index, disk, wait, sysBlock, disk, disk, devDir, disk, index)
-		}
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+		_, err := os.Stat(d)
+		dev = d
+		return err == nil, nil
+	})
+	switch {
+	case errors.Is(err, poll.ErrTimeout):
+		return "", fmt.Errorf("partition %d of %s did not appear within %s (no %s/%s/%s<n> or %s/%s[p]%d)",
+			index, disk, wait, sysBlock, disk, disk, devDir, disk, index)
+	case err != nil:
+		return "", ctx.Err()
 	}
+	return dev, nil
 }

@@ -48,64 +48,18 @@ func Run(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-
 	modFailures, err := loadModuleList(ctx, log, ModulesLoadPath)
 	if err != nil {
 		return err
 	}
-
-	disk, rootPart, _, err := waitForRoot(ctx, log, sysBlock, devDir, cl.RootPARTUUID, cl.RootWait)
+	rootDev, dataDev, err := findPartitions(ctx, log, cl, modFailures)
 	if err != nil {
-		var nf *RootNotFoundError
-		if errors.As(err, &nf) {
-			nf.Cmdline = cl.Raw
-			nf.Modules = modFailures
-		}
 		return err
 	}
-
-	data, created, err := EnsureDataPartition(disk.Path, disk.SectorSize)
-	if err != nil {
-		return fmt.Errorf("data partition on %s: %w", disk.Path, err)
-	}
-	if created {
-		log.Info("created data partition", "disk", disk.Path, "partition", data.Index, "partuuid", data.GUID,
-			"bytes", int64(data.End-data.Start+1)*int64(disk.SectorSize))
-	}
-	// Re-read whenever the kernel does not know the partition, not only right after creating it:
-	// a power cut between the GPT write and the re-read must converge too.
-	if _, ok := partitionDevice(sysBlock, devDir, disk.Name, data.Index); !ok {
-		if err := rereadPartitions(log, disk.Path, data, disk.SectorSize); err != nil {
-			return err
-		}
-	}
-	rootDev, err := waitForPartition(ctx, sysBlock, devDir, disk.Name, rootPart.Index, partWait)
-	if err != nil {
-		return fmt.Errorf("root partition: %w", err)
-	}
-	dataDev, err := waitForPartition(ctx, sysBlock, devDir, disk.Name, data.Index, partWait)
-	if err != nil {
-		return fmt.Errorf("data partition: %w", err)
-	}
-
 	if err := mountRoot(log, rootDev, cl.RootFSType); err != nil {
 		return err
 	}
-	if err := prepareData(ctx, log, dataDev); err != nil {
-		return err
-	}
-	if err := mount(log, dataDev, dataTmp, "ext4", 0, ""); err != nil {
-		return fmt.Errorf("data filesystem: %w", err)
-	}
-	seedStart := time.Now()
-	seeded, err := SeedOnce(filepath.Join(SysRoot, "var"), dataTmp)
-	if err != nil {
-		return fmt.Errorf("seed %s from the root's /var: %w", dataDev, err)
-	}
-	if seeded {
-		log.Info("seeded data filesystem from /var", "took", time.Since(seedStart).Round(time.Millisecond))
-	}
-	if err := moveMount(dataTmp, filepath.Join(SysRoot, "var")); err != nil {
+	if err := mountVar(ctx, log, dataDev); err != nil {
 		return err
 	}
 	if err := mountEtcOverlay(log); err != nil {
@@ -136,6 +90,63 @@ func readCmdline(log *slog.Logger) (Cmdline, error) {
 		log.Warn("rw on the kernel cmdline is ignored: the root is mounted read-only")
 	}
 	return cl, nil
+}
+
+// findPartitions waits for the root partition, creates the data partition beside it when
+// the disk has none yet, and returns both device nodes. A root that does not show up is a
+// *RootNotFoundError that also lists the command line and the modules that failed to load.
+func findPartitions(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []ModuleError) (rootDev, dataDev string, err error) {
+	disk, rootPart, _, err := waitForRoot(ctx, log, sysBlock, devDir, cl.RootPARTUUID, cl.RootWait)
+	if err != nil {
+		var nf *RootNotFoundError
+		if errors.As(err, &nf) {
+			nf.Cmdline = cl.Raw
+			nf.Modules = modFailures
+		}
+		return "", "", err
+	}
+	data, created, err := EnsureDataPartition(disk.Path, disk.SectorSize)
+	if err != nil {
+		return "", "", fmt.Errorf("data partition on %s: %w", disk.Path, err)
+	}
+	if created {
+		log.Info("created data partition", "disk", disk.Path, "partition", data.Index, "partuuid", data.GUID,
+			"bytes", int64(data.End-data.Start+1)*int64(disk.SectorSize))
+	}
+	// Re-read whenever the kernel does not know the partition, not only right after creating it:
+	// a power cut between the GPT write and the re-read must converge too.
+	if _, ok := partitionDevice(sysBlock, devDir, disk.Name, data.Index); !ok {
+		if err := rereadPartitions(log, disk.Path, data, disk.SectorSize); err != nil {
+			return "", "", err
+		}
+	}
+	if rootDev, err = waitForPartition(ctx, sysBlock, devDir, disk.Name, rootPart.Index, partWait); err != nil {
+		return "", "", fmt.Errorf("root partition: %w", err)
+	}
+	if dataDev, err = waitForPartition(ctx, sysBlock, devDir, disk.Name, data.Index, partWait); err != nil {
+		return "", "", fmt.Errorf("data partition: %w", err)
+	}
+	return rootDev, dataDev, nil
+}
+
+// mountVar prepares the data filesystem on dataDev, seeds it from the root's /var on its
+// first boot and mounts it on the new root's /var.
+func mountVar(ctx context.Context, log *slog.Logger, dataDev string) error {
+	if err := prepareData(ctx, log, dataDev); err != nil {
+		return err
+	}
+	if err := mount(log, dataDev, dataTmp, "ext4", 0, ""); err != nil {
+		return fmt.Errorf("data filesystem: %w", err)
+	}
+	seedStart := time.Now()
+	seeded, err := SeedOnce(filepath.Join(SysRoot, "var"), dataTmp)
+	if err != nil {
+		return fmt.Errorf("seed %s from the root's /var: %w", dataDev, err)
+	}
+	if seeded {
+		log.Info("seeded data filesystem from /var", "took", time.Since(seedStart).Round(time.Millisecond))
+	}
+	return moveMount(dataTmp, filepath.Join(SysRoot, "var"))
 }
 
 func mountKernelFS(log *slog.Logger) error {
