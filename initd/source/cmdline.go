@@ -1,6 +1,7 @@
 package source
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/internal/cmdline"
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // Kernel command-line parameters read by CmdlineURL.
@@ -163,7 +165,6 @@ func (c *CmdlineURL) fetchWithRetry(ctx context.Context, u *url.URL) ([]byte, er
 	if pause <= 0 {
 		pause = time.Second
 	}
-	maxPause := 8 * pause
 	attemptTimeout := c.AttemptTimeout
 	if attemptTimeout <= 0 {
 		attemptTimeout = 30 * time.Second
@@ -172,37 +173,31 @@ func (c *CmdlineURL) fetchWithRetry(ctx context.Context, u *url.URL) ([]byte, er
 	if logger == nil {
 		logger = slog.Default()
 	}
-	var last error // the last attempt's error that the overall deadline did not cause
-	for attempt := 1; ; attempt++ {
+	var data []byte
+	err := poll.Retry(ctx, poll.Options{
+		What:    u.Redacted(),
+		Backoff: poll.Backoff{Initial: pause, Factor: 2, Max: 8 * pause},
+		Retryable: func(err error) bool {
+			var perm *permanentError
+			return !errors.As(err, &perm)
+		},
+		OnRetry: func(a poll.Attempt) {
+			logger.Warn("config url: retrying", "url", u.Redacted(), "attempt", a.N, "in", a.Pause, "err", a.Err)
+		},
+	}, func(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		data, err := c.fetchOnce(actx, u)
-		cancel()
-		if err == nil {
-			return data, nil
-		}
-		var perm *permanentError
-		if errors.As(err, &perm) {
-			return nil, err
-		}
-		if ctx.Err() != nil {
-			// The deadline cut this attempt short: what the attempts before it found (a
-			// refused connection, a 502) says more than "context deadline exceeded".
-			if last != nil {
-				err = last
-			}
-			return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
-		}
-		last = err
-		logger.Warn("config url: retrying", "url", u.Redacted(), "attempt", attempt, "in", pause, "err", err)
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
-		case <-t.C:
-		}
-		pause = min(2*pause, maxPause)
+		defer cancel()
+		var err error
+		data, err = c.fetchOnce(actx, u)
+		return err
+	})
+	var pe *poll.Error
+	if errors.As(err, &pe) {
+		// When the deadline cut the last attempt short, Last is what the attempts before it
+		// found (a refused connection, a 502): it says more than "context deadline exceeded".
+		return nil, fmt.Errorf("gave up after %d attempts: %w", pe.Attempts, cmp.Or(pe.Last, pe.Cause))
 	}
+	return data, err
 }
 
 func (c *CmdlineURL) fetchOnce(ctx context.Context, u *url.URL) ([]byte, error) {

@@ -67,14 +67,6 @@ func (t TFTPClient) Get(ctx context.Context, host, file string) ([]byte, error) 
 	if blksize < 8 || blksize > 65464 {
 		return nil, &permanentError{fmt.Errorf("tftp block size %d out of range 8..65464", blksize)}
 	}
-	timeout := t.Timeout
-	if timeout <= 0 {
-		timeout = time.Second
-	}
-	retries := t.Retries
-	if retries <= 0 {
-		retries = 5
-	}
 	if _, _, err := net.SplitHostPort(host); err != nil {
 		host = net.JoinHostPort(strings.Trim(host, "[]"), "69")
 	}
@@ -97,7 +89,27 @@ func (t TFTPClient) Get(ctx context.Context, host, file string) ([]byte, error) 
 	if err := tr.send(); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, 4+max(blksize, 512)+1)
+	return tr.receive(ctx, file, t.timeout(), t.retries())
+}
+
+func (t TFTPClient) timeout() time.Duration {
+	if t.Timeout <= 0 {
+		return time.Second
+	}
+	return t.Timeout
+}
+
+func (t TFTPClient) retries() int {
+	if t.Retries <= 0 {
+		return 5
+	}
+	return t.Retries
+}
+
+// receive handles the server's packets until the last block is in, retransmitting the last
+// packet sent when the server is silent for timeout, up to retries times in a row.
+func (tr *tftpTransfer) receive(ctx context.Context, file string, timeout time.Duration, retries int) ([]byte, error) {
+	buf := make([]byte, 4+max(tr.want, 512)+1)
 	tries := 0
 	for {
 		if err := ctx.Err(); err != nil {
@@ -107,8 +119,8 @@ func (t TFTPClient) Get(ctx context.Context, host, file string) ([]byte, error) 
 		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 			deadline = d
 		}
-		_ = conn.SetReadDeadline(deadline)
-		n, from, err := conn.ReadFromUDP(buf)
+		_ = tr.conn.SetReadDeadline(deadline)
+		n, from, err := tr.conn.ReadFromUDP(buf)
 		if err != nil {
 			var ne net.Error
 			if !errors.As(err, &ne) || !ne.Timeout() {
@@ -122,7 +134,7 @@ func (t TFTPClient) Get(ctx context.Context, host, file string) ([]byte, error) 
 				return nil, fmt.Errorf("tftp %s: %w", file, context.DeadlineExceeded)
 			}
 			if tries++; tries > retries {
-				return nil, fmt.Errorf("tftp %s: no answer from %s after %d tries", file, server, tries)
+				return nil, fmt.Errorf("tftp %s: no answer from %s after %d tries", file, tr.server, tries)
 			}
 			if err := tr.send(); err != nil {
 				return nil, err
