@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // Registration states.
@@ -110,42 +111,42 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 		return st, fmt.Errorf("dns %s: %w", p.Name(), err)
 	}
 	report()
-	wait := minB
-	var lastErr error
-	for {
+	var changed bool
+	err := poll.Retry(ctx, poll.Options{
+		What:      "dns " + p.Name(),
+		Backoff:   poll.Backoff{Initial: minB, Factor: 2, Max: maxB, Jitter: 0.5},
+		Retryable: func(err error) bool { return !errors.Is(err, errConfig) },
+		OnRetry: func(a poll.Attempt) {
+			report()
+			log.Warn("dns: registration pending", "provider", p.Name(), "attempt", a.N, "retry_in", a.Pause.Round(time.Millisecond), "err", a.Err)
+		},
+	}, func(ctx context.Context) error {
 		st.Attempts++
-		changed, err := registerOnce(ctx, p, recs, log)
-		if err != nil && ctx.Err() != nil {
-			// Cut short: the failure before this attempt is the one worth reporting.
-			if lastErr == nil {
-				lastErr = err
-			}
-			st.LastError = lastErr.Error()
-			report()
-			return st, fmt.Errorf("dns %s: not registered after %d attempts (%w): %w", p.Name(), st.Attempts, ctx.Err(), lastErr)
+		var err error
+		changed, err = registerOnce(ctx, p, recs, log)
+		if err != nil && ctx.Err() == nil {
+			st.LastError = err.Error()
 		}
-		if err == nil {
-			st.State, st.LastError = StateRegistered, ""
-			report()
-			log.Info("dns: registered", "provider", p.Name(), "records", len(recs), "changed", changed, "attempts", st.Attempts)
-			return st, nil
-		}
-		lastErr, st.LastError = err, err.Error()
-		if errors.Is(err, errConfig) {
-			st.State = StateFailed
-			report()
-			log.Error("dns: cannot register", "provider", p.Name(), "err", err)
-			return st, fmt.Errorf("dns %s: %w", p.Name(), err)
-		}
+		return err
+	})
+	var pe *poll.Error
+	switch {
+	case err == nil:
+		st.State, st.LastError = StateRegistered, ""
 		report()
-		sleep := wait/2 + rand.N(wait/2+1)
-		log.Warn("dns: registration pending", "provider", p.Name(), "attempt", st.Attempts, "retry_in", sleep.Round(time.Millisecond), "err", err)
-		select {
-		case <-ctx.Done():
-			return st, fmt.Errorf("dns %s: not registered after %d attempts (%w): %w", p.Name(), st.Attempts, ctx.Err(), lastErr)
-		case <-time.After(sleep):
-		}
-		wait = min(2*wait, maxB)
+		log.Info("dns: registered", "provider", p.Name(), "records", len(recs), "changed", changed, "attempts", st.Attempts)
+		return st, nil
+	case errors.As(err, &pe):
+		// When ctx cut the last attempt short, Last is the failure before it: the one worth
+		// reporting.
+		st.LastError = pe.Last.Error()
+		report()
+		return st, fmt.Errorf("dns %s: not registered after %d attempts (%w): %w", p.Name(), st.Attempts, ctx.Err(), pe.Last)
+	default:
+		st.State, st.LastError = StateFailed, err.Error()
+		report()
+		log.Error("dns: cannot register", "provider", p.Name(), "err", err)
+		return st, fmt.Errorf("dns %s: %w", p.Name(), err)
 	}
 }
 

@@ -139,34 +139,43 @@ func (p *Route53) Upsert(ctx context.Context, recs []Record) error {
 	return p.waitInsync(ctx, *out.ChangeInfo.Id, out.ChangeInfo.Status)
 }
 
+// waitInsync waits up to p.Wait for change id to be INSYNC, with the SDK's waiter polling
+// every p.PollInterval.
 func (p *Route53) waitInsync(ctx context.Context, id string, status types.ChangeStatus) error {
-	wctx, cancel := context.WithTimeout(ctx, p.Wait)
-	defer cancel()
+	if status == types.ChangeStatusInsync {
+		return nil
+	}
 	every := p.PollInterval
 	if every <= 0 {
 		every = 5 * time.Second
 	}
-	stillPending := func() error {
-		return fmt.Errorf("route53: change %s still %s after %s: %w", id, status, p.Wait, wctx.Err())
+	wctx, cancel := context.WithTimeout(ctx, p.Wait)
+	defer cancel()
+	var getErr error // GetChange's own failure, not the end of the wait
+	w := route53.NewResourceRecordSetsChangedWaiter(p.Client, func(o *route53.ResourceRecordSetsChangedWaiterOptions) {
+		o.MinDelay, o.MaxDelay = every, every
+		insync := o.Retryable
+		o.Retryable = func(ctx context.Context, in *route53.GetChangeInput, out *route53.GetChangeOutput, err error) (bool, error) {
+			if err != nil && wctx.Err() == nil {
+				getErr = fmt.Errorf("route53: get change %s: %w", id, err)
+				return false, getErr
+			}
+			if out != nil && out.ChangeInfo != nil {
+				status = out.ChangeInfo.Status
+			}
+			return insync(ctx, in, out, err)
+		}
+	})
+	err := w.Wait(wctx, &route53.GetChangeInput{Id: aws.String(id)}, p.Wait)
+	switch {
+	case err == nil:
+		return nil
+	case getErr != nil:
+		return getErr
+	case ctx.Err() != nil:
+		return fmt.Errorf("route53: change %s: %w", id, ctx.Err())
 	}
-	for status != types.ChangeStatusInsync {
-		select {
-		case <-wctx.Done():
-			return stillPending()
-		case <-time.After(every):
-		}
-		out, err := p.Client.GetChange(wctx, &route53.GetChangeInput{Id: aws.String(id)})
-		if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-			return stillPending()
-		}
-		if err != nil {
-			return fmt.Errorf("route53: get change %s: %w", id, err)
-		}
-		if out.ChangeInfo != nil {
-			status = out.ChangeInfo.Status
-		}
-	}
-	return nil
+	return fmt.Errorf("route53: change %s still %s after %s: %w", id, status, p.Wait, context.DeadlineExceeded)
 }
 
 // recordSet returns the simple-routing record set of name and type, nil if none.
