@@ -31,6 +31,7 @@ import (
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/cmdline"
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // Where the image keeps what first boot reads, relative to the node's root.
@@ -400,22 +401,26 @@ func overDefault(root string, user *config.Config, src string) (*config.Config, 
 
 // waitForRoute waits, bounded, until the kernel has an IPv4 default route.
 func waitForRoute(ctx context.Context, routes string, limit time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	for {
-		if b, err := os.ReadFile(routes); err == nil {
-			for _, line := range strings.Split(string(b), "\n")[1:] {
-				if f := strings.Fields(line); len(f) > 2 && f[1] == "00000000" && f[2] != "00000000" {
-					return nil
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("no default route after %s", limit)
-		case <-time.After(250 * time.Millisecond):
+	err := poll.Until(ctx, poll.Options{What: "a default route", Timeout: limit, Backoff: poll.Constant(250 * time.Millisecond)},
+		func(context.Context) (bool, error) { return hasDefaultRoute(routes), nil })
+	if err != nil {
+		return fmt.Errorf("no default route after %s", limit)
+	}
+	return nil
+}
+
+// hasDefaultRoute reports whether routes (/proc/net/route) has an IPv4 default route.
+func hasDefaultRoute(routes string) bool {
+	b, err := os.ReadFile(routes)
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 2 && f[1] == "00000000" && f[2] != "00000000" {
+			return true
 		}
 	}
+	return false
 }
 
 func parse(raw []byte, what string) (*config.Config, error) {

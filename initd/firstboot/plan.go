@@ -19,6 +19,7 @@ import (
 	"github.com/kilnproject/kiln/initd/preflight"
 	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // plan is one first boot's task graph and what its tasks learn on the way. Its tasks, each
@@ -184,25 +185,23 @@ func (p *plan) reloadNetwork(ctx context.Context) (bool, error) {
 	if _, err := p.opts.Networkctl(ctx, "reload"); err != nil {
 		return false, err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, err := p.opts.Networkctl(ctx, "list", "--no-legend", "--no-pager")
-		if err != nil {
-			return true, err
-		}
-		if !strings.Contains(out, "configuring") {
-			return true, nil
-		}
-		if time.Now().After(deadline) {
-			p.opts.Log.Warn("network still configuring after 30s; going on", "links", strings.TrimSpace(out))
-			return true, nil
-		}
-		select {
-		case <-ctx.Done():
-			return true, ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
+	var out string
+	err := poll.Until(ctx, poll.Options{What: "networkd to configure the links", Timeout: 30 * time.Second,
+		Backoff: poll.Constant(250 * time.Millisecond), Retryable: func(error) bool { return false }},
+		func(ctx context.Context) (bool, error) {
+			var err error
+			out, err = p.opts.Networkctl(ctx, "list", "--no-legend", "--no-pager")
+			return err == nil && !strings.Contains(out, "configuring"), err
+		})
+	var pe *poll.Error
+	switch {
+	case errors.Is(err, poll.ErrTimeout):
+		p.opts.Log.Warn("network still configuring after 30s; going on", "links", strings.TrimSpace(out))
+		return true, nil
+	case errors.As(err, &pe):
+		return true, ctx.Err()
 	}
+	return true, err
 }
 
 // loadNode reads /etc/kiln/node.yaml (the config may just have written it). Without one the
@@ -272,16 +271,15 @@ func (p *plan) gatherFacts(ctx context.Context) (bool, error) {
 // awaitAddress blocks until the machine has an address facts.Gather takes for the node's.
 func (p *plan) awaitAddress(ctx context.Context) error {
 	o := p.factsOptions()
-	for {
-		if f, err := facts.Gather(ctx, o); err == nil && (f.IPv4 != "" || f.IPv6 != "") {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
+	err := poll.Until(ctx, poll.Options{What: factAddress, Backoff: poll.Constant(250 * time.Millisecond)},
+		func(ctx context.Context) (bool, error) {
+			f, err := facts.Gather(ctx, o)
+			return err == nil && (f.IPv4 != "" || f.IPv6 != ""), nil
+		})
+	if err != nil {
+		return ctx.Err()
 	}
+	return nil
 }
 
 // setHostname makes the chosen hostname the node's, now and on later boots.
