@@ -29,6 +29,7 @@ import (
 	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
+	"github.com/kilnproject/kiln/internal/poll"
 )
 
 const (
@@ -231,23 +232,7 @@ func TestBootstrapControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// kubelet registers the node (with its own taint, which must stay) a while after the
-	// bootstrap started waiting for it.
-	go func() {
-		super, err := LoadKubeconfig(root, SuperAdminConf)
-		if err != nil {
-			return
-		}
-		n := Object{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": testNode},
-			"spec": map[string]any{"taints": []any{map[string]any{"key": "example.com/keep", "effect": "NoExecute"}}}}
-		body, _ := json.Marshal(n)
-		for ctx.Err() == nil {
-			if err := super.Do(ctx, http.MethodPost, "/api/v1/nodes", ContentJSON, body, nil); err == nil || IsConflict(err) {
-				return
-			}
-			time.Sleep(time.Second)
-		}
-	}()
+	go registerNode(ctx, root)
 
 	start := time.Now()
 	first := runBootstrap(t, ctx, root)
@@ -265,176 +250,234 @@ func TestBootstrapControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Run("the bootstrap token creates a CSR", func(t *testing.T) {
-		c, err := NewClient(server, ca, testToken)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var created struct {
-			Metadata struct{ Name string }
-			Spec     struct {
-				Username string
-				Groups   []string
+	b := bootstrapped{ctx: ctx, root: root, server: server, ca: ca, admin: admin}
+	t.Run("the bootstrap token creates a CSR", b.checkTokenCSR)
+	t.Run("a wrong token is refused", b.checkWrongToken)
+	t.Run("cluster-info is readable anonymously", b.checkClusterInfo)
+	t.Run("the node is marked control plane", b.checkMarked)
+	t.Run("the addons are in the cluster", b.checkAddons)
+	t.Run("kubelet.conf uses kubelet's rotated certificate", b.checkKubeletConf)
+	t.Run("kiln-cni writes the node's pod CIDR", b.checkCNI)
+	t.Run("a second run changes nothing", b.checkSecondRun)
+}
+
+// bootstrapped is the control plane TestBootstrapControlPlane bootstrapped, for its subtests.
+type bootstrapped struct {
+	ctx          context.Context
+	root, server string
+	ca           []byte
+	admin        *Client
+}
+
+// registerNode registers the node as kubelet does (with its own taint, which must stay), a
+// while after the bootstrap started waiting for it.
+func registerNode(ctx context.Context, root string) {
+	super, err := LoadKubeconfig(root, SuperAdminConf)
+	if err != nil {
+		return
+	}
+	n := Object{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": testNode},
+		"spec": map[string]any{"taints": []any{map[string]any{"key": "example.com/keep", "effect": "NoExecute"}}}}
+	body, _ := json.Marshal(n)
+	_ = poll.Retry(ctx, poll.Options{What: "node " + testNode + " to register", Backoff: poll.Constant(time.Second)},
+		func(ctx context.Context) error {
+			err := super.Do(ctx, http.MethodPost, "/api/v1/nodes", ContentJSON, body, nil)
+			if IsConflict(err) {
+				return nil
 			}
-		}
-		body, _ := json.Marshal(csr(t, "worker-1"))
-		if err := c.Do(ctx, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", ContentJSON, body, &created); err != nil {
-			t.Fatalf("create CSR with the bootstrap token: %v", err)
-		}
-		if created.Spec.Username != "system:bootstrap:abcdef" || !strings.Contains(strings.Join(created.Spec.Groups, ","), NodeBootstrapGroup) {
-			t.Errorf("CSR %s by %s %v, want system:bootstrap:abcdef in %s", created.Metadata.Name, created.Spec.Username, created.Spec.Groups, NodeBootstrapGroup)
-		}
-		// kube-controller-manager approves it (kubeadm:node-autoapprove-bootstrap) and signs it.
-		var got struct{ Status struct{ Certificate string } }
-		err = waitUntil(ctx, 90*time.Second, time.Second, "the CSR to be signed", func(ctx context.Context) (bool, error) {
-			err := c.Get(ctx, "/apis/certificates.k8s.io/v1/certificatesigningrequests/"+created.Metadata.Name, &got)
-			return err == nil && got.Status.Certificate != "", err
+			return err
 		})
-		if err != nil {
-			t.Errorf("the bootstrap token's CSR was not approved and signed: %v", err)
-		}
-		// and may read nodes (kubeadm:get-nodes), but not secrets.
-		if err := c.Get(ctx, "/api/v1/nodes/"+testNode, nil); err != nil {
-			t.Errorf("get node with the bootstrap token: %v", err)
-		}
-		if err := c.Get(ctx, "/api/v1/namespaces/kube-system/secrets", nil); !statusIs(err, http.StatusForbidden) {
-			t.Errorf("list secrets with the bootstrap token: %v, want 403", err)
-		}
-	})
-	t.Run("a wrong token is refused", func(t *testing.T) {
-		c, _ := NewClient(server, ca, "abcdef.ffffffffffffffff")
-		body, _ := json.Marshal(csr(t, "worker-2"))
-		err := c.Do(ctx, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", ContentJSON, body, nil)
-		if !statusIs(err, http.StatusUnauthorized) {
-			t.Errorf("create CSR with a wrong token: %v, want 401", err)
-		}
-	})
-	t.Run("cluster-info is readable anonymously", func(t *testing.T) {
-		c, _ := NewClient(server, ca, "")
-		var cm struct{ Data map[string]string }
-		if err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm); err != nil {
-			t.Fatalf("anonymous get cluster-info: %v", err)
-		}
-		var kc struct {
-			Clusters []struct {
-				Cluster struct {
-					Server string `yaml:"server"`
-					CAData string `yaml:"certificate-authority-data"`
-				} `yaml:"cluster"`
-			} `yaml:"clusters"`
-		}
-		if err := yaml.Unmarshal([]byte(cm.Data["kubeconfig"]), &kc); err != nil || len(kc.Clusters) != 1 {
-			t.Fatalf("cluster-info kubeconfig: %v\n%s", err, cm.Data["kubeconfig"])
-		}
-		if got := kc.Clusters[0].Cluster; got.Server != "https://"+testEndpoint || got.CAData != base64.StdEncoding.EncodeToString(ca) {
-			t.Errorf("cluster-info server %q, CA matches %t", got.Server, got.CAData == base64.StdEncoding.EncodeToString(ca))
-		}
-		// The bootstrap signer signs it with the token (usage-bootstrap-signing).
-		err := waitUntil(ctx, 90*time.Second, time.Second, "the signature", func(ctx context.Context) (bool, error) {
-			err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm)
-			return err == nil && cm.Data["jws-kubeconfig-abcdef"] != "", err
-		})
-		if err != nil {
-			t.Errorf("cluster-info has no jws-kubeconfig-abcdef signature: %v", err)
-		}
-		// Anonymous users read nothing else.
-		if err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps", nil); !statusIs(err, http.StatusForbidden) {
-			t.Errorf("anonymous list configmaps: %v, want 403", err)
-		}
-	})
-	t.Run("the node is marked control plane", func(t *testing.T) {
-		var n struct {
-			Metadata struct{ Labels map[string]string }
-			Spec     struct {
-				Taints []struct{ Key, Effect string }
-			}
-		}
-		if err := admin.Get(ctx, "/api/v1/nodes/"+testNode, &n); err != nil {
-			t.Fatal(err)
-		}
-		if v, ok := n.Metadata.Labels[LabelControlPlane]; !ok || v != "" {
-			t.Errorf("labels = %v, want %s=\"\"", n.Metadata.Labels, LabelControlPlane)
-		}
-		want := map[string]string{TaintControlPlane: "NoSchedule", "example.com/keep": "NoExecute"}
-		got := map[string]string{}
-		for _, tn := range n.Spec.Taints {
-			got[tn.Key] = tn.Effect
-		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("taints = %v, want %v", got, want)
-		}
-	})
-	t.Run("the addons are in the cluster", func(t *testing.T) {
-		for _, p := range []string{
-			"/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy",
-			"/api/v1/namespaces/kube-system/configmaps/kube-proxy",
-			"/apis/apps/v1/namespaces/kube-system/deployments/coredns",
-			"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/kubeadm:node-proxier",
-		} {
-			if err := admin.Get(ctx, p, nil); err != nil {
-				t.Errorf("GET %s: %v", p, err)
-			}
-		}
-		var svc struct{ Spec struct{ ClusterIP string } }
-		if err := admin.Get(ctx, "/api/v1/namespaces/kube-system/services/kube-dns", &svc); err != nil || svc.Spec.ClusterIP != "10.96.0.10" {
-			t.Errorf("service kube-dns: clusterIP %q, %v; want 10.96.0.10", svc.Spec.ClusterIP, err)
-		}
-		var ds struct {
-			Spec struct {
-				Template struct {
-					Spec struct{ Containers []struct{ Image string } }
-				}
-			}
-		}
-		admin.Get(ctx, "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy", &ds)
-		if c := ds.Spec.Template.Spec.Containers; len(c) != 1 || c[0].Image != "registry.k8s.io/kube-proxy:"+render.DefaultKubernetesVersion {
-			t.Errorf("kube-proxy containers = %+v", c)
-		}
-	})
+}
 
-	t.Run("kubelet.conf uses kubelet's rotated certificate", func(t *testing.T) {
-		data, _ := os.ReadFile(filepath.Join(root, KubeletConf))
-		if !strings.Contains(string(data), "client-certificate: "+KubeletClientCert) || strings.Contains(string(data), "client-certificate-data") {
-			t.Errorf("kubelet.conf:\n%s", data)
+// checkTokenCSR checks that the bootstrap token creates a CSR.
+func (b bootstrapped) checkTokenCSR(t *testing.T) {
+	ctx, server, ca := b.ctx, b.server, b.ca
+	c, err := NewClient(server, ca, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct {
+		Metadata struct{ Name string }
+		Spec     struct {
+			Username string
+			Groups   []string
 		}
-		kubelet, err := LoadKubeconfig(root, KubeletConf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := kubelet.Get(ctx, "/api/v1/nodes/"+testNode, nil); err != nil {
-			t.Errorf("kubelet reads its node with the finalized kubelet.conf: %v", err)
-		}
+	}
+	body, _ := json.Marshal(csr(t, "worker-1"))
+	if err := c.Do(ctx, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", ContentJSON, body, &created); err != nil {
+		t.Fatalf("create CSR with the bootstrap token: %v", err)
+	}
+	if created.Spec.Username != "system:bootstrap:abcdef" || !strings.Contains(strings.Join(created.Spec.Groups, ","), NodeBootstrapGroup) {
+		t.Errorf("CSR %s by %s %v, want system:bootstrap:abcdef in %s", created.Metadata.Name, created.Spec.Username, created.Spec.Groups, NodeBootstrapGroup)
+	}
+	// kube-controller-manager approves it (kubeadm:node-autoapprove-bootstrap) and signs it.
+	var got struct{ Status struct{ Certificate string } }
+	err = waitUntil(ctx, 90*time.Second, time.Second, "the CSR to be signed", func(ctx context.Context) (bool, error) {
+		err := c.Get(ctx, "/apis/certificates.k8s.io/v1/certificatesigningrequests/"+created.Metadata.Name, &got)
+		return err == nil && got.Status.Certificate != "", err
 	})
+	if err != nil {
+		t.Errorf("the bootstrap token's CSR was not approved and signed: %v", err)
+	}
+	// and may read nodes (kubeadm:get-nodes), but not secrets.
+	if err := c.Get(ctx, "/api/v1/nodes/"+testNode, nil); err != nil {
+		t.Errorf("get node with the bootstrap token: %v", err)
+	}
+	if err := c.Get(ctx, "/api/v1/namespaces/kube-system/secrets", nil); !statusIs(err, http.StatusForbidden) {
+		t.Errorf("list secrets with the bootstrap token: %v, want 403", err)
+	}
+}
 
-	t.Run("kiln-cni writes the node's pod CIDR", func(t *testing.T) {
-		cidrs, changed, err := EnsureCNI(ctx, CNIOptions{Root: root, NodeName: testNode, Wait: 90 * time.Second, Interval: time.Second})
-		if err != nil || !changed || len(cidrs) != 1 || !strings.HasPrefix(cidrs[0], "10.244.") || !strings.HasSuffix(cidrs[0], "/24") {
-			t.Fatalf("EnsureCNI = %v, %v, %v; want a /24 of 10.244.0.0/16", cidrs, changed, err)
-		}
-		if b, err := os.ReadFile(filepath.Join(root, CNIConfPath)); err != nil || !strings.Contains(string(b), cidrs[0]) {
-			t.Errorf("%s: %v\n%s", CNIConfPath, err, b)
-		}
+// checkWrongToken checks that a wrong token is refused.
+func (b bootstrapped) checkWrongToken(t *testing.T) {
+	ctx, server, ca := b.ctx, b.server, b.ca
+	c, _ := NewClient(server, ca, "abcdef.ffffffffffffffff")
+	body, _ := json.Marshal(csr(t, "worker-2"))
+	err := c.Do(ctx, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", ContentJSON, body, nil)
+	if !statusIs(err, http.StatusUnauthorized) {
+		t.Errorf("create CSR with a wrong token: %v, want 401", err)
+	}
+}
+
+// checkClusterInfo checks that cluster-info is readable anonymously.
+func (b bootstrapped) checkClusterInfo(t *testing.T) {
+	ctx, server, ca := b.ctx, b.server, b.ca
+	c, _ := NewClient(server, ca, "")
+	var cm struct{ Data map[string]string }
+	if err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm); err != nil {
+		t.Fatalf("anonymous get cluster-info: %v", err)
+	}
+	var kc struct {
+		Clusters []struct {
+			Cluster struct {
+				Server string `yaml:"server"`
+				CAData string `yaml:"certificate-authority-data"`
+			} `yaml:"cluster"`
+		} `yaml:"clusters"`
+	}
+	if err := yaml.Unmarshal([]byte(cm.Data["kubeconfig"]), &kc); err != nil || len(kc.Clusters) != 1 {
+		t.Fatalf("cluster-info kubeconfig: %v\n%s", err, cm.Data["kubeconfig"])
+	}
+	if got := kc.Clusters[0].Cluster; got.Server != "https://"+testEndpoint || got.CAData != base64.StdEncoding.EncodeToString(ca) {
+		t.Errorf("cluster-info server %q, CA matches %t", got.Server, got.CAData == base64.StdEncoding.EncodeToString(ca))
+	}
+	// The bootstrap signer signs it with the token (usage-bootstrap-signing).
+	err := waitUntil(ctx, 90*time.Second, time.Second, "the signature", func(ctx context.Context) (bool, error) {
+		err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm)
+		return err == nil && cm.Data["jws-kubeconfig-abcdef"] != "", err
 	})
+	if err != nil {
+		t.Errorf("cluster-info has no jws-kubeconfig-abcdef signature: %v", err)
+	}
+	// Anonymous users read nothing else.
+	if err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps", nil); !statusIs(err, http.StatusForbidden) {
+		t.Errorf("anonymous list configmaps: %v, want 403", err)
+	}
+}
 
-	t.Run("a second run changes nothing", func(t *testing.T) {
-		var before struct {
-			Metadata struct{ ResourceVersion string }
+// checkMarked checks that the node is marked control plane.
+func (b bootstrapped) checkMarked(t *testing.T) {
+	ctx, admin := b.ctx, b.admin
+	var n struct {
+		Metadata struct{ Labels map[string]string }
+		Spec     struct {
+			Taints []struct{ Key, Effect string }
 		}
-		admin.Get(ctx, "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef", &before)
-		second := runBootstrap(t, ctx, root)
-		for _, ts := range second.Tasks {
-			if ts.State != task.StateUnchanged {
-				t.Errorf("second run: task %s %s, want unchanged", ts.Name, ts.State)
+	}
+	if err := admin.Get(ctx, "/api/v1/nodes/"+testNode, &n); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := n.Metadata.Labels[LabelControlPlane]; !ok || v != "" {
+		t.Errorf("labels = %v, want %s=\"\"", n.Metadata.Labels, LabelControlPlane)
+	}
+	want := map[string]string{TaintControlPlane: "NoSchedule", "example.com/keep": "NoExecute"}
+	got := map[string]string{}
+	for _, tn := range n.Spec.Taints {
+		got[tn.Key] = tn.Effect
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("taints = %v, want %v", got, want)
+	}
+}
+
+// checkAddons checks that the addons are in the cluster.
+func (b bootstrapped) checkAddons(t *testing.T) {
+	ctx, admin := b.ctx, b.admin
+	for _, p := range []string{
+		"/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy",
+		"/api/v1/namespaces/kube-system/configmaps/kube-proxy",
+		"/apis/apps/v1/namespaces/kube-system/deployments/coredns",
+		"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/kubeadm:node-proxier",
+	} {
+		if err := admin.Get(ctx, p, nil); err != nil {
+			t.Errorf("GET %s: %v", p, err)
+		}
+	}
+	var svc struct{ Spec struct{ ClusterIP string } }
+	if err := admin.Get(ctx, "/api/v1/namespaces/kube-system/services/kube-dns", &svc); err != nil || svc.Spec.ClusterIP != "10.96.0.10" {
+		t.Errorf("service kube-dns: clusterIP %q, %v; want 10.96.0.10", svc.Spec.ClusterIP, err)
+	}
+	var ds struct {
+		Spec struct {
+			Template struct {
+				Spec struct{ Containers []struct{ Image string } }
 			}
 		}
-		var after struct {
-			Metadata struct{ ResourceVersion string }
+	}
+	admin.Get(ctx, "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy", &ds)
+	if c := ds.Spec.Template.Spec.Containers; len(c) != 1 || c[0].Image != "registry.k8s.io/kube-proxy:"+render.DefaultKubernetesVersion {
+		t.Errorf("kube-proxy containers = %+v", c)
+	}
+}
+
+// checkKubeletConf checks that kubelet.conf uses kubelet's rotated certificate.
+func (b bootstrapped) checkKubeletConf(t *testing.T) {
+	ctx, root := b.ctx, b.root
+	data, _ := os.ReadFile(filepath.Join(root, KubeletConf))
+	if !strings.Contains(string(data), "client-certificate: "+KubeletClientCert) || strings.Contains(string(data), "client-certificate-data") {
+		t.Errorf("kubelet.conf:\n%s", data)
+	}
+	kubelet, err := LoadKubeconfig(root, KubeletConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kubelet.Get(ctx, "/api/v1/nodes/"+testNode, nil); err != nil {
+		t.Errorf("kubelet reads its node with the finalized kubelet.conf: %v", err)
+	}
+}
+
+// checkCNI checks that kiln-cni writes the node's pod CIDR.
+func (b bootstrapped) checkCNI(t *testing.T) {
+	ctx, root := b.ctx, b.root
+	cidrs, changed, err := EnsureCNI(ctx, CNIOptions{Root: root, NodeName: testNode, Wait: 90 * time.Second, Interval: time.Second})
+	if err != nil || !changed || len(cidrs) != 1 || !strings.HasPrefix(cidrs[0], "10.244.") || !strings.HasSuffix(cidrs[0], "/24") {
+		t.Fatalf("EnsureCNI = %v, %v, %v; want a /24 of 10.244.0.0/16", cidrs, changed, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, CNIConfPath)); err != nil || !strings.Contains(string(b), cidrs[0]) {
+		t.Errorf("%s: %v\n%s", CNIConfPath, err, b)
+	}
+}
+
+// checkSecondRun checks that a second run changes nothing.
+func (b bootstrapped) checkSecondRun(t *testing.T) {
+	ctx, root, admin := b.ctx, b.root, b.admin
+	var before struct {
+		Metadata struct{ ResourceVersion string }
+	}
+	admin.Get(ctx, "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef", &before)
+	second := runBootstrap(t, ctx, root)
+	for _, ts := range second.Tasks {
+		if ts.State != task.StateUnchanged {
+			t.Errorf("second run: task %s %s, want unchanged", ts.Name, ts.State)
 		}
-		admin.Get(ctx, "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef", &after)
-		if before.Metadata.ResourceVersion == "" || before.Metadata.ResourceVersion != after.Metadata.ResourceVersion {
-			t.Errorf("token Secret resourceVersion %q → %q: a re-run must not touch it (nor extend its expiry)", before.Metadata.ResourceVersion, after.Metadata.ResourceVersion)
-		}
-	})
+	}
+	var after struct {
+		Metadata struct{ ResourceVersion string }
+	}
+	admin.Get(ctx, "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef", &after)
+	if before.Metadata.ResourceVersion == "" || before.Metadata.ResourceVersion != after.Metadata.ResourceVersion {
+		t.Errorf("token Secret resourceVersion %q → %q: a re-run must not touch it (nor extend its expiry)", before.Metadata.ResourceVersion, after.Metadata.ResourceVersion)
+	}
 }
 
 func TestBootstrapFailureNamesTheStep(t *testing.T) {
