@@ -16,17 +16,18 @@ package config
 
 import (
 	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/coreos/ignition/v2/config/v3_5"
 	"github.com/coreos/ignition/v2/config/v3_5/types"
 	"github.com/coreos/vcontext/report"
 	"github.com/coreos/vcontext/tree"
+
+	"github.com/kilnproject/kiln/internal/bounded"
+	"github.com/kilnproject/kiln/internal/decompress"
 )
 
 // MaxSize bounds a config after decompression, and the contents of one storage.files
@@ -72,7 +73,7 @@ type Config struct {
 // or the Butane translation reports is returned as an error with its JSON path (YAML
 // path for Butane) and line and column; warnings are kept in Config.Warnings.
 func Parse(raw []byte) (*Config, error) {
-	data, err := decompress(raw)
+	data, err := gunzipped(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -154,10 +155,8 @@ func strict(r *report.Report) {
 	}
 }
 
-var gzipMagic = []byte{0x1f, 0x8b}
-
-func decompress(raw []byte) ([]byte, error) {
-	if !bytes.HasPrefix(raw, gzipMagic) {
+func gunzipped(raw []byte) ([]byte, error) {
+	if decompress.ByMagic(raw) != decompress.Gzip {
 		return raw, nil
 	}
 	data, err := gunzip(raw, MaxSize, "the gunzipped config")
@@ -170,19 +169,12 @@ func decompress(raw []byte) ([]byte, error) {
 // gunzip decompresses data, failing with a *TooLargeError naming what once the output
 // goes over limit; it never holds more than limit+1 bytes of output.
 func gunzip(data []byte, limit int64, what string) ([]byte, error) {
-	zr, err := gzip.NewReader(bytes.NewReader(data))
+	zr, err := decompress.Open(bytes.NewReader(data), decompress.Gzip)
 	if err != nil {
 		return nil, err
 	}
 	defer zr.Close()
-	out, err := io.ReadAll(io.LimitReader(zr, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(out)) > limit {
-		return nil, &TooLargeError{What: what, Limit: limit}
-	}
-	return out, nil
+	return bounded.ReadAll(zr, limit, &TooLargeError{What: what, Limit: limit})
 }
 
 func reportErrors(r report.Report) string {

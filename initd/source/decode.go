@@ -2,10 +2,11 @@ package source
 
 import (
 	"bytes"
-	"compress/gzip"
 	"encoding/base64"
 	"fmt"
 	"unicode/utf8"
+
+	"github.com/kilnproject/kiln/internal/decompress"
 )
 
 // Decode undoes the encodings that cloud user data commonly carries, so every source may
@@ -28,7 +29,7 @@ func Decode(data []byte) ([]byte, error) {
 	if decoded, ok := decodeBase64(data); ok {
 		data = decoded
 	}
-	if isGzip(data) {
+	if decompress.ByMagic(data) == decompress.Gzip {
 		out, err := gunzip(data)
 		if err != nil {
 			return nil, fmt.Errorf("decode gzip user data: %w", err)
@@ -38,12 +39,8 @@ func Decode(data []byte) ([]byte, error) {
 	return data, nil
 }
 
-func isGzip(data []byte) bool {
-	return len(data) >= 2 && data[0] == 0x1f && data[1] == 0x8b
-}
-
 func gunzip(data []byte) ([]byte, error) {
-	zr, err := gzip.NewReader(bytes.NewReader(data))
+	zr, err := decompress.Open(bytes.NewReader(data), decompress.Gzip)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +90,7 @@ func isBase64Char(c byte) bool {
 // looksLikeConfig reports whether decoded base64 is plausibly a config: gzip, or UTF-8
 // text that starts like JSON or contains a YAML mapping's ':'.
 func looksLikeConfig(b []byte) bool {
-	if isGzip(b) {
+	if decompress.ByMagic(b) == decompress.Gzip {
 		return true
 	}
 	if len(b) == 0 || !utf8.Valid(b) {

@@ -3,7 +3,6 @@ package stage1
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -14,9 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnproject/kiln/internal/decompress"
 )
 
 // ModulesLoadPath is the list of kernel modules stage 1 loads, in order.
@@ -215,30 +214,15 @@ func LoadModule(path string) (loaded bool, err error) {
 }
 
 func decompressModule(path string, r io.Reader) ([]byte, error) {
-	var dec io.Reader
-	switch {
-	case strings.HasSuffix(path, ".xz"):
-		xr, err := xz.NewReader(r)
-		if err != nil {
-			return nil, fmt.Errorf("xz: %w", err)
-		}
-		dec = xr
-	case strings.HasSuffix(path, ".zst"):
-		zr, err := zstd.NewReader(r)
-		if err != nil {
-			return nil, fmt.Errorf("zstd: %w", err)
-		}
-		defer zr.Close()
-		dec = zr
-	case strings.HasSuffix(path, ".gz"):
-		gr, err := gzip.NewReader(r)
-		if err != nil {
-			return nil, fmt.Errorf("gzip: %w", err)
-		}
-		dec = gr
-	default:
+	kind, _ := decompress.ByExtension(path)
+	if kind == decompress.None || kind == decompress.Bzip2 {
 		return nil, fmt.Errorf("unknown module compression")
 	}
+	dec, err := decompress.Open(r, kind)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", kind, err)
+	}
+	defer dec.Close()
 	var buf bytes.Buffer
 	if _, err := io.Copy(&buf, dec); err != nil {
 		return nil, fmt.Errorf("decompress: %w", err)
