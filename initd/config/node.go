@@ -48,6 +48,13 @@ const (
 	RoleEtcd         Role = "etcd"          // a dedicated etcd member
 )
 
+// Roles are the roles a node config may name: the roles kiln-init configures Kubernetes
+// for. An image baked for a role of another name is a plain node, without Kubernetes.
+func Roles() []Role { return []Role{RoleWorker, RoleControlPlane, RoleEtcd} }
+
+// Known reports whether r is one of Roles.
+func (r Role) Known() bool { return slices.Contains(Roles(), r) }
+
 // DNSProvider publishes the cluster's DNS records.
 type DNSProvider string
 

@@ -37,7 +37,8 @@ import (
 // units on files, render on node-config, kubelet on render.
 //
 // kubelet hands over to the units that run after first boot: containerd, kiln-images,
-// kubelet, kiln-cni and (control plane) kiln-control-plane.
+// kubelet, kiln-cni and (control plane) kiln-control-plane. A plain node (see
+// runsKubernetes) has the first graph only.
 type plan struct {
 	opts      Options
 	cfg       *config.Config
@@ -59,16 +60,27 @@ func newPlan(opts Options, cfg *config.Config, imageRole string) *plan {
 }
 
 // tasks is the graph, in the order the data flows: the Ignition config onto the node, the
-// node's own config and facts, then its Kubernetes parts.
+// node's own config and facts, then, unless the node is a plain one, its Kubernetes parts.
 func (p *plan) tasks() []task.Task {
+	node := slices.Concat(p.ignitionTasks(), p.nodeTasks())
+	if !p.runsKubernetes() {
+		return node
+	}
 	return slices.Concat(
-		p.ignitionTasks(),
-		p.nodeTasks(),
+		node,
 		p.kubeConfigTasks(),
 		p.etcdTasks(),
 		p.pkiTasks(),
 		p.kubeletTasks(),
 	)
+}
+
+// runsKubernetes reports whether first boot configures Kubernetes on this image: one baked
+// for a Kubernetes role (config.Roles), or one without image.json, whose node config says
+// what it is. An image baked for a role of any other name is a plain node: the bake lays no
+// Kubernetes parts into it, and first boot applies its config and nothing more.
+func (p *plan) runsKubernetes() bool {
+	return p.imageRole == "" || config.Role(p.imageRole).Known()
 }
 
 // ignitionTasks apply the Ignition config: accounts, then the filesystem, then what the
@@ -206,12 +218,16 @@ func (p *plan) reloadNetwork(ctx context.Context) (bool, error) {
 
 // loadNode reads /etc/kiln/node.yaml (the config may just have written it). Without one the
 // node is what the image was baked for. A node config for another role than the image's is
-// an error: the image does not carry that role's parts.
+// an error: the image does not carry that role's parts. A plain node takes none.
 func (p *plan) loadNode(context.Context) (bool, error) {
 	n, err := config.LoadNode(filepath.Join(p.opts.Root, config.NodePath))
 	switch {
+	case errors.Is(err, fs.ErrNotExist) && !p.runsKubernetes():
+		n = &config.Node{}
 	case errors.Is(err, fs.ErrNotExist):
 		n = &config.Node{Role: config.Role(p.imageRole)}
+	case !p.runsKubernetes():
+		return false, p.plainNodeConfig(n, err)
 	case err != nil:
 		return false, err
 	case p.imageRole != "" && string(n.Role) != p.imageRole:
@@ -219,6 +235,16 @@ func (p *plan) loadNode(context.Context) (bool, error) {
 	}
 	p.node = n
 	return false, nil
+}
+
+// plainNodeConfig is the error for a node config (n, or the error reading it) on a plain
+// node: it names the file and, when the file reads, its role.
+func (p *plan) plainNodeConfig(n *config.Node, err error) error {
+	why := fmt.Sprintf("this image was baked for %s, a node without Kubernetes, and takes no node config", p.imageRole)
+	if err != nil {
+		return fmt.Errorf("%s: %w", why, err)
+	}
+	return fmt.Errorf("%s: role %s: %s", config.NodePath, n.Role, why)
 }
 
 // factAddress is the fact a Kubernetes node cannot be configured without: its address,

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,9 +21,27 @@ import (
 	"github.com/kilnproject/kiln/initd/task"
 )
 
-// nodeRoot is a minimal node: account databases, a unit directory and the worker templates
-// the bake puts at /usr/lib/kiln/templates.
+// nodeRoot is a minimal node of a Kubernetes role: imageRoot with the role's templates the
+// bake puts at /usr/lib/kiln/templates.
 func nodeRoot(t *testing.T, role string) string {
+	t.Helper()
+	root := imageRoot(t, role)
+	_, file, _, _ := runtime.Caller(0)
+	repo := filepath.Join(filepath.Dir(file), "..", "..")
+	out, err := exec.Command("cp", "-a", filepath.Join(repo, "profiles/templates", role), filepath.Join(root, "usr/lib/kiln/templates")).CombinedOutput()
+	if err != nil {
+		os.MkdirAll(filepath.Join(root, "usr/lib/kiln"), 0o755)
+		out, err = exec.Command("cp", "-a", filepath.Join(repo, "profiles/templates", role), filepath.Join(root, "usr/lib/kiln/templates")).CombinedOutput()
+	}
+	if err != nil {
+		t.Fatalf("copy templates: %v: %s", err, out)
+	}
+	return root
+}
+
+// imageRoot is a minimal node baked for role: account databases, a unit directory and
+// image.json.
+func imageRoot(t *testing.T, role string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("creating users with useradd --root needs root")
@@ -44,16 +63,6 @@ func nodeRoot(t *testing.T, role string) string {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
-	}
-	_, file, _, _ := runtime.Caller(0)
-	repo := filepath.Join(filepath.Dir(file), "..", "..")
-	out, err := exec.Command("cp", "-a", filepath.Join(repo, "profiles/templates", role), filepath.Join(root, "usr/lib/kiln/templates")).CombinedOutput()
-	if err != nil {
-		os.MkdirAll(filepath.Join(root, "usr/lib/kiln"), 0o755)
-		out, err = exec.Command("cp", "-a", filepath.Join(repo, "profiles/templates", role), filepath.Join(root, "usr/lib/kiln/templates")).CombinedOutput()
-	}
-	if err != nil {
-		t.Fatalf("copy templates: %v: %s", err, out)
 	}
 	return root
 }
@@ -218,6 +227,105 @@ func TestRunRefusesForeignRole(t *testing.T) {
 	}
 	if !strings.HasPrefix(st.Line(), "kiln-init: firstboot failed: ") {
 		t.Errorf("Line = %q", st.Line())
+	}
+}
+
+// plainConfig is a plain node's config: an account, a file, the hostname and a unit.
+const plainConfig = `variant: fcos
+version: 1.6.0
+passwd:
+  users:
+    - name: ops
+storage:
+  files:
+    - path: /etc/hostname
+      contents: {inline: "edge-1\n"}
+    - path: /etc/demo.conf
+      contents: {inline: "demo=1\n"}
+systemd:
+  units:
+    - name: demo.service
+      enabled: true
+      contents: "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"
+`
+
+// plainTasks are a plain node's first boot: the Ignition config and the node's facts and
+// hostname, no Kubernetes task.
+var plainTasks = []string{"users", "directories", "files", "network", "links", "units", "systemd", "node-config", "facts", "hostname"}
+
+// An image baked for a role that is not Kubernetes' (any profile name but worker,
+// control-plane and etcd) is a plain node: first boot applies its config and runs no
+// Kubernetes task; a node config there is an error naming the file and the field.
+func TestRunPlainImage(t *testing.T) {
+	for _, tc := range []struct {
+		name, role, nodeYAML string
+		wantErr              []string // substrings of the error; none: first boot succeeds
+	}{
+		{name: "plain", role: "plain"},
+		{name: "any role name", role: "edge-gateway"},
+		{name: "node config for a worker", role: "plain", nodeYAML: "cluster: {name: demo}\nrole: worker\napiEndpoint: 192.0.2.10:6443\n",
+			wantErr: []string{"/etc/kiln/node.yaml: role worker: ", "baked for plain, a node without Kubernetes"}},
+		{name: "node config naming the image's role", role: "plain", nodeYAML: "cluster: {name: demo}\nrole: plain\n",
+			wantErr: []string{"etc/kiln/node.yaml:2: role: ", "baked for plain, a node without Kubernetes"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := imageRoot(t, tc.role)
+			cfg := plainConfig
+			if tc.nodeYAML != "" {
+				cfg = strings.Replace(cfg, "  files:\n", "  files:\n    - path: /etc/kiln/node.yaml\n      contents: {inline: "+strconv.Quote(tc.nodeYAML)+"}\n", 1)
+			}
+			st, err := Run(context.Background(), Options{Root: root, Providers: []source.Provider{fwcfg(t, cfg)},
+				Systemctl: func(context.Context, ...string) error { return nil }, Notify: func(string) error { return nil }})
+			if len(tc.wantErr) > 0 {
+				assertPlainRefused(t, st, err, tc.wantErr)
+				return
+			}
+			assertPlainNode(t, root, st, err, tc.role)
+		})
+	}
+}
+
+// assertPlainRefused checks a first boot failed with an error holding every one of want.
+func assertPlainRefused(t *testing.T, st *Status, err error, want []string) {
+	t.Helper()
+	for _, w := range want {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Fatalf("Run = %v, want an error containing %q", err, w)
+		}
+	}
+	if !strings.HasPrefix(st.Line(), "kiln-init: firstboot failed: ") {
+		t.Errorf("Line = %q", st.Line())
+	}
+}
+
+// assertPlainNode checks a plain node's first boot succeeded, applied its config and ran
+// no Kubernetes task.
+func assertPlainNode(t *testing.T, root string, st *Status, err error, role string) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("first boot of a plain node: %v\n%+v", err, st.Tasks)
+	}
+	var names []string
+	for _, tk := range st.Tasks {
+		names = append(names, tk.Name)
+	}
+	slices.Sort(names)
+	if want := slices.Sorted(slices.Values(plainTasks)); !slices.Equal(names, want) {
+		t.Errorf("tasks %v, want %v", names, want)
+	}
+	if !strings.HasPrefix(st.Line(), "kiln-init: firstboot ok ") || st.Role != role || st.Hostname != "edge-1" {
+		t.Errorf("Line = %q, role %q, hostname %q", st.Line(), st.Role, st.Hostname)
+	}
+	for p, want := range map[string]string{"etc/hostname": "edge-1\n", "etc/demo.conf": "demo=1\n"} {
+		if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != want {
+			t.Errorf("%s = %q, %v; want %q", p, b, err, want)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(root, "etc/systemd/system/multi-user.target.wants/demo.service")); err != nil {
+		t.Errorf("demo.service not enabled: %v", err)
+	}
+	if exists(root, "etc/kubernetes") {
+		t.Error("a plain node got /etc/kubernetes")
 	}
 }
 
