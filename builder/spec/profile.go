@@ -15,6 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/internal/strictyaml"
 )
 
@@ -161,7 +162,7 @@ func loadProfile(file, role string) (*Profile, error) {
 	}
 	dir := filepath.Dir(abs)
 	p := &Profile{File: abs}
-	var imagesNode *yaml.Node
+	var imagesNode, kubernetesNode, templatesNode *yaml.Node
 	seen, _ := d.Fields(root, "", []string{"role", "artifacts", "units", "overlays", "templates", "kubernetes", "images"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "role":
@@ -178,11 +179,13 @@ func loadProfile(file, role string) (*Profile, error) {
 		case "overlays":
 			p.Overlays = d.overlays(v, field, dir)
 		case "kubernetes":
+			kubernetesNode = v
 			p.Kubernetes = d.kubernetes(v, field)
 		case "images":
 			imagesNode = v
 			p.Images = d.images(v, field)
 		case "templates":
+			templatesNode = v
 			if s, ok := d.String(v, field); ok {
 				t, err := expandPath(s, dir)
 				if err != nil {
@@ -196,10 +199,31 @@ func loadProfile(file, role string) (*Profile, error) {
 	if len(p.Images) > 0 && !seen["kubernetes"] {
 		d.FailAt(imagesNode, "images", "pre-pulled images need a kubernetes section (its runtime imports them)")
 	}
+	d.plainRole(p.Role, kubernetesNode, templatesNode)
 	if err := d.Err(); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// plainRole refuses a kubernetes section and templates (the nodes given, nil when absent)
+// in the profile of a role that is not one of Kubernetes': kiln-init configures Kubernetes,
+// and renders templates, for config.Roles only; an image of another role is a plain node.
+func (d *decoder) plainRole(role string, kubernetes, templates *yaml.Node) {
+	if role == "" || config.Role(role).Known() {
+		return
+	}
+	var known []string
+	for _, r := range config.Roles() {
+		known = append(known, string(r))
+	}
+	roles := strings.Join(known, ", ")
+	if kubernetes != nil {
+		d.FailAt(kubernetes, "kubernetes", "role %q is a plain node, without Kubernetes: kiln-init configures Kubernetes for the roles %s only", role, roles)
+	}
+	if templates != nil {
+		d.FailAt(templates, "templates", "role %q is a plain node, without Kubernetes: kiln-init renders templates for the roles %s only", role, roles)
+	}
 }
 
 func (d *decoder) artifacts(n *yaml.Node, at, dir string) []Artifact {

@@ -81,6 +81,37 @@ func TestLoadProfileErrors(t *testing.T) {
 	}
 }
 
+// A profile of a role that is not Kubernetes' bakes a plain node: it may have neither a
+// kubernetes section nor templates, which only Kubernetes roles use.
+func TestLoadProfilePlainRole(t *testing.T) {
+	for _, tt := range []struct {
+		name, yaml string
+		want       []string // "F" stands for the profile file
+	}{
+		{"artifacts and units", "role: plain\nartifacts: []\nunits:\n  enable: [kiln-firstboot.service]\n", nil},
+		{"kubernetes", "role: plain\nkubernetes: {version: v1.37.2}\n", []string{
+			`F:2: kubernetes: role "plain" is a plain node, without Kubernetes: kiln-init configures Kubernetes for the roles worker, control-plane, etcd only`}},
+		{"templates", "role: plain\ntemplates: templates/worker\n", []string{
+			`F:2: templates: role "plain" is a plain node, without Kubernetes: kiln-init renders templates for the roles worker, control-plane, etcd only`}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			root := repo(t)
+			file := write(t, filepath.Join(root, "profiles", "plain.yaml"), tt.yaml)
+			p, err := LoadProfile(filepath.Join(root, "profiles"), "plain")
+			if tt.want == nil {
+				if err != nil || p.Role != "plain" {
+					t.Fatalf("LoadProfile = %+v, %v", p, err)
+				}
+				return
+			}
+			want := strings.ReplaceAll(strings.Join(tt.want, "\n"), "F:", file+":")
+			if err == nil || strings.TrimPrefix(err.Error(), "profile: ") != want {
+				t.Errorf("error:\n got: %v\nwant: %s", err, want)
+			}
+		})
+	}
+}
+
 func TestMissingProfile(t *testing.T) {
 	root := repo(t)
 	write(t, filepath.Join(root, "profiles", "etcd.yaml"), "role: etcd\n")

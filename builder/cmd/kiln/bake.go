@@ -33,6 +33,10 @@ the image are run once (--version) and must match it. An image that would carry 
 or a bootstrap token is refused. A failed bake leaves nothing in the output directory.
 SOURCE_DATE_EPOCH sets the creation time recorded in the image (default 0).
 
+worker, control-plane and etcd are the Kubernetes roles. A profile of any other name bakes a
+plain node: first boot applies its Ignition config and runs no Kubernetes task (such a profile
+has no kubernetes section and no templates).
+
 --profile-overlay FILE (repeatable) replaces, by name, where the role's artifacts and images
 come from, e.g. a local mirror:
 
