@@ -140,36 +140,62 @@ func unusedPort(t *testing.T) int {
 // Two VMs on one link (kiln run --link) reach each other at the static addresses their configs
 // give the link's NIC, found by the MAC kiln derives from the image file and link names. The
 // one run --offline cannot reach the host's service at 10.0.2.2 (the other one can), yet the
-// port forwarded to it answers from the host.
+// port forwarded to it answers from the host. Both are plain nodes, whose first boot succeeds.
 func TestLinkAndOffline(t *testing.T) {
 	e := newEnv(t)
-	// A node without role parts: only kiln-init and networkd matter here, and the other
-	// profiles may pin artifacts this test does not serve (lock covers every profile).
+	baked := bakePlain(t, e)
+	hostPort, hostConns := hostService(t)
+	fwd := unusedPort(t)
+	nodes := []*linkNode{
+		{name: "a", addr: "192.168.100.1", peer: "192.168.100.2", offline: true},
+		{name: "b", addr: "192.168.100.2", peer: "192.168.100.1"},
+	}
+	start := time.Now()
+	bootLinked(t, e, baked, nodes, hostPort, fwd)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	checkFirstBoot(t, ctx, nodes)
+	checkPeers(t, ctx, nodes, start)
+	checkHost(t, ctx, nodes, hostPort)
+	if got := hostConns.Load(); got != 1 {
+		t.Errorf("the host's service saw %d connections, want 1 (from b only)", got)
+	}
+	checkForward(t, fwd)
+	t.Logf("whole test %s", time.Since(start).Round(time.Second))
+}
+
+// linkNode is one VM of TestLinkAndOffline: its address on the link, its peer's, and
+// whether it runs offline.
+type linkNode struct {
+	name, addr, peer string
+	offline          bool
+	disk             string
+	m                *vm.Machine
+}
+
+// bakePlain bakes a plain node (a role that is not Kubernetes'): only kiln-init and networkd
+// matter here, and the other profiles may pin artifacts this test does not serve (lock
+// covers every profile). Its first boot applies the config and runs no Kubernetes task.
+func bakePlain(t *testing.T, e *env) string {
+	t.Helper()
 	profiles := filepath.Join(e.repo, "profiles")
 	old, _ := filepath.Glob(filepath.Join(profiles, "*.yaml"))
 	for _, p := range old {
 		os.Remove(p)
 	}
-	plain := "# A node with no role parts (qemu-tests/link_test.go).\nrole: plain\nartifacts: []\nunits:\n  enable: [kiln-firstboot.service, systemd-networkd.service]\n"
+	plain := "# A plain node, without Kubernetes (qemu-tests/link_test.go).\nrole: plain\nartifacts: []\nunits:\n  enable: [kiln-firstboot.service, systemd-networkd.service]\n"
 	if err := os.WriteFile(filepath.Join(profiles, "plain.yaml"), []byte(plain), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	baked := e.bake("qemu", "plain")
+	return e.bake("qemu", "plain")
+}
 
-	hostPort, hostConns := hostService(t)
-	fwd := unusedPort(t)
+// bootLinked boots each node from a copy of baked on one link; the offline one gets the
+// host's port fwd forwarded to its echo service.
+func bootLinked(t *testing.T, e *env, baked string, nodes []*linkNode, hostPort, fwd int) {
+	t.Helper()
 	link := fmt.Sprintf("kiln-test-%d", os.Getpid())
-	type node struct {
-		name, addr, peer string
-		offline          bool
-		disk             string
-		m                *vm.Machine
-	}
-	nodes := []*node{
-		{name: "a", addr: "192.168.100.1", peer: "192.168.100.2", offline: true},
-		{name: "b", addr: "192.168.100.2", peer: "192.168.100.1"},
-	}
-	start := time.Now()
 	for _, n := range nodes {
 		n.disk = filepath.Join(e.dir, n.name+".raw")
 		copySparse(t, baked, n.disk)
@@ -183,24 +209,43 @@ func TestLinkAndOffline(t *testing.T) {
 		n.m, _ = e.bootWith(cfg, regexp.MustCompile(`kiln-init: stage 1|msg="stage 1"`), 5*time.Minute)
 		t.Logf("%s: %s on link %s (MAC %s), offline %v", n.name, n.addr, link, mac, n.offline)
 	}
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	peerRE := regexp.MustCompile(`kiln-link-test: peer (ok|unreachable)`)
-	hostRE := regexp.MustCompile(`kiln-link-test: host (reachable|unreachable)`)
+// checkFirstBoot checks each node's first boot succeeded.
+func checkFirstBoot(t *testing.T, ctx context.Context, nodes []*linkNode) {
+	t.Helper()
+	re := regexp.MustCompile(`kiln-init: firstboot (ok|failed)`)
+	for _, n := range nodes {
+		if line, err := n.m.WaitFor(ctx, re); err != nil || !strings.Contains(line, "kiln-init: firstboot ok") {
+			t.Errorf("%s: first boot of a plain node: %q, %v\n%s", n.name, line, err, tail(n.m.Lines(), 40))
+		}
+	}
+}
+
+// checkPeers checks each node reached the other's echo service over the link.
+func checkPeers(t *testing.T, ctx context.Context, nodes []*linkNode, start time.Time) {
+	t.Helper()
+	re := regexp.MustCompile(`kiln-link-test: peer (ok|unreachable)`)
 	for _, n := range nodes {
 		other := "a"
 		if n.name == "a" {
 			other = "b"
 		}
-		line, err := n.m.WaitFor(ctx, peerRE)
+		line, err := n.m.WaitFor(ctx, re)
 		if err != nil || !strings.Contains(line, "peer ok hello-from-"+other) {
 			t.Fatalf("%s reaching %s over the link: %q, %v\n%s", n.name, n.peer, line, err, tail(n.m.Lines(), 40))
 		}
 		t.Logf("%s: %q %s after the first VM started", n.name, line[strings.Index(line, "kiln-link-test"):], time.Since(start).Round(time.Second))
 	}
+}
+
+// checkHost checks the online node reached the host's service at 10.0.2.2 and the offline
+// one did not.
+func checkHost(t *testing.T, ctx context.Context, nodes []*linkNode, hostPort int) {
+	t.Helper()
+	re := regexp.MustCompile(`kiln-link-test: host (reachable|unreachable)`)
 	for _, n := range nodes {
-		line, err := n.m.WaitFor(ctx, hostRE)
+		line, err := n.m.WaitFor(ctx, re)
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", n.name, err, tail(n.m.Lines(), 40))
 		}
@@ -212,11 +257,11 @@ func TestLinkAndOffline(t *testing.T) {
 			t.Errorf("%s (offline %v) probing 10.0.2.2:%d: %q, want %q", n.name, n.offline, hostPort, line, want)
 		}
 	}
-	if got := hostConns.Load(); got != 1 {
-		t.Errorf("the host's service saw %d connections, want 1 (from b only)", got)
-	}
+}
 
-	// The offline VM's forwarded port answers from the host.
+// checkForward checks the offline VM's forwarded port fwd answers from the host.
+func checkForward(t *testing.T, fwd int) {
+	t.Helper()
 	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", fwd), 10*time.Second)
 	if err != nil {
 		t.Fatalf("forwarded port %d: %v", fwd, err)
@@ -227,5 +272,5 @@ func TestLinkAndOffline(t *testing.T) {
 	if err != nil || strings.TrimSpace(reply) != "hello-from-a" {
 		t.Fatalf("forwarded port %d answered %q, %v; want hello-from-a", fwd, reply, err)
 	}
-	t.Logf("host -> 127.0.0.1:%d -> a:7777 answered %q; whole test %s", fwd, strings.TrimSpace(reply), time.Since(start).Round(time.Second))
+	t.Logf("host -> 127.0.0.1:%d -> a:7777 answered %q", fwd, strings.TrimSpace(reply))
 }
