@@ -19,6 +19,8 @@ func newFirstbootCmd(log *slog.Logger) *cobra.Command {
 source that has one, merges it over the image's default, runs the task graph (users, files,
 units, node config, facts, hostname, preflight, templates, etcd volume, PKI, kubelet) and
 records the outcome in /var/lib/kiln/status.json. It prints one status line for the console.
+An image baked for a role other than worker, control-plane or etcd is a plain node: its graph
+stops at the hostname.
 Once a first boot has succeeded, later runs change nothing (--force runs the tasks again).
 
 It exits 1 when first boot failed and 3 when it gave up waiting (for the node's address, say).`,
