@@ -28,8 +28,9 @@ and writes <out>/<image>-<role>.json describing partitions, digests and versions
 Every input must be pinned (run ` + "`kiln lock`" + ` first); every downloaded byte is verified
 against its sha256 or OCI digest. Pre-pulled container images are fetched by digest into the
 cache (a second bake does not contact the registry) and laid into one OCI layout at
-/usr/lib/kiln/images. With a kubernetes section in the profile, the kubelet and runtime laid into
-the image are run once (--version) and must match it. An image that would carry a private key
+/usr/lib/kiln/images. With a kubernetes section in the profile, the versions of the kubelet and
+runtime laid into the image are read from their Go build information (never by running them)
+and must match it. An image that would carry a private key
 or a bootstrap token is refused. A failed bake leaves nothing in the output directory.
 SOURCE_DATE_EPOCH sets the creation time recorded in the image (default 0).
 
