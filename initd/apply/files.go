@@ -11,6 +11,7 @@ import (
 	"path"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/rootpath"
 	"github.com/kilnproject/kiln/initd/source"
 )
 
@@ -97,7 +98,7 @@ func (t *tree) file(f config.File) (bool, error) {
 		return false, errors.New("is a directory; kiln does not replace directories with files")
 	case !f.HasContents:
 		if !fi.Mode().IsRegular() {
-			return false, fmt.Errorf("exists and is %s, not a regular file", typeName(fi.Mode()))
+			return false, fmt.Errorf("exists and is %s, not a regular file", rootpath.TypeName(fi.Mode()))
 		}
 		return t.setMeta(target, fi, mode, !f.ModeSet, uid, gid)
 	case fi.Mode().IsRegular() && t.sameContents(target, fi, f.Contents):
@@ -106,7 +107,7 @@ func (t *tree) file(f config.File) (bool, error) {
 		// keeps an existing file's mode.
 		return t.setMeta(target, fi, mode, !f.ModeSet && !f.Overwrite, uid, gid)
 	case !f.Overwrite:
-		return false, fmt.Errorf("already exists (%s) with other contents and overwrite is false", typeName(fi.Mode()))
+		return false, fmt.Errorf("already exists (%s) with other contents and overwrite is false", rootpath.TypeName(fi.Mode()))
 	}
 	return true, t.writeFile(dir, base, f.Contents, mode, uid, gid)
 }

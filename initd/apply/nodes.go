@@ -11,6 +11,7 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_5/types"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/rootpath"
 )
 
 // Directories creates storage.directories entries below root: a missing directory gets
@@ -53,7 +54,7 @@ func (t *tree) directory(field string, d types.Directory) (bool, error) {
 	target := path.Join(dir, base)
 	mode := fs.FileMode(0o755)
 	if d.Mode != nil {
-		mode = unixMode(*d.Mode)
+		mode = config.UnixMode(*d.Mode)
 	}
 	fi, err := t.root.Lstat(target)
 	switch {
@@ -63,10 +64,10 @@ func (t *tree) directory(field string, d types.Directory) (bool, error) {
 	case fi.IsDir():
 		return t.setMeta(target, fi, mode, d.Mode == nil, uid, gid)
 	case d.Overwrite == nil || !*d.Overwrite:
-		return false, fmt.Errorf("exists and is %s, not a directory, and overwrite is false", typeName(fi.Mode()))
+		return false, fmt.Errorf("exists and is %s, not a directory, and overwrite is false", rootpath.TypeName(fi.Mode()))
 	default:
 		if err := t.root.Remove(target); err != nil {
-			return false, fmt.Errorf("replace %s: %w", typeName(fi.Mode()), err)
+			return false, fmt.Errorf("replace %s: %w", rootpath.TypeName(fi.Mode()), err)
 		}
 	}
 	if err := t.mkdir(target, mode, uid, gid); err != nil {
@@ -149,7 +150,7 @@ func (t *tree) link(field string, l types.Link) (bool, error) {
 	case fi.IsDir():
 		return false, fmt.Errorf("is a directory; kiln does not replace directories with links")
 	case l.Overwrite == nil || !*l.Overwrite:
-		return false, fmt.Errorf("exists (%s) and is not the wanted link, and overwrite is false", typeName(fi.Mode()))
+		return false, fmt.Errorf("exists (%s) and is not the wanted link, and overwrite is false", rootpath.TypeName(fi.Mode()))
 	}
 	// Make the link under a temporary name and rename it into place, so that the path
 	// never is missing.

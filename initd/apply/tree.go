@@ -8,9 +8,10 @@
 // it and ".." stops at it, so nothing is ever written outside root. Missing parent
 // directories are created root-owned with mode 0755.
 //
-// A file is written to a temporary name created with its final mode and owner, fsync'd
-// and renamed into place (then the directory is fsync'd), so a secret is never readable
-// by others, not even for a moment, and a power cut leaves the old or the new file.
+// A file is written with atomicfile: under a temporary name readable by its owner only,
+// given its final mode and owner, fsync'd and renamed into place (then the directory is
+// fsync'd), so a secret is never readable by others, not even for a moment, and a power
+// cut leaves the old or the new file.
 // Ownership is applied only when running as root (tests as another user skip it).
 //
 // Apply in this order, each step needing the one before: Users (creates the accounts
@@ -32,6 +33,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/rootpath"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // tree operates below a root directory. Paths given to it are node paths ("/etc/x");
@@ -101,46 +103,10 @@ func (t *tree) mkdir(p string, mode fs.FileMode, uid, gid int) error {
 }
 
 // writeFile atomically replaces dir/base (dir resolved, relative to the root) with
-// data: the temporary file is created with mode and owner before a byte is written,
-// fsync'd and renamed over the target; then the directory is fsync'd.
+// data, owned by uid:gid (-1: root; as root only) with mode before it gets its name.
 func (t *tree) writeFile(dir, base string, data []byte, mode fs.FileMode, uid, gid int) error {
-	target := path.Join(dir, base)
-	tmp, err := t.tempName(dir, base)
-	if err != nil {
-		return err
-	}
-	f, err := t.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode.Perm()&0o700)
-	if err != nil {
-		return fmt.Errorf("create /%s: %w", tmp, err)
-	}
-	err = t.fill(f, data, mode, uid, gid)
-	if cerr := f.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err == nil {
-		err = t.root.Rename(tmp, target)
-	}
-	if err != nil {
-		_ = t.root.Remove(tmp)
-		return fmt.Errorf("write /%s: %w", target, err)
-	}
-	return t.syncDir(dir)
-}
-
-func (t *tree) fill(f *os.File, data []byte, mode fs.FileMode, uid, gid int) error {
-	if t.asRoot {
-		// Before chmod: chown clears setuid/setgid bits.
-		if err := f.Chown(max(uid, 0), max(gid, 0)); err != nil {
-			return err
-		}
-	}
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	return f.Sync()
+	return atomicfile.WriteIn(t.root, path.Join(dir, base), data,
+		atomicfile.Options{Mode: mode, Chown: t.asRoot, UID: max(uid, 0), GID: max(gid, 0)})
 }
 
 func (t *tree) tempName(dir, base string) (string, error) {
@@ -209,33 +175,6 @@ func (t *tree) setMeta(p string, fi fs.FileInfo, mode fs.FileMode, keepMode bool
 // modeOf is a node's permission bits including setuid, setgid and sticky.
 func modeOf(fi fs.FileInfo) fs.FileMode {
 	return fi.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
-}
-
-// unixMode converts Ignition's Unix mode bits to an fs.FileMode.
-func unixMode(m int) fs.FileMode {
-	mode := fs.FileMode(m & 0o777)
-	if m&0o4000 != 0 {
-		mode |= fs.ModeSetuid
-	}
-	if m&0o2000 != 0 {
-		mode |= fs.ModeSetgid
-	}
-	if m&0o1000 != 0 {
-		mode |= fs.ModeSticky
-	}
-	return mode
-}
-
-func typeName(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m.IsRegular():
-		return "a regular file"
-	case m&fs.ModeSymlink != 0:
-		return "a symlink"
-	}
-	return "a " + m.Type().String() + " node"
 }
 
 // accounts are the users and groups of the root's /etc/passwd and /etc/group.

@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"github.com/coreos/ignition/v2/config/v3_5/types"
+
+	"github.com/kilnproject/kiln/initd/rootpath"
 )
 
 // Users creates passwd.groups and passwd.users below root and installs the users' SSH
@@ -326,7 +328,7 @@ func (db *accountDB) sshKeys(field string, u types.PasswdUser) error {
 	case err != nil:
 		return err
 	case !fi.IsDir():
-		return fmt.Errorf("%s: %s/.ssh exists and is %s, not a directory", field, acct.Home, typeName(fi.Mode()))
+		return fmt.Errorf("%s: %s/.ssh exists and is %s, not a directory", field, acct.Home, rootpath.TypeName(fi.Mode()))
 	default:
 		if _, err := db.t.setMeta(sshDir, fi, 0o700, false, acct.UID, acct.GID); err != nil {
 			return err

@@ -130,7 +130,7 @@ func resolve(field string, f types.File, left int64) (File, error) {
 		if m < 0 || m > 0o7777 {
 			return File{}, &FieldError{Path: field + ".mode", Err: fmt.Errorf("mode %#o is out of range", m)}
 		}
-		out.Mode, out.ModeSet = unixMode(uint32(m)), true
+		out.Mode, out.ModeSet = UnixMode(m), true
 	}
 	if len(f.Append) > 0 {
 		return File{}, &FieldError{Path: field + ".append", Err: ErrUnsupported}
@@ -237,8 +237,8 @@ func verify(v types.Verification, data []byte) error {
 	return nil
 }
 
-// unixMode converts Unix permission bits (as Ignition gives them) to an fs.FileMode.
-func unixMode(m uint32) fs.FileMode {
+// UnixMode converts Unix permission bits (as Ignition gives them) to an fs.FileMode.
+func UnixMode(m int) fs.FileMode {
 	mode := fs.FileMode(m & 0o777)
 	if m&0o4000 != 0 {
 		mode |= fs.ModeSetuid

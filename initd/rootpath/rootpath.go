@@ -78,3 +78,17 @@ func Resolve(r *os.Root, p string, mkdir func(rel string) error) (string, error)
 	}
 	return path.Join(cur...), nil
 }
+
+// TypeName names the kind of node m describes ("a directory", "a symlink"), for messages
+// about what is in a path's way.
+func TypeName(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m.IsRegular():
+		return "a regular file"
+	case m&fs.ModeSymlink != 0:
+		return "a symlink"
+	}
+	return "a " + m.Type().String() + " node"
+}

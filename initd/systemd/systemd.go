@@ -296,7 +296,7 @@ func Mask(root, unit string) (changed bool, err error) {
 		}
 		return false, fmt.Errorf("mask %s: /%s is a symlink to another unit; disable that first", unit, p)
 	default:
-		return false, fmt.Errorf("mask %s: /%s exists (%s); kiln does not mask over a unit file", unit, p, typeName(fi.Mode()))
+		return false, fmt.Errorf("mask %s: /%s exists (%s); kiln does not mask over a unit file", unit, p, rootpath.TypeName(fi.Mode()))
 	}
 	if err := r.MkdirAll(ConfigDir, 0o755); err != nil {
 		return false, fmt.Errorf("mask %s: %w", unit, err)
@@ -430,7 +430,7 @@ func ensureLink(r *os.Root, link, target string) (bool, error) {
 			return false, fmt.Errorf("replace /%s: %w", link, err)
 		}
 	default:
-		return false, fmt.Errorf("/%s exists (%s) where a link to %s belongs", link, typeName(fi.Mode()), target)
+		return false, fmt.Errorf("/%s exists (%s) where a link to %s belongs", link, rootpath.TypeName(fi.Mode()), target)
 	}
 	if err := r.MkdirAll(path.Dir(link), 0o755); err != nil {
 		return false, fmt.Errorf("create /%s: %w", path.Dir(link), err)
@@ -564,16 +564,4 @@ func checkName(unit string) error {
 		return fmt.Errorf("unit name %q has no unit type suffix such as .service", unit)
 	}
 	return nil
-}
-
-func typeName(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m.IsRegular():
-		return "a regular file"
-	case m&fs.ModeSymlink != 0:
-		return "a symlink"
-	}
-	return "a " + m.Type().String() + " node"
 }
