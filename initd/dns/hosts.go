@@ -3,8 +3,6 @@ package dns
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // The lines around the block of /etc/hosts that Hosts manages.
@@ -197,63 +197,18 @@ func (p *Hosts) Upsert(ctx context.Context, recs []Record) error {
 // describes (0644 root:root for a new one).
 func (p *Hosts) write(data []byte, fi fs.FileInfo) error {
 	path := p.file()
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("hosts: %w", err)
 	}
-	mode, uid, gid := fs.FileMode(0o644), 0, 0
+	opts := atomicfile.Options{Mode: 0o644, Chown: os.Geteuid() == 0}
 	if fi != nil {
-		mode = fi.Mode().Perm()
+		opts.Mode = fi.Mode().Perm()
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			uid, gid = int(st.Uid), int(st.Gid)
+			opts.UID, opts.GID = int(st.Uid), int(st.Gid)
 		}
 	}
-	var rnd [6]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return fmt.Errorf("hosts: temporary name: %w", err)
-	}
-	tmp := filepath.Join(dir, ".kiln-"+filepath.Base(path)+"."+hex.EncodeToString(rnd[:]))
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("hosts: %w", err)
-	}
-	err = fill(f, data, mode, uid, gid)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("hosts: write %s: %w", p.nodePath(), err)
-	}
-	return syncDir(dir)
-}
-
-func fill(f *os.File, data []byte, mode fs.FileMode, uid, gid int) error {
-	if os.Geteuid() == 0 {
-		if err := f.Chown(uid, gid); err != nil {
-			return err
-		}
-	}
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	return f.Sync()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
+	if err := atomicfile.Write(path, data, opts); err != nil {
+		return fmt.Errorf("hosts %s: %w", p.nodePath(), err)
 	}
 	return nil
 }

@@ -1,12 +1,12 @@
 package dns
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // StatusPath is where the registration state lives, relative to the node's root.
@@ -41,31 +41,13 @@ func (f StatusFile) Write(s State) error {
 	}
 	data = append(data, '\n')
 	path := f.file()
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("dns status: %w", err)
 	}
-	var rnd [6]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return fmt.Errorf("dns status: temporary name: %w", err)
-	}
-	tmp := filepath.Join(dir, ".kiln-"+filepath.Base(path)+"."+hex.EncodeToString(rnd[:]))
-	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
+	if err := atomicfile.Write(path, data, atomicfile.Options{Mode: 0o644, Chown: os.Geteuid() == 0}); err != nil {
 		return fmt.Errorf("dns status: %w", err)
 	}
-	err = fill(fh, data, 0o644, 0, 0)
-	if cerr := fh.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("dns status: write %s: %w", path, err)
-	}
-	return syncDir(dir)
+	return nil
 }
 
 // Read returns the stored state; a missing file is an error wrapping fs.ErrNotExist.

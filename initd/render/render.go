@@ -18,8 +18,6 @@ package render
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -31,6 +29,8 @@ import (
 	"strings"
 	"syscall"
 	"text/template"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // Suffix marks template files.
@@ -169,60 +169,12 @@ func upToDate(r *os.Root, f file) (bool, error) {
 	return bytes.Equal(old, f.data), nil
 }
 
-// write replaces the file atomically: a temporary file in the same directory, created
-// 0600, written, owned by root (as root), given its mode, synced and renamed over the
-// target; then the directory is synced.
+// write replaces the file atomically (atomicfile): owned by root (as root) and given its
+// mode before it gets its name.
 func write(r *os.Root, f file) error {
-	dir, base := path.Split(f.dest)
-	dir = strings.TrimSuffix(dir, "/")
-	if dir == "" {
-		dir = "."
-	}
+	dir := path.Dir(f.dest)
 	if err := r.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create directory /%s: %w", dir, err)
 	}
-	var rnd [6]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return fmt.Errorf("temporary name: %w", err)
-	}
-	tmp := path.Join(dir, ".kiln-"+base+"."+hex.EncodeToString(rnd[:]))
-	out, err := r.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("create /%s: %w", tmp, err)
-	}
-	err = fill(out, f)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = r.Rename(tmp, f.dest)
-	}
-	if err != nil {
-		_ = r.Remove(tmp)
-		return fmt.Errorf("write /%s: %w", f.dest, err)
-	}
-	d, err := r.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open directory /%s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync directory /%s: %w", dir, err)
-	}
-	return nil
-}
-
-func fill(out *os.File, f file) error {
-	if _, err := out.Write(f.data); err != nil {
-		return err
-	}
-	if os.Geteuid() == 0 {
-		if err := out.Chown(0, 0); err != nil {
-			return err
-		}
-	}
-	if err := out.Chmod(f.mode); err != nil {
-		return err
-	}
-	return out.Sync()
+	return atomicfile.WriteIn(r, f.dest, f.data, atomicfile.Options{Mode: f.mode, Chown: os.Geteuid() == 0})
 }
