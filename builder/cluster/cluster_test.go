@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
@@ -242,7 +243,10 @@ func TestControlPlaneFirstBoot(t *testing.T) {
 	}
 	root := t.TempDir()
 	for p, f := range nodeFiles(t, ign) {
-		if err := pki.WriteFile(filepath.Join(root, p), f.Contents, f.Mode.Perm()); err != nil {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := atomicfile.Write(filepath.Join(root, p), f.Contents, atomicfile.Options{Mode: f.Mode.Perm()}); err != nil {
 			t.Fatal(err)
 		}
 	}

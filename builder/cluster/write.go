@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // ErrNotEmpty is returned when the output directory holds something and force is off.
@@ -82,7 +82,11 @@ func replaceDir(dir string, exists bool, files []File) (err error) {
 		}
 	}()
 	for _, f := range files {
-		if err := pki.WriteFile(filepath.Join(tmp, filepath.FromSlash(f.Path)), f.Data, f.Mode); err != nil {
+		p := filepath.Join(tmp, filepath.FromSlash(f.Path))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("output directory: %w", err)
+		}
+		if err := atomicfile.Write(p, f.Data, atomicfile.Options{Mode: f.Mode}); err != nil {
 			return err
 		}
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
 	"github.com/kilnproject/kiln/internal/poll"
 )
@@ -540,7 +541,7 @@ func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("kubelet-finalize: %w", err)
 	}
-	if err := pki.WriteFile(path, newData, 0o600); err != nil {
+	if err := atomicfile.Write(path, newData, atomicfile.Options{Mode: 0o600}); err != nil {
 		return false, fmt.Errorf("kubelet-finalize: %w", err)
 	}
 	b.o.Log.Info("kubelet.conf now uses kubelet's rotated client certificate", "path", KubeletClientCert)

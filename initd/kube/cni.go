@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // Where the CNI configuration lives and which kubeconfig reads the node.
@@ -167,7 +167,7 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
 		return nil, false, fmt.Errorf("cni: %w", err)
 	}
-	if err := pki.WriteFile(dest, conf, 0o644); err != nil {
+	if err := atomicfile.Write(dest, conf, atomicfile.Options{Mode: 0o644}); err != nil {
 		return nil, false, fmt.Errorf("cni: %w", err)
 	}
 	return cidrs, true, nil

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // ResolvConfPath is the resolver configuration kubelet hands to pods (dnsPolicy Default,
@@ -47,7 +47,10 @@ func EnsureResolvConf(root string) (changed bool, err error) {
 	if string(cur) == want {
 		return false, nil
 	}
-	if err := pki.WriteFile(full, []byte(want), 0o644); err != nil {
+	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+		return false, fmt.Errorf("resolv.conf: %w", err)
+	}
+	if err := atomicfile.Write(full, []byte(want), atomicfile.Options{Mode: 0o644}); err != nil {
 		return false, fmt.Errorf("resolv.conf: %w", err)
 	}
 	return true, nil

@@ -15,8 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // StageDir holds one status file per stage (<name>.json), next to first boot's
@@ -135,7 +135,7 @@ func WriteStage(root string, s *Stage) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("stage %s: %w", s.Name, err)
 	}
-	if err := pki.WriteFile(p, append(data, '\n'), 0o644); err != nil {
+	if err := atomicfile.Write(p, append(data, '\n'), atomicfile.Options{Mode: 0o644}); err != nil {
 		return fmt.Errorf("stage %s: %w", s.Name, err)
 	}
 	return nil

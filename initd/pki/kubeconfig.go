@@ -80,7 +80,7 @@ func ControlPlaneKubeconfigs(kubeDir, pkiDir string, n Node, server string, now 
 		if err != nil {
 			return changed, fmt.Errorf("kubeconfig %s: %w", path, err)
 		}
-		if err := WriteFile(path, data, ModeSecret); err != nil {
+		if err := writeFile(path, data, ModeSecret); err != nil {
 			return changed, err
 		}
 		changed = append(changed, name)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // File modes kubeadm uses.
@@ -27,55 +29,17 @@ func WriteKeyPair(dir, name string, kp KeyPair) error {
 	if b, _ := pem.Decode(kp.CertPEM); b != nil && b.Type == blockPublic {
 		ext = ".pub"
 	}
-	if err := WriteFile(filepath.Join(dir, name+".key"), kp.KeyPEM, ModeSecret); err != nil {
+	if err := writeFile(filepath.Join(dir, name+".key"), kp.KeyPEM, ModeSecret); err != nil {
 		return err
 	}
-	return WriteFile(filepath.Join(dir, name+ext), kp.CertPEM, ModeCert)
+	return writeFile(filepath.Join(dir, name+ext), kp.CertPEM, ModeCert)
 }
 
-// WriteFile writes data to path atomically: a temporary file in the same directory,
-// fsync'd, given mode, renamed over path, then the directory fsync'd. Missing parent
-// directories are created 0755.
-func WriteFile(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, modeDir); err != nil {
+// writeFile writes data to path atomically (atomicfile) with mode, creating missing
+// parent directories 0755.
+func writeFile(path string, data []byte, mode os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), modeDir); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	// CreateTemp makes the file 0600, so a secret is never readable by others.
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write %s: fsync: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	ok = true
-	if d, err := os.Open(dir); err == nil {
-		err = d.Sync()
-		d.Close()
-		if err != nil {
-			return fmt.Errorf("write %s: fsync directory: %w", path, err)
-		}
-	}
-	return nil
+	return atomicfile.Write(path, data, atomicfile.Options{Mode: mode})
 }
