@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // SeededMarker is the file, at the top of the data filesystem, that says seeding finished.
@@ -33,18 +35,8 @@ func SeedOnce(src, dst string) (bool, error) {
 	if err := syncFS(dst); err != nil {
 		return false, err
 	}
-	tmp := marker + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return false, fmt.Errorf("write seed marker: %w", err)
-	}
-	_, werr := fmt.Fprintf(f, "seeded from %s at %s\n", src, time.Now().UTC().Format(time.RFC3339))
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		return false, fmt.Errorf("write seed marker %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, marker); err != nil {
+	stamp := fmt.Sprintf("seeded from %s at %s\n", src, time.Now().UTC().Format(time.RFC3339))
+	if err := atomicfile.Write(marker, []byte(stamp), atomicfile.Options{Mode: 0o644}); err != nil {
 		return false, fmt.Errorf("write seed marker: %w", err)
 	}
 	if err := syncFS(dst); err != nil {

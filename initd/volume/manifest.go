@@ -116,3 +116,11 @@ func manifestTarget(volumeDir, name string) (string, error) {
 	}
 	return ManifestPath(volumeDir, name), nil
 }
+
+// syncDir makes a rename in dir durable; failures are not fatal (the rename happened).
+func syncDir(r *os.Root, dir string) {
+	if d, err := r.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/kilnproject/kiln/initd/systemd"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -105,9 +106,8 @@ WantedBy=local-fs.target
 	return changed || enabled, nil
 }
 
-// writeIfChanged replaces rel in r with data unless it already holds exactly that,
-// through a temporary file, fsync and rename, so a power cut leaves the old or the new
-// file.
+// writeIfChanged replaces rel in r with data (atomicfile) unless it already holds exactly
+// that, so a power cut leaves the old or the new file.
 func writeIfChanged(r *os.Root, rel string, data []byte, mode fs.FileMode) (bool, error) {
 	if old, err := r.ReadFile(rel); err == nil && bytes.Equal(old, data) {
 		if fi, err := r.Lstat(rel); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == mode {
@@ -117,38 +117,10 @@ func writeIfChanged(r *os.Root, rel string, data []byte, mode fs.FileMode) (bool
 	if err := r.MkdirAll(path.Dir(rel), 0o755); err != nil {
 		return false, err
 	}
-	tmp := rel + ".kiln-tmp"
-	f, err := r.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
+	if err := atomicfile.WriteIn(r, rel, data, atomicfile.Options{Mode: mode}); err != nil {
 		return false, err
 	}
-	_, werr := f.Write(data)
-	if werr == nil {
-		werr = f.Chmod(mode)
-	}
-	if werr == nil {
-		werr = f.Sync()
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = r.Rename(tmp, rel)
-	}
-	if werr != nil {
-		r.Remove(tmp)
-		return false, fmt.Errorf("write /%s: %w", rel, werr)
-	}
-	syncDir(r, path.Dir(rel))
 	return true, nil
-}
-
-// syncDir makes a rename in dir durable; failures are not fatal (the rename happened).
-func syncDir(r *os.Root, dir string) {
-	if d, err := r.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
 
 // Mount mounts dev on where (creating the directory) with type fstype and noatime, on
