@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // Source is something to fetch: a URL (http or https) or a local Path,
@@ -200,29 +201,22 @@ func (c *Cache) PutBlob(want string, r io.Reader) (string, error) {
 // errMismatch is returned by put when the content does not hash to want.
 var errMismatch = errors.New("sha256 mismatch")
 
-// put writes what fill produces into a temporary file in the blob
-// directory while hashing it, checks the hash against want (if set), then
-// fsyncs and renames it into place. On a mismatch it returns the hash it
-// got with an error wrapping errMismatch, and keeps nothing.
+// put writes what fill produces into a new file in the blob directory
+// (atomicfile) while hashing it, checks the hash against want (if set), then
+// gives the file its name, the hash. On a mismatch it returns the hash it got
+// with an error wrapping errMismatch, and keeps nothing.
 func (c *Cache) put(want string, fill func(w io.Writer) (int64, error)) (sum, path string, n int64, err error) {
 	dir := c.blobDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", "", 0, fmt.Errorf("cache: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".partial-*")
+	f, err := atomicfile.Create(dir, atomicfile.Options{Mode: 0o444})
 	if err != nil {
 		return "", "", 0, fmt.Errorf("cache: %w", err)
 	}
-	done := false
-	defer func() {
-		if !done {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-
+	defer f.Close()
 	h := sha256.New()
-	n, err = fill(io.MultiWriter(tmp, h))
+	n, err = fill(io.MultiWriter(f, h))
 	if err != nil {
 		return "", "", n, err
 	}
@@ -230,25 +224,10 @@ func (c *Cache) put(want string, fill func(w io.Writer) (int64, error)) (sum, pa
 	if want != "" && sum != want {
 		return sum, "", n, fmt.Errorf("%w: want %s, got %s", errMismatch, want, sum)
 	}
-	if err := tmp.Chmod(0o444); err != nil {
+	if err := f.Commit(sum); err != nil {
 		return "", "", n, fmt.Errorf("cache: %w", err)
 	}
-	if err := tmp.Sync(); err != nil {
-		return "", "", n, fmt.Errorf("cache: sync %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return "", "", n, fmt.Errorf("cache: %w", err)
-	}
-	path = c.BlobPath(sum)
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return "", "", n, fmt.Errorf("cache: %w", err)
-	}
-	done = true
-	if d, err := os.Open(dir); err == nil {
-		d.Sync() // make the rename durable; failure here loses nothing but the rename
-		d.Close()
-	}
-	return sum, path, n, nil
+	return sum, c.BlobPath(sum), n, nil
 }
 
 func (c *Cache) logger() *slog.Logger {

@@ -207,7 +207,7 @@ func TestFetchImage(t *testing.T) {
 				t.Errorf("error %v, want one naming the image and %q", err, tt.want)
 			}
 			for _, f := range cacheFiles(t, c) {
-				if strings.HasPrefix(f, ".partial") {
+				if strings.HasPrefix(f, ".partial") || strings.HasPrefix(f, ".kiln-") {
 					t.Errorf("left %s in the cache", f)
 				}
 			}

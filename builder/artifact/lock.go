@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // LockVersion is the version of the lock file format written by Write.
@@ -113,23 +114,7 @@ func (l *Lock) Write(path string) error {
 		return fmt.Errorf("lock file: %w", err)
 	}
 	data = append(data, '\n')
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("lock file: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("lock file: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("lock file: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("lock file: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, data, atomicfile.Options{Mode: 0o644}); err != nil {
 		return fmt.Errorf("lock file: %w", err)
 	}
 	return nil
