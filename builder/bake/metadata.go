@@ -12,6 +12,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // imageJSONPath is where the image's metadata is in the image.
@@ -41,7 +42,7 @@ func (b *baker) writeMetadata(files []string, md *Metadata) (string, error) {
 		return "", err
 	}
 	file := filepath.Join(b.work, b.stem+".json")
-	if err := os.WriteFile(file, data, 0o644); err != nil {
+	if err := atomicfile.Write(file, data, atomicfile.Options{Mode: 0o644}); err != nil {
 		return "", err
 	}
 	return file, nil

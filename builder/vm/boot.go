@@ -11,6 +11,7 @@ import (
 
 	diskfs "github.com/diskfs/go-diskfs"
 	"github.com/diskfs/go-diskfs/filesystem"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // Where the bake puts slot A's boot files on the ESP.
@@ -84,13 +85,13 @@ func copyOut(fs filesystem.FileSystem, name, dst string) error {
 	if err != nil {
 		return fmt.Errorf("ESP %s: %w", name, err)
 	}
-	out, err := os.Create(dst)
+	out, err := atomicfile.Create(filepath.Dir(dst), atomicfile.Options{Mode: 0o644})
 	if err != nil {
 		return err
 	}
+	defer out.Close()
 	if _, err := io.Copy(out, f); err != nil {
-		out.Close()
 		return fmt.Errorf("ESP %s: %w", name, err)
 	}
-	return out.Close()
+	return out.Commit(filepath.Base(dst))
 }

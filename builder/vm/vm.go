@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // FWCfgName is the fw_cfg item kiln-init reads its config from.
@@ -118,7 +120,7 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 		return nil, err
 	}
 	vars := filepath.Join(workDir, "OVMF_VARS.fd")
-	if err := copyFile(varsTmpl, vars); err != nil {
+	if err := atomicfile.Copy(varsTmpl, vars, atomicfile.Options{Mode: 0o600}); err != nil {
 		return nil, fmt.Errorf("copy UEFI variable store: %w", err)
 	}
 	format, err := imageFormat(cfg.Image)
@@ -209,23 +211,6 @@ func imageFormat(p string) (string, error) {
 		return "vpc", nil
 	}
 	return "", fmt.Errorf("%s: unknown disk format (want .raw, .img, .iso, .qcow2, .vmdk or .vhd)", p)
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // Start boots cfg and returns at once; the console is read in the background.
