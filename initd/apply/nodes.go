@@ -12,6 +12,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/rootpath"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // Directories creates storage.directories entries below root: a missing directory gets
@@ -154,26 +155,22 @@ func (t *tree) link(field string, l types.Link) (bool, error) {
 	}
 	// Make the link under a temporary name and rename it into place, so that the path
 	// never is missing.
-	tmp, err := t.tempName(dir, base)
-	if err != nil {
-		return false, err
-	}
-	if hard {
-		err = t.root.Link(hardTarget, tmp)
-	} else {
-		err = t.root.Symlink(target, tmp)
-		if err == nil && t.asRoot {
-			err = t.root.Lchown(tmp, max(uid, 0), max(gid, 0))
+	err = atomicfile.PlaceIn(t.root, p, func(tmp string) error {
+		if hard {
+			return t.root.Link(hardTarget, tmp)
 		}
-	}
-	if err == nil {
-		err = t.root.Rename(tmp, p)
-	}
+		if err := t.root.Symlink(target, tmp); err != nil {
+			return err
+		}
+		if t.asRoot {
+			return t.root.Lchown(tmp, max(uid, 0), max(gid, 0))
+		}
+		return nil
+	})
 	if err != nil {
-		_ = t.root.Remove(tmp)
 		return false, fmt.Errorf("link: %w", err)
 	}
-	return true, t.syncDir(dir)
+	return true, nil
 }
 
 // splitExisting resolves the directory of the node path p without creating anything.

@@ -20,8 +20,6 @@ package apply
 
 import (
 	"bufio"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -107,14 +105,6 @@ func (t *tree) mkdir(p string, mode fs.FileMode, uid, gid int) error {
 func (t *tree) writeFile(dir, base string, data []byte, mode fs.FileMode, uid, gid int) error {
 	return atomicfile.WriteIn(t.root, path.Join(dir, base), data,
 		atomicfile.Options{Mode: mode, Chown: t.asRoot, UID: max(uid, 0), GID: max(gid, 0)})
-}
-
-func (t *tree) tempName(dir, base string) (string, error) {
-	var rnd [6]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return "", fmt.Errorf("temporary name: %w", err)
-	}
-	return path.Join(dir, ".kiln-"+base+"."+hex.EncodeToString(rnd[:])), nil
 }
 
 func (t *tree) syncDir(dir string) error {

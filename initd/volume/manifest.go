@@ -8,6 +8,8 @@ import (
 	"os"
 	"path"
 	"strings"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // ManifestsDir is where the kubelet reads static pod manifests.
@@ -91,18 +93,9 @@ func LinkManifest(root, volumeDir, name string) (changed bool, err error) {
 	if err := r.MkdirAll(path.Dir(rel), 0o755); err != nil {
 		return fail(err)
 	}
-	tmp := rel + ".kiln-tmp"
-	if err := r.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := atomicfile.PlaceIn(r, rel, func(tmp string) error { return r.Symlink(target, tmp) }); err != nil {
 		return fail(err)
 	}
-	if err := r.Symlink(target, tmp); err != nil {
-		return fail(err)
-	}
-	if err := r.Rename(tmp, rel); err != nil {
-		r.Remove(tmp)
-		return fail(err)
-	}
-	syncDir(r, path.Dir(rel))
 	return true, nil
 }
 
@@ -115,12 +108,4 @@ func manifestTarget(volumeDir, name string) (string, error) {
 		return "", fmt.Errorf("manifest: %q is not a file name", name)
 	}
 	return ManifestPath(volumeDir, name), nil
-}
-
-// syncDir makes a rename in dir durable; failures are not fatal (the rename happened).
-func syncDir(r *os.Root, dir string) {
-	if d, err := r.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }

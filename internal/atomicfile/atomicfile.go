@@ -9,7 +9,8 @@
 //
 // Writers inside a node's root resolve the destination's directory themselves (with rootpath,
 // which gives absolute symlinks the root's meaning) and write there through the same os.Root
-// with WriteIn; everything else uses Write, Copy or Create with ordinary paths.
+// with WriteIn, or PlaceIn for links; everything else uses Write, Copy or Create with ordinary
+// paths.
 package atomicfile
 
 import (
@@ -83,6 +84,38 @@ func Copy(src, dst string, opts Options) error {
 	return f.Commit(filepath.Base(dst))
 }
 
+// PlaceIn puts a node that create makes (a symlink, a hard link) at name, a path relative
+// to root whose directory exists, replacing what is there in one step: create makes it under
+// tmp, a free temporary name in the same directory (relative to root); it is renamed over
+// name and the directory is fsync'd. On failure the temporary node is removed.
+func PlaceIn(root *os.Root, name string, create func(tmp string) error) error {
+	name = path.Clean(name)
+	dir := path.Dir(name)
+	tmp, err := tempName(dir, path.Base(name))
+	if err != nil {
+		return err
+	}
+	err = create(tmp)
+	if err == nil {
+		err = root.Rename(tmp, name)
+	}
+	if err != nil {
+		_ = root.Remove(tmp)
+		return fmt.Errorf("replace %s: %w", name, err)
+	}
+	f := File{root: root, dir: dir, shown: dir}
+	return f.syncDir()
+}
+
+// tempName returns a fresh name in dir for a file that becomes base.
+func tempName(dir, base string) (string, error) {
+	var rnd [6]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return "", fmt.Errorf("temporary name: %w", err)
+	}
+	return path.Join(dir, ".kiln-"+base+"."+hex.EncodeToString(rnd[:])), nil
+}
+
 // File is a file being written under a temporary name in a directory. Commit gives it its
 // name; Close without Commit removes it.
 type File struct {
@@ -116,11 +149,10 @@ func createDir(dir, hint string, opts Options) (*File, error) {
 }
 
 func create(root *os.Root, dir, shown, hint string, opts Options) (*File, error) {
-	var rnd [6]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, fmt.Errorf("temporary name: %w", err)
+	tmp, err := tempName(dir, hint)
+	if err != nil {
+		return nil, err
 	}
-	tmp := path.Join(dir, ".kiln-"+hint+"."+hex.EncodeToString(rnd[:]))
 	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, opts.Mode.Perm()&0o700)
 	if err != nil {
 		return nil, fmt.Errorf("create temporary file in %s: %w", shown, err)

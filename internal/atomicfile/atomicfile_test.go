@@ -391,3 +391,59 @@ func inotifyEvents(t *testing.T, fd int) []inotifyEvent {
 	}
 	return evs
 }
+
+func TestPlaceIn(t *testing.T) {
+	tests := []struct {
+		name    string
+		create  func(r *os.Root, tmp string) error
+		wantErr bool
+		check   func(t *testing.T, dest string)
+	}{
+		{"symlink replaces a file", func(r *os.Root, tmp string) error { return r.Symlink("/target", tmp) }, false,
+			func(t *testing.T, dest string) {
+				if got, err := os.Readlink(dest); err != nil || got != "/target" {
+					t.Errorf("link %q, %v; want /target", got, err)
+				}
+			}},
+		{"hard link", func(r *os.Root, tmp string) error { return r.Link("sub/other", tmp) }, false,
+			func(t *testing.T, dest string) {
+				if got, _ := os.ReadFile(dest); string(got) != "other\n" {
+					t.Errorf("contents %q, want the other file's", got)
+				}
+			}},
+		{"create fails after making the node", func(r *os.Root, tmp string) error {
+			if err := r.Symlink("/target", tmp); err != nil {
+				return err
+			}
+			return errors.New("chown refused")
+		}, true, func(t *testing.T, dest string) { checkFile(t, dest, []byte("old\n"), Options{Mode: 0o644}) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			top := t.TempDir()
+			if err := os.Mkdir(filepath.Join(top, "sub"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			dest := filepath.Join(top, "sub", "f")
+			if err := os.WriteFile(dest, []byte("old\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(top, "sub", "other"), []byte("other\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r, err := os.OpenRoot(top)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			err = PlaceIn(r, "sub/f", func(tmp string) error { return tt.create(r, tmp) })
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("error %v, want error %v", err, tt.wantErr)
+			}
+			tt.check(t, dest)
+			if left := temporaries(t, filepath.Join(top, "sub")); len(left) > 0 {
+				t.Errorf("temporary files left: %v", left)
+			}
+		})
+	}
+}
