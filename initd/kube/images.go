@@ -122,101 +122,124 @@ func WriteLayoutTar(w io.Writer, dir string, keep func(LayoutImage) bool) error 
 			sel.Manifests = append(sel.Manifests, d)
 		}
 	}
-	var blobs []string
-	seen := map[string]bool{}
-	var walk func(d descriptor, optional bool) error
-	walk = func(d descriptor, optional bool) error {
-		if seen[d.Digest] {
-			return nil
-		}
-		p, err := blobPath(dir, d.Digest)
-		if err != nil {
-			return err
-		}
-		if _, err := os.Stat(p); err != nil {
-			if optional && errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return fmt.Errorf("image layout %s: blob %s: %w", dir, d.Digest, err)
-		}
-		seen[d.Digest] = true
-		blobs = append(blobs, d.Digest)
-		if !isManifestType(d.MediaType) {
-			return nil
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return fmt.Errorf("image layout %s: %w", dir, err)
-		}
-		var m ociManifest
-		if err := json.Unmarshal(data, &m); err != nil {
-			return fmt.Errorf("image layout %s: manifest %s: %w", dir, d.Digest, err)
-		}
-		for _, c := range m.Manifests {
-			if err := walk(c, true); err != nil {
-				return err
-			}
-		}
-		if m.Config.Digest != "" {
-			if err := walk(m.Config, false); err != nil {
-				return err
-			}
-		}
-		for _, l := range m.Layers {
-			if err := walk(l, false); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+	bw := blobWalk{dir: dir, seen: map[string]bool{}}
 	for _, d := range sel.Manifests {
-		if err := walk(d, false); err != nil {
+		if err := bw.walk(d, false); err != nil {
 			return err
 		}
 	}
+	return tarLayout(w, dir, &sel, bw.blobs)
+}
 
-	tw := tar.NewWriter(w)
-	add := func(name string, size int64, r io.Reader) error {
-		hdr := &tar.Header{Name: name, Mode: 0o644, Size: size, Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0), Format: tar.FormatPAX}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("image tar %s: %w", name, err)
-		}
-		if _, err := io.Copy(tw, r); err != nil {
-			return fmt.Errorf("image tar %s: %w", name, err)
-		}
+// blobWalk collects the blobs of a layout that descriptors reach, each once.
+type blobWalk struct {
+	dir   string
+	seen  map[string]bool
+	blobs []string // digests, in the order reached
+}
+
+// walk adds d's blob and, for a manifest or index, the blobs it references. An optional
+// blob (an index's child) that the layout lacks is skipped.
+func (b *blobWalk) walk(d descriptor, optional bool) error {
+	if b.seen[d.Digest] {
 		return nil
 	}
+	p, err := blobPath(b.dir, d.Digest)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(p); err != nil {
+		if optional && errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("image layout %s: blob %s: %w", b.dir, d.Digest, err)
+	}
+	b.seen[d.Digest] = true
+	b.blobs = append(b.blobs, d.Digest)
+	if !isManifestType(d.MediaType) {
+		return nil
+	}
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("image layout %s: %w", b.dir, err)
+	}
+	var m ociManifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("image layout %s: manifest %s: %w", b.dir, d.Digest, err)
+	}
+	for _, c := range m.Manifests {
+		if err := b.walk(c, true); err != nil {
+			return err
+		}
+	}
+	if m.Config.Digest != "" {
+		if err := b.walk(m.Config, false); err != nil {
+			return err
+		}
+	}
+	for _, l := range m.Layers {
+		if err := b.walk(l, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tarLayout writes the tar: dir's oci-layout (or the standard one), index as
+// index.json, then the blobs (digests) from dir.
+func tarLayout(w io.Writer, dir string, index *ociIndex, blobs []string) error {
+	tw := tar.NewWriter(w)
 	layout := []byte(`{"imageLayoutVersion":"1.0.0"}`)
 	if b, err := os.ReadFile(filepath.Join(dir, "oci-layout")); err == nil {
 		layout = b
 	}
-	if err := add("oci-layout", int64(len(layout)), bytes.NewReader(layout)); err != nil {
+	if err := addTar(tw, "oci-layout", int64(len(layout)), bytes.NewReader(layout)); err != nil {
 		return err
 	}
-	index, err := json.Marshal(sel)
+	data, err := json.Marshal(index)
 	if err != nil {
 		return fmt.Errorf("image tar index.json: %w", err)
 	}
-	if err := add("index.json", int64(len(index)), bytes.NewReader(index)); err != nil {
+	if err := addTar(tw, "index.json", int64(len(data)), bytes.NewReader(data)); err != nil {
 		return err
 	}
 	for _, dg := range blobs {
-		p, _ := blobPath(dir, dg)
-		f, err := os.Open(p)
-		if err != nil {
-			return fmt.Errorf("image layout %s: %w", dir, err)
-		}
-		fi, err := f.Stat()
-		if err == nil {
-			rel, _ := filepath.Rel(dir, p)
-			err = add(filepath.ToSlash(rel), fi.Size(), f)
-		}
-		f.Close()
-		if err != nil {
+		if err := addBlob(tw, dir, dg); err != nil {
 			return err
 		}
 	}
 	return tw.Close()
+}
+
+// addBlob adds the blob digest of the layout in dir, under its path in the layout.
+func addBlob(tw *tar.Writer, dir, digest string) error {
+	p, err := blobPath(dir, digest)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("image layout %s: %w", dir, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("image layout %s: %w", dir, err)
+	}
+	rel, _ := filepath.Rel(dir, p)
+	return addTar(tw, filepath.ToSlash(rel), fi.Size(), f)
+}
+
+// addTar adds a regular file of size bytes read from r, mode 0644, time zero.
+func addTar(tw *tar.Writer, name string, size int64, r io.Reader) error {
+	hdr := &tar.Header{Name: name, Mode: 0o644, Size: size, Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0), Format: tar.FormatPAX}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return fmt.Errorf("image tar %s: %w", name, err)
+	}
+	if _, err := io.Copy(tw, r); err != nil {
+		return fmt.Errorf("image tar %s: %w", name, err)
+	}
+	return nil
 }
 
 func isManifestType(mt string) bool {
