@@ -7,9 +7,12 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // Boot files come out of the base, which is not trusted: each is read through an os.Root on
@@ -154,20 +157,20 @@ func (t *Tree) CopyOut(what, rel, dst string, limit int64) error {
 		return inTreeError(r, what, rel, err)
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	out, err := atomicfile.Create(filepath.Dir(dst), atomicfile.Options{Mode: 0o644})
 	if err != nil {
 		return err
 	}
+	defer out.Close()
 	// The limit holds even if the file grows while it is read.
 	n, err := io.Copy(out, io.LimitReader(in, limit+1))
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
 	if err == nil && n > limit {
 		err = fmt.Errorf("more than %d bytes", limit)
 	}
+	if err == nil {
+		err = out.Commit(filepath.Base(dst))
+	}
 	if err != nil {
-		os.Remove(dst)
 		return fmt.Errorf("copy base %s /%s: %w", what, rel, err)
 	}
 	return nil
