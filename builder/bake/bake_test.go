@@ -1,8 +1,6 @@
 package bake
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -20,74 +18,41 @@ import (
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/disk"
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 const testKernel = "6.1.0-test"
 
-type tarEntry struct {
-	name, body, link string
-	mode             int64
-	dir              bool
-	uid, gid         int
-}
-
-func writeTar(t *testing.T, path string, entries []tarEntry) {
+// writeTar writes a tar archive of entries to path.
+func writeTar(t *testing.T, path string, entries []testkit.Entry) {
 	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		h := &tar.Header{Name: e.name, Mode: e.mode, Uid: e.uid, Gid: e.gid, ModTime: time.Unix(1e9, 0)}
-		switch {
-		case e.dir:
-			h.Typeflag = tar.TypeDir
-		case e.link != "":
-			h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
-		default:
-			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.body))
-		}
-		if h.Mode == 0 {
-			h.Mode = 0o644
-			if e.dir {
-				h.Mode = 0o755
-			}
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write([]byte(e.body)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(path, testkit.Tar(t, entries...), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // fakeBase is a tiny base OS: a "kernel", built-in modules, systemd-boot, a unit directory,
 // a merged-/usr lib symlink and a file owned by a non-root user.
-func fakeBase(withKernel bool) []tarEntry {
+func fakeBase(withKernel bool) []testkit.Entry {
 	var builtin strings.Builder
 	for _, m := range defaultModules {
 		fmt.Fprintf(&builtin, "kernel/drivers/fake/%s.ko\n", m)
 	}
-	es := []tarEntry{
-		{name: "usr/", dir: true}, {name: "usr/lib/", dir: true}, {name: "lib", link: "usr/lib"},
-		{name: "usr/bin/", dir: true}, {name: "bin", link: "usr/bin"}, {name: "sbin", link: "usr/sbin"},
-		{name: "etc/", dir: true}, {name: "etc/os-release", body: "ID=fake\n"},
-		{name: "var/", dir: true}, {name: "var/log/", dir: true}, {name: "var/mail/", dir: true, mode: 0o2775, gid: 8},
-		{name: "usr/lib/systemd/system/", dir: true, mode: 0o755},
-		{name: "usr/lib/systemd/boot/efi/systemd-bootx64.efi", body: "MZ fake systemd-boot"},
-		{name: "usr/lib/systemd/system/multi-user.target", body: "[Unit]\nDescription=Multi-User\n"},
-		{name: "usr/lib/systemd/system/demo.service", body: "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"},
+	es := []testkit.Entry{
+		{Name: "usr/", Dir: true}, {Name: "usr/lib/", Dir: true}, {Name: "lib", Link: "usr/lib"},
+		{Name: "usr/bin/", Dir: true}, {Name: "bin", Link: "usr/bin"}, {Name: "sbin", Link: "usr/sbin"},
+		{Name: "etc/", Dir: true}, {Name: "etc/os-release", Body: "ID=fake\n"},
+		{Name: "var/", Dir: true}, {Name: "var/log/", Dir: true}, {Name: "var/mail/", Dir: true, Mode: 0o2775, GID: 8},
+		{Name: "usr/lib/systemd/system/", Dir: true, Mode: 0o755},
+		{Name: "usr/lib/systemd/boot/efi/systemd-bootx64.efi", Body: "MZ fake systemd-boot"},
+		{Name: "usr/lib/systemd/system/multi-user.target", Body: "[Unit]\nDescription=Multi-User\n"},
+		{Name: "usr/lib/systemd/system/demo.service", Body: "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"},
 	}
 	if withKernel {
 		es = append(es,
-			tarEntry{name: "boot/vmlinuz-" + testKernel, body: "fake kernel image"},
-			tarEntry{name: "usr/lib/modules/" + testKernel + "/modules.dep", body: ""},
-			tarEntry{name: "usr/lib/modules/" + testKernel + "/modules.builtin", body: builtin.String()},
+			testkit.Entry{Name: "boot/vmlinuz-" + testKernel, Body: "fake kernel image"},
+			testkit.Entry{Name: "usr/lib/modules/" + testKernel + "/modules.dep", Body: ""},
+			testkit.Entry{Name: "usr/lib/modules/" + testKernel + "/modules.builtin", Body: builtin.String()},
 		)
 	}
 	return es
@@ -99,7 +64,7 @@ type testRepo struct {
 	cache               *artifact.Cache
 }
 
-func newRepo(t *testing.T, base []tarEntry, profile string) *testRepo {
+func newRepo(t *testing.T, base []testkit.Entry, profile string) *testRepo {
 	t.Helper()
 	if _, err := exec.LookPath("mksquashfs"); err != nil {
 		t.Skip("mksquashfs not installed (squashfs-tools)")
@@ -166,6 +131,21 @@ func (r *testRepo) bake(t *testing.T) (*Result, error) {
 	t.Helper()
 	return Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
 		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0)})
+}
+
+// wantBakeError fails the test unless err mentions every part of want and the failed bake
+// left nothing behind.
+func (r *testRepo) wantBakeError(t *testing.T, err error, want []string) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("bake succeeded")
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not mention %q", err, w)
+		}
+	}
+	r.assertNoOutput(t)
 }
 
 // assertNoOutput checks that a failed bake left nothing behind.
@@ -289,7 +269,7 @@ func TestBakeRefusesBadInput(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
-		base    []tarEntry
+		base    []testkit.Entry
 		profile string
 		lock    bool
 		mutate  func(t *testing.T, r *testRepo)
@@ -336,15 +316,7 @@ func TestBakeRefusesBadInput(t *testing.T) {
 				tc.mutate(t, r)
 			}
 			_, err := r.bake(t)
-			if err == nil {
-				t.Fatal("bake succeeded")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not mention %q", err, w)
-				}
-			}
-			r.assertNoOutput(t)
+			r.wantBakeError(t, err, tc.want)
 		})
 	}
 }

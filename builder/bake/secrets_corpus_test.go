@@ -1,9 +1,7 @@
 package bake
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
@@ -27,8 +25,7 @@ import (
 	"testing/fstest"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 var (
@@ -61,58 +58,6 @@ func rewrap(block *pem.Block, width int, eol string) string {
 	}
 	lines = append(lines, b64)
 	return "-----BEGIN " + block.Type + "-----" + eol + strings.Join(lines, eol) + eol + "-----END " + block.Type + "-----" + eol
-}
-
-func gzipped(t *testing.T, b []byte) []byte {
-	var out bytes.Buffer
-	w := gzip.NewWriter(&out)
-	w.Write(b)
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return out.Bytes()
-}
-
-func zstded(t *testing.T, b []byte) []byte {
-	var out bytes.Buffer
-	w, err := zstd.NewWriter(&out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Write(b)
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return out.Bytes()
-}
-
-func xzed(t *testing.T, b []byte) []byte {
-	var out bytes.Buffer
-	w, err := xz.NewWriter(&out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Write(b)
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return out.Bytes()
-}
-
-// tarOf is a tar archive of files, in order (name, content, name, content…).
-func tarOf(t *testing.T, files ...[]byte) []byte {
-	var out bytes.Buffer
-	tw := tar.NewWriter(&out)
-	for i := 0; i+1 < len(files); i += 2 {
-		if err := tw.WriteHeader(&tar.Header{Name: string(files[i]), Mode: 0o644, Size: int64(len(files[i+1])), Typeflag: tar.TypeReg}); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write(files[i+1])
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return out.Bytes()
 }
 
 func testdata(t *testing.T, name string) []byte {
@@ -241,12 +186,12 @@ func TestScanSecretsCorpus(t *testing.T) {
 		{"OpenSSH", "root/.ssh/id_ed25519", []byte(openSSHKeyPEM(t, nil)), "OpenSSH private key", "", 1},
 		{"PGP", "root/.gnupg/secret.asc", testdata(t, "pgp-secret.asc"), "OpenPGP private key (PGP PRIVATE KEY BLOCK)", "", 1},
 		{"PGP, CRLF", "srv/secret.asc", bytes.ReplaceAll(testdata(t, "pgp-secret.asc"), []byte("\n"), []byte("\r\n")), "OpenPGP private key (PGP PRIVATE KEY BLOCK)", "", 1},
-		{"gzip", "usr/share/doc/app/key.pem.gz", gzipped(t, []byte("notes\n"+ecPEM)), "private key (EC PRIVATE KEY)", "gzip data", 2},
-		{"zstd", "var/backups/key.zst", zstded(t, []byte(ecPEM)), "private key (EC PRIVATE KEY)", "zstd data", 1},
-		{"xz", "var/backups/key.xz", xzed(t, []byte(ecPEM)), "private key (EC PRIVATE KEY)", "xz data", 1},
-		{"an image layer (tar.gz)", "usr/lib/kiln/images/blobs/sha256/0123", gzipped(t, tarOf(t, []byte("bin/app"), program(t), []byte("etc/app/tls.key"), []byte(ecPEM))),
+		{"gzip", "usr/share/doc/app/key.pem.gz", testkit.Gzip(t, []byte("notes\n"+ecPEM)), "private key (EC PRIVATE KEY)", "gzip data", 2},
+		{"zstd", "var/backups/key.zst", testkit.Compress(t, "zst", []byte(ecPEM)), "private key (EC PRIVATE KEY)", "zstd data", 1},
+		{"xz", "var/backups/key.xz", testkit.Compress(t, "xz", []byte(ecPEM)), "private key (EC PRIVATE KEY)", "xz data", 1},
+		{"an image layer (tar.gz)", "usr/lib/kiln/images/blobs/sha256/0123", testkit.Gzip(t, testkit.Tar(t, testkit.Entry{Name: "bin/app", Body: string(program(t))}, testkit.Entry{Name: "etc/app/tls.key", Body: ecPEM})),
 			"private key (EC PRIVATE KEY)", "gzip data, tar entry etc/app/tls.key", 1},
-		{"gzip in xz", "var/backups/key.gz.xz", xzed(t, gzipped(t, []byte(ecPEM))), "private key (EC PRIVATE KEY)", "xz data, gzip data", 1},
+		{"gzip in xz", "var/backups/key.gz.xz", testkit.Compress(t, "xz", testkit.Gzip(t, []byte(ecPEM))), "private key (EC PRIVATE KEY)", "xz data, gzip data", 1},
 		{"DER PKCS #1", "etc/app/key.der", pkcs1, "private key (RSA, DER)", "", 1},
 		{"DER PKCS #8", "etc/app/key8.der", pkcs8RSA, "private key (PKCS #8, DER)", "", 1},
 		{"DER EC", "etc/app/ec.der", sec1, "private key (EC, DER)", "", 1},
@@ -264,7 +209,7 @@ func TestScanSecretsCorpus(t *testing.T) {
 		// Not secrets.
 		{"PEM header in Python", "usr/lib/python3/dist-packages/app/pem.py", []byte("HEADER = '-----BEGIN RSA PRIVATE KEY-----'\nFOOTER = '-----END RSA PRIVATE KEY-----'\n"), "", "", 0},
 		{"PEM headers in Markdown", "usr/share/doc/app/README.md", []byte("A key:\n\n```\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE...\n-----END OPENSSH PRIVATE KEY-----\n```\n\n-----BEGIN PGP PRIVATE KEY BLOCK-----\n...\n-----END PGP PRIVATE KEY BLOCK-----\n"), "", "", 0},
-		{"the Markdown gzipped", "usr/share/doc/app/README.md.gz", gzipped(t, []byte("-----BEGIN PRIVATE KEY-----\n<your key>\n-----END PRIVATE KEY-----\n")), "", "", 0},
+		{"the Markdown gzipped", "usr/share/doc/app/README.md.gz", testkit.Gzip(t, []byte("-----BEGIN PRIVATE KEY-----\n<your key>\n-----END PRIVATE KEY-----\n")), "", "", 0},
 		{"a public key", "etc/app/pub.pem", []byte(pemString("PUBLIC KEY", pubDER) + pemString("RSA PUBLIC KEY", x509.MarshalPKCS1PublicKey(&rsaKey.PublicKey))), "", "", 0},
 		{"a certificate", "etc/ssl/certs/node.pem", []byte(pemString("CERTIFICATE", certDER)), "", "", 0},
 		{"a DER certificate", "usr/share/ca-certificates/node.der", certDER, "", "", 0},
@@ -278,7 +223,7 @@ func TestScanSecretsCorpus(t *testing.T) {
 		{"a bootstrap token Secret with placeholders", "opt/manifests/tmpl.yaml", []byte(strings.NewReplacer(b64([]byte("07401b")), "${TOKEN_ID}", b64([]byte("f395accd246ae52d")), "${TOKEN_SECRET}").Replace(secretYAML)), "", "", 0},
 		{"a token's shape out of context", "usr/share/app/hosts.txt", []byte("mirror abcdef.0123456789abcdef\n"), "", "", 0},
 		{"a program carrying a key", "usr/lib/x86_64-linux-gnu/libgnutls.so.30", append(program(t), ecPEM...), "", "", 0},
-		{"a program compressed (a kernel module)", "usr/lib/modules/6.1.0/kernel/fake.ko.xz", xzed(t, tinyELF(t, []byte(ecPEM))), "", "", 0},
+		{"a program compressed (a kernel module)", "usr/lib/modules/6.1.0/kernel/fake.ko.xz", testkit.Compress(t, "xz", tinyELF(t, []byte(ecPEM))), "", "", 0},
 		{"corrupt gzip", "usr/share/app/broken.gz", []byte("\x1f\x8b\x08\x00garbage" + ecPEM), "", "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
