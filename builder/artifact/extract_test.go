@@ -3,9 +3,7 @@ package artifact
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -14,72 +12,20 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
-
 	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
-// entry is one tar member.
-type entry struct {
-	name string
-	typ  byte
-	mode int64
-	body string
-	link string
-}
-
-func tarBytes(t *testing.T, entries []entry) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, Size: int64(len(e.body))}
-		if e.typ != tar.TypeReg {
-			h.Size = 0
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if e.typ == tar.TypeReg {
-			io.WriteString(tw, e.body)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
+// testkit.Entry is one tar member.
+// compress returns data in format: "tar" as is, "tar.gz", "tar.xz" or "tar.zst" compressed.
 func compress(t *testing.T, format string, data []byte) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	var w io.WriteCloser
-	var err error
-	switch format {
-	case "tar":
+	if format == "tar" {
 		return data
-	case "tar.gz":
-		w = gzip.NewWriter(&buf)
-	case "tar.xz":
-		w, err = xz.NewWriter(&buf)
-	case "tar.zst":
-		w, err = zstd.NewWriter(&buf)
-	default:
-		t.Fatalf("no compressor for %s", format)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Write(data)
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return testkit.Compress(t, strings.TrimPrefix(format, "tar."), data)
 }
 
-// deb builds a .deb: an ar archive with debian-binary, control.tar.gz and
-// data.tar.<comp>.
 func deb(t *testing.T, data []byte, comp string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
@@ -92,7 +38,7 @@ func deb(t *testing.T, data []byte, comp string) []byte {
 		}
 	}
 	member("debian-binary", []byte("2.0\n"))
-	member("control.tar.gz", compress(t, "tar.gz", tarBytes(t, []entry{{name: "./control", typ: tar.TypeReg, mode: 0o644, body: "Package: x\n"}})))
+	member("control.tar.gz", compress(t, "tar.gz", testkit.Tar(t, testkit.Entry{Name: "./control", Type: tar.TypeReg, Mode: 0o644, Body: "Package: x\n"})))
 	member("data.tar."+strings.TrimPrefix(comp, "tar."), compress(t, comp, data))
 	return buf.Bytes()
 }
@@ -108,14 +54,14 @@ func bzip2Bytes(t *testing.T, data []byte) []byte {
 	return out
 }
 
-var cniEntries = []entry{
-	{name: "./", typ: tar.TypeDir, mode: 0o755},
-	{name: "./bin/", typ: tar.TypeDir, mode: 0o755},
-	{name: "./bin/bridge", typ: tar.TypeReg, mode: 0o755, body: "bridge binary"},
-	{name: "./bin/host-local", typ: tar.TypeReg, mode: 0o4750, body: "host-local binary"},
-	{name: "./bin/README", typ: tar.TypeReg, mode: 0o644, body: "readme"},
-	{name: "./bin/loopback", typ: tar.TypeSymlink, link: "bridge"},
-	{name: "./bin/portmap", typ: tar.TypeLink, link: "./bin/bridge"},
+var cniEntries = []testkit.Entry{
+	{Name: "./", Type: tar.TypeDir, Mode: 0o755},
+	{Name: "./bin/", Type: tar.TypeDir, Mode: 0o755},
+	{Name: "./bin/bridge", Type: tar.TypeReg, Mode: 0o755, Body: "bridge binary"},
+	{Name: "./bin/host-local", Type: tar.TypeReg, Mode: 0o4750, Body: "host-local binary"},
+	{Name: "./bin/README", Type: tar.TypeReg, Mode: 0o644, Body: "readme"},
+	{Name: "./bin/loopback", Type: tar.TypeSymlink, Link: "bridge"},
+	{Name: "./bin/portmap", Type: tar.TypeLink, Link: "./bin/bridge"},
 }
 
 func writeBlob(t *testing.T, b []byte) string {
@@ -128,7 +74,7 @@ func writeBlob(t *testing.T, b []byte) string {
 }
 
 func TestExtractFormats(t *testing.T) {
-	data := tarBytes(t, cniEntries)
+	data := testkit.Tar(t, cniEntries...)
 	blobs := map[string][]byte{
 		"tar":     data,
 		"tar.gz":  compress(t, "tar.gz", data),
@@ -178,10 +124,10 @@ func TestExtractFormats(t *testing.T) {
 }
 
 func TestExtractFiles(t *testing.T) {
-	data := compress(t, "tar.gz", tarBytes(t, []entry{
-		{name: "crictl", typ: tar.TypeReg, mode: 0o755, body: "crictl binary"},
-		{name: "LICENSE", typ: tar.TypeReg, mode: 0o644, body: "license"},
-	}))
+	data := compress(t, "tar.gz", testkit.Tar(t, []testkit.Entry{
+		{Name: "crictl", Type: tar.TypeReg, Mode: 0o755, Body: "crictl binary"},
+		{Name: "LICENSE", Type: tar.TypeReg, Mode: 0o644, Body: "license"},
+	}...))
 	root := t.TempDir()
 	// An older file at the destination is replaced.
 	os.MkdirAll(filepath.Join(root, "usr/local/bin"), 0o755)
@@ -211,18 +157,18 @@ func TestExtractFiles(t *testing.T) {
 func TestExtractRefusesEscapes(t *testing.T) {
 	tests := []struct {
 		name    string
-		entries []entry
+		entries []testkit.Entry
 		wantErr string
 	}{
-		{"dotdot", []entry{{name: "ok", typ: tar.TypeReg, mode: 0o644, body: "x"}, {name: "../../escaped", typ: tar.TypeReg, mode: 0o644, body: "x"}},
+		{"dotdot", []testkit.Entry{{Name: "ok", Type: tar.TypeReg, Mode: 0o644, Body: "x"}, {Name: "../../escaped", Type: tar.TypeReg, Mode: 0o644, Body: "x"}},
 			`member "../../escaped" escapes the destination`},
-		{"through symlink", []entry{{name: "link", typ: tar.TypeSymlink, link: "../../.."}, {name: "link/escaped", typ: tar.TypeReg, mode: 0o644, body: "x"}},
+		{"through symlink", []testkit.Entry{{Name: "link", Type: tar.TypeSymlink, Link: "../../.."}, {Name: "link/escaped", Type: tar.TypeReg, Mode: 0o644, Body: "x"}},
 			"member link/escaped: "},
-		{"through absolute symlink", []entry{{name: "etc", typ: tar.TypeSymlink, link: "/etc"}, {name: "etc/escaped", typ: tar.TypeReg, mode: 0o644, body: "x"}},
+		{"through absolute symlink", []testkit.Entry{{Name: "etc", Type: tar.TypeSymlink, Link: "/etc"}, {Name: "etc/escaped", Type: tar.TypeReg, Mode: 0o644, Body: "x"}},
 			"member etc/escaped: "},
-		{"symlink out of the destination", []entry{{name: "link", typ: tar.TypeSymlink, link: "../../etc"}, {name: "link/escaped", typ: tar.TypeReg, mode: 0o644, body: "x"}},
+		{"symlink out of the destination", []testkit.Entry{{Name: "link", Type: tar.TypeSymlink, Link: "../../etc"}, {Name: "link/escaped", Type: tar.TypeReg, Mode: 0o644, Body: "x"}},
 			"member link/escaped: "},
-		{"hard link out", []entry{{name: "passwd", typ: tar.TypeLink, link: "../../../etc/passwd"}},
+		{"hard link out", []testkit.Entry{{Name: "passwd", Type: tar.TypeLink, Link: "../../../etc/passwd"}},
 			`member "passwd": hard link to "../../../etc/passwd" escapes the destination`},
 	}
 	for _, tt := range tests {
@@ -230,7 +176,7 @@ func TestExtractRefusesEscapes(t *testing.T) {
 			outside := t.TempDir()
 			root := filepath.Join(outside, "a", "root")
 			os.MkdirAll(root, 0o755)
-			_, err := Extract(writeBlob(t, tarBytes(t, tt.entries)), spec.Extract{Format: "tar", Dir: "/opt/x"}, root, MaxUnpacked)
+			_, err := Extract(writeBlob(t, testkit.Tar(t, tt.entries...)), spec.Extract{Format: "tar", Dir: "/opt/x"}, root, MaxUnpacked)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Errorf("error %v, want %q", err, tt.wantErr)
 			}

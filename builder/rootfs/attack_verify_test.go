@@ -9,14 +9,15 @@ import (
 	"testing"
 
 	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // A layer blob swapped for another (a tampered registry, mirror or layout) must be refused
 // before any of its entries reaches the tree: a digest checked only at the end of the stream
 // would come after the entries were written.
 func TestAttackTamperedLayerAppliesNothing(t *testing.T) {
-	good := hostile(t, file("etc/os-release", "ID=good\n"))
-	evil := hostile(t, file("planted", "evil"), symlink("evil", "/"), file("etc/os-release", "ID=evil\n"))
+	good := testkit.Layer(t, file("etc/os-release", "ID=good\n"))
+	evil := testkit.Layer(t, file("planted", "evil"), symlink("evil", "/"), file("etc/os-release", "ID=evil\n"))
 	for _, tc := range []struct {
 		name  string
 		cache bool
@@ -59,7 +60,7 @@ func TestAttackTamperedLayerAppliesNothing(t *testing.T) {
 
 // A layer the cache holds is taken from it (verified when it was stored), not read again.
 func TestFlattenTakesVerifiedLayersFromTheCache(t *testing.T) {
-	l := hostile(t, file("etc/os-release", "ID=test\n"))
+	l := testkit.Layer(t, file("etc/os-release", "ID=test\n"))
 	src, _ := writeLayout(t, l)
 	img, err := OpenBase(context.Background(), src)
 	if err != nil {

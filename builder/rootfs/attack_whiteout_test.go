@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 func TestAttackWhiteoutsThroughSymlinks(t *testing.T) {
@@ -13,7 +14,7 @@ func TestAttackWhiteoutsThroughSymlinks(t *testing.T) {
 		name string
 		// layers builds the hostile layers given the sentinel's host path s and a path
 		// climbing from the tree's first level to the host's root.
-		layers func(s, up string) [][]hdrBody
+		layers func(s, up string) [][]testkit.Entry
 		// gone lists image paths the whiteout must remove inside the tree; $S stands for the
 		// sentinel's path, which the first layer mirrors inside the tree.
 		gone []string
@@ -21,80 +22,80 @@ func TestAttackWhiteoutsThroughSymlinks(t *testing.T) {
 	}{
 		{
 			name: "whiteout through an absolute symlink",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{file(s[1:]+"/victim", "in tree"), symlink("evil", s)}, {file("evil/.wh.victim", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{file(s[1:]+"/victim", "in tree"), symlink("evil", s)}, {file("evil/.wh.victim", "")}}
 			},
 			gone: []string{"$S/victim"},
 		},
 		{
 			name: "whiteout through a climbing relative symlink",
-			layers: func(s, up string) [][]hdrBody {
-				return [][]hdrBody{{file(s[1:]+"/victim", "in tree"), symlink("evil", up+s[1:])}, {file("evil/.wh.victim", "")}}
+			layers: func(s, up string) [][]testkit.Entry {
+				return [][]testkit.Entry{{file(s[1:]+"/victim", "in tree"), symlink("evil", up+s[1:])}, {file("evil/.wh.victim", "")}}
 			},
 			gone: []string{"$S/victim"},
 		},
 		{
 			name: "whiteout of a directory through a symlink",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{file(s[1:]+"/sub/deep", "in tree"), symlink("evil", s)}, {file("evil/.wh.sub", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{file(s[1:]+"/sub/deep", "in tree"), symlink("evil", s)}, {file("evil/.wh.sub", "")}}
 			},
 			gone: []string{"$S/sub/deep", "$S/sub"},
 		},
 		{
 			name: "whiteout through a symlink, nothing in the tree",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{symlink("evil", s)}, {file("evil/.wh.victim", ""), file("evil/sub/.wh.deep", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{symlink("evil", s)}, {file("evil/.wh.victim", ""), file("evil/sub/.wh.deep", "")}}
 			},
 		},
 		{
 			name: "whiteout through a symlink in the same layer",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{symlink("evil", s), file("evil/.wh.victim", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{symlink("evil", s), file("evil/.wh.victim", "")}}
 			},
 		},
 		{
 			name: "whiteout through a chain of symlinks",
-			layers: func(s, up string) [][]hdrBody {
-				return [][]hdrBody{{dirEnt("x/", 0o755), symlink("x/one", "../two"), symlink("two", up+s[1:])}, {file("x/one/.wh.victim", "")}}
+			layers: func(s, up string) [][]testkit.Entry {
+				return [][]testkit.Entry{{dirEnt("x/", 0o755), symlink("x/one", "../two"), symlink("two", up+s[1:])}, {file("x/one/.wh.victim", "")}}
 			},
 		},
 		{
 			name: "opaque whiteout through an absolute symlink",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{file(s[1:]+"/victim", "in tree"), symlink("evil", s)}, {file("evil/.wh..wh..opq", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{file(s[1:]+"/victim", "in tree"), symlink("evil", s)}, {file("evil/.wh..wh..opq", "")}}
 			},
 			gone: []string{"$S/victim"},
 		},
 		{
 			name: "opaque whiteout through a climbing relative symlink",
-			layers: func(s, up string) [][]hdrBody {
-				return [][]hdrBody{{symlink("evil", up+s[1:])}, {file("evil/.wh..wh..opq", "")}}
+			layers: func(s, up string) [][]testkit.Entry {
+				return [][]testkit.Entry{{symlink("evil", up+s[1:])}, {file("evil/.wh..wh..opq", "")}}
 			},
 		},
 		{
 			name: "opaque whiteout below a symlinked directory",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{symlink("evil", s)}, {file("evil/sub/.wh..wh..opq", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{symlink("evil", s)}, {file("evil/sub/.wh..wh..opq", "")}}
 			},
 		},
 		{
 			name: "whiteout of the symlink itself",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{symlink("evil", s)}, {file(".wh.evil", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{symlink("evil", s)}, {file(".wh.evil", "")}}
 			},
 			gone: []string{"/evil"},
 		},
 		{
 			name: "whiteout naming the parent",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{symlink("evil", s)}, {file("evil/.wh..", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{symlink("evil", s)}, {file("evil/.wh..", "")}}
 			},
 			err: "evil/.wh..: whiteout names no entry",
 		},
 		{
 			name: "whiteout through a symlink loop",
-			layers: func(s, _ string) [][]hdrBody {
-				return [][]hdrBody{{symlink("a", "b"), symlink("b", "a")}, {file("a/.wh.victim", "")}}
+			layers: func(s, _ string) [][]testkit.Entry {
+				return [][]testkit.Entry{{symlink("a", "b"), symlink("b", "a")}, {file("a/.wh.victim", "")}}
 			},
 			err: "a/.wh.victim: resolve /a: too many levels of symbolic links",
 		},
@@ -104,7 +105,7 @@ func TestAttackWhiteoutsThroughSymlinks(t *testing.T) {
 				up := strings.Repeat("../", strings.Count(s, "/")+4)
 				var ls []v1.Layer
 				for _, hs := range tc.layers(s, up) {
-					ls = append(ls, hostile(t, hs...))
+					ls = append(ls, testkit.Layer(t, hs...))
 				}
 				return ls
 			})

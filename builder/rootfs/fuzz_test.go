@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // Names and link targets the fuzzer combines; $S is the sentinel directory beside the tree, $B
@@ -25,20 +26,20 @@ var (
 
 // fuzzLayers decodes data into layers of tar entries: each entry takes three bytes (kind, name,
 // target); kind 4 starts a new layer and kind 5 takes a raw name from the bytes that follow.
-func fuzzLayers(data []byte, sent, base string) [][]hdrBody {
+func fuzzLayers(data []byte, sent, base string) [][]testkit.Entry {
 	up := strings.Repeat("../", strings.Count(base, "/")+3)
 	expand := func(s string) string {
 		s = strings.ReplaceAll(s, "$U", up[:len(up)-1])
 		s = strings.ReplaceAll(s, "$S", sent)
 		return strings.ReplaceAll(s, "$B", base)
 	}
-	layers := [][]hdrBody{nil}
+	layers := [][]testkit.Entry{nil}
 	for len(data) >= 3 {
 		kind, n, tg := data[0]%6, int(data[1]), int(data[2])
 		data = data[3:]
 		name := expand(fuzzNames[n%len(fuzzNames)])
 		target := expand(fuzzTargets[tg%len(fuzzTargets)])
-		var h hdrBody
+		var h testkit.Entry
 		switch kind {
 		case 0:
 			h = file(name, target)
@@ -91,10 +92,10 @@ func FuzzFlatten(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		base := t.TempDir()
 		sent := sentinel(t, base)
-		before := snapshot(t, sent)
+		before := testkit.Snapshot(t, sent)
 		var layers []v1.Layer
 		for _, hs := range fuzzLayers(data, sent, base) {
-			b, err := tarOf(hs...)
+			b, err := testkit.Archive(hs...)
 			if err != nil {
 				return // not a tar archive/tar can write
 			}
@@ -106,8 +107,8 @@ func FuzzFlatten(f *testing.F) {
 		}
 		tree := filepath.Join(base, "tree")
 		_, ferr := Flatten(img, tree)
-		if after := snapshot(t, sent); after != before {
-			t.Fatalf("flattening changed the sentinel directory beside the tree (Flatten: %v)", ferr)
+		if d := before.Diff(testkit.Snapshot(t, sent), nil); len(d) > 0 {
+			t.Fatalf("flattening changed the sentinel directory beside the tree (Flatten: %v):\n%s", ferr, strings.Join(d, "\n"))
 		}
 		// Nothing new appeared beside the tree either.
 		ents, err := os.ReadDir(base)

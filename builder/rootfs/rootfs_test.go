@@ -1,7 +1,6 @@
 package rootfs
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"io"
@@ -9,54 +8,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
-
-type entry struct {
-	name, body, link string
-	dir              bool
-	mode             int64
-	uid, gid         int
-}
-
-func layerOf(t *testing.T, es ...entry) v1.Layer {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range es {
-		h := &tar.Header{Name: e.name, Mode: e.mode, Uid: e.uid, Gid: e.gid, ModTime: time.Unix(1e9, 0)}
-		switch {
-		case e.dir:
-			h.Typeflag = tar.TypeDir
-		case e.link != "":
-			h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
-		default:
-			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.body))
-		}
-		if h.Mode == 0 {
-			h.Mode = 0o644
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write([]byte(e.body))
-	}
-	tw.Close()
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
-		tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
 
 // writeLayout stores an image made of layers in a new OCI layout and returns its source.
 func writeLayout(t *testing.T, layers ...v1.Layer) (Source, layout.Path) {
@@ -80,13 +39,13 @@ func writeLayout(t *testing.T, layers ...v1.Layer) (Source, layout.Path) {
 
 func TestFlattenHonoursWhiteouts(t *testing.T) {
 	src, _ := writeLayout(t,
-		layerOf(t, entry{name: "etc/", dir: true, mode: 0o755}, entry{name: "etc/gone", body: "x"},
-			entry{name: "etc/keep", body: "keep"}, entry{name: "opt/", dir: true, mode: 0o755},
-			entry{name: "opt/old", body: "old"}, entry{name: "lib", link: "usr/lib"},
-			entry{name: "usr/lib/", dir: true, mode: 0o755},
-			entry{name: "var/mail/", dir: true, mode: 0o2775, gid: 8}),
-		layerOf(t, entry{name: "etc/.wh.gone"}, entry{name: "opt/.wh..wh..opq"},
-			entry{name: "opt/new", body: "new"}, entry{name: "lib/extra", body: "via the lib symlink"}),
+		testkit.Layer(t, testkit.Entry{Name: "etc/", Dir: true, Mode: 0o755}, testkit.Entry{Name: "etc/gone", Body: "x"},
+			testkit.Entry{Name: "etc/keep", Body: "keep"}, testkit.Entry{Name: "opt/", Dir: true, Mode: 0o755},
+			testkit.Entry{Name: "opt/old", Body: "old"}, testkit.Entry{Name: "lib", Link: "usr/lib"},
+			testkit.Entry{Name: "usr/lib/", Dir: true, Mode: 0o755},
+			testkit.Entry{Name: "var/mail/", Dir: true, Mode: 0o2775, GID: 8}),
+		testkit.Layer(t, testkit.Entry{Name: "etc/.wh.gone"}, testkit.Entry{Name: "opt/.wh..wh..opq"},
+			testkit.Entry{Name: "opt/new", Body: "new"}, testkit.Entry{Name: "lib/extra", Body: "via the lib symlink"}),
 	)
 	img, err := OpenBase(context.Background(), src)
 	if err != nil {
@@ -122,7 +81,7 @@ func TestFlattenHonoursWhiteouts(t *testing.T) {
 }
 
 func TestOpenBaseAndFlattenVerifyDigests(t *testing.T) {
-	layer := layerOf(t, entry{name: "etc/os-release", body: "ID=test\n"})
+	layer := testkit.Layer(t, testkit.Entry{Name: "etc/os-release", Body: "ID=test\n"})
 	src, _ := writeLayout(t, layer)
 
 	wrong := src
@@ -135,7 +94,7 @@ func TestOpenBaseAndFlattenVerifyDigests(t *testing.T) {
 	ld, _ := layer.Digest()
 	blob := filepath.Join(src.Layout, "blobs", ld.Algorithm, ld.Hex)
 	var evil bytes.Buffer
-	evilLayer := layerOf(t, entry{name: "etc/os-release", body: "ID=evil\n"})
+	evilLayer := testkit.Layer(t, testkit.Entry{Name: "etc/os-release", Body: "ID=evil\n"})
 	rc, _ := evilLayer.Compressed()
 	io.Copy(&evil, rc)
 	if err := os.WriteFile(blob, evil.Bytes(), 0o644); err != nil {
@@ -152,7 +111,7 @@ func TestOpenBaseAndFlattenVerifyDigests(t *testing.T) {
 }
 
 func TestFlattenRefusesEscapes(t *testing.T) {
-	src, _ := writeLayout(t, layerOf(t, entry{name: "../outside", body: "x"}))
+	src, _ := writeLayout(t, testkit.Layer(t, testkit.Entry{Name: "../outside", Body: "x"}))
 	img, err := OpenBase(context.Background(), src)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package testkit
 import (
 	"archive/tar"
 	"bytes"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -61,23 +62,33 @@ func (e Entry) Header() *tar.Header {
 // Tar returns an uncompressed tar archive of entries, in order.
 func Tar(t testing.TB, entries ...Entry) []byte {
 	t.Helper()
+	b, err := Archive(entries...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Archive is Tar for a caller that handles the error itself, such as a fuzz test whose
+// names archive/tar may refuse.
+func Archive(entries ...Entry) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, e := range entries {
 		h := e.Header()
 		if err := tw.WriteHeader(h); err != nil {
-			t.Fatalf("tar %s: %v", e.Name, err)
+			return nil, fmt.Errorf("tar %s: %w", e.Name, err)
 		}
 		if h.Typeflag == tar.TypeReg {
 			if _, err := io.WriteString(tw, e.Body); err != nil {
-				t.Fatal(err)
+				return nil, fmt.Errorf("tar %s: %w", e.Name, err)
 			}
 		}
 	}
 	if err := tw.Close(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return buf.Bytes()
+	return buf.Bytes(), nil
 }
 
 // TarHeader returns the header block(s) of h alone, without a body or an end marker: the
