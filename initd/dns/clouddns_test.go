@@ -149,72 +149,54 @@ func (f *fakeCloudDNS) numChanges() int {
 	return len(f.changes)
 }
 
+// cloudDNSSteps are the Upserts TestCloudDNS makes, in order, and the change each sends.
+var cloudDNSSteps = []providerStep{
+	{"create", []Record{
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testEtcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
+		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+	}, []string{
+		"+etcd-a.internal.prod.example.test. A 60 10.0.0.5",
+		"+etcd-a.internal.prod.example.test. AAAA 60 fd00::5",
+		"+api.internal.prod.example.test. A 60 10.0.0.5",
+	}},
+	{"unchanged: nothing sent", []Record{
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+	}, nil},
+	{"new IP replaces the set", []Record{
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+	}, []string{
+		"-etcd-a.internal.prod.example.test. A 60 10.0.0.5",
+		"+etcd-a.internal.prod.example.test. A 60 10.0.0.6",
+	}},
+	{"new TTL", []Record{
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 30},
+	}, []string{
+		"-etcd-a.internal.prod.example.test. A 60 10.0.0.6",
+		"+etcd-a.internal.prod.example.test. A 30 10.0.0.6",
+	}},
+	{"second control-plane node", []Record{
+		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+	}, []string{
+		"-api.internal.prod.example.test. A 60 10.0.0.5",
+		"+api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
+	}},
+	{"the first one's address changes", WithStale(
+		[]Record{{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
+		[]Record{{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
+	), []string{
+		"-api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
+		"+api.internal.prod.example.test. A 60 10.0.0.6,10.0.0.7",
+	}},
+}
+
 func TestCloudDNS(t *testing.T) {
 	f, svc := newFakeCloudDNS(t, "ya29.kiln")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := &CloudDNS{Service: svc, Project: f.project, Zone: "example.test"} // managed zone found by DNS name
-	const api, etcd = "api.internal.prod.example.test", "etcd-a.internal.prod.example.test"
-
-	steps := []struct {
-		name       string
-		recs       []Record
-		wantChange []string // nil: no change sent
-	}{
-		{"create", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-			{Name: etcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-			{Name: api, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
-		}, []string{
-			"+etcd-a.internal.prod.example.test. A 60 10.0.0.5",
-			"+etcd-a.internal.prod.example.test. AAAA 60 fd00::5",
-			"+api.internal.prod.example.test. A 60 10.0.0.5",
-		}},
-		{"unchanged: nothing sent", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-		}, nil},
-		{"new IP replaces the set", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
-		}, []string{
-			"-etcd-a.internal.prod.example.test. A 60 10.0.0.5",
-			"+etcd-a.internal.prod.example.test. A 60 10.0.0.6",
-		}},
-		{"new TTL", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 30},
-		}, []string{
-			"-etcd-a.internal.prod.example.test. A 60 10.0.0.6",
-			"+etcd-a.internal.prod.example.test. A 30 10.0.0.6",
-		}},
-		{"second control-plane node", []Record{
-			{Name: api, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
-		}, []string{
-			"-api.internal.prod.example.test. A 60 10.0.0.5",
-			"+api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
-		}},
-		{"the first one's address changes", WithStale(
-			[]Record{{Name: api, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
-			[]Record{{Name: api, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
-		), []string{
-			"-api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
-			"+api.internal.prod.example.test. A 60 10.0.0.6,10.0.0.7",
-		}},
-	}
-	for _, s := range steps {
-		before := f.numChanges()
-		if err := p.Upsert(ctx, s.recs); err != nil {
-			t.Fatalf("%s: %v", s.name, err)
-		}
-		if s.wantChange == nil {
-			if f.numChanges() != before {
-				t.Errorf("%s: a change was sent: %v", s.name, f.lastChange())
-			}
-			continue
-		}
-		if got := f.lastChange(); !slices.Equal(got, s.wantChange) {
-			t.Errorf("%s: change\n%s\nwant\n%s", s.name, strings.Join(got, "\n"), strings.Join(s.wantChange, "\n"))
-		}
-	}
-	if got, err := p.Lookup(ctx, etcd); err != nil || !sameAddrs(got, addrs("10.0.0.6", "fd00::5")) {
+	runProviderSteps(t, cloudDNSSteps, func(recs []Record) error { return p.Upsert(ctx, recs) }, f.numChanges, f.lastChange)
+	if got, err := p.Lookup(ctx, testEtcd); err != nil || !sameAddrs(got, addrs("10.0.0.6", "fd00::5")) {
 		t.Errorf("Lookup = %v, %v", got, err)
 	}
 	if got, err := p.Lookup(ctx, "nothing.example.test"); err != nil || len(got) != 0 {

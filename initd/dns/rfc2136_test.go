@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/internal/testkit"
 	mdns "github.com/miekg/dns"
 )
 
@@ -72,7 +73,7 @@ func newBind(t *testing.T) *bind {
 	dir := t.TempDir()
 	key := make([]byte, 32)
 	rand.Read(key)
-	b := &bind{dir: dir, conf: filepath.Join(dir, "named.conf"), port: freePort(t), secret: base64.StdEncoding.EncodeToString(key), log: &syncBuffer{}}
+	b := &bind{dir: dir, conf: filepath.Join(dir, "named.conf"), port: testkit.FreeTCPUDPPort(t), secret: base64.StdEncoding.EncodeToString(key), log: &syncBuffer{}}
 	conf := fmt.Sprintf(`controls { };
 options {
 	directory %[1]q;
@@ -117,26 +118,6 @@ other	IN A 192.0.2.99
 		}
 	})
 	return b
-}
-
-// freePort returns a port free for both TCP and UDP on 127.0.0.1.
-func freePort(t *testing.T) int {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
 }
 
 func (b *bind) server() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)) }
@@ -464,7 +445,7 @@ type forgerSign struct {
 
 func newForger(t *testing.T, sign forgerSign) *forger {
 	t.Helper()
-	port := freePort(t)
+	port := testkit.FreeTCPUDPPort(t)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	handler := mdns.HandlerFunc(func(w mdns.ResponseWriter, r *mdns.Msg) {
 		m := new(mdns.Msg)

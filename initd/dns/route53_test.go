@@ -284,58 +284,47 @@ func (f *fakeRoute53) numBatches() int {
 	return len(f.batches)
 }
 
+// route53Steps are the registrations TestRoute53 makes, in order, and the change batch each
+// sends.
+var route53Steps = []providerStep{
+	{"create", []Record{
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testEtcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
+		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+	}, []string{
+		"UPSERT etcd-a.internal.prod.example.test. A 60 10.0.0.5",
+		"UPSERT etcd-a.internal.prod.example.test. AAAA 60 fd00::5",
+		"CREATE api.internal.prod.example.test. A 60 10.0.0.5",
+	}},
+	{"unchanged: nothing sent", []Record{
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+	}, nil},
+	{"new IP", []Record{
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+	}, []string{"UPSERT etcd-a.internal.prod.example.test. A 60 10.0.0.6"}},
+	{"second control-plane node", []Record{
+		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+	}, []string{
+		"DELETE api.internal.prod.example.test. A 60 10.0.0.5",
+		"CREATE api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
+	}},
+}
+
 func TestRoute53(t *testing.T) {
 	f, client := newFakeRoute53(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := &Route53{Client: client, Zone: "example.test"} // hosted zone found by name
-	const api, etcd = "api.internal.prod.example.test", "etcd-a.internal.prod.example.test"
-
-	steps := []struct {
-		name      string
-		recs      []Record
-		wantBatch []string // nil: no change sent
-	}{
-		{"create", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-			{Name: etcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-			{Name: api, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
-		}, []string{
-			"UPSERT etcd-a.internal.prod.example.test. A 60 10.0.0.5",
-			"UPSERT etcd-a.internal.prod.example.test. AAAA 60 fd00::5",
-			"CREATE api.internal.prod.example.test. A 60 10.0.0.5",
-		}},
-		{"unchanged: nothing sent", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-			{Name: api, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
-		}, nil},
-		{"new IP", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
-		}, []string{"UPSERT etcd-a.internal.prod.example.test. A 60 10.0.0.6"}},
-		{"second control-plane node", []Record{
-			{Name: api, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
-		}, []string{
-			"DELETE api.internal.prod.example.test. A 60 10.0.0.5",
-			"CREATE api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
-		}},
-	}
-	for _, s := range steps {
-		before := f.numBatches()
-		st, err := Register(ctx, p, s.recs, Options{})
+	register := func(recs []Record) error {
+		st, err := Register(ctx, p, recs, Options{})
 		if err != nil || st.State != StateRegistered {
-			t.Fatalf("%s: %v %v", s.name, st, err)
+			return fmt.Errorf("%v %v", st, err)
 		}
-		if s.wantBatch == nil {
-			if f.numBatches() != before {
-				t.Errorf("%s: a change was sent: %v", s.name, f.lastBatch())
-			}
-			continue
-		}
-		if got := f.lastBatch(); !slices.Equal(got, s.wantBatch) {
-			t.Errorf("%s: batch\n%s\nwant\n%s", s.name, strings.Join(got, "\n"), strings.Join(s.wantBatch, "\n"))
-		}
+		return nil
 	}
-	if got, err := p.Lookup(ctx, etcd); err != nil || !sameAddrs(got, addrs("10.0.0.6", "fd00::5")) {
+	runProviderSteps(t, route53Steps, register, f.numBatches, f.lastBatch)
+	if got, err := p.Lookup(ctx, testEtcd); err != nil || !sameAddrs(got, addrs("10.0.0.6", "fd00::5")) {
 		t.Errorf("Lookup = %v, %v", got, err)
 	}
 
@@ -348,7 +337,7 @@ func TestRoute53(t *testing.T) {
 			f.sets["api.internal.prod.example.test. A"] = s
 		}
 		var states []string
-		st, err := Register(ctx, p, []Record{{Name: api, Type: TypeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}},
+		st, err := Register(ctx, p, []Record{{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}},
 			Options{MinBackoff: time.Millisecond, OnState: func(s State) { states = append(states, s.String()) }})
 		if err != nil || st.Attempts != 2 {
 			t.Fatalf("Register = %+v, %v", st, err)
@@ -356,7 +345,7 @@ func TestRoute53(t *testing.T) {
 		if len(states) != 3 || !strings.Contains(states[1], "InvalidChangeBatch") {
 			t.Errorf("states = %q", states)
 		}
-		if got, _ := p.Lookup(ctx, api); !sameAddrs(got, addrs("10.0.0.5", "10.0.0.7", "10.0.0.8", "10.0.0.9")) {
+		if got, _ := p.Lookup(ctx, testAPI); !sameAddrs(got, addrs("10.0.0.5", "10.0.0.7", "10.0.0.8", "10.0.0.9")) {
 			t.Errorf("api = %v", got)
 		}
 	})
@@ -365,7 +354,7 @@ func TestRoute53(t *testing.T) {
 		f.pendingPolls = 2
 		calls := f.getChangeCalls
 		w := &Route53{Client: client, HostedZoneID: "/hostedzone/" + f.zoneID, Wait: 5 * time.Second, PollInterval: 10 * time.Millisecond}
-		if err := w.Upsert(ctx, []Record{{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.10"), TTL: 30}}); err != nil {
+		if err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.10"), TTL: 30}}); err != nil {
 			t.Fatal(err)
 		}
 		if f.getChangeCalls-calls != 3 {
@@ -373,7 +362,7 @@ func TestRoute53(t *testing.T) {
 		}
 		f.pendingPolls = 1000
 		w.Wait = 100 * time.Millisecond
-		err := w.Upsert(ctx, []Record{{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.11"), TTL: 30}})
+		err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.11"), TTL: 30}})
 		if err == nil || !strings.Contains(err.Error(), "still PENDING") {
 			t.Errorf("err = %v, want still PENDING", err)
 		}
