@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/internal/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,14 +24,8 @@ import (
 // needTools skips the test unless it runs as root with the tools it needs.
 func needTools(t *testing.T, tools ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("loop devices need root")
-	}
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
-	}
+	testkit.RequireRoot(t, "loop devices")
+	testkit.Tools(t, tools...)
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		t.Skipf("no loop devices: %v", err)
 	}
@@ -39,20 +34,14 @@ func needTools(t *testing.T, tools ...string) {
 // shTrim runs a command like sh and returns its output without the trailing newline.
 func shTrim(t *testing.T, name string, args ...string) string {
 	t.Helper()
-	return strings.TrimSpace(sh(t, name, args...))
+	return strings.TrimSpace(testkit.Run(t, name, args...))
 }
 
 // loopDisk attaches a 64 MiB sparse image as a loop device, with one GPT partition
 // filling it when partitioned, and returns the disk's device node.
 func loopDisk(t *testing.T, partitioned bool) string {
 	t.Helper()
-	img := filepath.Join(t.TempDir(), "disk.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 64<<20); err != nil {
-		t.Fatal(err)
-	}
+	img := testkit.SparseFile(t, 64<<20)
 	if partitioned {
 		shTrim(t, "sgdisk", "-n", "1:0:0", img)
 	}

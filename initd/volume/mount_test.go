@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/internal/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -132,8 +133,8 @@ func TestPrepareAndMountLoop(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for loop devices and mount")
 	}
-	requireTools(t, "losetup", "blkid", "mkfs.ext4", "e2fsck")
-	img := newDisk(t, 64)
+	testkit.Tools(t, "losetup", "blkid", "mkfs.ext4", "e2fsck")
+	img := testkit.SparseFile(t, 64<<20)
 	out, err := exec.Command("losetup", "--find", "--show", img).Output()
 	if err != nil {
 		t.Skipf("no loop device: %v", err)
@@ -175,8 +176,8 @@ func TestPrepareAndMountLoop(t *testing.T) {
 		t.Errorf("data after remount = %q, %v", got, err)
 	}
 	// Something else mounted there is an error, not a second mount.
-	other := newDisk(t, 64)
-	sh(t, "mkfs.ext4", "-q", "-F", other)
+	other := testkit.SparseFile(t, 64<<20)
+	testkit.Run(t, "mkfs.ext4", "-q", "-F", other)
 	out, err = exec.Command("losetup", "--find", "--show", other).Output()
 	if err != nil {
 		t.Fatal(err)

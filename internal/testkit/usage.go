@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"syscall"
+	"testing"
 )
 
 // DiskUse adds up the disk blocks, in bytes, that path takes and, for a directory, every
@@ -35,4 +36,18 @@ func HeapAllocated() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.TotalAlloc
+}
+
+// SparseFile makes a file of size bytes, all a hole, in a new temporary directory, for a
+// test to use as a disk.
+func SparseFile(t testing.TB, size int64) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(p, size); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
