@@ -1,8 +1,6 @@
 package apply
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -11,16 +9,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // newRoot makes a minimal node root: account databases with root and a user "core"
@@ -62,84 +59,11 @@ func writeHost(t *testing.T, p, data string, mode fs.FileMode) {
 	}
 }
 
-// state is what a user would notice of one node: type, mode, owner, contents hash or
-// link target, mtime.
-type state struct {
-	Kind     string
-	Mode     fs.FileMode
-	UID, GID uint32
-	SHA256   string
-	Target   string
-	MTime    time.Time
-}
-
-// snapshot records every node below root.
-func snapshot(t *testing.T, root string) map[string]state {
-	t.Helper()
-	out := map[string]state{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		s := state{Mode: fi.Mode(), UID: st.Uid, GID: st.Gid, MTime: fi.ModTime()}
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			s.Kind = "symlink"
-			s.Target, _ = os.Readlink(p)
-		case fi.IsDir():
-			s.Kind = "dir"
-			s.MTime = time.Time{} // directory mtimes move with temp files; not a user-visible change
-		default:
-			s.Kind = "file"
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			sum := sha256.Sum256(data)
-			s.SHA256 = hex.EncodeToString(sum[:])
-		}
-		r, _ := filepath.Rel(root, p)
-		out["/"+r] = s
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func diffSnapshots(a, b map[string]state) []string {
-	var diffs []string
-	for p, s := range a {
-		if s2, ok := b[p]; !ok {
-			diffs = append(diffs, "removed "+p)
-		} else if s != s2 {
-			diffs = append(diffs, fmt.Sprintf("changed %s: %+v -> %+v", p, s, s2))
-		}
-	}
-	for p := range b {
-		if _, ok := a[p]; !ok {
-			diffs = append(diffs, "added "+p)
-		}
-	}
-	sort.Strings(diffs)
-	return diffs
-}
-
-func gzipped(t *testing.T, data []byte) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	zw.Write(data)
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
+// sameNode reports whether a user would notice no change between two snapshots of one
+// node: type, mode, owner, content or link target, and the modification time of all but
+// directories (those move with temporary files).
+func sameNode(a, b testkit.Node) bool {
+	return testkit.SameContent(a, b) && a.UID == b.UID && a.GID == b.GID && (a.Mode.IsDir() || a.MTime.Equal(b.MTime))
 }
 
 func sha(data []byte) string {
@@ -170,9 +94,7 @@ func files(t *testing.T, cfg *config.Config) []config.File {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: ownership and the shadow tools")
-	}
+	testkit.RequireRoot(t, "ownership and the shadow tools")
 }
 
 func TestFiles(t *testing.T) {
@@ -183,7 +105,7 @@ func TestFiles(t *testing.T) {
 		case "/plain":
 			w.Write(remote)
 		case "/gz":
-			w.Write(gzipped(t, remote))
+			w.Write(testkit.Gzip(t, remote))
 		default:
 			http.NotFound(w, r)
 		}
@@ -250,14 +172,14 @@ func TestFiles(t *testing.T) {
 				tc.setup(t, root)
 			}
 			cfg := parse(t, `{"ignition":{"version":"3.5.0"},"storage":{"files":`+tc.entries+`}}`)
-			before := snapshot(t, root)
+			before := testkit.Snapshot(t, root)
 			changed, err := Files(context.Background(), root, files(t, cfg), nil)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("Files error = %v, want %q", err, tc.wantErr)
 				}
 				if strings.Contains(tc.name, "writes nothing") {
-					if d := diffSnapshots(before, snapshot(t, root)); len(d) > 0 {
+					if d := before.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
 						t.Errorf("a failed fetch changed the root: %q", d)
 					}
 				}
@@ -281,12 +203,12 @@ func TestFiles(t *testing.T) {
 				}
 			}
 			// Idempotence: the second run changes nothing, not even an mtime.
-			after := snapshot(t, root)
+			after := testkit.Snapshot(t, root)
 			again, err := Files(context.Background(), root, files(t, cfg), nil)
 			if err != nil || len(again) != 0 {
 				t.Errorf("second Files = %q, %v; want nothing changed (first run changed %q)", again, err, changed)
 			}
-			if d := diffSnapshots(after, snapshot(t, root)); len(d) > 0 {
+			if d := after.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
 				t.Errorf("second run changed the root: %q", d)
 			}
 			if strings.HasPrefix(tc.name, "existing same") && len(changed) != 0 {
@@ -303,7 +225,7 @@ func TestFilesRerunOffline(t *testing.T) {
 	calls := 0
 	get := func(context.Context, string) ([]byte, error) {
 		calls++
-		return gzipped(t, body), nil
+		return testkit.Gzip(t, body), nil
 	}
 	for run, wantCalls := range []int{1, 1} {
 		changed, err := Files(context.Background(), root, files(t, cfg), get)
@@ -344,22 +266,22 @@ func TestDirectoriesAndLinks(t *testing.T) {
 	if len(links) != 4 {
 		t.Errorf("Links changed %q, want 4", links)
 	}
-	snap := snapshot(t, root)
+	snap := testkit.Snapshot(t, root)
 	checks := []struct {
 		path string
-		want state
+		want testkit.Node
 	}{
-		{"/srv/data", state{Kind: "dir", Mode: fs.ModeDir | 0o700, UID: 1000, GID: 1000}},
-		{"/home/core", state{Kind: "dir", Mode: fs.ModeDir | 0o750}},
-		{"/usr/local/bin/kubectl", state{Kind: "symlink", Target: "/usr/bin/kubectl"}},
-		{"/usr/local/bin/k", state{Kind: "symlink", Target: "kubectl", UID: 1000}},
-		{"/etc/replace-me", state{Kind: "symlink", Target: "/usr/bin/kubectl"}},
+		{"/srv/data", testkit.Node{Mode: fs.ModeDir | 0o700, UID: 1000, GID: 1000}},
+		{"/home/core", testkit.Node{Mode: fs.ModeDir | 0o750}},
+		{"/usr/local/bin/kubectl", testkit.Node{Mode: fs.ModeSymlink, Content: "/usr/bin/kubectl"}},
+		{"/usr/local/bin/k", testkit.Node{Mode: fs.ModeSymlink, Content: "kubectl", UID: 1000}},
+		{"/etc/replace-me", testkit.Node{Mode: fs.ModeSymlink, Content: "/usr/bin/kubectl"}},
 	}
 	for _, c := range checks {
-		got := snap[c.path]
-		got.MTime, got.SHA256 = time.Time{}, ""
-		if got.Kind == "symlink" {
-			got.Mode = 0
+		got := snap[strings.TrimPrefix(c.path, "/")]
+		got.MTime, got.Size, got.Nlink = time.Time{}, 0, 0
+		if got.Mode&fs.ModeSymlink != 0 {
+			got.Mode = fs.ModeSymlink
 		}
 		if got != c.want {
 			t.Errorf("%s = %+v, want %+v", c.path, got, c.want)
@@ -378,7 +300,7 @@ func TestDirectoriesAndLinks(t *testing.T) {
 	if l, err := Links(ctx, root, cfg.Ignition.Storage.Links); err != nil || len(l) != 0 {
 		t.Errorf("second Links = %q, %v", l, err)
 	}
-	if d := diffSnapshots(snap, snapshot(t, root)); len(d) > 0 {
+	if d := snap.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
 		t.Errorf("second run changed the root: %q", d)
 	}
 
@@ -425,26 +347,26 @@ func TestUnits(t *testing.T) {
 	if !reflect.DeepEqual(changed, want) || !reload {
 		t.Errorf("Units = %q, reload %v\nwant %q, true", changed, reload, want)
 	}
-	snap := snapshot(t, root)
+	snap := testkit.Snapshot(t, root)
 	for p, w := range map[string]string{
 		"/etc/systemd/system/multi-user.target.wants/hello.service": "/etc/systemd/system/hello.service",
 		"/etc/systemd/system/debug-shell.service":                   "/dev/null",
 	} {
-		if snap[p].Target != w {
-			t.Errorf("%s -> %q, want %q", p, snap[p].Target, w)
+		if snap[strings.TrimPrefix(p, "/")].Content != w {
+			t.Errorf("%s -> %q, want %q", p, snap[strings.TrimPrefix(p, "/")].Content, w)
 		}
 	}
-	if _, ok := snap["/etc/systemd/system/multi-user.target.wants/chronyd.service"]; ok {
+	if _, ok := snap["etc/systemd/system/multi-user.target.wants/chronyd.service"]; ok {
 		t.Error("chronyd.service still enabled")
 	}
-	if s := snap["/etc/systemd/system/hello.service"]; s.Mode != 0o644 || s.UID != 0 {
+	if s := snap["etc/systemd/system/hello.service"]; s.Mode != 0o644 || s.UID != 0 {
 		t.Errorf("unit file %+v", s)
 	}
 	changed, reload, err = Units(ctx, root, cfg.Ignition.Systemd.Units)
 	if err != nil || len(changed) != 0 || reload {
 		t.Errorf("second Units = %q, %v, %v; want nothing", changed, reload, err)
 	}
-	if d := diffSnapshots(snap, snapshot(t, root)); len(d) > 0 {
+	if d := snap.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
 		t.Errorf("second run changed the root: %q", d)
 	}
 	// A static unit cannot be enabled: the error names the field.
@@ -457,13 +379,7 @@ func TestUnits(t *testing.T) {
 func requireShadowTools(t *testing.T) {
 	t.Helper()
 	requireRoot(t)
-	for _, tool := range []string{"useradd", "usermod", "groupadd"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if _, err := os.Stat("/usr/sbin/" + tool); err != nil {
-				t.Skipf("%s not installed", tool)
-			}
-		}
-	}
+	testkit.Tools(t, "useradd", "usermod", "groupadd")
 }
 
 const (
@@ -516,19 +432,19 @@ func TestUsers(t *testing.T) {
 	if _, err := os.Stat(root + "/var/lib/svc"); !os.IsNotExist(err) {
 		t.Errorf("noCreateHome: /var/lib/svc exists (%v)", err)
 	}
-	snap := snapshot(t, root)
-	keys := snap["/home/alice/.ssh/authorized_keys"]
+	snap := testkit.Snapshot(t, root)
+	keys := snap["home/alice/.ssh/authorized_keys"]
 	if keys.Mode != 0o600 || keys.UID != 1500 || keys.GID != uint32(alice.GID) {
 		t.Errorf("authorized_keys %+v", keys)
 	}
-	if d := snap["/home/alice/.ssh"]; d.Mode != fs.ModeDir|0o700 || d.UID != 1500 {
+	if d := snap["home/alice/.ssh"]; d.Mode != fs.ModeDir|0o700 || d.UID != 1500 {
 		t.Errorf("~/.ssh %+v", d)
 	}
 	data, _ := os.ReadFile(root + "/home/alice/.ssh/authorized_keys")
 	if !strings.HasSuffix(string(data), keyA+"\n"+keyB+"\n") || !strings.HasPrefix(string(data), "# Written by kiln-init") {
 		t.Errorf("authorized_keys =\n%s", data)
 	}
-	if c := snap["/home/core/.ssh/authorized_keys"]; c.UID != 1000 || c.GID != 1000 {
+	if c := snap["home/core/.ssh/authorized_keys"]; c.UID != 1000 || c.GID != 1000 {
 		t.Errorf("core's keys %+v", c)
 	}
 
@@ -537,7 +453,7 @@ func TestUsers(t *testing.T) {
 	if err != nil || len(again) != 0 {
 		t.Errorf("second Users = %q, %v", again, err)
 	}
-	if d := diffSnapshots(snap, snapshot(t, root)); len(d) > 0 {
+	if d := snap.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
 		t.Errorf("second run changed the root: %q", d)
 	}
 
@@ -652,20 +568,20 @@ systemd:
 	if err != nil || node.Role != config.RoleWorker {
 		t.Errorf("node.yaml written by the config: %+v, %v", node, err)
 	}
-	snap := snapshot(t, root)
-	if s := snap["/etc/kiln/node.yaml"]; s.Mode != 0o600 {
+	snap := testkit.Snapshot(t, root)
+	if s := snap["etc/kiln/node.yaml"]; s.Mode != 0o600 {
 		t.Errorf("node.yaml mode %v", s.Mode)
 	}
-	if s := snap["/home/admin/.bashrc"]; s.GID != 1100 {
+	if s := snap["home/admin/.bashrc"]; s.GID != 1100 {
 		t.Errorf(".bashrc %+v, want group kube (1100)", s)
 	}
-	if s := snap["/etc/systemd/system/multi-user.target.wants/kiln-hello.service"]; s.Target != "/etc/systemd/system/kiln-hello.service" {
+	if s := snap["etc/systemd/system/multi-user.target.wants/kiln-hello.service"]; s.Content != "/etc/systemd/system/kiln-hello.service" {
 		t.Errorf("kiln-hello.service not enabled: %+v", s)
 	}
 	if second := applyAll(); len(second) != 0 {
 		t.Errorf("second run changed %q", second)
 	}
-	if d := diffSnapshots(snap, snapshot(t, root)); len(d) > 0 {
+	if d := snap.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
 		t.Errorf("second run changed the root: %q", d)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // TestAttackRemoteContents: storage.files contents fetched over http(s) cannot be led off
@@ -17,7 +19,7 @@ import (
 // entries share the download.
 func TestAttackRemoteContents(t *testing.T) {
 	zeros := make([]byte, 60<<20)
-	packed := gzipped(t, zeros)
+	packed := testkit.Gzip(t, zeros)
 	var plainHits atomic.Int32
 	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		plainHits.Add(1)

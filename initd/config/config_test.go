@@ -2,7 +2,6 @@ package config
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"crypto/sha512"
@@ -13,21 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/internal/testkit"
 	"github.com/vincent-petithory/dataurl"
 )
-
-func gz(t testing.TB, data []byte) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	if _, err := zw.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
-}
 
 const filesCfg = `{"ignition":{"version":"3.4.0"},"storage":{"files":[
  {"path":"/etc/hostname","mode":420,"contents":{"source":"data:,node-1%0A"}},
@@ -44,7 +31,7 @@ func TestParse(t *testing.T) {
 		{name: "spec 3.3", raw: []byte(`{"ignition":{"version":"3.3.0"}}`)},
 		{name: "spec 3.5 with files", raw: []byte(strings.Replace(filesCfg, "3.4.0", "3.5.0", 1)), wantFiles: 2},
 		{name: "spec 3.4 with files", raw: []byte(filesCfg), wantFiles: 2},
-		{name: "gzip'd", raw: gz(t, []byte(filesCfg)), wantFiles: 2},
+		{name: "gzip'd", raw: testkit.Gzip(t, []byte(filesCfg)), wantFiles: 2},
 		{name: "empty", raw: nil, wantErr: "config is empty"},
 		{name: "blank", raw: []byte(" \n"), wantErr: "config is empty"},
 		{name: "truncated JSON", raw: []byte(`{"ignition":{"version":"3.4.0"}`), wantErr: "parse config"},
@@ -71,7 +58,7 @@ func TestParse(t *testing.T) {
 		{name: "cloud-config", raw: []byte("#cloud-config\nusers: []\n"), wantErr: "cloud-config user data is not supported: kiln takes Ignition JSON"},
 		{name: "Butane", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/a\n      contents: {inline: x}\n    - path: /etc/b\n"), wantFiles: 2},
 		{name: "Butane 1.0.0", raw: []byte("variant: fcos\nversion: 1.0.0\nstorage:\n  files:\n    - path: /etc/a\n"), wantFiles: 1},
-		{name: "gzip'd Butane", raw: gz(t, []byte("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /etc/a\n")), wantFiles: 1},
+		{name: "gzip'd Butane", raw: testkit.Gzip(t, []byte("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /etc/a\n")), wantFiles: 1},
 		{name: "Butane unknown key", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  filez: []\n"), wantErr: "butane: storage.filez: unused key filez (line 4 col 3)"},
 		{name: "Butane decimal mode", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/a\n      mode: 644\n"),
 			wantErr: "storage.files[0].mode: unreasonable mode would be reasonable if specified in octal; remember to add a leading zero (line 6 col 13)"},
@@ -239,7 +226,7 @@ func TestFiles(t *testing.T) {
 	unit := []byte("[Service]\nExecStart=/bin/true\n")
 	s256 := sha256.Sum256(unit)
 	s512 := sha512.Sum512(unit)
-	gzURL := dataurl.EncodeBytes(gz(t, unit))
+	gzURL := dataurl.EncodeBytes(testkit.Gzip(t, unit))
 
 	type want struct {
 		path        string
@@ -397,7 +384,7 @@ func TestFetch(t *testing.T) {
 		wantErr                         string
 	}{
 		{name: "plain", source: "https://example.com/a", hash: hash, served: body, want: string(body)},
-		{name: "gzip", source: "http://example.com/a.gz", compression: "gzip", hash: hash, served: gz(t, body), want: string(body)},
+		{name: "gzip", source: "http://example.com/a.gz", compression: "gzip", hash: hash, served: testkit.Gzip(t, body), want: string(body)},
 		{name: "tampered", source: "https://example.com/a", hash: hash, served: []byte("evil"), wantErr: "storage.files[0].contents.verification.hash: sha256 mismatch"},
 		{name: "server error", source: "https://example.com/a", hash: hash, getErr: errors.New("404 Not Found"), wantErr: "storage.files[0].contents.source: fetch https://example.com/a: 404 Not Found"},
 	}
@@ -443,7 +430,7 @@ func TestFetch(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(filesCfg))
-	f.Add(gz(f, []byte(filesCfg)))
+	f.Add(testkit.Gzip(f, []byte(filesCfg)))
 	f.Add([]byte(`{"ignition":{"version":"3.0.0"},"passwd":{"users":[{"name":"core","sshAuthorizedKeys":["ssh-ed25519 AAAA"]}]}}`))
 	f.Add([]byte(`{"ignition":{"version":"3.5.0"},"storage":{"files":[{"path":"/a","mode":493,"contents":{"source":"data:,x","compression":"gzip","verification":{"hash":"sha512-00"}}}]}}`))
 	f.Add([]byte(`{"ignition":{"version":"3.2.0","config":{"merge":[{"source":"data:,%7B%7D"}]}},"systemd":{"units":[{"name":"a.service"}]}}`))

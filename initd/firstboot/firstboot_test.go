@@ -2,7 +2,6 @@ package firstboot
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"crypto/sha512"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -52,17 +52,6 @@ func noFWCfg(t *testing.T) source.Provider {
 
 func ignition(files ...string) string {
 	return `{"ignition":{"version":"3.4.0"},"storage":{"files":[` + strings.Join(files, ",") + `]}}`
-}
-
-func gz(t *testing.T, data []byte) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	zw.Write(data)
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
 }
 
 func sha256hex(data []byte) string {
@@ -103,14 +92,14 @@ func TestRunAppliesFiles(t *testing.T) {
 		`{"path":"/etc/hostname","contents":{"source":"data:,node-1%0A"}}`,
 		`{"path":"/etc/kiln/secret","mode":384,"contents":{"source":"data:;base64,czNjcjN0"}}`,
 		fmt.Sprintf(`{"path":"/etc/systemd/system/demo.service","mode":420,"contents":{"source":%q,"compression":"gzip","verification":{"hash":"sha512-%s"}}}`,
-			dataurl.EncodeBytes(gz(t, unit)), hex.EncodeToString(s512[:])),
+			dataurl.EncodeBytes(testkit.Gzip(t, unit)), hex.EncodeToString(s512[:])),
 		`{"path":"/usr/local/bin/tool","mode":493,"contents":{"source":"data:,%23!/bin/sh%0A"}}`,
 		`{"path":"/etc/kiln/empty"}`,
 	)
 	// gzip'd whole config, as a user may pass it through fw_cfg.
 	st, err := Run(context.Background(), Options{
 		Root:      root,
-		Providers: []source.Provider{fwcfg(t, string(gz(t, []byte(cfg)))), source.Embedded{Path: filepath.Join(root, "none")}},
+		Providers: []source.Provider{fwcfg(t, string(testkit.Gzip(t, []byte(cfg)))), source.Embedded{Path: filepath.Join(root, "none")}},
 		Now:       clock(1500 * time.Millisecond),
 		Version:   "v0.1.0-test",
 	})

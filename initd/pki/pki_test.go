@@ -8,12 +8,13 @@ import (
 	"crypto/x509"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 var now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -67,14 +68,7 @@ func readCert(t *testing.T, path string) *x509.Certificate {
 
 func openssl(t *testing.T, args ...string) string {
 	t.Helper()
-	if _, err := exec.LookPath("openssl"); err != nil {
-		t.Skip("openssl not installed")
-	}
-	out, err := exec.Command("openssl", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("openssl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return testkit.Run(t, testkit.Tool(t, "openssl", "openssl"), args...)
 }
 
 func TestNewCA(t *testing.T) {
@@ -289,19 +283,6 @@ func TestControlPlaneCerts(t *testing.T) {
 	}
 }
 
-func snapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	m := map[string]string{}
-	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			b, _ := os.ReadFile(p)
-			m[p] = string(b)
-		}
-		return nil
-	})
-	return m
-}
-
 func TestControlPlaneCertsIdempotent(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -361,7 +342,7 @@ func TestControlPlaneCertsIdempotent(t *testing.T) {
 				t.Fatal(err)
 			}
 			at := tc.change(&n, dir)
-			before := snapshot(t, dir)
+			before := testkit.Snapshot(t, dir)
 			changed, err := ControlPlaneCerts(dir, n, at)
 			if err != nil {
 				t.Fatal(err)
@@ -369,11 +350,10 @@ func TestControlPlaneCertsIdempotent(t *testing.T) {
 			if !slices.Equal(changed, tc.want) {
 				t.Errorf("re-issued %v, want %v", changed, tc.want)
 			}
-			after := snapshot(t, dir)
-			for p, b := range after {
-				rel, _ := filepath.Rel(dir, p)
+			after := testkit.Snapshot(t, dir)
+			for rel, f := range after {
 				name := strings.TrimSuffix(rel, filepath.Ext(rel))
-				if before[p] != b && !slices.Contains(tc.want, name) {
+				if f.Mode.IsRegular() && before[rel].Content != f.Content && !slices.Contains(tc.want, name) {
 					t.Errorf("%s changed on disk but was not reported", rel)
 				}
 			}

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // fakeIMDS speaks the EC2 instance metadata protocol as EC2 does with IMDSv2 required
@@ -198,7 +200,7 @@ func (f *fakeGCE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func TestGCE(t *testing.T) {
-	gzipped := string(gz(t, ign))
+	gzipped := string(testkit.Gzip(t, []byte(ign)))
 	tests := []struct {
 		name      string
 		handler   http.Handler
@@ -269,7 +271,7 @@ func TestProbeHungService(t *testing.T) {
 // TestCloudSelect runs the aws and gce provider lists through Select, as first boot does,
 // with base64-of-gzip user data.
 func TestCloudSelect(t *testing.T) {
-	encoded := []byte(base64.StdEncoding.EncodeToString(gz(t, ign)))
+	encoded := []byte(base64.StdEncoding.EncodeToString(testkit.Gzip(t, []byte(ign))))
 	imdsSrv := httptest.NewServer(&fakeIMDS{userData: encoded})
 	defer imdsSrv.Close()
 	gceSrv := httptest.NewServer(&fakeGCE{attrs: map[string]string{"user-data": string(encoded)}})

@@ -9,20 +9,8 @@ import (
 	"testing"
 
 	"github.com/kilnproject/kiln/internal/decompress"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
-
-func gz(t testing.TB, s string) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	if _, err := zw.Write([]byte(s)); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
-}
 
 const butane = "variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/motd\n"
 
@@ -45,12 +33,12 @@ func TestDecode(t *testing.T) {
 		{name: "empty", in: nil, want: ""},
 		{name: "plain ignition", in: []byte(ign), want: ign},
 		{name: "plain butane yaml", in: []byte(butane), want: butane},
-		{name: "gzip ignition", in: gz(t, ign), want: ign},
+		{name: "gzip ignition", in: testkit.Gzip(t, []byte(ign)), want: ign},
 		{name: "base64 ignition", in: []byte(b64([]byte(ign))), want: ign},
 		{name: "base64 butane, line-wrapped", in: []byte(wrapped(b64([]byte(butane + butane)))), want: butane + butane},
 		{name: "base64 url alphabet, unpadded", in: []byte(base64.RawURLEncoding.EncodeToString([]byte("{\"a\":\"??>>\"}"))), want: "{\"a\":\"??>>\"}"},
-		{name: "base64 of gzip", in: []byte(b64(gz(t, ign))), want: ign},
-		{name: "base64 of gzip of yaml", in: []byte(b64(gz(t, butane)) + "\n"), want: butane},
+		{name: "base64 of gzip", in: []byte(b64(testkit.Gzip(t, []byte(ign)))), want: ign},
+		{name: "base64 of gzip of yaml", in: []byte(b64(testkit.Gzip(t, []byte(butane))) + "\n"), want: butane},
 		// Words that happen to be valid base64 but decode to noise stay as they are.
 		{name: "word that is valid base64", in: []byte("abcd"), want: "abcd"},
 		{name: "base64 of binary noise kept", in: []byte(b64([]byte{0xff, 0xfe, 0x00, 0x01})), want: b64([]byte{0xff, 0xfe, 0x00, 0x01})},
@@ -58,7 +46,7 @@ func TestDecode(t *testing.T) {
 		{name: "garbage", in: []byte("}{not json"), want: "}{not json"},
 		{name: "invalid base64 padding kept", in: []byte("e30=="), want: "e30=="},
 		{name: "corrupt gzip", in: append([]byte{0x1f, 0x8b}, "garbage"...), wantErr: "decode gzip user data"},
-		{name: "truncated gzip", in: gz(t, ign)[:20], wantErr: "decode gzip user data"},
+		{name: "truncated gzip", in: testkit.Gzip(t, []byte(ign))[:20], wantErr: "decode gzip user data"},
 		{name: "base64 of corrupt gzip", in: []byte(b64(append([]byte{0x1f, 0x8b, 8}, "junk"...))), wantErr: "decode gzip user data"},
 	}
 	for _, tc := range tests {
@@ -99,7 +87,7 @@ func TestSelectDecodes(t *testing.T) {
 	tests := []struct {
 		name, data, want, wantErr string
 	}{
-		{name: "base64 gzip from a source", data: base64.StdEncoding.EncodeToString(gz(t, ign)), want: ign},
+		{name: "base64 gzip from a source", data: base64.StdEncoding.EncodeToString(testkit.Gzip(t, []byte(ign))), want: ign},
 		{name: "corrupt gzip stops the search", data: "\x1f\x8bjunk", wantErr: "config source a: decode gzip user data"},
 	}
 	for _, tc := range tests {
@@ -124,8 +112,8 @@ func TestSelectDecodes(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte(ign))
 	f.Add([]byte(butane))
-	f.Add(gz(f, ign))
-	f.Add([]byte(base64.StdEncoding.EncodeToString(gz(f, butane))))
+	f.Add(testkit.Gzip(f, []byte(ign)))
+	f.Add([]byte(base64.StdEncoding.EncodeToString(testkit.Gzip(f, []byte(butane)))))
 	f.Add([]byte("e30="))
 	f.Add([]byte{0x1f, 0x8b, 8, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {

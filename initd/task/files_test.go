@@ -3,8 +3,6 @@ package task
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // The tasks below are written the way first-boot tasks are meant to be: the check
@@ -103,65 +103,9 @@ func nodeTasks(root string) []Task {
 	}
 }
 
-type entry struct {
-	content string // sha256 of a file, target of a link, "dir"
-	mode    fs.FileMode
-	mtime   time.Time
-}
-
-func snapshot(t *testing.T, root string) map[string]entry {
-	t.Helper()
-	snap := map[string]entry{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		e := entry{mode: fi.Mode(), mtime: fi.ModTime()}
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			e.content, err = os.Readlink(p)
-		case fi.IsDir():
-			e.content = "dir"
-		default:
-			var data []byte
-			data, err = os.ReadFile(p)
-			sum := sha256.Sum256(data)
-			e.content = hex.EncodeToString(sum[:])
-		}
-		rel, _ := filepath.Rel(root, p)
-		snap[rel] = e
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return snap
-}
-
-// diff names the entries that differ; withTime also compares modification times.
-func diff(a, b map[string]entry, withTime bool) []string {
-	var out []string
-	for p, ea := range a {
-		eb, ok := b[p]
-		switch {
-		case !ok:
-			out = append(out, p+" gone")
-		case ea.content != eb.content || ea.mode != eb.mode:
-			out = append(out, fmt.Sprintf("%s: %s %s -> %s %s", p, ea.content, ea.mode, eb.content, eb.mode))
-		case withTime && !ea.mtime.Equal(eb.mtime):
-			out = append(out, fmt.Sprintf("%s: mtime %s -> %s", p, ea.mtime.Format(time.RFC3339Nano), eb.mtime.Format(time.RFC3339Nano)))
-		}
-	}
-	for p := range b {
-		if _, ok := a[p]; !ok {
-			out = append(out, p+" new")
-		}
-	}
-	return out
+// untouched reports whether a node kept its content, mode and modification time.
+func untouched(a, b testkit.Node) bool {
+	return testkit.SameContent(a, b) && a.MTime.Equal(b.MTime)
 }
 
 func TestRerunChangesNothing(t *testing.T) {
@@ -203,9 +147,9 @@ func TestRerunChangesNothing(t *testing.T) {
 			if rep.Changed != len(rep.Tasks) {
 				t.Fatalf("first run: %s, want every task applied", rep.Summary())
 			}
-			first := snapshot(t, root)
-			if e := first["etc/kubernetes/pki/ca.key"]; e.mode.Perm() != 0o600 {
-				t.Fatalf("ca.key mode %s, want 0600", e.mode)
+			first := testkit.Snapshot(t, root)
+			if e := first["etc/kubernetes/pki/ca.key"]; e.Mode.Perm() != 0o600 {
+				t.Fatalf("ca.key mode %s, want 0600", e.Mode)
 			}
 
 			// Let the clock move on, so that anything rewritten gets a new mtime.
@@ -228,26 +172,26 @@ func TestRerunChangesNothing(t *testing.T) {
 			if strings.Join(applied, " ") != strings.Join(tc.applied, " ") {
 				t.Errorf("second run applied %q, want %q (%s)", applied, tc.applied, rep.Summary())
 			}
-			second := snapshot(t, root)
-			if d := diff(first, second, false); len(d) > 0 {
+			second := testkit.Snapshot(t, root)
+			if d := first.Diff(second, testkit.SameContent); len(d) > 0 {
 				t.Errorf("second run left different contents or modes:\n%s", strings.Join(d, "\n"))
 			}
 			for _, p := range tc.touched {
 				delete(first, p)
 				delete(second, p)
 			}
-			if d := diff(first, second, true); len(d) > 0 {
+			if d := first.Diff(second, untouched); len(d) > 0 {
 				t.Errorf("second run touched entries it had no reason to:\n%s", strings.Join(d, "\n"))
 			}
 
 			// A third run finds nothing at all to do.
-			before := snapshot(t, root)
+			before := testkit.Snapshot(t, root)
 			time.Sleep(20 * time.Millisecond)
 			rep, err = Run(context.Background(), nodeTasks(root), Options{})
 			if err != nil || rep.Changed != 0 {
 				t.Errorf("third run: %s, %v; want nothing applied", rep.Summary(), err)
 			}
-			if d := diff(before, snapshot(t, root), true); len(d) > 0 {
+			if d := before.Diff(testkit.Snapshot(t, root), untouched); len(d) > 0 {
 				t.Errorf("third run changed:\n%s", strings.Join(d, "\n"))
 			}
 		})
