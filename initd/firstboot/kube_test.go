@@ -162,24 +162,7 @@ func TestRunControlPlaneKubernetes(t *testing.T) {
 		t.Errorf("kube-proxy addon does not point at the API endpoint: %v", err)
 	}
 
-	before := fingerprint(t, root)
-	opts.Force = true
-	opts.Providers = []source.Provider{fwcfg(t, cfg)}
-	st2, err := Run(context.Background(), opts)
-	if err != nil {
-		t.Fatalf("second run: %v", err)
-	}
-	for _, tk := range st2.Tasks {
-		if tk.State != task.StateUnchanged {
-			t.Errorf("second run: task %s %s %s", tk.Name, tk.State, tk.Error)
-		}
-	}
-	after := fingerprint(t, root)
-	for p, fp := range before {
-		if after[p] != fp {
-			t.Errorf("second run changed %s", p)
-		}
-	}
+	checkRerun(t, root, opts, cfg)
 }
 
 // nodeIP is the node IP first boot found (the sandbox's own address), as the kubelet

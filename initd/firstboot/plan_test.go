@@ -2,8 +2,6 @@ package firstboot
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -14,11 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // nodeRoot is a minimal node of a Kubernetes role: imageRoot with the role's templates the
@@ -104,40 +102,44 @@ systemd:
         WantedBy=multi-user.target
 `
 
-// fingerprint hashes and stats every regular file and symlink under root.
-func fingerprint(t *testing.T, root string) map[string]string {
+// firstbootState is what two runs of first boot must leave alike below root: every file
+// and symlink but the status file each run writes.
+func firstbootState(t *testing.T, root string) testkit.Tree {
 	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	tree := testkit.Snapshot(t, root)
+	for p, n := range tree {
+		if n.Mode.IsDir() || p == "var/lib/kiln/status.json" {
+			delete(tree, p)
 		}
-		rel, _ := filepath.Rel(root, p)
-		if rel == "var/lib/kiln/status.json" {
-			return nil
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			out[rel] = "-> " + target
-		case fi.Mode().IsRegular():
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			s := sha256.Sum256(b)
-			out[rel] = hex.EncodeToString(s[:8]) + " " + fi.Mode().String() + " " + fi.ModTime().UTC().Format(time.RFC3339Nano)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	return out
+	return tree
+}
+
+// sameAfterRerun reports whether a rerun left a file's content, mode and modification
+// time, or a symlink's target, as they were.
+func sameAfterRerun(a, b testkit.Node) bool {
+	return testkit.SameContent(a, b) && (a.Mode&fs.ModeSymlink != 0 || a.MTime.Equal(b.MTime))
+}
+
+// checkRerun runs first boot again, forced, with the node config cfg, and fails the test
+// unless every task is unchanged and no file or symlink below root changed or appeared.
+func checkRerun(t *testing.T, root string, opts Options, cfg string) {
+	t.Helper()
+	before := firstbootState(t, root)
+	opts.Force = true
+	opts.Providers = []source.Provider{fwcfg(t, cfg)}
+	st, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("second run: %v", err)
+	}
+	for _, tk := range st.Tasks {
+		if tk.State != task.StateUnchanged {
+			t.Errorf("second run: task %s %s %s", tk.Name, tk.State, tk.Error)
+		}
+	}
+	if d := before.Diff(firstbootState(t, root), sameAfterRerun); len(d) > 0 {
+		t.Errorf("second run changed:\n%s", strings.Join(d, "\n"))
+	}
 }
 
 // The whole first boot on a node root: users, directories, files, links, units, node config,
@@ -190,30 +192,8 @@ func TestRunWholeGraphIsIdempotent(t *testing.T) {
 		t.Errorf("systemctl calls %v: want a daemon-reload and the enabled unit started", calls)
 	}
 
-	before := fingerprint(t, root)
-	opts.Force = true
-	opts.Providers = []source.Provider{fwcfg(t, fullConfig)}
 	calls = nil
-	st2, err := Run(context.Background(), opts)
-	if err != nil {
-		t.Fatalf("second run: %v", err)
-	}
-	for _, tk := range st2.Tasks {
-		if tk.State != task.StateUnchanged {
-			t.Errorf("second run: task %s %s %s", tk.Name, tk.State, tk.Error)
-		}
-	}
-	after := fingerprint(t, root)
-	for p, fp := range before {
-		if after[p] != fp {
-			t.Errorf("second run changed %s: %s -> %s", p, fp, after[p])
-		}
-	}
-	for p := range after {
-		if _, ok := before[p]; !ok {
-			t.Errorf("second run created %s", p)
-		}
-	}
+	checkRerun(t, root, opts, fullConfig)
 }
 
 // A node config for another role than the image's stops first boot with a clear error.
