@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"compress/gzip"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/internal/testkit"
 	"github.com/vincent-petithory/dataurl"
 )
 
@@ -74,9 +74,9 @@ func TestAttackDataURLBomb(t *testing.T) {
 			if err := c.Validate(); err != nil {
 				t.Fatalf("Validate: %v", err)
 			}
-			before := allocated()
+			before := testkit.HeapAllocated()
 			files, err := c.Files()
-			grown := allocated() - before
+			grown := testkit.HeapAllocated() - before
 			if err == nil {
 				var total int
 				for _, f := range files {
@@ -93,11 +93,4 @@ func TestAttackDataURLBomb(t *testing.T) {
 			}
 		})
 	}
-}
-
-// allocated is the bytes allocated on the heap so far.
-func allocated() uint64 {
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.TotalAlloc
 }

@@ -6,13 +6,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // hostileAnswer is how much a hostile server offers: eight times the cap. It would stream
@@ -138,14 +138,14 @@ func TestAttackEndlessAnswer(t *testing.T) {
 			defer srv.Close()
 			p := tc.provider(srv)
 
-			before := allocated()
+			before := testkit.HeapAllocated()
 			var err error
 			if tc.direct {
 				_, err = p.Fetch(context.Background())
 			} else {
 				_, _, err = Select(context.Background(), []Provider{p}, 5*time.Minute)
 			}
-			grown := allocated() - before
+			grown := testkit.HeapAllocated() - before
 
 			if err == nil {
 				t.Fatal("a never-ending answer was accepted")
@@ -210,9 +210,9 @@ func TestAttackEndlessLookup(t *testing.T) {
 			h := &hostileLookup{}
 			srv := httptest.NewServer(h)
 			defer srv.Close()
-			before := allocated()
+			before := testkit.HeapAllocated()
 			err := tc.lookup(context.Background(), srv)
-			grown := allocated() - before
+			grown := testkit.HeapAllocated() - before
 			if err == nil || !strings.Contains(err.Error(), "64 MiB cap") {
 				t.Fatalf("lookup error = %v; want the 64 MiB cap", err)
 			}
@@ -294,9 +294,9 @@ func TestAttackHugeFile(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p, path := tc.setup(t)
-			before := allocated()
+			before := testkit.HeapAllocated()
 			_, _, err := Select(context.Background(), []Provider{p}, 5*time.Minute)
-			grown := allocated() - before
+			grown := testkit.HeapAllocated() - before
 			if err == nil {
 				t.Fatal("a 4 GiB config file was accepted")
 			}
@@ -310,12 +310,4 @@ func TestAttackHugeFile(t *testing.T) {
 			}
 		})
 	}
-}
-
-// allocated is the bytes allocated on the heap so far (it only grows, so the difference
-// of two readings bounds what was held in between).
-func allocated() uint64 {
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.TotalAlloc
 }

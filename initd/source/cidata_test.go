@@ -7,22 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
-
-func needTool(t *testing.T, name, pkg string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s not installed (Debian package %s)", name, pkg)
-	}
-}
-
-func run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-}
 
 // seedTree writes files (path → content) under a new directory.
 func seedTree(t *testing.T, files map[string]string) string {
@@ -44,7 +31,7 @@ func isoWith(tool string, flags ...string) imageMaker {
 		if tool == "xorriso" {
 			args = append([]string{"-as", "mkisofs"}, args...)
 		}
-		run(t, tool, append(append(args, flags...), seedTree(t, files))...)
+		testkit.Run(t, tool, append(append(args, flags...), seedTree(t, files))...)
 		return img
 	}
 }
@@ -61,14 +48,14 @@ func fatWith(sizeMB int, flags ...string) imageMaker {
 			t.Fatal(err)
 		}
 		f.Close()
-		run(t, "mkfs.vfat", append(append([]string{"-n", label}, flags...), img)...)
+		testkit.Run(t, "mkfs.vfat", append(append([]string{"-n", label}, flags...), img)...)
 		tree := seedTree(t, files)
 		entries, err := os.ReadDir(tree)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range entries {
-			run(t, "mcopy", "-s", "-i", img, filepath.Join(tree, e.Name()), "::/")
+			testkit.Run(t, "mcopy", "-s", "-i", img, filepath.Join(tree, e.Name()), "::/")
 		}
 		return img
 	}
@@ -128,9 +115,9 @@ func TestCIDATA(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.tool != "" {
-				needTool(t, tc.tool, tc.pkg)
+				testkit.Tool(t, tc.tool, tc.pkg)
 				if strings.HasPrefix(tc.tool, "mkfs") {
-					needTool(t, "mcopy", "mtools")
+					testkit.Tool(t, "mcopy", "mtools")
 				}
 			}
 			img := tc.make(t, tc.label, tc.files)
@@ -179,12 +166,8 @@ func TestCIDATAProbe(t *testing.T) {
 // On a node the CIDATA volume is a block device, which reports 512-byte sectors; an ISO9660
 // volume there must still be read (a loop device stands in for the disk).
 func TestCIDATAOnBlockDevice(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("loop devices need root")
-	}
-	if _, err := exec.LookPath("genisoimage"); err != nil {
-		t.Skip("genisoimage not installed")
-	}
+	testkit.RequireRoot(t, "loop devices")
+	testkit.Tool(t, "genisoimage", "genisoimage")
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "src"), 0o755)
 	os.WriteFile(filepath.Join(dir, "src", "user-data"), []byte(`{"ignition":{"version":"3.4.0"}}`), 0o644)

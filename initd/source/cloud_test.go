@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -92,15 +91,28 @@ func (f *fakeIMDS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func closedPort(t *testing.T) string {
+// checkProbeFetch probes p and then fetches from it within fetchTimeout, and fails the
+// test unless Probe answers wantProbe and Fetch returns wantData, or an error containing
+// wantErr when that is set. It reports whether Fetch succeeded.
+func checkProbeFetch(t *testing.T, p Provider, fetchTimeout time.Duration, wantProbe bool, wantData, wantErr string) bool {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ctx := context.Background()
+	if got := p.Probe(ctx); got != wantProbe {
+		t.Fatalf("Probe = %v, want %v", got, wantProbe)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
+	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+	defer cancel()
+	data, err := p.Fetch(fctx)
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("Fetch = %q, %v; want error %q", data, err, wantErr)
+		}
+		return false
+	}
+	if err != nil || string(data) != wantData {
+		t.Fatalf("Fetch = %q, %v; want %q", hex.EncodeToString(data), err, hex.EncodeToString([]byte(wantData)))
+	}
+	return true
 }
 
 func TestAWS(t *testing.T) {
@@ -116,7 +128,7 @@ func TestAWS(t *testing.T) {
 		{name: "no user data falls through", imds: &fakeIMDS{}, wantProbe: true},
 		{name: "user data error", imds: &fakeIMDS{failUser: http.StatusForbidden}, wantProbe: true, wantErr: "imds user-data"},
 		{name: "IMDSv1-only service is not used", imds: &fakeIMDS{tokenPath: "/nowhere", userData: []byte(ign)}, wantErr: "imds user-data"},
-		{name: "no metadata service", endpoint: "http://" + closedPort(t), wantErr: "imds user-data"},
+		{name: "no metadata service", endpoint: "http://" + testkit.ClosedAddr(t), wantErr: "imds user-data"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -128,21 +140,7 @@ func TestAWS(t *testing.T) {
 			}
 			// Each probe here is answered, or refused, at once: however slow the machine, the
 			// timeout must not decide it (TestProbeHungService covers the timeout).
-			a := &AWS{Endpoint: endpoint, ProbeTimeout: time.Minute}
-			ctx := context.Background()
-			if got := a.Probe(ctx); got != tc.wantProbe {
-				t.Fatalf("Probe = %v, want %v", got, tc.wantProbe)
-			}
-			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			data, err := a.Fetch(fctx)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("Fetch = %q, %v; want error %q", data, err, tc.wantErr)
-				}
-			} else if err != nil || string(data) != tc.wantData {
-				t.Fatalf("Fetch = %q, %v; want %q", data, err, tc.wantData)
-			}
+			checkProbeFetch(t, &AWS{Endpoint: endpoint, ProbeTimeout: time.Minute}, 5*time.Second, tc.wantProbe, tc.wantData, tc.wantErr)
 			if tc.imds == nil {
 				return
 			}
@@ -214,7 +212,7 @@ func TestGCE(t *testing.T) {
 		{name: "no user data falls through", handler: &fakeGCE{attrs: map[string]string{"ssh-keys": "x"}}, wantProbe: true},
 		{name: "another cloud's metadata service", handler: &fakeIMDS{userData: []byte(ign)},
 			wantErr: "not a Google metadata server"},
-		{name: "no metadata service", host: closedPort(t), wantErr: "connection refused"},
+		{name: "no metadata service", host: testkit.ClosedAddr(t), wantErr: "connection refused"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -225,21 +223,8 @@ func TestGCE(t *testing.T) {
 				host = srv.Listener.Addr().String()
 			}
 			g := &GCE{Host: host, ProbeTimeout: time.Minute} // see TestAWS
-			ctx := context.Background()
-			if got := g.Probe(ctx); got != tc.wantProbe {
-				t.Fatalf("Probe = %v, want %v", got, tc.wantProbe)
-			}
-			fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			data, err := g.Fetch(fctx)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("Fetch = %q, %v; want error %q", data, err, tc.wantErr)
-				}
+			if !checkProbeFetch(t, g, 2*time.Second, tc.wantProbe, tc.wantData, tc.wantErr) {
 				return
-			}
-			if err != nil || string(data) != tc.wantData {
-				t.Fatalf("Fetch = %q, %v; want %q", hex.EncodeToString(data), err, hex.EncodeToString([]byte(tc.wantData)))
 			}
 			if f, ok := tc.handler.(*fakeGCE); ok && f.noFlavored != 0 {
 				t.Errorf("%d requests without Metadata-Flavor: Google", f.noFlavored)

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // startTFTPD runs Debian's tftpd-hpa on 127.0.0.1 at a free port, serving dir, and
@@ -22,13 +24,8 @@ import (
 // (in.tftpd -s chroots).
 func startTFTPD(t *testing.T, dir string) string {
 	t.Helper()
-	bin, err := exec.LookPath("in.tftpd")
-	if err != nil {
-		t.Skip("in.tftpd not installed (Debian package tftpd-hpa)")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("in.tftpd -s needs root to chroot")
-	}
+	bin := testkit.Tool(t, "in.tftpd", "tftpd-hpa")
+	testkit.RequireRoot(t, "in.tftpd -s chroots")
 	// The daemon drops to user tftp: the tree must be readable by others.
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
