@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/initramfs"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // probeInit stands in for kiln-init: it loads the modules, mounts the
@@ -74,23 +75,12 @@ func main() {
 // firmware, systemd-boot, the loader entry, the kernel and initramfs on
 // the ESP and the root filesystem on root-a must all work together.
 func TestBootUEFI(t *testing.T) {
-	root := os.Getenv("KILN_TEST_ROOTFS")
-	if root == "" {
-		t.Skip("KILN_TEST_ROOTFS not set")
-	}
-	qemu, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed")
-	}
+	root, kver := testkit.RootFS(t)
+	qemu := testkit.Tool(t, "qemu-system-x86_64", "qemu-system-x86")
 	const code, vars = "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"
 	if _, err := os.Stat(code); err != nil {
 		t.Skip("OVMF not installed")
 	}
-	deps, _ := filepath.Glob(filepath.Join(root, "usr/lib/modules/*/modules.dep"))
-	if len(deps) == 0 {
-		t.Fatalf("no usr/lib/modules/*/modules.dep under %s", root)
-	}
-	kver := filepath.Base(filepath.Dir(deps[0]))
 	dir := t.TempDir()
 
 	initrd := filepath.Join(dir, "initrd.img")
@@ -98,7 +88,7 @@ func TestBootUEFI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := initramfs.Write(f, initramfs.Spec{Root: root, KernelVersion: kver, Init: buildProbe(t),
+	if _, err := initramfs.Write(f, initramfs.Spec{Root: root, KernelVersion: kver, Init: testkit.GoProgram(t, probeInit),
 		Modules: []string{"virtio_pci", "virtio_blk", "squashfs", "erofs"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -170,22 +160,4 @@ func TestBootUEFI(t *testing.T) {
 			}
 		})
 	}
-}
-
-func buildProbe(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for name, content := range map[string]string{"go.mod": "module probe\n\ngo 1.22\n", "main.go": probeInit} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	out := filepath.Join(dir, "init")
-	cmd := exec.Command("go", "build", "-o", out, ".")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build probe init: %v\n%s", err, b)
-	}
-	return out
 }

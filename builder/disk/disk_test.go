@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files under testdata/")
@@ -200,9 +202,7 @@ var knownFATQuirks = []string{
 // than knownFATQuirks.
 func checkFAT(t *testing.T, img string) {
 	t.Helper()
-	if _, err := exec.LookPath("fsck.fat"); err != nil {
-		t.Skip("fsck.fat not installed")
-	}
+	testkit.Tool(t, "fsck.fat", "dosfstools")
 	out, err := exec.Command("fsck.fat", "-n", img).CombinedOutput()
 	if err == nil {
 		return

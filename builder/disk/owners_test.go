@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // nobody is the unprivileged user the rootless case runs as.
@@ -115,11 +116,7 @@ type fsEntry struct {
 // erofs: as root (owners set on the tree), through fakeroot, and through fakeroot as an
 // unprivileged user. Every erofs image must hold what the squashfs image holds.
 func TestMakeRootFSEROFSOwners(t *testing.T) {
-	for _, tool := range []string{"mksquashfs", "unsquashfs", "mkfs.erofs", "fsck.erofs", "fakeroot", "setfattr"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (builder/scripts/deps.sh installs it)", tool)
-		}
-	}
+	testkit.Tools(t, "mksquashfs", "unsquashfs", "mkfs.erofs", "fsck.erofs", "fakeroot", "setfattr")
 	ref, refPF := ownedTree(t, true)
 	sq := filepath.Join(t.TempDir(), "root.squashfs")
 	if err := MakeRootFS(context.Background(), ref.Dir, sq, RootFSOptions{PseudoFile: refPF}); err != nil {
@@ -196,14 +193,8 @@ func TestMakeRootFSEROFSOwners(t *testing.T) {
 // dropped by the chown, as a rootless extraction has them): each pair must be byte-identical,
 // names with backslashes (systemd's \x2d escapes) included.
 func TestMakeRootFSRootlessIdentical(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (to bake as root and to become another user)")
-	}
-	for _, tool := range []string{"mksquashfs", "mkfs.erofs", "fakeroot", "setfattr"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (builder/scripts/deps.sh installs it)", tool)
-		}
-	}
+	testkit.RequireRoot(t, "to bake as root and to become another user")
+	testkit.Tools(t, "mksquashfs", "mkfs.erofs", "fakeroot", "setfattr")
 	for _, typ := range []string{SquashFS, EROFS} {
 		t.Run(typ, func(t *testing.T) {
 			tree, pf := ownedTree(t, false)

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // smallTree lays out a little root tree and returns its path.
@@ -44,14 +46,7 @@ func smallTree(t *testing.T) string {
 
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s not installed", name)
-	}
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return testkit.Run(t, testkit.Tool(t, name, ""), args...)
 }
 
 func TestMakeRootFS(t *testing.T) {

@@ -2,11 +2,12 @@ package initramfs
 
 import (
 	"bytes"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // The initramfs takes kernel modules and their tables from the root tree only. A hostile
@@ -28,7 +29,7 @@ func TestWriteModulesStayInTree(t *testing.T) {
 	write(t, filepath.Join(host, "modules.alias"), "alias "+strings.ReplaceAll(sentinel, " ", "_")+" squashfs\n")
 	write(t, filepath.Join(host, "mods", kver, "modules.dep"), "kernel/fs/squashfs/squashfs.ko:\n")
 	write(t, filepath.Join(host, "mods", kver, squashfs), string(hostModule))
-	hostFiles := snapshot(t, host)
+	hostFiles := testkit.Snapshot(t, host)
 	climb := strings.Repeat("../", 64) + strings.TrimPrefix(host, "/")
 
 	initBin := staticInit(t)
@@ -161,8 +162,8 @@ func TestWriteModulesStayInTree(t *testing.T) {
 			if bytes.Contains(buf.Bytes(), []byte(sentinel)) || bytes.Contains(buf.Bytes(), []byte(strings.ReplaceAll(sentinel, " ", "_"))) {
 				t.Error("the host sentinel is in the initramfs")
 			}
-			if got := snapshot(t, host); !equalSnapshots(got, hostFiles) {
-				t.Errorf("host files changed:\n got %v\nwant %v", got, hostFiles)
+			if d := hostFiles.Diff(testkit.Snapshot(t, host), nil); len(d) > 0 {
+				t.Errorf("host files changed:\n%s", strings.Join(d, "\n"))
 			}
 			if len(tc.wantErr) == 0 {
 				if err != nil {
@@ -201,45 +202,4 @@ func symlink(t *testing.T, target, name string) {
 	if err := os.Symlink(target, name); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// snapshot maps every file under dir to its content and modification time.
-func snapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	files := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		v := fi.Mode().String() + " " + fi.ModTime().String()
-		if d.Type().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			v += " " + string(b)
-		}
-		files[p] = v
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return files
-}
-
-func equalSnapshots(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }

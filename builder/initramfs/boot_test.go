@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // bootInit loads the modules listed in modules.load, prints what the kernel
@@ -59,19 +61,8 @@ func main() {
 // TestBootRealKernel boots the kernel of the root tree named by
 // KILN_TEST_ROOTFS in QEMU (TCG) with an initramfs from Write.
 func TestBootRealKernel(t *testing.T) {
-	root := os.Getenv("KILN_TEST_ROOTFS")
-	if root == "" {
-		t.Skip("KILN_TEST_ROOTFS not set")
-	}
-	qemu, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed")
-	}
-	deps, _ := filepath.Glob(filepath.Join(root, "usr/lib/modules/*/modules.dep"))
-	if len(deps) == 0 {
-		t.Fatalf("no usr/lib/modules/*/modules.dep under %s", root)
-	}
-	kver := filepath.Base(filepath.Dir(deps[0]))
+	root, kver := testkit.RootFS(t)
+	qemu := testkit.Tool(t, "qemu-system-x86_64", "qemu-system-x86")
 	kernel := filepath.Join(root, "boot", "vmlinuz-"+kver)
 
 	for _, comp := range []string{Zstd, Gzip, None} {
@@ -81,7 +72,7 @@ func TestBootRealKernel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			man, err := Write(f, Spec{Root: root, KernelVersion: kver, Init: buildStatic(t, bootInit), Compression: comp,
+			man, err := Write(f, Spec{Root: root, KernelVersion: kver, Init: testkit.GoProgram(t, bootInit), Compression: comp,
 				Modules: []string{"virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "squashfs", "erofs", "overlay", "crc32c_generic"}})
 			if err != nil {
 				t.Fatal(err)

@@ -9,27 +9,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/internal/testkit"
 	"github.com/u-root/u-root/pkg/cpio"
 )
 
 // staticInit builds a tiny static Go program to stand in for kiln-init.
 func staticInit(t *testing.T) string {
-	return buildStatic(t, "package main\n\nfunc main() { println(\"fake init\") }\n")
-}
-
-func buildStatic(t *testing.T, src string) string {
-	t.Helper()
-	dir := t.TempDir()
-	write(t, filepath.Join(dir, "go.mod"), "module fakeinit\n\ngo 1.22\n")
-	write(t, filepath.Join(dir, "main.go"), src)
-	out := filepath.Join(dir, "init")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, ".")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build fake init: %v\n%s", err, b)
-	}
-	return out
+	return testkit.GoProgram(t, "package main\n\nfunc main() { println(\"fake init\") }\n")
 }
 
 func TestWrite(t *testing.T) {

@@ -2,18 +2,15 @@ package initramfs
 
 import (
 	"bytes"
-	"compress/gzip"
 	"debug/elf"
 	"encoding/binary"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // elfModule returns a minimal ELF64 relocatable object, like a kernel module,
@@ -81,7 +78,7 @@ func fakeModulesDir(t *testing.T, root, kver string) string {
 		if mod, _, ok := strings.Cut(line, ":"); ok {
 			data := elfModule("name=" + moduleName(mod))
 			if strings.HasSuffix(mod, ".xz") {
-				data = compress(t, ".xz", data)
+				data = testkit.Compress(t, ".xz", data)
 			}
 			write(t, filepath.Join(dir, mod), string(data))
 		}
@@ -97,33 +94,6 @@ func write(t *testing.T, name, content string) {
 	if err := os.WriteFile(name, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func compress(t *testing.T, suffix string, data []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	var w io.WriteCloser
-	var err error
-	switch suffix {
-	case ".xz":
-		w, err = xz.NewWriter(&buf)
-	case ".zst":
-		w, err = zstd.NewWriter(&buf)
-	case ".gz":
-		w = gzip.NewWriter(&buf)
-	default:
-		t.Fatalf("no compressor for %q", suffix)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
 }
 
 // realTree lays out a root tree holding the module tables of a Debian kernel
@@ -489,7 +459,7 @@ func TestResolveModinfoSoftdep(t *testing.T) {
 			write(t, filepath.Join(dir, "modules.alias"), "alias crc32c crc32c_generic\n")
 			data := real
 			if suffix != "" {
-				data = compress(t, suffix, real)
+				data = testkit.Compress(t, suffix, real)
 			}
 			write(t, filepath.Join(dir, lib), string(data))
 			write(t, filepath.Join(dir, "kernel/crypto/crc32c_generic.ko"), string(elfModule("name=crc32c_generic")))
@@ -546,16 +516,8 @@ func TestResolveMissingModulesDep(t *testing.T) {
 // TestResolveRealKernel runs against a real root tree named by
 // KILN_TEST_ROOTFS (e.g. the extracted base.tar).
 func TestResolveRealKernel(t *testing.T) {
-	root := os.Getenv("KILN_TEST_ROOTFS")
-	if root == "" {
-		t.Skip("KILN_TEST_ROOTFS not set")
-	}
-	deps, _ := filepath.Glob(filepath.Join(root, "usr/lib/modules/*/modules.dep"))
-	if len(deps) == 0 {
-		t.Fatalf("no usr/lib/modules/*/modules.dep under %s", root)
-	}
-	dir := filepath.Dir(deps[0])
-	got, err := Resolve(root, filepath.Base(dir), []string{"virtio_pci", "virtio_blk", "virtio_scsi", "nvme", "sd_mod",
+	root, kver := testkit.RootFS(t)
+	got, err := Resolve(root, kver, []string{"virtio_pci", "virtio_blk", "virtio_scsi", "nvme", "sd_mod",
 		"squashfs", "erofs", "ext4", "overlay", "crc32c"})
 	if err != nil {
 		t.Fatal(err)
@@ -563,7 +525,7 @@ func TestResolveRealKernel(t *testing.T) {
 	pos := map[string]int{}
 	for i, m := range got {
 		pos[moduleName(m)] = i
-		if _, err := os.Stat(filepath.Join(dir, m)); err != nil {
+		if _, err := os.Stat(filepath.Join(root, "usr/lib/modules", kver, m)); err != nil {
 			t.Errorf("resolved module file: %v", err)
 		}
 	}
