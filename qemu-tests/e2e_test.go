@@ -9,13 +9,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/bake"
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // The end-to-end cluster (make e2e, KILN_E2E=1): Kubernetes built from source through the
@@ -128,7 +128,7 @@ func runE2ECluster(t *testing.T, pull bool) {
 
 	// One link per run: two e2e runs on one host must not share a segment.
 	e2eLink := fmt.Sprintf("%s-%d", e2eLinkPrefix, os.Getpid())
-	apiPort := freePort(t)
+	apiPort := testkit.FreePort(t)
 	kubectl := func(args ...string) (string, error) {
 		args = append([]string{"--kubeconfig", filepath.Join(clusterDir, "admin.conf"),
 			"--server", fmt.Sprintf("https://127.0.0.1:%d", apiPort), "--tls-server-name", "kubernetes",
@@ -334,16 +334,6 @@ func mirrorFile(mirror bool) string {
 	return b.String()
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // serveDir serves dir (created if missing) over HTTP on 127.0.0.1 for the test's lifetime
 // and returns its URL.
 func serveDir(t *testing.T, dir string) string {
@@ -366,7 +356,7 @@ func logImageSize(t *testing.T, stem string) {
 	t.Helper()
 	var raw, qcow int64
 	if fi, err := os.Stat(stem + ".raw"); err == nil {
-		raw = allocated(fi)
+		raw = testkit.Allocated(fi)
 	}
 	if fi, err := os.Stat(stem + ".qcow2"); err == nil {
 		qcow = fi.Size()
@@ -379,13 +369,6 @@ func logImageSize(t *testing.T, stem string) {
 func linkMAC(addr string) string {
 	ip := net.ParseIP(addr).To4()
 	return fmt.Sprintf("52:54:00:e2:%02x:%02x", ip[2], ip[3])
-}
-
-func allocated(fi os.FileInfo) int64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Blocks * 512
-	}
-	return fi.Size()
 }
 
 // scanImageForSecrets unpacks a baked image's root filesystem and fails the test if any

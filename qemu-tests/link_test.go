@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // linkProbe is the script each VM runs once first boot has written it: it waits for the peer's
@@ -127,16 +128,6 @@ func hostService(t *testing.T) (port int, conns *atomic.Int32) {
 	return l.Addr().(*net.TCPAddr).Port, conns
 }
 
-func unusedPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // Two VMs on one link (kiln run --link) reach each other at the static addresses their configs
 // give the link's NIC, found by the MAC kiln derives from the image file and link names. The
 // one run --offline cannot reach the host's service at 10.0.2.2 (the other one can), yet the
@@ -145,7 +136,7 @@ func TestLinkAndOffline(t *testing.T) {
 	e := newEnv(t)
 	baked := bakePlain(t, e)
 	hostPort, hostConns := hostService(t)
-	fwd := unusedPort(t)
+	fwd := testkit.FreePort(t)
 	nodes := []*linkNode{
 		{name: "a", addr: "192.168.100.1", peer: "192.168.100.2", offline: true},
 		{name: "b", addr: "192.168.100.2", peer: "192.168.100.1"},

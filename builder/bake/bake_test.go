@@ -66,9 +66,7 @@ type testRepo struct {
 
 func newRepo(t *testing.T, base []testkit.Entry, profile string) *testRepo {
 	t.Helper()
-	if _, err := exec.LookPath("mksquashfs"); err != nil {
-		t.Skip("mksquashfs not installed (squashfs-tools)")
-	}
+	testkit.Tool(t, "mksquashfs", "squashfs-tools")
 	dir := t.TempDir()
 	r := &testRepo{dir: dir, def: filepath.Join(dir, "images/test.yaml"), out: filepath.Join(dir, "out")}
 	for _, d := range []string{"images", "profiles", "overlays/base/etc/kiln"} {

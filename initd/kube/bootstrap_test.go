@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
 	"github.com/kilnproject/kiln/internal/poll"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 const (
@@ -38,16 +40,6 @@ const (
 	testToken    = "abcdef.0123456789abcdef"
 	testEndpoint = "api.internal.demo.example.com:6443"
 )
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-}
 
 // manifestCommand reads the command of a rendered static pod below root.
 func manifestCommand(t *testing.T, root, rel string) []string {
@@ -155,8 +147,8 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 
 	ctx, died := context.WithCancelCause(context.Background())
 	t.Cleanup(func() { died(nil) })
-	ports := map[string]string{":2379": ":" + freePort(t), ":2380": ":" + freePort(t), ":2381": ":" + freePort(t)}
-	apiPort := freePort(t)
+	ports := map[string]string{":2379": ":" + strconv.Itoa(testkit.FreePort(t)), ":2380": ":" + strconv.Itoa(testkit.FreePort(t)), ":2381": ":" + strconv.Itoa(testkit.FreePort(t))}
+	apiPort := strconv.Itoa(testkit.FreePort(t))
 	startComponent(t, died, root, manifestCommand(t, root, "etc/kubernetes/etcd/etcd.manifest"), ports)
 	ports["--secure-port=6443"] = "--secure-port=" + apiPort
 	// The kubernetes Service's endpoint may not be a loopback address: no reconciler here.
@@ -168,7 +160,7 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 		t.Fatal(err)
 	}
 	startComponent(t, died, root, manifestCommand(t, root, "etc/kubernetes/manifests/kube-controller-manager.yaml"), ports,
-		"--secure-port="+freePort(t))
+		"--secure-port="+strconv.Itoa(testkit.FreePort(t)))
 	mustWrite(t, filepath.Join(root, BootstrapTokenPath), []byte(testToken+"\n"), 0o600)
 	// kubelet copies kubelet.conf's embedded certificate to its rotation store when it starts.
 	kc, err := os.ReadFile(filepath.Join(root, KubeletConf))
@@ -485,7 +477,7 @@ func TestBootstrapFailureNamesTheStep(t *testing.T) {
 	// An admin.conf for an API server that is not there.
 	ca := testCA(t)
 	admin := issue(t, ca, pki.Cert{CommonName: "kubernetes-admin", Organization: []string{pki.GroupClusterAdmins}, Client: true})
-	kc := kubeconfig.Config{Cluster: "kubernetes", Server: "https://127.0.0.1:" + freePort(t), CAPEM: ca.CertPEM,
+	kc := kubeconfig.Config{Cluster: "kubernetes", Server: "https://127.0.0.1:" + strconv.Itoa(testkit.FreePort(t)), CAPEM: ca.CertPEM,
 		User: "kubernetes-admin", CertPEM: admin.CertPEM, KeyPEM: admin.KeyPEM}
 	data, err := kc.Marshal()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // cgroup2Dir mounts a real cgroup2 filesystem in a temporary directory (root only).
@@ -45,25 +46,6 @@ func grpcSocket(t *testing.T) string {
 	return sock
 }
 
-// freePorts returns n distinct TCP ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var lns []net.Listener
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", ":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
-}
-
 // goodOptions describes a machine on which every check passes.
 func goodOptions(t *testing.T) Options {
 	t.Helper()
@@ -83,7 +65,7 @@ func goodOptions(t *testing.T) Options {
 	if err := os.MkdirAll(filepath.Join(root, "etc/kubernetes/manifests"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p := freePorts(t, 6)
+	p := testkit.FreePorts(t, 6)
 	return Options{
 		Root:       root,
 		ProcRoot:   proc,
@@ -179,8 +161,8 @@ func TestRunFailures(t *testing.T) {
 			o.CRISocket = sock
 		}, "cri-socket", Error, "does not speak gRPC"},
 		{"bad hostname", Etcd, func(_ *testing.T, o *Options) { o.Facts.Hostname = "Node_1" }, "hostname", Error, `"Node_1"`},
-		{"apiserver port taken", ControlPlane, func(t *testing.T, o *Options) { o.Ports.APIServer = holdPort(t, "127.0.0.1") }, "port-", Error, "(kube-apiserver) is in use"},
-		{"kubelet port taken on all addresses", Worker, func(t *testing.T, o *Options) { o.Ports.Kubelet = holdPort(t, "") }, "port-", Error, "(kubelet) is in use"},
+		{"apiserver port taken", ControlPlane, func(t *testing.T, o *Options) { o.Ports.APIServer = testkit.HoldPort(t, "127.0.0.1") }, "port-", Error, "(kube-apiserver) is in use"},
+		{"kubelet port taken on all addresses", Worker, func(t *testing.T, o *Options) { o.Ports.Kubelet = testkit.HoldPort(t, "") }, "port-", Error, "(kubelet) is in use"},
 		{"manifests present", Worker, func(t *testing.T, o *Options) {
 			write(t, filepath.Join(o.Root, "etc/kubernetes/manifests/kube-apiserver.yaml"), 0o600)
 		}, "manifests-dir", Error, "/etc/kubernetes/manifests is not empty: kube-apiserver.yaml"},
@@ -223,16 +205,6 @@ func TestRunFailures(t *testing.T) {
 			}
 		})
 	}
-}
-
-func holdPort(t *testing.T, host string) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func write(t *testing.T, p string, mode os.FileMode) {

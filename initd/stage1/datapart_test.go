@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	diskfs "github.com/diskfs/go-diskfs"
 	"github.com/diskfs/go-diskfs/partition/gpt"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 const (
@@ -49,24 +49,13 @@ func makeImage(t *testing.T, size int64) string {
 	return path
 }
 
-func needTool(t *testing.T, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s not installed", name)
-	}
-}
-
 func sgdisk(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("sgdisk", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("sgdisk %v: %v\n%s", args, err, out)
-	}
-	return string(out)
+	return testkit.Run(t, "sgdisk", args...)
 }
 
 func TestEnsureDataPartition(t *testing.T) {
-	needTool(t, "sgdisk")
+	testkit.Tool(t, "sgdisk", "gdisk")
 	tests := []struct {
 		name     string
 		imgSize  int64

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // fakeSys lays out a /sys/block and /dev pair: each disk name maps to an image file (its node is a
@@ -51,22 +53,10 @@ func fakeSys(t *testing.T, disks map[string]string, parts map[string][]string) (
 	return sysBlock, dev
 }
 
-func blankFile(t *testing.T, size int64) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "blank.img")
-	if err := os.WriteFile(p, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(p, size); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 func TestScanDisksFindsRoot(t *testing.T) {
 	img := makeImage(t, imageSize)
 	sysBlock, dev := fakeSys(t,
-		map[string]string{"vda": blankFile(t, 8*mib), "nvme0n1": img},
+		map[string]string{"vda": testkit.SparseFile(t, 8*mib), "nvme0n1": img},
 		map[string][]string{"nvme0n1": {"nvme0n1p1", "nvme0n1p2", "nvme0n1p3"}})
 	disks, err := ScanDisks(sysBlock, dev)
 	if err != nil {
@@ -98,7 +88,7 @@ func TestScanDisksFindsRoot(t *testing.T) {
 
 func TestWaitForRootNotFound(t *testing.T) {
 	img := makeImage(t, imageSize)
-	sysBlock, dev := fakeSys(t, map[string]string{"vda": img, "vdb": blankFile(t, 8*mib)}, nil)
+	sysBlock, dev := fakeSys(t, map[string]string{"vda": img, "vdb": testkit.SparseFile(t, 8*mib)}, nil)
 	const missing = "11111111-2222-3333-4444-555555555555"
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := time.Now()

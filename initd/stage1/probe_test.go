@@ -2,30 +2,17 @@ package stage1
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 func TestProbeFilesystem(t *testing.T) {
-	sparse := func(t *testing.T, size int64) string {
-		p := filepath.Join(t.TempDir(), "part.img")
-		f, err := os.Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if err := f.Truncate(size); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	sparse := testkit.SparseFile
 	run := func(t *testing.T, name string, args ...string) {
-		needTool(t, name)
-		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
+		testkit.Run(t, testkit.Tool(t, name, ""), args...)
 	}
 	writeAt := func(t *testing.T, p string, off int64, b string) {
 		f, err := os.OpenFile(p, os.O_WRONLY, 0)
