@@ -115,105 +115,112 @@ func (m machine) tree(t *testing.T) Options {
 	}
 }
 
+// gatherCase changes the fake machine or the options, and says how the facts differ.
+type gatherCase struct {
+	name   string
+	change func(*machine, *Options)
+	want   func(*Facts)
+}
+
+var gatherCases = []gatherCase{
+	{
+		name: "qemu, no name anywhere: generated from the primary MAC",
+		want: func(*Facts) {},
+	},
+	{
+		name:   "config name wins, lower-cased, trailing dot dropped",
+		change: func(_ *machine, o *Options) { o.Hostname = "CP-1.example.com."; o.Platform.Hostname = "ip-10-0-0-1" },
+		want:   func(f *Facts) { f.Hostname, f.HostnameSource = "cp-1.example.com", FromConfig },
+	},
+	{
+		name: "platform metadata: name, instance, zone; region derived",
+		change: func(m *machine, o *Options) {
+			m.hostname = "worker-7"
+			o.Platform = Platform{Name: "aws", Hostname: "ip-10-0-2-15.ec2.internal", InstanceID: "i-0abc", Zone: "us-east-1a"}
+		},
+		want: func(f *Facts) {
+			f.Hostname, f.HostnameSource = "ip-10-0-2-15.ec2.internal", FromPlatform
+			f.Platform, f.InstanceID, f.Zone, f.Region = "aws", "i-0abc", "us-east-1a", "us-east-1"
+		},
+	},
+	{
+		name:   "kernel hostname set by DHCP",
+		change: func(m *machine, _ *Options) { m.hostname = "Worker-7" },
+		want:   func(f *Facts) { f.Hostname, f.HostnameSource = "worker-7", FromKernel },
+	},
+	{
+		name:   "platform placeholder falls through to the kernel",
+		change: func(m *machine, o *Options) { m.hostname = "worker-7"; o.Platform.Hostname = "localhost" },
+		want:   func(f *Facts) { f.Hostname, f.HostnameSource = "worker-7", FromKernel },
+	},
+	{
+		name: "lowest metric default route wins; IPv4-only kernel",
+		change: func(m *machine, _ *Options) {
+			m.route = routeHeader +
+				"eth0\t00000000\t0202000A\t0003\t0\t0\t600\t00000000\t0\t0\t0\n" +
+				"eth1\t00000000\t0101A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+			m.ipv6Route = ""
+			m.ifaces["eth1"] = "52:54:00:ab:cd:ef"
+			m.addrs["eth1"] = []string{"169.254.3.3/16", "192.168.1.20/24"}
+		},
+		want: func(f *Facts) {
+			f.Interface, f.IPv4, f.IPv6 = "eth1", "192.168.1.20", ""
+			f.Hostname = "kiln-525400abcdef"
+			f.MACs["eth1"] = "52:54:00:ab:cd:ef"
+		},
+	},
+	{
+		name: "no default route: first interface with an address",
+		change: func(m *machine, _ *Options) {
+			m.route = routeHeader
+			m.ipv6Route = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 ffffffff 00000001 00000000 00200200       lo\n"
+		},
+		want: func(*Facts) {},
+	},
+	{
+		name: "IPv6-only: the IPv6 default route names the primary interface",
+		change: func(m *machine, _ *Options) {
+			m.route = routeHeader
+			m.addrs = nil
+		},
+		want: func(f *Facts) { f.IPv4 = "" },
+	},
+	{
+		name:   "uninitialised machine id, cgroup v1",
+		change: func(m *machine, _ *Options) { m.machineID = "uninitialized"; m.cgroupV2 = false },
+		want:   func(f *Facts) { f.MachineID, f.CgroupV2 = "", false },
+	},
+}
+
 func TestGather(t *testing.T) {
-	tests := []struct {
-		name   string
-		change func(*machine, *Options)
-		want   func(*Facts)
-	}{
-		{
-			name: "qemu, no name anywhere: generated from the primary MAC",
-			want: func(*Facts) {},
-		},
-		{
-			name:   "config name wins, lower-cased, trailing dot dropped",
-			change: func(_ *machine, o *Options) { o.Hostname = "CP-1.example.com."; o.Platform.Hostname = "ip-10-0-0-1" },
-			want:   func(f *Facts) { f.Hostname, f.HostnameSource = "cp-1.example.com", FromConfig },
-		},
-		{
-			name: "platform metadata: name, instance, zone; region derived",
-			change: func(m *machine, o *Options) {
-				m.hostname = "worker-7"
-				o.Platform = Platform{Name: "aws", Hostname: "ip-10-0-2-15.ec2.internal", InstanceID: "i-0abc", Zone: "us-east-1a"}
-			},
-			want: func(f *Facts) {
-				f.Hostname, f.HostnameSource = "ip-10-0-2-15.ec2.internal", FromPlatform
-				f.Platform, f.InstanceID, f.Zone, f.Region = "aws", "i-0abc", "us-east-1a", "us-east-1"
-			},
-		},
-		{
-			name:   "kernel hostname set by DHCP",
-			change: func(m *machine, _ *Options) { m.hostname = "Worker-7" },
-			want:   func(f *Facts) { f.Hostname, f.HostnameSource = "worker-7", FromKernel },
-		},
-		{
-			name:   "platform placeholder falls through to the kernel",
-			change: func(m *machine, o *Options) { m.hostname = "worker-7"; o.Platform.Hostname = "localhost" },
-			want:   func(f *Facts) { f.Hostname, f.HostnameSource = "worker-7", FromKernel },
-		},
-		{
-			name: "lowest metric default route wins; IPv4-only kernel",
-			change: func(m *machine, _ *Options) {
-				m.route = routeHeader +
-					"eth0\t00000000\t0202000A\t0003\t0\t0\t600\t00000000\t0\t0\t0\n" +
-					"eth1\t00000000\t0101A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
-				m.ipv6Route = ""
-				m.ifaces["eth1"] = "52:54:00:ab:cd:ef"
-				m.addrs["eth1"] = []string{"169.254.3.3/16", "192.168.1.20/24"}
-			},
-			want: func(f *Facts) {
-				f.Interface, f.IPv4, f.IPv6 = "eth1", "192.168.1.20", ""
-				f.Hostname = "kiln-525400abcdef"
-				f.MACs["eth1"] = "52:54:00:ab:cd:ef"
-			},
-		},
-		{
-			name: "no default route: first interface with an address",
-			change: func(m *machine, _ *Options) {
-				m.route = routeHeader
-				m.ipv6Route = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 ffffffff 00000001 00000000 00200200       lo\n"
-			},
-			want: func(*Facts) {},
-		},
-		{
-			name: "IPv6-only: the IPv6 default route names the primary interface",
-			change: func(m *machine, _ *Options) {
-				m.route = routeHeader
-				m.addrs = nil
-			},
-			want: func(f *Facts) { f.IPv4 = "" },
-		},
-		{
-			name:   "uninitialised machine id, cgroup v1",
-			change: func(m *machine, _ *Options) { m.machineID = "uninitialized"; m.cgroupV2 = false },
-			want:   func(f *Facts) { f.MachineID, f.CgroupV2 = "", false },
-		},
+	for _, tc := range gatherCases {
+		t.Run(tc.name, func(t *testing.T) { checkGather(t, tc) })
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			m := qemuMachine()
-			var o Options
-			if tc.change != nil {
-				tc.change(&m, &o)
-			}
-			opts := m.tree(t)
-			opts.Hostname, opts.Platform = o.Hostname, o.Platform
-			got, err := Gather(context.Background(), opts)
-			if err != nil {
-				t.Fatalf("Gather: %v", err)
-			}
-			want := &Facts{
-				Hostname: "kiln-525400123456", HostnameSource: FromGenerated,
-				Interface: "eth0", IPv4: "10.0.2.15", IPv6: "fd00::2",
-				MACs:     map[string]string{"eth0": "52:54:00:12:34:56"},
-				Platform: "qemu", MachineID: "3d1219c7c4c5404aaa1f6d2a48adfda4",
-				CPUs: 2, MemoryMB: 2000, KernelVersion: "6.1.0-40-cloud-amd64", CgroupV2: true,
-			}
-			tc.want(want)
-			if !reflect.DeepEqual(got, want) {
-				t.Errorf("Gather:\n got %+v\nwant %+v", got, want)
-			}
-		})
+}
+
+// checkGather gathers the facts of a fake machine changed by tc and checks them.
+func checkGather(t *testing.T, tc gatherCase) {
+	m := qemuMachine()
+	var o Options
+	if tc.change != nil {
+		tc.change(&m, &o)
+	}
+	opts := m.tree(t)
+	opts.Hostname, opts.Platform = o.Hostname, o.Platform
+	got, err := Gather(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("Gather: %v", err)
+	}
+	want := &Facts{
+		Hostname: "kiln-525400123456", HostnameSource: FromGenerated,
+		Interface: "eth0", IPv4: "10.0.2.15", IPv6: "fd00::2",
+		MACs:     map[string]string{"eth0": "52:54:00:12:34:56"},
+		Platform: "qemu", MachineID: "3d1219c7c4c5404aaa1f6d2a48adfda4",
+		CPUs: 2, MemoryMB: 2000, KernelVersion: "6.1.0-40-cloud-amd64", CgroupV2: true,
+	}
+	tc.want(want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Gather:\n got %+v\nwant %+v", got, want)
 	}
 }
 

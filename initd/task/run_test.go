@@ -69,202 +69,209 @@ type want struct {
 	err      string // substring of TaskStatus.Error; "" means none
 }
 
+// runCase is a set of tasks, what is done before Run, and what Run must report.
+type runCase struct {
+	name        string
+	done        []string // already done before the run
+	tasks       func(w *world) []Task
+	maxRounds   int
+	want        map[string]want
+	wantApplied string // Apply calls in order
+	wantRounds  int
+	wantSummary string
+}
+
+var runCases = []runCase{
+	{
+		name: "fresh node applies everything in dependency order",
+		tasks: func(w *world) []Task {
+			return []Task{w.plain("units", "files"), w.plain("files", "config"), w.plain("config"), w.plain("facts")}
+		},
+		want: map[string]want{
+			"config": {StateApplied, 1, ""}, "facts": {StateApplied, 1, ""},
+			"files": {StateApplied, 1, ""}, "units": {StateApplied, 1, ""},
+		},
+		wantApplied: "config facts files units",
+		wantRounds:  1,
+		wantSummary: "tasks=4 applied=4 unchanged=0 failed=0",
+	},
+	{
+		name: "configured node changes nothing",
+		done: []string{"config", "files", "units"},
+		tasks: func(w *world) []Task {
+			return []Task{w.plain("units", "files"), w.plain("files", "config"), w.plain("config")}
+		},
+		want: map[string]want{
+			"config": {StateUnchanged, 1, ""}, "files": {StateUnchanged, 1, ""}, "units": {StateUnchanged, 1, ""},
+		},
+		wantApplied: "",
+		wantRounds:  1,
+		wantSummary: "tasks=3 applied=0 unchanged=3 failed=0",
+	},
+	{
+		name: "failure retried while progress is made converges",
+		tasks: func(w *world) []Task {
+			// a-mount sorts first, so it is tried before the format it needs.
+			return []Task{w.needs("a-mount", "z-format"), w.plain("z-format"), w.plain("kubelet", "a-mount")}
+		},
+		want: map[string]want{
+			"a-mount": {StateApplied, 2, ""}, "z-format": {StateApplied, 1, ""}, "kubelet": {StateApplied, 1, ""},
+		},
+		wantApplied: "z-format a-mount kubelet",
+		wantRounds:  2,
+		wantSummary: "tasks=3 applied=3 unchanged=0 failed=0",
+	},
+	{
+		name: "round limit stops retries",
+		tasks: func(w *world) []Task {
+			return []Task{w.needs("a-mount", "z-format"), w.plain("z-format"), w.plain("kubelet", "a-mount")}
+		},
+		maxRounds: 1,
+		want: map[string]want{
+			"a-mount":  {StateFailed, 1, "apply: z-format is not there yet"},
+			"z-format": {StateApplied, 1, ""},
+			"kubelet":  {StateBlocked, 0, "blocked by failed a-mount"},
+		},
+		wantApplied: "z-format",
+		wantRounds:  1,
+		wantSummary: "tasks=3 applied=1 unchanged=0 failed=1 blocked=1",
+	},
+	{
+		name: "a task that always fails stops after a round without progress",
+		tasks: func(w *world) []Task {
+			return []Task{
+				w.failing("etcd-volume"), w.plain("etcd-manifest", "etcd-volume"),
+				w.plain("kubelet", "etcd-manifest", "files"), w.plain("files"),
+			}
+		},
+		want: map[string]want{
+			"etcd-volume":   {StateFailed, 2, "apply: disk on fire"},
+			"etcd-manifest": {StateBlocked, 0, "blocked by failed etcd-volume"},
+			"kubelet":       {StateBlocked, 0, "blocked by failed etcd-volume (via etcd-manifest)"},
+			"files":         {StateApplied, 1, ""},
+		},
+		wantApplied: "files",
+		wantRounds:  2,
+		wantSummary: "tasks=4 applied=1 unchanged=0 failed=1 blocked=2",
+	},
+	{
+		name: "no progress in the first round",
+		tasks: func(w *world) []Task {
+			return []Task{w.failing("a"), w.failing("b")}
+		},
+		want: map[string]want{
+			"a": {StateFailed, 1, "apply: disk on fire"}, "b": {StateFailed, 1, "apply: disk on fire"},
+		},
+		wantRounds:  1,
+		wantSummary: "tasks=2 applied=0 unchanged=0 failed=2",
+	},
+	{
+		name: "apply that does not converge fails",
+		tasks: func(w *world) []Task {
+			return []Task{
+				Func("sysctl", nil, w.check("sysctl"), func(context.Context) error { return nil }),
+				w.plain("kubelet", "sysctl"),
+			}
+		},
+		want: map[string]want{
+			"sysctl":  {StateFailed, 1, "apply did not converge: check still reports not done"},
+			"kubelet": {StateBlocked, 0, "blocked by failed sysctl"},
+		},
+		wantRounds:  1,
+		wantSummary: "tasks=2 applied=0 unchanged=0 failed=1 blocked=1",
+	},
+	{
+		name: "check error fails without applying",
+		tasks: func(w *world) []Task {
+			return []Task{Func("files", nil,
+				func(context.Context) (bool, error) { return false, errors.New("read /etc/hosts: permission denied") },
+				func(context.Context) error { w.set("files"); return nil })}
+		},
+		want: map[string]want{
+			"files": {StateFailed, 1, "check: read /etc/hosts: permission denied"},
+		},
+		wantRounds:  1,
+		wantSummary: "tasks=1 applied=0 unchanged=0 failed=1",
+	},
+	{
+		name: "check-only task retried until its condition holds",
+		tasks: func(w *world) []Task {
+			return []Task{Func("a-cri-socket", nil, w.check("z-containerd"), nil), w.plain("z-containerd")}
+		},
+		want: map[string]want{
+			"a-cri-socket": {StateUnchanged, 2, ""}, "z-containerd": {StateApplied, 1, ""},
+		},
+		wantApplied: "z-containerd",
+		wantRounds:  2,
+		wantSummary: "tasks=2 applied=1 unchanged=1 failed=0",
+	},
+	{
+		name: "check-only task whose condition never holds",
+		tasks: func(w *world) []Task {
+			return []Task{Func("swap-off", nil, w.check("never"), nil)}
+		},
+		want:        map[string]want{"swap-off": {StateFailed, 1, "apply: not done, and the task has nothing to apply"}},
+		wantRounds:  1,
+		wantSummary: "tasks=1 applied=0 unchanged=0 failed=1",
+	},
+	{
+		name: "panic is a failure, not a crash",
+		tasks: func(w *world) []Task {
+			return []Task{Func("users", nil, w.check("users"), func(context.Context) error { panic("nil map") }), w.plain("files")}
+		},
+		want: map[string]want{
+			"users": {StateFailed, 2, "panic: nil map"}, "files": {StateApplied, 1, ""},
+		},
+		wantApplied: "files",
+		wantRounds:  2,
+		wantSummary: "tasks=2 applied=1 unchanged=0 failed=1",
+	},
+}
+
 func TestRun(t *testing.T) {
-	tests := []struct {
-		name        string
-		done        []string // already done before the run
-		tasks       func(w *world) []Task
-		maxRounds   int
-		want        map[string]want
-		wantApplied string // Apply calls in order
-		wantRounds  int
-		wantSummary string
-	}{
-		{
-			name: "fresh node applies everything in dependency order",
-			tasks: func(w *world) []Task {
-				return []Task{w.plain("units", "files"), w.plain("files", "config"), w.plain("config"), w.plain("facts")}
-			},
-			want: map[string]want{
-				"config": {StateApplied, 1, ""}, "facts": {StateApplied, 1, ""},
-				"files": {StateApplied, 1, ""}, "units": {StateApplied, 1, ""},
-			},
-			wantApplied: "config facts files units",
-			wantRounds:  1,
-			wantSummary: "tasks=4 applied=4 unchanged=0 failed=0",
-		},
-		{
-			name: "configured node changes nothing",
-			done: []string{"config", "files", "units"},
-			tasks: func(w *world) []Task {
-				return []Task{w.plain("units", "files"), w.plain("files", "config"), w.plain("config")}
-			},
-			want: map[string]want{
-				"config": {StateUnchanged, 1, ""}, "files": {StateUnchanged, 1, ""}, "units": {StateUnchanged, 1, ""},
-			},
-			wantApplied: "",
-			wantRounds:  1,
-			wantSummary: "tasks=3 applied=0 unchanged=3 failed=0",
-		},
-		{
-			name: "failure retried while progress is made converges",
-			tasks: func(w *world) []Task {
-				// a-mount sorts first, so it is tried before the format it needs.
-				return []Task{w.needs("a-mount", "z-format"), w.plain("z-format"), w.plain("kubelet", "a-mount")}
-			},
-			want: map[string]want{
-				"a-mount": {StateApplied, 2, ""}, "z-format": {StateApplied, 1, ""}, "kubelet": {StateApplied, 1, ""},
-			},
-			wantApplied: "z-format a-mount kubelet",
-			wantRounds:  2,
-			wantSummary: "tasks=3 applied=3 unchanged=0 failed=0",
-		},
-		{
-			name: "round limit stops retries",
-			tasks: func(w *world) []Task {
-				return []Task{w.needs("a-mount", "z-format"), w.plain("z-format"), w.plain("kubelet", "a-mount")}
-			},
-			maxRounds: 1,
-			want: map[string]want{
-				"a-mount":  {StateFailed, 1, "apply: z-format is not there yet"},
-				"z-format": {StateApplied, 1, ""},
-				"kubelet":  {StateBlocked, 0, "blocked by failed a-mount"},
-			},
-			wantApplied: "z-format",
-			wantRounds:  1,
-			wantSummary: "tasks=3 applied=1 unchanged=0 failed=1 blocked=1",
-		},
-		{
-			name: "a task that always fails stops after a round without progress",
-			tasks: func(w *world) []Task {
-				return []Task{
-					w.failing("etcd-volume"), w.plain("etcd-manifest", "etcd-volume"),
-					w.plain("kubelet", "etcd-manifest", "files"), w.plain("files"),
-				}
-			},
-			want: map[string]want{
-				"etcd-volume":   {StateFailed, 2, "apply: disk on fire"},
-				"etcd-manifest": {StateBlocked, 0, "blocked by failed etcd-volume"},
-				"kubelet":       {StateBlocked, 0, "blocked by failed etcd-volume (via etcd-manifest)"},
-				"files":         {StateApplied, 1, ""},
-			},
-			wantApplied: "files",
-			wantRounds:  2,
-			wantSummary: "tasks=4 applied=1 unchanged=0 failed=1 blocked=2",
-		},
-		{
-			name: "no progress in the first round",
-			tasks: func(w *world) []Task {
-				return []Task{w.failing("a"), w.failing("b")}
-			},
-			want: map[string]want{
-				"a": {StateFailed, 1, "apply: disk on fire"}, "b": {StateFailed, 1, "apply: disk on fire"},
-			},
-			wantRounds:  1,
-			wantSummary: "tasks=2 applied=0 unchanged=0 failed=2",
-		},
-		{
-			name: "apply that does not converge fails",
-			tasks: func(w *world) []Task {
-				return []Task{
-					Func("sysctl", nil, w.check("sysctl"), func(context.Context) error { return nil }),
-					w.plain("kubelet", "sysctl"),
-				}
-			},
-			want: map[string]want{
-				"sysctl":  {StateFailed, 1, "apply did not converge: check still reports not done"},
-				"kubelet": {StateBlocked, 0, "blocked by failed sysctl"},
-			},
-			wantRounds:  1,
-			wantSummary: "tasks=2 applied=0 unchanged=0 failed=1 blocked=1",
-		},
-		{
-			name: "check error fails without applying",
-			tasks: func(w *world) []Task {
-				return []Task{Func("files", nil,
-					func(context.Context) (bool, error) { return false, errors.New("read /etc/hosts: permission denied") },
-					func(context.Context) error { w.set("files"); return nil })}
-			},
-			want: map[string]want{
-				"files": {StateFailed, 1, "check: read /etc/hosts: permission denied"},
-			},
-			wantRounds:  1,
-			wantSummary: "tasks=1 applied=0 unchanged=0 failed=1",
-		},
-		{
-			name: "check-only task retried until its condition holds",
-			tasks: func(w *world) []Task {
-				return []Task{Func("a-cri-socket", nil, w.check("z-containerd"), nil), w.plain("z-containerd")}
-			},
-			want: map[string]want{
-				"a-cri-socket": {StateUnchanged, 2, ""}, "z-containerd": {StateApplied, 1, ""},
-			},
-			wantApplied: "z-containerd",
-			wantRounds:  2,
-			wantSummary: "tasks=2 applied=1 unchanged=1 failed=0",
-		},
-		{
-			name: "check-only task whose condition never holds",
-			tasks: func(w *world) []Task {
-				return []Task{Func("swap-off", nil, w.check("never"), nil)}
-			},
-			want:        map[string]want{"swap-off": {StateFailed, 1, "apply: not done, and the task has nothing to apply"}},
-			wantRounds:  1,
-			wantSummary: "tasks=1 applied=0 unchanged=0 failed=1",
-		},
-		{
-			name: "panic is a failure, not a crash",
-			tasks: func(w *world) []Task {
-				return []Task{Func("users", nil, w.check("users"), func(context.Context) error { panic("nil map") }), w.plain("files")}
-			},
-			want: map[string]want{
-				"users": {StateFailed, 2, "panic: nil map"}, "files": {StateApplied, 1, ""},
-			},
-			wantApplied: "files",
-			wantRounds:  2,
-			wantSummary: "tasks=2 applied=1 unchanged=0 failed=1",
-		},
+	for _, tc := range runCases {
+		t.Run(tc.name, func(t *testing.T) { checkRun(t, tc) })
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(tc.done...)
-			rep, err := Run(context.Background(), tc.tasks(w), Options{MaxRounds: tc.maxRounds})
-			if rep == nil {
-				t.Fatalf("no report: %v", err)
+}
+
+// checkRun runs tc's tasks in a fresh world and checks the report against tc.
+func checkRun(t *testing.T, tc runCase) {
+	w := newWorld(tc.done...)
+	rep, err := Run(context.Background(), tc.tasks(w), Options{MaxRounds: tc.maxRounds})
+	if rep == nil {
+		t.Fatalf("no report: %v", err)
+	}
+	failing := false
+	for name, wt := range tc.want {
+		got := status(t, rep, name)
+		if got.State != wt.state || got.Attempts != wt.attempts || !errMatches(got.Error, wt.err) {
+			t.Errorf("%s: state=%s attempts=%d error=%q, want state=%s attempts=%d error~%q",
+				name, got.State, got.Attempts, got.Error, wt.state, wt.attempts, wt.err)
+		}
+		if !wt.state.OK() {
+			failing = true
+			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("task %s %s: ", name, wt.state)) {
+				t.Errorf("Run error %v does not name %s as %s", err, name, wt.state)
 			}
-			failing := false
-			for name, wt := range tc.want {
-				got := status(t, rep, name)
-				if got.State != wt.state || got.Attempts != wt.attempts || !errMatches(got.Error, wt.err) {
-					t.Errorf("%s: state=%s attempts=%d error=%q, want state=%s attempts=%d error~%q",
-						name, got.State, got.Attempts, got.Error, wt.state, wt.attempts, wt.err)
-				}
-				if !wt.state.OK() {
-					failing = true
-					if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("task %s %s: ", name, wt.state)) {
-						t.Errorf("Run error %v does not name %s as %s", err, name, wt.state)
-					}
-				}
-			}
-			if len(rep.Tasks) != len(tc.want) {
-				t.Errorf("report has %d tasks, want %d", len(rep.Tasks), len(tc.want))
-			}
-			if !failing && err != nil {
-				t.Errorf("Run error %v, want nil", err)
-			}
-			if got := strings.Join(w.applied, " "); got != tc.wantApplied {
-				t.Errorf("applied %q, want %q", got, tc.wantApplied)
-			}
-			if rep.Rounds != tc.wantRounds {
-				t.Errorf("rounds = %d, want %d", rep.Rounds, tc.wantRounds)
-			}
-			if got := rep.Summary(); got != tc.wantSummary {
-				t.Errorf("summary %q, want %q", got, tc.wantSummary)
-			}
-			if rep.OK() != !failing {
-				t.Errorf("OK() = %v with failing=%v", rep.OK(), failing)
-			}
-		})
+		}
+	}
+	if len(rep.Tasks) != len(tc.want) {
+		t.Errorf("report has %d tasks, want %d", len(rep.Tasks), len(tc.want))
+	}
+	if !failing && err != nil {
+		t.Errorf("Run error %v, want nil", err)
+	}
+	if got := strings.Join(w.applied, " "); got != tc.wantApplied {
+		t.Errorf("applied %q, want %q", got, tc.wantApplied)
+	}
+	if rep.Rounds != tc.wantRounds {
+		t.Errorf("rounds = %d, want %d", rep.Rounds, tc.wantRounds)
+	}
+	if got := rep.Summary(); got != tc.wantSummary {
+		t.Errorf("summary %q, want %q", got, tc.wantSummary)
+	}
+	if rep.OK() != !failing {
+		t.Errorf("OK() = %v with failing=%v", rep.OK(), failing)
 	}
 }
 

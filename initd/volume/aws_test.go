@@ -312,143 +312,150 @@ func etcdVolumes() []*fakeVol {
 	}
 }
 
+// awsCase is the EC2 volumes an etcd member finds and what attaching its own must do.
+type awsCase struct {
+	name         string
+	vols         func() []*fakeVol
+	beforeAttach func(f *fakeEC2, volID string)
+	member       string
+	wantAttaches []string
+	wantErr      error
+	wantMsg      string
+}
+
+var awsCases = []awsCase{
+	{
+		name:         "available volume is attached",
+		vols:         etcdVolumes,
+		member:       "b",
+		wantAttaches: []string{"vol-0b " + me + " /dev/xvdu"},
+	},
+	{
+		name: "volume attached to this instance (a reboot) is used as it is",
+		vols: func() []*fakeVol {
+			v := etcdVolumes()
+			v[1].attachedTo(me, "/dev/xvdu")
+			return v
+		},
+		member: "b",
+	},
+	{
+		name: "attachment started by a previous attempt is waited for",
+		vols: func() []*fakeVol {
+			v := etcdVolumes()
+			v[1].state, v[1].att = "in-use", []fakeAtt{{me, "/dev/xvdu", "attaching"}}
+			return v
+		},
+		member: "b",
+	},
+	{
+		name: "the first free device name is used",
+		vols: func() []*fakeVol {
+			v := etcdVolumes()
+			root := &fakeVol{id: "vol-0root", az: testAZ, state: "in-use", tags: map[string]string{}}
+			other := &fakeVol{id: "vol-0data", az: testAZ, state: "in-use", tags: map[string]string{}}
+			return append(v, root.attachedTo(me, "/dev/xvda"), other.attachedTo(me, "/dev/xvdu"))
+		},
+		member:       "b",
+		wantAttaches: []string{"vol-0b " + me + " /dev/xvdv"},
+	},
+	{
+		name: "volume held by another instance",
+		vols: func() []*fakeVol {
+			v := etcdVolumes()
+			v[1].attachedTo("i-0old", "/dev/xvdu")
+			return v
+		},
+		member:  "b",
+		wantErr: ErrAttachedElsewhere,
+		wantMsg: "vol-0b: volume is attached to another instance (i-0old, attached)",
+	},
+	{
+		name:   "another instance wins the attach race",
+		vols:   etcdVolumes,
+		member: "b",
+		beforeAttach: func(f *fakeEC2, volID string) {
+			f.vol(volID).attachedTo("i-0rival", "/dev/xvdu")
+		},
+		wantAttaches: []string{"vol-0b " + me + " /dev/xvdu"},
+		wantErr:      ErrAttachedElsewhere,
+		wantMsg:      "i-0rival",
+	},
+	{
+		name:    "no volume for the member",
+		vols:    etcdVolumes,
+		member:  "d",
+		wantErr: ErrNotFound,
+		wantMsg: "for member d in eu-west-1a (tag k8s.io/etcd/main=d/…, 3 volumes match the other filters)",
+	},
+	{
+		name: "two volumes for the member",
+		vols: func() []*fakeVol {
+			v := etcdVolumes()
+			dup := &fakeVol{id: "vol-0b2", az: testAZ, state: "available", tags: map[string]string{}}
+			for k, val := range v[1].tags {
+				dup.tags[k] = val
+			}
+			return append(v, dup)
+		},
+		member:  "b",
+		wantMsg: "2 volumes are tagged for member b (vol-0b, vol-0b2); expected one",
+	},
+}
+
 func TestAWS(t *testing.T) {
-	tests := []struct {
-		name         string
-		vols         func() []*fakeVol
-		beforeAttach func(f *fakeEC2, volID string)
-		member       string
-		wantAttaches []string
-		wantErr      error
-		wantMsg      string
-	}{
-		{
-			name:         "available volume is attached",
-			vols:         etcdVolumes,
-			member:       "b",
-			wantAttaches: []string{"vol-0b " + me + " /dev/xvdu"},
-		},
-		{
-			name: "volume attached to this instance (a reboot) is used as it is",
-			vols: func() []*fakeVol {
-				v := etcdVolumes()
-				v[1].attachedTo(me, "/dev/xvdu")
-				return v
-			},
-			member: "b",
-		},
-		{
-			name: "attachment started by a previous attempt is waited for",
-			vols: func() []*fakeVol {
-				v := etcdVolumes()
-				v[1].state, v[1].att = "in-use", []fakeAtt{{me, "/dev/xvdu", "attaching"}}
-				return v
-			},
-			member: "b",
-		},
-		{
-			name: "the first free device name is used",
-			vols: func() []*fakeVol {
-				v := etcdVolumes()
-				root := &fakeVol{id: "vol-0root", az: testAZ, state: "in-use", tags: map[string]string{}}
-				other := &fakeVol{id: "vol-0data", az: testAZ, state: "in-use", tags: map[string]string{}}
-				return append(v, root.attachedTo(me, "/dev/xvda"), other.attachedTo(me, "/dev/xvdu"))
-			},
-			member:       "b",
-			wantAttaches: []string{"vol-0b " + me + " /dev/xvdv"},
-		},
-		{
-			name: "volume held by another instance",
-			vols: func() []*fakeVol {
-				v := etcdVolumes()
-				v[1].attachedTo("i-0old", "/dev/xvdu")
-				return v
-			},
-			member:  "b",
-			wantErr: ErrAttachedElsewhere,
-			wantMsg: "vol-0b: volume is attached to another instance (i-0old, attached)",
-		},
-		{
-			name:   "another instance wins the attach race",
-			vols:   etcdVolumes,
-			member: "b",
-			beforeAttach: func(f *fakeEC2, volID string) {
-				f.vol(volID).attachedTo("i-0rival", "/dev/xvdu")
-			},
-			wantAttaches: []string{"vol-0b " + me + " /dev/xvdu"},
-			wantErr:      ErrAttachedElsewhere,
-			wantMsg:      "i-0rival",
-		},
-		{
-			name:    "no volume for the member",
-			vols:    etcdVolumes,
-			member:  "d",
-			wantErr: ErrNotFound,
-			wantMsg: "for member d in eu-west-1a (tag k8s.io/etcd/main=d/…, 3 volumes match the other filters)",
-		},
-		{
-			name: "two volumes for the member",
-			vols: func() []*fakeVol {
-				v := etcdVolumes()
-				dup := &fakeVol{id: "vol-0b2", az: testAZ, state: "available", tags: map[string]string{}}
-				for k, val := range v[1].tags {
-					dup.tags[k] = val
-				}
-				return append(v, dup)
-			},
-			member:  "b",
-			wantMsg: "2 volumes are tagged for member b (vol-0b, vol-0b2); expected one",
-		},
+	for _, tt := range awsCases {
+		t.Run(tt.name, func(t *testing.T) { checkAWS(t, tt) })
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dev := newFakeDev(t)
-			f := &fakeEC2{t: t, dev: dev, vols: tt.vols(), beforeAttach: tt.beforeAttach}
-			for _, v := range f.vols {
-				if len(v.att) > 0 && v.att[0].instance == me && v.att[0].state == "attached" {
-					dev.link("nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(v.id, "-", ""), "nvme1n1")
+}
+
+// checkAWS attaches tt.member's volume against a fake EC2 holding tt.vols and checks the outcome.
+func checkAWS(t *testing.T, tt awsCase) {
+	dev := newFakeDev(t)
+	f := &fakeEC2{t: t, dev: dev, vols: tt.vols(), beforeAttach: tt.beforeAttach}
+	for _, v := range f.vols {
+		if len(v.att) > 0 && v.att[0].instance == me && v.att[0].state == "attached" {
+			dev.link("nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(v.id, "-", ""), "nvme1n1")
+		}
+	}
+	finder := AWS{
+		Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: tt.member,
+		DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
+	}
+	got, err := finder.Find(context.Background())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !slices.Equal(f.attaches, tt.wantAttaches) {
+		t.Errorf("AttachVolume calls = %q, want %q", f.attaches, tt.wantAttaches)
+	}
+	if want := "availability-zone=eu-west-1a tag:kubernetes.io/cluster/prod=owned tag-key=k8s.io/etcd/main"; len(f.filters) == 0 || f.filters[0] != want {
+		t.Errorf("first DescribeVolumes filters = %q, want %q", f.filters, want)
+	}
+	if tt.wantErr != nil || tt.wantMsg != "" {
+		if err == nil || (tt.wantErr != nil && !errors.Is(err, tt.wantErr)) || !strings.Contains(err.Error(), tt.wantMsg) {
+			t.Fatalf("Find = %q, %v; want %v with %q", got, err, tt.wantErr, tt.wantMsg)
+		}
+		// No other member's volume was taken.
+		for _, v := range f.vols {
+			for _, a := range v.att {
+				if a.instance == me && v.id != "vol-0root" && v.id != "vol-0data" {
+					t.Errorf("%s got attached to this instance", v.id)
 				}
 			}
-			finder := AWS{
-				Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: tt.member,
-				DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
-			}
-			got, err := finder.Find(context.Background())
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			if !slices.Equal(f.attaches, tt.wantAttaches) {
-				t.Errorf("AttachVolume calls = %q, want %q", f.attaches, tt.wantAttaches)
-			}
-			if want := "availability-zone=eu-west-1a tag:kubernetes.io/cluster/prod=owned tag-key=k8s.io/etcd/main"; len(f.filters) == 0 || f.filters[0] != want {
-				t.Errorf("first DescribeVolumes filters = %q, want %q", f.filters, want)
-			}
-			if tt.wantErr != nil || tt.wantMsg != "" {
-				if err == nil || (tt.wantErr != nil && !errors.Is(err, tt.wantErr)) || !strings.Contains(err.Error(), tt.wantMsg) {
-					t.Fatalf("Find = %q, %v; want %v with %q", got, err, tt.wantErr, tt.wantMsg)
-				}
-				// No other member's volume was taken.
-				for _, v := range f.vols {
-					for _, a := range v.att {
-						if a.instance == me && v.id != "vol-0root" && v.id != "vol-0data" {
-							t.Errorf("%s got attached to this instance", v.id)
-						}
-					}
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Find: %v", err)
-			}
-			if want := dev.devs + "/nvme1n1"; got != want {
-				t.Errorf("Find = %q, want %q", got, want)
-			}
-			if v := f.vol("vol-0b"); len(v.att) != 1 || v.att[0].instance != me || v.att[0].state != "attached" {
-				t.Errorf("vol-0b attachments = %+v", v.att)
-			}
-			if v := f.vol("vol-0c"); len(v.att) != 0 {
-				t.Errorf("member c's volume was attached: %+v", v.att)
-			}
-		})
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Find: %v", err)
+	}
+	if want := dev.devs + "/nvme1n1"; got != want {
+		t.Errorf("Find = %q, want %q", got, want)
+	}
+	if v := f.vol("vol-0b"); len(v.att) != 1 || v.att[0].instance != me || v.att[0].state != "attached" {
+		t.Errorf("vol-0b attachments = %+v", v.att)
+	}
+	if v := f.vol("vol-0c"); len(v.att) != 0 {
+		t.Errorf("member c's volume was attached: %+v", v.att)
 	}
 }
 

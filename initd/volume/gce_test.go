@@ -160,106 +160,113 @@ func newCompute(t *testing.T, f *fakeCompute, token string) *compute.Service {
 	return svc
 }
 
+// gceCase is the disks a fake Compute API holds and what attaching the etcd disk must do.
+type gceCase struct {
+	name        string
+	disks       map[string][]string
+	deviceNames map[string]string
+	race        string
+	diskName    string
+	wantAttach  []string // device names attachDisk was called with
+	wantLink    string   // the by-id link Find resolves
+	wantErr     error
+	wantMsg     string
+}
+
+var gceCases = []gceCase{
+	{
+		name:       "free disk is attached",
+		disks:      map[string][]string{"prod-etcd-a": {"cp-a"}, "prod-etcd-b": nil},
+		diskName:   "prod-etcd-b",
+		wantAttach: []string{"prod-etcd-b"},
+		wantLink:   "google-prod-etcd-b",
+	},
+	{
+		name:        "disk attached to this instance under another device name",
+		disks:       map[string][]string{"prod-etcd-b": {gceMe}},
+		deviceNames: map[string]string{gceMe + "/prod-etcd-b": "persistent-disk-1"},
+		diskName:    "prod-etcd-b",
+		wantLink:    "google-persistent-disk-1",
+	},
+	{
+		name:     "disk used by another instance",
+		disks:    map[string][]string{"prod-etcd-b": {"cp-old"}},
+		diskName: "prod-etcd-b",
+		wantErr:  ErrAttachedElsewhere,
+		wantMsg:  "instances/cp-old",
+	},
+	{
+		name:       "another instance wins the race: request refused",
+		disks:      map[string][]string{"prod-etcd-b": nil},
+		race:       "request",
+		diskName:   "prod-etcd-b",
+		wantAttach: []string{"prod-etcd-b"},
+		wantErr:    ErrAttachedElsewhere,
+		wantMsg:    "already being used by",
+	},
+	{
+		name:       "another instance wins the race: operation fails",
+		disks:      map[string][]string{"prod-etcd-b": nil},
+		race:       "operation",
+		diskName:   "prod-etcd-b",
+		wantAttach: []string{"prod-etcd-b"},
+		wantErr:    ErrAttachedElsewhere,
+		wantMsg:    "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE",
+	},
+	{
+		name:     "no such disk",
+		disks:    map[string][]string{},
+		diskName: "prod-etcd-b",
+		wantErr:  ErrNotFound,
+		wantMsg:  "gce disk prod-etcd-b: no matching volume in project kiln-prod, zone europe-west4-a",
+	},
+}
+
 func TestGCE(t *testing.T) {
-	tests := []struct {
-		name        string
-		disks       map[string][]string
-		deviceNames map[string]string
-		race        string
-		diskName    string
-		wantAttach  []string // device names attachDisk was called with
-		wantLink    string   // the by-id link Find resolves
-		wantErr     error
-		wantMsg     string
-	}{
-		{
-			name:       "free disk is attached",
-			disks:      map[string][]string{"prod-etcd-a": {"cp-a"}, "prod-etcd-b": nil},
-			diskName:   "prod-etcd-b",
-			wantAttach: []string{"prod-etcd-b"},
-			wantLink:   "google-prod-etcd-b",
-		},
-		{
-			name:        "disk attached to this instance under another device name",
-			disks:       map[string][]string{"prod-etcd-b": {gceMe}},
-			deviceNames: map[string]string{gceMe + "/prod-etcd-b": "persistent-disk-1"},
-			diskName:    "prod-etcd-b",
-			wantLink:    "google-persistent-disk-1",
-		},
-		{
-			name:     "disk used by another instance",
-			disks:    map[string][]string{"prod-etcd-b": {"cp-old"}},
-			diskName: "prod-etcd-b",
-			wantErr:  ErrAttachedElsewhere,
-			wantMsg:  "instances/cp-old",
-		},
-		{
-			name:       "another instance wins the race: request refused",
-			disks:      map[string][]string{"prod-etcd-b": nil},
-			race:       "request",
-			diskName:   "prod-etcd-b",
-			wantAttach: []string{"prod-etcd-b"},
-			wantErr:    ErrAttachedElsewhere,
-			wantMsg:    "already being used by",
-		},
-		{
-			name:       "another instance wins the race: operation fails",
-			disks:      map[string][]string{"prod-etcd-b": nil},
-			race:       "operation",
-			diskName:   "prod-etcd-b",
-			wantAttach: []string{"prod-etcd-b"},
-			wantErr:    ErrAttachedElsewhere,
-			wantMsg:    "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE",
-		},
-		{
-			name:     "no such disk",
-			disks:    map[string][]string{},
-			diskName: "prod-etcd-b",
-			wantErr:  ErrNotFound,
-			wantMsg:  "gce disk prod-etcd-b: no matching volume in project kiln-prod, zone europe-west4-a",
-		},
+	for _, tt := range gceCases {
+		t.Run(tt.name, func(t *testing.T) { checkGCE(t, tt) })
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dev := newFakeDev(t)
-			f := &fakeCompute{t: t, dev: dev, disks: tt.disks, deviceNames: map[string]string{}, race: tt.race}
-			for k, v := range tt.deviceNames {
-				f.deviceNames[k] = v
-				dev.link("google-"+v, "sdb")
-			}
-			g := GCE{
-				Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
-				DiskName: tt.diskName, DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
-			}
-			got, err := g.Find(context.Background())
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			if len(f.unauthorized) > 0 {
-				t.Errorf("requests without the bearer token: %q", f.unauthorized)
-			}
-			var attached []string
-			for _, ad := range f.attached {
-				attached = append(attached, ad.DeviceName)
-			}
-			if !slices.Equal(attached, tt.wantAttach) {
-				t.Errorf("attachDisk device names = %q, want %q", attached, tt.wantAttach)
-			}
-			if tt.wantErr != nil {
-				if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
-					t.Fatalf("Find = %q, %v; want %v with %q", got, err, tt.wantErr, tt.wantMsg)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Find: %v (requests %q)", err, f.requests)
-			}
-			if got != dev.devs+"/sdb" {
-				t.Errorf("Find = %q, want %s", got, dev.devs+"/sdb")
-			}
-			if users := f.disks[tt.diskName]; !slices.Equal(users, []string{gceMe}) {
-				t.Errorf("disk users = %q", users)
-			}
-		})
+}
+
+// checkGCE attaches tt.diskName against a fake Compute API and checks the outcome.
+func checkGCE(t *testing.T, tt gceCase) {
+	dev := newFakeDev(t)
+	f := &fakeCompute{t: t, dev: dev, disks: tt.disks, deviceNames: map[string]string{}, race: tt.race}
+	for k, v := range tt.deviceNames {
+		f.deviceNames[k] = v
+		dev.link("google-"+v, "sdb")
+	}
+	g := GCE{
+		Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
+		DiskName: tt.diskName, DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
+	}
+	got, err := g.Find(context.Background())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.unauthorized) > 0 {
+		t.Errorf("requests without the bearer token: %q", f.unauthorized)
+	}
+	var attached []string
+	for _, ad := range f.attached {
+		attached = append(attached, ad.DeviceName)
+	}
+	if !slices.Equal(attached, tt.wantAttach) {
+		t.Errorf("attachDisk device names = %q, want %q", attached, tt.wantAttach)
+	}
+	if tt.wantErr != nil {
+		if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
+			t.Fatalf("Find = %q, %v; want %v with %q", got, err, tt.wantErr, tt.wantMsg)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Find: %v (requests %q)", err, f.requests)
+	}
+	if got != dev.devs+"/sdb" {
+		t.Errorf("Find = %q, want %s", got, dev.devs+"/sdb")
+	}
+	if users := f.disks[tt.diskName]; !slices.Equal(users, []string{gceMe}) {
+		t.Errorf("disk users = %q", users)
 	}
 }
 
