@@ -2,16 +2,14 @@ package stage1
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
+	"github.com/kilnproject/kiln/internal/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,25 +57,10 @@ func TestParseModulesLoad(t *testing.T) {
 func TestDecompressModule(t *testing.T) {
 	// An ELF-looking payload; only the bytes matter.
 	img := bytes.Repeat([]byte("\x7fELF module body "), 5000)
-	compress := map[string]func(w io.Writer) (io.WriteCloser, error){
-		"m.ko.xz":  func(w io.Writer) (io.WriteCloser, error) { return xz.NewWriter(w) },
-		"m.ko.zst": func(w io.Writer) (io.WriteCloser, error) { return zstd.NewWriter(w) },
-		"m.ko.gz":  func(w io.Writer) (io.WriteCloser, error) { return gzip.NewWriter(w), nil },
-	}
-	for name, mk := range compress {
+	for _, name := range []string{"m.ko.xz", "m.ko.zst", "m.ko.gz"} {
 		t.Run(name, func(t *testing.T) {
-			var buf bytes.Buffer
-			w, err := mk(&buf)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := w.Write(img); err != nil {
-				t.Fatal(err)
-			}
-			if err := w.Close(); err != nil {
-				t.Fatal(err)
-			}
-			got, err := decompressModule(name, &buf)
+			buf := bytes.NewBuffer(testkit.Compress(t, filepath.Ext(name), img))
+			got, err := decompressModule(name, buf)
 			if err != nil {
 				t.Fatal(err)
 			}

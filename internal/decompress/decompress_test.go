@@ -7,40 +7,18 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/klauspost/compress/gzip"
+	"github.com/kilnproject/kiln/internal/testkit"
 	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
 )
 
 // compress returns data compressed as kind (Bzip2 has no writer in the standard library:
 // a small stream made by bzip2(1) stands in).
 func compress(t *testing.T, kind Kind, data []byte) []byte {
 	t.Helper()
-	var b bytes.Buffer
-	var w io.WriteCloser
-	var err error
-	switch kind {
-	case None:
+	if kind == None {
 		return data
-	case Gzip:
-		w = gzip.NewWriter(&b)
-	case Zstd:
-		w, err = zstd.NewWriter(&b)
-	case Xz:
-		w, err = xz.NewWriter(&b)
-	default:
-		t.Fatalf("no writer for %s", kind)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
+	return testkit.Compress(t, string(kind), data)
 }
 
 // bzip2Hello is "hello\n" as bzip2(1) writes it.

@@ -16,19 +16,19 @@ func Gzip(t testing.TB, data []byte) []byte {
 	return Compress(t, "gz", data)
 }
 
-// Compress returns data compressed in the format named by kind: "gz", "xz" or "zst" (the
-// file name suffixes, with or without the dot).
+// Compress returns data compressed in the format named by kind: a file name suffix ("gz",
+// "xz", "zst", with or without the dot) or a format name ("gzip", "zstd").
 func Compress(t testing.TB, kind string, data []byte) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	var w io.WriteCloser
 	var err error
 	switch kind {
-	case "gz", ".gz":
+	case "gz", ".gz", "gzip":
 		w = gzip.NewWriter(&buf)
 	case "xz", ".xz":
 		w, err = xz.NewWriter(&buf)
-	case "zst", ".zst":
+	case "zst", ".zst", "zstd":
 		w, err = zstd.NewWriter(&buf)
 	default:
 		t.Fatalf("no compressor for %q", kind)
