@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -152,7 +153,7 @@ const (
 
 var treeBootFiles = []bootFile{
 	{
-		what: "kernel", path: bootKernel, espPath: disk.KernelPath,
+		what: "kernel", path: bootKernel, espPath: nodeimage.KernelPath,
 		inside: "usr/lib/linux/image", body: kernelBody,
 		extra: []bootFileCase{
 			{

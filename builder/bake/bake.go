@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/artifact"
-	"github.com/kilnproject/kiln/builder/disk"
 	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // Options configure one bake.
@@ -53,89 +53,7 @@ type Options struct {
 // Result names what a bake wrote.
 type Result struct {
 	Outputs  []string // every file written to OutDir, raw first, metadata last
-	Metadata *Metadata
-}
-
-// Metadata describes a baked image; it is /etc/kiln/image.json in the image, /kiln/image.json
-// on the ESP and, with the disk layout added, <image>-<role>.json beside the outputs.
-type Metadata struct {
-	Name      string           `json:"name"`
-	Role      string           `json:"role"`
-	Platform  string           `json:"platform"`
-	Created   time.Time        `json:"created"`
-	Kiln      string           `json:"kiln"`
-	Base      BaseInfo         `json:"base"`
-	Kernel    KernelInfo       `json:"kernel"`
-	Artifacts []ArtifactInfo   `json:"artifacts"`
-	RootFS    string           `json:"rootfs"`
-	Disk      *DiskInfo        `json:"disk,omitempty"`
-	Outputs   []OutputInfo     `json:"outputs,omitempty"`
-	Initramfs *InitramfsDigest `json:"initramfs,omitempty"`
-	// Kubernetes is set when the role's profile has a kubernetes section.
-	Kubernetes *KubernetesInfo `json:"kubernetes,omitempty"`
-}
-
-// KubernetesInfo is what the image carries to run Kubernetes: the release (kubelet's own
-// version), the runtime, the containerd version and the pre-pulled images, which are in the
-// OCI image layout at /usr/lib/kiln/images.
-type KubernetesInfo struct {
-	Version    string      `json:"version"`
-	Runtime    string      `json:"runtime"`
-	Containerd string      `json:"containerd,omitempty"`
-	Images     []ImageInfo `json:"images"`
-	// ImagesLeftOut is set when the bake left the profile's images out (--without-images):
-	// the node pulls them from a registry.
-	ImagesLeftOut bool `json:"imagesLeftOut,omitempty"`
-}
-
-// ImageInfo is one pre-pulled image: its name and the digest of its image manifest.
-type ImageInfo struct {
-	Name   string `json:"name"`
-	Digest string `json:"digest"`
-}
-
-// BaseInfo pins the base OS image.
-type BaseInfo struct {
-	Ref    string `json:"ref"`
-	Digest string `json:"digest"`
-}
-
-// KernelInfo names the kernel found in the base.
-type KernelInfo struct {
-	Version string `json:"version"`
-	SHA256  string `json:"sha256,omitempty"`
-}
-
-// ArtifactInfo records one artifact laid into the image.
-type ArtifactInfo struct {
-	Name   string `json:"name"`
-	Source string `json:"source"`
-	SHA256 string `json:"sha256"`
-	Dest   string `json:"dest"`
-}
-
-// InitramfsDigest summarises the initramfs.
-type InitramfsDigest struct {
-	SHA256  string   `json:"sha256"`
-	Size    int64    `json:"size"`
-	Modules []string `json:"modules"`
-}
-
-// DiskInfo is the partition table of the raw disk.
-type DiskInfo struct {
-	Size       int64            `json:"size"`
-	GUID       string           `json:"guid"`
-	Cmdline    string           `json:"cmdline"`
-	Partitions []disk.Partition `json:"partitions"`
-}
-
-// OutputInfo is one written file.
-type OutputInfo struct {
-	Format    string `json:"format"`
-	File      string `json:"file"`
-	Size      int64  `json:"size"`
-	Allocated int64  `json:"allocated"`
-	SHA256    string `json:"sha256,omitempty"`
+	Metadata *nodeimage.Metadata
 }
 
 // Bake runs the whole pipeline.
@@ -188,9 +106,9 @@ type baker struct {
 
 // run bakes the image in the work directory, stage after stage, and returns its metadata and
 // the files to publish: the outputs (raw first) and then <stem>.json.
-func (b *baker) run() (*Metadata, []string, error) {
-	md := &Metadata{Name: b.def.Name, Role: b.prof.Role, Platform: b.def.Platform, Created: b.o.Created.UTC(),
-		Kiln: b.o.Version, RootFS: b.def.Disk.RootFS, Artifacts: []ArtifactInfo{}}
+func (b *baker) run() (*nodeimage.Metadata, []string, error) {
+	md := &nodeimage.Metadata{Name: b.def.Name, Role: b.prof.Role, Platform: b.def.Platform, Created: b.o.Created.UTC(),
+		Kiln: b.o.Version, RootFS: b.def.Disk.RootFS, Artifacts: []nodeimage.ArtifactInfo{}}
 	// Inputs first: a bad hash fails before any heavy work.
 	blobs, images, err := b.fetch()
 	if err != nil {

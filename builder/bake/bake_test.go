@@ -18,6 +18,7 @@ import (
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/disk"
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -212,7 +213,7 @@ units:
 	if !strings.Contains(parts.Cmdline, "root=PARTUUID="+root.GUID) || !strings.Contains(parts.Cmdline, "console=ttyS0") {
 		t.Errorf("cmdline %q does not name root-a %s and the definition's args", parts.Cmdline, root.GUID)
 	}
-	var md Metadata
+	var md nodeimage.Metadata
 	if err := json.Unmarshal(esp.ImageJSON, &md); err != nil {
 		t.Fatalf("ESP image.json: %v", err)
 	}

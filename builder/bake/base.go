@@ -7,6 +7,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/disk"
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // bootFiles are the ESP's copies of the base's kernel and systemd-boot, in the work directory.
@@ -18,11 +19,11 @@ type bootFiles struct {
 // kernel and systemd-boot are copied out for the ESP: the root tree may shadow them later. They
 // are read through the tree (a symlink leading out of it is an error) and must fit the ESP. It
 // records the base and the kernel in md.
-func (b *baker) openBase(md *Metadata) (*rootfs.Tree, bootFiles, error) {
+func (b *baker) openBase(md *nodeimage.Metadata) (*rootfs.Tree, bootFiles, error) {
 	t := time.Now()
 	def := b.def
 	src := rootfs.Source{Layout: def.Base.Layout, Image: def.Base.Image, Tarball: def.Base.Tarball, Digest: b.lock.BaseDigest(def.Base)}
-	md.Base = BaseInfo{Ref: def.Base.Ref, Digest: src.Digest}
+	md.Base = nodeimage.BaseInfo{Ref: def.Base.Ref, Digest: src.Digest}
 	img, err := rootfs.OpenBase(b.ctx, src)
 	if err != nil {
 		return nil, bootFiles{}, err
@@ -52,6 +53,6 @@ func (b *baker) openBase(md *Metadata) (*rootfs.Tree, bootFiles, error) {
 	if err := tree.CopyOut("systemd-boot", bootloader, boot.bootloader, espSize); err != nil {
 		return nil, bootFiles{}, fmt.Errorf("base %s: %w", src, err)
 	}
-	md.Kernel = KernelInfo{Version: kernel.Version, SHA256: fileSHA256(boot.kernel)}
+	md.Kernel = nodeimage.KernelInfo{Version: kernel.Version, SHA256: fileSHA256(boot.kernel)}
 	return tree, boot, nil
 }

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // writeDisk writes the raw GPT disk <stem>.raw to the work directory: the ESP with the kernel,
 // systemd-boot, the initramfs and image.json, and the root filesystem rootImg, which is removed
 // afterwards. It returns the disk's path and records its layout in md.
-func (b *baker) writeDisk(rootImg string, boot bootFiles, initrd string, imageJSON []byte, md *Metadata) (string, error) {
+func (b *baker) writeDisk(rootImg string, boot bootFiles, initrd string, imageJSON []byte, md *nodeimage.Metadata) (string, error) {
 	t := time.Now()
 	def := b.def
 	raw := filepath.Join(b.work, b.stem+".raw")
@@ -28,7 +29,7 @@ func (b *baker) writeDisk(rootImg string, boot bootFiles, initrd string, imageJS
 	if err != nil {
 		return "", err
 	}
-	md.Disk = &DiskInfo{Size: fileSize(raw), GUID: res.DiskGUID, Cmdline: res.Cmdline, Partitions: res.Partitions}
+	md.Disk = &nodeimage.DiskInfo{Size: fileSize(raw), GUID: res.DiskGUID, Cmdline: res.Cmdline, Partitions: res.Partitions}
 	b.step("disk written", t)
 	if err := os.Remove(rootImg); err != nil {
 		return "", err

@@ -16,10 +16,8 @@ import (
 
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// imagesDir is where the pre-pulled images live in the image: one OCI image layout.
-const imagesDir = "usr/lib/kiln/images"
 
 // imageNameAnnotation, on each manifest descriptor of the images layout's index.json, is the
 // image's full name, registry.k8s.io/pause:3.10.2; `ctr images import` names the image after
@@ -27,9 +25,9 @@ const imagesDir = "usr/lib/kiln/images"
 const imageNameAnnotation = "io.containerd.image.name"
 
 // layImages lays the pre-pulled images, fetched in the profile's order, into the tree as one
-// OCI image layout at imagesDir and returns their records for image.json.
-func (b *baker) layImages(tree *rootfs.Tree, images []*artifact.CachedImage) ([]ImageInfo, error) {
-	infos := []ImageInfo{}
+// OCI image layout at nodeimage.ImagesPath and returns their records for image.json.
+func (b *baker) layImages(tree *rootfs.Tree, images []*artifact.CachedImage) ([]nodeimage.ImageInfo, error) {
+	infos := []nodeimage.ImageInfo{}
 	if len(images) == 0 {
 		return infos, nil
 	}
@@ -37,9 +35,9 @@ func (b *baker) layImages(tree *rootfs.Tree, images []*artifact.CachedImage) ([]
 	tags := make([]string, len(b.prof.Images))
 	for i, im := range b.prof.Images {
 		tags[i] = im.Tag()
-		infos = append(infos, ImageInfo{Name: im.Name, Digest: images[i].Manifest.Digest.String()})
+		infos = append(infos, nodeimage.ImageInfo{Name: im.Name, Digest: images[i].Manifest.Digest.String()})
 	}
-	if err := writeImageLayout(tree, imagesDir, b.o.Cache, images, tags); err != nil {
+	if err := writeImageLayout(tree, nodeimage.ImagesPath, b.o.Cache, images, tags); err != nil {
 		return nil, fmt.Errorf("pre-pulled images: %w", err)
 	}
 	var size int64

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/initramfs"
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // defaultModules are the kernel modules every initramfs carries: enough to find the root on
@@ -22,7 +23,7 @@ var defaultModules = []string{
 // writeInitramfs writes the initramfs to the work directory: kiln-init as its init and the
 // tree's modules for md's kernel, the default ones and the definition's. It returns its path
 // and records its digest and modules in md.
-func (b *baker) writeInitramfs(tree *rootfs.Tree, md *Metadata) (string, error) {
+func (b *baker) writeInitramfs(tree *rootfs.Tree, md *nodeimage.Metadata) (string, error) {
 	t := time.Now()
 	dst := filepath.Join(b.work, "initrd.img")
 	f, err := os.Create(dst)
@@ -39,7 +40,7 @@ func (b *baker) writeInitramfs(tree *rootfs.Tree, md *Metadata) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("initramfs: %w", err)
 	}
-	md.Initramfs = &InitramfsDigest{SHA256: fileSHA256(dst), Size: fileSize(dst), Modules: man.Modules}
+	md.Initramfs = &nodeimage.InitramfsDigest{SHA256: fileSHA256(dst), Size: fileSize(dst), Modules: man.Modules}
 	b.step("initramfs written", t)
 	return dst, nil
 }

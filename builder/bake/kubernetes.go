@@ -9,12 +9,13 @@ import (
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/builder/spec"
 	"github.com/kilnproject/kiln/initd/systemd"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // addKubernetes checks the binaries in the tree against the profile's kubernetes section (skew.go),
 // enables the runtime's units and lays the pre-pulled images (images.go). It returns the
 // image's record of what it carries to run Kubernetes.
-func (b *baker) addKubernetes(tree *rootfs.Tree, k spec.Kubernetes, images []*artifact.CachedImage) (*KubernetesInfo, error) {
+func (b *baker) addKubernetes(tree *rootfs.Tree, k spec.Kubernetes, images []*artifact.CachedImage) (*nodeimage.KubernetesInfo, error) {
 	v, err := b.checkBinaries(tree.Dir, k)
 	if err != nil {
 		return nil, err
@@ -22,7 +23,7 @@ func (b *baker) addKubernetes(tree *rootfs.Tree, k spec.Kubernetes, images []*ar
 	if err := enableRuntime(tree.Dir, k, b.prof); err != nil {
 		return nil, err
 	}
-	info := &KubernetesInfo{Version: k.Version, Runtime: k.Runtime, Images: []ImageInfo{}}
+	info := &nodeimage.KubernetesInfo{Version: k.Version, Runtime: k.Runtime, Images: []nodeimage.ImageInfo{}}
 	if v.Containerd != nil {
 		info.Containerd = v.Containerd.Version
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // k8sRepo is a test repository whose worker profile carries stand-in Kubernetes binaries (Go
@@ -138,8 +139,8 @@ func TestBakeKubernetes(t *testing.T) {
 	// image.json's kubernetes section.
 	k := res.Metadata.Kubernetes
 	if k == nil || k.Version != "v1.37.2" || k.Runtime != "containerd" || k.Containerd != "v2.4.2" || len(k.Images) != 2 ||
-		k.Images[0] != (ImageInfo{"registry.k8s.io/pause:3.10.2", r.digests["registry.k8s.io/pause:3.10.2"]}) ||
-		k.Images[1] != (ImageInfo{"registry.k8s.io/kube-proxy:v1.37.2", r.digests["registry.k8s.io/kube-proxy:v1.37.2"]}) {
+		k.Images[0] != (nodeimage.ImageInfo{Name: "registry.k8s.io/pause:3.10.2", Digest: r.digests["registry.k8s.io/pause:3.10.2"]}) ||
+		k.Images[1] != (nodeimage.ImageInfo{Name: "registry.k8s.io/kube-proxy:v1.37.2", Digest: r.digests["registry.k8s.io/kube-proxy:v1.37.2"]}) {
 		t.Errorf("metadata kubernetes = %+v", k)
 	}
 	raw := filepath.Join(r.out, "test-worker.raw")
@@ -148,7 +149,7 @@ func TestBakeKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	root, _ := parts.Partition("root-a")
-	var inImage Metadata
+	var inImage nodeimage.Metadata
 	if err := json.Unmarshal([]byte(unsquash(t, raw, root.Start, "-cat", "/etc/kiln/image.json")), &inImage); err != nil || inImage.Kubernetes == nil || inImage.Kubernetes.Images[0].Digest != k.Images[0].Digest {
 		t.Errorf("/etc/kiln/image.json kubernetes = %+v (%v)", inImage.Kubernetes, err)
 	}
@@ -162,7 +163,7 @@ func TestBakeKubernetes(t *testing.T) {
 	if b, err := exec.Command("unsquashfs", "-o", fmt.Sprint(root.Start), "-d", out, raw, "/usr/lib/kiln/images").CombinedOutput(); err != nil {
 		t.Fatalf("unsquashfs: %v\n%s", err, b)
 	}
-	lp := filepath.Join(out, imagesDir)
+	lp := filepath.Join(out, nodeimage.ImagesPath)
 	blobs, _ := os.ReadDir(filepath.Join(lp, "blobs/sha256"))
 	if len(blobs) != r.blobs {
 		t.Errorf("layout holds %d blobs, want %d (the shared layer once)", len(blobs), r.blobs)
@@ -236,8 +237,8 @@ func TestBakeKubernetesWithoutImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	root, _ := parts.Partition("root-a")
-	if ls := unsquash(t, raw, root.Start, "-lln"); strings.Contains(ls, imagesDir) {
-		t.Errorf("the image holds %s although its images were left out", imagesDir)
+	if ls := unsquash(t, raw, root.Start, "-lln"); strings.Contains(ls, nodeimage.ImagesPath) {
+		t.Errorf("the image holds %s although its images were left out", nodeimage.ImagesPath)
 	}
 }
 

@@ -13,19 +13,17 @@ import (
 	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// imageJSONPath is where the image's metadata is in the image.
-const imageJSONPath = "etc/kiln/image.json"
 
 // writeImageJSON writes md, as it stands once the tree is laid, to /etc/kiln/image.json in the
 // tree and returns what it wrote.
-func writeImageJSON(tree *rootfs.Tree, md *Metadata) ([]byte, error) {
+func writeImageJSON(tree *rootfs.Tree, md *nodeimage.Metadata) ([]byte, error) {
 	data, err := marshalMetadata(md)
 	if err != nil {
 		return nil, err
 	}
-	if err := tree.WriteFile(imageJSONPath, bytes.NewReader(data), 0o644); err != nil {
+	if err := tree.WriteFile(nodeimage.ImageJSONPath, bytes.NewReader(data), 0o644); err != nil {
 		return nil, err
 	}
 	return data, nil
@@ -33,9 +31,9 @@ func writeImageJSON(tree *rootfs.Tree, md *Metadata) ([]byte, error) {
 
 // writeMetadata records the output files in md and writes it, complete with the disk's layout,
 // as <stem>.json in the work directory. It returns that file's path.
-func (b *baker) writeMetadata(files []string, md *Metadata) (string, error) {
+func (b *baker) writeMetadata(files []string, md *nodeimage.Metadata) (string, error) {
 	for _, f := range files {
-		md.Outputs = append(md.Outputs, OutputInfo{Format: output.OfFile(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f)})
+		md.Outputs = append(md.Outputs, nodeimage.OutputInfo{Format: output.OfFile(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f)})
 	}
 	data, err := marshalMetadata(md)
 	if err != nil {
@@ -49,7 +47,7 @@ func (b *baker) writeMetadata(files []string, md *Metadata) (string, error) {
 }
 
 // marshalMetadata is md as indented JSON with a final newline.
-func marshalMetadata(md *Metadata) ([]byte, error) {
+func marshalMetadata(md *nodeimage.Metadata) ([]byte, error) {
 	data, err := json.MarshalIndent(md, "", "  ")
 	if err != nil {
 		return nil, err

@@ -11,17 +11,15 @@ import (
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/builder/spec"
 	"github.com/kilnproject/kiln/initd/systemd"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// templatesDir is where the profile's templates go; kiln-init renders them at first boot.
-const templatesDir = "usr/lib/kiln/templates"
 
 // layTree lays onto the base, in order: the profile's artifacts (blobs, from fetch), the
 // definition's and then the profile's overlays, the profile's templates, kiln-init, what the
 // profile's Kubernetes release needs (images, from fetch) and the units the profile enables,
 // disables or masks; last, /etc/kiln/image.json. It records the artifacts and Kubernetes in md
 // and returns image.json, which the ESP carries too.
-func (b *baker) layTree(tree *rootfs.Tree, blobs []string, images []*artifact.CachedImage, md *Metadata) ([]byte, error) {
+func (b *baker) layTree(tree *rootfs.Tree, blobs []string, images []*artifact.CachedImage, md *nodeimage.Metadata) ([]byte, error) {
 	t := time.Now()
 	prof := b.prof
 	for i, a := range prof.Artifacts {
@@ -37,7 +35,7 @@ func (b *baker) layTree(tree *rootfs.Tree, blobs []string, images []*artifact.Ca
 		}
 	}
 	if prof.Templates != "" {
-		if err := tree.AddDir(prof.Templates, templatesDir); err != nil {
+		if err := tree.AddDir(prof.Templates, nodeimage.TemplatesPath); err != nil {
 			return nil, fmt.Errorf("%s: templates: %w", prof.File, err)
 		}
 	}
@@ -64,8 +62,8 @@ func (b *baker) layTree(tree *rootfs.Tree, blobs []string, images []*artifact.Ca
 // layArtifact lays the artifact a, whose verified blob is in the cache, into the tree: the
 // blob itself as the file a.Dest, or what a.Extract picks out of it. It returns the artifact's
 // record for image.json.
-func (b *baker) layArtifact(tree *rootfs.Tree, a spec.Artifact, blob string) (ArtifactInfo, error) {
-	info := ArtifactInfo{Name: a.Name, Source: a.Source, SHA256: b.lock.SHA256(b.prof.Role, a), Dest: a.Dest}
+func (b *baker) layArtifact(tree *rootfs.Tree, a spec.Artifact, blob string) (nodeimage.ArtifactInfo, error) {
+	info := nodeimage.ArtifactInfo{Name: a.Name, Source: a.Source, SHA256: b.lock.SHA256(b.prof.Role, a), Dest: a.Dest}
 	var err error
 	if x := a.Extract; x == nil {
 		err = tree.AddFile(strings.TrimPrefix(a.Dest, "/"), blob, a.Mode)
@@ -78,7 +76,7 @@ func (b *baker) layArtifact(tree *rootfs.Tree, a spec.Artifact, blob string) (Ar
 		}
 	}
 	if err != nil {
-		return ArtifactInfo{}, fmt.Errorf("artifact %q: %w", a.Name, err)
+		return nodeimage.ArtifactInfo{}, fmt.Errorf("artifact %q: %w", a.Name, err)
 	}
 	return info, nil
 }

@@ -1,12 +1,13 @@
 // Package disk writes kiln's bootable GPT disk image and the read-only root
 // filesystem that goes on it.
 //
-// The layout is the boot contract shared with kiln-init: partition 1 "ESP"
-// (FAT32, 256 MiB, label ESP) holding systemd-boot, one loader entry, the
-// kernel, the initramfs and image.json; partitions 2 "root-a" and 3
-// "root-b" (Linux root x86-64, same size) of which root-a holds the root
-// filesystem and root-b stays empty. The data partition is not written: it
-// is created by kiln-init at first boot in the space left after root-b.
+// The layout is the boot contract shared with kiln-init (its names and paths
+// are in internal/nodeimage): partition 1, the ESP (FAT32, 256 MiB) holding
+// systemd-boot, one loader entry, the kernel, the initramfs and image.json;
+// partitions 2 and 3, root-a and root-b (Linux root x86-64, same size), of
+// which root-a holds the root filesystem and root-b stays empty. The data
+// partition is not written: it is created by kiln-init at first boot in the
+// space left after root-b.
 //
 // Everything is done on a sparse regular file with go-diskfs (GPT, FAT32)
 // and mksquashfs/mkfs.erofs: no root, no loop devices, no mounts. With a
@@ -32,9 +33,11 @@ import (
 	"github.com/diskfs/go-diskfs/partition/gpt"
 	"github.com/diskfs/go-diskfs/partition/part"
 	"github.com/google/uuid"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// Sizes and names of the layout.
+// Sizes of the layout.
 const (
 	MiB        = int64(1 << 20)
 	SectorSize = 512
@@ -50,22 +53,6 @@ const (
 	// MinDataSize is the least space Build leaves after root-b for the data
 	// partition kiln-init creates at first boot.
 	MinDataSize = 128 * MiB
-
-	ESPLabel   = "ESP"
-	ESPName    = "ESP"
-	RootAName  = "root-a"
-	RootBName  = "root-b"
-	DataName   = "data"
-	EntryName  = "kiln-a.conf"
-	KernelPath = "/kiln/a/vmlinuz"
-	InitrdPath = "/kiln/a/initrd.img"
-)
-
-// Partition type GUIDs (lowercase, as blkid and lsblk print them).
-const (
-	TypeESP       = "c12a7328-f81f-11d2-ba4b-00a0c93ec93b"
-	TypeRootX86   = "4f68bce3-e8cd-4db1-96e7-fbcaf984b709"
-	TypeLinuxData = "0fc63daf-8483-4772-8e79-3d69d8477de4"
 )
 
 // Platforms kiln-init knows (kiln.platform=).
@@ -109,38 +96,28 @@ type Spec struct {
 	ModTime time.Time
 }
 
-// Partition is one GPT entry. Start and Size are in bytes.
-type Partition struct {
-	Number int
-	Name   string
-	Type   string // type GUID, lowercase
-	GUID   string // unique partition GUID, lowercase (PARTUUID)
-	Start  int64
-	Size   int64
-}
-
 // Result describes a disk that Build wrote or Read found.
 type Result struct {
 	Size       int64
 	DiskGUID   string // lowercase
-	Partitions []Partition
+	Partitions []nodeimage.Partition
 	// Cmdline is the full kernel command line of the loader entry.
 	Cmdline string
 }
 
 // Partition returns the partition with the given GPT name.
-func (r *Result) Partition(name string) (Partition, bool) {
+func (r *Result) Partition(name string) (nodeimage.Partition, bool) {
 	for _, p := range r.Partitions {
 		if p.Name == name {
 			return p, true
 		}
 	}
-	return Partition{}, false
+	return nodeimage.Partition{}, false
 }
 
 // layout computes the partitions; sizes in bytes.
 // A zero s.Size is replaced by the smallest size that fits; the size used is returned.
-func layout(s Spec, rootfsSize int64) ([]Partition, int64, error) {
+func layout(s Spec, rootfsSize int64) ([]nodeimage.Partition, int64, error) {
 	rootSize := s.RootPartitionSize
 	if rootSize == 0 {
 		headroom := max(rootfsSize*HeadroomPercent/100, MinHeadroom)
@@ -177,10 +154,10 @@ func layout(s Spec, rootfsSize int64) ([]Partition, int64, error) {
 			"(root filesystem %d bytes + headroom), the data partition needs at least %d MiB; give at least %d MiB",
 			s.Size, s.Size/MiB, espSize/MiB, rootSize/MiB, rootfsSize, MinDataSize/MiB, alignUp(need, MiB)/MiB)
 	}
-	return []Partition{
-		{Number: 1, Name: ESPName, Type: TypeESP, Start: espStart, Size: espSize},
-		{Number: 2, Name: RootAName, Type: TypeRootX86, Start: rootAStart, Size: rootSize},
-		{Number: 3, Name: RootBName, Type: TypeRootX86, Start: rootBStart, Size: rootSize},
+	return []nodeimage.Partition{
+		{Number: 1, Name: nodeimage.ESPName, Type: nodeimage.TypeESP, Start: espStart, Size: espSize},
+		{Number: 2, Name: nodeimage.RootAName, Type: nodeimage.TypeRootX86, Start: rootAStart, Size: rootSize},
+		{Number: 3, Name: nodeimage.RootBName, Type: nodeimage.TypeRootX86, Start: rootBStart, Size: rootSize},
 	}, s.Size, nil
 }
 
@@ -203,17 +180,17 @@ func KernelCmdline(rootGUID, rootFSType, platform, extra string) string {
 	return c
 }
 
-// LoaderConf is the content of /loader/loader.conf.
-const LoaderConf = "default " + EntryName + "\ntimeout 0\n"
+// LoaderConf is the content of nodeimage.LoaderConfPath.
+const LoaderConf = "default " + nodeimage.LoaderEntryName + "\ntimeout 0\n"
 
-// LoaderEntry returns the content of /loader/entries/kiln-a.conf.
+// LoaderEntry returns the content of nodeimage.LoaderEntryPath.
 func LoaderEntry(title, cmdline string) string {
 	if title == "" {
 		title = "kiln"
 	}
 	return "title " + title + "\n" +
-		"linux " + KernelPath + "\n" +
-		"initrd " + InitrdPath + "\n" +
+		"linux " + nodeimage.KernelPath + "\n" +
+		"initrd " + nodeimage.InitrdPath + "\n" +
 		"options " + cmdline + "\n"
 }
 
@@ -261,71 +238,130 @@ func contains(list []string, s string) bool {
 // Build writes the disk image to path as a sparse file. The image is
 // written next to path and renamed into place at the end, so on any error
 // path is left as it was and no partial file remains.
-func Build(path string, s Spec) (_ *Result, err error) {
+func Build(path string, s Spec) (*Result, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	rootfs, err := os.Open(s.RootFS)
+	rootfs, rootfsSize, err := openRootFS(s.RootFS)
 	if err != nil {
-		return nil, fmt.Errorf("root filesystem image: %w", err)
+		return nil, err
 	}
 	defer rootfs.Close()
-	st, err := rootfs.Stat()
+	res, espFiles, err := plan(s, rootfsSize)
 	if err != nil {
-		return nil, fmt.Errorf("root filesystem image: %w", err)
+		return nil, err
+	}
+	err = writeReplacing(path, func(tmp string) error {
+		return writeDisk(tmp, res, espFiles, s, rootfs, rootfsSize)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// openRootFS opens the root filesystem image and returns its size.
+func openRootFS(name string) (*os.File, int64, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("root filesystem image: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("root filesystem image: %w", err)
 	}
 	if st.Size() == 0 || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("root filesystem image %s is empty or not a regular file", s.RootFS)
+		f.Close()
+		return nil, 0, fmt.Errorf("root filesystem image %s is empty or not a regular file", name)
 	}
-	parts, size, err := layout(s, st.Size())
+	return f, st.Size(), nil
+}
+
+// plan lays out the disk, names its GUIDs and kernel command line, and reads
+// the files for the ESP: everything that can fail before a file is created.
+func plan(s Spec, rootfsSize int64) (*Result, []espFile, error) {
+	parts, size, err := layout(s, rootfsSize)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.Size = size
-	// Read the boot files before creating anything.
 	espFiles, err := readESPFiles(s)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-
 	res := &Result{Size: s.Size, DiskGUID: guid(s.Seed, "disk")}
 	for i := range parts {
 		parts[i].GUID = guid(s.Seed, parts[i].Name)
 	}
 	res.Partitions = parts
 	res.Cmdline = KernelCmdline(parts[1].GUID, s.RootFSType, s.Platform, s.Cmdline)
-	espFiles = append(espFiles, espFile{"/loader/loader.conf", []byte(LoaderConf)},
-		espFile{"/loader/entries/" + EntryName, []byte(LoaderEntry(s.Title, res.Cmdline))})
+	espFiles = append(espFiles, espFile{nodeimage.LoaderConfPath, []byte(LoaderConf)},
+		espFile{nodeimage.LoaderEntryPath, []byte(LoaderEntry(s.Title, res.Cmdline))})
+	return res, espFiles, nil
+}
 
+// writeReplacing runs write on a partial file next to path and renames it
+// onto path when write succeeds; otherwise it removes it.
+func writeReplacing(path string, write func(tmp string) error) error {
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".partial")
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale partial image: %w", err)
+		return fmt.Errorf("remove stale partial image: %w", err)
 	}
-	d, err := diskfs.Create(tmp, s.Size, SectorSize)
+	if err := write(tmp); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("move disk image into place: %w", err)
+	}
+	return nil
+}
+
+// writeDisk creates the disk image file name: the partition table, the ESP
+// and the root filesystem in root-a.
+func writeDisk(name string, res *Result, espFiles []espFile, s Spec, rootfs io.Reader, rootfsSize int64) (err error) {
+	d, err := diskfs.Create(name, res.Size, SectorSize)
 	if err != nil {
-		return nil, fmt.Errorf("create disk image %s: %w", path, err)
+		return fmt.Errorf("create disk image %s: %w", name, err)
 	}
 	defer func() {
 		if cerr := d.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("close disk image %s: %w", path, cerr)
-		}
-		if err != nil {
-			os.Remove(tmp)
-			return
-		}
-		if rerr := os.Rename(tmp, path); rerr != nil {
-			os.Remove(tmp)
-			err = fmt.Errorf("move disk image into place: %w", rerr)
+			err = fmt.Errorf("close disk image %s: %w", name, cerr)
 		}
 	}()
+	if err := d.Partition(gptTable(res)); err != nil {
+		return fmt.Errorf("write partition table: %w", err)
+	}
+	if err := writeESP(d, espFiles, s.ModTime); err != nil {
+		return err
+	}
+	n, err := d.WritePartitionContents(2, rootfs)
+	var short *part.IncompletePartitionWriteError
+	if errors.As(err, &short) && n == rootfsSize {
+		// The partition is bigger than the image (headroom); the rest
+		// stays a hole.
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("write root filesystem %s to %s: %w", s.RootFS, nodeimage.RootAName, err)
+	}
+	if n != rootfsSize {
+		return fmt.Errorf("write root filesystem %s: wrote %d of %d bytes", s.RootFS, n, rootfsSize)
+	}
+	return nil
+}
 
+// gptTable is the partition table of res for go-diskfs.
+func gptTable(res *Result) *gpt.Table {
 	table := &gpt.Table{
 		LogicalSectorSize:  SectorSize,
 		PhysicalSectorSize: SectorSize,
 		ProtectiveMBR:      true,
 		GUID:               strings.ToUpper(res.DiskGUID),
 	}
-	for _, p := range parts {
+	for _, p := range res.Partitions {
 		table.Partitions = append(table.Partitions, &gpt.Partition{
 			Index: p.Number,
 			Start: uint64(p.Start / SectorSize),
@@ -336,28 +372,7 @@ func Build(path string, s Spec) (_ *Result, err error) {
 			GUID:  strings.ToUpper(p.GUID),
 		})
 	}
-	if err := d.Partition(table); err != nil {
-		return nil, fmt.Errorf("write partition table: %w", err)
-	}
-
-	if err := writeESP(d, espFiles, s.ModTime); err != nil {
-		return nil, err
-	}
-
-	n, err := d.WritePartitionContents(2, rootfs)
-	var short *part.IncompletePartitionWriteError
-	if errors.As(err, &short) && n == st.Size() {
-		// The partition is bigger than the image (headroom); the rest
-		// stays a hole.
-		err = nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("write root filesystem %s to %s: %w", s.RootFS, RootAName, err)
-	}
-	if n != st.Size() {
-		return nil, fmt.Errorf("write root filesystem %s: wrote %d of %d bytes", s.RootFS, n, st.Size())
-	}
-	return res, nil
+	return table
 }
 
 type espFile struct {
@@ -375,9 +390,9 @@ func readESPFiles(s Spec) ([]espFile, error) {
 	}
 	var files []espFile
 	for _, f := range []struct{ dst, src, what string }{
-		{"/EFI/BOOT/BOOTX64.EFI", s.Bootloader, "bootloader"},
-		{KernelPath, s.Kernel, "kernel"},
-		{InitrdPath, s.Initrd, "initrd"},
+		{nodeimage.BootloaderPath, s.Bootloader, "bootloader"},
+		{nodeimage.KernelPath, s.Kernel, "kernel"},
+		{nodeimage.InitrdPath, s.Initrd, "initrd"},
 	} {
 		data, err := readBootFile(f.src, espSize)
 		if err != nil {
@@ -388,7 +403,7 @@ func readESPFiles(s Spec) ([]espFile, error) {
 		}
 		files = append(files, espFile{f.dst, data})
 	}
-	return append(files, espFile{"/kiln/image.json", s.ImageJSON}), nil
+	return append(files, espFile{nodeimage.ESPImageJSONPath, s.ImageJSON}), nil
 }
 
 func readBootFile(name string, limit int64) ([]byte, error) {
@@ -425,9 +440,9 @@ func writeESP(d *disk.Disk, files []espFile, mtime time.Time) error {
 		mtime = fatEpoch
 	}
 	mtime = mtime.UTC()
-	fs, err := d.CreateFilesystem(disk.FilesystemSpec{Partition: 1, FSType: filesystem.TypeFat32, VolumeLabel: ESPLabel, Reproducible: true})
+	fs, err := d.CreateFilesystem(disk.FilesystemSpec{Partition: 1, FSType: filesystem.TypeFat32, VolumeLabel: nodeimage.ESPLabel, Reproducible: true})
 	if err != nil {
-		return fmt.Errorf("create FAT32 on %s: %w", ESPName, err)
+		return fmt.Errorf("create FAT32 on %s: %w", nodeimage.ESPName, err)
 	}
 	defer fs.Close()
 	dirs := map[string]bool{}
@@ -462,7 +477,7 @@ func writeESP(d *disk.Disk, files []espFile, mtime time.Time) error {
 	// go-diskfs stamps every directory entry it makes with the current
 	// time (or SOURCE_DATE_EPOCH); restamp them all, including the "." and
 	// ".." entries and the volume label, so the ESP is reproducible.
-	stamp := []string{"/" + ESPLabel}
+	stamp := []string{"/" + nodeimage.ESPLabel}
 	for _, f := range files {
 		stamp = append(stamp, f.path)
 	}
@@ -516,7 +531,7 @@ func Read(name string) (*Result, *ESPInfo, error) {
 		if p == nil || p.Type == gpt.Unused {
 			continue
 		}
-		part := Partition{
+		part := nodeimage.Partition{
 			Number: i + 1,
 			Name:   p.Name,
 			Type:   strings.ToLower(string(p.Type)),
@@ -524,7 +539,7 @@ func Read(name string) (*Result, *ESPInfo, error) {
 			Start:  int64(p.Start) * SectorSize,
 			Size:   int64(p.End-p.Start+1) * SectorSize,
 		}
-		if part.Type == TypeESP && espIndex == 0 {
+		if part.Type == nodeimage.TypeESP && espIndex == 0 {
 			espIndex = part.Number
 		}
 		res.Partitions = append(res.Partitions, part)
@@ -548,19 +563,19 @@ func Read(name string) (*Result, *ESPInfo, error) {
 		}
 		return string(b), nil
 	}
-	if info.LoaderConf, err = readText("/loader/loader.conf"); err != nil {
+	if info.LoaderConf, err = readText(nodeimage.LoaderConfPath); err != nil {
 		return res, info, err
 	}
 	info.EntryName = confValue(info.LoaderConf, "default")
 	if info.EntryName == "" {
-		return res, info, fmt.Errorf("%s: ESP /loader/loader.conf names no default entry", name)
+		return res, info, fmt.Errorf("%s: ESP %s names no default entry", name, nodeimage.LoaderConfPath)
 	}
-	if info.Entry, err = readText("/loader/entries/" + info.EntryName); err != nil {
+	if info.Entry, err = readText(nodeimage.LoaderEntriesDir + "/" + info.EntryName); err != nil {
 		return res, info, err
 	}
 	res.Cmdline = confValue(info.Entry, "options")
-	if info.ImageJSON, err = fs.ReadFile("/kiln/image.json"); err != nil {
-		return res, info, fmt.Errorf("%s: ESP /kiln/image.json: %w", name, err)
+	if info.ImageJSON, err = fs.ReadFile(nodeimage.ESPImageJSONPath); err != nil {
+		return res, info, fmt.Errorf("%s: ESP %s: %w", name, nodeimage.ESPImageJSONPath, err)
 	}
 	return res, info, nil
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -238,7 +239,7 @@ func size(t *testing.T, name string) int64 {
 
 func checkLayout(t *testing.T, res *Result, spec Spec) {
 	t.Helper()
-	want := []struct{ name, typ string }{{"ESP", TypeESP}, {"root-a", TypeRootX86}, {"root-b", TypeRootX86}}
+	want := []struct{ name, typ string }{{"ESP", nodeimage.TypeESP}, {"root-a", nodeimage.TypeRootX86}, {"root-b", nodeimage.TypeRootX86}}
 	if len(res.Partitions) != len(want) {
 		t.Fatalf("%d partitions, want %d: %+v", len(res.Partitions), len(want), res.Partitions)
 	}
@@ -415,8 +416,8 @@ func TestBuildFittedSizeAndESPSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	esp, _ := res.Partition(ESPName)
-	rootB, _ := res.Partition(RootBName)
+	esp, _ := res.Partition(nodeimage.ESPName)
+	rootB, _ := res.Partition(nodeimage.RootBName)
 	if esp.Size != 64*MiB {
 		t.Errorf("ESP is %d MiB, want 64", esp.Size/MiB)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/u-root/u-root/pkg/cpio"
 
 	"github.com/kilnproject/kiln/internal/decompress"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // Compression codecs understood by Write.
@@ -34,9 +35,6 @@ const (
 	Gzip = "gzip"
 	None = "none"
 )
-
-// ModulesLoadPath is where the ordered module list lives inside the archive.
-const ModulesLoadPath = "/etc/kiln/modules.load"
 
 // Spec says what goes into the initramfs.
 type Spec struct {
@@ -166,7 +164,7 @@ func (f records) addModules(kmods *kernelModules, mods []string, kver string) ([
 	for _, l := range load {
 		list.WriteString(l + "\n")
 	}
-	f.addFile(strings.TrimPrefix(ModulesLoadPath, "/"), list.Bytes(), 0o644)
+	f.addFile(strings.TrimPrefix(nodeimage.ModulesLoadPath, "/"), list.Bytes(), 0o644)
 	return load, nil
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/kilnproject/kiln/internal/testkit"
 	"github.com/u-root/u-root/pkg/cpio"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // staticInit builds a tiny static Go program to stand in for kiln-init.
@@ -87,7 +89,7 @@ func TestWrite(t *testing.T) {
 				"/lib/modules/" + kver + "/kernel/lib/libcrc32c.ko",
 				"/lib/modules/" + kver + "/kernel/fs/erofs/erofs.ko.xz",
 			}
-			if got := string(contents[ModulesLoadPath]); got != strings.Join(wantLoad, "\n")+"\n" {
+			if got := string(contents[nodeimage.ModulesLoadPath]); got != strings.Join(wantLoad, "\n")+"\n" {
 				t.Errorf("modules.load =\n%s\nwant\n%s", got, strings.Join(wantLoad, "\n"))
 			}
 			if !reflect.DeepEqual(man.Modules, wantLoad) {

@@ -5,15 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 const (
-	// DataPartitionName is the GPT name of the partition stage 1 creates for /var.
-	DataPartitionName = "data"
-	// DataPartitionType is its type GUID (Linux filesystem data).
-	DataPartitionType = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
 	// MinDataPartitionSize is the least free space stage 1 accepts for the data partition.
 	MinDataPartitionSize = 64 << 20
 
@@ -21,11 +20,11 @@ const (
 )
 
 // EnsureDataPartition makes sure the GPT disk (image file or block device) at path has a partition
-// named "data". When there is none it rewrites the GPT so that it spans the whole disk (the backup
-// header moves to the real last sector when the disk is larger than the image it was made from) and
-// adds the partition from the first 1 MiB boundary after the last partition to the last 1 MiB
-// boundary before the backup partition entries, numbered one past the highest partition number. It returns the partition and whether it
-// created it. Running it again changes nothing.
+// named nodeimage.DataName. When there is none it rewrites the GPT so that it spans the whole disk
+// (the backup header moves to the real last sector when the disk is larger than the image it was
+// made from) and adds the partition from the first 1 MiB boundary after the last partition to the
+// last 1 MiB boundary before the backup partition entries, numbered one past the highest partition
+// number. It returns the partition and whether it created it. Running it again changes nothing.
 func EnsureDataPartition(path string, sectorSize int) (Partition, bool, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
@@ -41,81 +40,100 @@ func EnsureDataPartition(path string, sectorSize int) (Partition, bool, error) {
 	if err != nil {
 		return Partition{}, false, fmt.Errorf("read GPT of %s: %w", path, err)
 	}
-	var lastEnd uint64
-	maxIndex := 0
-	for _, p := range t.Partitions {
-		if p.Type == gpt.Unused {
-			continue
-		}
-		if p.Name == DataPartitionName {
-			for _, q := range partitionsOf(t) {
-				if q.Index == p.Index {
-					return q, false, nil
-				}
-			}
-		}
-		lastEnd = max(lastEnd, p.End)
-		maxIndex = max(maxIndex, p.Index)
+	if p, ok := findPartition(partitionsOf(t), nodeimage.DataName); ok {
+		return p, false, nil
 	}
-
-	oldAlternate := uint64(0)
-	if !t.RecoveredFromBackup {
-		if oldAlternate, err = alternateLBA(f, sectorSize); err != nil {
-			return Partition{}, false, err
-		}
+	if err := addDataPartition(f, t, size, sectorSize); err != nil {
+		return Partition{}, false, fmt.Errorf("add data partition to %s: %w", path, err)
 	}
-	t.Resize(uint64(size))
-	newAlternate := uint64(size/int64(sectorSize)) - 1
-	alignSectors := uint64(partitionAlign / sectorSize)
-	start := (lastEnd + 1 + alignSectors - 1) / alignSectors * alignSectors
-	// End on a 1 MiB boundary too (sgdisk warns otherwise); at most 1 MiB is left unused.
-	end := (t.LastDataSector()+1)/alignSectors*alignSectors - 1
-	if start > end || (end-start+1)*uint64(sectorSize) < MinDataPartitionSize {
-		return Partition{}, false, fmt.Errorf("add data partition to %s: only %d bytes free after the last partition (sector %d) to the end of the disk, need %d",
-			path, int64(end+1-min(start, end+1))*int64(sectorSize), lastEnd, MinDataPartitionSize)
-	}
-
-	// The old backup header now lies inside the data partition: clear it first, so no tool mistakes
-	// it for a partition table. A power cut after this leaves a valid primary GPT and the same state.
-	if oldAlternate != 0 && oldAlternate < newAlternate {
-		if _, err := f.WriteAt(make([]byte, sectorSize), int64(oldAlternate)*int64(sectorSize)); err != nil {
-			return Partition{}, false, fmt.Errorf("clear old backup GPT header of %s: %w", path, err)
-		}
-		if err := f.Sync(); err != nil {
-			return Partition{}, false, fmt.Errorf("sync %s: %w", path, err)
-		}
-	}
-
-	t.Partitions = append(t.Partitions, &gpt.Partition{
-		Index: maxIndex + 1,
-		Start: start,
-		End:   end,
-		Type:  gpt.Type(DataPartitionType),
-		Name:  DataPartitionName,
-	})
-	if err := t.Write(f, size); err != nil {
-		return Partition{}, false, fmt.Errorf("write GPT of %s: %w", path, err)
-	}
-	if t.ProtectiveMBR && newAlternate > 0xFFFFFFFF {
-		// go-diskfs truncates the protective MBR's size to 32 bits; it must saturate instead.
-		if _, err := f.WriteAt([]byte{0xff, 0xff, 0xff, 0xff}, 446+12); err != nil {
-			return Partition{}, false, fmt.Errorf("write protective MBR of %s: %w", path, err)
-		}
-	}
-	if err := f.Sync(); err != nil {
-		return Partition{}, false, fmt.Errorf("sync %s: %w", path, err)
-	}
-
 	t2, err := gpt.Read(f, sectorSize, sectorSize)
 	if err != nil {
 		return Partition{}, false, fmt.Errorf("re-read GPT of %s: %w", path, err)
 	}
-	for _, p := range partitionsOf(t2) {
-		if p.Name == DataPartitionName {
-			return p, true, nil
+	if p, ok := findPartition(partitionsOf(t2), nodeimage.DataName); ok {
+		return p, true, nil
+	}
+	return Partition{}, false, fmt.Errorf("re-read GPT of %s: the new %q partition is missing", path, nodeimage.DataName)
+}
+
+// findPartition returns the partition with the GPT name name.
+func findPartition(parts []Partition, name string) (Partition, bool) {
+	for _, p := range parts {
+		if p.Name == name {
+			return p, true
 		}
 	}
-	return Partition{}, false, fmt.Errorf("re-read GPT of %s: the new %q partition is missing", path, DataPartitionName)
+	return Partition{}, false
+}
+
+// addDataPartition grows t to size bytes and adds the data partition after the last partition,
+// clearing the old backup header first when it now lies inside the data partition.
+func addDataPartition(f *os.File, t *gpt.Table, size int64, sectorSize int) error {
+	var lastEnd uint64
+	maxIndex := 0
+	for _, p := range t.Partitions {
+		if p.Type != gpt.Unused {
+			lastEnd = max(lastEnd, p.End)
+			maxIndex = max(maxIndex, p.Index)
+		}
+	}
+	oldAlternate := uint64(0)
+	if !t.RecoveredFromBackup {
+		var err error
+		if oldAlternate, err = alternateLBA(f, sectorSize); err != nil {
+			return err
+		}
+	}
+	t.Resize(uint64(size))
+	newAlternate := uint64(size/int64(sectorSize)) - 1
+	start, end, err := dataExtent(t, lastEnd, sectorSize)
+	if err != nil {
+		return err
+	}
+	// The old backup header now lies inside the data partition: clear it first, so no tool mistakes
+	// it for a partition table. A power cut after this leaves a valid primary GPT and the same state.
+	if oldAlternate != 0 && oldAlternate < newAlternate {
+		if _, err := f.WriteAt(make([]byte, sectorSize), int64(oldAlternate)*int64(sectorSize)); err != nil {
+			return fmt.Errorf("clear old backup GPT header: %w", err)
+		}
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("sync: %w", err)
+		}
+	}
+	t.Partitions = append(t.Partitions, &gpt.Partition{
+		Index: maxIndex + 1,
+		Start: start,
+		End:   end,
+		Type:  gpt.Type(strings.ToUpper(nodeimage.TypeLinuxData)),
+		Name:  nodeimage.DataName,
+	})
+	if err := t.Write(f, size); err != nil {
+		return fmt.Errorf("write GPT: %w", err)
+	}
+	if t.ProtectiveMBR && newAlternate > 0xFFFFFFFF {
+		// go-diskfs truncates the protective MBR's size to 32 bits; it must saturate instead.
+		if _, err := f.WriteAt([]byte{0xff, 0xff, 0xff, 0xff}, 446+12); err != nil {
+			return fmt.Errorf("write protective MBR: %w", err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
+	return nil
+}
+
+// dataExtent is the data partition's first and last sector in the resized table t: from the first
+// 1 MiB boundary after lastEnd to the last 1 MiB boundary before the backup entries.
+func dataExtent(t *gpt.Table, lastEnd uint64, sectorSize int) (start, end uint64, err error) {
+	alignSectors := uint64(partitionAlign / sectorSize)
+	start = (lastEnd + 1 + alignSectors - 1) / alignSectors * alignSectors
+	// End on a 1 MiB boundary too (sgdisk warns otherwise); at most 1 MiB is left unused.
+	end = (t.LastDataSector()+1)/alignSectors*alignSectors - 1
+	if start > end || (end-start+1)*uint64(sectorSize) < MinDataPartitionSize {
+		return 0, 0, fmt.Errorf("only %d bytes free after the last partition (sector %d) to the end of the disk, need %d",
+			int64(end+1-min(start, end+1))*int64(sectorSize), lastEnd, MinDataPartitionSize)
+	}
+	return start, end, nil
 }
 
 // alternateLBA reads the backup header location from the primary GPT header.

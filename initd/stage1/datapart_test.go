@@ -12,6 +12,7 @@ import (
 
 	diskfs "github.com/diskfs/go-diskfs"
 	"github.com/diskfs/go-diskfs/partition/gpt"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -82,8 +83,8 @@ func TestEnsureDataPartition(t *testing.T) {
 			wantStart := uint64(imageLastMB * mib / 512)
 			wantEnd := (lastSector-33+1)/2048*2048 - 1
 			if p.Index != 4 || p.Name != "data" || p.Start != wantStart || p.End != wantEnd ||
-				p.Type != strings.ToLower(DataPartitionType) {
-				t.Errorf("data partition = %+v, want #4 \"data\" type %s sectors %d-%d", p, DataPartitionType, wantStart, wantEnd)
+				p.Type != nodeimage.TypeLinuxData {
+				t.Errorf("data partition = %+v, want #4 \"data\" type %s sectors %d-%d", p, nodeimage.TypeLinuxData, wantStart, wantEnd)
 			}
 
 			// sgdisk must find nothing wrong: backup header at the real end, CRCs good.

@@ -18,9 +18,6 @@ import (
 	"github.com/kilnproject/kiln/internal/decompress"
 )
 
-// ModulesLoadPath is the list of kernel modules stage 1 loads, in order.
-const ModulesLoadPath = "/etc/kiln/modules.load"
-
 var moduleSuffixes = []string{".ko", ".ko.xz", ".ko.zst", ".ko.gz"}
 
 // ParseModulesLoad reads a modules.load list: one absolute module path per line, blank lines and

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -38,7 +39,7 @@ func TestProbeFilesystem(t *testing.T) {
 		{name: "ext4 from mkfs.ext4", want: FSExt4, formatted: true,
 			make: func(t *testing.T) string {
 				p := sparse(t, 64*mib)
-				run(t, "mkfs.ext4", "-q", "-F", "-L", DataLabel, p)
+				run(t, "mkfs.ext4", "-q", "-F", "-L", nodeimage.DataLabel, p)
 				return p
 			}},
 		{name: "vfat", want: "vfat", refusal: "holds vfat",

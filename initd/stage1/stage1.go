@@ -21,12 +21,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnproject/kiln/internal/cmdline"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // Paths and names from the boot contract.
 const (
 	SysRoot      = "/sysroot"
-	DataLabel    = "kiln-data"
 	Init         = "/sbin/init"
 	dataTmp      = "/tmp/kiln-data"
 	etcUpper     = "/var/lib/kiln/etc/upper"
@@ -48,7 +48,7 @@ func Run(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	modFailures, err := loadModuleList(ctx, log, ModulesLoadPath)
+	modFailures, err := loadModuleList(ctx, log, nodeimage.ModulesLoadPath)
 	if err != nil {
 		return err
 	}
@@ -242,8 +242,8 @@ func prepareData(ctx context.Context, log *slog.Logger, dev string) (err error) 
 		bound = append(bound, target)
 	}
 	if fs == FSNone {
-		log.Info("making data filesystem", "device", dev, "label", DataLabel)
-		out, err := runInRoot(ctx, []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"}, "-q", "-L", DataLabel, dev)
+		log.Info("making data filesystem", "device", dev, "label", nodeimage.DataLabel)
+		out, err := runInRoot(ctx, []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"}, "-q", "-L", nodeimage.DataLabel, dev)
 		if err != nil {
 			return fmt.Errorf("mkfs.ext4 %s: %w: %s", dev, err, out)
 		}

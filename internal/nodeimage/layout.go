@@ -1,0 +1,61 @@
+package nodeimage
+
+// GPT partition names and filesystem labels.
+const (
+	// ESPName is the EFI system partition's GPT name; ESPLabel its FAT volume label.
+	ESPName  = "ESP"
+	ESPLabel = "ESP"
+	// RootAName and RootBName are the A/B root slots; the bake writes root-a.
+	RootAName = "root-a"
+	RootBName = "root-b"
+	// DataName is the partition stage 1 adds at first boot for /var; DataLabel is the label of
+	// the ext4 filesystem it makes there.
+	DataName  = "data"
+	DataLabel = "kiln-data"
+)
+
+// Partition type GUIDs, lowercase as blkid and lsblk print them.
+const (
+	TypeESP       = "c12a7328-f81f-11d2-ba4b-00a0c93ec93b"
+	TypeRootX86   = "4f68bce3-e8cd-4db1-96e7-fbcaf984b709"
+	TypeLinuxData = "0fc63daf-8483-4772-8e79-3d69d8477de4"
+)
+
+// Paths on the ESP (FAT, from its root).
+const (
+	// BootloaderPath is the removable-media UEFI boot path, holding systemd-boot.
+	BootloaderPath = "/EFI/BOOT/BOOTX64.EFI"
+	// LoaderConfPath is systemd-boot's configuration; it names LoaderEntryName as default.
+	LoaderConfPath = "/loader/loader.conf"
+	// LoaderEntriesDir holds the boot loader entries.
+	LoaderEntriesDir = "/loader/entries"
+	// LoaderEntryName is slot A's boot loader entry, LoaderEntryPath its path.
+	LoaderEntryName = "kiln-a.conf"
+	LoaderEntryPath = LoaderEntriesDir + "/" + LoaderEntryName
+	// KernelPath and InitrdPath are slot A's kernel and initramfs.
+	KernelPath = "/kiln/a/vmlinuz"
+	InitrdPath = "/kiln/a/initrd.img"
+	// ESPImageJSONPath is the image metadata on the ESP, the same document as ImageJSONPath.
+	ESPImageJSONPath = "/kiln/image.json"
+)
+
+// Paths inside the initramfs.
+const (
+	// ModulesLoadPath lists the kernel modules stage 1 loads, one absolute path a line, in
+	// load order.
+	ModulesLoadPath = "/etc/kiln/modules.load"
+)
+
+// Paths in the root filesystem, absolute from the node's root.
+const (
+	// ImageJSONPath is the image metadata (Metadata) the bake writes.
+	ImageJSONPath = "/etc/kiln/image.json"
+	// TemplatesPath holds the role's templates, baked from the profile and rendered at first
+	// boot.
+	TemplatesPath = "/usr/lib/kiln/templates"
+	// ImagesPath is the OCI image layout holding the role's pre-pulled container images.
+	ImagesPath = "/usr/lib/kiln/images"
+	// EmbeddedConfigPath is the image's default Ignition config; a node's own config is merged
+	// over it.
+	EmbeddedConfigPath = "/usr/lib/kiln/config.ign"
+)
