@@ -11,14 +11,9 @@ import (
 
 	diskfs "github.com/diskfs/go-diskfs"
 	"github.com/diskfs/go-diskfs/filesystem"
-	"github.com/kilnproject/kiln/internal/atomicfile"
-)
 
-// Where the bake puts slot A's boot files on the ESP.
-const (
-	espKernel = "/kiln/a/vmlinuz"
-	espInitrd = "/kiln/a/initrd.img"
-	espEntry  = "/loader/entries/kiln-a.conf"
+	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // BootFiles are an image's own kernel, initramfs and kernel command line, copied out of its ESP.
@@ -55,14 +50,14 @@ func ExtractBoot(ctx context.Context, image, dir string) (*BootFiles, error) {
 		return nil, fmt.Errorf("%s: ESP: %w", image, err)
 	}
 	bf := &BootFiles{Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img")}
-	if err := copyOut(fs, espKernel, bf.Kernel); err != nil {
+	if err := copyOut(fs, nodeimage.KernelPath, bf.Kernel); err != nil {
 		return nil, fmt.Errorf("%s: %w", image, err)
 	}
-	if err := copyOut(fs, espInitrd, bf.Initrd); err != nil {
+	if err := copyOut(fs, nodeimage.InitrdPath, bf.Initrd); err != nil {
 		return nil, fmt.Errorf("%s: %w", image, err)
 	}
 	entry := filepath.Join(dir, "entry.conf")
-	if err := copyOut(fs, espEntry, entry); err != nil {
+	if err := copyOut(fs, nodeimage.LoaderEntryPath, entry); err != nil {
 		return nil, fmt.Errorf("%s: %w", image, err)
 	}
 	text, err := os.ReadFile(entry)
@@ -75,7 +70,7 @@ func ExtractBoot(ctx context.Context, image, dir string) (*BootFiles, error) {
 		}
 	}
 	if bf.Cmdline == "" {
-		return nil, fmt.Errorf("%s: ESP %s has no options line", image, espEntry)
+		return nil, fmt.Errorf("%s: ESP %s has no options line", image, nodeimage.LoaderEntryPath)
 	}
 	return bf, nil
 }

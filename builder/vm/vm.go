@@ -115,6 +115,35 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	machine, err := machineArgs(cfg, workDir)
+	if err != nil {
+		return nil, err
+	}
+	root, err := rootDiskArgs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	disks, err := extraDiskArgs(ctx, cfg.Disks, workDir)
+	if err != nil {
+		return nil, err
+	}
+	boot, err := bootArgs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	args := append(machine, nics...)
+	if cfg.Accel == "kvm" {
+		args = append(args, "-cpu", "host")
+	} else {
+		args = append(args, "-cpu", "qemu64")
+	}
+	args = append(append(append(args, root...), disks...), boot...)
+	return append(args, cfg.Extra...), nil
+}
+
+// machineArgs are the q35 machine with UEFI firmware (its variable store copied into workDir),
+// memory, CPUs, the serial console and a random number generator.
+func machineArgs(cfg Config, workDir string) ([]string, error) {
 	code, varsTmpl, err := Firmware()
 	if err != nil {
 		return nil, err
@@ -123,10 +152,6 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if err := atomicfile.Copy(varsTmpl, vars, atomicfile.Options{Mode: 0o600}); err != nil {
 		return nil, fmt.Errorf("copy UEFI variable store: %w", err)
 	}
-	format, err := imageFormat(cfg.Image)
-	if err != nil {
-		return nil, err
-	}
 	mem, cpus := cfg.MemoryMB, cfg.CPUs
 	if mem == 0 {
 		mem = 2048
@@ -134,7 +159,7 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if cpus == 0 {
 		cpus = 2
 	}
-	args := []string{
+	return []string{
 		"-machine", "q35,accel=" + cfg.Accel,
 		"-m", strconv.Itoa(mem), "-smp", strconv.Itoa(cpus),
 		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
@@ -142,12 +167,14 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + code,
 		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
 		"-device", "virtio-rng-pci",
-	}
-	args = append(args, nics...)
-	if cfg.Accel == "kvm" {
-		args = append(args, "-cpu", "host")
-	} else {
-		args = append(args, "-cpu", "qemu64")
+	}, nil
+}
+
+// rootDiskArgs attach the image as the boot disk.
+func rootDiskArgs(cfg Config) ([]string, error) {
+	format, err := imageFormat(cfg.Image)
+	if err != nil {
+		return nil, err
 	}
 	root := "if=none,id=root,cache=unsafe,discard=unmap,format=" + format + ",file=" + qemuEscape(cfg.Image)
 	if cfg.Snapshot {
@@ -157,13 +184,17 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if cfg.Boot == nil {
 		dev += ",bootindex=0" // a direct kernel boot takes boot index 0 itself
 	}
-	args = append(args, "-drive", root, "-device", dev)
-	for i, d := range cfg.Disks {
+	return []string{"-drive", root, "-device", dev}, nil
+}
+
+// extraDiskArgs attach the extra disks, creating in workDir those that name no file.
+func extraDiskArgs(ctx context.Context, disks []Disk, workDir string) ([]string, error) {
+	var args []string
+	for i, d := range disks {
 		if d.Name == "" || strings.ContainsAny(d.Name, ",= ") {
 			return nil, fmt.Errorf("disk %d: name %q must be non-empty without ',', '=' or spaces", i, d.Name)
 		}
-		p := d.Path
-		dfmt := "qcow2"
+		p, dfmt := d.Path, "qcow2"
 		if p == "" {
 			p = filepath.Join(workDir, d.Name+".qcow2")
 			if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
@@ -172,14 +203,25 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 					return nil, fmt.Errorf("disk %s: qemu-img create %s: %v: %s", d.Name, d.Size, err, strings.TrimSpace(string(out)))
 				}
 			}
-		} else if dfmt, err = imageFormat(p); err != nil {
-			return nil, fmt.Errorf("disk %s: %w", d.Name, err)
+		} else {
+			f, err := imageFormat(p)
+			if err != nil {
+				return nil, fmt.Errorf("disk %s: %w", d.Name, err)
+			}
+			dfmt = f
 		}
 		id := fmt.Sprintf("disk%d", i)
 		args = append(args,
 			"-drive", fmt.Sprintf("if=none,id=%s,cache=unsafe,format=%s,file=%s", id, dfmt, qemuEscape(p)),
 			"-device", fmt.Sprintf("virtio-blk-pci,drive=%s,serial=%s", id, d.Name))
 	}
+	return args, nil
+}
+
+// bootArgs pass the node config through fw_cfg and, for a direct kernel boot, the kernel,
+// initramfs and command line.
+func bootArgs(cfg Config) ([]string, error) {
+	var args []string
 	if cfg.Config != "" {
 		if _, err := os.Stat(cfg.Config); err != nil {
 			return nil, fmt.Errorf("config: %w", err)
@@ -192,7 +234,7 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	} else if cfg.Append != "" {
 		return nil, fmt.Errorf("kernel arguments %q need the image's boot files (direct kernel boot)", cfg.Append)
 	}
-	return append(args, cfg.Extra...), nil
+	return args, nil
 }
 
 // qemuEscape doubles commas, QEMU's escape inside option values.

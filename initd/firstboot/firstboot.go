@@ -31,17 +31,8 @@ import (
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/cmdline"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/poll"
-)
-
-// Where the image keeps what first boot reads, relative to the node's root.
-const (
-	// BaseConfigPath is the image's default Ignition config; the user's config is merged over it.
-	BaseConfigPath = source.EmbeddedPath
-	// TemplatesPath holds the role's templates, baked from the profile.
-	TemplatesPath = "/usr/lib/kiln/templates"
-	// ImageJSONPath is the image metadata written by the bake.
-	ImageJSONPath = "/etc/kiln/image.json"
 )
 
 // Options configure Run. The zero value works on a real node.
@@ -220,13 +211,6 @@ func systemctl(root string) func(ctx context.Context, args ...string) error {
 	}
 }
 
-// image is what the bake recorded about the image (ImageJSONPath).
-type image struct {
-	Name     string `json:"name"`
-	Role     string `json:"role"`
-	Platform string `json:"platform"`
-}
-
 // run gets the config and runs the task graph, filling in st.
 func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 	img, err := readImage(opts.Root)
@@ -253,18 +237,19 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 	return runPlan(ctx, plan, st)
 }
 
-// readImage reads what the bake recorded; an image without the file is a zero image.
-func readImage(root string) (image, error) {
-	var img image
-	b, err := os.ReadFile(filepath.Join(root, ImageJSONPath))
+// readImage reads what the bake recorded (nodeimage.ImageJSONPath); an image without the file
+// is a zero image.
+func readImage(root string) (nodeimage.Metadata, error) {
+	var img nodeimage.Metadata
+	b, err := os.ReadFile(filepath.Join(root, nodeimage.ImageJSONPath))
 	switch {
 	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
 		return img, nil
 	case err != nil:
-		return img, fmt.Errorf("%s: %w", ImageJSONPath, err)
+		return img, fmt.Errorf("%s: %w", nodeimage.ImageJSONPath, err)
 	}
 	if err := json.Unmarshal(b, &img); err != nil {
-		return img, fmt.Errorf("%s: %w", ImageJSONPath, err)
+		return img, fmt.Errorf("%s: %w", nodeimage.ImageJSONPath, err)
 	}
 	return img, nil
 }
@@ -370,9 +355,9 @@ func platformProviders(ctx context.Context, opts Options, kernelLine, platform s
 }
 
 // overDefault merges the user's config (nil: none, src: where it came from) over the
-// image's default config at BaseConfigPath; an image without one leaves the user's as it is.
+// image's default config at nodeimage.EmbeddedConfigPath; an image without one leaves the user's as it is.
 func overDefault(root string, user *config.Config, src string) (*config.Config, error) {
-	base, err := os.ReadFile(filepath.Join(root, BaseConfigPath))
+	base, err := os.ReadFile(filepath.Join(root, nodeimage.EmbeddedConfigPath))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if user == nil {
@@ -383,9 +368,9 @@ func overDefault(root string, user *config.Config, src string) (*config.Config, 
 		return nil, fmt.Errorf("image default config: %w", err)
 	}
 	if base, err = source.Decode(base); err != nil {
-		return nil, fmt.Errorf("image default config %s: %w", BaseConfigPath, err)
+		return nil, fmt.Errorf("image default config %s: %w", nodeimage.EmbeddedConfigPath, err)
 	}
-	def, err := parse(base, "image default config "+BaseConfigPath)
+	def, err := parse(base, "image default config "+nodeimage.EmbeddedConfigPath)
 	if err != nil {
 		return nil, err
 	}

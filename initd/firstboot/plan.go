@@ -19,6 +19,7 @@ import (
 	"github.com/kilnproject/kiln/initd/preflight"
 	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
@@ -364,7 +365,7 @@ func (p *plan) preflight(ctx context.Context) (bool, error) {
 // render writes the role's templates (kubelet, runtime, static pods) with the facts and the
 // node config.
 func (p *plan) render(context.Context) (bool, error) {
-	src := filepath.Join(p.opts.Root, TemplatesPath)
+	src := filepath.Join(p.opts.Root, nodeimage.TemplatesPath)
 	if _, err := os.Stat(src); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}

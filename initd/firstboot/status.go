@@ -8,6 +8,7 @@ import (
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"io"
 	"os"
 	"path/filepath"
@@ -73,9 +74,9 @@ func (s *Status) Duration() time.Duration {
 func (s *Status) Line() string {
 	switch {
 	case s.Skipped:
-		return fmt.Sprintf("kiln-init: firstboot done already (%s)", s.Finished.Format(time.RFC3339))
+		return nodeimage.FormatDone(s.Finished)
 	case s.State == StateOK:
-		return fmt.Sprintf("kiln-init: firstboot ok source=%s files=%d %s duration=%s", s.Source, len(s.Files), s.Summary(), s.Duration())
+		return nodeimage.FormatOK(s.Source, len(s.Files), s.Summary(), s.Duration())
 	default:
 		// The console gets the failures; the tasks they blocked are in status.json and
 		// `kiln-init status`.
@@ -88,7 +89,7 @@ func (s *Status) Line() string {
 			}
 			failures = append(failures, l)
 		}
-		line := "kiln-init: firstboot failed: " + oneLine(strings.Join(failures, "\n"))
+		line := nodeimage.FormatFailed(oneLine(strings.Join(failures, "\n")))
 		if blocked > 0 {
 			line += fmt.Sprintf(" (%d tasks blocked; see kiln-init status)", blocked)
 		}

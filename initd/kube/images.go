@@ -23,11 +23,9 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/poll"
 )
-
-// ImagesPath is the OCI image layout holding the role's pre-pulled images.
-const ImagesPath = "/usr/lib/kiln/images"
 
 // Annotations of an image's descriptor in the layout's index.json.
 const (
@@ -338,7 +336,7 @@ func lastLines(s string, n int) string {
 
 // ImportOptions configure ImportImages.
 type ImportOptions struct {
-	// Layout is the OCI layout; "" means ImagesPath.
+	// Layout is the OCI layout; "" means nodeimage.ImagesPath.
 	Layout string
 	// Ctr reaches containerd.
 	Ctr Ctr
@@ -356,7 +354,7 @@ type ImportOptions struct {
 // returns the names it imported; none when everything was present.
 func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err error) {
 	if o.Layout == "" {
-		o.Layout = ImagesPath
+		o.Layout = nodeimage.ImagesPath
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)

@@ -1,13 +1,14 @@
 package source
 
-import "context"
+import (
+	"context"
 
-// EmbeddedPath is where an image bakes its default config.
-const EmbeddedPath = "/usr/lib/kiln/config.ign"
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
 
 // Embedded is a config file baked into the image. It is usually absent.
 type Embedded struct {
-	// Path of the file; "" means EmbeddedPath.
+	// Path of the file; "" means nodeimage.EmbeddedConfigPath.
 	Path string
 }
 
@@ -16,7 +17,7 @@ func (Embedded) Name() string { return "embedded" }
 
 func (e Embedded) path() string {
 	if e.Path == "" {
-		return EmbeddedPath
+		return nodeimage.EmbeddedConfigPath
 	}
 	return e.Path
 }

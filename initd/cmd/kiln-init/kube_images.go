@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // imagesFlags are kube images' flags.
@@ -43,7 +44,7 @@ server answers ready.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.root, "root", "/", "root of the node's filesystem")
-	f.StringVar(&o.layout, "layout", kube.ImagesPath, "OCI image layout with the pre-pulled images")
+	f.StringVar(&o.layout, "layout", nodeimage.ImagesPath, "OCI image layout with the pre-pulled images")
 	f.StringVar(&o.ctr, "ctr", "ctr", "containerd's ctr")
 	f.StringVar(&o.address, "address", "", "containerd's socket (default: ctr's)")
 	f.BoolVar(&o.forKubelet, "for-kubelet", false, "import only the images kubelet needs first: containerd's sandbox image and the static pods' images")
