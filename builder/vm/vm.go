@@ -21,10 +21,8 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// FWCfgName is the fw_cfg item kiln-init reads its config from.
-const FWCfgName = "opt/dev.kiln/config"
 
 // Disk is an extra virtio disk; the guest sees it as /dev/disk/by-id/virtio-<Name>.
 type Disk struct {
@@ -226,7 +224,7 @@ func bootArgs(cfg Config) ([]string, error) {
 		if _, err := os.Stat(cfg.Config); err != nil {
 			return nil, fmt.Errorf("config: %w", err)
 		}
-		args = append(args, "-fw_cfg", "name="+FWCfgName+",file="+qemuEscape(cfg.Config))
+		args = append(args, "-fw_cfg", "name="+nodeimage.FWCfgName+",file="+qemuEscape(cfg.Config))
 	}
 	if cfg.Boot != nil {
 		args = append(args, "-kernel", cfg.Boot.Kernel, "-initrd", cfg.Boot.Initrd,

@@ -7,11 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
-)
 
-// FWCfgName is the fw_cfg item that holds the kiln config
-// (qemu -fw_cfg name=opt/dev.kiln/config,file=config.ign).
-const FWCfgName = "opt/dev.kiln/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
 
 // FWCfg reads the config that QEMU passes through its fw_cfg device. The kernel exposes
 // the item at <sysfs>/firmware/qemu_fw_cfg/by_name/opt/dev.kiln/config/raw once the
@@ -46,7 +44,7 @@ func (f *FWCfg) deviceDir() string {
 
 // RawPath is the sysfs file that holds the config's bytes.
 func (f *FWCfg) RawPath() string {
-	return filepath.Join(f.deviceDir(), "by_name", filepath.FromSlash(FWCfgName), "raw")
+	return filepath.Join(f.deviceDir(), "by_name", filepath.FromSlash(nodeimage.FWCfgName), "raw")
 }
 
 // Probe implements Provider: true when the fw_cfg device carries the kiln config item.

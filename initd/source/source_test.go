@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 const ign = `{"ignition":{"version":"3.4.0"}}`
@@ -35,7 +37,7 @@ func makeDevice(t *testing.T, sys string, item []byte) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for name, data := range map[string][]byte{"raw": item, "name": []byte(FWCfgName), "size": []byte("33")} {
+	for name, data := range map[string][]byte{"raw": item, "name": []byte(nodeimage.FWCfgName), "size": []byte("33")} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o400); err != nil {
 			t.Fatal(err)
 		}

@@ -26,6 +26,7 @@
 //   - First boot reads ImageJSONPath (role, platform), merges the user's config over
 //     EmbeddedConfigPath, renders TemplatesPath and imports ImagesPath, and prints one status
 //     line on the console (FormatOK, FormatFailed, FormatDone).
-//   - `kiln run` reads the kernel, initramfs and loader entry from the ESP for direct kernel
-//     boots, and waits for the status line (StatusLineRE, ParseStatusLine).
+//   - `kiln run` passes a node config as the fw_cfg item FWCfgName, reads the kernel, initramfs
+//     and loader entry from the ESP for direct kernel boots, and waits for the status line
+//     (StatusLineRE, ParseStatusLine).
 package nodeimage

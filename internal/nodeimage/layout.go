@@ -39,6 +39,10 @@ const (
 	ESPImageJSONPath = "/kiln/image.json"
 )
 
+// FWCfgName is the QEMU fw_cfg item through which `kiln run` passes a node config and first
+// boot reads it (qemu -fw_cfg name=opt/dev.kiln/config,file=config.ign).
+const FWCfgName = "opt/dev.kiln/config"
+
 // Paths inside the initramfs.
 const (
 	// ModulesLoadPath lists the kernel modules stage 1 loads, one absolute path a line, in

@@ -13,6 +13,8 @@ func newBaseCmd() *cobra.Command {
 	base := &cobra.Command{
 		Use:   "base",
 		Short: "Manage base OS images",
+		Args:  cobra.NoArgs,
+		RunE:  showHelp,
 	}
 	var layoutDir, tag string
 	imp := &cobra.Command{

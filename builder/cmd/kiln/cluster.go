@@ -16,6 +16,7 @@ func newClusterCmd() *cobra.Command {
 		Use:   "cluster",
 		Short: "Generate a cluster's PKI and per-node Ignition configs",
 		Args:  cobra.NoArgs,
+		RunE:  showHelp,
 	}
 	cmd.AddCommand(newClusterInitCmd())
 	return cmd

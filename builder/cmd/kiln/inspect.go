@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 func newInspectCmd() *cobra.Command {
@@ -31,7 +32,7 @@ the same as /etc/kiln/image.json in the root).`,
 				var md any
 				if len(esp.ImageJSON) > 0 {
 					if err := json.Unmarshal(esp.ImageJSON, &md); err != nil {
-						return fmt.Errorf("%s: /kiln/image.json: %w", args[0], err)
+						return fmt.Errorf("%s: %s: %w", args[0], nodeimage.ESPImageJSONPath, err)
 					}
 				}
 				enc := json.NewEncoder(w)

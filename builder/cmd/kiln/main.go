@@ -4,6 +4,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -17,11 +18,23 @@ var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := newRoot().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "kiln:", err)
-		os.Exit(1)
+	code := execute(ctx, newRoot(), os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// execute runs root with args, prints an error to stderr and returns kiln's exit code.
+func execute(ctx context.Context, root *cobra.Command, args []string, stderr io.Writer) int {
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	code := exitCode(root, cmd, args, err)
+	if err != nil {
+		fmt.Fprintln(stderr, "kiln:", err)
 	}
+	if code == exitUsage && cmd != nil {
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+	}
+	return code
 }
 
 func newRoot() *cobra.Command {
@@ -29,6 +42,7 @@ func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kiln",
 		Short:         "Bake immutable Kubernetes node images and boot them",
+		Long:          "Kiln bakes immutable, role-specific Kubernetes node images and boots them in QEMU.\n\n" + exitHelp,
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -48,6 +62,7 @@ func newRoot() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log every step")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.AddCommand(newBaseCmd(), newLockCmd(), newBakeCmd(), newRunCmd(), newInspectCmd(), newClusterCmd())
 	return root
 }

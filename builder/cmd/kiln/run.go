@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,30 +15,15 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// firstbootLine matches the status line kiln-init prints on the console.
-var firstbootLine = regexp.MustCompile(`kiln-init: firstboot (ok|failed|done already)`)
-
-func newRunCmd() *cobra.Command {
-	var (
-		cfg       vm.Config
-		disks     []string
-		forwards  []string
-		links     []string
-		configs   []string
-		accel     string
-		timeout   time.Duration
-		untilBoot bool
-		until     string
-	)
-	cmd := &cobra.Command{
-		Use:   "run IMAGE",
-		Short: "Boot an image in QEMU (UEFI) with its serial console on stdout",
-		Long: `Run boots IMAGE (.raw, .qcow2, .vmdk or .vhd) on a q35 machine with OVMF, prints the serial
+// runLong is `kiln run --help`.
+const runLong = `Run boots IMAGE (.raw, .qcow2, .vmdk or .vhd) on a q35 machine with OVMF, prints the serial
 console, passes --config to kiln-init through fw_cfg (opt/dev.kiln/config) and attaches each
 --disk as a virtio disk whose serial is NAME (/dev/disk/by-id/virtio-NAME in the guest).
 Several --config files are checked one by one, merged in the order given (Ignition's rules: a
@@ -55,150 +42,233 @@ same file on one link need explicit MACs.
 first and uses KVM only if that test boot really ran; otherwise TCG (software emulation).
 --append boots the image's own kernel and initramfs directly (still under OVMF) with the loader
 entry's command line plus the given arguments; the guest reaches the host at 10.0.2.2.
-Without --snapshot the image itself is written to (first boot creates the data partition).`,
-		Example: `  kiln run out/qemu-worker.qcow2 --config node.ign
+Without --snapshot the image itself is written to (first boot creates the data partition).
+
+With --until-firstboot, kiln run exits 0 once first boot succeeded (or had already), 1 when it
+failed and 3 when --timeout passed before the status line appeared (3 too for --until).
+
+` + exitHelp
+
+const runExample = `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
   kiln run out/qemu-control-plane.qcow2 --disk etcd-main=2G --forward 6443:6443
   kiln run out/qemu-worker.qcow2 --snapshot --append 'kiln.config.url=http://10.0.2.2:8080/node.ign'
   kiln run cp-1.raw --config cp-1.ign --config debug.bu --link cluster,mac=02:00:00:00:00:01 --offline --forward 6443:6443
-  kiln run worker-1.raw --config worker-1.ign --link cluster,mac=02:00:00:00:00:02 --offline`,
-		Args: cobra.ExactArgs(1),
+  kiln run worker-1.raw --config worker-1.ign --link cluster,mac=02:00:00:00:00:02 --offline`
+
+// runOptions are `kiln run`'s flags.
+type runOptions struct {
+	cfg       vm.Config
+	disks     []string
+	forwards  []string
+	links     []string
+	configs   []string
+	accel     string
+	timeout   time.Duration
+	untilBoot bool
+	until     string
+}
+
+func newRunCmd() *cobra.Command {
+	var o runOptions
+	cmd := &cobra.Command{
+		Use:     "run IMAGE",
+		Short:   "Boot an image in QEMU (UEFI) with its serial console on stdout",
+		Long:    runLong,
+		Example: runExample,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			cfg.Image = args[0]
-			for _, d := range disks {
-				name, size, ok := strings.Cut(d, "=")
-				if !ok || name == "" || size == "" {
-					return fmt.Errorf("--disk %q: want NAME=SIZE or NAME=FILE, e.g. etcd-main=2G", d)
-				}
-				if fi, err := os.Stat(size); err == nil && fi.Mode().IsRegular() {
-					cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Path: size})
-					continue
-				}
-				cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Size: size})
-			}
-			if len(forwards) > 0 {
-				cfg.Forward = map[string]int{}
-				for _, f := range forwards {
-					host, guest, err := parseForward(f)
-					if err != nil {
-						return err
-					}
-					if _, dup := cfg.Forward[host]; dup {
-						return fmt.Errorf("--forward %q: host port %s forwarded twice", f, host)
-					}
-					cfg.Forward[host] = guest
-				}
-			}
-			for _, l := range links {
-				link, err := parseLink(l)
-				if err != nil {
-					return err
-				}
-				cfg.Links = append(cfg.Links, link)
-			}
-			if len(configs) > 0 {
-				dir, err := os.MkdirTemp("", "kiln-config-")
-				if err != nil {
-					return err
-				}
-				defer os.RemoveAll(dir)
-				if cfg.Config, err = nodeConfig(configs, dir); err != nil {
-					return err
-				}
-			}
-			want := accel
-			if want == "" {
-				want = os.Getenv("KILN_ACCEL")
-			}
-			kernel := ""
-			if want == "" || want == "auto" || cfg.Append != "" {
-				dir, err := os.MkdirTemp("", "kiln-boot-")
-				if err != nil {
-					return err
-				}
-				defer os.RemoveAll(dir)
-				bf, err := vm.ExtractBoot(ctx, cfg.Image, dir)
-				if err != nil {
-					return fmt.Errorf("read the image's boot files: %w", err)
-				}
-				kernel = bf.Kernel
-				if cfg.Append != "" {
-					cfg.Boot = bf
-				}
-			}
-			a, why, err := vm.ChooseAccel(ctx, want, kernel)
-			if err != nil {
-				return err
-			}
-			slog.Info("accelerator", "accel", a, "why", why)
-			cfg.Accel = a
-			cfg.Serial = cmd.OutOrStdout()
-			var untilRE *regexp.Regexp
-			if until != "" {
-				if untilRE, err = regexp.Compile(until); err != nil {
-					return fmt.Errorf("--until: %w", err)
-				}
-			}
-			if (untilBoot || untilRE != nil) && timeout == 0 {
-				timeout = 15 * time.Minute
-			}
-			if timeout > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, timeout)
-				defer cancel()
-			}
-			for _, l := range cfg.Links {
-				mac := l.MAC
-				if mac == "" {
-					mac = vm.LinkMAC(cfg.Image, l.Name)
-				}
-				slog.Info("link", "name", l.Name, "mac", mac, "group", vm.LinkGroup(l.Name))
-			}
-			m, err := vm.Start(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			defer m.Stop()
-			if untilRE != nil {
-				_, err := m.WaitFor(ctx, untilRE)
-				return err
-			}
-			if !untilBoot {
-				err := m.Wait()
-				if ctx.Err() == context.DeadlineExceeded {
-					return fmt.Errorf("stopped after --timeout %s", timeout)
-				}
-				return err
-			}
-			line, err := m.WaitFor(ctx, firstbootLine)
-			if err != nil {
-				return err
-			}
-			if strings.Contains(line, "firstboot failed") {
-				return fmt.Errorf("first boot failed: %s", line)
-			}
-			return nil
+			return o.run(cmd.Context(), args[0], cmd.OutOrStdout())
 		},
 	}
-	f := cmd.Flags()
-	f.StringArrayVar(&configs, "config", nil, "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg; repeatable: merged in order, later files win")
-	f.StringArrayVar(&disks, "disk", nil, "extra disk NAME=SIZE (created) or NAME=FILE (attached, e.g. a CIDATA ISO), repeatable; the guest sees /dev/disk/by-id/virtio-NAME")
-	f.StringVar(&cfg.Net, "net", "", "user network range, e.g. 10.0.3.0/24 (guest .15, host .2; default 10.0.2.0/24)")
-	f.StringArrayVar(&forwards, "forward", nil, "forward a host TCP port to a guest port over the user network, [ADDR:]HOSTPORT:GUESTPORT (repeatable; ADDR defaults to 127.0.0.1)")
-	f.StringArrayVar(&links, "link", nil, "NIC on the private segment NAME shared by this host's VMs, NAME[,mac=MAC] (repeatable; these NICs come first)")
-	f.BoolVar(&cfg.Offline, "offline", false, "no route out of the guest: its user network reaches neither the host nor beyond (forwarded ports still answer)")
-	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL or auto)")
-	f.DurationVar(&timeout, "timeout", 0, "stop the VM after this long (default none; 15m with --until-firstboot)")
-	f.StringVar(&until, "until", "", "stop once a console line matches this regular expression")
-	f.BoolVar(&untilBoot, "until-firstboot", false, "stop once kiln-init prints its first-boot status line; fail if it failed")
-	f.BoolVar(&cfg.Snapshot, "snapshot", false, "leave IMAGE unchanged (writes go to a throwaway overlay)")
-	f.IntVar(&cfg.MemoryMB, "memory", 2048, "guest memory in MiB")
-	f.IntVar(&cfg.CPUs, "cpus", 2, "guest CPUs")
-	f.IntVar(&cfg.Nice, "nice", 0, "run QEMU at this host CPU niceness (1-19): a VM that may wait leaves the host's cores to others, e.g. a worker beside an emulated control plane")
-	f.StringVar(&cfg.Append, "append", "", "extra kernel arguments, e.g. 'kiln.config.url=http://10.0.2.2:8080/${mac}.ign' (boots the image's kernel directly)")
-	f.StringVar(&cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
+	o.addFlags(cmd.Flags())
 	return cmd
+}
+
+func (o *runOptions) addFlags(f *pflag.FlagSet) {
+	f.StringArrayVar(&o.configs, "config", nil, "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg; repeatable: merged in order, later files win")
+	f.StringArrayVar(&o.disks, "disk", nil, "extra disk NAME=SIZE (created) or NAME=FILE (attached, e.g. a CIDATA ISO), repeatable; the guest sees /dev/disk/by-id/virtio-NAME")
+	f.StringVar(&o.cfg.Net, "net", "", "user network range, e.g. 10.0.3.0/24 (guest .15, host .2; default 10.0.2.0/24)")
+	f.StringArrayVar(&o.forwards, "forward", nil, "forward a host TCP port to a guest port over the user network, [ADDR:]HOSTPORT:GUESTPORT (repeatable; ADDR defaults to 127.0.0.1)")
+	f.StringArrayVar(&o.links, "link", nil, "NIC on the private segment NAME shared by this host's VMs, NAME[,mac=MAC] (repeatable; these NICs come first)")
+	f.BoolVar(&o.cfg.Offline, "offline", false, "no route out of the guest: its user network reaches neither the host nor beyond (forwarded ports still answer)")
+	f.StringVar(&o.accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL or auto)")
+	f.DurationVar(&o.timeout, "timeout", 0, "stop the VM after this long (default none; 15m with --until-firstboot)")
+	f.StringVar(&o.until, "until", "", "stop once a console line matches this regular expression")
+	f.BoolVar(&o.untilBoot, "until-firstboot", false, "stop once kiln-init prints its first-boot status line; fail if it failed")
+	f.BoolVar(&o.cfg.Snapshot, "snapshot", false, "leave IMAGE unchanged (writes go to a throwaway overlay)")
+	f.IntVar(&o.cfg.MemoryMB, "memory", 2048, "guest memory in MiB")
+	f.IntVar(&o.cfg.CPUs, "cpus", 2, "guest CPUs")
+	f.IntVar(&o.cfg.Nice, "nice", 0, "run QEMU at this host CPU niceness (1-19): a VM that may wait leaves the host's cores to others, e.g. a worker beside an emulated control plane")
+	f.StringVar(&o.cfg.Append, "append", "", "extra kernel arguments, e.g. 'kiln.config.url=http://10.0.2.2:8080/${mac}.ign' (boots the image's kernel directly)")
+	f.StringVar(&o.cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
+}
+
+// run boots image and waits as the flags say.
+func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) error {
+	cfg := o.cfg
+	cfg.Image = image
+	cfg.Serial = serial
+	if err := o.parseNetwork(&cfg); err != nil {
+		return usageError(err)
+	}
+	if err := o.parseDisks(&cfg); err != nil {
+		return usageError(err)
+	}
+	var untilRE *regexp.Regexp
+	if o.until != "" {
+		re, err := regexp.Compile(o.until)
+		if err != nil {
+			return usageError(fmt.Errorf("--until: %w", err))
+		}
+		untilRE = re
+	}
+	tmp, err := os.MkdirTemp("", "kiln-run-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if len(o.configs) > 0 {
+		if cfg.Config, err = nodeConfig(o.configs, tmp); err != nil {
+			return err
+		}
+	}
+	if err := o.chooseAccel(ctx, &cfg, tmp); err != nil {
+		return err
+	}
+	timeout := o.timeout
+	if (o.untilBoot || untilRE != nil) && timeout == 0 {
+		timeout = 15 * time.Minute
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	logLinks(cfg)
+	m, err := vm.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer m.Stop()
+	return o.wait(ctx, m, untilRE, timeout)
+}
+
+// parseDisks reads --disk NAME=SIZE or NAME=FILE into cfg.Disks.
+func (o *runOptions) parseDisks(cfg *vm.Config) error {
+	for _, d := range o.disks {
+		name, size, ok := strings.Cut(d, "=")
+		if !ok || name == "" || size == "" {
+			return fmt.Errorf("--disk %q: want NAME=SIZE or NAME=FILE, e.g. etcd-main=2G", d)
+		}
+		if fi, err := os.Stat(size); err == nil && fi.Mode().IsRegular() {
+			cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Path: size})
+			continue
+		}
+		cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Size: size})
+	}
+	return nil
+}
+
+// parseNetwork reads --forward and --link into cfg.
+func (o *runOptions) parseNetwork(cfg *vm.Config) error {
+	if len(o.forwards) > 0 {
+		cfg.Forward = map[string]int{}
+		for _, f := range o.forwards {
+			host, guest, err := parseForward(f)
+			if err != nil {
+				return err
+			}
+			if _, dup := cfg.Forward[host]; dup {
+				return fmt.Errorf("--forward %q: host port %s forwarded twice", f, host)
+			}
+			cfg.Forward[host] = guest
+		}
+	}
+	for _, l := range o.links {
+		link, err := parseLink(l)
+		if err != nil {
+			return err
+		}
+		cfg.Links = append(cfg.Links, link)
+	}
+	return nil
+}
+
+// chooseAccel sets cfg.Accel from --accel (or $KILN_ACCEL). For auto, and for --append, it
+// copies the image's boot files into dir: auto test-boots its kernel under KVM, --append boots
+// them directly.
+func (o *runOptions) chooseAccel(ctx context.Context, cfg *vm.Config, dir string) error {
+	want := o.accel
+	if want == "" {
+		want = os.Getenv("KILN_ACCEL")
+	}
+	kernel := ""
+	if want == "" || want == "auto" || cfg.Append != "" {
+		bf, err := vm.ExtractBoot(ctx, cfg.Image, dir)
+		if err != nil {
+			return fmt.Errorf("read the image's boot files: %w", err)
+		}
+		kernel = bf.Kernel
+		if cfg.Append != "" {
+			cfg.Boot = bf
+		}
+	}
+	a, why, err := vm.ChooseAccel(ctx, want, kernel)
+	if err != nil {
+		return err
+	}
+	slog.Info("accelerator", "accel", a, "why", why)
+	cfg.Accel = a
+	return nil
+}
+
+// logLinks logs each link NIC's MAC address and multicast group.
+func logLinks(cfg vm.Config) {
+	for _, l := range cfg.Links {
+		mac := l.MAC
+		if mac == "" {
+			mac = vm.LinkMAC(cfg.Image, l.Name)
+		}
+		slog.Info("link", "name", l.Name, "mac", mac, "group", vm.LinkGroup(l.Name))
+	}
+}
+
+// console is the running VM as kiln run waits for it.
+type console interface {
+	WaitFor(ctx context.Context, re *regexp.Regexp) (string, error)
+	Wait() error
+}
+
+// wait waits for the --until pattern, for the first-boot status line (--until-firstboot) or
+// for the VM to end. Running out of time while waiting for a line is a timeoutError, and a
+// failed first boot an error.
+func (o *runOptions) wait(ctx context.Context, m console, untilRE *regexp.Regexp, timeout time.Duration) error {
+	re := untilRE
+	if re == nil && o.untilBoot {
+		re = nodeimage.StatusLineRE
+	}
+	if re == nil {
+		err := m.Wait()
+		if ctx.Err() == context.DeadlineExceeded {
+			return fmt.Errorf("stopped after --timeout %s", timeout)
+		}
+		return err
+	}
+	line, err := m.WaitFor(ctx, re)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return timeoutError(fmt.Errorf("no console line matched within --timeout %s: %w", timeout, err))
+		}
+		return err
+	}
+	if untilRE != nil {
+		return nil
+	}
+	if st, _ := nodeimage.ParseStatusLine(line); st.Outcome == nodeimage.OutcomeFailed {
+		return fmt.Errorf("first boot failed: %s", line)
+	}
+	return nil
 }
 
 // parseForward reads --forward [ADDR:]HOSTPORT:GUESTPORT into vm.Config.Forward's key and value.
