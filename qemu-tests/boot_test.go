@@ -8,12 +8,23 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 var (
-	firstbootOK   = regexp.MustCompile(`kiln-init: firstboot ok source=fw_cfg files=1`)
-	firstbootDone = regexp.MustCompile(`kiln-init: firstboot (done already|ok|failed)`)
+	firstbootOK = regexp.MustCompile(regexp.QuoteMeta(nodeimage.StatusLinePrefix+nodeimage.OutcomeOK) + ` source=fw_cfg files=1`)
+	// firstbootDone matches the first-boot status line, whatever the outcome.
+	firstbootDone = nodeimage.StatusLineRE
+	// firstbootFailed matches the status line of a failed first boot, to end a wait at once.
+	firstbootFailed = regexp.QuoteMeta(nodeimage.StatusLinePrefix + nodeimage.OutcomeFailed)
 )
+
+// firstbootOutcome is the outcome of the status line in line ("" when there is none).
+func firstbootOutcome(line string) string {
+	st, _ := nodeimage.ParseStatusLine(line)
+	return st.Outcome
+}
 
 type status struct {
 	State    string `json:"state"`
@@ -69,7 +80,7 @@ func TestWorkerBootsTwice(t *testing.T) {
 	// Second boot of the same disk, with no config at all: nothing is redone.
 	m, line := e.boot(disk, "", firstbootDone, 10*time.Minute)
 	m.Stop()
-	if !strings.Contains(line, "firstboot done already") {
+	if firstbootOutcome(line) != nodeimage.OutcomeDone {
 		t.Fatalf("second boot printed %q, want the done-already line", line)
 	}
 	for _, l := range m.Lines() {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // qmp is a client of QEMU's machine protocol on a unix socket (QEMU's -qmp).
@@ -160,7 +161,7 @@ func TestWorkerWaitsForLateDHCP(t *testing.T) {
 		return line
 	}
 
-	line := wait(regexp.MustCompile(`kiln-dhcp-test: |kiln-init: firstboot (ok|failed)`))
+	line := wait(regexp.MustCompile(`kiln-dhcp-test: |` + firstbootDone.String()))
 	if !regexp.MustCompile(`kiln-dhcp-test: WAITING +waiting for an IPv4/IPv6 address on a link \(DHCP\) \(needed by facts\), [0-9.]+m?s of 1m30s`).MatchString(line) {
 		t.Fatalf("kiln-init status while the cable was out: %q, want the wait for an address", line)
 	}
@@ -172,7 +173,7 @@ func TestWorkerWaitsForLateDHCP(t *testing.T) {
 	}
 	t.Logf("cable plugged in after %s", time.Since(start).Round(time.Second))
 	line = wait(firstbootDone)
-	if !strings.Contains(line, "firstboot ok") {
+	if firstbootOutcome(line) != nodeimage.OutcomeOK {
 		t.Fatalf("first boot after a late lease: %q, want ok\n%s", line, tail(m.Lines(), 40))
 	}
 	m.Stop() // kiln-init syncs before it prints the line

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/kilnproject/kiln/builder/bake"
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -143,7 +143,7 @@ func runE2ECluster(t *testing.T, pull bool) {
 		Disks: []vm.Disk{{Name: "etcd-main", Size: "2G"}}, MemoryMB: 3072, CPUs: 2,
 		Links:   []vm.Link{{Name: e2eLink, MAC: linkMAC(cpAddr)}},
 		Offline: !pull, Forward: map[string]int{fmt.Sprintf("127.0.0.1:%d", apiPort): 6443},
-	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
+	}, firstbootDone, 20*time.Minute)
 	cpBoot := time.Now()
 	t.Logf("e2e: control plane's first boot done after %s", cpBoot.Sub(start).Round(time.Second))
 	// A cluster that does not come up says where its time went (run before the VMs stop).
@@ -184,7 +184,7 @@ func runE2ECluster(t *testing.T, pull bool) {
 		Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
 		MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(workerAddr)}}, Offline: !pull,
 		Nice: 10,
-	}, regexp.MustCompile(`kiln-init: firstboot (ok|failed)`), 20*time.Minute)
+	}, firstbootDone, 20*time.Minute)
 	workerBoot := time.Now()
 
 	waitFor(t, "both nodes Ready", 25*time.Minute, func() (bool, string) {
@@ -376,7 +376,7 @@ func linkMAC(addr string) string {
 func scanImageForSecrets(t *testing.T, raw string) {
 	t.Helper()
 	dir := t.TempDir()
-	part, err := extractPartition(raw, "root-a", dir)
+	part, err := extractPartition(raw, nodeimage.RootAName, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/vm"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // controlPlaneConfig is a control-plane node's Butane config: node.yaml naming its etcd member
@@ -36,8 +37,8 @@ storage:
 }
 
 var (
-	dnsDone      = regexp.MustCompile(`kiln-init: dns registered|kiln-init: firstboot failed`)
-	volumeFound  = regexp.MustCompile(`etcd volume found|kiln-init: firstboot failed`)
+	dnsDone      = regexp.MustCompile(`kiln-init: dns registered|` + firstbootFailed)
+	volumeFound  = regexp.MustCompile(`etcd volume found|` + firstbootFailed)
 	ext4UUID     = regexp.MustCompile(`UUID="([0-9a-f-]+)"`)
 	manifestLink = "/lib/kiln/etc/upper/kubernetes/manifests/etcd.manifest"
 )
@@ -62,7 +63,7 @@ func TestControlPlanesEtcdDisksAndDNS(t *testing.T) {
 		e.t = t
 		m, line := e.bootWith(vm.Config{Image: n.disk, Config: n.cfg, Net: fmt.Sprintf("10.0.%d.0/24", 3+i),
 			Disks: []vm.Disk{{Name: "etcd-main", Path: n.etcd}}}, want, 15*time.Minute)
-		if strings.Contains(line, "firstboot failed") {
+		if firstbootOutcome(line) == nodeimage.OutcomeFailed {
 			m.Stop()
 			t.Fatalf("node %s: %s\n%s", n.member, line, tail(m.Lines(), 30))
 		}

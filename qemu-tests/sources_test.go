@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/vm"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // testKey is a throwaway public key: the test checks it lands in authorized_keys.
@@ -71,7 +72,7 @@ systemd:
 // probeLine matches the probe's report, or first boot failing (so a failure ends the wait
 // at once; assertFirstboot then reports it).
 func probeLine(source string) *regexp.Regexp {
-	return regexp.MustCompile(probeOK(source).String() + `|kiln-init: firstboot failed`)
+	return regexp.MustCompile(probeOK(source).String() + `|` + firstbootFailed)
 }
 
 func probeOK(source string) *regexp.Regexp {
@@ -171,8 +172,8 @@ func assertFirstboot(t *testing.T, m *vm.Machine, source, probe string) {
 		t.Errorf("no probe report for %s", probe)
 	}
 	for _, l := range m.Lines() {
-		if strings.Contains(l, "kiln-init: firstboot ok") {
-			if !strings.Contains(l, "source="+source) {
+		if st, ok := nodeimage.ParseStatusLine(l); ok && st.Outcome == nodeimage.OutcomeOK {
+			if !strings.Contains(st.Detail, "source="+source) {
 				t.Errorf("status line %q does not name source %s", l, source)
 			}
 			return
