@@ -12,6 +12,11 @@
 //
 // The kiln node config, /etc/kiln/node.yaml, is the typed Node (see node.go and
 // README.md in this directory).
+//
+// The builder imports this package (`kiln run --config` and `kiln cluster init` check and
+// write node configs): parsing, checking and merging a config is node-side logic, and the
+// builder runs it exactly as first boot does, so a config the builder accepts is one the node
+// accepts. It is node code first and must never import builder/.
 package config
 
 import (

@@ -17,4 +17,9 @@
 // ControlPlaneCerts and ControlPlaneKubeconfigs are idempotent: a file that is still
 // valid (signed by the current CA, more than 30 days left, same subject and names, key
 // matching) is kept; anything else is re-issued. Both return what they wrote.
+//
+// The builder imports this package (`kiln cluster init` generates a cluster's CAs, keys and
+// tokens ahead of its nodes): issuing them is node-side logic, and the builder runs it exactly
+// as a control-plane node does, so the files are the same whoever made them. It is node code
+// first and must never import builder/.
 package pki

@@ -10,6 +10,10 @@
 // /usr/share/zoneinfo/UTC) that mean the image's own root. Resolve gives them that meaning and
 // returns a symlink-free path; callers then act on that path through the same os.Root, so even
 // a tree changed behind their back cannot send them outside it.
+//
+// The builder imports this package: resolving a path inside an image tree is node-side logic
+// (what the node's "/" means), and the bake resolves it exactly as the node does. It is node
+// code first and must never import builder/.
 package rootpath
 
 import (

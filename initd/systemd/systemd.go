@@ -14,6 +14,10 @@
 //
 // Every function is idempotent and reports whether it changed anything. Symlinks in the
 // tree are resolved with the root as "/", so nothing is read or written outside it.
+//
+// The builder imports this package: enabling a profile's units at bake time is node-side
+// logic, and the bake runs it exactly as first boot does, so a unit enabled either way ends
+// up with the same links. It is node code first and must never import builder/.
 package systemd
 
 import (
