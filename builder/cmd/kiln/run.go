@@ -24,7 +24,7 @@ import (
 
 // runLong is `kiln run --help`.
 const runLong = `Run boots IMAGE (.raw, .qcow2, .vmdk or .vhd) on a q35 machine with OVMF, prints the serial
-console, passes --config to kiln-init through fw_cfg (opt/dev.kiln/config) and attaches each
+console, passes --config to kiln-init through fw_cfg (` + nodeimage.FWCfgName + `) and attaches each
 --disk as a virtio disk whose serial is NAME (/dev/disk/by-id/virtio-NAME in the guest).
 Several --config files are checked one by one, merged in the order given (Ignition's rules: a
 later file's entry for the same path or unit wins) and passed as one Ignition config.
