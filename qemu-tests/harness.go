@@ -23,6 +23,7 @@ import (
 	diskfs "github.com/diskfs/go-diskfs"
 
 	"github.com/kilnproject/kiln/builder/vm"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // repoRoot is the repository checkout these tests run in.
@@ -169,7 +170,7 @@ func tail(lines []string, n int) string {
 // image with debugfs, as an operator inspecting a powered-off disk would.
 func (e *env) dataFile(image, path string) (string, error) {
 	e.t.Helper()
-	part, err := extractPartition(image, "data", e.t.TempDir())
+	part, err := extractPartition(image, nodeimage.DataName, e.t.TempDir())
 	if err != nil {
 		return "", err
 	}
