@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -205,9 +206,8 @@ func bootLinked(t *testing.T, e *env, baked string, nodes []*linkNode, hostPort,
 // checkFirstBoot checks each node's first boot succeeded.
 func checkFirstBoot(t *testing.T, ctx context.Context, nodes []*linkNode) {
 	t.Helper()
-	re := regexp.MustCompile(`kiln-init: firstboot (ok|failed)`)
 	for _, n := range nodes {
-		if line, err := n.m.WaitFor(ctx, re); err != nil || !strings.Contains(line, "kiln-init: firstboot ok") {
+		if line, err := n.m.WaitFor(ctx, firstbootDone); err != nil || firstbootOutcome(line) != nodeimage.OutcomeOK {
 			t.Errorf("%s: first boot of a plain node: %q, %v\n%s", n.name, line, err, tail(n.m.Lines(), 40))
 		}
 	}
