@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // localArtifact is one of the profile's artifacts rebuilt from the components the e2e
@@ -47,7 +49,7 @@ func packArtifacts(bin, dir string) (map[string]string, error) {
 		dst := filepath.Join(dir, a.file)
 		var err error
 		if a.plain != "" {
-			err = copyPlain(filepath.Join(bin, a.plain), dst)
+			err = atomicfile.Copy(filepath.Join(bin, a.plain), dst, atomicfile.Options{Mode: 0o755})
 		} else {
 			err = writeTarGz(dst, bin, a.tar)
 		}
@@ -83,23 +85,6 @@ func writeOverlay(file, dir, baseURL string, sums map[string]string, images map[
 		fmt.Fprintf(&b, "  - {name: %q, source: %q, digest: %q}\n", name, images[name].Source, images[name].Digest)
 	}
 	return os.WriteFile(file, []byte(b.String()), 0o644)
-}
-
-func copyPlain(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 func writeTarGz(dst, bin string, members map[string]string) error {
