@@ -1,0 +1,57 @@
+package nodeimage
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/kilnproject/kiln/"
+
+// builderMayImport are the node-side packages the bake runs the way the node does; each says
+// why in its doc comment.
+var builderMayImport = []string{"initd/config", "initd/pki", "initd/rootpath", "initd/systemd"}
+
+// The import rule of docs/architecture.md: internal/ imports neither builder/ nor initd/,
+// initd/ never imports builder/, and builder/ imports only the node-side packages it runs the
+// way the node does. Test files count too.
+func TestImportRule(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f",
+		`{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`,
+		module+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	checked := 0
+	for line := range strings.Lines(string(out)) {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], module)
+		for _, imp := range fields[1:] {
+			imp, ok := strings.CutPrefix(imp, module)
+			if !ok {
+				continue
+			}
+			if why := forbidden(pkg, imp); why != "" {
+				t.Errorf("%s imports %s: %s", pkg, imp, why)
+			}
+			checked++
+		}
+	}
+	if checked == 0 {
+		t.Fatal("go list named no imports inside the module")
+	}
+}
+
+func forbidden(pkg, imp string) string {
+	top := func(p string) string { return strings.SplitN(p, "/", 2)[0] }
+	switch {
+	case top(pkg) == "internal" && (top(imp) == "builder" || top(imp) == "initd"):
+		return "internal/ packages are leaves shared by both programs"
+	case top(pkg) == "initd" && top(imp) == "builder":
+		return "the node never depends on the builder"
+	case top(pkg) == "builder" && top(imp) == "initd" && !slices.Contains(builderMayImport, imp):
+		return "the builder may import only " + strings.Join(builderMayImport, ", ")
+	}
+	return ""
+}
