@@ -45,8 +45,8 @@ func (s Source) label() string {
 // emptySHA256 is the hash of zero bytes.
 const emptySHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
-// DefaultStallTimeout is how long a download may make no progress.
-const DefaultStallTimeout = 60 * time.Second
+// defaultStallTimeout is how long a download may make no progress.
+const defaultStallTimeout = 60 * time.Second
 
 var hexRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
@@ -75,7 +75,7 @@ func NewCache(root string) *Cache {
 	return &Cache{
 		Root:         root,
 		Client:       &http.Client{Transport: tr},
-		StallTimeout: DefaultStallTimeout,
+		StallTimeout: defaultStallTimeout,
 		Log:          slog.Default(),
 	}
 }
@@ -92,15 +92,15 @@ func DefaultCache() (*Cache, error) {
 
 func (c *Cache) blobDir() string { return filepath.Join(c.Root, "blobs", "sha256") }
 
-// BlobPath returns where the blob with this sha256 lives (or would).
-func (c *Cache) BlobPath(sha256 string) string { return filepath.Join(c.blobDir(), sha256) }
+// blobPath returns where the blob with this sha256 lives (or would).
+func (c *Cache) blobPath(sha256 string) string { return filepath.Join(c.blobDir(), sha256) }
 
 // Has returns the blob's path if the cache holds it.
 func (c *Cache) Has(sha256 string) (string, bool) {
 	if !hexRE.MatchString(sha256) {
 		return "", false
 	}
-	p := c.BlobPath(sha256)
+	p := c.blobPath(sha256)
 	fi, err := os.Lstat(p)
 	if err != nil || !fi.Mode().IsRegular() {
 		return "", false
@@ -140,7 +140,7 @@ func (c *Cache) Add(ctx context.Context, s Source) (sum, path string, err error)
 
 // Verify re-hashes the cached blob and removes it if it is damaged.
 func (c *Cache) Verify(sha256Hex string) error {
-	p := c.BlobPath(sha256Hex)
+	p := c.blobPath(sha256Hex)
 	f, err := os.Open(p)
 	if err != nil {
 		return fmt.Errorf("verify blob: %w", err)
@@ -227,7 +227,7 @@ func (c *Cache) put(want string, fill func(w io.Writer) (int64, error)) (sum, pa
 	if err := f.Commit(sum); err != nil {
 		return "", "", n, fmt.Errorf("cache: %w", err)
 	}
-	return sum, c.BlobPath(sum), n, nil
+	return sum, c.blobPath(sum), n, nil
 }
 
 func (c *Cache) logger() *slog.Logger {
@@ -301,12 +301,12 @@ type stallWatch struct {
 }
 
 // watchStalls returns a context that ends with "no data for <stall>" once reads through the
-// watch's reader have brought nothing for c.StallTimeout (DefaultStallTimeout when zero).
+// watch's reader have brought nothing for c.StallTimeout (defaultStallTimeout when zero).
 // stop releases it.
 func (c *Cache) watchStalls(ctx context.Context) (context.Context, *stallWatch) {
 	stall := c.StallTimeout
 	if stall <= 0 {
-		stall = DefaultStallTimeout
+		stall = defaultStallTimeout
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	errStalled := fmt.Errorf("no data for %s", stall)

@@ -226,7 +226,7 @@ func TestConcurrentFetch(t *testing.T) {
 				return
 			default:
 			}
-			if b, err := os.ReadFile(c.BlobPath(src.SHA256)); err == nil && !bytes.Equal(b, content) {
+			if b, err := os.ReadFile(c.blobPath(src.SHA256)); err == nil && !bytes.Equal(b, content) {
 				watchErr <- fmt.Errorf("saw a partial blob of %d bytes", len(b))
 				return
 			}
@@ -327,7 +327,7 @@ func TestAddAndDamage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sum != hexSum(content) || p != c.BlobPath(sum) {
+	if sum != hexSum(content) || p != c.blobPath(sum) {
 		t.Fatalf("Add = %s %s", sum, p)
 	}
 

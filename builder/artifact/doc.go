@@ -23,7 +23,7 @@
 // The lock file, images/<name>.lock, is JSON with sorted keys. It records the
 // manifest digest of the base image (resolved from a tag through a
 // BaseResolver), the linux/amd64 manifest digest of every container image
-// whose profile gives none (an ImageResolver) and the sha256 of every
+// whose profile gives none (an imageResolver) and the sha256 of every
 // artifact whose profile gives none;
 // Pinner writes it (`kiln lock`), and Sources/BaseDigest/Unpinned read it at
 // bake time, where anything unpinned is refused.

@@ -17,11 +17,11 @@ import (
 	"github.com/kilnproject/kiln/internal/decompress"
 )
 
-// Place puts the artifact a, whose content is the file blob, into the
+// place puts the artifact a, whose content is the file blob, into the
 // tree at root: a plain file at a.Dest with a.Mode, or unpacked by Extract
 // within maxUnpacked. It returns the paths it wrote, as absolute paths in the
 // image.
-func Place(blob string, a spec.Artifact, root string, maxUnpacked int64) ([]string, error) {
+func place(blob string, a spec.Artifact, root string, maxUnpacked int64) ([]string, error) {
 	if a.Extract != nil {
 		paths, err := Extract(blob, *a.Extract, root, maxUnpacked)
 		if err != nil {

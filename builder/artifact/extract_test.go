@@ -196,7 +196,7 @@ func TestExtractRefusesEscapes(t *testing.T) {
 func TestPlace(t *testing.T) {
 	root := t.TempDir()
 	blob := writeBlob(t, []byte("[plugins]\n"))
-	paths, err := Place(blob, spec.Artifact{Name: "config", Dest: "/etc/containerd/config.toml", Mode: 0o600}, root, MaxUnpacked)
+	paths, err := place(blob, spec.Artifact{Name: "config", Dest: "/etc/containerd/config.toml", Mode: 0o600}, root, MaxUnpacked)
 	if err != nil || !reflect.DeepEqual(paths, []string{"/etc/containerd/config.toml"}) {
 		t.Fatalf("Place = %v, %v", paths, err)
 	}
@@ -204,7 +204,7 @@ func TestPlace(t *testing.T) {
 	if err != nil || fi.Mode() != 0o600 {
 		t.Errorf("placed file: %v %v", fi, err)
 	}
-	_, err = Place(blob, spec.Artifact{Name: "bad", Extract: &spec.Extract{Format: "tar.gz", Dir: "/opt"}}, root, MaxUnpacked)
+	_, err = place(blob, spec.Artifact{Name: "bad", Extract: &spec.Extract{Format: "tar.gz", Dir: "/opt"}}, root, MaxUnpacked)
 	if err == nil || !strings.HasPrefix(err.Error(), `artifact "bad": extract tar.gz: gzip: invalid header`) {
 		t.Errorf("extracting a non-archive: %v", err)
 	}

@@ -18,11 +18,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// ParseReference parses an image reference. Registries on the loopback
+// parseReference parses an image reference. Registries on the loopback
 // interface (localhost, 127.0.0.0/8, ::1) are spoken to over plain HTTP, as
 // a test or mirror registry there usually is; every other registry over
 // HTTPS.
-func ParseReference(s string) (name.Reference, error) {
+func parseReference(s string) (name.Reference, error) {
 	ref, err := name.ParseReference(s, name.StrictValidation)
 	if err != nil {
 		return nil, err
@@ -46,17 +46,17 @@ func isLoopback(registry string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// ImageResolver finds the digest ("sha256:…") of the image manifest a pull
+// imageResolver finds the digest ("sha256:…") of the image manifest a pull
 // reference names; for a multi-platform index, that of its linux/amd64
 // image. OCIResolver implements it.
-type ImageResolver interface {
+type imageResolver interface {
 	ResolveImage(ctx context.Context, source string) (digest string, err error)
 }
 
-// ResolveImage implements ImageResolver with a HEAD request (and a GET of
+// ResolveImage implements imageResolver with a HEAD request (and a GET of
 // the index when the reference names one).
 func (r OCIResolver) ResolveImage(ctx context.Context, source string) (string, error) {
-	ref, err := ParseReference(source)
+	ref, err := parseReference(source)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", source, err)
 	}
@@ -172,7 +172,7 @@ type imageFetcher struct {
 // remote returns the repository of the image's source and the options to reach it.
 func (x *imageFetcher) remote() (name.Repository, []remote.Option, error) {
 	if x.opts == nil {
-		ref, err := ParseReference(x.s.Source)
+		ref, err := parseReference(x.s.Source)
 		if err != nil {
 			return x.repo, nil, fmt.Errorf("%s: source %s: %w", x.label, x.s.Source, err)
 		}

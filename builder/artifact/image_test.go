@@ -105,7 +105,7 @@ func TestParseReferenceLoopbackIsPlainHTTP(t *testing.T) {
 		{"registry.k8s.io:443/pause@sha256:" + strings.Repeat("a", 64), "https"},
 		{"localhost.example.com/pause:3.10.2", "https"},
 	} {
-		ref, err := ParseReference(tt.ref)
+		ref, err := parseReference(tt.ref)
 		if err != nil {
 			t.Errorf("%s: %v", tt.ref, err)
 			continue

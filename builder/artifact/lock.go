@@ -14,8 +14,8 @@ import (
 	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
-// LockVersion is the version of the lock file format written by Write.
-const LockVersion = 1
+// lockVersion is the version of the lock file format written by Write.
+const lockVersion = 1
 
 // Lock pins what the documents leave unpinned. It is stored as JSON, keys
 // sorted, next to the definition:
@@ -66,14 +66,14 @@ func LockPath(def *spec.Definition) string {
 	return filepath.Join(filepath.Dir(def.File), def.Name+".lock")
 }
 
-// LockKey names an artifact or image of a role in the lock: "<role>/<name>".
-func LockKey(role, name string) string { return role + "/" + name }
+// lockKey names an artifact or image of a role in the lock: "<role>/<name>".
+func lockKey(role, name string) string { return role + "/" + name }
 
 // ReadLock reads the lock file at path; a missing file is an empty lock.
 func ReadLock(path string) (*Lock, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return &Lock{Version: LockVersion}, nil
+		return &Lock{Version: lockVersion}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lock file: %w", err)
@@ -84,8 +84,8 @@ func ReadLock(path string) (*Lock, error) {
 	if err := dec.Decode(&l); err != nil {
 		return nil, fmt.Errorf("lock file %s: %w (remove it and run kiln lock)", path, err)
 	}
-	if l.Version != LockVersion {
-		return nil, fmt.Errorf("lock file %s: version %d, this kiln reads version %d", path, l.Version, LockVersion)
+	if l.Version != lockVersion {
+		return nil, fmt.Errorf("lock file %s: version %d, this kiln reads version %d", path, l.Version, lockVersion)
 	}
 	if l.Base != nil && !validDigest(l.Base.Digest) {
 		return nil, fmt.Errorf("lock file %s: base digest %q is not sha256:<64 hex>", path, l.Base.Digest)
@@ -108,7 +108,7 @@ func ReadLock(path string) (*Lock, error) {
 // bytes.
 func (l *Lock) Write(path string) error {
 	out := *l
-	out.Version = LockVersion
+	out.Version = lockVersion
 	data, err := json.MarshalIndent(&out, "", "  ")
 	if err != nil {
 		return fmt.Errorf("lock file: %w", err)
@@ -126,16 +126,16 @@ func (l *Lock) SHA256(role string, a spec.Artifact) string {
 	if a.SHA256 != "" || l == nil {
 		return a.SHA256
 	}
-	return lockedPin(l.Artifacts, LockKey(role, a.Name), a.Source)
+	return lockedPin(l.Artifacts, lockKey(role, a.Name), a.Source)
 }
 
-// ImageDigest returns the manifest digest pinning image im of role: the
+// imageDigest returns the manifest digest pinning image im of role: the
 // profile's own, else the lock's if its source still matches, else "".
-func (l *Lock) ImageDigest(role string, im spec.Image) string {
+func (l *Lock) imageDigest(role string, im spec.Image) string {
 	if im.Digest != "" || l == nil {
 		return im.Digest
 	}
-	return lockedPin(l.Images, LockKey(role, im.Name), im.Source)
+	return lockedPin(l.Images, lockKey(role, im.Name), im.Source)
 }
 
 // lockedPin returns the pin locked under key if it was locked from source
@@ -184,7 +184,7 @@ func Unpinned(def *spec.Definition, p *spec.Profile, l *Lock) []string {
 			}
 		}
 		for _, im := range p.Images {
-			if l.ImageDigest(p.Role, im) == "" {
+			if l.imageDigest(p.Role, im) == "" {
 				out = append(out, spec.Errorf(im.Pos, "images", "%q (%s) is not pinned: no digest here or in the lock file (run kiln lock)", im.Name, im.Source).Error())
 			}
 		}
@@ -200,7 +200,7 @@ func ImageSources(p *spec.Profile, l *Lock) ([]ImageSource, error) {
 	}
 	out := make([]ImageSource, 0, len(p.Images))
 	for _, im := range p.Images {
-		out = append(out, ImageSource{Name: im.Name, Source: im.Source, Digest: l.ImageDigest(p.Role, im)})
+		out = append(out, ImageSource{Name: im.Name, Source: im.Source, Digest: l.imageDigest(p.Role, im)})
 	}
 	return out, nil
 }
@@ -240,8 +240,8 @@ type Pinner struct {
 	Cache    *Cache
 	Resolver BaseResolver
 	// Images resolves image tags; when nil, Resolver is used if it is an
-	// ImageResolver too (OCIResolver is).
-	Images ImageResolver
+	// imageResolver too (OCIResolver is).
+	Images imageResolver
 	// Update re-resolves and re-downloads entries the old lock already has.
 	Update bool
 }
@@ -258,7 +258,7 @@ func (pn *Pinner) Pin(ctx context.Context, def *spec.Definition, profiles []*spe
 	if old == nil || pn.Update {
 		old = &Lock{}
 	}
-	l := &Lock{Version: LockVersion}
+	l := &Lock{Version: lockVersion}
 	var notes []string
 	if def.Base.Digest == "" {
 		if d := old.BaseDigest(def.Base); d != "" {
@@ -283,7 +283,7 @@ func (pn *Pinner) Pin(ctx context.Context, def *spec.Definition, profiles []*spe
 			if a.SHA256 != "" {
 				continue
 			}
-			key := LockKey(p.Role, a.Name)
+			key := lockKey(p.Role, a.Name)
 			sum := old.SHA256(p.Role, a)
 			if sum == "" {
 				var err error
@@ -302,12 +302,12 @@ func (pn *Pinner) Pin(ctx context.Context, def *spec.Definition, profiles []*spe
 			if im.Digest != "" {
 				continue
 			}
-			key := LockKey(p.Role, im.Name)
-			d := old.ImageDigest(p.Role, im)
+			key := lockKey(p.Role, im.Name)
+			d := old.imageDigest(p.Role, im)
 			if d == "" {
 				ir := pn.Images
 				if ir == nil {
-					ir, _ = pn.Resolver.(ImageResolver)
+					ir, _ = pn.Resolver.(imageResolver)
 				}
 				if ir == nil {
 					return nil, nil, fmt.Errorf("%s: image %s: no resolver to pin it with", im.Pos, im.Name)

@@ -145,7 +145,7 @@ func TestPinAndBake(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Place(blob, prof.Artifacts[i], root, MaxUnpacked); err != nil {
+		if _, err := place(blob, prof.Artifacts[i], root, MaxUnpacked); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -40,7 +40,7 @@ func TestPlaceRefusesDecompressionBombs(t *testing.T) {
 			}
 			root := t.TempDir()
 			x := tc.extract
-			_, err := Place(blob, spec.Artifact{Name: "bomb", Extract: &x}, root, bound)
+			_, err := place(blob, spec.Artifact{Name: "bomb", Extract: &x}, root, bound)
 			var tb *TooBigError
 			if !errors.As(err, &tb) || tb.What != tc.what {
 				t.Fatalf("Place of a %d MiB archive that inflates to 10 GiB: %v; want a bound on the %s", len(tc.archive)>>20, err, tc.what)
