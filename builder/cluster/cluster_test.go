@@ -162,7 +162,7 @@ func TestInit(t *testing.T) {
 						t.Error("ca.crt differs from pki/ca.crt")
 					}
 					wantFiles := map[string]os.FileMode{config.NodePath: 0o644, "/etc/kubernetes/pki/ca.crt": 0o644}
-					if n.Role == RoleControlPlane {
+					if n.Role == roleControlPlane {
 						for p, m := range map[string]os.FileMode{
 							"/etc/kubernetes/pki/ca.key": 0o600, "/etc/kubernetes/pki/front-proxy-ca.crt": 0o644,
 							"/etc/kubernetes/pki/front-proxy-ca.key": 0o600, "/etc/kubernetes/pki/etcd/ca.crt": 0o644,
@@ -173,7 +173,7 @@ func TestInit(t *testing.T) {
 						}
 						wantLE := config.LeaderElection{}
 						if tc.spec.SlowControlPlane {
-							wantLE = SlowLeaderElection
+							wantLE = slowLeaderElection
 						}
 						if nc.Kubernetes.LeaderElection != wantLE {
 							t.Errorf("leader election %+v, want %+v", nc.Kubernetes.LeaderElection, wantLE)
@@ -233,11 +233,11 @@ func TestInit(t *testing.T) {
 // What a control plane's first boot does with its Ignition config: the certs and
 // kubeconfigs phases succeed on the delivered CAs.
 func TestControlPlaneFirstBoot(t *testing.T) {
-	c, err := Generate(Spec{Name: "demo", DNSZone: "k8s.example.com", ControlPlanes: 1, Workers: 1}, now)
+	c, err := generate(Spec{Name: "demo", DNSZone: "k8s.example.com", ControlPlanes: 1, Workers: 1}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ign, err := c.Ignition(c.Nodes[0])
+	ign, err := c.ignition(c.Nodes[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestInitRefusesAndReplaces(t *testing.T) {
 
 	// A second init without --force keeps the first cluster.
 	_, err := Init(dir, spec, false, now)
-	if !errors.Is(err, ErrNotEmpty) || !strings.Contains(err.Error(), "--force") {
+	if !errors.Is(err, errNotEmpty) || !strings.Contains(err.Error(), "--force") {
 		t.Errorf("second init: %v, want a refusal mentioning --force", err)
 	}
 	if again, _ := os.ReadFile(filepath.Join(dir, "pki/ca.crt")); !bytes.Equal(again, first) {
@@ -352,7 +352,7 @@ func TestSpecErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := ok
 			tc.change(&s)
-			_, err := Generate(s, now)
+			_, err := generate(s, now)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Generate: %v, want an error containing %q", err, tc.want)
 			}

@@ -19,24 +19,24 @@ import (
 
 // Paths on a node.
 const (
-	NodeConfigPath        = config.NodePath // /etc/kiln/node.yaml
-	BootstrapTokenPath    = "/etc/kiln/bootstrap-token"
-	NodePKIDir            = "/etc/kubernetes/pki"
-	BootstrapKubeconfig   = "/etc/kubernetes/bootstrap-kubelet.conf"
-	BootstrapUser         = "kubelet-bootstrap"
+	nodeConfigPath        = config.NodePath // /etc/kiln/node.yaml
+	bootstrapTokenPath    = "/etc/kiln/bootstrap-token"
+	nodePKIDir            = "/etc/kubernetes/pki"
+	bootstrapKubeconfig   = "/etc/kubernetes/bootstrap-kubelet.conf"
+	bootstrapUser         = "kubelet-bootstrap"
 	bootstrapKubeconfigCl = pki.KubeconfigCluster
 )
 
 // File names in the output directory.
 const (
 	AdminKubeconfigFile = "admin.conf"
-	TokenFile           = "bootstrap-token"
-	SpecFile            = "cluster.yaml"
+	tokenFile           = "bootstrap-token"
+	specFile            = "cluster.yaml"
 	PKIDir              = "pki"
 )
 
-// File is one file of the output directory.
-type File struct {
+// file is one file of the output directory.
+type file struct {
 	Path string // relative, slash-separated
 	Data []byte
 	Mode os.FileMode
@@ -51,12 +51,12 @@ type Cluster struct {
 	Token                                    pki.Token
 	Admin                                    kubeconfig.Config
 	// Files is the output directory's content, in the order it is written.
-	Files []File
+	Files []file
 }
 
-// Generate makes a cluster's secrets and every file of its output directory. Errors in
+// generate makes a cluster's secrets and every file of its output directory. Errors in
 // s name the `kiln cluster init` flag.
-func Generate(s Spec, now time.Time) (*Cluster, error) {
+func generate(s Spec, now time.Time) (*Cluster, error) {
 	s, err := s.withDefaults()
 	if err != nil {
 		return nil, err
@@ -64,7 +64,7 @@ func Generate(s Spec, now time.Time) (*Cluster, error) {
 	if err := s.checkNodeConfigs(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{Spec: s, Nodes: s.Nodes()}
+	c := &Cluster{Spec: s, Nodes: s.nodes()}
 	for _, ca := range []struct {
 		kp *pki.KeyPair
 		cn string
@@ -94,7 +94,7 @@ func Generate(s Spec, now time.Time) (*Cluster, error) {
 }
 
 func (c *Cluster) add(p string, data []byte, mode os.FileMode) {
-	c.Files = append(c.Files, File{Path: p, Data: data, Mode: mode})
+	c.Files = append(c.Files, file{Path: p, Data: data, Mode: mode})
 }
 
 func (c *Cluster) files() error {
@@ -113,7 +113,7 @@ func (c *Cluster) files() error {
 		return fmt.Errorf("admin.conf: %w", err)
 	}
 	c.add(AdminKubeconfigFile, admin, pki.ModeSecret)
-	c.add(TokenFile, []byte(c.Token.String()+"\n"), pki.ModeSecret)
+	c.add(tokenFile, []byte(c.Token.String()+"\n"), pki.ModeSecret)
 
 	var record bytes.Buffer
 	record.WriteString("# written by kiln cluster init: what was asked and the nodes it made\n")
@@ -126,10 +126,10 @@ func (c *Cluster) files() error {
 		return fmt.Errorf("cluster.yaml: %w", err)
 	}
 	enc.Close()
-	c.add(SpecFile, record.Bytes(), 0o644)
+	c.add(specFile, record.Bytes(), 0o644)
 
 	for _, n := range c.Nodes {
-		ign, err := c.Ignition(n)
+		ign, err := c.ignition(n)
 		if err != nil {
 			return err
 		}
@@ -138,8 +138,8 @@ func (c *Cluster) files() error {
 	return nil
 }
 
-// NodeConfig is node n's /etc/kiln/node.yaml.
-func (c *Cluster) NodeConfig(n Node) config.Node {
+// nodeConfig is node n's /etc/kiln/node.yaml.
+func (c *Cluster) nodeConfig(n Node) config.Node {
 	s := c.Spec
 	nc := config.Node{
 		Cluster:     config.Cluster{Name: s.Name, DNSZone: s.DNSZone},
@@ -148,9 +148,9 @@ func (c *Cluster) NodeConfig(n Node) config.Node {
 		APIEndpoint: s.APIEndpoint,
 		Kubernetes:  config.Kubernetes{Version: s.KubernetesVersion, PodCIDR: s.PodCIDR, ServiceCIDR: s.ServiceCIDR},
 	}
-	if n.Role == RoleControlPlane {
+	if n.Role == roleControlPlane {
 		if s.SlowControlPlane {
-			nc.Kubernetes.LeaderElection = SlowLeaderElection
+			nc.Kubernetes.LeaderElection = slowLeaderElection
 		}
 		nc.Etcd = &config.Etcd{Member: n.EtcdMember, Members: etcdMembers[:s.ControlPlanes]}
 		if s.EtcdDiskSerial != "" {
@@ -217,10 +217,10 @@ func prune(n *yaml.Node) bool {
 	return false
 }
 
-// Ignition is node n's Ignition config (spec 3.4.0, JSON): the files listed in the
+// ignition is node n's Ignition config (spec 3.4.0, JSON): the files listed in the
 // package documentation, as data: URLs, owned by root, overwritten.
-func (c *Cluster) Ignition(n Node) ([]byte, error) {
-	nodeYAML, err := marshalNodeConfig(c.NodeConfig(n))
+func (c *Cluster) ignition(n Node) ([]byte, error) {
+	nodeYAML, err := marshalNodeConfig(c.nodeConfig(n))
 	if err != nil {
 		return nil, fmt.Errorf("node config of %s: %w", n.Name, err)
 	}
@@ -232,29 +232,29 @@ func (c *Cluster) Ignition(n Node) ([]byte, error) {
 			FileEmbedded1: types.FileEmbedded1{Mode: &m, Contents: types.Resource{Source: &src}},
 		})
 	}
-	add(NodeConfigPath, nodeYAML, 0o644)
-	add(path.Join(NodePKIDir, pki.CAName+".crt"), c.CA.CertPEM, pki.ModeCert)
+	add(nodeConfigPath, nodeYAML, 0o644)
+	add(path.Join(nodePKIDir, pki.CAName+".crt"), c.CA.CertPEM, pki.ModeCert)
 	switch n.Role {
-	case RoleControlPlane:
-		add(path.Join(NodePKIDir, pki.CAName+".key"), c.CA.KeyPEM, pki.ModeSecret)
+	case roleControlPlane:
+		add(path.Join(nodePKIDir, pki.CAName+".key"), c.CA.KeyPEM, pki.ModeSecret)
 		for _, p := range []struct {
 			name string
 			kp   pki.KeyPair
 		}{{pki.FrontProxyCAName, c.FrontProxyCA}, {pki.EtcdCAName, c.EtcdCA}} {
-			add(path.Join(NodePKIDir, p.name+".crt"), p.kp.CertPEM, pki.ModeCert)
-			add(path.Join(NodePKIDir, p.name+".key"), p.kp.KeyPEM, pki.ModeSecret)
+			add(path.Join(nodePKIDir, p.name+".crt"), p.kp.CertPEM, pki.ModeCert)
+			add(path.Join(nodePKIDir, p.name+".key"), p.kp.KeyPEM, pki.ModeSecret)
 		}
-		add(path.Join(NodePKIDir, pki.ServiceAccount+".key"), c.ServiceAccount.KeyPEM, pki.ModeSecret)
-		add(path.Join(NodePKIDir, pki.ServiceAccount+".pub"), c.ServiceAccount.CertPEM, pki.ModeCert)
-		add(BootstrapTokenPath, []byte(c.Token.String()+"\n"), pki.ModeSecret)
-	case RoleWorker:
+		add(path.Join(nodePKIDir, pki.ServiceAccount+".key"), c.ServiceAccount.KeyPEM, pki.ModeSecret)
+		add(path.Join(nodePKIDir, pki.ServiceAccount+".pub"), c.ServiceAccount.CertPEM, pki.ModeCert)
+		add(bootstrapTokenPath, []byte(c.Token.String()+"\n"), pki.ModeSecret)
+	case roleWorker:
 		kc := kubeconfig.Config{Cluster: bootstrapKubeconfigCl, Server: pki.ServerURL(c.Spec.APIEndpoint),
-			CAPEM: c.CA.CertPEM, User: BootstrapUser, Token: c.Token.String()}
+			CAPEM: c.CA.CertPEM, User: bootstrapUser, Token: c.Token.String()}
 		data, err := kc.Marshal()
 		if err != nil {
 			return nil, fmt.Errorf("bootstrap kubeconfig of %s: %w", n.Name, err)
 		}
-		add(BootstrapKubeconfig, data, pki.ModeSecret)
+		add(bootstrapKubeconfig, data, pki.ModeSecret)
 	}
 	cfg := types.Config{Ignition: types.Ignition{Version: "3.4.0"}, Storage: types.Storage{Files: files}}
 	out, err := compactJSON(cfg)

@@ -38,19 +38,19 @@ type Spec struct {
 	// host is not in the API server's certificate).
 	AdminTLSServerName string `yaml:"adminTLSServerName,omitempty"`
 	// SlowControlPlane gives the control planes' controller-manager and scheduler
-	// SlowLeaderElection: for emulated or shared CPUs, where the API server can stall longer
+	// slowLeaderElection: for emulated or shared CPUs, where the API server can stall longer
 	// than the default 10 s renew deadline and a leader that misses it exits.
 	SlowControlPlane bool `yaml:"slowControlPlane,omitempty"`
 }
 
-// SlowLeaderElection are the lease timings of a SlowControlPlane: a lease request may take
+// slowLeaderElection are the lease timings of a SlowControlPlane: a lease request may take
 // 20 s (half the renew deadline) instead of 5 s; failover takes up to a minute.
-var SlowLeaderElection = config.LeaderElection{LeaseDuration: "60s", RenewDeadline: "40s", RetryPeriod: "5s"}
+var slowLeaderElection = config.LeaderElection{LeaseDuration: "60s", RenewDeadline: "40s", RetryPeriod: "5s"}
 
 // Role names in the node list.
 const (
-	RoleControlPlane = string(config.RoleControlPlane)
-	RoleWorker       = string(config.RoleWorker)
+	roleControlPlane = string(config.RoleControlPlane)
+	roleWorker       = string(config.RoleWorker)
 )
 
 // Node is one machine of the cluster.
@@ -121,16 +121,16 @@ func (s Spec) withDefaults() (Spec, error) {
 	return s, errors.Join(errs...)
 }
 
-// Nodes lists the cluster's machines: control planes first, then workers.
-func (s Spec) Nodes() []Node {
+// nodes lists the cluster's machines: control planes first, then workers.
+func (s Spec) nodes() []Node {
 	var nodes []Node
 	for i := 1; i <= s.ControlPlanes && i <= len(etcdMembers); i++ {
 		name := fmt.Sprintf("%s-cp-%d", s.Name, i)
-		nodes = append(nodes, Node{Name: name, Role: RoleControlPlane, EtcdMember: etcdMembers[i-1], Ignition: name + ".ign"})
+		nodes = append(nodes, Node{Name: name, Role: roleControlPlane, EtcdMember: etcdMembers[i-1], Ignition: name + ".ign"})
 	}
 	for i := 1; i <= s.Workers; i++ {
 		name := fmt.Sprintf("%s-worker-%d", s.Name, i)
-		nodes = append(nodes, Node{Name: name, Role: RoleWorker, Ignition: name + ".ign"})
+		nodes = append(nodes, Node{Name: name, Role: roleWorker, Ignition: name + ".ign"})
 	}
 	return nodes
 }
@@ -154,8 +154,8 @@ func (s Spec) checkNodeConfigs() error {
 	c := &Cluster{Spec: s}
 	var errs []error
 	seen := map[string]bool{}
-	for _, n := range s.Nodes() {
-		_, err := marshalNodeConfig(c.NodeConfig(n))
+	for _, n := range s.nodes() {
+		_, err := marshalNodeConfig(c.nodeConfig(n))
 		if err == nil {
 			continue
 		}

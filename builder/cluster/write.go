@@ -13,10 +13,10 @@ import (
 	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
-// ErrNotEmpty is returned when the output directory holds something and force is off.
-var ErrNotEmpty = errors.New("is not empty")
+// errNotEmpty is returned when the output directory holds something and force is off.
+var errNotEmpty = errors.New("is not empty")
 
-// Init generates a cluster (Generate) and writes it to dir. A dir that exists and is not
+// Init generates a cluster (generate) and writes it to dir. A dir that exists and is not
 // empty is refused unless force is set, and then replaced as a whole. Everything is
 // written into a temporary directory next to dir and renamed into place at the end, so
 // dir is never half-written. dir itself is made 0700: it holds the cluster's keys.
@@ -29,7 +29,7 @@ func Init(dir string, s Spec, force bool, now time.Time) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := Generate(s, now)
+	c, err := generate(s, now)
 	if err != nil {
 		return nil, err
 	}
@@ -62,12 +62,12 @@ func checkTarget(dir string, force bool) (bool, error) {
 		return false, fmt.Errorf("output directory %s: %w", dir, err)
 	}
 	if !force {
-		return false, fmt.Errorf("output directory %s %w (it may hold another cluster's keys; --force replaces it)", dir, ErrNotEmpty)
+		return false, fmt.Errorf("output directory %s %w (it may hold another cluster's keys; --force replaces it)", dir, errNotEmpty)
 	}
 	return true, nil
 }
 
-func replaceDir(dir string, exists bool, files []File) (err error) {
+func replaceDir(dir string, exists bool, files []file) (err error) {
 	parent, base := filepath.Dir(dir), filepath.Base(dir)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return fmt.Errorf("output directory: %w", err)
