@@ -169,7 +169,7 @@ func TestWriteModulesStayInTree(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Write: %v", err)
 				}
-				_, contents, err := List(bytes.NewReader(buf.Bytes()))
+				_, contents, err := listArchive(bytes.NewReader(buf.Bytes()))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -47,7 +47,7 @@ type Spec struct {
 	// Modules are module names or aliases (e.g. virtio_blk, squashfs,
 	// crc32c); hard dependencies (modules.dep) and soft ones (softdep pre
 	// and post) are added in modprobe's load order, built-in modules are
-	// skipped (see Resolve).
+	// skipped (see resolveModules).
 	Modules []string
 	// Init is the host path of the static kiln-init binary, written as /init.
 	Init string
@@ -55,8 +55,8 @@ type Spec struct {
 	Compression string
 }
 
-// Entry is one record of the archive.
-type Entry struct {
+// entry is one record of the archive.
+type entry struct {
 	Name  string // absolute path inside the initramfs, e.g. "/init"
 	Mode  uint64 // cpio mode: file type bits and permissions
 	Size  int64  // content size (0 for directories and devices)
@@ -65,10 +65,10 @@ type Entry struct {
 }
 
 // IsDir reports whether e is a directory.
-func (e Entry) IsDir() bool { return e.Mode&cpio.S_IFMT == cpio.S_IFDIR }
+func (e entry) IsDir() bool { return e.Mode&cpio.S_IFMT == cpio.S_IFDIR }
 
-// IsCharDev reports whether e is a character device.
-func (e Entry) IsCharDev() bool { return e.Mode&cpio.S_IFMT == cpio.S_IFCHR }
+// isCharDev reports whether e is a character device.
+func (e entry) isCharDev() bool { return e.Mode&cpio.S_IFMT == cpio.S_IFCHR }
 
 // Manifest describes a written initramfs.
 type Manifest struct {
@@ -78,7 +78,7 @@ type Manifest struct {
 	// the initramfs (the lines of /etc/kiln/modules.load).
 	Modules []string
 	// Entries are the archive records in the order written.
-	Entries []Entry
+	Entries []entry
 }
 
 // dirs are the directories stage 1 needs besides the module tree.
@@ -215,7 +215,7 @@ func (f records) write(w io.Writer, comp string, man *Manifest) error {
 		if err := rw.WriteRecord(r); err != nil {
 			return fmt.Errorf("write initramfs record %s: %w", n, err)
 		}
-		man.Entries = append(man.Entries, Entry{Name: "/" + n, Mode: r.Mode, Size: int64(r.FileSize), Major: r.Rmajor, Minor: r.Rminor})
+		man.Entries = append(man.Entries, entry{Name: "/" + n, Mode: r.Mode, Size: int64(r.FileSize), Major: r.Rmajor, Minor: r.Rminor})
 	}
 	if err := cpio.WriteTrailer(rw); err != nil {
 		return fmt.Errorf("write initramfs trailer: %w", err)
@@ -272,9 +272,9 @@ func compressor(w io.Writer, comp string) (io.Writer, func() error, error) {
 	}
 }
 
-// Open returns a reader of the uncompressed cpio stream of an initramfs
+// openArchive returns a reader of the uncompressed cpio stream of an initramfs
 // written by Write, whatever its compression (detected from magic bytes).
-func Open(r io.Reader) (io.ReadCloser, error) {
+func openArchive(r io.Reader) (io.ReadCloser, error) {
 	br := bufioReader{r: r}
 	head, err := br.peek(4)
 	if err != nil {
@@ -293,7 +293,7 @@ func Open(r io.Reader) (io.ReadCloser, error) {
 	return nil, fmt.Errorf("initramfs: unknown format (first bytes % x)", head)
 }
 
-// bufioReader lets Open look at the first bytes and then read them again.
+// bufioReader lets openArchive look at the first bytes and then read them again.
 type bufioReader struct {
 	r    io.Reader
 	head []byte
@@ -318,9 +318,9 @@ func (b *bufioReader) Read(p []byte) (int, error) {
 	return b.r.Read(p)
 }
 
-// List reads back the records of an initramfs written by Write.
-func List(r io.Reader) ([]Entry, map[string][]byte, error) {
-	rc, err := Open(r)
+// listArchive reads back the records of an initramfs written by Write.
+func listArchive(r io.Reader) ([]entry, map[string][]byte, error) {
+	rc, err := openArchive(r)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -330,11 +330,11 @@ func List(r io.Reader) ([]Entry, map[string][]byte, error) {
 		return nil, nil, fmt.Errorf("decompress initramfs: %w", err)
 	}
 	rr := cpio.EOFReader{RecordReader: cpio.Newc.Reader(bytes.NewReader(raw))}
-	var entries []Entry
+	var entries []entry
 	contents := map[string][]byte{}
 	err = cpio.ForEachRecord(rr, func(rec cpio.Record) error {
 		name := "/" + cpio.Normalize(rec.Name)
-		entries = append(entries, Entry{Name: name, Mode: rec.Mode, Size: int64(rec.FileSize), Major: rec.Rmajor, Minor: rec.Rminor})
+		entries = append(entries, entry{Name: name, Mode: rec.Mode, Size: int64(rec.FileSize), Major: rec.Rmajor, Minor: rec.Rminor})
 		if rec.Mode&cpio.S_IFMT == cpio.S_IFREG {
 			b, err := io.ReadAll(io.NewSectionReader(rec.ReaderAt, 0, int64(rec.FileSize)))
 			if err != nil {

@@ -44,14 +44,14 @@ func TestWrite(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			entries, contents, err := List(bytes.NewReader(buf.Bytes()))
+			entries, contents, err := listArchive(bytes.NewReader(buf.Bytes()))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !reflect.DeepEqual(entries, man.Entries) {
 				t.Errorf("archive records differ from manifest:\n got %v\nwant %v", entries, man.Entries)
 			}
-			byName := map[string]Entry{}
+			byName := map[string]entry{}
 			for i, e := range entries {
 				byName[e.Name] = e
 				if i > 0 && entries[i-1].Name >= e.Name {
@@ -75,7 +75,7 @@ func TestWrite(t *testing.T) {
 			}
 			for name, dev := range map[string][2]uint64{"/dev/console": {5, 1}, "/dev/null": {1, 3}} {
 				e := byName[name]
-				if !e.IsCharDev() || e.Major != dev[0] || e.Minor != dev[1] {
+				if !e.isCharDev() || e.Major != dev[0] || e.Minor != dev[1] {
 					t.Errorf("%s = mode %o %d:%d, want char device %d:%d", name, e.Mode, e.Major, e.Minor, dev[0], dev[1])
 				}
 			}

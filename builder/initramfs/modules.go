@@ -119,12 +119,12 @@ func parseSoftdep(fields []string) softdep {
 	return s
 }
 
-// ModulesDir returns the module directory of kernel kver in the tree opened
+// modulesDir returns the module directory of kernel kver in the tree opened
 // as r (usr/lib/modules/<kver>, or lib/modules/<kver>), relative to the
 // tree's root. The directory and everything in it are read through r: a
 // symlink is followed only while it stays inside the tree, and one that is
 // absolute or climbs out of it is an error naming it.
-func ModulesDir(r *os.Root, kver string) (string, error) {
+func modulesDir(r *os.Root, kver string) (string, error) {
 	if kver == "" || strings.ContainsRune(kver, '/') || kver == "." || kver == ".." {
 		return "", fmt.Errorf("invalid kernel version %q", kver)
 	}
@@ -171,7 +171,7 @@ func inTreeError(r *os.Root, rel string, err error) error {
 
 // openKernelModules reads kver's module tables from the tree opened as r.
 func openKernelModules(r *os.Root, kver string) (*kernelModules, error) {
-	dir, err := ModulesDir(r, kver)
+	dir, err := modulesDir(r, kver)
 	if err != nil {
 		return nil, err
 	}
@@ -188,10 +188,10 @@ func openKernelModules(r *os.Root, kver string) (*kernelModules, error) {
 	return k, nil
 }
 
-// MaxFileSize bounds every file the initramfs takes from the root tree (a
+// maxFileSize bounds every file the initramfs takes from the root tree (a
 // module, compressed or not, and each module table): the largest module of a
 // distribution kernel is a few tens of MiB, modules.alias about 1 MiB.
-const MaxFileSize = 256 << 20
+const maxFileSize = 256 << 20
 
 // name is how errors name a file of the module directory: its host path.
 func (k *kernelModules) name(rel string) string {
@@ -211,8 +211,8 @@ func (k *kernelModules) open(rel string) (*os.File, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("open %s: not a regular file (%s)", k.name(rel), fi.Mode().Type())
 	}
-	if fi.Size() > MaxFileSize {
-		return nil, fmt.Errorf("open %s: %d bytes, more than the %d the initramfs takes from one file", k.name(rel), fi.Size(), MaxFileSize)
+	if fi.Size() > maxFileSize {
+		return nil, fmt.Errorf("open %s: %d bytes, more than the %d the initramfs takes from one file", k.name(rel), fi.Size(), maxFileSize)
 	}
 	f, err := k.root.Open(p)
 	if err != nil {
@@ -222,11 +222,11 @@ func (k *kernelModules) open(rel string) (*os.File, error) {
 }
 
 // readAll reads r to its end, failing once it has given more than
-// MaxFileSize bytes.
+// maxFileSize bytes.
 func readAll(r io.Reader) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r, MaxFileSize+1))
-	if err == nil && len(data) > MaxFileSize {
-		err = fmt.Errorf("more than %d bytes", MaxFileSize)
+	data, err := io.ReadAll(io.LimitReader(r, maxFileSize+1))
+	if err == nil && len(data) > maxFileSize {
+		err = fmt.Errorf("more than %d bytes", maxFileSize)
 	}
 	return data, err
 }
@@ -613,7 +613,7 @@ func (r *resolver) visitSoft(names, chain []string) error {
 	return nil
 }
 
-// Resolve returns the module files (paths relative to the kernel's module
+// resolveModules returns the module files (paths relative to the kernel's module
 // directory, for example "kernel/fs/squashfs/squashfs.ko") that loading the
 // named modules needs, in load order, every file once.
 //
@@ -627,7 +627,7 @@ func (r *resolver) visitSoft(names, chain []string) error {
 // unknown name is an error naming it and the kernel version; a module path in
 // modules.dep that leaves the module directory, and a file reached through an
 // absolute symlink or one leading out of the tree, are errors naming them.
-func Resolve(root, kver string, names []string) ([]string, error) {
+func resolveModules(root, kver string, names []string) ([]string, error) {
 	r, err := os.OpenRoot(root)
 	if err != nil {
 		return nil, fmt.Errorf("open root tree: %w", err)

@@ -139,7 +139,7 @@ func TestResolveGolden(t *testing.T) {
 	names := []string{"virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "nvme", "squashfs", "erofs", "ext4", "overlay", "crc32c"}
 	for _, kver := range []string{"6.1.0-57-amd64", "6.1.0-57-cloud-amd64"} {
 		t.Run(kver, func(t *testing.T) {
-			got, err := Resolve(realTree(t, kver), kver, names)
+			got, err := resolveModules(realTree(t, kver), kver, names)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -239,7 +239,7 @@ func TestResolveRealTables(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Resolve(trees[tc.kver], tc.kver, tc.modules)
+			got, err := resolveModules(trees[tc.kver], tc.kver, tc.modules)
 			if err != nil {
 				t.Fatalf("Resolve(%q): %v", tc.modules, err)
 			}
@@ -333,7 +333,7 @@ func TestResolve(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Resolve(root, kver, tc.modules)
+			got, err := resolveModules(root, kver, tc.modules)
 			if tc.wantErr != nil {
 				if err == nil {
 					t.Fatalf("Resolve(%q) = %q, want an error", tc.modules, got)
@@ -421,7 +421,7 @@ func TestResolveStaysInTree(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			tc.setup(t, filepath.Join(root, "usr/lib/modules", kver))
-			got, err := Resolve(root, kver, tc.modules)
+			got, err := resolveModules(root, kver, tc.modules)
 			if err == nil {
 				t.Fatalf("Resolve = %q, want an error", got)
 			}
@@ -465,7 +465,7 @@ func TestResolveModinfoSoftdep(t *testing.T) {
 			write(t, filepath.Join(dir, "kernel/crypto/crc32c_generic.ko"), string(elfModule("name=crc32c_generic")))
 			write(t, filepath.Join(dir, "kernel/fs/ocfs2/post.ko"), string(elfModule("name=post")))
 			write(t, filepath.Join(dir, "kernel/fs/ocfs2/main.ko"), string(elfModule("name=main", "softdep=pre: libcrc32c post: post")))
-			got, err := Resolve(root, kver, []string{"main"})
+			got, err := resolveModules(root, kver, []string{"main"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -480,7 +480,7 @@ func TestResolveModinfoSoftdep(t *testing.T) {
 		dir := filepath.Join(root, "usr/lib/modules", kver)
 		write(t, filepath.Join(dir, "modules.dep"), "kernel/lib/broken.ko:\n")
 		write(t, filepath.Join(dir, "kernel/lib/broken.ko"), "not a module")
-		_, err := Resolve(root, kver, []string{"broken"})
+		_, err := resolveModules(root, kver, []string{"broken"})
 		if err == nil || !strings.Contains(err.Error(), "kernel/lib/broken.ko") || !strings.Contains(err.Error(), "not an ELF module") {
 			t.Fatalf("error %v, want one naming kernel/lib/broken.ko as not an ELF module", err)
 		}
@@ -507,7 +507,7 @@ func TestParseSoftdep(t *testing.T) {
 }
 
 func TestResolveMissingModulesDep(t *testing.T) {
-	_, err := Resolve(t.TempDir(), "6.1.0-x", []string{"squashfs"})
+	_, err := resolveModules(t.TempDir(), "6.1.0-x", []string{"squashfs"})
 	if err == nil || !strings.Contains(err.Error(), "modules.dep") || !strings.Contains(err.Error(), "6.1.0-x") {
 		t.Fatalf("error %v, want one naming modules.dep and the kernel", err)
 	}
@@ -517,7 +517,7 @@ func TestResolveMissingModulesDep(t *testing.T) {
 // KILN_TEST_ROOTFS (e.g. the extracted base.tar).
 func TestResolveRealKernel(t *testing.T) {
 	root, kver := testkit.RootFS(t)
-	got, err := Resolve(root, kver, []string{"virtio_pci", "virtio_blk", "virtio_scsi", "nvme", "sd_mod",
+	got, err := resolveModules(root, kver, []string{"virtio_pci", "virtio_blk", "virtio_scsi", "nvme", "sd_mod",
 		"squashfs", "erofs", "ext4", "overlay", "crc32c"})
 	if err != nil {
 		t.Fatal(err)
