@@ -90,7 +90,7 @@ func (d *decoder) size(n *yaml.Node, field string) (Size, bool) {
 		d.FailAt(n, field, "expected a size such as 4GiB, got %s", strictyaml.Describe(n))
 		return 0, false
 	}
-	s, err := ParseSize(n.Value)
+	s, err := parseSize(n.Value)
 	if err != nil {
 		d.FailAt(n, field, "%v", err)
 		return 0, false

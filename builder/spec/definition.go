@@ -13,13 +13,13 @@ import (
 	"github.com/kilnproject/kiln/internal/strictyaml"
 )
 
-// Platforms, output formats and root filesystems a definition may name.
+// The platforms, output formats and root filesystems a definition may name.
 var (
-	Platforms = []string{"qemu", "aws", "gce", "metal"}
-	Formats   = output.Names()
-	// Compressions lists, per root filesystem type, the accepted
+	platforms = []string{"qemu", "aws", "gce", "metal"}
+	formats   = output.Names()
+	// compressions lists, per root filesystem type, the accepted
 	// compression names; the first one is the default.
-	Compressions = map[string][]string{
+	compressions = map[string][]string{
 		"squashfs": {"zstd", "gzip", "lz4", "lzo", "xz", "none"},
 		"erofs":    {"lz4hc", "lz4", "none"},
 	}
@@ -27,10 +27,10 @@ var (
 
 // Defaults applied when a definition leaves a field out.
 const (
-	DefaultRootFS  = "squashfs"
-	DefaultESPSize = 256 * MiB
-	MinESPSize     = 64 * MiB
-	DefaultFormat  = "raw"
+	defaultRootFS  = "squashfs"
+	defaultESPSize = 256 * mib
+	minESPSize     = 64 * mib
+	defaultFormat  = "raw"
 )
 
 // Definition is an image definition, images/<name>.yaml: what to build.
@@ -114,7 +114,7 @@ func LoadDefinition(path string) (*Definition, error) {
 	dir := filepath.Dir(abs)
 	def := &Definition{
 		File:        abs,
-		Disk:        Disk{RootFS: DefaultRootFS, ESPSize: DefaultESPSize},
+		Disk:        Disk{RootFS: defaultRootFS, ESPSize: defaultESPSize},
 		ProfilesDir: filepath.Join(dir, "..", "profiles"),
 		ProfilesPos: Pos{File: path},
 	}
@@ -130,8 +130,8 @@ func LoadDefinition(path string) (*Definition, error) {
 			}
 		case "platform":
 			if s, ok := d.String(v, field); ok {
-				if !contains(Platforms, s) {
-					d.FailAt(v, field, "%q is not a platform (one of: %s)", s, strings.Join(Platforms, ", "))
+				if !contains(platforms, s) {
+					d.FailAt(v, field, "%q is not a platform (one of: %s)", s, strings.Join(platforms, ", "))
 				}
 				def.Platform = s
 			}
@@ -142,8 +142,8 @@ func LoadDefinition(path string) (*Definition, error) {
 			d.disk(v, field, &def.Disk)
 		case "formats":
 			def.Formats = d.strs(v, field, func(s, f string, n *yaml.Node) {
-				if !contains(Formats, s) {
-					d.FailAt(n, f, "%q is not an output format (one of: %s)", s, strings.Join(Formats, ", "))
+				if !contains(formats, s) {
+					d.FailAt(n, f, "%q is not an output format (one of: %s)", s, strings.Join(formats, ", "))
 				}
 			})
 		case "kernel":
@@ -166,10 +166,10 @@ func LoadDefinition(path string) (*Definition, error) {
 	})
 	d.Require(root, "", seen, "name", "platform", "base")
 	if def.Disk.Compression == "" {
-		def.Disk.Compression = Compressions[def.Disk.RootFS][0]
+		def.Disk.Compression = compressions[def.Disk.RootFS][0]
 	}
 	if len(def.Formats) == 0 && !seen["formats"] {
-		def.Formats = []string{DefaultFormat}
+		def.Formats = []string{defaultFormat}
 	}
 	if diskNode != nil && def.Disk.Size != 0 && def.Disk.Size <= def.Disk.ESPSize {
 		d.FailAt(diskNode, "disk.size", "%s leaves no room after the %s ESP", def.Disk.Size, def.Disk.ESPSize)
@@ -263,20 +263,20 @@ func (d *decoder) disk(n *yaml.Node, path string, disk *Disk) {
 			if !ok {
 				return
 			}
-			if s%MiB != 0 {
+			if s%mib != 0 {
 				d.FailAt(v, field, "%s is not a whole number of MiB", s)
 				return
 			}
 			if key == "size" {
 				disk.Size = s
-			} else if s < MinESPSize {
-				d.FailAt(v, field, "%s is too small for a FAT32 ESP (at least %s)", s, MinESPSize)
+			} else if s < minESPSize {
+				d.FailAt(v, field, "%s is too small for a FAT32 ESP (at least %s)", s, minESPSize)
 			} else {
 				disk.ESPSize = s
 			}
 		case "rootfs":
 			if s, ok := d.String(v, field); ok {
-				if _, known := Compressions[s]; !known {
+				if _, known := compressions[s]; !known {
 					d.FailAt(v, field, "%q is not a root filesystem type (squashfs or erofs)", s)
 					return
 				}
@@ -288,7 +288,7 @@ func (d *decoder) disk(n *yaml.Node, path string, disk *Disk) {
 			}
 		}
 	})
-	if allowed := Compressions[disk.RootFS]; disk.Compression != "" && !contains(allowed, disk.Compression) {
+	if allowed := compressions[disk.RootFS]; disk.Compression != "" && !contains(allowed, disk.Compression) {
 		d.FailAt(compNode, strictyaml.Join(path, "compression"), "%q does not work with %s (one of: %s)", disk.Compression, disk.RootFS, strings.Join(allowed, ", "))
 	}
 }

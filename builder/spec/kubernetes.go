@@ -11,9 +11,9 @@ import (
 	"github.com/kilnproject/kiln/internal/strictyaml"
 )
 
-// Runtimes are the container runtimes a profile may name; the first is
+// runtimes are the container runtimes a profile may name; the first is
 // the default.
-var Runtimes = []string{"containerd", "docker"}
+var runtimes = []string{"containerd", "docker"}
 
 // Kubernetes is what a role profile says about the Kubernetes its nodes
 // run. The bake checks the binaries laid into the image against it.
@@ -52,7 +52,7 @@ func (im Image) Tag() string {
 var k8sVersionRE = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`)
 
 func (d *decoder) kubernetes(n *yaml.Node, at string) *Kubernetes {
-	k := &Kubernetes{Pos: d.pos(n), Runtime: Runtimes[0]}
+	k := &Kubernetes{Pos: d.pos(n), Runtime: runtimes[0]}
 	seen, ok := d.Fields(n, at, []string{"version", "runtime"}, func(key, field string, v *yaml.Node) {
 		s, ok := d.String(v, field)
 		if !ok {
@@ -65,8 +65,8 @@ func (d *decoder) kubernetes(n *yaml.Node, at string) *Kubernetes {
 			}
 			k.Version = s
 		case "runtime":
-			if !contains(Runtimes, s) {
-				d.FailAt(v, field, "%q is not a runtime (one of: %s)", s, strings.Join(Runtimes, ", "))
+			if !contains(runtimes, s) {
+				d.FailAt(v, field, "%q is not a runtime (one of: %s)", s, strings.Join(runtimes, ", "))
 			}
 			k.Runtime = s
 		}
@@ -129,7 +129,7 @@ func (d *decoder) imageRef(n *yaml.Node, at string, checkName bool) (imageRef, m
 			}
 			r.name = s
 		case "source":
-			dg, err := ParseSource(s)
+			dg, err := parseSource(s)
 			if err != nil {
 				d.FailAt(v, field, "%v", err)
 				return
@@ -174,9 +174,9 @@ func checkImageName(s string) error {
 	return nil
 }
 
-// ParseSource checks an image pull reference (registry, repository and a
+// parseSource checks an image pull reference (registry, repository and a
 // tag or a digest, all explicit) and returns its digest, if it has one.
-func ParseSource(s string) (digest string, err error) {
+func parseSource(s string) (digest string, err error) {
 	bad := func(why any) error {
 		return fmt.Errorf("%q: %v; want a reference with registry and tag or digest, like 127.0.0.1:5000/pause:3.10.2", s, why)
 	}

@@ -89,18 +89,18 @@ var (
 	formatExts = map[string]string{".tar": "tar", ".tar.gz": "tar.gz", ".tgz": "tar.gz", ".tar.xz": "tar.xz", ".txz": "tar.xz", ".tar.zst": "tar.zst", ".tar.bz2": "tar.bz2", ".deb": "deb"}
 )
 
-// ProfileFile returns the path of role's profile in dir.
-func ProfileFile(dir, role string) string { return filepath.Join(dir, role+".yaml") }
+// profileFile returns the path of role's profile in dir.
+func profileFile(dir, role string) string { return filepath.Join(dir, role+".yaml") }
 
-// LoadProfile reads and validates the profile for role in dir.
-func LoadProfile(dir, role string) (*Profile, error) {
+// loadRoleProfile reads and validates the profile for role in dir.
+func loadRoleProfile(dir, role string) (*Profile, error) {
 	if !nameRE.MatchString(role) {
 		return nil, fmt.Errorf("role %q: use lower-case letters, digits and '-'", role)
 	}
-	file := ProfileFile(dir, role)
+	file := profileFile(dir, role)
 	if _, err := os.Stat(file); errors.Is(err, fs.ErrNotExist) {
 		msg := fmt.Sprintf("profile for role %q: %s does not exist", role, file)
-		if roles, _ := Roles(dir); len(roles) > 0 {
+		if roles, _ := profileRoles(dir); len(roles) > 0 {
 			msg += " (roles: " + strings.Join(roles, ", ") + ")"
 		}
 		return nil, errors.New(msg)
@@ -111,17 +111,17 @@ func LoadProfile(dir, role string) (*Profile, error) {
 // Profile loads the profile for role from the definition's profiles
 // directory; a missing file is reported at the definition's profiles line.
 func (def *Definition) Profile(role string) (*Profile, error) {
-	p, err := LoadProfile(def.ProfilesDir, role)
+	p, err := loadRoleProfile(def.ProfilesDir, role)
 	if err != nil && nameRE.MatchString(role) {
-		if _, serr := os.Stat(ProfileFile(def.ProfilesDir, role)); errors.Is(serr, fs.ErrNotExist) {
+		if _, serr := os.Stat(profileFile(def.ProfilesDir, role)); errors.Is(serr, fs.ErrNotExist) {
 			return nil, Errorf(def.ProfilesPos, "profiles", "%v", err)
 		}
 	}
 	return p, err
 }
 
-// Roles lists the roles that have a profile in dir, sorted.
-func Roles(dir string) ([]string, error) {
+// profileRoles lists the roles that have a profile in dir, sorted.
+func profileRoles(dir string) ([]string, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -138,14 +138,14 @@ func Roles(dir string) ([]string, error) {
 
 // LoadProfiles loads every profile in dir, sorted by role.
 func LoadProfiles(dir string) ([]*Profile, error) {
-	roles, err := Roles(dir)
+	roles, err := profileRoles(dir)
 	if err != nil {
 		return nil, fmt.Errorf("profiles: %w", err)
 	}
 	var out []*Profile
 	var errs []error
 	for _, r := range roles {
-		p, err := LoadProfile(dir, r)
+		p, err := loadRoleProfile(dir, r)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -67,7 +67,7 @@ func TestLoadProfileErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			root := repo(t)
 			file := write(t, filepath.Join(root, "profiles", "worker.yaml"), tt.yaml)
-			_, err := LoadProfile(filepath.Join(root, "profiles"), "worker")
+			_, err := loadRoleProfile(filepath.Join(root, "profiles"), "worker")
 			if err == nil {
 				t.Fatalf("LoadProfile succeeded, want errors:\n%s", strings.Join(tt.want, "\n"))
 			}
@@ -97,7 +97,7 @@ func TestLoadProfilePlainRole(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			root := repo(t)
 			file := write(t, filepath.Join(root, "profiles", "plain.yaml"), tt.yaml)
-			p, err := LoadProfile(filepath.Join(root, "profiles"), "plain")
+			p, err := loadRoleProfile(filepath.Join(root, "profiles"), "plain")
 			if tt.want == nil {
 				if err != nil || p.Role != "plain" {
 					t.Fatalf("LoadProfile = %+v, %v", p, err)
@@ -127,12 +127,12 @@ func TestMissingProfile(t *testing.T) {
 	if err == nil || err.Error() != want {
 		t.Errorf("Definition.Profile: got %v\nwant %s", err, want)
 	}
-	_, err = LoadProfile(prof, "worker")
+	_, err = loadRoleProfile(prof, "worker")
 	want = "profile for role \"worker\": " + prof + "/worker.yaml does not exist (roles: control-plane, etcd)"
 	if err == nil || err.Error() != want {
 		t.Errorf("LoadProfile: got %v\nwant %s", err, want)
 	}
-	if _, err := LoadProfile(prof, "../images/q"); err == nil || !strings.Contains(err.Error(), `role "../images/q"`) {
+	if _, err := loadRoleProfile(prof, "../images/q"); err == nil || !strings.Contains(err.Error(), `role "../images/q"`) {
 		t.Errorf("LoadProfile with a path as role: %v", err)
 	}
 	all, err := LoadProfiles(prof)
@@ -169,7 +169,7 @@ units:
 overlays: [base]
 templates: templates/worker
 `)
-	p, err := LoadProfile(filepath.Join(root, "profiles"), "worker")
+	p, err := loadRoleProfile(filepath.Join(root, "profiles"), "worker")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestLoadProfileKubernetesErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			root := repo(t)
 			file := write(t, filepath.Join(root, "profiles", "worker.yaml"), "role: worker\n"+tt.yaml)
-			_, err := LoadProfile(filepath.Join(root, "profiles"), "worker")
+			_, err := loadRoleProfile(filepath.Join(root, "profiles"), "worker")
 			if err == nil {
 				t.Fatalf("LoadProfile succeeded, want errors:\n%s", strings.Join(tt.want, "\n"))
 			}
@@ -274,7 +274,7 @@ images:
   - name: registry.k8s.io/coredns/coredns:v1.15.0
     source: mirror.example.com/coredns@`+digest+`
 `)
-	p, err := LoadProfile(filepath.Join(root, "profiles"), "worker")
+	p, err := loadRoleProfile(filepath.Join(root, "profiles"), "worker")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,23 +13,23 @@ type Size int64
 
 // Common sizes.
 const (
-	KiB Size = 1 << 10
-	MiB Size = 1 << 20
-	GiB Size = 1 << 30
-	TiB Size = 1 << 40
+	kib Size = 1 << 10
+	mib Size = 1 << 20
+	gib Size = 1 << 30
+	tib Size = 1 << 40
 )
 
 var sizeUnits = []struct {
 	name string
 	mult Size
 }{
-	{"TiB", TiB}, {"GiB", GiB}, {"MiB", MiB}, {"KiB", KiB},
+	{"TiB", tib}, {"GiB", gib}, {"MiB", mib}, {"KiB", kib},
 	{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3},
 	{"B", 1},
 }
 
-// ParseSize parses "4GiB", "512 MiB", "100MB" or "1048576".
-func ParseSize(s string) (Size, error) {
+// parseSize parses "4GiB", "512 MiB", "100MB" or "1048576".
+func parseSize(s string) (Size, error) {
 	t := strings.TrimSpace(s)
 	mult := Size(1)
 	for _, u := range sizeUnits {

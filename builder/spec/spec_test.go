@@ -143,7 +143,7 @@ overlays: [base]
 			Ref:    "oci:${KILN_CACHE}/base/bookworm:bookworm",
 			Pos:    Pos{File: file, Line: 5},
 		},
-		Disk:        Disk{Size: 4 * GiB, RootFS: "erofs", Compression: "lz4hc", ESPSize: 256 * MiB},
+		Disk:        Disk{Size: 4 * gib, RootFS: "erofs", Compression: "lz4hc", ESPSize: 256 * mib},
 		Formats:     []string{"raw", "qcow2"},
 		Kernel:      Kernel{Args: []string{"console=ttyS0,115200", "quiet"}, Modules: []string{"virtio_blk"}},
 		Overlays:    []string{filepath.Join(root, "overlays", "base")},
@@ -179,7 +179,7 @@ func TestBaseSources(t *testing.T) {
 			if def.Base != tt.want {
 				t.Errorf("base:\n got %+v\nwant %+v", def.Base, tt.want)
 			}
-			if def.Disk.RootFS != "squashfs" || def.Disk.Compression != "zstd" || def.Disk.ESPSize != 256*MiB || !reflect.DeepEqual(def.Formats, []string{"raw"}) {
+			if def.Disk.RootFS != "squashfs" || def.Disk.Compression != "zstd" || def.Disk.ESPSize != 256*mib || !reflect.DeepEqual(def.Formats, []string{"raw"}) {
 				t.Errorf("defaults: disk %+v formats %v", def.Disk, def.Formats)
 			}
 		})
@@ -203,13 +203,13 @@ func TestParseSize(t *testing.T) {
 		{"0", 0, "0B"},
 	}
 	for _, tt := range tests {
-		got, err := ParseSize(tt.in)
+		got, err := parseSize(tt.in)
 		if err != nil || got != tt.want || got.String() != tt.str {
 			t.Errorf("ParseSize(%q) = %d (%s), %v; want %d (%s)", tt.in, got, got, err, tt.want, tt.str)
 		}
 	}
 	for _, bad := range []string{"", "4G", "-1MiB", "1.5GiB", "GiB", "99999999999TiB", "4 gib"} {
-		if _, err := ParseSize(bad); err == nil {
+		if _, err := parseSize(bad); err == nil {
 			t.Errorf("ParseSize(%q) succeeded", bad)
 		}
 	}
