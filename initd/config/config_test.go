@@ -114,7 +114,7 @@ func TestValidate(t *testing.T) {
 		name            string
 		body            string // JSON after "ignition" version
 		want            []string
-		wantUnsupported bool // errors.Is(err, ErrUnsupported)
+		wantUnsupported bool // errors.Is(err, errUnsupported)
 	}{
 		{name: "files only", body: `"storage":{"files":[{"path":"/etc/a","user":{"id":0},"group":{"name":"root"},"contents":{"source":"data:,a","compression":"","verification":{"hash":"` + hashA + `"}}}]}`},
 		{name: "empty sections", body: `"passwd":{"users":[]},"systemd":{"units":[]},"storage":{"disks":[]}`},
@@ -195,7 +195,7 @@ func TestValidate(t *testing.T) {
 			if !errors.As(err, &fe) {
 				t.Errorf("Validate error %v is not a *FieldError", err)
 			}
-			if got := errors.Is(err, ErrUnsupported); got != tc.wantUnsupported {
+			if got := errors.Is(err, errUnsupported); got != tc.wantUnsupported {
 				t.Errorf("errors.Is(err, ErrUnsupported) = %v, want %v", got, tc.wantUnsupported)
 			}
 		})

@@ -133,7 +133,7 @@ func resolve(field string, f types.File, left int64) (File, error) {
 		out.Mode, out.ModeSet = UnixMode(m), true
 	}
 	if len(f.Append) > 0 {
-		return File{}, &FieldError{Path: field + ".append", Err: ErrUnsupported}
+		return File{}, &FieldError{Path: field + ".append", Err: errUnsupported}
 	}
 	src := f.Contents.Source
 	if src == nil || *src == "" {
@@ -224,7 +224,7 @@ func verify(v types.Verification, data []byte) error {
 	case "sha512":
 		h = sha512.New()
 	default:
-		return fmt.Errorf("hash function %q is %w (sha256 and sha512 are)", fn, ErrUnsupported)
+		return fmt.Errorf("hash function %q is %w (sha256 and sha512 are)", fn, errUnsupported)
 	}
 	wantSum, err := hex.DecodeString(want)
 	if err != nil || len(wantSum) != h.Size() {

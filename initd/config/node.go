@@ -96,7 +96,7 @@ type Volume struct {
 	Wipe      bool              `yaml:"wipe"`
 	MountPath string            `yaml:"mountPath"`
 	// MinSize is the smallest disk accepted, as written ("2GiB", "20GB", bytes); MinBytes
-	// is its value, DefaultEtcdMinSize when it is not set. 0 accepts any size.
+	// is its value, defaultEtcdMinSize when it is not set. 0 accepts any size.
 	MinSize  string `yaml:"minSize"`
 	MinBytes int64  `yaml:"-"`
 }
@@ -115,7 +115,7 @@ type Kubernetes struct {
 
 // LeaderElection tunes how kube-controller-manager and kube-scheduler hold their leader
 // leases: Go durations ("15s"); unset fields keep the components' defaults
-// (DefaultLeaseDuration, DefaultRenewDeadline, DefaultRetryPeriod). A leader that cannot
+// (defaultLeaseDuration, defaultRenewDeadline, defaultRetryPeriod). A leader that cannot
 // renew its lease within RenewDeadline (each request may take RenewDeadline/2) exits, so
 // slow or overloaded control planes (emulated CPUs) need longer ones.
 type LeaderElection struct {
@@ -126,9 +126,9 @@ type LeaderElection struct {
 
 // The leader-election defaults of kube-controller-manager and kube-scheduler.
 const (
-	DefaultLeaseDuration = 15 * time.Second
-	DefaultRenewDeadline = 10 * time.Second
-	DefaultRetryPeriod   = 2 * time.Second
+	defaultLeaseDuration = 15 * time.Second
+	defaultRenewDeadline = 10 * time.Second
+	defaultRetryPeriod   = 2 * time.Second
 )
 
 // Defaults.
@@ -137,26 +137,26 @@ const (
 	DefaultAPIPort       = 6443
 	DefaultPodCIDR       = "10.244.0.0/16"
 	DefaultServiceCIDR   = "10.96.0.0/12"
-	DefaultClusterDomain = "cluster.local"
-	DefaultEtcdFSType    = "ext4"
-	DefaultEtcdLabel     = "etcd"
-	DefaultEtcdMountPath = "/var/lib/etcd" // + "/<cluster.name>"
-	// DefaultEtcdMinSize is the smallest etcd disk accepted unless etcd.volume.minSize says
+	defaultClusterDomain = "cluster.local"
+	defaultEtcdFSType    = "ext4"
+	defaultEtcdLabel     = "etcd"
+	defaultEtcdMountPath = "/var/lib/etcd" // + "/<cluster.name>"
+	// defaultEtcdMinSize is the smallest etcd disk accepted unless etcd.volume.minSize says
 	// otherwise: etcd's default space quota (--quota-backend-bytes), so that the database
 	// reaches its quota before it fills the disk.
-	DefaultEtcdMinSize     = 2 << 30
+	defaultEtcdMinSize     = 2 << 30
 	DefaultEtcdMinSizeText = "2GiB"
 )
 
-// ClusterFQDN is the cluster's DNS name, <cluster.name>.<cluster.dnsZone>.
-func (n *Node) ClusterFQDN() string {
+// clusterFQDN is the cluster's DNS name, <cluster.name>.<cluster.dnsZone>.
+func (n *Node) clusterFQDN() string {
 	return n.Cluster.Name + "." + n.Cluster.DNSZone
 }
 
 // InternalName is the DNS name of a cluster-internal host: api gives
 // api.internal.<cluster.name>.<cluster.dnsZone>; etcd members are named etcd-<member>.
 func (n *Node) InternalName(host string) string {
-	return host + ".internal." + n.ClusterFQDN()
+	return host + ".internal." + n.clusterFQDN()
 }
 
 // LoadNode reads and parses the node config at path (see ParseNode).
@@ -239,7 +239,7 @@ func (n *Node) checkDNS(d *strictyaml.Doc) {
 		dns.Zone = n.Cluster.DNSZone
 	}
 	if dns.Zone != "" && n.Cluster.DNSZone != "" {
-		switch fqdn := n.ClusterFQDN(); {
+		switch fqdn := n.clusterFQDN(); {
 		case !isDNSName(dns.Zone):
 			d.Failf("dns.zone", "%q is not an RFC 1123 DNS name", dns.Zone)
 		case fqdn != dns.Zone && !strings.HasSuffix(fqdn, "."+dns.Zone):
@@ -344,26 +344,26 @@ func (n *Node) checkVolume(d *strictyaml.Doc, v *Volume) {
 		d.Failf("etcd.volume.gceName", "%q is not a GCE disk name (lower-case letter first, then letters, digits and '-', at most 63)", g)
 	}
 	if v.FSType == "" {
-		v.FSType = DefaultEtcdFSType
+		v.FSType = defaultEtcdFSType
 	}
 	maxLabel := map[string]int{"ext4": 16, "xfs": 12}[v.FSType]
 	if maxLabel == 0 {
 		d.Failf("etcd.volume.fsType", "%q is not supported (ext4 or xfs)", v.FSType)
 	}
 	if v.Label == "" {
-		v.Label = DefaultEtcdLabel
+		v.Label = defaultEtcdLabel
 	}
 	if maxLabel > 0 && len(v.Label) > maxLabel {
 		d.Failf("etcd.volume.label", "%q is longer than the %d bytes %s allows", v.Label, maxLabel, v.FSType)
 	}
 	if v.MountPath == "" {
 		// One directory per cluster, as etcd-manager mounts them.
-		v.MountPath = path.Join(DefaultEtcdMountPath, n.Cluster.Name)
+		v.MountPath = path.Join(defaultEtcdMountPath, n.Cluster.Name)
 	}
 	if !path.IsAbs(v.MountPath) || path.Clean(v.MountPath) != v.MountPath || v.MountPath == "/" {
 		d.Failf("etcd.volume.mountPath", "%q must be a clean absolute path below /", v.MountPath)
 	}
-	v.MinBytes = DefaultEtcdMinSize
+	v.MinBytes = defaultEtcdMinSize
 	if v.MinSize != "" {
 		n, err := parseSize(v.MinSize)
 		if err != nil {
@@ -470,7 +470,7 @@ func (n *Node) checkKubernetes(d *strictyaml.Doc) {
 		d.Failf("kubernetes.clusterDNS", "%s is not inside serviceCIDR %s", ip, k.ServiceCIDR)
 	}
 	if k.ClusterDomain == "" {
-		k.ClusterDomain = DefaultClusterDomain
+		k.ClusterDomain = defaultClusterDomain
 	}
 	if !isDNSName(k.ClusterDomain) {
 		d.Failf("kubernetes.clusterDomain", "%q is not an RFC 1123 DNS name", k.ClusterDomain)
@@ -622,9 +622,9 @@ func (n *Node) checkLeaderElection(d *strictyaml.Doc) {
 		}
 		return v, true
 	}
-	lease, ok1 := value("leaseDuration", le.LeaseDuration, DefaultLeaseDuration)
-	renew, ok2 := value("renewDeadline", le.RenewDeadline, DefaultRenewDeadline)
-	retry, ok3 := value("retryPeriod", le.RetryPeriod, DefaultRetryPeriod)
+	lease, ok1 := value("leaseDuration", le.LeaseDuration, defaultLeaseDuration)
+	renew, ok2 := value("renewDeadline", le.RenewDeadline, defaultRenewDeadline)
+	retry, ok3 := value("retryPeriod", le.RetryPeriod, defaultRetryPeriod)
 	if !ok1 || !ok2 || !ok3 {
 		return
 	}

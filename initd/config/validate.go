@@ -7,8 +7,8 @@ import (
 	"strings"
 )
 
-// ErrUnsupported marks a part of a config that kiln does not apply yet.
-var ErrUnsupported = errors.New("not supported by kiln yet")
+// errUnsupported marks a part of a config that kiln does not apply yet.
+var errUnsupported = errors.New("not supported by kiln yet")
 
 // FieldError is a problem with one field of a config, named by its JSON path
 // (e.g. "storage.files[0].contents.source").
@@ -18,8 +18,8 @@ type FieldError struct {
 }
 
 func (e *FieldError) Error() string {
-	if e.Err == ErrUnsupported {
-		return e.Path + " is " + ErrUnsupported.Error()
+	if e.Err == errUnsupported {
+		return e.Path + " is " + errUnsupported.Error()
 	}
 	return e.Path + ": " + e.Err.Error()
 }
@@ -94,17 +94,17 @@ var refused = map[string]string{
 	"storage.raid":        "RAID arrays are set up by the etcd volume logic, not supported yet",
 }
 
-// unsupported is an ErrUnsupported with a specific message.
+// unsupported is an errUnsupported with a specific message.
 type unsupported string
 
 func (u unsupported) Error() string        { return string(u) }
-func (u unsupported) Is(target error) bool { return target == ErrUnsupported }
+func (u unsupported) Is(target error) bool { return target == errUnsupported }
 
 // Validate refuses everything in the config that kiln does not apply, and values kiln
 // cannot honour. The error lists every problem by JSON path, e.g.
 // "storage.disks: disks are set up by the etcd volume logic, not supported yet" or
 // "passwd.users[0].sshAuthorizedKeys[1]: not an SSH public key: …"; errors.As finds
-// the *FieldError values and errors.Is(err, ErrUnsupported) tells unsupported features
+// the *FieldError values and errors.Is(err, errUnsupported) tells unsupported features
 // from bad values.
 func (c *Config) Validate() error {
 	var errs []error
@@ -186,7 +186,7 @@ func visit(v reflect.Value, p, norm string, errs *[]error) {
 		}
 	}
 	if !within && !isStruct(v) {
-		*errs = append(*errs, &FieldError{Path: p, Err: ErrUnsupported})
+		*errs = append(*errs, &FieldError{Path: p, Err: errUnsupported})
 		return
 	}
 	// Look inside: supported children pass, unsupported ones are named as precisely
