@@ -144,7 +144,7 @@ func (p *CloudDNS) Lookup(ctx context.Context, name string) ([]netip.Addr, error
 	}
 	var out []netip.Addr
 	for _, s := range sets {
-		if s.Type != TypeA && s.Type != TypeAAAA {
+		if s.Type != typeA && s.Type != typeAAAA {
 			continue
 		}
 		addrs, err := parseAddrs(s.Type, s.Rrdatas)

@@ -152,38 +152,38 @@ func (f *fakeCloudDNS) numChanges() int {
 // cloudDNSSteps are the Upserts TestCloudDNS makes, in order, and the change each sends.
 var cloudDNSSteps = []providerStep{
 	{"create", []Record{
-		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-		{Name: testEtcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testEtcd, Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
+		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
 	}, []string{
 		"+etcd-a.internal.prod.example.test. A 60 10.0.0.5",
 		"+etcd-a.internal.prod.example.test. AAAA 60 fd00::5",
 		"+api.internal.prod.example.test. A 60 10.0.0.5",
 	}},
 	{"unchanged: nothing sent", []Record{
-		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
 	}, nil},
 	{"new IP replaces the set", []Record{
-		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60},
 	}, []string{
 		"-etcd-a.internal.prod.example.test. A 60 10.0.0.5",
 		"+etcd-a.internal.prod.example.test. A 60 10.0.0.6",
 	}},
 	{"new TTL", []Record{
-		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 30},
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 30},
 	}, []string{
 		"-etcd-a.internal.prod.example.test. A 60 10.0.0.6",
 		"+etcd-a.internal.prod.example.test. A 30 10.0.0.6",
 	}},
 	{"second control-plane node", []Record{
-		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
 	}, []string{
 		"-api.internal.prod.example.test. A 60 10.0.0.5",
 		"+api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
 	}},
 	{"the first one's address changes", WithStale(
-		[]Record{{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
-		[]Record{{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
+		[]Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
+		[]Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
 	), []string{
 		"-api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
 		"+api.internal.prod.example.test. A 60 10.0.0.6,10.0.0.7",
@@ -221,7 +221,7 @@ func TestCloudDNS(t *testing.T) {
 				if c.p.Zone != "" {
 					name = "x." + c.p.Zone
 				}
-				err := c.p.Upsert(ctx, []Record{{Name: name, Type: TypeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+				err := c.p.Upsert(ctx, []Record{{Name: name, Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
 				if err == nil || !strings.Contains(err.Error(), c.want) {
 					t.Errorf("err = %v, want %q", err, c.want)
 				}

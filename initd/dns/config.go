@@ -31,7 +31,7 @@ func FromConfig(n *config.Node, root string, c Clouds) (Provider, error) {
 	case config.DNSRFC2136:
 		p := &RFC2136{Server: d.Server, Zone: d.Zone, KeyName: d.TSIGKeyName}
 		if d.TSIGKeyName != "" {
-			secret, alg, err := LoadTSIGSecret(filepath.Join(root, d.TSIGSecretFile))
+			secret, alg, err := loadTSIGSecret(filepath.Join(root, d.TSIGSecretFile))
 			if err != nil {
 				return nil, fmt.Errorf("dns.tsigSecretFile: %w", err)
 			}

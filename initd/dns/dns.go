@@ -36,17 +36,17 @@ type Provider interface {
 	Upsert(ctx context.Context, recs []Record) error
 	// Lookup returns the A and AAAA addresses the provider publishes for name (none,
 	// and no error, when the name does not exist). Providers that cannot look up
-	// return an error wrapping ErrNoLookup.
+	// return an error wrapping errNoLookup.
 	Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 }
 
-// ErrNoLookup is wrapped by Lookup errors of providers that cannot read records back.
-var ErrNoLookup = errors.New("lookup not supported")
+// errNoLookup is wrapped by Lookup errors of providers that cannot read records back.
+var errNoLookup = errors.New("lookup not supported")
 
 // Record types.
 const (
-	TypeA    = "A"
-	TypeAAAA = "AAAA"
+	typeA    = "A"
+	typeAAAA = "AAAA"
 )
 
 // Record is one record set: every address name answers for type.
@@ -54,7 +54,7 @@ type Record struct {
 	// Name is an absolute name, with or without the final dot
 	// (api.internal.prod.k8s.example.com).
 	Name string `json:"name"`
-	// Type is TypeA or TypeAAAA.
+	// Type is typeA or typeAAAA.
 	Type string `json:"type"`
 	// Addrs are IPv4 addresses for A, IPv6 for AAAA.
 	Addrs []netip.Addr `json:"addrs"`
@@ -83,7 +83,7 @@ func (r Record) check() error {
 		return fmt.Errorf("record %q: name is not a DNS name", r.Name)
 	}
 	switch r.Type {
-	case TypeA, TypeAAAA:
+	case typeA, typeAAAA:
 	default:
 		return fmt.Errorf("record %s: type %q is not A or AAAA", name, r.Type)
 	}
@@ -97,7 +97,7 @@ func (r Record) check() error {
 		return fmt.Errorf("record %s %s: stale addresses are only for shared records", name, r.Type)
 	}
 	for _, a := range slices.Concat(r.Addrs, r.Stale) {
-		if !a.IsValid() || a.Is4() != (r.Type == TypeA) || a.Is4In6() || a.Zone() != "" {
+		if !a.IsValid() || a.Is4() != (r.Type == typeA) || a.Is4In6() || a.Zone() != "" {
 			return fmt.Errorf("record %s %s: %v is not an address for this type", name, r.Type, a)
 		}
 	}
@@ -196,7 +196,7 @@ func parseAddrs(typ string, data []string) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, d := range data {
 		a, err := netip.ParseAddr(strings.TrimSpace(d))
-		if err != nil || a.Is4() != (typ == TypeA) {
+		if err != nil || a.Is4() != (typ == typeA) {
 			return nil, fmt.Errorf("%s record data %q is not an address", typ, d)
 		}
 		out = append(out, a)

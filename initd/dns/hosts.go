@@ -18,22 +18,22 @@ import (
 
 // The lines around the block of /etc/hosts that Hosts manages.
 const (
-	HostsBegin = "# BEGIN kiln (managed by kiln-init; do not edit)"
-	HostsEnd   = "# END kiln"
+	hostsBegin = "# BEGIN kiln (managed by kiln-init; do not edit)"
+	hostsEnd   = "# END kiln"
 )
 
-// DefaultHostsPath is the file Hosts edits unless told otherwise.
-const DefaultHostsPath = "/etc/hosts"
+// defaultHostsPath is the file Hosts edits unless told otherwise.
+const defaultHostsPath = "/etc/hosts"
 
 // Hosts publishes records in the node's own hosts file, for clusters without DNS: in
-// a block between HostsBegin and HostsEnd, one "address<TAB>name" line per address.
+// a block between hostsBegin and hostsEnd, one "address<TAB>name" line per address.
 // Only that block is ever changed (it is appended when missing); the file is replaced
 // atomically (temporary file with the same mode and owner, renamed over it) and only
 // when the block's contents change, so an unchanged file keeps its mtime.
 type Hosts struct {
 	// Root is the node's "/" (a temporary directory in tests); "" is "/".
 	Root string
-	// Path is the hosts file below Root; DefaultHostsPath when empty.
+	// Path is the hosts file below Root; defaultHostsPath when empty.
 	Path string
 }
 
@@ -42,7 +42,7 @@ func (p *Hosts) Name() string { return "hosts " + p.nodePath() }
 
 func (p *Hosts) nodePath() string {
 	if p.Path == "" {
-		return DefaultHostsPath
+		return defaultHostsPath
 	}
 	return p.Path
 }
@@ -96,20 +96,20 @@ func parseHosts(data []byte) (*hostsFile, error) {
 	begin, end := -1, -1
 	for i, l := range lines {
 		switch strings.TrimSpace(string(l)) {
-		case HostsBegin:
+		case hostsBegin:
 			if begin >= 0 {
-				return nil, fmt.Errorf("%d: a second %q (the first is on line %d)", i+1, HostsBegin, begin+1)
+				return nil, fmt.Errorf("%d: a second %q (the first is on line %d)", i+1, hostsBegin, begin+1)
 			}
 			begin = i
-		case HostsEnd:
+		case hostsEnd:
 			if begin < 0 || end >= 0 {
-				return nil, fmt.Errorf("%d: %q without %q before it", i+1, HostsEnd, HostsBegin)
+				return nil, fmt.Errorf("%d: %q without %q before it", i+1, hostsEnd, hostsBegin)
 			}
 			end = i
 		}
 	}
 	if begin >= 0 && end < 0 {
-		return nil, fmt.Errorf("%d: %q without %q after it", begin+1, HostsBegin, HostsEnd)
+		return nil, fmt.Errorf("%d: %q without %q after it", begin+1, hostsBegin, hostsEnd)
 	}
 	if begin < 0 {
 		h.before = data
@@ -139,11 +139,11 @@ func parseHosts(data []byte) (*hostsFile, error) {
 
 func (h *hostsFile) block() []byte {
 	var b bytes.Buffer
-	b.WriteString(HostsBegin + "\n")
+	b.WriteString(hostsBegin + "\n")
 	for _, e := range h.entries {
 		fmt.Fprintf(&b, "%s\t%s\n", e.addr, e.name)
 	}
-	b.WriteString(HostsEnd + "\n")
+	b.WriteString(hostsEnd + "\n")
 	return b.Bytes()
 }
 
@@ -169,7 +169,7 @@ func (p *Hosts) Upsert(ctx context.Context, recs []Record) error {
 	}
 	old := slices.Clone(h.entries)
 	for _, r := range recs {
-		name, v4 := hostName(r.Name), r.Type == TypeA
+		name, v4 := hostName(r.Name), r.Type == typeA
 		h.entries = slices.DeleteFunc(h.entries, func(e hostsEntry) bool {
 			if e.name != name || e.addr.Is4() != v4 {
 				return false

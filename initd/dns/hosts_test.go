@@ -12,11 +12,11 @@ import (
 const hostsHead = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n"
 
 func TestHosts(t *testing.T) {
-	etcd := Record{Name: "etcd-a.internal.prod.example.test.", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60}
-	etcd6 := Record{Name: "etcd-a.internal.prod.example.test", Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60}
-	api := Record{Name: "api.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}
+	etcd := Record{Name: "etcd-a.internal.prod.example.test.", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60}
+	etcd6 := Record{Name: "etcd-a.internal.prod.example.test", Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60}
+	api := Record{Name: "api.internal.prod.example.test", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}
 	block := func(lines ...string) string {
-		return HostsBegin + "\n" + strings.Join(append(lines, ""), "\n") + HostsEnd + "\n"
+		return hostsBegin + "\n" + strings.Join(append(lines, ""), "\n") + hostsEnd + "\n"
 	}
 	cases := []struct {
 		name   string
@@ -36,7 +36,7 @@ func TestHosts(t *testing.T) {
 			hostsHead + block("10.0.0.5\tetcd-a.internal.prod.example.test", "fd00::5\tetcd-a.internal.prod.example.test") + "# mine\n10.9.9.9 db\n"},
 		{"shared name keeps the other nodes",
 			hostsHead + block("10.0.0.7\tapi.internal.prod.example.test", "10.0.0.8\tapi.internal.prod.example.test"), false,
-			WithStale([]Record{api}, []Record{{Name: api.Name, Type: TypeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}}),
+			WithStale([]Record{api}, []Record{{Name: api.Name, Type: typeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}}),
 			hostsHead + block("10.0.0.5\tapi.internal.prod.example.test", "10.0.0.7\tapi.internal.prod.example.test")},
 	}
 	for _, c := range cases {
@@ -104,9 +104,9 @@ func addrsString[T interface{ String() string }](s []T) string {
 
 func TestHostsRefusesBrokenBlock(t *testing.T) {
 	cases := []struct{ name, data, want string }{
-		{"begin without end", hostsHead + HostsBegin + "\n10.0.0.1 x\n", "/etc/hosts:3: \"" + HostsBegin + "\" without \"" + HostsEnd + "\" after it"},
-		{"end without begin", hostsHead + HostsEnd + "\n", "/etc/hosts:3: \"" + HostsEnd + "\" without"},
-		{"two blocks", HostsBegin + "\n" + HostsEnd + "\n" + HostsBegin + "\n" + HostsEnd + "\n", "/etc/hosts:3: a second"},
+		{"begin without end", hostsHead + hostsBegin + "\n10.0.0.1 x\n", "/etc/hosts:3: \"" + hostsBegin + "\" without \"" + hostsEnd + "\" after it"},
+		{"end without begin", hostsHead + hostsEnd + "\n", "/etc/hosts:3: \"" + hostsEnd + "\" without"},
+		{"two blocks", hostsBegin + "\n" + hostsEnd + "\n" + hostsBegin + "\n" + hostsEnd + "\n", "/etc/hosts:3: a second"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -114,7 +114,7 @@ func TestHostsRefusesBrokenBlock(t *testing.T) {
 			path := filepath.Join(root, "etc", "hosts")
 			os.MkdirAll(filepath.Dir(path), 0o755)
 			os.WriteFile(path, []byte(c.data), 0o644)
-			err := (&Hosts{Root: root}).Upsert(context.Background(), []Record{{Name: "a.example.test", Type: TypeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+			err := (&Hosts{Root: root}).Upsert(context.Background(), []Record{{Name: "a.example.test", Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("err = %v, want %q", err, c.want)
 			}

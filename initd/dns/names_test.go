@@ -112,7 +112,7 @@ func (m *memProvider) Upsert(ctx context.Context, recs []Record) error {
 
 func (m *memProvider) Lookup(ctx context.Context, name string) ([]netip.Addr, error) {
 	if m.noLookup {
-		return nil, fmt.Errorf("mem: %w", ErrNoLookup)
+		return nil, fmt.Errorf("mem: %w", errNoLookup)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -120,7 +120,7 @@ func (m *memProvider) Lookup(ctx context.Context, name string) ([]netip.Addr, er
 }
 
 func TestRegister(t *testing.T) {
-	rec := Record{Name: "etcd-a.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60}
+	rec := Record{Name: "etcd-a.internal.prod.example.test", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60}
 	cases := []struct {
 		name        string
 		p           *memProvider
@@ -166,7 +166,7 @@ func TestStatusFile(t *testing.T) {
 	if _, err := f.Read(); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Read of a missing file = %v", err)
 	}
-	recs := []Record{{Name: "api.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}}
+	recs := []Record{{Name: "api.internal.prod.example.test", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}}
 	st, _ := Register(context.Background(), &memProvider{recs: map[string][]netip.Addr{}, failures: 1}, recs, Options{
 		MinBackoff: time.Millisecond,
 		OnState: func(s State) {
@@ -186,7 +186,7 @@ func TestStatusFile(t *testing.T) {
 		t.Errorf("files: %v %v", fi, err)
 	}
 	// The next boot, with a new address, removes the old one from the shared name.
-	next := WithStale([]Record{{Name: recs[0].Name, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}}, got.Records)
+	next := WithStale([]Record{{Name: recs[0].Name, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}}, got.Records)
 	if len(next[0].Stale) != 1 || next[0].Stale[0] != addrs("10.0.0.5")[0] {
 		t.Errorf("WithStale = %+v", next)
 	}

@@ -13,9 +13,9 @@ import (
 
 // Registration states.
 const (
-	StatePending    = "pending"    // not published yet; Register keeps trying
-	StateRegistered = "registered" // the provider holds the records
-	StateFailed     = "failed"     // the records or the provider's settings are wrong; no retry
+	statePending    = "pending"    // not published yet; Register keeps trying
+	stateRegistered = "registered" // the provider holds the records
+	stateFailed     = "failed"     // the records or the provider's settings are wrong; no retry
 )
 
 // State is where a registration stands. It is what StatusFile stores.
@@ -93,7 +93,7 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 		maxB = 2 * time.Minute
 	}
 	maxB = max(maxB, minB)
-	st := State{State: StatePending, Provider: p.Name(), Records: recs}
+	st := State{State: statePending, Provider: p.Name(), Records: recs}
 	report := func() {
 		st.Updated = time.Now().UTC()
 		if opts.OnState != nil {
@@ -106,7 +106,7 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 		}
 	}
 	if err := checkRecords(recs); err != nil {
-		st.State, st.LastError = StateFailed, err.Error()
+		st.State, st.LastError = stateFailed, err.Error()
 		report()
 		return st, fmt.Errorf("dns %s: %w", p.Name(), err)
 	}
@@ -132,7 +132,7 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 	var pe *poll.Error
 	switch {
 	case err == nil:
-		st.State, st.LastError = StateRegistered, ""
+		st.State, st.LastError = stateRegistered, ""
 		report()
 		log.Info("dns: registered", "provider", p.Name(), "records", len(recs), "changed", changed, "attempts", st.Attempts)
 		return st, nil
@@ -143,7 +143,7 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 		report()
 		return st, fmt.Errorf("dns %s: not registered after %d attempts (%w): %w", p.Name(), st.Attempts, ctx.Err(), pe.Last)
 	default:
-		st.State, st.LastError = StateFailed, err.Error()
+		st.State, st.LastError = stateFailed, err.Error()
 		report()
 		log.Error("dns: cannot register", "provider", p.Name(), "err", err)
 		return st, fmt.Errorf("dns %s: %w", p.Name(), err)
@@ -164,7 +164,7 @@ func registerOnce(ctx context.Context, p Provider, recs []Record, log *slog.Logg
 			var err error
 			have, err = p.Lookup(ctx, r.Name)
 			if err != nil {
-				if !errors.Is(err, ErrNoLookup) {
+				if !errors.Is(err, errNoLookup) {
 					log.Debug("dns: lookup failed; updating", "name", hostName(r.Name), "err", err)
 				}
 				todo = recs
@@ -174,7 +174,7 @@ func registerOnce(ctx context.Context, p Provider, recs []Record, log *slog.Logg
 		}
 		var family []netip.Addr
 		for _, a := range have {
-			if a.Is4() == (r.Type == TypeA) {
+			if a.Is4() == (r.Type == typeA) {
 				family = append(family, a)
 			}
 		}
@@ -191,21 +191,21 @@ func registerOnce(ctx context.Context, p Provider, recs []Record, log *slog.Logg
 	return true, nil
 }
 
-// Result is what Start delivers: the final state and Register's error.
-type Result struct {
+// result is what Start delivers: the final state and Register's error.
+type result struct {
 	State State
 	Err   error
 }
 
 // Start runs Register in a goroutine and returns at once, so boot goes on while the
-// DNS server is unreachable. The channel delivers one Result, when the records are
+// DNS server is unreachable. The channel delivers one result, when the records are
 // registered or ctx ends, and is then closed.
-func Start(ctx context.Context, p Provider, recs []Record, opts Options) <-chan Result {
-	ch := make(chan Result, 1)
+func Start(ctx context.Context, p Provider, recs []Record, opts Options) <-chan result {
+	ch := make(chan result, 1)
 	go func() {
 		defer close(ch)
 		st, err := Register(ctx, p, recs, opts)
-		ch <- Result{State: st, Err: err}
+		ch <- result{State: st, Err: err}
 	}()
 	return ch
 }

@@ -15,8 +15,8 @@ import (
 	mdns "github.com/miekg/dns"
 )
 
-// DefaultTSIGAlgorithm is the TSIG algorithm RFC2136 signs with unless told otherwise.
-const DefaultTSIGAlgorithm = "hmac-sha256"
+// defaultTSIGAlgorithm is the TSIG algorithm RFC2136 signs with unless told otherwise.
+const defaultTSIGAlgorithm = "hmac-sha256"
 
 var tsigAlgorithms = map[string]string{
 	"hmac-sha1":   mdns.HmacSHA1,
@@ -28,7 +28,7 @@ var tsigAlgorithms = map[string]string{
 
 // RFC2136 publishes records with RFC 2136 dynamic updates to the zone's primary
 // server, signed with TSIG (RFC 8945) when KeyName is set; the server's replies must
-// then be signed with the same key (ErrReplyNotSigned otherwise). Updates and lookups go
+// then be signed with the same key (errReplyNotSigned otherwise). Updates and lookups go
 // over TCP. Each Upsert is one UPDATE message, applied by the server all or nothing: for
 // each record it deletes the name's record set of that type and adds the addresses
 // (for a Shared record: deletes only the Stale addresses).
@@ -38,7 +38,7 @@ type RFC2136 struct {
 	// Zone is the zone the update is for (k8s.example.com); every record must be in it.
 	Zone string
 	// KeyName, Secret (base64) and Algorithm (hmac-sha1, -sha224, -sha256, -sha384,
-	// -sha512; DefaultTSIGAlgorithm when empty) sign the updates; no KeyName: unsigned.
+	// -sha512; defaultTSIGAlgorithm when empty) sign the updates; no KeyName: unsigned.
 	KeyName   string
 	Secret    string
 	Algorithm string
@@ -95,7 +95,7 @@ func (p *RFC2136) client() (*mdns.Client, string, error) {
 	}
 	alg := p.Algorithm
 	if alg == "" {
-		alg = DefaultTSIGAlgorithm
+		alg = defaultTSIGAlgorithm
 	}
 	mAlg, ok := tsigAlgorithms[strings.ToLower(strings.TrimSuffix(alg, "."))]
 	if !ok {
@@ -146,11 +146,11 @@ func (p *RFC2136) Upsert(ctx context.Context, recs []Record) error {
 	return nil
 }
 
-// ErrReplyNotSigned is matched (errors.Is) by the error for a reply that is not signed
+// errReplyNotSigned is matched (errors.Is) by the error for a reply that is not signed
 // with the configured TSIG key: unsigned, signed with another key or secret, or with a
 // signature outside its time window. Anyone on the path can forge such a reply, so a
 // success it reports is not believed.
-var ErrReplyNotSigned = errors.New("reply is not signed with the TSIG key")
+var errReplyNotSigned = errors.New("reply is not signed with the TSIG key")
 
 // checkReply returns the error of an exchange whose reply came with rcode NOERROR (or
 // NXDOMAIN for a lookup), given the exchange's own error err. With a TSIG key (alg set)
@@ -160,7 +160,7 @@ func (p *RFC2136) checkReply(in *mdns.Msg, err error, alg string) error {
 		return err
 	}
 	notSigned := func(why string) error {
-		return fmt.Errorf("%w %s (%s): refusing to trust it, as anyone on the path could have sent it", ErrReplyNotSigned, hostName(p.KeyName), why)
+		return fmt.Errorf("%w %s (%s): refusing to trust it, as anyone on the path could have sent it", errReplyNotSigned, hostName(p.KeyName), why)
 	}
 	switch {
 	case errors.Is(err, mdns.ErrTime):
@@ -204,7 +204,7 @@ func (p *RFC2136) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 		return nil, err
 	}
 	var out []netip.Addr
-	for _, typ := range []string{TypeA, TypeAAAA} {
+	for _, typ := range []string{typeA, typeAAAA} {
 		m := new(mdns.Msg)
 		m.SetQuestion(fqdn(name), rrtype(typ))
 		m.RecursionDesired = false
@@ -247,7 +247,7 @@ func rcodeError(op, server string, in *mdns.Msg) error {
 }
 
 func rrtype(typ string) uint16 {
-	if typ == TypeAAAA {
+	if typ == typeAAAA {
 		return mdns.TypeAAAA
 	}
 	return mdns.TypeA
@@ -271,11 +271,11 @@ var (
 	keySecret    = regexp.MustCompile(`(?m)^\s*secret\s+"([A-Za-z0-9+/=]+)"\s*;`)
 )
 
-// LoadTSIGSecret reads a TSIG secret file (dns.tsigSecretFile): either the base64
+// loadTSIGSecret reads a TSIG secret file (dns.tsigSecretFile): either the base64
 // secret alone or a BIND key clause as tsig-keygen writes it
 // (key "name" { algorithm hmac-sha256; secret "…"; };). It returns the secret and the
 // algorithm the file names ("" for a bare secret).
-func LoadTSIGSecret(path string) (secret, algorithm string, err error) {
+func loadTSIGSecret(path string) (secret, algorithm string, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return "", "", fmt.Errorf("tsig secret: %w", err)

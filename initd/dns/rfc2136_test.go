@@ -206,19 +206,19 @@ func TestRFC2136WithBIND(t *testing.T) {
 		want map[string][]string // "name type" → dig answers
 	}{
 		{"create", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-			{Name: etcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-			{Name: api + ".", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+			{Name: etcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+			{Name: etcd, Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
+			{Name: api + ".", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
 		}, map[string][]string{etcd + " A": {"10.0.0.5"}, etcd + " AAAA": {"fd00::5"}, api + " A": {"10.0.0.5"}}},
 		{"new IP replaces the old", []Record{
-			{Name: etcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+			{Name: etcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60},
 		}, map[string][]string{etcd + " A": {"10.0.0.6"}, etcd + " AAAA": {"fd00::5"}}},
 		{"another control-plane node joins the shared api name", []Record{
-			{Name: api, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+			{Name: api, Type: typeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
 		}, map[string][]string{api + " A": {"10.0.0.5", "10.0.0.7"}}},
 		{"a control-plane node's address changes", WithStale(
-			[]Record{{Name: api, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
-			[]Record{{Name: api, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
+			[]Record{{Name: api, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
+			[]Record{{Name: api, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
 		), map[string][]string{api + " A": {"10.0.0.6", "10.0.0.7"}}},
 	}
 	for _, s := range steps {
@@ -260,7 +260,7 @@ func TestRFC2136WithBIND(t *testing.T) {
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
-				err := c.p.Upsert(ctx, []Record{{Name: etcd, Type: TypeA, Addrs: addrs("192.0.2.66"), TTL: 60}})
+				err := c.p.Upsert(ctx, []Record{{Name: etcd, Type: typeA, Addrs: addrs("192.0.2.66"), TTL: 60}})
 				var rc *RcodeError
 				if !errors.As(err, &rc) || rc.Rcode != c.rcode || rc.TSIGError != c.tsig {
 					t.Fatalf("err = %v, want rcode %s tsig %d", err, rcodeName(c.rcode), c.tsig)
@@ -277,7 +277,7 @@ func TestRFC2136WithBIND(t *testing.T) {
 	})
 
 	t.Run("record outside the zone", func(t *testing.T) {
-		err := p.Upsert(ctx, []Record{{Name: "api.example.org", Type: TypeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+		err := p.Upsert(ctx, []Record{{Name: "api.example.org", Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
 		if err == nil || !strings.Contains(err.Error(), "not inside zone example.test") || !errors.Is(err, errConfig) {
 			t.Errorf("err = %v", err)
 		}
@@ -290,7 +290,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 	b := newBind(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	recs := []Record{{Name: "etcd-b.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.1.0.2"), TTL: 30}}
+	recs := []Record{{Name: "etcd-b.internal.prod.example.test", Type: typeA, Addrs: addrs("10.1.0.2"), TTL: 30}}
 
 	var mu sync.Mutex
 	var states []State
@@ -305,7 +305,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 			states = append(states, s)
 			times = append(times, time.Now())
 			mu.Unlock()
-			if s.State == StatePending && s.LastError != "" {
+			if s.State == statePending && s.LastError != "" {
 				pendingErrs <- struct{}{}
 			}
 		},
@@ -320,13 +320,13 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 		}
 	}
 	b.start(t)
-	var r Result
+	var r result
 	select {
 	case r = <-res:
 	case <-ctx.Done():
 		t.Fatal("not registered after the server came up")
 	}
-	if r.Err != nil || r.State.State != StateRegistered || r.State.String() != "registered" {
+	if r.Err != nil || r.State.State != stateRegistered || r.State.String() != "registered" {
 		t.Fatalf("result = %+v", r)
 	}
 	if got := b.dig(t, "etcd-b.internal.prod.example.test", "A"); !slices.Equal(got, []string{"10.1.0.2"}) {
@@ -335,7 +335,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	if states[0].State != StatePending || states[0].LastError != "" {
+	if states[0].State != statePending || states[0].LastError != "" {
 		t.Errorf("first state = %v, want pending", states[0])
 	}
 	p := states[1]
@@ -363,7 +363,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 
 	// A second run finds the record in place and changes nothing.
 	st, err := Register(ctx, b.provider(), recs, Options{})
-	if err != nil || st.Attempts != 1 || st.State != StateRegistered {
+	if err != nil || st.Attempts != 1 || st.State != stateRegistered {
 		t.Errorf("second Register = %+v, %v", st, err)
 	}
 }
@@ -403,7 +403,7 @@ func TestLoadTSIGSecret(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(dir, c.name)
 			os.WriteFile(path, []byte(c.data), 0o600)
-			secret, alg, err := LoadTSIGSecret(path)
+			secret, alg, err := loadTSIGSecret(path)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), path) {
 					t.Fatalf("err = %v, want %q naming the file", err, c.err)
@@ -422,7 +422,7 @@ func TestLoadTSIGSecret(t *testing.T) {
 		}
 		path := filepath.Join(dir, "tsig-keygen")
 		os.WriteFile(path, out, 0o600)
-		if secret, alg, err := LoadTSIGSecret(path); err != nil || alg != "hmac-sha256" || len(secret) != 44 {
+		if secret, alg, err := loadTSIGSecret(path); err != nil || alg != "hmac-sha256" || len(secret) != 44 {
 			t.Errorf("tsig-keygen output: %q, %q, %v", secret, alg, err)
 		}
 	}
@@ -514,7 +514,7 @@ func TestRFC2136RefusesForgedReplies(t *testing.T) {
 			f := newForger(t, c.sign)
 			p := &RFC2136{Server: f.addr, Zone: testZone, KeyName: testKey, Secret: nodeSecret, Timeout: 30 * time.Second}
 			ctx := context.Background()
-			recs := []Record{{Name: name, Type: TypeA, Addrs: addrs(forgedAddr), TTL: 60}}
+			recs := []Record{{Name: name, Type: typeA, Addrs: addrs(forgedAddr), TTL: 60}}
 			checkErr := func(what string, err error) {
 				t.Helper()
 				if c.why == "" {
@@ -523,7 +523,7 @@ func TestRFC2136RefusesForgedReplies(t *testing.T) {
 					}
 					return
 				}
-				if !errors.Is(err, ErrReplyNotSigned) || !strings.Contains(err.Error(), c.why) ||
+				if !errors.Is(err, errReplyNotSigned) || !strings.Contains(err.Error(), c.why) ||
 					!strings.Contains(err.Error(), "not signed with the TSIG key "+testKey) || !strings.Contains(err.Error(), f.addr) {
 					t.Errorf("%s: err = %v, want it to say the reply from %s is not signed with the TSIG key %s (%s)", what, err, f.addr, testKey, c.why)
 				}
@@ -545,12 +545,12 @@ func TestRFC2136RefusesForgedReplies(t *testing.T) {
 				}
 			}})
 			if c.why == "" {
-				if err != nil || st.State != StateRegistered {
+				if err != nil || st.State != stateRegistered {
 					t.Errorf("Register = %v, %v; want registered", st, err)
 				}
 				return
 			}
-			if st.State == StateRegistered || !errors.Is(err, ErrReplyNotSigned) {
+			if st.State == stateRegistered || !errors.Is(err, errReplyNotSigned) {
 				t.Errorf("Register = %v, %v; want pending with the unsigned reply's error", st, err)
 			}
 		})
@@ -578,8 +578,8 @@ func TestRFC2136WithoutTSIGWarns(t *testing.T) {
 			for run, addr := range []string{"10.2.0.3", "10.2.0.4"} {
 				var logs bytes.Buffer
 				log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-				st, err := Register(ctx, c.p, []Record{{Name: rec, Type: TypeA, Addrs: addrs(addr), TTL: 30}}, Options{Log: log})
-				if err != nil || st.State != StateRegistered {
+				st, err := Register(ctx, c.p, []Record{{Name: rec, Type: typeA, Addrs: addrs(addr), TTL: 30}}, Options{Log: log})
+				if err != nil || st.State != stateRegistered {
 					t.Fatalf("Register %d = %v, %v", run+1, st, err)
 				}
 				if got := b.dig(t, rec, "A"); !slices.Equal(got, []string{addr}) {

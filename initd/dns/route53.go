@@ -225,7 +225,7 @@ func (p *Route53) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 	if err != nil {
 		return nil, err
 	}
-	sets, err := p.list(ctx, zone, name, TypeA)
+	sets, err := p.list(ctx, zone, name, typeA)
 	if err != nil {
 		return nil, err
 	}

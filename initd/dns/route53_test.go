@@ -288,23 +288,23 @@ func (f *fakeRoute53) numBatches() int {
 // sends.
 var route53Steps = []providerStep{
 	{"create", []Record{
-		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-		{Name: testEtcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testEtcd, Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
+		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
 	}, []string{
 		"UPSERT etcd-a.internal.prod.example.test. A 60 10.0.0.5",
 		"UPSERT etcd-a.internal.prod.example.test. AAAA 60 fd00::5",
 		"CREATE api.internal.prod.example.test. A 60 10.0.0.5",
 	}},
 	{"unchanged: nothing sent", []Record{
-		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
 	}, nil},
 	{"new IP", []Record{
-		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60},
 	}, []string{"UPSERT etcd-a.internal.prod.example.test. A 60 10.0.0.6"}},
 	{"second control-plane node", []Record{
-		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
 	}, []string{
 		"DELETE api.internal.prod.example.test. A 60 10.0.0.5",
 		"CREATE api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
@@ -318,7 +318,7 @@ func TestRoute53(t *testing.T) {
 	p := &Route53{Client: client, Zone: "example.test"} // hosted zone found by name
 	register := func(recs []Record) error {
 		st, err := Register(ctx, p, recs, Options{})
-		if err != nil || st.State != StateRegistered {
+		if err != nil || st.State != stateRegistered {
 			return fmt.Errorf("%v %v", st, err)
 		}
 		return nil
@@ -337,7 +337,7 @@ func TestRoute53(t *testing.T) {
 			f.sets["api.internal.prod.example.test. A"] = s
 		}
 		var states []string
-		st, err := Register(ctx, p, []Record{{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}},
+		st, err := Register(ctx, p, []Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}},
 			Options{MinBackoff: time.Millisecond, OnState: func(s State) { states = append(states, s.String()) }})
 		if err != nil || st.Attempts != 2 {
 			t.Fatalf("Register = %+v, %v", st, err)
@@ -354,7 +354,7 @@ func TestRoute53(t *testing.T) {
 		f.pendingPolls = 2
 		calls := f.getChangeCalls
 		w := &Route53{Client: client, HostedZoneID: "/hostedzone/" + f.zoneID, Wait: 5 * time.Second, PollInterval: 10 * time.Millisecond}
-		if err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.10"), TTL: 30}}); err != nil {
+		if err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.10"), TTL: 30}}); err != nil {
 			t.Fatal(err)
 		}
 		if f.getChangeCalls-calls != 3 {
@@ -362,7 +362,7 @@ func TestRoute53(t *testing.T) {
 		}
 		f.pendingPolls = 1000
 		w.Wait = 100 * time.Millisecond
-		err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.11"), TTL: 30}})
+		err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.11"), TTL: 30}})
 		if err == nil || !strings.Contains(err.Error(), "still PENDING") {
 			t.Errorf("err = %v, want still PENDING", err)
 		}
@@ -386,7 +386,7 @@ func TestRoute53(t *testing.T) {
 				if c.p.Zone != "" {
 					name = "x." + c.p.Zone
 				}
-				err := c.p.Upsert(ctx, []Record{{Name: name, Type: TypeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+				err := c.p.Upsert(ctx, []Record{{Name: name, Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
 				if err == nil || !strings.Contains(err.Error(), c.want) {
 					t.Errorf("err = %v, want %q", err, c.want)
 				}

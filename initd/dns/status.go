@@ -9,21 +9,21 @@ import (
 	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
-// StatusPath is where the registration state lives, relative to the node's root.
-const StatusPath = "/var/lib/kiln/dns.json"
+// statusPath is where the registration state lives, relative to the node's root.
+const statusPath = "/var/lib/kiln/dns.json"
 
 // StatusFile stores the registration State as JSON ({"state", "provider",
 // "records", "last_error", "attempts", "updated"}) for `kiln-init status`, and gives
 // the next boot the records this node published (for WithStale).
 type StatusFile struct {
-	// Root is the node's "/" ("" is "/"); Path is below it (StatusPath when empty).
+	// Root is the node's "/" ("" is "/"); Path is below it (statusPath when empty).
 	Root, Path string
 }
 
 func (f StatusFile) file() string {
 	p := f.Path
 	if p == "" {
-		p = StatusPath
+		p = statusPath
 	}
 	root := f.Root
 	if root == "" {
