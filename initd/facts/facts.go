@@ -23,8 +23,8 @@ import (
 // Facts describe a machine. They serialise to JSON for status reports and templates.
 type Facts struct {
 	// Hostname is the node name (see Gather for where it comes from), always a valid
-	// RFC 1123 subdomain; HostnameSource is one of FromConfig, FromPlatform,
-	// FromKernel, FromGenerated.
+	// RFC 1123 subdomain; HostnameSource is one of FromConfig, fromPlatform,
+	// fromKernel, fromGenerated.
 	Hostname       string `json:"hostname"`
 	HostnameSource string `json:"hostnameSource"`
 	// Interface is the primary interface: the one holding the IPv4 default route (or,

@@ -139,19 +139,19 @@ var gatherCases = []gatherCase{
 			o.Platform = Platform{Name: "aws", Hostname: "ip-10-0-2-15.ec2.internal", InstanceID: "i-0abc", Zone: "us-east-1a"}
 		},
 		want: func(f *Facts) {
-			f.Hostname, f.HostnameSource = "ip-10-0-2-15.ec2.internal", FromPlatform
+			f.Hostname, f.HostnameSource = "ip-10-0-2-15.ec2.internal", fromPlatform
 			f.Platform, f.InstanceID, f.Zone, f.Region = "aws", "i-0abc", "us-east-1a", "us-east-1"
 		},
 	},
 	{
 		name:   "kernel hostname set by DHCP",
 		change: func(m *machine, _ *Options) { m.hostname = "Worker-7" },
-		want:   func(f *Facts) { f.Hostname, f.HostnameSource = "worker-7", FromKernel },
+		want:   func(f *Facts) { f.Hostname, f.HostnameSource = "worker-7", fromKernel },
 	},
 	{
 		name:   "platform placeholder falls through to the kernel",
 		change: func(m *machine, o *Options) { m.hostname = "worker-7"; o.Platform.Hostname = "localhost" },
-		want:   func(f *Facts) { f.Hostname, f.HostnameSource = "worker-7", FromKernel },
+		want:   func(f *Facts) { f.Hostname, f.HostnameSource = "worker-7", fromKernel },
 	},
 	{
 		name: "lowest metric default route wins; IPv4-only kernel",
@@ -212,7 +212,7 @@ func checkGather(t *testing.T, tc gatherCase) {
 		t.Fatalf("Gather: %v", err)
 	}
 	want := &Facts{
-		Hostname: "kiln-525400123456", HostnameSource: FromGenerated,
+		Hostname: "kiln-525400123456", HostnameSource: fromGenerated,
 		Interface: "eth0", IPv4: "10.0.2.15", IPv6: "fd00::2",
 		MACs:     map[string]string{"eth0": "52:54:00:12:34:56"},
 		Platform: "qemu", MachineID: "3d1219c7c4c5404aaa1f6d2a48adfda4",

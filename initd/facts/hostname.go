@@ -65,9 +65,9 @@ func normalize(name string) string {
 // Hostname sources, recorded in Facts.HostnameSource.
 const (
 	FromConfig    = "config"
-	FromPlatform  = "platform"
-	FromKernel    = "kernel"
-	FromGenerated = "generated"
+	fromPlatform  = "platform"
+	fromKernel    = "kernel"
+	fromGenerated = "generated"
 )
 
 // chooseHostname applies the precedence config > platform > kernel > generated.
@@ -90,7 +90,7 @@ func chooseHostname(config, platform, kernel, mac, machineID string) (name, sour
 		}
 		return c, FromConfig, nil
 	}
-	for _, cand := range []struct{ value, source string }{{platform, FromPlatform}, {kernel, FromKernel}} {
+	for _, cand := range []struct{ value, source string }{{platform, fromPlatform}, {kernel, fromKernel}} {
 		c := normalize(cand.value)
 		if placeholder(c) {
 			continue
@@ -102,9 +102,9 @@ func chooseHostname(config, platform, kernel, mac, machineID string) (name, sour
 	}
 	switch {
 	case mac != "":
-		return "kiln-" + strings.ReplaceAll(mac, ":", ""), FromGenerated, nil
+		return "kiln-" + strings.ReplaceAll(mac, ":", ""), fromGenerated, nil
 	case len(machineID) >= 12:
-		return "kiln-" + machineID[:12], FromGenerated, nil
+		return "kiln-" + machineID[:12], fromGenerated, nil
 	}
 	return "", "", fmt.Errorf("no hostname: none in the config, from the platform or the kernel, and no MAC address or machine id to derive one from")
 }
