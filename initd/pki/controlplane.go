@@ -31,14 +31,14 @@ const (
 // Group names in certificate subjects.
 const (
 	GroupClusterAdmins = "kubeadm:cluster-admins" // bound to cluster-admin by a ClusterRoleBinding kubeadm:cluster-admins
-	GroupMasters       = "system:masters"         // super-user, bypasses RBAC
-	GroupNodes         = "system:nodes"
+	groupMasters       = "system:masters"         // super-user, bypasses RBAC
+	groupNodes         = "system:nodes"
 )
 
 // Defaults applied to an empty Node field.
 const (
-	DefaultServiceCIDR   = "10.96.0.0/12"
-	DefaultClusterDomain = "cluster.local"
+	defaultServiceCIDR   = "10.96.0.0/12"
+	defaultClusterDomain = "cluster.local"
 )
 
 // Node is what a control-plane node's certificates are made for.
@@ -62,9 +62,9 @@ type leaf struct {
 	cert Cert
 }
 
-// ControlPlaneLeafNames lists the leaf certificates ControlPlaneCerts manages, in the
+// controlPlaneLeafNames lists the leaf certificates ControlPlaneCerts manages, in the
 // order it makes them.
-var ControlPlaneLeafNames = []string{
+var controlPlaneLeafNames = []string{
 	"apiserver", "apiserver-kubelet-client", "front-proxy-client",
 	"etcd/server", "etcd/peer", "etcd/healthcheck-client", "apiserver-etcd-client",
 }
@@ -76,11 +76,11 @@ func controlPlaneLeaves(n Node) ([]leaf, error) {
 	}
 	svcCIDR := n.ServiceCIDR
 	if svcCIDR == "" {
-		svcCIDR = DefaultServiceCIDR
+		svcCIDR = defaultServiceCIDR
 	}
 	domain := strings.TrimSuffix(n.ClusterDomain, ".")
 	if domain == "" {
-		domain = DefaultClusterDomain
+		domain = defaultClusterDomain
 	}
 	var svcIPs []net.IP
 	for _, s := range strings.Split(svcCIDR, ",") {
@@ -174,13 +174,13 @@ func sameCert(a, b Cert) bool {
 
 // CheckLeaf reports why the certificate pair certPEM/keyPEM is not a valid, current
 // issue of want by ca at now, or nil when it is: it must chain to ca, have more than
-// RenewBefore left, carry want's subject, names and usages, and the key must match.
+// renewBefore left, carry want's subject, names and usages, and the key must match.
 func CheckLeaf(ca *CA, kp KeyPair, want Cert, now time.Time) error {
 	cert, err := ParseCertPEM(kp.CertPEM)
 	if err != nil {
 		return err
 	}
-	key, err := ParseKeyPEM(kp.KeyPEM)
+	key, err := parseKeyPEM(kp.KeyPEM)
 	if err != nil {
 		return err
 	}
@@ -192,8 +192,8 @@ func CheckLeaf(ca *CA, kp KeyPair, want Cert, now time.Time) error {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return fmt.Errorf("not valid under CA %q: %w", ca.Cert.Subject.CommonName, err)
 	}
-	if left := cert.NotAfter.Sub(now); left < RenewBefore {
-		return fmt.Errorf("expires %s, in less than %s", cert.NotAfter.Format(time.RFC3339), RenewBefore)
+	if left := cert.NotAfter.Sub(now); left < renewBefore {
+		return fmt.Errorf("expires %s, in less than %s", cert.NotAfter.Format(time.RFC3339), renewBefore)
 	}
 	if got, want := describe(cert), normalize(want); !sameCert(got, want) {
 		return fmt.Errorf("subject or names differ: have %s, want %s", summary(got), summary(want))
@@ -214,7 +214,7 @@ func summary(c Cert) string {
 // apiserver, apiserver-kubelet-client, front-proxy-client, etcd/server, etcd/peer,
 // etcd/healthcheck-client and apiserver-etcd-client are written there. A leaf that is
 // still valid (CheckLeaf) is kept; the others are (re-)issued. It returns the names it
-// wrote, in ControlPlaneLeafNames order.
+// wrote, in controlPlaneLeafNames order.
 func ControlPlaneCerts(pkiDir string, n Node, now time.Time) (changed []string, err error) {
 	leaves, err := controlPlaneLeaves(n)
 	if err != nil {

@@ -21,10 +21,10 @@ import (
 
 // Validity periods, as kubeadm uses them.
 const (
-	CAValidity   = 10 * 365 * 24 * time.Hour
-	LeafValidity = 365 * 24 * time.Hour
-	// RenewBefore: a certificate with less than this left is re-issued.
-	RenewBefore = 30 * 24 * time.Hour
+	caValidity   = 10 * 365 * 24 * time.Hour
+	leafValidity = 365 * 24 * time.Hour
+	// renewBefore: a certificate with less than this left is re-issued.
+	renewBefore = 30 * 24 * time.Hour
 	// backdate tolerates clocks that lag the machine that signed.
 	backdate = 5 * time.Minute
 )
@@ -115,7 +115,7 @@ func NewCA(commonName string, now time.Time) (KeyPair, error) {
 		SerialNumber:          sn,
 		Subject:               pkix.Name{CommonName: commonName},
 		NotBefore:             now.Add(-backdate).UTC(),
-		NotAfter:              now.Add(CAValidity).UTC(),
+		NotAfter:              now.Add(caValidity).UTC(),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
@@ -146,9 +146,9 @@ func ParseCertPEM(data []byte) (*x509.Certificate, error) {
 	}
 }
 
-// ParseKeyPEM parses a PEM private key: PKCS#8 "PRIVATE KEY", or the older
+// parseKeyPEM parses a PEM private key: PKCS#8 "PRIVATE KEY", or the older
 // "EC PRIVATE KEY" and "RSA PRIVATE KEY" that other tools (kubeadm, openssl) write.
-func ParseKeyPEM(data []byte) (crypto.Signer, error) {
+func parseKeyPEM(data []byte) (crypto.Signer, error) {
 	for rest := data; ; {
 		var b *pem.Block
 		b, rest = pem.Decode(rest)
@@ -197,7 +197,7 @@ func ParseCA(kp KeyPair) (*CA, error) {
 	if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
 		return nil, fmt.Errorf("CA certificate %q is not a CA (basic constraints or certSign usage missing)", cert.Subject.CommonName)
 	}
-	key, err := ParseKeyPEM(kp.KeyPEM)
+	key, err := parseKeyPEM(kp.KeyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
@@ -251,7 +251,7 @@ func (ca *CA) Issue(c Cert, now time.Time) (KeyPair, error) {
 	if err != nil {
 		return KeyPair{}, err
 	}
-	notAfter := now.Add(LeafValidity)
+	notAfter := now.Add(leafValidity)
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
 	}

@@ -14,15 +14,15 @@ import (
 // KubeconfigCluster is the cluster name kubeadm writes into its kubeconfigs.
 const KubeconfigCluster = "kubernetes"
 
-// ControlPlaneKubeconfigNames lists the kubeconfigs ControlPlaneKubeconfigs manages.
-var ControlPlaneKubeconfigNames = []string{"admin.conf", "super-admin.conf", "kubelet.conf", "controller-manager.conf", "scheduler.conf"}
+// controlPlaneKubeconfigNames lists the kubeconfigs ControlPlaneKubeconfigs manages.
+var controlPlaneKubeconfigNames = []string{"admin.conf", "super-admin.conf", "kubelet.conf", "controller-manager.conf", "scheduler.conf"}
 
 // controlPlaneUsers: kubeconfig file name → client certificate.
 func controlPlaneUsers(hostname string) map[string]Cert {
 	return map[string]Cert{
 		"admin.conf":              {CommonName: "kubernetes-admin", Organization: []string{GroupClusterAdmins}, Client: true},
-		"super-admin.conf":        {CommonName: "kubernetes-super-admin", Organization: []string{GroupMasters}, Client: true},
-		"kubelet.conf":            {CommonName: "system:node:" + hostname, Organization: []string{GroupNodes}, Client: true},
+		"super-admin.conf":        {CommonName: "kubernetes-super-admin", Organization: []string{groupMasters}, Client: true},
+		"kubelet.conf":            {CommonName: "system:node:" + hostname, Organization: []string{groupNodes}, Client: true},
 		"controller-manager.conf": {CommonName: "system:kube-controller-manager", Client: true},
 		"scheduler.conf":          {CommonName: "system:kube-scheduler", Client: true},
 	}
@@ -58,7 +58,7 @@ func ControlPlaneKubeconfigs(kubeDir, pkiDir string, n Node, server string, now 
 		return nil, err
 	}
 	users := controlPlaneUsers(n.Hostname)
-	for _, name := range ControlPlaneKubeconfigNames {
+	for _, name := range controlPlaneKubeconfigNames {
 		path := filepath.Join(kubeDir, name)
 		want := users[name]
 		if data, err := os.ReadFile(path); err == nil {

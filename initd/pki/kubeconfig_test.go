@@ -61,7 +61,7 @@ func TestControlPlaneKubeconfigs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(changed, ControlPlaneKubeconfigNames) {
+	if !slices.Equal(changed, controlPlaneKubeconfigNames) {
 		t.Errorf("wrote %v", changed)
 	}
 	ca, _ := LoadCA(pkiDir, "ca")

@@ -86,7 +86,7 @@ func TestNewCA(t *testing.T) {
 			if c.Subject.CommonName != cn || !c.IsCA || c.KeyUsage&x509.KeyUsageCertSign == 0 {
 				t.Errorf("CA cert: CN %q IsCA %t usage %v", c.Subject.CommonName, c.IsCA, c.KeyUsage)
 			}
-			if got := c.NotAfter.Sub(now); got != CAValidity {
+			if got := c.NotAfter.Sub(now); got != caValidity {
 				t.Errorf("CA validity %s, want 10 years", got)
 			}
 			if k, ok := c.PublicKey.(*ecdsa.PublicKey); !ok || k.Curve != elliptic.P256() {
@@ -186,7 +186,7 @@ func TestServiceAccountKey(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "sa.crt")); err == nil {
 		t.Error("sa.crt written; the public key belongs in sa.pub")
 	}
-	key, err := ParseKeyPEM(kp.KeyPEM)
+	key, err := parseKeyPEM(kp.KeyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,8 +211,8 @@ func TestControlPlaneCerts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(changed, ControlPlaneLeafNames) {
-		t.Errorf("first run wrote %v, want all of %v", changed, ControlPlaneLeafNames)
+	if !slices.Equal(changed, controlPlaneLeafNames) {
+		t.Errorf("first run wrote %v, want all of %v", changed, controlPlaneLeafNames)
 	}
 	etcdNames := []string{"demo-cp-1", "etcd-a.internal.demo.example.com", "localhost"}
 	etcdIPs := []string{"127.0.0.1", "192.168.100.11", "::1"}
@@ -262,7 +262,7 @@ func TestControlPlaneCerts(t *testing.T) {
 			if !slices.Equal(c.ExtKeyUsage, tc.eku) || c.KeyUsage&x509.KeyUsageDigitalSignature == 0 || c.IsCA {
 				t.Errorf("usages %v / %v IsCA %t", c.ExtKeyUsage, c.KeyUsage, c.IsCA)
 			}
-			if got := c.NotAfter.Sub(now); got != LeafValidity {
+			if got := c.NotAfter.Sub(now); got != leafValidity {
 				t.Errorf("validity %s, want 1 year", got)
 			}
 			out := openssl(t, "verify", "-attime", "1772380800", "-CAfile", filepath.Join(dir, tc.ca+".crt"), crt)
@@ -314,8 +314,8 @@ func TestControlPlaneCertsIdempotent(t *testing.T) {
 			n.Hostname = "demo-cp-9"
 			return now
 		}, []string{"apiserver", "etcd/server", "etcd/peer"}},
-		{"29 days before expiry", func(*Node, string) time.Time { return now.Add(LeafValidity - 29*24*time.Hour) }, ControlPlaneLeafNames},
-		{"31 days before expiry", func(*Node, string) time.Time { return now.Add(LeafValidity - 31*24*time.Hour) }, nil},
+		{"29 days before expiry", func(*Node, string) time.Time { return now.Add(leafValidity - 29*24*time.Hour) }, controlPlaneLeafNames},
+		{"31 days before expiry", func(*Node, string) time.Time { return now.Add(leafValidity - 31*24*time.Hour) }, nil},
 		{"front-proxy CA replaced", func(_ *Node, dir string) time.Time {
 			kp, _ := NewCA(FrontProxyCACommonName, now)
 			WriteKeyPair(dir, FrontProxyCAName, kp)
