@@ -78,8 +78,8 @@ type Report struct {
 	Results []Result `json:"results"`
 }
 
-// Ports are the TCP ports the checks probe; zero fields take kubeadm's defaults.
-type Ports struct {
+// ports are the TCP ports the checks probe; zero fields take kubeadm's defaults.
+type ports struct {
 	APIServer         int // 6443
 	Scheduler         int // 10259
 	ControllerManager int // 10257
@@ -114,7 +114,7 @@ type Options struct {
 	Path string
 	// Ports are the ports to probe; ListenHost is the address to bind them on ("" is
 	// every address, as the components bind).
-	Ports      Ports
+	Ports      ports
 	ListenHost string
 	// EUID returns the effective user id; nil means os.Geteuid.
 	EUID func() int
@@ -227,8 +227,8 @@ func (r Report) Err() error {
 	return fmt.Errorf("preflight for %s: %d check(s) failed: %s", r.Role, len(msgs), strings.Join(msgs, "; "))
 }
 
-// Summary is one line: "preflight for worker: 12 passed, 1 warning, 0 errors, 0 skipped".
-func (r Report) Summary() string {
+// summary is one line: "preflight for worker: 12 passed, 1 warning, 0 errors, 0 skipped".
+func (r Report) summary() string {
 	var pass, warn, fail, skip int
 	for _, res := range r.Results {
 		switch {
@@ -278,7 +278,7 @@ func (r Report) Print(w io.Writer, format string) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintln(w, r.Summary())
+		_, err := fmt.Fprintln(w, r.summary())
 		return err
 	}
 	return fmt.Errorf("unknown output format %q (want table or json)", format)

@@ -73,7 +73,7 @@ func goodOptions(t *testing.T) Options {
 		CgroupDir:  cgroup2Dir(t),
 		CRISocket:  grpcSocket(t),
 		Path:       "/nonexistent:" + bin,
-		Ports:      Ports{p[0], p[1], p[2], p[3], p[4], p[5]},
+		Ports:      ports{p[0], p[1], p[2], p[3], p[4], p[5]},
 		ListenHost: "",
 		EUID:       func() int { return 0 },
 	}
