@@ -10,7 +10,7 @@ import (
 )
 
 // Data is what templates see: {{.Role}}, {{.Facts.IPv4}}, {{.Node.Kubernetes.Version}}…
-// Render fills unset fields with the defaults documented on each field (WithDefaults).
+// Render fills unset fields with the defaults documented on each field (withDefaults).
 type Data struct {
 	// Role is "control-plane", "worker" or "etcd".
 	Role string
@@ -76,7 +76,7 @@ type LeaderElection struct {
 
 // Etcd settings (control-plane and etcd roles).
 type Etcd struct {
-	// Version is the etcd image tag; default DefaultEtcdVersion.
+	// Version is the etcd image tag; default defaultEtcdVersion.
 	Version string
 	// Name is this member's name; default Facts.Hostname.
 	Name string
@@ -103,7 +103,7 @@ type Runtime struct {
 	// Socket is the runtime's CRI socket; default "/run/containerd/containerd.sock".
 	// Templates write the endpoint as unix://{{.Node.Runtime.Socket}}.
 	Socket string
-	// SandboxImage is the pod sandbox (pause) image; default DefaultSandboxImage.
+	// SandboxImage is the pod sandbox (pause) image; default defaultSandboxImage.
 	SandboxImage string
 	// CNIBinDirs hold the CNI plugins; default ["/opt/cni/bin"].
 	CNIBinDirs []string
@@ -112,13 +112,13 @@ type Runtime struct {
 // Defaults of the versions kiln builds and tests with.
 const (
 	DefaultKubernetesVersion = "v1.37.2"
-	DefaultEtcdVersion       = "3.6.16-0"
-	DefaultSandboxImage      = "registry.k8s.io/pause:3.10.2"
+	defaultEtcdVersion       = "3.6.16-0"
+	defaultSandboxImage      = "registry.k8s.io/pause:3.10.2"
 )
 
-// WithDefaults returns a copy of d whose unset fields hold their documented defaults.
+// withDefaults returns a copy of d whose unset fields hold their documented defaults.
 // Applying it twice changes nothing.
-func (d Data) WithDefaults() Data {
+func (d Data) withDefaults() Data {
 	str := func(s *string, v string) {
 		if *s == "" {
 			*s = v
@@ -155,7 +155,7 @@ func (d Data) WithDefaults() Data {
 	}
 
 	e := &n.Etcd
-	str(&e.Version, DefaultEtcdVersion)
+	str(&e.Version, defaultEtcdVersion)
 	str(&e.Name, d.Facts.Hostname)
 	str(&e.DataDir, "/var/lib/etcd")
 	if len(e.Members) == 0 {
@@ -168,7 +168,7 @@ func (d Data) WithDefaults() Data {
 
 	r := &n.Runtime
 	str(&r.Socket, "/run/containerd/containerd.sock")
-	str(&r.SandboxImage, DefaultSandboxImage)
+	str(&r.SandboxImage, defaultSandboxImage)
 	list(&r.CNIBinDirs, "/opt/cni/bin")
 
 	d.Facts.MACs = maps.Clone(d.Facts.MACs)

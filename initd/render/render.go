@@ -33,8 +33,8 @@ import (
 	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
-// Suffix marks template files.
-const Suffix = ".tmpl"
+// suffix marks template files.
+const suffix = ".tmpl"
 
 // modeDirective matches the optional mode directive at the very start of a template.
 var modeDirective = regexp.MustCompile(`^\{\{-?\s*/\*\s*kiln:mode\s+(0[0-7]{3})\s*\*/\s*-?\}\}`)
@@ -47,11 +47,11 @@ type file struct {
 	mode fs.FileMode // permission bits
 }
 
-// Render executes every template below srcDir with data (after WithDefaults) and
+// Render executes every template below srcDir with data (after withDefaults) and
 // writes the results below root. It returns the node paths ("/etc/…") it wrote, in
 // lexical order; nil when everything was already up to date.
 func Render(srcDir, root string, data Data) (changed []string, err error) {
-	files, err := execute(srcDir, data.WithDefaults())
+	files, err := execute(srcDir, data.withDefaults())
 	if err != nil {
 		return nil, err
 	}
@@ -94,8 +94,8 @@ func execute(srcDir string, data Data) ([]file, error) {
 		if !d.Type().IsRegular() {
 			return fmt.Errorf("render: %s is not a regular file", p)
 		}
-		if !strings.HasSuffix(rel, Suffix) || rel == Suffix {
-			return fmt.Errorf("render: %s is not a template (no %s suffix)", p, Suffix)
+		if !strings.HasSuffix(rel, suffix) || rel == suffix {
+			return fmt.Errorf("render: %s is not a template (no %s suffix)", p, suffix)
 		}
 		f, err := executeOne(p, rel, data)
 		if err != nil {
@@ -122,7 +122,7 @@ func executeOne(p, rel string, data Data) (file, error) {
 	if err != nil {
 		return file{}, fmt.Errorf("render: %w", err)
 	}
-	f := file{src: p, dest: strings.TrimSuffix(rel, Suffix), mode: fi.Mode().Perm() &^ 0o022}
+	f := file{src: p, dest: strings.TrimSuffix(rel, suffix), mode: fi.Mode().Perm() &^ 0o022}
 	if m := modeDirective.FindSubmatch(src); m != nil {
 		mode, _ := strconv.ParseUint(string(m[1]), 8, 32) // the pattern admits only octal
 		f.mode = fs.FileMode(mode)

@@ -365,15 +365,15 @@ func TestRenderStaysInRoot(t *testing.T) {
 
 func TestWithDefaults(t *testing.T) {
 	d := Data{Role: "control-plane", Facts: facts.Facts{Hostname: "cp-1", IPv6: "fd00::5"}}
-	got := d.WithDefaults()
+	got := d.withDefaults()
 	if got.Node.Etcd.InitialCluster() != "cp-1=https://[fd00::5]:2380" {
 		t.Errorf("InitialCluster = %q", got.Node.Etcd.InitialCluster())
 	}
-	if got.Node.Kubernetes.Version != DefaultKubernetesVersion || got.Node.Runtime.SandboxImage != DefaultSandboxImage ||
-		got.Node.Etcd.Version != DefaultEtcdVersion || got.Node.ClusterName != "kubernetes" {
+	if got.Node.Kubernetes.Version != DefaultKubernetesVersion || got.Node.Runtime.SandboxImage != defaultSandboxImage ||
+		got.Node.Etcd.Version != defaultEtcdVersion || got.Node.ClusterName != "kubernetes" {
 		t.Errorf("defaults: %+v", got.Node)
 	}
-	if again := got.WithDefaults(); !reflect.DeepEqual(again, got) {
+	if again := got.withDefaults(); !reflect.DeepEqual(again, got) {
 		t.Errorf("WithDefaults is not idempotent:\n%+v\n%+v", again, got)
 	}
 	if got.NodeLabels() != "kiln.dev/role=control-plane" {
