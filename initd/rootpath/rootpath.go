@@ -26,8 +26,8 @@ import (
 	"strings"
 )
 
-// MaxSymlinks bounds the symlinks followed in one path, as the kernel does (40).
-const MaxSymlinks = 40
+// maxSymlinks bounds the symlinks followed in one path, as the kernel does (40).
+const maxSymlinks = 40
 
 // Resolve follows p (relative to r's directory) component by component and returns a path
 // relative to it that contains no symlinks. A missing component is created with mkdir (given
@@ -60,7 +60,7 @@ func Resolve(r *os.Root, p string, mkdir func(rel string) error) (string, error)
 		case err != nil:
 			return "", fmt.Errorf("resolve /%s: %w", next, err)
 		case fi.Mode()&fs.ModeSymlink != 0:
-			if links++; links > MaxSymlinks {
+			if links++; links > maxSymlinks {
 				return "", fmt.Errorf("resolve /%s: too many levels of symbolic links", p)
 			}
 			target, err := r.Readlink(next)
