@@ -37,12 +37,12 @@ import (
 // ErrNotFound is returned (wrapped) when a unit file exists in none of the unit directories.
 var ErrNotFound = errors.New("unit file not found")
 
-// ErrNoInstall is returned (wrapped) by Enable for a unit without an [Install] section
+// errNoInstall is returned (wrapped) by Enable for a unit without an [Install] section
 // that names anything to link (a "static" unit).
-var ErrNoInstall = errors.New("no [Install] section with WantedBy=, RequiredBy=, UpheldBy= or Alias=; it cannot be enabled")
+var errNoInstall = errors.New("no [Install] section with WantedBy=, RequiredBy=, UpheldBy= or Alias=; it cannot be enabled")
 
-// ErrMasked is returned (wrapped) by Enable for a masked unit.
-var ErrMasked = errors.New("unit is masked")
+// errMasked is returned (wrapped) by Enable for a masked unit.
+var errMasked = errors.New("unit is masked")
 
 // ConfigDir is where enablement links and masks live, relative to the root.
 const ConfigDir = "etc/systemd/system"
@@ -62,15 +62,15 @@ type Install struct {
 	DefaultInstance string
 }
 
-// Empty reports whether the section names nothing to link: such a unit cannot be enabled.
-func (in Install) Empty() bool {
+// empty reports whether the section names nothing to link: such a unit cannot be enabled.
+func (in Install) empty() bool {
 	return len(in.WantedBy)+len(in.RequiredBy)+len(in.UpheldBy)+len(in.Alias) == 0
 }
 
-// ParseInstall reads the [Install] section of a unit file. Other sections, comments and
+// parseInstall reads the [Install] section of a unit file. Other sections, comments and
 // unknown keys are skipped; list keys may repeat and hold several space-separated names;
 // an empty assignment ("WantedBy=") resets the list, as in systemd.
-func ParseInstall(r io.Reader) (Install, error) {
+func parseInstall(r io.Reader) (Install, error) {
 	var in Install
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
@@ -142,7 +142,7 @@ type Unit struct {
 }
 
 // Find looks unit up in root's unit directories. A unit masked in /etc/systemd/system
-// gives ErrMasked; a unit found nowhere gives ErrNotFound. For an instance name
+// gives errMasked; a unit found nowhere gives ErrNotFound. For an instance name
 // (a@b.service) the template file (a@.service) is used when there is no file for the
 // instance itself.
 func Find(root, unit string) (*Unit, error) {
@@ -157,7 +157,7 @@ func Find(root, unit string) (*Unit, error) {
 		for _, dir := range unitDirs() {
 			p := path.Join(dir, name)
 			if dir == ConfigDir && isMaskLink(root, p) {
-				return nil, fmt.Errorf("unit %s: %w (/%s links to /dev/null)", unit, ErrMasked, p)
+				return nil, fmt.Errorf("unit %s: %w (/%s links to /dev/null)", unit, errMasked, p)
 			}
 			f, err := openIn(root, p)
 			if errors.Is(err, fs.ErrNotExist) {
@@ -166,7 +166,7 @@ func Find(root, unit string) (*Unit, error) {
 			if err != nil {
 				return nil, fmt.Errorf("unit %s: open /%s: %w", unit, p, err)
 			}
-			in, err := ParseInstall(f)
+			in, err := parseInstall(f)
 			f.Close()
 			if err != nil {
 				return nil, fmt.Errorf("unit %s: /%s: %w", unit, p, err)
@@ -193,8 +193,8 @@ func enable(root, unit string, seen map[string]bool) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("enable: %w", err)
 	}
-	if u.Install.Empty() && len(u.Install.Also) == 0 {
-		return false, fmt.Errorf("enable: unit %s: %w", unit, ErrNoInstall)
+	if u.Install.empty() && len(u.Install.Also) == 0 {
+		return false, fmt.Errorf("enable: unit %s: %w", unit, errNoInstall)
 	}
 	name, err := instanceName(u)
 	if err != nil {
@@ -246,7 +246,7 @@ func disable(root, unit string, seen map[string]bool) (bool, error) {
 	}
 	u, err := Find(root, unit)
 	switch {
-	case errors.Is(err, ErrNotFound), errors.Is(err, ErrMasked):
+	case errors.Is(err, ErrNotFound), errors.Is(err, errMasked):
 		u = &Unit{Name: unit}
 	case err != nil:
 		return false, fmt.Errorf("disable: %w", err)
@@ -331,22 +331,22 @@ func Unmask(root, unit string) (changed bool, err error) {
 	return true, nil
 }
 
-// IsMasked reports whether unit is masked in /etc/systemd/system.
-func IsMasked(root, unit string) bool {
+// isMasked reports whether unit is masked in /etc/systemd/system.
+func isMasked(root, unit string) bool {
 	return checkName(unit) == nil && isMaskLink(root, path.Join(ConfigDir, unit))
 }
 
-// IsEnabled reports whether every link Enable would make for unit exists and points at
+// isEnabled reports whether every link Enable would make for unit exists and points at
 // the unit's file. A static unit (empty [Install]) is not enabled.
-func IsEnabled(root, unit string) (bool, error) {
+func isEnabled(root, unit string) (bool, error) {
 	u, err := Find(root, unit)
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrMasked) {
+	if errors.Is(err, ErrNotFound) || errors.Is(err, errMasked) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	if u.Install.Empty() {
+	if u.Install.empty() {
 		return false, nil
 	}
 	name, err := instanceName(u)

@@ -88,7 +88,7 @@ func TestParseInstall(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseInstall(strings.NewReader(tc.in))
+			got, err := parseInstall(strings.NewReader(tc.in))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -124,11 +124,11 @@ func TestEnable(t *testing.T) {
 			wantLinks: []string{"getty.target.wants/getty@tty1.service -> /usr/lib/systemd/system/getty@.service"}},
 		{name: "template without default", units: map[string]string{"getty@.service": svc + "[Install]\nWantedBy=getty.target\n"}, enable: "getty@.service",
 			errText: "template without DefaultInstance="},
-		{name: "static", units: map[string]string{"s.service": svc}, enable: "s.service", wantErr: ErrNoInstall},
+		{name: "static", units: map[string]string{"s.service": svc}, enable: "s.service", wantErr: errNoInstall},
 		{name: "missing", enable: "m.service", wantErr: ErrNotFound, errText: "looked in /etc/systemd/system, /usr/lib/systemd/system, /lib/systemd/system"},
 		{name: "bad name", enable: "../x.service", errText: "contains a slash"},
 		{name: "no suffix", enable: "sshd", errText: "no unit type suffix"},
-		{name: "masked", units: map[string]string{"a.service": svc + install}, enable: "a.service", wantErr: ErrMasked},
+		{name: "masked", units: map[string]string{"a.service": svc + install}, enable: "a.service", wantErr: errMasked},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -157,7 +157,7 @@ func TestEnable(t *testing.T) {
 			if got := links(t, root); !reflect.DeepEqual(got, tc.wantLinks) {
 				t.Errorf("links = %q\nwant    %q", got, tc.wantLinks)
 			}
-			if ok, err := IsEnabled(root, tc.enable); !ok || err != nil {
+			if ok, err := isEnabled(root, tc.enable); !ok || err != nil {
 				t.Errorf("IsEnabled = %v, %v", ok, err)
 			}
 			// Idempotent: a second run changes nothing.
@@ -251,7 +251,7 @@ func TestMask(t *testing.T) {
 			}
 		})
 	}
-	if IsMasked(root, "a.service") || !IsMasked(root, "nothing.service") {
+	if isMasked(root, "a.service") || !isMasked(root, "nothing.service") {
 		t.Error("IsMasked disagrees with Mask/Unmask")
 	}
 	if _, err := os.Stat(filepath.Join(root, ConfigDir, "local.service")); err != nil {
