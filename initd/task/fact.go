@@ -77,14 +77,14 @@ type Wait struct {
 // Waited is the time the run has spent waiting for facts so far.
 func (w Wait) Waited() time.Duration { return time.Duration(w.WaitedMS) * time.Millisecond }
 
-// Limit is the most the run waits for facts in all.
-func (w Wait) Limit() time.Duration { return time.Duration(w.LimitMS) * time.Millisecond }
+// limit is the most the run waits for facts in all.
+func (w Wait) limit() time.Duration { return time.Duration(w.LimitMS) * time.Millisecond }
 
 // String is the wait as `kiln-init status` and systemd's STATUS= show it, e.g.
 // "waiting for an IPv4/IPv6 address on a link (DHCP) (needed by facts), 12s of 1m30s".
 func (w Wait) String() string {
 	return fmt.Sprintf("waiting for %s (needed by %s), %s of %s", w.Fact, strings.Join(w.Tasks, ", "),
-		roundDuration(w.Waited()), roundDuration(w.Limit()))
+		roundDuration(w.Waited()), roundDuration(w.limit()))
 }
 
 // roundDuration rounds d to the second, or below a second to the millisecond.
@@ -268,7 +268,7 @@ func (r *runner) rerun(learner string) {
 		if rs, ok := t.(Resetter); ok {
 			rs.Reset()
 		}
-		if st := r.status[n]; st.State.OK() {
+		if st := r.status[n]; st.State.ok() {
 			st.State = ""
 		}
 	}

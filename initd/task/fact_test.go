@@ -223,7 +223,7 @@ func TestFactWait(t *testing.T) {
 					t.Errorf("%s: state=%s attempts=%d error=%q, want state=%s attempts=%d error~%q",
 						name, got.State, got.Attempts, got.Error, wt.state, wt.attempts, wt.err)
 				}
-				ok = ok && wt.state.OK()
+				ok = ok && wt.state.ok()
 			}
 			if (err == nil) != ok {
 				t.Errorf("Run error %v, want failure %v", err, !ok)
@@ -236,7 +236,7 @@ func TestFactWait(t *testing.T) {
 			var known []bool
 			for _, w := range rep.Waits {
 				known = append(known, w.Known)
-				if w.Fact != address || w.Limit() != limit {
+				if w.Fact != address || w.limit() != limit {
 					t.Errorf("wait %+v: want fact %q, limit %s", w, address, limit)
 				}
 			}

@@ -27,8 +27,8 @@ const (
 	StateSkipped State = "skipped"
 )
 
-// OK reports whether s is a success state.
-func (s State) OK() bool { return s == StateUnchanged || s == StateApplied }
+// ok reports whether s is a success state.
+func (s State) ok() bool { return s == StateUnchanged || s == StateApplied }
 
 // TaskStatus is the outcome of one task. Its JSON form is part of
 // /var/lib/kiln/status.json.
@@ -49,8 +49,8 @@ type TaskStatus struct {
 	Finished time.Time `json:"finished,omitzero"`
 }
 
-// Duration is the time spent in the task's attempts, to the millisecond.
-func (s TaskStatus) Duration() time.Duration {
+// duration is the time spent in the task's attempts, to the millisecond.
+func (s TaskStatus) duration() time.Duration {
 	return time.Duration(s.DurationMS) * time.Millisecond
 }
 
@@ -69,15 +69,15 @@ type Report struct {
 	Waits []Wait `json:"waits,omitempty"`
 }
 
-// Duration is how long the run took, to the millisecond.
-func (r *Report) Duration() time.Duration {
+// duration is how long the run took, to the millisecond.
+func (r *Report) duration() time.Duration {
 	return time.Duration(r.DurationMS) * time.Millisecond
 }
 
-// OK reports whether every task succeeded.
-func (r *Report) OK() bool {
+// ok reports whether every task succeeded.
+func (r *Report) ok() bool {
 	for _, t := range r.Tasks {
-		if !t.State.OK() {
+		if !t.State.ok() {
 			return false
 		}
 	}
@@ -111,7 +111,7 @@ func (r *Report) Err() error {
 	var failed, rest []error
 	timedOut := true
 	for _, t := range r.Tasks {
-		if t.State.OK() {
+		if t.State.ok() {
 			continue
 		}
 		e := fmt.Errorf("task %s %s: %s", t.Name, t.State, orDash(t.Error))
@@ -150,7 +150,7 @@ func WriteTable(w io.Writer, tasks []TaskStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TASK\tSTATE\tATTEMPTS\tDURATION\tERROR")
 	for _, t := range tasks {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", t.Name, t.State, t.Attempts, t.Duration(), orDash(oneLine(t.Error)))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", t.Name, t.State, t.Attempts, t.duration(), orDash(oneLine(t.Error)))
 	}
 	return tw.Flush()
 }

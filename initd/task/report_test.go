@@ -68,7 +68,7 @@ func TestReportJSON(t *testing.T) {
 	}
 	v := status(t, &back, "etcd-volume")
 	// Two attempts of one clock tick each; the run started at t0, config took ticks 1-2.
-	if v.Attempts != 2 || v.Duration() != 2*time.Second || !v.Started.Equal(t0.Add(3*time.Second)) {
+	if v.Attempts != 2 || v.duration() != 2*time.Second || !v.Started.Equal(t0.Add(3*time.Second)) {
 		t.Errorf("etcd-volume read back as %+v", v)
 	}
 }

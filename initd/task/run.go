@@ -34,7 +34,7 @@ type Options struct {
 	// waits for them instead of failing those tasks at once.
 	Facts []Fact
 	// FactWait bounds the time the run spends waiting for facts, all waits together; 0
-	// means DefaultFactWait. A task that still lacks its fact then fails, and its error
+	// means defaultFactWait. A task that still lacks its fact then fails, and its error
 	// says how long the run waited.
 	FactWait time.Duration
 	// Waiting, if set, is called when the run starts waiting for a fact and about every
@@ -43,8 +43,8 @@ type Options struct {
 	Waiting func(w Wait, tasks []TaskStatus)
 }
 
-// DefaultFactWait is Options.FactWait's default.
-const DefaultFactWait = 90 * time.Second
+// defaultFactWait is Options.FactWait's default.
+const defaultFactWait = 90 * time.Second
 
 // waitReport is how often a waiting run reports the wait.
 const waitReport = time.Second
@@ -69,7 +69,7 @@ func (o Options) withDefaults(n int) Options {
 		o.Notify = func(string) {}
 	}
 	if o.FactWait <= 0 {
-		o.FactWait = DefaultFactWait
+		o.FactWait = defaultFactWait
 	}
 	if o.Waiting == nil {
 		o.Waiting = func(Wait, []TaskStatus) {}
@@ -143,7 +143,7 @@ func Run(ctx context.Context, tasks []Task, o Options) (*Report, error) {
 		o.Log.Error("tasks failed", "summary", rep.Summary(), "rounds", rep.Rounds)
 		return rep, err
 	}
-	o.Log.Info("tasks done", "summary", rep.Summary(), "rounds", rep.Rounds, "duration", rep.Duration())
+	o.Log.Info("tasks done", "summary", rep.Summary(), "rounds", rep.Rounds, "duration", rep.duration())
 	return rep, nil
 }
 
@@ -158,7 +158,7 @@ type runner struct {
 	awaited   map[string]int   // waits per fact that ended with the fact known
 }
 
-func (r *runner) done(name string) bool { return r.status[name].State.OK() }
+func (r *runner) done(name string) bool { return r.status[name].State.ok() }
 
 func (r *runner) pending() int {
 	n := 0
@@ -355,7 +355,7 @@ func checkApply(ctx context.Context, t Task) (State, error) {
 		return "", fmt.Errorf("check after apply: %w", err)
 	}
 	if !done {
-		return "", ErrNotConverged
+		return "", errNotConverged
 	}
 	if c, ok := t.(Changer); ok && !c.Changed() {
 		return StateUnchanged, nil

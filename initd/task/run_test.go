@@ -248,7 +248,7 @@ func checkRun(t *testing.T, tc runCase) {
 			t.Errorf("%s: state=%s attempts=%d error=%q, want state=%s attempts=%d error~%q",
 				name, got.State, got.Attempts, got.Error, wt.state, wt.attempts, wt.err)
 		}
-		if !wt.state.OK() {
+		if !wt.state.ok() {
 			failing = true
 			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("task %s %s: ", name, wt.state)) {
 				t.Errorf("Run error %v does not name %s as %s", err, name, wt.state)
@@ -270,8 +270,8 @@ func checkRun(t *testing.T, tc runCase) {
 	if got := rep.Summary(); got != tc.wantSummary {
 		t.Errorf("summary %q, want %q", got, tc.wantSummary)
 	}
-	if rep.OK() != !failing {
-		t.Errorf("OK() = %v with failing=%v", rep.OK(), failing)
+	if rep.ok() != !failing {
+		t.Errorf("OK() = %v with failing=%v", rep.ok(), failing)
 	}
 }
 

@@ -34,16 +34,16 @@ type Timeouter interface {
 	Timeout() time.Duration
 }
 
-// ErrNotConverged is the error of a task whose Check still reports "not done" after
+// errNotConverged is the error of a task whose Check still reports "not done" after
 // its Apply succeeded.
-var ErrNotConverged = errors.New("apply did not converge: check still reports not done")
+var errNotConverged = errors.New("apply did not converge: check still reports not done")
 
-// ErrCheckOnly is returned by the Apply of a Func task built without an apply function
+// errCheckOnly is returned by the Apply of a Func task built without an apply function
 // (a pure check, such as a preflight condition) when its check says not done.
-var ErrCheckOnly = errors.New("not done, and the task has nothing to apply")
+var errCheckOnly = errors.New("not done, and the task has nothing to apply")
 
 // Func builds a Task from closures. check is required; apply may be nil for a task that
-// only checks a condition (it then fails with ErrCheckOnly while the condition does not
+// only checks a condition (it then fails with errCheckOnly while the condition does not
 // hold, and is retried while other tasks make progress).
 func Func(name string, deps []string, check func(context.Context) (bool, error), apply func(context.Context) error) Task {
 	return &funcTask{name: name, deps: deps, check: check, apply: apply}
@@ -68,7 +68,7 @@ func (f *funcTask) Check(ctx context.Context) (bool, error) {
 
 func (f *funcTask) Apply(ctx context.Context) error {
 	if f.apply == nil {
-		return ErrCheckOnly
+		return errCheckOnly
 	}
 	return f.apply(ctx)
 }
