@@ -302,7 +302,7 @@ func TestSelectorRefusesDisksInUse(t *testing.T) {
 			}
 			before := signatures(dev)
 			for _, wipe := range []bool{false, true} {
-				want := Want{FSType: FSExt4, Label: "etcd", Wipe: wipe, SysDir: sysDir}
+				want := Want{FSType: fsExt4, Label: "etcd", Wipe: wipe, SysDir: sysDir}
 				finder := ByID{Serial: "etcd-main", DevDir: links, SysDir: sysDir, MountPath: mountPath, Timeout: time.Minute, Poll: 10 * time.Millisecond}
 				got, err := finder.Find(ctx)
 				if tt.reason == "" {
@@ -310,7 +310,7 @@ func TestSelectorRefusesDisksInUse(t *testing.T) {
 						t.Fatalf("wipe %v: Find = %q, %v; want %s", wipe, got, err, dev)
 					}
 					res, err := Prepare(ctx, got, want)
-					if err != nil || res.FSType != FSExt4 || res.Label != "etcd" {
+					if err != nil || res.FSType != fsExt4 || res.Label != "etcd" {
 						t.Fatalf("wipe %v: Prepare = %+v, %v", wipe, res, err)
 					}
 					continue
@@ -320,14 +320,14 @@ func TestSelectorRefusesDisksInUse(t *testing.T) {
 					t.Errorf("wipe %v: Find accepted %s", wipe, got)
 				} else {
 					t.Log(err)
-					if !errors.Is(err, ErrUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
+					if !errors.Is(err, errUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
 						!strings.Contains(err.Error(), tt.reason) {
 						t.Errorf("wipe %v: Find error %q; want it to name the selector, %s and %q", wipe, err, dev, tt.reason)
 					}
 				}
 				if tt.direct {
 					_, err := Prepare(ctx, dev, want)
-					if err == nil || wipe && !errors.Is(err, ErrUnsafeDisk) {
+					if err == nil || wipe && !errors.Is(err, errUnsafeDisk) {
 						t.Errorf("wipe %v: Prepare(%s) = %v; want it refused", wipe, dev, err)
 					}
 				}
@@ -386,7 +386,7 @@ func TestCloudSelectorsRefusePartitions(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, err := tt.finder(t, byID).Find(context.Background())
-			if !errors.Is(err, ErrUnsafeDisk) || !strings.Contains(err.Error(), tt.selector+part+" is ") ||
+			if !errors.Is(err, errUnsafeDisk) || !strings.Contains(err.Error(), tt.selector+part+" is ") ||
 				!strings.Contains(err.Error(), "is partition loop") {
 				t.Fatalf("Find = %q, %v; want the partition refused, naming %q", got, err, tt.selector)
 			}

@@ -23,9 +23,9 @@ type EC2API interface {
 	AttachVolume(ctx context.Context, in *ec2.AttachVolumeInput, optFns ...func(*ec2.Options)) (*ec2.AttachVolumeOutput, error)
 }
 
-// DefaultEtcdCluster is the etcd cluster whose volumes AWS selects when EtcdCluster is
+// defaultEtcdCluster is the etcd cluster whose volumes AWS selects when EtcdCluster is
 // empty: kOps tags them k8s.io/etcd/main.
-const DefaultEtcdCluster = "main"
+const defaultEtcdCluster = "main"
 
 // AWS finds this member's etcd EBS volume as kOps tags it and attaches it to this
 // instance. The volumes are selected in the instance's availability zone by the tags
@@ -36,7 +36,7 @@ const DefaultEtcdCluster = "main"
 //
 // A volume attached to this instance is used as it is; an available one is attached
 // with AttachVolume to the first free device name; one attached to another instance,
-// or taken by another instance while this one tries, gives ErrAttachedElsewhere: nodes
+// or taken by another instance while this one tries, gives errAttachedElsewhere: nodes
 // race for volumes and the loser retries later. On Nitro instances the volume appears
 // as /dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol<id without the dash>; on Xen
 // instances as the device name it was attached under.
@@ -47,7 +47,7 @@ type AWS struct {
 	// Cluster is the Kubernetes cluster name (kubernetes.io/cluster/<Cluster>=owned).
 	Cluster string
 	// EtcdCluster is the etcd cluster's name in the tag key k8s.io/etcd/<EtcdCluster>;
-	// empty means DefaultEtcdCluster.
+	// empty means defaultEtcdCluster.
 	EtcdCluster string
 	// Member is this node's etcd member name.
 	Member string
@@ -55,12 +55,12 @@ type AWS struct {
 	Tags map[string]string
 	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
-	// found (see UnsafeDiskError) is refused.
+	// found (see unsafeDiskError) is refused.
 	MountPath string
-	// DevDir is the by-id directory; empty means DefaultDevDir.
+	// DevDir is the by-id directory; empty means defaultDevDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
-	// DefaultSysDir.
+	// defaultSysDir.
 	SysDir string
 	// Devices are the device names tried for AttachVolume, in order; empty means
 	// /dev/xvdu to /dev/xvdz (the range kOps uses for etcd volumes).
@@ -72,7 +72,7 @@ type AWS struct {
 }
 
 // Find returns the device node of this member's volume, attaching it first if needed.
-// A device that is not a whole disk free for the volume is an *UnsafeDiskError.
+// A device that is not a whole disk free for the volume is an *unsafeDiskError.
 func (a AWS) Find(ctx context.Context) (string, error) {
 	switch {
 	case a.Client == nil:
@@ -116,7 +116,7 @@ func (a AWS) Find(ctx context.Context) (string, error) {
 func (a AWS) etcdTag() string {
 	name := a.EtcdCluster
 	if name == "" {
-		name = DefaultEtcdCluster
+		name = defaultEtcdCluster
 	}
 	return "k8s.io/etcd/" + name
 }
@@ -155,7 +155,7 @@ func (a AWS) find(ctx context.Context) (types.Volume, error) {
 	}
 	switch len(mine) {
 	case 0:
-		return types.Volume{}, fmt.Errorf("aws volume: %w for member %s in %s (tag %s=%s/…, %d volumes match the other filters)", ErrNotFound, a.Member, a.AZ, key, a.Member, len(vols))
+		return types.Volume{}, fmt.Errorf("aws volume: %w for member %s in %s (tag %s=%s/…, %d volumes match the other filters)", errNotFound, a.Member, a.AZ, key, a.Member, len(vols))
 	case 1:
 		return mine[0], nil
 	}
@@ -180,14 +180,14 @@ func (a AWS) describe(ctx context.Context, in *ec2.DescribeVolumesInput) ([]type
 }
 
 // attachment returns vol's live attachment to this instance, nil when it has none, or
-// ErrAttachedElsewhere when another instance holds it.
+// errAttachedElsewhere when another instance holds it.
 func (a AWS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
 	for i, att := range vol.Attachments {
 		if att.State == types.VolumeAttachmentStateDetached {
 			continue
 		}
 		if other := aws.ToString(att.InstanceId); other != a.InstanceID {
-			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", aws.ToString(vol.VolumeId), ErrAttachedElsewhere, other, att.State)
+			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", aws.ToString(vol.VolumeId), errAttachedElsewhere, other, att.State)
 		}
 		return &vol.Attachments[i], nil
 	}
@@ -241,7 +241,7 @@ func (a AWS) attach(ctx context.Context, id string) error {
 					return aerr
 				}
 			}
-			return fmt.Errorf("aws volume %s: %w (attach refused: %s)", id, ErrAttachedElsewhere, ae.ErrorMessage())
+			return fmt.Errorf("aws volume %s: %w (attach refused: %s)", id, errAttachedElsewhere, ae.ErrorMessage())
 		}
 		return fmt.Errorf("aws volume %s: attach as %s: %w", id, dev, err)
 	}
@@ -284,7 +284,7 @@ func (a AWS) waitAttached(ctx context.Context, id string) (string, error) {
 func (a AWS) waitDevice(ctx context.Context, id, device string) (string, error) {
 	dir := a.DevDir
 	if dir == "" {
-		dir = DefaultDevDir
+		dir = defaultDevDir
 	}
 	link := filepath.Join(dir, "nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(id, "-", ""))
 	var found string

@@ -367,7 +367,7 @@ var awsCases = []awsCase{
 			return v
 		},
 		member:  "b",
-		wantErr: ErrAttachedElsewhere,
+		wantErr: errAttachedElsewhere,
 		wantMsg: "vol-0b: volume is attached to another instance (i-0old, attached)",
 	},
 	{
@@ -378,14 +378,14 @@ var awsCases = []awsCase{
 			f.vol(volID).attachedTo("i-0rival", "/dev/xvdu")
 		},
 		wantAttaches: []string{"vol-0b " + me + " /dev/xvdu"},
-		wantErr:      ErrAttachedElsewhere,
+		wantErr:      errAttachedElsewhere,
 		wantMsg:      "i-0rival",
 	},
 	{
 		name:    "no volume for the member",
 		vols:    etcdVolumes,
 		member:  "d",
-		wantErr: ErrNotFound,
+		wantErr: errNotFound,
 		wantMsg: "for member d in eu-west-1a (tag k8s.io/etcd/main=d/…, 3 volumes match the other filters)",
 	},
 	{

@@ -25,25 +25,25 @@ type ByID struct {
 	ID     string
 	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
-	// found (see UnsafeDiskError) is refused.
+	// found (see unsafeDiskError) is refused.
 	MountPath string
-	// DevDir is the by-id directory; empty means DefaultDevDir.
+	// DevDir is the by-id directory; empty means defaultDevDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
-	// DefaultSysDir.
+	// defaultSysDir.
 	SysDir string
-	// Timeout bounds the wait for the link (DefaultTimeout when zero); Poll is how often
-	// the directory is read (DefaultPoll when zero).
+	// Timeout bounds the wait for the link (defaultTimeout when zero); Poll is how often
+	// the directory is read (defaultPoll when zero).
 	Timeout, Poll time.Duration
 }
 
 // Find waits for the disk's link and returns the device node it resolves to, e.g.
 // /dev/vdb. Links for the same serial on different devices are an error, and so is a
-// device that is not a whole disk free for the volume (an *UnsafeDiskError).
+// device that is not a whole disk free for the volume (an *unsafeDiskError).
 func (b ByID) Find(ctx context.Context) (string, error) {
 	dir := b.DevDir
 	if dir == "" {
-		dir = DefaultDevDir
+		dir = defaultDevDir
 	}
 	var what string
 	switch {
@@ -55,9 +55,9 @@ func (b ByID) Find(ctx context.Context) (string, error) {
 		}
 		what = fmt.Sprintf("a disk with serial %s in %s", b.Serial, dir)
 	default:
-		id := strings.TrimPrefix(b.ID, DefaultDevDir+"/")
+		id := strings.TrimPrefix(b.ID, defaultDevDir+"/")
 		if id == "" || strings.ContainsRune(id, '/') {
-			return "", fmt.Errorf("by-id volume: %q is not a name in %s", b.ID, DefaultDevDir)
+			return "", fmt.Errorf("by-id volume: %q is not a name in %s", b.ID, defaultDevDir)
 		}
 		b.ID = id
 		what = filepath.Join(dir, id)

@@ -15,17 +15,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DefaultSysDir is where sysfs is mounted; /sys/dev/block/<major>:<minor> leads to each
+// defaultSysDir is where sysfs is mounted; /sys/dev/block/<major>:<minor> leads to each
 // block device's directory.
-const DefaultSysDir = "/sys"
+const defaultSysDir = "/sys"
 
 // sysfs is the root of the sysfs tree the disk checks read.
 type sysfs string
 
-// sysfsAt is the sysfs tree at dir; empty means DefaultSysDir.
+// sysfsAt is the sysfs tree at dir; empty means defaultSysDir.
 func sysfsAt(dir string) sysfs {
 	if dir == "" {
-		return DefaultSysDir
+		return defaultSysDir
 	}
 	return sysfs(dir)
 }
@@ -33,14 +33,14 @@ func sysfsAt(dir string) sysfs {
 // swapsPath lists the active swap areas.
 const swapsPath = "/proc/swaps"
 
-// ErrUnsafeDisk is matched (errors.Is) by every *UnsafeDiskError.
-var ErrUnsafeDisk = errors.New("not a free whole disk")
+// errUnsafeDisk is matched (errors.Is) by every *unsafeDiskError.
+var errUnsafeDisk = errors.New("not a free whole disk")
 
-// UnsafeDiskError is returned when a selector leads to a device the etcd volume must
+// unsafeDiskError is returned when a selector leads to a device the etcd volume must
 // never be: the boot disk, a partition, or a disk in use (mounted, swapped on, held by
 // device-mapper or RAID, directly or through one of its partitions). Wipe does not
 // change that. The device is left untouched.
-type UnsafeDiskError struct {
+type unsafeDiskError struct {
 	// Selector names the selector, e.g. "by-id volume serial etcd-main"; empty when the
 	// device was handed to Prepare directly.
 	Selector string
@@ -49,7 +49,7 @@ type UnsafeDiskError struct {
 	Reason string
 }
 
-func (e *UnsafeDiskError) Error() string {
+func (e *unsafeDiskError) Error() string {
 	msg := fmt.Sprintf("%s %s; refusing it, with or without wipe: the etcd volume must be a whole disk nothing else uses", e.Device, e.Reason)
 	if e.Selector != "" {
 		msg = e.Selector + ": " + msg
@@ -57,10 +57,10 @@ func (e *UnsafeDiskError) Error() string {
 	return msg
 }
 
-// Is makes errors.Is(err, ErrUnsafeDisk) true.
-func (e *UnsafeDiskError) Is(target error) bool { return target == ErrUnsafeDisk }
+// Is makes errors.Is(err, errUnsafeDisk) true.
+func (e *unsafeDiskError) Is(target error) bool { return target == errUnsafeDisk }
 
-// checkDisk returns an *UnsafeDiskError unless dev is a whole disk that nothing uses.
+// checkDisk returns an *unsafeDiskError unless dev is a whole disk that nothing uses.
 // A disk mounted at mountPath only (when set) is accepted: it is the volume, mounted by
 // an earlier run. A regular file (a disk image) is not a disk and is not checked.
 func (sys sysfs) checkDisk(selector, dev, mountPath string) error {
@@ -72,7 +72,7 @@ func (sys sysfs) checkDisk(selector, dev, mountPath string) error {
 		return fmt.Errorf("check %s: %w", dev, err)
 	}
 	if reason != "" {
-		return &UnsafeDiskError{Selector: selector, Device: dev, Reason: reason}
+		return &unsafeDiskError{Selector: selector, Device: dev, Reason: reason}
 	}
 	return nil
 }

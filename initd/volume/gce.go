@@ -16,7 +16,7 @@ import (
 // GCE finds a zonal persistent disk by name and attaches it to this instance
 // (read-write, under DeviceName) when it is not attached yet. A disk attached to another
 // instance, or taken by another instance while this one tries, gives
-// ErrAttachedElsewhere. The disk appears as /dev/disk/by-id/google-<device name>.
+// errAttachedElsewhere. The disk appears as /dev/disk/by-id/google-<device name>.
 type GCE struct {
 	Service  *compute.Service
 	Project  string
@@ -27,12 +27,12 @@ type GCE struct {
 	DeviceName string
 	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
-	// found (see UnsafeDiskError) is refused.
+	// found (see unsafeDiskError) is refused.
 	MountPath string
-	// DevDir is the by-id directory; empty means DefaultDevDir.
+	// DevDir is the by-id directory; empty means defaultDevDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
-	// DefaultSysDir.
+	// defaultSysDir.
 	SysDir string
 	// Timeout bounds each wait (the attach operation, the device node); Poll is how
 	// often to look.
@@ -42,7 +42,7 @@ type GCE struct {
 }
 
 // Find returns the device node of the disk, attaching it first if needed. A device that
-// is not a whole disk free for the volume is an *UnsafeDiskError.
+// is not a whole disk free for the volume is an *unsafeDiskError.
 func (g GCE) Find(ctx context.Context) (string, error) {
 	switch {
 	case g.Service == nil:
@@ -56,7 +56,7 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 	disk, err := g.Service.Disks.Get(g.Project, g.Zone, g.DiskName).Context(ctx).Do()
 	if err != nil {
 		if isNotFound(err) {
-			return fail(fmt.Errorf("%w in project %s, zone %s", ErrNotFound, g.Project, g.Zone))
+			return fail(fmt.Errorf("%w in project %s, zone %s", errNotFound, g.Project, g.Zone))
 		}
 		return fail(fmt.Errorf("get: %w", err))
 	}
@@ -66,7 +66,7 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 		if strings.HasSuffix(u, self) {
 			mine = true
 		} else {
-			return fail(fmt.Errorf("%w (%s)", ErrAttachedElsewhere, u))
+			return fail(fmt.Errorf("%w (%s)", errAttachedElsewhere, u))
 		}
 	}
 	device := g.DeviceName
@@ -103,7 +103,7 @@ func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) erro
 	}).Context(ctx).Do()
 	if err != nil {
 		if inUse(err) {
-			return fmt.Errorf("%w (attach refused: %v)", ErrAttachedElsewhere, err)
+			return fmt.Errorf("%w (attach refused: %v)", errAttachedElsewhere, err)
 		}
 		return fmt.Errorf("attach to %s: %w", g.Instance, err)
 	}
@@ -130,7 +130,7 @@ func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) erro
 			elsewhere = elsewhere || e.Code == "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE"
 		}
 		if elsewhere {
-			return fmt.Errorf("%w (%s)", ErrAttachedElsewhere, strings.Join(msgs, "; "))
+			return fmt.Errorf("%w (%s)", errAttachedElsewhere, strings.Join(msgs, "; "))
 		}
 		return fmt.Errorf("attach to %s failed: %s", g.Instance, strings.Join(msgs, "; "))
 	}
@@ -140,7 +140,7 @@ func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) erro
 func (g GCE) waitDevice(ctx context.Context, device string) (string, error) {
 	dir := g.DevDir
 	if dir == "" {
-		dir = DefaultDevDir
+		dir = defaultDevDir
 	}
 	link := filepath.Join(dir, "google-"+device)
 	var dev string

@@ -192,7 +192,7 @@ var gceCases = []gceCase{
 		name:     "disk used by another instance",
 		disks:    map[string][]string{"prod-etcd-b": {"cp-old"}},
 		diskName: "prod-etcd-b",
-		wantErr:  ErrAttachedElsewhere,
+		wantErr:  errAttachedElsewhere,
 		wantMsg:  "instances/cp-old",
 	},
 	{
@@ -201,7 +201,7 @@ var gceCases = []gceCase{
 		race:       "request",
 		diskName:   "prod-etcd-b",
 		wantAttach: []string{"prod-etcd-b"},
-		wantErr:    ErrAttachedElsewhere,
+		wantErr:    errAttachedElsewhere,
 		wantMsg:    "already being used by",
 	},
 	{
@@ -210,14 +210,14 @@ var gceCases = []gceCase{
 		race:       "operation",
 		diskName:   "prod-etcd-b",
 		wantAttach: []string{"prod-etcd-b"},
-		wantErr:    ErrAttachedElsewhere,
+		wantErr:    errAttachedElsewhere,
 		wantMsg:    "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE",
 	},
 	{
 		name:     "no such disk",
 		disks:    map[string][]string{},
 		diskName: "prod-etcd-b",
-		wantErr:  ErrNotFound,
+		wantErr:  errNotFound,
 		wantMsg:  "gce disk prod-etcd-b: no matching volume in project kiln-prod, zone europe-west4-a",
 	},
 }

@@ -15,14 +15,14 @@ import (
 // ManifestsDir is where the kubelet reads static pod manifests.
 const ManifestsDir = "/etc/kubernetes/manifests"
 
-// ManifestPath is where a manifest is kept on the volume mounted at volumeDir:
+// manifestPath is where a manifest is kept on the volume mounted at volumeDir:
 // <volumeDir>/manifests/<name>.
-func ManifestPath(volumeDir, name string) string {
+func manifestPath(volumeDir, name string) string {
 	return path.Join(volumeDir, "manifests", name)
 }
 
 // WriteManifest writes a static pod manifest onto the volume mounted at volumeDir
-// (ManifestPath, mode 0600), in root, unless it already holds data. It reports whether
+// (manifestPath, mode 0600), in root, unless it already holds data. It reports whether
 // it wrote.
 func WriteManifest(root, volumeDir, name string, data []byte) (changed bool, err error) {
 	target, err := manifestTarget(volumeDir, name)
@@ -42,7 +42,7 @@ func WriteManifest(root, volumeDir, name string, data []byte) (changed bool, err
 }
 
 // LinkManifest makes /etc/kubernetes/manifests/<name> in root a symlink to the manifest
-// kept on the volume mounted at volumeDir (ManifestPath), so that the kubelet runs the
+// kept on the volume mounted at volumeDir (manifestPath), so that the kubelet runs the
 // pod only while the volume is mounted. It is idempotent: a link to the right place is
 // left alone, a link elsewhere is replaced, and a regular file in the way is replaced
 // only when it holds exactly the manifest on the volume (an error otherwise: it may be
@@ -99,7 +99,7 @@ func LinkManifest(root, volumeDir, name string) (changed bool, err error) {
 	return true, nil
 }
 
-// manifestTarget checks volumeDir and name and returns ManifestPath.
+// manifestTarget checks volumeDir and name and returns manifestPath.
 func manifestTarget(volumeDir, name string) (string, error) {
 	switch {
 	case !path.IsAbs(volumeDir) || path.Clean(volumeDir) != volumeDir || volumeDir == "/":
@@ -107,5 +107,5 @@ func manifestTarget(volumeDir, name string) (string, error) {
 	case name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00"):
 		return "", fmt.Errorf("manifest: %q is not a file name", name)
 	}
-	return ManifestPath(volumeDir, name), nil
+	return manifestPath(volumeDir, name), nil
 }

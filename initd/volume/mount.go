@@ -18,10 +18,10 @@ import (
 // mountInfoPath is the kernel's list of the calling process's mounts.
 const mountInfoPath = "/proc/self/mountinfo"
 
-// UnitName is the systemd mount unit name for mount point where, as
+// unitName is the systemd mount unit name for mount point where, as
 // `systemd-escape --path --suffix=mount` makes it: /var/lib/etcd/my-cluster gives
 // var-lib-etcd-my\x2dcluster.mount. where must be absolute.
-func UnitName(where string) (string, error) {
+func unitName(where string) (string, error) {
 	if !path.IsAbs(where) {
 		return "", fmt.Errorf("mount point %q is not an absolute path", where)
 	}
@@ -65,7 +65,7 @@ func ByUUIDPath(uuid string) string { return "/dev/disk/by-uuid/" + uuid }
 // nofail keeps a node whose disk went missing bootable and reachable; etcd then does not
 // start, because its manifest lives on the volume (see LinkManifest).
 func MountUnit(root, what, where, fstype string) (changed bool, err error) {
-	name, err := UnitName(where)
+	name, err := unitName(where)
 	if err != nil {
 		return false, fmt.Errorf("mount unit: %w", err)
 	}

@@ -26,7 +26,7 @@ func TestUnitName(t *testing.T) {
 	}
 	_, haveEscape := exec.LookPath("systemd-escape")
 	for _, tt := range tests {
-		got, err := UnitName(tt.where)
+		got, err := unitName(tt.where)
 		if err != nil || got != tt.want {
 			t.Errorf("UnitName(%q) = %q, %v; want %q", tt.where, got, err, tt.want)
 		}
@@ -41,7 +41,7 @@ func TestUnitName(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"var/lib", "", "/a/../b", "/a/./b"} {
-		if name, err := UnitName(bad); err == nil {
+		if name, err := unitName(bad); err == nil {
 			t.Errorf("UnitName(%q) = %q; want an error", bad, name)
 		}
 	}

@@ -16,8 +16,8 @@ import (
 
 // Filesystem types Prepare can create.
 const (
-	FSExt4 = "ext4"
-	FSXFS  = "xfs"
+	fsExt4 = "ext4"
+	fsXFS  = "xfs"
 )
 
 // Want is the filesystem a volume must carry.
@@ -34,10 +34,10 @@ type Want struct {
 	// running Prepare at every boot never destroys the data it put there.
 	Wipe bool
 	// MinSize, when set, is the fewest bytes the device must hold: a smaller one is
-	// refused (a *TooSmallError), whatever it carries.
+	// refused (a *tooSmallError), whatever it carries.
 	MinSize int64
 	// SysDir is where sysfs is mounted, which the checks on a disk about to be formatted
-	// read; empty means DefaultSysDir.
+	// read; empty means defaultSysDir.
 	SysDir string
 }
 
@@ -52,41 +52,41 @@ type Result struct {
 	FSType, Label, UUID string
 }
 
-// ErrRefused is matched (errors.Is) by every *RefusedError.
-var ErrRefused = errors.New("refusing to format")
+// errRefused is matched (errors.Is) by every *refusedError.
+var errRefused = errors.New("refusing to format")
 
-// RefusedError is returned when a device carries something Prepare must not format:
+// refusedError is returned when a device carries something Prepare must not format:
 // a partition table, another filesystem or a filesystem with another label or UUID.
 // The device is left untouched.
-type RefusedError struct {
+type refusedError struct {
 	Device string
 	// Found describes what is on the device, e.g. "a partition table (gpt)".
 	Found string
 }
 
-func (e *RefusedError) Error() string {
+func (e *refusedError) Error() string {
 	return fmt.Sprintf("%s has %s; refusing to format it (wipe: true erases it)", e.Device, e.Found)
 }
 
-// Is makes errors.Is(err, ErrRefused) true.
-func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+// Is makes errors.Is(err, errRefused) true.
+func (e *refusedError) Is(target error) bool { return target == errRefused }
 
-// ErrTooSmall is matched (errors.Is) by every *TooSmallError.
+// ErrTooSmall is matched (errors.Is) by every *tooSmallError.
 var ErrTooSmall = errors.New("device too small")
 
-// TooSmallError is returned when a device holds fewer bytes than Want.MinSize. The device
+// tooSmallError is returned when a device holds fewer bytes than Want.MinSize. The device
 // is left untouched.
-type TooSmallError struct {
+type tooSmallError struct {
 	Device    string
 	Size, Min int64
 }
 
-func (e *TooSmallError) Error() string {
+func (e *tooSmallError) Error() string {
 	return fmt.Sprintf("%s holds %s, less than the minimum of %s; refusing to use it", e.Device, sizeString(e.Size), sizeString(e.Min))
 }
 
 // Is makes errors.Is(err, ErrTooSmall) true.
-func (e *TooSmallError) Is(target error) bool { return target == ErrTooSmall }
+func (e *tooSmallError) Is(target error) bool { return target == ErrTooSmall }
 
 // sizeString gives n bytes in GiB or MiB (whole, or to one decimal) and in bytes: "1 GiB
 // (1073741824 bytes)".
@@ -124,20 +124,20 @@ type signature struct {
 
 // Prepare makes dev carry the wanted filesystem without ever formatting a disk with data:
 //
-//   - smaller than want.MinSize: a *TooSmallError and the device untouched;
+//   - smaller than want.MinSize: a *tooSmallError and the device untouched;
 //   - blank (blkid -p finds no signature): mkfs (mkfs.ext4 -F -m0, or mkfs.xfs) with
 //     the label and UUID;
 //   - the wanted type, with the wanted label and UUID when they are set: kept, after
 //     e2fsck -p for ext4 (skipped while the device is mounted). XFS needs no check: the
 //     kernel replays its log at mount, as fsck.xfs says;
 //   - anything else, a partition table, another filesystem, another label or UUID,
-//     conflicting signatures: a *RefusedError and the device untouched, unless
+//     conflicting signatures: a *refusedError and the device untouched, unless
 //     want.Wipe, which erases every signature (wipefs -a) and formats.
 //
 // Before it wipes or formats a block device Prepare makes sure it is a whole disk that
 // nothing uses: not the boot disk, not a partition, not mounted, swapped on or held by
 // device-mapper or RAID, nor any of its partitions. Otherwise it returns an
-// *UnsafeDiskError and leaves the device untouched, whatever want.Wipe says.
+// *unsafeDiskError and leaves the device untouched, whatever want.Wipe says.
 //
 // Prepare is idempotent and safe to run again after a power cut at any point.
 // mke2fs zeroes the old superblock area first and writes the primary superblock last,
@@ -149,9 +149,9 @@ type signature struct {
 // leaves a disk that is refused again, and wiped again when want.Wipe.
 func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 	if want.FSType == "" {
-		want.FSType = FSExt4
+		want.FSType = fsExt4
 	}
-	if want.FSType != FSExt4 && want.FSType != FSXFS {
+	if want.FSType != fsExt4 && want.FSType != fsXFS {
 		return Result{}, fmt.Errorf("prepare %s: filesystem type %q is not supported (ext4 or xfs)", dev, want.FSType)
 	}
 	if want.MinSize > 0 {
@@ -160,7 +160,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 			return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 		}
 		if size < want.MinSize {
-			return Result{}, &TooSmallError{Device: dev, Size: size, Min: want.MinSize}
+			return Result{}, &tooSmallError{Device: dev, Size: size, Min: want.MinSize}
 		}
 	}
 	sig, err := probe(ctx, dev)
@@ -175,7 +175,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 	}
 	if found := mismatch(sig, want); found != "" {
 		if !want.Wipe {
-			return Result{}, &RefusedError{Device: dev, Found: found}
+			return Result{}, &refusedError{Device: dev, Found: found}
 		}
 		if err := sysfsAt(want.SysDir).checkDisk("", dev, ""); err != nil {
 			return Result{}, fmt.Errorf("prepare: %w", err)
@@ -185,7 +185,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 		}
 		return format(ctx, dev, want, true, false)
 	}
-	if want.FSType == FSXFS {
+	if want.FSType == fsXFS {
 		interrupted, err := xfsMkfsInProgress(dev)
 		if err != nil {
 			return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
@@ -302,7 +302,7 @@ func unescapeExport(v string) string {
 func format(ctx context.Context, dev string, want Want, wiped, force bool) (Result, error) {
 	var args []string
 	switch want.FSType {
-	case FSExt4:
+	case fsExt4:
 		args = []string{"mkfs.ext4", "-q", "-F", "-m0"}
 		if want.Label != "" {
 			args = append(args, "-L", want.Label)
@@ -310,7 +310,7 @@ func format(ctx context.Context, dev string, want Want, wiped, force bool) (Resu
 		if want.UUID != "" {
 			args = append(args, "-U", want.UUID)
 		}
-	case FSXFS:
+	case fsXFS:
 		args = []string{"mkfs.xfs", "-q"}
 		if force {
 			args = append(args, "-f")
@@ -345,7 +345,7 @@ func orBlank(found string, blank bool) string {
 // check runs the filesystem's own consistency check in the mode that repairs only what
 // is safe to repair unattended (e2fsck -p). A mounted device is not checked.
 func check(ctx context.Context, dev, fstype string) error {
-	if fstype != FSExt4 {
+	if fstype != fsExt4 {
 		return nil // xfs: the kernel replays the log at mount; xfs_repair -n gives false alarms on a dirty log
 	}
 	mounted, err := deviceMounted(dev)

@@ -284,8 +284,8 @@ func checkPrepare(t *testing.T, tt prepareCase) {
 	before := hashFile(t, dev)
 	res, err := Prepare(ctx, dev, tt.want)
 	if tt.refused != "" {
-		var refused *RefusedError
-		if !errors.As(err, &refused) || !errors.Is(err, ErrRefused) {
+		var refused *refusedError
+		if !errors.As(err, &refused) || !errors.Is(err, errRefused) {
 			t.Fatalf("Prepare = %+v, %v; want a *RefusedError", res, err)
 		}
 		if !strings.Contains(err.Error(), tt.refused) || !strings.Contains(err.Error(), dev) {
@@ -366,7 +366,7 @@ func TestPrepareCorruptExt4IsNotFormatted(t *testing.T) {
 	testkit.Run(t, "debugfs", "-w", "-R", "clri <2>", dev)    // destroy the root directory's inode
 	testkit.Run(t, "debugfs", "-w", "-R", "ssv state 0", dev) // as after a crash: e2fsck -p checks it
 	res, err := Prepare(context.Background(), dev, Want{FSType: "ext4", Label: "etcd"})
-	if err == nil || errors.Is(err, ErrRefused) {
+	if err == nil || errors.Is(err, errRefused) {
 		t.Fatalf("Prepare = %+v, %v; want a filesystem check error", res, err)
 	}
 	if !strings.Contains(err.Error(), "e2fsck -f "+dev) {
@@ -485,7 +485,7 @@ func TestPrepareMinSize(t *testing.T) {
 				}
 				return
 			}
-			var tooSmall *TooSmallError
+			var tooSmall *tooSmallError
 			if !errors.As(err, &tooSmall) || !errors.Is(err, ErrTooSmall) || tooSmall.Device != dev {
 				t.Fatalf("Prepare = %+v, %v; want a *TooSmallError for %s", res, err, dev)
 			}

@@ -5,7 +5,7 @@
 //     /dev/disk/by-id, for metal and QEMU), AWS (EBS volumes selected by tags in the
 //     node's availability zone, attached with AttachVolume) and GCE (a persistent disk
 //     by name, attached with instances.attachDisk). Losing an attach race to another
-//     node is normal: it gives ErrAttachedElsewhere and the caller retries later.
+//     node is normal: it gives errAttachedElsewhere and the caller retries later.
 //   - Prepare makes the disk safe to use without ever formatting one that holds data: a
 //     blank disk is formatted, a disk with the wanted filesystem (and label and UUID) is
 //     checked and accepted, anything else is refused unless the config says wipe.
@@ -28,22 +28,22 @@ type Finder interface {
 	Find(ctx context.Context) (device string, err error)
 }
 
-// ErrAttachedElsewhere is returned (wrapped) when the volume is attached to another
+// errAttachedElsewhere is returned (wrapped) when the volume is attached to another
 // instance: another node won the attach race, or still holds the disk. It is the normal
 // outcome of a race between nodes; retry later (the other node may release it).
-var ErrAttachedElsewhere = errors.New("volume is attached to another instance")
+var errAttachedElsewhere = errors.New("volume is attached to another instance")
 
-// ErrNotFound is returned (wrapped) when no volume or device matches the selector.
-var ErrNotFound = errors.New("no matching volume")
+// errNotFound is returned (wrapped) when no volume or device matches the selector.
+var errNotFound = errors.New("no matching volume")
 
-// DefaultDevDir is where udev links disks by their serial and bus identity.
-const DefaultDevDir = "/dev/disk/by-id"
+// defaultDevDir is where udev links disks by their serial and bus identity.
+const defaultDevDir = "/dev/disk/by-id"
 
 // Defaults for how long a Finder waits for an attachment or a device node to appear,
 // and how often it looks.
 const (
-	DefaultTimeout = 2 * time.Minute
-	DefaultPoll    = 500 * time.Millisecond
+	defaultTimeout = 2 * time.Minute
+	defaultPoll    = 500 * time.Millisecond
 )
 
 // waitFor calls try every interval until it reports done or fails, the timeout passes or
@@ -51,10 +51,10 @@ const (
 // wait at once: try reports "not yet" as (false, nil).
 func waitFor(ctx context.Context, timeout, interval time.Duration, what string, try func() (bool, error)) error {
 	if timeout <= 0 {
-		timeout = DefaultTimeout
+		timeout = defaultTimeout
 	}
 	if interval <= 0 {
-		interval = DefaultPoll
+		interval = defaultPoll
 	}
 	return poll.Until(ctx, poll.Options{
 		What:      what,
