@@ -80,8 +80,8 @@ func (o Options) Open(r io.Reader, kind Kind) (io.ReadCloser, error) {
 	return nil, fmt.Errorf("unknown compression %q", kind)
 }
 
-// MagicLen is how many leading bytes ByMagic needs to tell every kind it knows.
-const MagicLen = 6
+// magicLen is how many leading bytes ByMagic needs to tell every kind it knows.
+const magicLen = 6
 
 var magics = []struct {
 	magic []byte
