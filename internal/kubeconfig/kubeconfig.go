@@ -100,9 +100,9 @@ func (f File) Encode() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// Current returns the current context: current-context, or the only context when that is
+// current returns the current context: current-context, or the only context when that is
 // empty.
-func (f File) Current() (NamedContext, error) {
+func (f File) current() (NamedContext, error) {
 	name := f.CurrentContext
 	if name == "" && len(f.Contexts) == 1 {
 		name = f.Contexts[0].Name
@@ -122,7 +122,7 @@ type ReadFunc func(field, name string) ([]byte, error)
 // Resolve reads the current context's cluster and user into a Config. Credentials given as
 // files are read with read; when read is nil, such a credential is an error.
 func (f File) Resolve(read ReadFunc) (Config, error) {
-	ctx, err := f.Current()
+	ctx, err := f.current()
 	if err != nil {
 		return Config{}, err
 	}
@@ -234,8 +234,8 @@ func Parse(data []byte) (Config, error) {
 	return c, nil
 }
 
-// File returns c as a document with the credentials embedded as *-data.
-func (c Config) File() File {
+// file returns c as a document with the credentials embedded as *-data.
+func (c Config) file() File {
 	f := New()
 	f.Clusters = []NamedCluster{{Name: c.Cluster, Cluster: Cluster{CAData: b64(c.CAPEM), Server: c.Server, TLSServerName: c.TLSServerName}}}
 	f.Contexts = []NamedContext{{Name: c.Context(), Context: Context{Cluster: c.Cluster, User: c.User}}}
@@ -262,7 +262,7 @@ func (c Config) Marshal() ([]byte, error) {
 	case len(c.CertPEM) == 0 && c.Token == "":
 		return nil, errors.New("kubeconfig: neither a client certificate nor a token")
 	}
-	data, err := c.File().Encode()
+	data, err := c.file().Encode()
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
