@@ -73,11 +73,11 @@ func (d *Doc) FailAt(n *yaml.Node, field, format string, a ...any) {
 // Failf records a problem found after decoding, at the line where field (or its nearest
 // parent present in the document) was written.
 func (d *Doc) Failf(field, format string, a ...any) {
-	d.Fail(d.LineOf(field), field, fmt.Errorf(format, a...))
+	d.Fail(d.lineOf(field), field, fmt.Errorf(format, a...))
 }
 
-// LineOf returns the line of field, or of its nearest parent the document has; 0 if none.
-func (d *Doc) LineOf(field string) int {
+// lineOf returns the line of field, or of its nearest parent the document has; 0 if none.
+func (d *Doc) lineOf(field string) int {
 	for f := field; f != ""; f = parentField(f) {
 		if l, ok := d.lines[f]; ok {
 			return l

@@ -83,7 +83,7 @@ func TestDecodeValues(t *testing.T) {
 		t.Errorf("decoded %+v", out)
 	}
 	for field, line := range map[string]int{"inner.name": 2, "list[1]": 3, "list[1].name": 3, "labels[\"d\"]": 4, "list[7].name": 3, "missing": 0} {
-		if got := d.LineOf(field); got != line {
+		if got := d.lineOf(field); got != line {
 			t.Errorf("LineOf(%q) = %d, want %d", field, got, line)
 		}
 	}
