@@ -7,17 +7,17 @@ import (
 	"testing"
 )
 
-// RootFSEnv names the environment variable that points the boot tests at an extracted
+// rootFSEnv names the environment variable that points the boot tests at an extracted
 // base OS tree (with a kernel and its modules).
-const RootFSEnv = "KILN_TEST_ROOTFS"
+const rootFSEnv = "KILN_TEST_ROOTFS"
 
 // RootFS returns the base OS tree named by $KILN_TEST_ROOTFS and the version of the kernel
 // in it; it skips the test when the variable is not set.
 func RootFS(t testing.TB) (root, kver string) {
 	t.Helper()
-	root = os.Getenv(RootFSEnv)
+	root = os.Getenv(rootFSEnv)
 	if root == "" {
-		t.Skip(RootFSEnv + " not set")
+		t.Skip(rootFSEnv + " not set")
 	}
 	deps, _ := filepath.Glob(filepath.Join(root, "usr/lib/modules/*/modules.dep"))
 	if len(deps) == 0 {

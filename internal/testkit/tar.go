@@ -25,8 +25,8 @@ type Entry struct {
 	ModTime          time.Time // zero: a fixed time, so that archives are reproducible
 }
 
-// Epoch is the modification time an Entry without one gets.
-var Epoch = time.Unix(1e9, 0)
+// epoch is the modification time an Entry without one gets.
+var epoch = time.Unix(1e9, 0)
 
 // Header returns the tar header of e.
 func (e Entry) Header() *tar.Header {
@@ -54,7 +54,7 @@ func (e Entry) Header() *tar.Header {
 		}
 	}
 	if h.ModTime.IsZero() {
-		h.ModTime = Epoch
+		h.ModTime = epoch
 	}
 	return h
 }
@@ -105,11 +105,11 @@ func TarHeader(t testing.TB, h *tar.Header) []byte {
 // Layer returns an uncompressed OCI image layer holding entries.
 func Layer(t testing.TB, entries ...Entry) v1.Layer {
 	t.Helper()
-	return LayerOf(t, Tar(t, entries...))
+	return layerOf(t, Tar(t, entries...))
 }
 
-// LayerOf returns an uncompressed OCI image layer whose tar stream is b.
-func LayerOf(t testing.TB, b []byte) v1.Layer {
+// layerOf returns an uncompressed OCI image layer whose tar stream is b.
+func layerOf(t testing.TB, b []byte) v1.Layer {
 	t.Helper()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
 		tarball.WithMediaType(types.OCILayer))

@@ -29,7 +29,7 @@ func TestTarEntryDefaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if h.Typeflag != w.typ || h.Mode != w.mode || h.Size != w.size || h.Linkname != w.link || !h.ModTime.Equal(Epoch) {
+		if h.Typeflag != w.typ || h.Mode != w.mode || h.Size != w.size || h.Linkname != w.link || !h.ModTime.Equal(epoch) {
 			t.Errorf("entry %d: %+v, want %+v", i, h, w)
 		}
 	}

@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// RequireToolsEnv names the environment variable that turns a missing tool from a skipped
+// requireToolsEnv names the environment variable that turns a missing tool from a skipped
 // test into a failed one, for a machine that is meant to have them all.
-const RequireToolsEnv = "KILN_REQUIRE_TOOLS"
+const requireToolsEnv = "KILN_REQUIRE_TOOLS"
 
 // Tool returns the path of the program name, looked up in $PATH and then in /usr/sbin and
 // /sbin (not always in a user's $PATH). When it is missing the test is skipped, saying
@@ -30,7 +30,7 @@ func Tool(t testing.TB, name, pkg string) string {
 	if pkg != "" {
 		msg += " (Debian package " + pkg + ")"
 	}
-	if os.Getenv(RequireToolsEnv) != "" {
+	if os.Getenv(requireToolsEnv) != "" {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)

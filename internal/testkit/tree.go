@@ -71,8 +71,8 @@ func Snapshot(t testing.TB, root string) Tree {
 	return tree
 }
 
-// Identical reports whether a and b agree in everything a snapshot records.
-func Identical(a, b Node) bool {
+// identical reports whether a and b agree in everything a snapshot records.
+func identical(a, b Node) bool {
 	return SameContent(a, b) && a.UID == b.UID && a.GID == b.GID && a.Nlink == b.Nlink &&
 		a.Size == b.Size && a.MTime.Equal(b.MTime)
 }
@@ -84,10 +84,10 @@ func SameContent(a, b Node) bool {
 }
 
 // Diff lists, sorted, the entries added to, removed from, or changed in b compared with a;
-// same says whether two snapshots of one entry count as unchanged (nil: Identical).
+// same says whether two snapshots of one entry count as unchanged (nil: identical).
 func (a Tree) Diff(b Tree, same func(x, y Node) bool) []string {
 	if same == nil {
-		same = Identical
+		same = identical
 	}
 	var diffs []string
 	for p, x := range a {
