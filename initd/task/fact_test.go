@@ -68,201 +68,232 @@ func (d *dhcp) other(name string, deps ...string) Task {
 	return Converge(name, deps, func(context.Context) (bool, error) { d.ran(name); return true, nil })
 }
 
+// factWaitLimit is how long the runs in factWaitCases wait for a fact.
+const factWaitLimit = 100 * time.Millisecond
+
+// factWaitCase is a run of tasks that lean on the address fact, and what it should end in.
+type factWaitCase struct {
+	name      string
+	tasks     func(d *dhcp) []Task
+	await     func(d *dhcp) func(ctx context.Context) error // nil: no Fact in the options
+	want      map[string]want
+	wantSteps map[string]int
+	wantWaits []bool // Known of each wait
+	wantTasks string // the first wait's tasks
+	timesOut  bool   // the run gives up after FactWait
+}
+
+var factWaitCases = []factWaitCase{
+	{
+		name: "the lease comes while the run waits",
+		tasks: func(d *dhcp) []Task {
+			return []Task{d.facts(false), d.other("hostname", "facts"), d.user("render", "facts", "hostname"),
+				d.other("kubelet", "render"), d.other("files")}
+		},
+		await: func(d *dhcp) func(context.Context) error {
+			return func(context.Context) error { d.answer("10.0.2.15"); return nil }
+		},
+		want: map[string]want{
+			"facts": {StateUnchanged, 2, ""}, "hostname": {StateApplied, 2, ""}, "render": {StateApplied, 3, ""},
+			"kubelet": {StateApplied, 1, ""}, "files": {StateApplied, 1, ""},
+		},
+		wantSteps: map[string]int{"facts": 2, "hostname": 2, "render": 3, "kubelet": 1, "files": 1},
+		wantWaits: []bool{true},
+		wantTasks: "render",
+	},
+	{
+		name: "the task that learns the fact lacks it itself",
+		tasks: func(d *dhcp) []Task {
+			return []Task{d.facts(true), d.user("render", "facts"), d.other("files")}
+		},
+		await: func(d *dhcp) func(context.Context) error {
+			return func(context.Context) error { d.answer("fd00::15"); return nil }
+		},
+		want: map[string]want{
+			"facts": {StateUnchanged, 3, ""}, "render": {StateApplied, 1, ""}, "files": {StateApplied, 1, ""},
+		},
+		wantSteps: map[string]int{"facts": 3, "render": 1, "files": 1},
+		wantWaits: []bool{true},
+		wantTasks: "facts",
+	},
+	{
+		name: "two tasks lack the fact: one wait, both run again",
+		tasks: func(d *dhcp) []Task {
+			return []Task{d.facts(false), d.user("render", "facts"), d.user("pki", "facts"), d.other("kubelet", "render", "pki")}
+		},
+		await: func(d *dhcp) func(context.Context) error {
+			return func(context.Context) error { d.answer("10.0.2.15"); return nil }
+		},
+		want: map[string]want{
+			"facts": {StateUnchanged, 2, ""}, "render": {StateApplied, 3, ""}, "pki": {StateApplied, 3, ""},
+			"kubelet": {StateApplied, 1, ""},
+		},
+		wantSteps: map[string]int{"facts": 2, "render": 3, "pki": 3, "kubelet": 1},
+		wantWaits: []bool{true},
+		wantTasks: "pki, render",
+	},
+	{
+		name: "the lease never comes: fails after the limit, naming the fact",
+		tasks: func(d *dhcp) []Task {
+			return []Task{d.facts(false), d.user("render", "facts"), d.other("kubelet", "render")}
+		},
+		await: func(*dhcp) func(context.Context) error {
+			return func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+		},
+		want: map[string]want{
+			"facts": {StateUnchanged, 1, ""},
+			"render": {StateFailed, 2, "apply: render: the node has no IP address (not known yet: an address (DHCP)); " +
+				"gave up waiting for it after 100ms"},
+			"kubelet": {StateBlocked, 0, "blocked by failed render"},
+		},
+		wantSteps: map[string]int{"facts": 1, "render": 2},
+		wantWaits: []bool{false},
+		wantTasks: "render",
+		timesOut:  true,
+	},
+	{
+		name: "the fact is said to be known but the task still lacks it: bounded, no spinning",
+		tasks: func(d *dhcp) []Task {
+			return []Task{d.facts(false), d.user("render", "facts")}
+		},
+		await: func(*dhcp) func(context.Context) error {
+			return func(context.Context) error { return nil }
+		},
+		want: map[string]want{
+			"facts":  {StateUnchanged, 2, ""},
+			"render": {StateFailed, 4, "(not known yet: an address (DHCP)); gave up waiting for it after 100ms"},
+		},
+		wantSteps: map[string]int{"facts": 2, "render": 4},
+		wantWaits: []bool{true, false},
+		wantTasks: "render",
+		timesOut:  true,
+	},
+	{
+		name: "waiting fails",
+		tasks: func(d *dhcp) []Task {
+			return []Task{d.facts(false), d.user("render", "facts")}
+		},
+		await: func(*dhcp) func(context.Context) error {
+			return func(context.Context) error { return errors.New("networkd is not running") }
+		},
+		want: map[string]want{
+			"facts":  {StateUnchanged, 1, ""},
+			"render": {StateFailed, 2, "(not known yet: an address (DHCP)); waiting for it: networkd is not running"},
+		},
+		wantSteps: map[string]int{"facts": 1, "render": 2},
+		wantWaits: []bool{false},
+		wantTasks: "render",
+	},
+	{
+		name: "a fact the run cannot wait for is an ordinary failure",
+		tasks: func(d *dhcp) []Task {
+			return []Task{d.facts(false), d.user("render", "facts")}
+		},
+		want: map[string]want{
+			"facts":  {StateUnchanged, 1, ""},
+			"render": {StateFailed, 2, "apply: render: the node has no IP address (not known yet: an address (DHCP))"},
+		},
+		wantSteps: map[string]int{"facts": 1, "render": 2},
+	},
+}
+
 // A task that fails for want of a fact is run again, with the task that learns the fact and
 // everything after that one, once the fact is known; the run waits for it only as long as
 // Options.FactWait allows and then fails naming it.
 func TestFactWait(t *testing.T) {
-	const limit = 100 * time.Millisecond
-	tests := []struct {
-		name      string
-		tasks     func(d *dhcp) []Task
-		await     func(d *dhcp) func(ctx context.Context) error // nil: no Fact in the options
-		want      map[string]want
-		wantSteps map[string]int
-		wantWaits []bool // Known of each wait
-		wantTasks string // the first wait's tasks
-		timesOut  bool   // the run gives up after FactWait
-	}{
-		{
-			name: "the lease comes while the run waits",
-			tasks: func(d *dhcp) []Task {
-				return []Task{d.facts(false), d.other("hostname", "facts"), d.user("render", "facts", "hostname"),
-					d.other("kubelet", "render"), d.other("files")}
-			},
-			await: func(d *dhcp) func(context.Context) error {
-				return func(context.Context) error { d.answer("10.0.2.15"); return nil }
-			},
-			want: map[string]want{
-				"facts": {StateUnchanged, 2, ""}, "hostname": {StateApplied, 2, ""}, "render": {StateApplied, 3, ""},
-				"kubelet": {StateApplied, 1, ""}, "files": {StateApplied, 1, ""},
-			},
-			wantSteps: map[string]int{"facts": 2, "hostname": 2, "render": 3, "kubelet": 1, "files": 1},
-			wantWaits: []bool{true},
-			wantTasks: "render",
-		},
-		{
-			name: "the task that learns the fact lacks it itself",
-			tasks: func(d *dhcp) []Task {
-				return []Task{d.facts(true), d.user("render", "facts"), d.other("files")}
-			},
-			await: func(d *dhcp) func(context.Context) error {
-				return func(context.Context) error { d.answer("fd00::15"); return nil }
-			},
-			want: map[string]want{
-				"facts": {StateUnchanged, 3, ""}, "render": {StateApplied, 1, ""}, "files": {StateApplied, 1, ""},
-			},
-			wantSteps: map[string]int{"facts": 3, "render": 1, "files": 1},
-			wantWaits: []bool{true},
-			wantTasks: "facts",
-		},
-		{
-			name: "two tasks lack the fact: one wait, both run again",
-			tasks: func(d *dhcp) []Task {
-				return []Task{d.facts(false), d.user("render", "facts"), d.user("pki", "facts"), d.other("kubelet", "render", "pki")}
-			},
-			await: func(d *dhcp) func(context.Context) error {
-				return func(context.Context) error { d.answer("10.0.2.15"); return nil }
-			},
-			want: map[string]want{
-				"facts": {StateUnchanged, 2, ""}, "render": {StateApplied, 3, ""}, "pki": {StateApplied, 3, ""},
-				"kubelet": {StateApplied, 1, ""},
-			},
-			wantSteps: map[string]int{"facts": 2, "render": 3, "pki": 3, "kubelet": 1},
-			wantWaits: []bool{true},
-			wantTasks: "pki, render",
-		},
-		{
-			name: "the lease never comes: fails after the limit, naming the fact",
-			tasks: func(d *dhcp) []Task {
-				return []Task{d.facts(false), d.user("render", "facts"), d.other("kubelet", "render")}
-			},
-			await: func(*dhcp) func(context.Context) error {
-				return func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
-			},
-			want: map[string]want{
-				"facts": {StateUnchanged, 1, ""},
-				"render": {StateFailed, 2, "apply: render: the node has no IP address (not known yet: an address (DHCP)); " +
-					"gave up waiting for it after 100ms"},
-				"kubelet": {StateBlocked, 0, "blocked by failed render"},
-			},
-			wantSteps: map[string]int{"facts": 1, "render": 2},
-			wantWaits: []bool{false},
-			wantTasks: "render",
-			timesOut:  true,
-		},
-		{
-			name: "the fact is said to be known but the task still lacks it: bounded, no spinning",
-			tasks: func(d *dhcp) []Task {
-				return []Task{d.facts(false), d.user("render", "facts")}
-			},
-			await: func(*dhcp) func(context.Context) error {
-				return func(context.Context) error { return nil }
-			},
-			want: map[string]want{
-				"facts":  {StateUnchanged, 2, ""},
-				"render": {StateFailed, 4, "(not known yet: an address (DHCP)); gave up waiting for it after 100ms"},
-			},
-			wantSteps: map[string]int{"facts": 2, "render": 4},
-			wantWaits: []bool{true, false},
-			wantTasks: "render",
-			timesOut:  true,
-		},
-		{
-			name: "waiting fails",
-			tasks: func(d *dhcp) []Task {
-				return []Task{d.facts(false), d.user("render", "facts")}
-			},
-			await: func(*dhcp) func(context.Context) error {
-				return func(context.Context) error { return errors.New("networkd is not running") }
-			},
-			want: map[string]want{
-				"facts":  {StateUnchanged, 1, ""},
-				"render": {StateFailed, 2, "(not known yet: an address (DHCP)); waiting for it: networkd is not running"},
-			},
-			wantSteps: map[string]int{"facts": 1, "render": 2},
-			wantWaits: []bool{false},
-			wantTasks: "render",
-		},
-		{
-			name: "a fact the run cannot wait for is an ordinary failure",
-			tasks: func(d *dhcp) []Task {
-				return []Task{d.facts(false), d.user("render", "facts")}
-			},
-			want: map[string]want{
-				"facts":  {StateUnchanged, 1, ""},
-				"render": {StateFailed, 2, "apply: render: the node has no IP address (not known yet: an address (DHCP))"},
-			},
-			wantSteps: map[string]int{"facts": 1, "render": 2},
-		},
+	for _, tc := range factWaitCases {
+		t.Run(tc.name, func(t *testing.T) { checkFactWait(t, tc) })
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			d := &dhcp{steps: map[string]int{}}
-			o := Options{FactWait: limit}
-			if tc.await != nil {
-				o.Facts = []Fact{{Name: address, Task: "facts", Await: tc.await(d)}}
-			}
-			var waiting []Wait
-			o.Waiting = func(w Wait, tasks []TaskStatus) {
-				waiting = append(waiting, w)
-				if len(tasks) != len(tc.want) {
-					t.Errorf("Waiting got %d task states, want %d", len(tasks), len(tc.want))
-				}
-			}
-			var notes []string
-			o.Notify = func(s string) { notes = append(notes, s) }
-			start := time.Now()
-			rep, err := Run(context.Background(), tc.tasks(d), o)
-			if rep == nil {
-				t.Fatalf("no report: %v", err)
-			}
-			ok := true
-			for name, wt := range tc.want {
-				got := status(t, rep, name)
-				if got.State != wt.state || got.Attempts != wt.attempts || !errMatches(got.Error, wt.err) {
-					t.Errorf("%s: state=%s attempts=%d error=%q, want state=%s attempts=%d error~%q",
-						name, got.State, got.Attempts, got.Error, wt.state, wt.attempts, wt.err)
-				}
-				ok = ok && wt.state.ok()
-			}
-			if (err == nil) != ok {
-				t.Errorf("Run error %v, want failure %v", err, !ok)
-			}
-			for name, n := range tc.wantSteps {
-				if d.steps[name] != n {
-					t.Errorf("%s ran %d times, want %d (all: %v)", name, d.steps[name], n, d.steps)
-				}
-			}
-			var known []bool
-			for _, w := range rep.Waits {
-				known = append(known, w.Known)
-				if w.Fact != address || w.limit() != limit {
-					t.Errorf("wait %+v: want fact %q, limit %s", w, address, limit)
-				}
-			}
-			if !equalBools(known, tc.wantWaits) {
-				t.Errorf("waits known=%v, want %v", known, tc.wantWaits)
-			}
-			if len(tc.wantWaits) == 0 {
-				if len(waiting) > 0 {
-					t.Errorf("reported waits %v, want none", waiting)
-				}
-				return
-			}
-			if len(waiting) == 0 {
-				t.Fatal("the wait was never reported")
-			}
-			wantLine := "waiting for an address (DHCP) (needed by " + tc.wantTasks + "), 0s of 100ms"
-			if got := waiting[0].String(); got != wantLine {
-				t.Errorf("first wait reported as %q, want %q", got, wantLine)
-			}
-			if !contains(notes, wantLine) {
-				t.Errorf("notified %q, want it to include %q", notes, wantLine)
-			}
-			if tc.timesOut && time.Since(start) < limit {
-				t.Errorf("gave up after %s, before the %s limit", time.Since(start), limit)
-			}
-		})
+}
+
+// checkFactWait runs one case and checks the report, the steps, the waits and how they were
+// announced.
+func checkFactWait(t *testing.T, tc factWaitCase) {
+	d := &dhcp{steps: map[string]int{}}
+	o := Options{FactWait: factWaitLimit}
+	if tc.await != nil {
+		o.Facts = []Fact{{Name: address, Task: "facts", Await: tc.await(d)}}
+	}
+	var waiting []Wait
+	o.Waiting = func(w Wait, tasks []TaskStatus) {
+		waiting = append(waiting, w)
+		if len(tasks) != len(tc.want) {
+			t.Errorf("Waiting got %d task states, want %d", len(tasks), len(tc.want))
+		}
+	}
+	var notes []string
+	o.Notify = func(s string) { notes = append(notes, s) }
+	start := time.Now()
+	rep, err := Run(context.Background(), tc.tasks(d), o)
+	if rep == nil {
+		t.Fatalf("no report: %v", err)
+	}
+	checkFactWaitStates(t, rep, err, tc.want)
+	for name, n := range tc.wantSteps {
+		if d.steps[name] != n {
+			t.Errorf("%s ran %d times, want %d (all: %v)", name, d.steps[name], n, d.steps)
+		}
+	}
+	checkFactWaits(t, rep, tc.wantWaits)
+	if len(tc.wantWaits) == 0 {
+		if len(waiting) > 0 {
+			t.Errorf("reported waits %v, want none", waiting)
+		}
+		return
+	}
+	checkWaitAnnounced(t, waiting, notes, tc.wantTasks)
+	if tc.timesOut && time.Since(start) < factWaitLimit {
+		t.Errorf("gave up after %s, before the %s limit", time.Since(start), factWaitLimit)
+	}
+}
+
+// checkFactWaitStates checks each task's state, attempts and error, and that Run fails
+// exactly when some task is not OK.
+func checkFactWaitStates(t *testing.T, rep *Report, err error, wants map[string]want) {
+	t.Helper()
+	ok := true
+	for name, wt := range wants {
+		got := status(t, rep, name)
+		if got.State != wt.state || got.Attempts != wt.attempts || !errMatches(got.Error, wt.err) {
+			t.Errorf("%s: state=%s attempts=%d error=%q, want state=%s attempts=%d error~%q",
+				name, got.State, got.Attempts, got.Error, wt.state, wt.attempts, wt.err)
+		}
+		ok = ok && wt.state.ok()
+	}
+	if (err == nil) != ok {
+		t.Errorf("Run error %v, want failure %v", err, !ok)
+	}
+}
+
+// checkFactWaits checks the report's waits: each for the address with the run's limit, and
+// whether the fact became known in each.
+func checkFactWaits(t *testing.T, rep *Report, wantKnown []bool) {
+	t.Helper()
+	var known []bool
+	for _, w := range rep.Waits {
+		known = append(known, w.Known)
+		if w.Fact != address || w.limit() != factWaitLimit {
+			t.Errorf("wait %+v: want fact %q, limit %s", w, address, factWaitLimit)
+		}
+	}
+	if !equalBools(known, wantKnown) {
+		t.Errorf("waits known=%v, want %v", known, wantKnown)
+	}
+}
+
+// checkWaitAnnounced checks that the first wait was reported and notified with the tasks
+// that need the fact.
+func checkWaitAnnounced(t *testing.T, waiting []Wait, notes []string, tasks string) {
+	t.Helper()
+	if len(waiting) == 0 {
+		t.Fatal("the wait was never reported")
+	}
+	wantLine := "waiting for an address (DHCP) (needed by " + tasks + "), 0s of 100ms"
+	if got := waiting[0].String(); got != wantLine {
+		t.Errorf("first wait reported as %q, want %q", got, wantLine)
+	}
+	if !contains(notes, wantLine) {
+		t.Errorf("notified %q, want it to include %q", notes, wantLine)
 	}
 }
 

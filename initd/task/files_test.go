@@ -108,36 +108,40 @@ func untouched(a, b testkit.Node) bool {
 	return testkit.SameContent(a, b) && a.MTime.Equal(b.MTime)
 }
 
+// rerunCase is a drift between two runs over the same node, and what the second run does about it.
+type rerunCase struct {
+	name    string
+	drift   func(root string) error // what happens to the node between runs
+	touched []string                // entries the drift and its repair may re-time
+	applied []string                // tasks the second run applies
+}
+
+var rerunCases = []rerunCase{
+	{name: "untouched node"},
+	{
+		name: "edited file is restored",
+		drift: func(root string) error {
+			return os.WriteFile(filepath.Join(root, "etc/hostname"), []byte("oops\n"), 0o644)
+		},
+		touched: []string{"etc", "etc/hostname"},
+		applied: []string{"hostname"},
+	},
+	{
+		name:    "loosened secret is rewritten",
+		drift:   func(root string) error { return os.Chmod(filepath.Join(root, "etc/kubernetes/pki/ca.key"), 0o644) },
+		touched: []string{"etc/kubernetes/pki", "etc/kubernetes/pki/ca.key"},
+		applied: []string{"ca-key"},
+	},
+	{
+		name:    "removed link is recreated",
+		drift:   func(root string) error { return os.Remove(filepath.Join(root, "etc/resolv.conf")) },
+		touched: []string{"etc", "etc/resolv.conf"},
+		applied: []string{"resolv"},
+	},
+}
+
 func TestRerunChangesNothing(t *testing.T) {
-	tests := []struct {
-		name    string
-		drift   func(root string) error // what happens to the node between runs
-		touched []string                // entries the drift and its repair may re-time
-		applied []string                // tasks the second run applies
-	}{
-		{name: "untouched node"},
-		{
-			name: "edited file is restored",
-			drift: func(root string) error {
-				return os.WriteFile(filepath.Join(root, "etc/hostname"), []byte("oops\n"), 0o644)
-			},
-			touched: []string{"etc", "etc/hostname"},
-			applied: []string{"hostname"},
-		},
-		{
-			name:    "loosened secret is rewritten",
-			drift:   func(root string) error { return os.Chmod(filepath.Join(root, "etc/kubernetes/pki/ca.key"), 0o644) },
-			touched: []string{"etc/kubernetes/pki", "etc/kubernetes/pki/ca.key"},
-			applied: []string{"ca-key"},
-		},
-		{
-			name:    "removed link is recreated",
-			drift:   func(root string) error { return os.Remove(filepath.Join(root, "etc/resolv.conf")) },
-			touched: []string{"etc", "etc/resolv.conf"},
-			applied: []string{"resolv"},
-		},
-	}
-	for _, tc := range tests {
+	for _, tc := range rerunCases {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			rep, err := Run(context.Background(), nodeTasks(root), Options{})

@@ -293,69 +293,77 @@ func status(t *testing.T, rep *Report, name string) TaskStatus {
 	return TaskStatus{}
 }
 
+// timeoutCase is a task that takes too long, or not, and how the run ends for it.
+type timeoutCase struct {
+	name      string
+	task      func(release <-chan struct{}) Task
+	opts      Options
+	want      want
+	wantAfter time.Duration // the run takes at least this
+	wantBlock string        // Error of the dependent task
+}
+
+// The deadline and grace of timeoutCases; the cases' errors spell them out.
+const (
+	timeoutDeadline = 50 * time.Millisecond
+	timeoutGrace    = 100 * time.Millisecond
+)
+
+var timeoutCases = []timeoutCase{
+	{
+		name: "task honouring its context",
+		task: func(<-chan struct{}) Task {
+			return Func("dhcp", nil, func(context.Context) (bool, error) { return false, nil },
+				func(ctx context.Context) error { <-ctx.Done(); return fmt.Errorf("wait for lease: %w", ctx.Err()) })
+		},
+		opts:      Options{TaskTimeout: timeoutDeadline, Grace: time.Hour},
+		want:      want{StateFailed, 2, "timed out after 50ms: apply: wait for lease: context deadline exceeded"},
+		wantAfter: 2 * timeoutDeadline,
+		wantBlock: "blocked by failed dhcp",
+	},
+	{
+		name: "task ignoring its context is given up on and not retried",
+		task: func(release <-chan struct{}) Task {
+			return Func("dhcp", nil, func(context.Context) (bool, error) { <-release; return true, nil }, nil)
+		},
+		opts:      Options{TaskTimeout: timeoutDeadline, Grace: timeoutGrace},
+		want:      want{StateFailed, 1, "timed out after 50ms and still running 100ms later; given up on"},
+		wantAfter: timeoutDeadline + timeoutGrace,
+		wantBlock: "blocked by failed dhcp",
+	},
+	{
+		name: "task's own timeout wins",
+		task: func(release <-chan struct{}) Task {
+			return WithTimeout(Func("dhcp", nil, func(context.Context) (bool, error) { <-release; return true, nil }, nil), timeoutDeadline)
+		},
+		opts:      Options{TaskTimeout: time.Hour, Grace: timeoutGrace},
+		want:      want{StateFailed, 1, "timed out after 50ms and still running 100ms later; given up on"},
+		wantAfter: timeoutDeadline + timeoutGrace,
+		wantBlock: "blocked by failed dhcp",
+	},
+	{
+		name: "slow task within its deadline",
+		task: func(<-chan struct{}) Task {
+			var done bool
+			return Func("dhcp", nil, func(context.Context) (bool, error) { return done, nil },
+				func(ctx context.Context) error {
+					select {
+					case <-time.After(timeoutDeadline):
+						done = true
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				})
+		},
+		opts:      Options{TaskTimeout: time.Minute}, // far above 50ms, however slow the machine
+		want:      want{StateApplied, 1, ""},
+		wantAfter: timeoutDeadline,
+	},
+}
+
 func TestTimeout(t *testing.T) {
-	const deadline = 50 * time.Millisecond
-	const grace = 100 * time.Millisecond
-	tests := []struct {
-		name      string
-		task      func(release <-chan struct{}) Task
-		opts      Options
-		want      want
-		wantAfter time.Duration // the run takes at least this
-		wantBlock string        // Error of the dependent task
-	}{
-		{
-			name: "task honouring its context",
-			task: func(<-chan struct{}) Task {
-				return Func("dhcp", nil, func(context.Context) (bool, error) { return false, nil },
-					func(ctx context.Context) error { <-ctx.Done(); return fmt.Errorf("wait for lease: %w", ctx.Err()) })
-			},
-			opts:      Options{TaskTimeout: deadline, Grace: time.Hour},
-			want:      want{StateFailed, 2, "timed out after 50ms: apply: wait for lease: context deadline exceeded"},
-			wantAfter: 2 * deadline,
-			wantBlock: "blocked by failed dhcp",
-		},
-		{
-			name: "task ignoring its context is given up on and not retried",
-			task: func(release <-chan struct{}) Task {
-				return Func("dhcp", nil, func(context.Context) (bool, error) { <-release; return true, nil }, nil)
-			},
-			opts:      Options{TaskTimeout: deadline, Grace: grace},
-			want:      want{StateFailed, 1, "timed out after 50ms and still running 100ms later; given up on"},
-			wantAfter: deadline + grace,
-			wantBlock: "blocked by failed dhcp",
-		},
-		{
-			name: "task's own timeout wins",
-			task: func(release <-chan struct{}) Task {
-				return WithTimeout(Func("dhcp", nil, func(context.Context) (bool, error) { <-release; return true, nil }, nil), deadline)
-			},
-			opts:      Options{TaskTimeout: time.Hour, Grace: grace},
-			want:      want{StateFailed, 1, "timed out after 50ms and still running 100ms later; given up on"},
-			wantAfter: deadline + grace,
-			wantBlock: "blocked by failed dhcp",
-		},
-		{
-			name: "slow task within its deadline",
-			task: func(<-chan struct{}) Task {
-				var done bool
-				return Func("dhcp", nil, func(context.Context) (bool, error) { return done, nil },
-					func(ctx context.Context) error {
-						select {
-						case <-time.After(deadline):
-							done = true
-							return nil
-						case <-ctx.Done():
-							return ctx.Err()
-						}
-					})
-			},
-			opts:      Options{TaskTimeout: time.Minute}, // far above 50ms, however slow the machine
-			want:      want{StateApplied, 1, ""},
-			wantAfter: deadline,
-		},
-	}
-	for _, tc := range tests {
+	for _, tc := range timeoutCases {
 		t.Run(tc.name, func(t *testing.T) {
 			release := make(chan struct{})
 			t.Cleanup(func() { close(release) })
