@@ -145,6 +145,145 @@ func signatures(dev string) string {
 	return fmt.Sprintf("%s (%v)", out, err)
 }
 
+// selectorCase is a device a by-id selector may lead to, and whether the selector must refuse it.
+type selectorCase struct {
+	name string
+	// setup returns the device the selector's link leads to and the volume's mount
+	// path.
+	setup func(t *testing.T) (dev, mountPath string)
+	// reason is in the error; "" means the disk is accepted.
+	reason string
+	// direct also hands the device to Prepare (loop devices only: never the boot disk).
+	direct bool
+	// holder, when set, holds the device (its partition p1 when holderPart) in a sysfs
+	// tree of the test's own (see fakeHolder), which the checks read.
+	holder     string
+	holderPart bool
+}
+
+var selectorCases = []selectorCase{
+	{
+		name: "boot disk",
+		setup: func(t *testing.T) (string, string) {
+			_, disk := rootDevice(t)
+			return disk, ""
+		},
+		reason: "is the boot disk (it holds /",
+	},
+	{
+		name: "partition holding /",
+		setup: func(t *testing.T) (string, string) {
+			dev, disk := rootDevice(t)
+			if dev == disk {
+				t.Skipf("/ is on the whole disk %s", disk)
+			}
+			return dev, ""
+		},
+		reason: " of disk ",
+	},
+	{
+		name: "partition of a free disk",
+		setup: func(t *testing.T) (string, string) {
+			return loopDisk(t, true) + "p1", ""
+		},
+		reason: " of disk loop",
+		direct: true,
+	},
+	{
+		name: "mounted disk",
+		setup: func(t *testing.T) (string, string) {
+			dev := loopDisk(t, false)
+			mountAt(t, dev, "data")
+			return dev, ""
+		},
+		reason: "is mounted at /",
+		direct: true,
+	},
+	{
+		name: "volume mounted at its mount path and elsewhere",
+		setup: func(t *testing.T) (string, string) {
+			dev := loopDisk(t, false)
+			own := mountAt(t, dev, "etcd")
+			mountAt(t, dev, "")
+			return dev, own
+		},
+		reason: "is mounted at /",
+	},
+	{
+		name: "disk with a mounted partition",
+		setup: func(t *testing.T) (string, string) {
+			dev := loopDisk(t, true)
+			mountAt(t, dev+"p1", "data")
+			return dev, ""
+		},
+		reason: "p1, which is mounted at /",
+		direct: true,
+	},
+	{
+		name: "disk held by device-mapper",
+		setup: func(t *testing.T) (string, string) {
+			return loopDisk(t, false), ""
+		},
+		holder: "dm-0",
+		reason: "is in use by dm-0 (device-mapper etcd-vg-data)",
+		direct: true,
+	},
+	{
+		name: "disk in a RAID",
+		setup: func(t *testing.T) (string, string) {
+			return loopDisk(t, false), ""
+		},
+		holder: "md0",
+		reason: "is in use by md0 (RAID)",
+		direct: true,
+	},
+	{
+		name: "disk whose partition device-mapper holds",
+		setup: func(t *testing.T) (string, string) {
+			return loopDisk(t, true), ""
+		},
+		holder:     "dm-0",
+		holderPart: true,
+		reason:     "p1, which is in use by dm-0 (device-mapper etcd-vg-data)",
+		direct:     true,
+	},
+	{
+		name: "disk whose partition is in a RAID",
+		setup: func(t *testing.T) (string, string) {
+			return loopDisk(t, true), ""
+		},
+		holder:     "md0",
+		holderPart: true,
+		reason:     "p1, which is in use by md0 (RAID)",
+		direct:     true,
+	},
+	{
+		name: "swap disk",
+		setup: func(t *testing.T) (string, string) {
+			dev := loopDisk(t, false)
+			shTrim(t, "mkswap", dev)
+			shTrim(t, "swapon", dev)
+			t.Cleanup(func() { exec.Command("swapoff", dev).Run() })
+			return dev, ""
+		},
+		reason: "is in use as swap",
+		direct: true,
+	},
+	{
+		name: "free whole disk",
+		setup: func(t *testing.T) (string, string) {
+			return loopDisk(t, false), ""
+		},
+	},
+	{
+		name: "volume mounted at its mount path by an earlier run",
+		setup: func(t *testing.T) (string, string) {
+			dev := loopDisk(t, false)
+			return dev, mountAt(t, dev, "etcd")
+		},
+	},
+}
+
 // TestSelectorRefusesDisksInUse: a by-id selector whose link leads to the boot disk, a
 // partition, or a disk that is mounted, swapped on or held by device-mapper or RAID
 // (directly or through a partition) fails with an error naming the selector and the reason, wipe: true
@@ -153,189 +292,74 @@ func signatures(dev string) string {
 // path by an earlier run, are accepted.
 func TestSelectorRefusesDisksInUse(t *testing.T) {
 	needTools(t, "losetup", "sgdisk", "partx", "mkfs.ext4", "mkswap", "swapon", "blkid", "findmnt", "lsblk")
-	tests := []struct {
-		name string
-		// setup returns the device the selector's link leads to and the volume's mount
-		// path.
-		setup func(t *testing.T) (dev, mountPath string)
-		// reason is in the error; "" means the disk is accepted.
-		reason string
-		// direct also hands the device to Prepare (loop devices only: never the boot disk).
-		direct bool
-		// holder, when set, holds the device (its partition p1 when holderPart) in a sysfs
-		// tree of the test's own (see fakeHolder), which the checks read.
-		holder     string
-		holderPart bool
-	}{
-		{
-			name: "boot disk",
-			setup: func(t *testing.T) (string, string) {
-				_, disk := rootDevice(t)
-				return disk, ""
-			},
-			reason: "is the boot disk (it holds /",
-		},
-		{
-			name: "partition holding /",
-			setup: func(t *testing.T) (string, string) {
-				dev, disk := rootDevice(t)
-				if dev == disk {
-					t.Skipf("/ is on the whole disk %s", disk)
-				}
-				return dev, ""
-			},
-			reason: " of disk ",
-		},
-		{
-			name: "partition of a free disk",
-			setup: func(t *testing.T) (string, string) {
-				return loopDisk(t, true) + "p1", ""
-			},
-			reason: " of disk loop",
-			direct: true,
-		},
-		{
-			name: "mounted disk",
-			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, false)
-				mountAt(t, dev, "data")
-				return dev, ""
-			},
-			reason: "is mounted at /",
-			direct: true,
-		},
-		{
-			name: "volume mounted at its mount path and elsewhere",
-			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, false)
-				own := mountAt(t, dev, "etcd")
-				mountAt(t, dev, "")
-				return dev, own
-			},
-			reason: "is mounted at /",
-		},
-		{
-			name: "disk with a mounted partition",
-			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, true)
-				mountAt(t, dev+"p1", "data")
-				return dev, ""
-			},
-			reason: "p1, which is mounted at /",
-			direct: true,
-		},
-		{
-			name: "disk held by device-mapper",
-			setup: func(t *testing.T) (string, string) {
-				return loopDisk(t, false), ""
-			},
-			holder: "dm-0",
-			reason: "is in use by dm-0 (device-mapper etcd-vg-data)",
-			direct: true,
-		},
-		{
-			name: "disk in a RAID",
-			setup: func(t *testing.T) (string, string) {
-				return loopDisk(t, false), ""
-			},
-			holder: "md0",
-			reason: "is in use by md0 (RAID)",
-			direct: true,
-		},
-		{
-			name: "disk whose partition device-mapper holds",
-			setup: func(t *testing.T) (string, string) {
-				return loopDisk(t, true), ""
-			},
-			holder:     "dm-0",
-			holderPart: true,
-			reason:     "p1, which is in use by dm-0 (device-mapper etcd-vg-data)",
-			direct:     true,
-		},
-		{
-			name: "disk whose partition is in a RAID",
-			setup: func(t *testing.T) (string, string) {
-				return loopDisk(t, true), ""
-			},
-			holder:     "md0",
-			holderPart: true,
-			reason:     "p1, which is in use by md0 (RAID)",
-			direct:     true,
-		},
-		{
-			name: "swap disk",
-			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, false)
-				shTrim(t, "mkswap", dev)
-				shTrim(t, "swapon", dev)
-				t.Cleanup(func() { exec.Command("swapoff", dev).Run() })
-				return dev, ""
-			},
-			reason: "is in use as swap",
-			direct: true,
-		},
-		{
-			name: "free whole disk",
-			setup: func(t *testing.T) (string, string) {
-				return loopDisk(t, false), ""
-			},
-		},
-		{
-			name: "volume mounted at its mount path by an earlier run",
-			setup: func(t *testing.T) (string, string) {
-				dev := loopDisk(t, false)
-				return dev, mountAt(t, dev, "etcd")
-			},
-		},
+	for _, tt := range selectorCases {
+		t.Run(tt.name, func(t *testing.T) { checkSelectorCase(t, tt) })
 	}
+}
+
+// checkSelectorCase links the case's device under a by-id name and checks Find and Prepare
+// on it, without wipe and with it.
+func checkSelectorCase(t *testing.T, tt selectorCase) {
+	dev, mountPath := tt.setup(t)
+	var sysDir string
+	if tt.holder != "" {
+		sysDir = fakeHolder(t, dev, tt.holderPart, tt.holder)
+	}
+	links := t.TempDir()
+	if err := os.Symlink(dev, filepath.Join(links, "virtio-etcd-main")); err != nil {
+		t.Fatal(err)
+	}
+	before := signatures(dev)
+	for _, wipe := range []bool{false, true} {
+		want := Want{FSType: fsExt4, Label: "etcd", Wipe: wipe, SysDir: sysDir}
+		finder := ByID{Serial: "etcd-main", DevDir: links, SysDir: sysDir, MountPath: mountPath, Timeout: time.Minute, Poll: 10 * time.Millisecond}
+		if tt.reason == "" {
+			checkSelectorAccepts(t, finder, dev, want)
+			continue
+		}
+		checkSelectorRefuses(t, finder, dev, want, tt)
+		if after := signatures(dev); after != before {
+			t.Errorf("wipe %v: %s changed:\nbefore %s\nafter  %s", wipe, dev, before, after)
+		}
+	}
+}
+
+// checkSelectorAccepts checks that Find leads to dev and Prepare formats it.
+func checkSelectorAccepts(t *testing.T, finder ByID, dev string, want Want) {
+	t.Helper()
 	ctx := context.Background()
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dev, mountPath := tt.setup(t)
-			var sysDir string
-			if tt.holder != "" {
-				sysDir = fakeHolder(t, dev, tt.holderPart, tt.holder)
-			}
-			links := t.TempDir()
-			if err := os.Symlink(dev, filepath.Join(links, "virtio-etcd-main")); err != nil {
-				t.Fatal(err)
-			}
-			before := signatures(dev)
-			for _, wipe := range []bool{false, true} {
-				want := Want{FSType: fsExt4, Label: "etcd", Wipe: wipe, SysDir: sysDir}
-				finder := ByID{Serial: "etcd-main", DevDir: links, SysDir: sysDir, MountPath: mountPath, Timeout: time.Minute, Poll: 10 * time.Millisecond}
-				got, err := finder.Find(ctx)
-				if tt.reason == "" {
-					if err != nil || got != dev {
-						t.Fatalf("wipe %v: Find = %q, %v; want %s", wipe, got, err, dev)
-					}
-					res, err := Prepare(ctx, got, want)
-					if err != nil || res.FSType != fsExt4 || res.Label != "etcd" {
-						t.Fatalf("wipe %v: Prepare = %+v, %v", wipe, res, err)
-					}
-					continue
-				}
-				if err == nil {
-					// Never hand what Find returned to Prepare: it may be this machine's boot disk.
-					t.Errorf("wipe %v: Find accepted %s", wipe, got)
-				} else {
-					t.Log(err)
-					if !errors.Is(err, errUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
-						!strings.Contains(err.Error(), tt.reason) {
-						t.Errorf("wipe %v: Find error %q; want it to name the selector, %s and %q", wipe, err, dev, tt.reason)
-					}
-				}
-				if tt.direct {
-					_, err := Prepare(ctx, dev, want)
-					if err == nil || wipe && !errors.Is(err, errUnsafeDisk) {
-						t.Errorf("wipe %v: Prepare(%s) = %v; want it refused", wipe, dev, err)
-					}
-				}
-				if after := signatures(dev); after != before {
-					t.Errorf("wipe %v: %s changed:\nbefore %s\nafter  %s", wipe, dev, before, after)
-				}
-			}
-		})
+	got, err := finder.Find(ctx)
+	if err != nil || got != dev {
+		t.Fatalf("wipe %v: Find = %q, %v; want %s", want.Wipe, got, err, dev)
+	}
+	res, err := Prepare(ctx, got, want)
+	if err != nil || res.FSType != fsExt4 || res.Label != "etcd" {
+		t.Fatalf("wipe %v: Prepare = %+v, %v", want.Wipe, res, err)
+	}
+}
+
+// checkSelectorRefuses checks that Find refuses dev naming the selector and the case's
+// reason, and that Prepare handed dev directly refuses it too when the case says so.
+func checkSelectorRefuses(t *testing.T, finder ByID, dev string, want Want, tt selectorCase) {
+	t.Helper()
+	ctx := context.Background()
+	wipe := want.Wipe
+	got, err := finder.Find(ctx)
+	if err == nil {
+		// Never hand what Find returned to Prepare: it may be this machine's boot disk.
+		t.Errorf("wipe %v: Find accepted %s", wipe, got)
+	} else {
+		t.Log(err)
+		if !errors.Is(err, errUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
+			!strings.Contains(err.Error(), tt.reason) {
+			t.Errorf("wipe %v: Find error %q; want it to name the selector, %s and %q", wipe, err, dev, tt.reason)
+		}
+	}
+	if tt.direct {
+		_, err := Prepare(ctx, dev, want)
+		if err == nil || wipe && !errors.Is(err, errUnsafeDisk) {
+			t.Errorf("wipe %v: Prepare(%s) = %v; want it refused", wipe, dev, err)
+		}
 	}
 }
 

@@ -64,74 +64,96 @@ func (f *fakeCompute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(rest, "/")
 	switch {
 	case r.Method == http.MethodGet && len(parts) == 2 && parts[0] == "disks":
-		users, ok := f.disks[parts[1]]
-		if !ok {
-			gceError(w, http.StatusNotFound, fmt.Sprintf("The resource 'projects/%s/zones/%s/disks/%s' was not found", gceProject, gceZone, parts[1]), "notFound")
-			return
-		}
-		var links []string
-		for _, u := range users {
-			links = append(links, gceBase+"/instances/"+u)
-		}
-		writeJSON(w, compute.Disk{Kind: "compute#disk", Name: parts[1], SelfLink: gceBase + "/disks/" + parts[1], Users: links, Zone: gceBase, Status: "READY"})
+		f.getDisk(w, parts[1])
 	case r.Method == http.MethodGet && len(parts) == 2 && parts[0] == "instances":
-		inst := compute.Instance{Kind: "compute#instance", Name: parts[1], SelfLink: gceBase + "/instances/" + parts[1]}
-		for disk, users := range f.disks {
-			if slices.Contains(users, parts[1]) {
-				inst.Disks = append(inst.Disks, &compute.AttachedDisk{
-					Source:     "https://compute.googleapis.com/compute/v1/projects/" + gceProject + "/zones/" + gceZone + "/disks/" + disk,
-					DeviceName: f.deviceNames[parts[1]+"/"+disk], Mode: "READ_WRITE", Type: "PERSISTENT",
-				})
-			}
-		}
-		writeJSON(w, inst)
+		f.getInstance(w, parts[1])
 	case r.Method == http.MethodPost && len(parts) == 3 && parts[0] == "instances" && parts[2] == "attachDisk":
-		var ad compute.AttachedDisk
-		if err := json.NewDecoder(r.Body).Decode(&ad); err != nil {
-			f.t.Errorf("attachDisk body: %v", err)
-		}
-		f.attached = append(f.attached, ad)
-		disk := ad.Source[strings.LastIndex(ad.Source, "/")+1:]
-		if !strings.HasSuffix(ad.Source, "/projects/"+gceProject+"/zones/"+gceZone+"/disks/"+disk) || ad.Mode != "READ_WRITE" {
-			f.t.Errorf("attachDisk of %+v", ad)
-		}
-		if f.race != "" {
-			f.disks[disk] = []string{"cp-rival"}
-		}
-		if f.race == "request" || len(f.disks[disk]) > 0 && f.race == "" {
-			gceError(w, http.StatusBadRequest, fmt.Sprintf("The disk resource 'projects/%s/zones/%s/disks/%s' is already being used by 'projects/%s/zones/%s/instances/%s'", gceProject, gceZone, disk, gceProject, gceZone, f.disks[disk][0]), "resourceInUseByAnotherResource")
-			return
-		}
-		op := compute.Operation{Kind: "compute#operation", Name: "operation-attach-1", Status: "RUNNING", OperationType: "attachDisk", TargetLink: gceBase + "/instances/" + parts[1]}
-		if f.race == "operation" {
-			op.Name = "operation-attach-race"
-		} else {
-			f.disks[disk] = []string{parts[1]}
-			f.deviceNames[parts[1]+"/"+disk] = ad.DeviceName
-		}
-		writeJSON(w, op)
+		f.attachDisk(w, r, parts[1])
 	case r.Method == http.MethodPost && len(parts) == 3 && parts[0] == "operations" && parts[2] == "wait":
-		op := compute.Operation{Kind: "compute#operation", Name: parts[1], Status: "DONE", OperationType: "attachDisk"}
-		switch parts[1] {
-		case "operation-attach-1":
-			for key, name := range f.deviceNames {
-				if strings.HasPrefix(key, gceMe+"/") {
-					f.dev.link("google-"+name, "sdb")
-				}
-			}
-		case "operation-attach-race":
-			op.Error = &compute.OperationError{Errors: []*compute.OperationErrorErrors{{
-				Code: "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", Message: "The disk resource is already being used by 'cp-rival'",
-			}}}
-		default:
-			gceError(w, http.StatusNotFound, "operation not found", "notFound")
-			return
-		}
-		writeJSON(w, op)
+		f.waitOperation(w, parts[1])
 	default:
 		f.t.Errorf("unexpected request %s %s", r.Method, r.URL.Path)
 		gceError(w, http.StatusNotFound, "not found", "notFound")
 	}
+}
+
+// getDisk answers disks.get with the disk's users; f.mu is held.
+func (f *fakeCompute) getDisk(w http.ResponseWriter, name string) {
+	users, ok := f.disks[name]
+	if !ok {
+		gceError(w, http.StatusNotFound, fmt.Sprintf("The resource 'projects/%s/zones/%s/disks/%s' was not found", gceProject, gceZone, name), "notFound")
+		return
+	}
+	var links []string
+	for _, u := range users {
+		links = append(links, gceBase+"/instances/"+u)
+	}
+	writeJSON(w, compute.Disk{Kind: "compute#disk", Name: name, SelfLink: gceBase + "/disks/" + name, Users: links, Zone: gceBase, Status: "READY"})
+}
+
+// getInstance answers instances.get with the disks attached to the instance; f.mu is held.
+func (f *fakeCompute) getInstance(w http.ResponseWriter, name string) {
+	inst := compute.Instance{Kind: "compute#instance", Name: name, SelfLink: gceBase + "/instances/" + name}
+	for disk, users := range f.disks {
+		if slices.Contains(users, name) {
+			inst.Disks = append(inst.Disks, &compute.AttachedDisk{
+				Source:     "https://compute.googleapis.com/compute/v1/projects/" + gceProject + "/zones/" + gceZone + "/disks/" + disk,
+				DeviceName: f.deviceNames[name+"/"+disk], Mode: "READ_WRITE", Type: "PERSISTENT",
+			})
+		}
+	}
+	writeJSON(w, inst)
+}
+
+// attachDisk answers instances.attachDisk: it refuses a disk in use, loses f.race, or
+// attaches the disk and starts an operation; f.mu is held.
+func (f *fakeCompute) attachDisk(w http.ResponseWriter, r *http.Request, instance string) {
+	var ad compute.AttachedDisk
+	if err := json.NewDecoder(r.Body).Decode(&ad); err != nil {
+		f.t.Errorf("attachDisk body: %v", err)
+	}
+	f.attached = append(f.attached, ad)
+	disk := ad.Source[strings.LastIndex(ad.Source, "/")+1:]
+	if !strings.HasSuffix(ad.Source, "/projects/"+gceProject+"/zones/"+gceZone+"/disks/"+disk) || ad.Mode != "READ_WRITE" {
+		f.t.Errorf("attachDisk of %+v", ad)
+	}
+	if f.race != "" {
+		f.disks[disk] = []string{"cp-rival"}
+	}
+	if f.race == "request" || len(f.disks[disk]) > 0 && f.race == "" {
+		gceError(w, http.StatusBadRequest, fmt.Sprintf("The disk resource 'projects/%s/zones/%s/disks/%s' is already being used by 'projects/%s/zones/%s/instances/%s'", gceProject, gceZone, disk, gceProject, gceZone, f.disks[disk][0]), "resourceInUseByAnotherResource")
+		return
+	}
+	op := compute.Operation{Kind: "compute#operation", Name: "operation-attach-1", Status: "RUNNING", OperationType: "attachDisk", TargetLink: gceBase + "/instances/" + instance}
+	if f.race == "operation" {
+		op.Name = "operation-attach-race"
+	} else {
+		f.disks[disk] = []string{instance}
+		f.deviceNames[instance+"/"+disk] = ad.DeviceName
+	}
+	writeJSON(w, op)
+}
+
+// waitOperation answers operations.wait: the attach operation is done and its disk's link
+// appears, the raced one fails; f.mu is held.
+func (f *fakeCompute) waitOperation(w http.ResponseWriter, name string) {
+	op := compute.Operation{Kind: "compute#operation", Name: name, Status: "DONE", OperationType: "attachDisk"}
+	switch name {
+	case "operation-attach-1":
+		for key, dn := range f.deviceNames {
+			if strings.HasPrefix(key, gceMe+"/") {
+				f.dev.link("google-"+dn, "sdb")
+			}
+		}
+	case "operation-attach-race":
+		op.Error = &compute.OperationError{Errors: []*compute.OperationErrorErrors{{
+			Code: "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", Message: "The disk resource is already being used by 'cp-rival'",
+		}}}
+	default:
+		gceError(w, http.StatusNotFound, "operation not found", "notFound")
+		return
+	}
+	writeJSON(w, op)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -42,21 +42,7 @@ func TestLinkManifest(t *testing.T) {
 			if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			kind, arg, _ := strings.Cut(tt.inWay, ":")
-			switch kind {
-			case "link":
-				if err := os.Symlink(arg, link); err != nil {
-					t.Fatal(err)
-				}
-			case "file":
-				if err := os.WriteFile(link, []byte(arg), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			case "dir":
-				if err := os.Mkdir(link, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
+			kind, arg := putInWay(t, link, tt.inWay)
 			changed, err := LinkManifest(root, vol, "etcd.manifest")
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "/etc/kubernetes/manifests/etcd.manifest") {
@@ -89,6 +75,26 @@ func TestLinkManifest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// putInWay makes what inWay describes at link ("" nothing, "link:<dest>" a symlink,
+// "file:<content>" a regular file, "dir" a directory) and returns its kind and argument.
+func putInWay(t *testing.T, link, inWay string) (kind, arg string) {
+	t.Helper()
+	kind, arg, _ = strings.Cut(inWay, ":")
+	var err error
+	switch kind {
+	case "link":
+		err = os.Symlink(arg, link)
+	case "file":
+		err = os.WriteFile(link, []byte(arg), 0o600)
+	case "dir":
+		err = os.Mkdir(link, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kind, arg
 }
 
 func TestWriteManifest(t *testing.T) {
