@@ -47,186 +47,221 @@ func nodeFiles(t *testing.T, ign []byte) map[string]config.File {
 	return m
 }
 
+// initCase is a cluster spec and what Init makes of it.
+type initCase struct {
+	name      string
+	spec      Spec
+	nodes     []string
+	members   []string
+	endpoint  string
+	volume    string
+	adminHost string
+}
+
+var initCases = []initCase{
+	{"defaults", Spec{Name: "demo", DNSZone: "k8s.example.com.", ControlPlanes: 1, Workers: 1, EtcdDiskSerial: "etcd-main"},
+		[]string{"demo-cp-1", "demo-worker-1"}, []string{"a"}, "api.internal.demo.k8s.example.com:6443", "etcd-main", "https://api.internal.demo.k8s.example.com:6443"},
+	{"three control planes", Spec{Name: "prod", DNSZone: "example.org", ControlPlanes: 3, Workers: 2, APIEndpoint: "10.0.0.10:443", SlowControlPlane: true},
+		[]string{"prod-cp-1", "prod-cp-2", "prod-cp-3", "prod-worker-1", "prod-worker-2"}, []string{"a", "b", "c"}, "10.0.0.10:443", "", "https://10.0.0.10:443"},
+	{"no workers, forwarded admin port", Spec{Name: "e2e", DNSZone: "test", ControlPlanes: 1, APIEndpoint: "192.168.100.11:6443", AdminServer: "https://127.0.0.1:16443", AdminTLSServerName: "kubernetes"},
+		[]string{"e2e-cp-1"}, []string{"a"}, "192.168.100.11:6443", "", "https://127.0.0.1:16443"},
+}
+
 func TestInit(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		spec      Spec
-		nodes     []string
-		members   []string
-		endpoint  string
-		volume    string
-		adminHost string
-	}{
-		{"defaults", Spec{Name: "demo", DNSZone: "k8s.example.com.", ControlPlanes: 1, Workers: 1, EtcdDiskSerial: "etcd-main"},
-			[]string{"demo-cp-1", "demo-worker-1"}, []string{"a"}, "api.internal.demo.k8s.example.com:6443", "etcd-main", "https://api.internal.demo.k8s.example.com:6443"},
-		{"three control planes", Spec{Name: "prod", DNSZone: "example.org", ControlPlanes: 3, Workers: 2, APIEndpoint: "10.0.0.10:443", SlowControlPlane: true},
-			[]string{"prod-cp-1", "prod-cp-2", "prod-cp-3", "prod-worker-1", "prod-worker-2"}, []string{"a", "b", "c"}, "10.0.0.10:443", "", "https://10.0.0.10:443"},
-		{"no workers, forwarded admin port", Spec{Name: "e2e", DNSZone: "test", ControlPlanes: 1, APIEndpoint: "192.168.100.11:6443", AdminServer: "https://127.0.0.1:16443", AdminTLSServerName: "kubernetes"},
-			[]string{"e2e-cp-1"}, []string{"a"}, "192.168.100.11:6443", "", "https://127.0.0.1:16443"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "out")
-			c, err := Init(dir, tc.spec, false, now)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// What is on disk, with modes.
-			want := map[string]os.FileMode{
-				"pki/ca.crt": 0o644, "pki/ca.key": 0o600, "pki/front-proxy-ca.crt": 0o644, "pki/front-proxy-ca.key": 0o600,
-				"pki/etcd/ca.crt": 0o644, "pki/etcd/ca.key": 0o600, "pki/sa.key": 0o600, "pki/sa.pub": 0o644,
-				"admin.conf": 0o600, "bootstrap-token": 0o600, "cluster.yaml": 0o644,
-			}
-			for _, n := range tc.nodes {
-				want[n+".ign"] = 0o600
-			}
-			got := map[string]os.FileMode{}
-			filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-				if err == nil && !d.IsDir() {
-					fi, _ := d.Info()
-					rel, _ := filepath.Rel(dir, p)
-					got[rel] = fi.Mode().Perm()
-				}
-				return nil
-			})
-			for p, m := range want {
-				if got[p] != m {
-					t.Errorf("%s: mode %v, want %v", p, got[p], m)
-				}
-			}
-			if len(got) != len(want) {
-				t.Errorf("files %v, want %v", got, want)
-			}
-			if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o700 {
-				t.Errorf("output dir mode %v, want 0700", fi.Mode().Perm())
-			}
-			if ents, _ := os.ReadDir(filepath.Dir(dir)); len(ents) != 1 {
-				t.Errorf("left beside the output: %v", ents)
-			}
+	for _, tc := range initCases {
+		t.Run(tc.name, func(t *testing.T) { checkInit(t, tc) })
+	}
+}
 
-			ca, err := pki.LoadCA(filepath.Join(dir, "pki"), "ca")
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, name := range []string{"front-proxy-ca", "etcd/ca"} {
-				if _, err := pki.LoadCA(filepath.Join(dir, "pki"), name); err != nil {
-					t.Error(err)
-				}
-			}
-			tokData, _ := os.ReadFile(filepath.Join(dir, "bootstrap-token"))
-			tok, err := pki.ParseToken(string(tokData))
-			if err != nil {
-				t.Fatal(err)
-			}
+// checkInit runs Init for one case and checks the output directory, admin.conf,
+// cluster.yaml and each node's Ignition config.
+func checkInit(t *testing.T, tc initCase) {
+	dir := filepath.Join(t.TempDir(), "out")
+	c, err := Init(dir, tc.spec, false, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInitModes(t, dir, tc.nodes)
+	ca, err := pki.LoadCA(filepath.Join(dir, "pki"), "ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"front-proxy-ca", "etcd/ca"} {
+		if _, err := pki.LoadCA(filepath.Join(dir, "pki"), name); err != nil {
+			t.Error(err)
+		}
+	}
+	tokData, _ := os.ReadFile(filepath.Join(dir, "bootstrap-token"))
+	tok, err := pki.ParseToken(string(tokData))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAdminConf(t, dir, ca, tc)
 
-			// admin.conf
-			adminData, _ := os.ReadFile(filepath.Join(dir, "admin.conf"))
-			admin, err := kubeconfig.Parse(adminData)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if admin.Server != tc.adminHost || admin.TLSServerName != tc.spec.AdminTLSServerName {
-				t.Errorf("admin.conf server %s tls-server-name %q", admin.Server, admin.TLSServerName)
-			}
-			if err := pki.CheckLeaf(ca, pki.KeyPair{CertPEM: admin.CertPEM, KeyPEM: admin.KeyPEM},
-				pki.Cert{CommonName: "kubernetes-admin", Organization: []string{"kubeadm:cluster-admins"}, Client: true}, now); err != nil {
-				t.Errorf("admin.conf client certificate: %v", err)
-			}
+	// cluster.yaml lists the nodes.
+	spec, _ := os.ReadFile(filepath.Join(dir, "cluster.yaml"))
+	for _, n := range tc.nodes {
+		if !bytes.Contains(spec, []byte("name: "+n)) {
+			t.Errorf("cluster.yaml lacks node %s", n)
+		}
+	}
+	if bytes.Contains(spec, []byte(tok.Secret)) {
+		t.Error("cluster.yaml holds the token secret")
+	}
+	if len(c.Nodes) != len(tc.nodes) {
+		t.Errorf("nodes %v", c.Nodes)
+	}
+	for _, n := range c.Nodes {
+		t.Run(n.Name, func(t *testing.T) { checkNodeIgnition(t, dir, n, tc, ca, tok) })
+	}
+}
 
-			// cluster.yaml lists the nodes.
-			spec, _ := os.ReadFile(filepath.Join(dir, "cluster.yaml"))
-			for _, n := range tc.nodes {
-				if !bytes.Contains(spec, []byte("name: "+n)) {
-					t.Errorf("cluster.yaml lacks node %s", n)
-				}
-			}
-			if bytes.Contains(spec, []byte(tok.Secret)) {
-				t.Error("cluster.yaml holds the token secret")
-			}
-			if len(c.Nodes) != len(tc.nodes) {
-				t.Errorf("nodes %v", c.Nodes)
-			}
+// checkInitModes checks what is in the output directory, with modes, and that nothing is
+// left beside it.
+func checkInitModes(t *testing.T, dir string, nodes []string) {
+	t.Helper()
+	want := map[string]os.FileMode{
+		"pki/ca.crt": 0o644, "pki/ca.key": 0o600, "pki/front-proxy-ca.crt": 0o644, "pki/front-proxy-ca.key": 0o600,
+		"pki/etcd/ca.crt": 0o644, "pki/etcd/ca.key": 0o600, "pki/sa.key": 0o600, "pki/sa.pub": 0o644,
+		"admin.conf": 0o600, "bootstrap-token": 0o600, "cluster.yaml": 0o644,
+	}
+	for _, n := range nodes {
+		want[n+".ign"] = 0o600
+	}
+	got := map[string]os.FileMode{}
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			fi, _ := d.Info()
+			rel, _ := filepath.Rel(dir, p)
+			got[rel] = fi.Mode().Perm()
+		}
+		return nil
+	})
+	for p, m := range want {
+		if got[p] != m {
+			t.Errorf("%s: mode %v, want %v", p, got[p], m)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("files %v, want %v", got, want)
+	}
+	if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o700 {
+		t.Errorf("output dir mode %v, want 0700", fi.Mode().Perm())
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(dir)); len(ents) != 1 {
+		t.Errorf("left beside the output: %v", ents)
+	}
+}
 
-			for _, n := range c.Nodes {
-				t.Run(n.Name, func(t *testing.T) {
-					ign, _ := os.ReadFile(filepath.Join(dir, n.Ignition))
-					files := nodeFiles(t, ign)
-					nc, err := config.ParseNode(files[config.NodePath].Contents, "node.yaml")
-					if err != nil {
-						t.Fatalf("node.yaml: %v", err)
-					}
-					if nc.Hostname != n.Name || string(nc.Role) != n.Role || nc.Cluster.Name != tc.spec.Name ||
-						nc.APIEndpoint != tc.endpoint || nc.Kubernetes.Version != DefaultKubernetesVersion {
-						t.Errorf("node.yaml: %+v", nc)
-					}
-					if !bytes.Equal(files["/etc/kubernetes/pki/ca.crt"].Contents, ca.CertPEM) {
-						t.Error("ca.crt differs from pki/ca.crt")
-					}
-					wantFiles := map[string]os.FileMode{config.NodePath: 0o644, "/etc/kubernetes/pki/ca.crt": 0o644}
-					if n.Role == roleControlPlane {
-						for p, m := range map[string]os.FileMode{
-							"/etc/kubernetes/pki/ca.key": 0o600, "/etc/kubernetes/pki/front-proxy-ca.crt": 0o644,
-							"/etc/kubernetes/pki/front-proxy-ca.key": 0o600, "/etc/kubernetes/pki/etcd/ca.crt": 0o644,
-							"/etc/kubernetes/pki/etcd/ca.key": 0o600, "/etc/kubernetes/pki/sa.key": 0o600,
-							"/etc/kubernetes/pki/sa.pub": 0o644, "/etc/kiln/bootstrap-token": 0o600,
-						} {
-							wantFiles[p] = m
-						}
-						wantLE := config.LeaderElection{}
-						if tc.spec.SlowControlPlane {
-							wantLE = slowLeaderElection
-						}
-						if nc.Kubernetes.LeaderElection != wantLE {
-							t.Errorf("leader election %+v, want %+v", nc.Kubernetes.LeaderElection, wantLE)
-						}
-						if nc.Etcd == nil || !slices.Equal(nc.Etcd.Members, tc.members) || nc.Etcd.Member != n.EtcdMember {
-							t.Errorf("etcd %+v, want members %v", nc.Etcd, tc.members)
-						}
-						if serial := ""; nc.Etcd.Volume != nil {
-							serial = nc.Etcd.Volume.Serial
-							if serial != tc.volume {
-								t.Errorf("etcd volume serial %q, want %q", serial, tc.volume)
-							}
-						} else if tc.volume != "" {
-							t.Error("no etcd volume")
-						}
-						if got, _ := pki.ParseToken(string(files["/etc/kiln/bootstrap-token"].Contents)); got != tok {
-							t.Error("bootstrap token differs from the one in the output directory")
-						}
-						key, _ := os.ReadFile(filepath.Join(dir, "pki/etcd/ca.key"))
-						if !bytes.Equal(files["/etc/kubernetes/pki/etcd/ca.key"].Contents, key) {
-							t.Error("etcd/ca.key differs from pki/etcd/ca.key")
-						}
-					} else {
-						wantFiles["/etc/kubernetes/bootstrap-kubelet.conf"] = 0o600
-						if nc.Etcd != nil {
-							t.Error("worker with etcd")
-						}
-						kc, err := kubeconfig.Parse(files["/etc/kubernetes/bootstrap-kubelet.conf"].Contents)
-						if err != nil {
-							t.Fatal(err)
-						}
-						if kc.Server != "https://"+tc.endpoint || kc.User != "kubelet-bootstrap" || kc.Token != tok.String() || !bytes.Equal(kc.CAPEM, ca.CertPEM) {
-							t.Errorf("bootstrap-kubelet.conf: %+v", kc)
-						}
-					}
-					for p, m := range wantFiles {
-						f, ok := files[p]
-						if !ok {
-							t.Errorf("%s missing", p)
-						} else if f.Mode.Perm() != m {
-							t.Errorf("%s: mode %v, want %v", p, f.Mode.Perm(), m)
-						}
-					}
-					if len(files) != len(wantFiles) {
-						var paths []string
-						for p := range files {
-							paths = append(paths, p)
-						}
-						t.Errorf("files %v, want exactly %d", paths, len(wantFiles))
-					}
-				})
-			}
-		})
+// checkAdminConf checks admin.conf's server and its client certificate, signed by ca.
+func checkAdminConf(t *testing.T, dir string, ca *pki.CA, tc initCase) {
+	t.Helper()
+	adminData, _ := os.ReadFile(filepath.Join(dir, "admin.conf"))
+	admin, err := kubeconfig.Parse(adminData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if admin.Server != tc.adminHost || admin.TLSServerName != tc.spec.AdminTLSServerName {
+		t.Errorf("admin.conf server %s tls-server-name %q", admin.Server, admin.TLSServerName)
+	}
+	if err := pki.CheckLeaf(ca, pki.KeyPair{CertPEM: admin.CertPEM, KeyPEM: admin.KeyPEM},
+		pki.Cert{CommonName: "kubernetes-admin", Organization: []string{"kubeadm:cluster-admins"}, Client: true}, now); err != nil {
+		t.Errorf("admin.conf client certificate: %v", err)
+	}
+}
+
+// checkNodeIgnition checks a node's Ignition config: its node.yaml, the CA, what its role
+// needs, and that it holds exactly the files it should, with their modes.
+func checkNodeIgnition(t *testing.T, dir string, n Node, tc initCase, ca *pki.CA, tok pki.Token) {
+	ign, _ := os.ReadFile(filepath.Join(dir, n.Ignition))
+	files := nodeFiles(t, ign)
+	nc, err := config.ParseNode(files[config.NodePath].Contents, "node.yaml")
+	if err != nil {
+		t.Fatalf("node.yaml: %v", err)
+	}
+	if nc.Hostname != n.Name || string(nc.Role) != n.Role || nc.Cluster.Name != tc.spec.Name ||
+		nc.APIEndpoint != tc.endpoint || nc.Kubernetes.Version != DefaultKubernetesVersion {
+		t.Errorf("node.yaml: %+v", nc)
+	}
+	if !bytes.Equal(files["/etc/kubernetes/pki/ca.crt"].Contents, ca.CertPEM) {
+		t.Error("ca.crt differs from pki/ca.crt")
+	}
+	wantFiles := map[string]os.FileMode{config.NodePath: 0o644, "/etc/kubernetes/pki/ca.crt": 0o644}
+	if n.Role == roleControlPlane {
+		for p, m := range map[string]os.FileMode{
+			"/etc/kubernetes/pki/ca.key": 0o600, "/etc/kubernetes/pki/front-proxy-ca.crt": 0o644,
+			"/etc/kubernetes/pki/front-proxy-ca.key": 0o600, "/etc/kubernetes/pki/etcd/ca.crt": 0o644,
+			"/etc/kubernetes/pki/etcd/ca.key": 0o600, "/etc/kubernetes/pki/sa.key": 0o600,
+			"/etc/kubernetes/pki/sa.pub": 0o644, "/etc/kiln/bootstrap-token": 0o600,
+		} {
+			wantFiles[p] = m
+		}
+		checkControlPlaneNode(t, dir, n, nc, files, tc, tok)
+	} else {
+		wantFiles["/etc/kubernetes/bootstrap-kubelet.conf"] = 0o600
+		checkWorkerNode(t, nc, files, tc, ca, tok)
+	}
+	for p, m := range wantFiles {
+		f, ok := files[p]
+		if !ok {
+			t.Errorf("%s missing", p)
+		} else if f.Mode.Perm() != m {
+			t.Errorf("%s: mode %v, want %v", p, f.Mode.Perm(), m)
+		}
+	}
+	if len(files) != len(wantFiles) {
+		var paths []string
+		for p := range files {
+			paths = append(paths, p)
+		}
+		t.Errorf("files %v, want exactly %d", paths, len(wantFiles))
+	}
+}
+
+// checkControlPlaneNode checks a control plane's leader election, etcd members and volume,
+// bootstrap token and etcd CA key.
+func checkControlPlaneNode(t *testing.T, dir string, n Node, nc *config.Node, files map[string]config.File, tc initCase, tok pki.Token) {
+	t.Helper()
+	wantLE := config.LeaderElection{}
+	if tc.spec.SlowControlPlane {
+		wantLE = slowLeaderElection
+	}
+	if nc.Kubernetes.LeaderElection != wantLE {
+		t.Errorf("leader election %+v, want %+v", nc.Kubernetes.LeaderElection, wantLE)
+	}
+	if nc.Etcd == nil || !slices.Equal(nc.Etcd.Members, tc.members) || nc.Etcd.Member != n.EtcdMember {
+		t.Errorf("etcd %+v, want members %v", nc.Etcd, tc.members)
+	}
+	if serial := ""; nc.Etcd.Volume != nil {
+		serial = nc.Etcd.Volume.Serial
+		if serial != tc.volume {
+			t.Errorf("etcd volume serial %q, want %q", serial, tc.volume)
+		}
+	} else if tc.volume != "" {
+		t.Error("no etcd volume")
+	}
+	if got, _ := pki.ParseToken(string(files["/etc/kiln/bootstrap-token"].Contents)); got != tok {
+		t.Error("bootstrap token differs from the one in the output directory")
+	}
+	key, _ := os.ReadFile(filepath.Join(dir, "pki/etcd/ca.key"))
+	if !bytes.Equal(files["/etc/kubernetes/pki/etcd/ca.key"].Contents, key) {
+		t.Error("etcd/ca.key differs from pki/etcd/ca.key")
+	}
+}
+
+// checkWorkerNode checks that a worker has no etcd and a bootstrap kubeconfig with the
+// endpoint, token and CA.
+func checkWorkerNode(t *testing.T, nc *config.Node, files map[string]config.File, tc initCase, ca *pki.CA, tok pki.Token) {
+	t.Helper()
+	if nc.Etcd != nil {
+		t.Error("worker with etcd")
+	}
+	kc, err := kubeconfig.Parse(files["/etc/kubernetes/bootstrap-kubelet.conf"].Contents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kc.Server != "https://"+tc.endpoint || kc.User != "kubelet-bootstrap" || kc.Token != tok.String() || !bytes.Equal(kc.CAPEM, ca.CertPEM) {
+		t.Errorf("bootstrap-kubelet.conf: %+v", kc)
 	}
 }
 
