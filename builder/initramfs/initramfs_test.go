@@ -21,9 +21,8 @@ func staticInit(t *testing.T) string {
 }
 
 func TestWrite(t *testing.T) {
-	const kver = "6.1.0-test-amd64"
 	root := t.TempDir()
-	fakeModulesDir(t, root, kver)
+	fakeModulesDir(t, root, modulesKver)
 	if err := os.Symlink("usr/lib", filepath.Join(root, "lib")); err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +31,7 @@ func TestWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := Spec{Root: root, KernelVersion: kver, Init: initBin,
+	spec := Spec{Root: root, KernelVersion: modulesKver, Init: initBin,
 		Modules: []string{"virtio_blk", "squashfs", "ext4", "erofs"}}
 
 	for _, comp := range []string{"", Zstd, Gzip, None} {
@@ -51,63 +50,13 @@ func TestWrite(t *testing.T) {
 			if !reflect.DeepEqual(entries, man.Entries) {
 				t.Errorf("archive records differ from manifest:\n got %v\nwant %v", entries, man.Entries)
 			}
-			byName := map[string]entry{}
-			for i, e := range entries {
-				byName[e.Name] = e
-				if i > 0 && entries[i-1].Name >= e.Name {
-					t.Errorf("records not sorted: %s before %s", entries[i-1].Name, e.Name)
-				}
-				if parent := filepath.Dir(e.Name); parent != "/" {
-					if p, ok := byName[parent]; !ok || !p.IsDir() {
-						t.Errorf("%s comes before its directory %s", e.Name, parent)
-					}
-				}
-			}
-
+			byName := checkEntryOrder(t, entries)
 			in := byName["/init"]
 			if in.Mode != cpio.S_IFREG|0o755 || !bytes.Equal(contents["/init"], initData) {
 				t.Errorf("/init: mode %o, %d bytes; want regular 0755 with the %d bytes of %s", in.Mode, len(contents["/init"]), len(initData), initBin)
 			}
-			for _, d := range []string{"/dev", "/proc", "/sys", "/run", "/sysroot", "/tmp", "/etc/kiln"} {
-				if !byName[d].IsDir() {
-					t.Errorf("directory %s missing", d)
-				}
-			}
-			for name, dev := range map[string][2]uint64{"/dev/console": {5, 1}, "/dev/null": {1, 3}} {
-				e := byName[name]
-				if !e.isCharDev() || e.Major != dev[0] || e.Minor != dev[1] {
-					t.Errorf("%s = mode %o %d:%d, want char device %d:%d", name, e.Mode, e.Major, e.Minor, dev[0], dev[1])
-				}
-			}
-
-			wantLoad := []string{
-				"/lib/modules/" + kver + "/kernel/drivers/virtio/virtio_ring.ko",
-				"/lib/modules/" + kver + "/kernel/drivers/virtio/virtio.ko",
-				"/lib/modules/" + kver + "/kernel/drivers/block/virtio_blk.ko",
-				"/lib/modules/" + kver + "/kernel/fs/squashfs/squashfs.ko",
-				"/lib/modules/" + kver + "/kernel/arch/x86/crypto/crc32c-intel.ko",
-				"/lib/modules/" + kver + "/kernel/lib/libcrc32c.ko",
-				"/lib/modules/" + kver + "/kernel/fs/erofs/erofs.ko.xz",
-			}
-			if got := string(contents[nodeimage.ModulesLoadPath]); got != strings.Join(wantLoad, "\n")+"\n" {
-				t.Errorf("modules.load =\n%s\nwant\n%s", got, strings.Join(wantLoad, "\n"))
-			}
-			if !reflect.DeepEqual(man.Modules, wantLoad) {
-				t.Errorf("manifest modules %q, want %q", man.Modules, wantLoad)
-			}
-			for _, m := range wantLoad {
-				rel := strings.TrimPrefix(m, "/lib/modules/"+kver+"/")
-				want, err := os.ReadFile(filepath.Join(root, "usr/lib/modules", kver, rel))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !bytes.Equal(contents[m], want) {
-					t.Errorf("%s holds %d bytes, want the %d bytes of the module file", m, len(contents[m]), len(want))
-				}
-			}
-			if _, ok := contents["/lib/modules/"+kver+"/modules.dep"]; !ok {
-				t.Error("modules.dep missing")
-			}
+			checkBaseEntries(t, byName)
+			checkModulesLoaded(t, root, man, contents)
 
 			var again bytes.Buffer
 			if _, err := Write(&again, spec); err != nil {
@@ -117,6 +66,77 @@ func TestWrite(t *testing.T) {
 				t.Error("two writes of the same spec differ")
 			}
 		})
+	}
+}
+
+// checkEntryOrder checks that the records are sorted, each after its directory, and
+// returns them by name.
+func checkEntryOrder(t *testing.T, entries []entry) map[string]entry {
+	t.Helper()
+	byName := map[string]entry{}
+	for i, e := range entries {
+		byName[e.Name] = e
+		if i > 0 && entries[i-1].Name >= e.Name {
+			t.Errorf("records not sorted: %s before %s", entries[i-1].Name, e.Name)
+		}
+		if parent := filepath.Dir(e.Name); parent != "/" {
+			if p, ok := byName[parent]; !ok || !p.IsDir() {
+				t.Errorf("%s comes before its directory %s", e.Name, parent)
+			}
+		}
+	}
+	return byName
+}
+
+// checkBaseEntries checks the directories and device nodes every initramfs has.
+func checkBaseEntries(t *testing.T, byName map[string]entry) {
+	t.Helper()
+	for _, d := range []string{"/dev", "/proc", "/sys", "/run", "/sysroot", "/tmp", "/etc/kiln"} {
+		if !byName[d].IsDir() {
+			t.Errorf("directory %s missing", d)
+		}
+	}
+	for name, dev := range map[string][2]uint64{"/dev/console": {5, 1}, "/dev/null": {1, 3}} {
+		e := byName[name]
+		if !e.isCharDev() || e.Major != dev[0] || e.Minor != dev[1] {
+			t.Errorf("%s = mode %o %d:%d, want char device %d:%d", name, e.Mode, e.Major, e.Minor, dev[0], dev[1])
+		}
+	}
+}
+
+// checkModulesLoaded checks modules.load and the manifest list the modules TestWrite asks
+// for, dependencies first, and that the archive holds the tree's module files and
+// modules.dep.
+func checkModulesLoaded(t *testing.T, root string, man *Manifest, contents map[string][]byte) {
+	t.Helper()
+	const kver = modulesKver
+	wantLoad := []string{
+		"/lib/modules/" + kver + "/kernel/drivers/virtio/virtio_ring.ko",
+		"/lib/modules/" + kver + "/kernel/drivers/virtio/virtio.ko",
+		"/lib/modules/" + kver + "/kernel/drivers/block/virtio_blk.ko",
+		"/lib/modules/" + kver + "/kernel/fs/squashfs/squashfs.ko",
+		"/lib/modules/" + kver + "/kernel/arch/x86/crypto/crc32c-intel.ko",
+		"/lib/modules/" + kver + "/kernel/lib/libcrc32c.ko",
+		"/lib/modules/" + kver + "/kernel/fs/erofs/erofs.ko.xz",
+	}
+	if got := string(contents[nodeimage.ModulesLoadPath]); got != strings.Join(wantLoad, "\n")+"\n" {
+		t.Errorf("modules.load =\n%s\nwant\n%s", got, strings.Join(wantLoad, "\n"))
+	}
+	if !reflect.DeepEqual(man.Modules, wantLoad) {
+		t.Errorf("manifest modules %q, want %q", man.Modules, wantLoad)
+	}
+	for _, m := range wantLoad {
+		rel := strings.TrimPrefix(m, "/lib/modules/"+kver+"/")
+		want, err := os.ReadFile(filepath.Join(root, "usr/lib/modules", kver, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(contents[m], want) {
+			t.Errorf("%s holds %d bytes, want the %d bytes of the module file", m, len(contents[m]), len(want))
+		}
+	}
+	if _, ok := contents["/lib/modules/"+kver+"/modules.dep"]; !ok {
+		t.Error("modules.dep missing")
 	}
 }
 

@@ -155,89 +155,95 @@ func TestResolveGolden(t *testing.T) {
 	}
 }
 
+// The kernels whose real module tables TestResolveRealTables reads.
+const debianKver, debianCloudKver = "6.1.0-57-amd64", "6.1.0-57-cloud-amd64"
+
+// realTablesCase is what Resolve must make of modules named against a real kernel's tables.
+type realTablesCase struct {
+	name    string
+	kver    string
+	modules []string
+	want    []string
+}
+
+var realTablesCases = []realTablesCase{
+	{
+		name:    "softdep pre: libcrc32c needs the crc32c algorithm first",
+		kver:    debianKver,
+		modules: []string{"libcrc32c"},
+		want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko", "kernel/lib/libcrc32c.ko"},
+	},
+	{
+		name:    "softdep of a hard dependency: erofs",
+		kver:    debianKver,
+		modules: []string{"erofs"},
+		want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko", "kernel/lib/libcrc32c.ko", "kernel/fs/erofs/erofs.ko"},
+	},
+	{
+		name:    "an alias names every module that provides it",
+		kver:    debianKver,
+		modules: []string{"crc32c"},
+		want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko"},
+	},
+	{
+		name:    "alias with '-' and '_' equivalent",
+		kver:    debianKver,
+		modules: []string{"crypto_crc32c"},
+		want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko"},
+	},
+	{
+		name:    "wildcard alias",
+		kver:    debianKver,
+		modules: []string{"virtio:d00000002v00001AF4"},
+		want:    []string{"kernel/drivers/virtio/virtio_ring.ko", "kernel/drivers/virtio/virtio.ko", "kernel/drivers/block/virtio_blk.ko"},
+	},
+	{
+		name:    "hard dependencies, last listed first",
+		kver:    debianKver,
+		modules: []string{"virtio_pci"},
+		want: []string{"kernel/drivers/virtio/virtio_ring.ko", "kernel/drivers/virtio/virtio.ko",
+			"kernel/drivers/virtio/virtio_pci_modern_dev.ko", "kernel/drivers/virtio/virtio_pci_legacy_dev.ko", "kernel/drivers/virtio/virtio_pci.ko"},
+	},
+	{
+		name:    "softdep pre after the module's hard dependencies, with its own",
+		kver:    debianKver,
+		modules: []string{"r8169"},
+		want: []string{"kernel/drivers/net/phy/libphy.ko", "kernel/drivers/net/phy/mdio_devres.ko",
+			"kernel/drivers/net/phy/realtek.ko", "kernel/drivers/net/ethernet/realtek/r8169.ko"},
+	},
+	{
+		name:    "softdep post after the module",
+		kver:    debianKver,
+		modules: []string{"ipmi_msghandler"},
+		want:    []string{"kernel/drivers/char/ipmi/ipmi_msghandler.ko", "kernel/drivers/char/ipmi/ipmi_devintf.ko"},
+	},
+	{
+		name:    "ext4's softdep on crc32c comes before it",
+		kver:    debianKver,
+		modules: []string{"ext4"},
+		want: []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko",
+			"kernel/fs/jbd2/jbd2.ko", "kernel/fs/mbcache.ko", "kernel/lib/crc16.ko", "kernel/fs/ext4/ext4.ko"},
+	},
+	{
+		name:    "an alias matching a module skips the built-in one",
+		kver:    debianCloudKver,
+		modules: []string{"libcrc32c"},
+		want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/lib/libcrc32c.ko"},
+	},
+	{
+		name:    "built-in modules and their aliases need no file",
+		kver:    debianCloudKver,
+		modules: []string{"crc32c_generic", "crct10dif", "ext4", "nvme"},
+		want:    nil,
+	},
+}
+
 func TestResolveRealTables(t *testing.T) {
 	trees := map[string]string{}
-	for _, kver := range []string{"6.1.0-57-amd64", "6.1.0-57-cloud-amd64"} {
+	for _, kver := range []string{debianKver, debianCloudKver} {
 		trees[kver] = realTree(t, kver)
 	}
-	const generic, cloud = "6.1.0-57-amd64", "6.1.0-57-cloud-amd64"
-	tests := []struct {
-		name    string
-		kver    string
-		modules []string
-		want    []string
-	}{
-		{
-			name:    "softdep pre: libcrc32c needs the crc32c algorithm first",
-			kver:    generic,
-			modules: []string{"libcrc32c"},
-			want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko", "kernel/lib/libcrc32c.ko"},
-		},
-		{
-			name:    "softdep of a hard dependency: erofs",
-			kver:    generic,
-			modules: []string{"erofs"},
-			want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko", "kernel/lib/libcrc32c.ko", "kernel/fs/erofs/erofs.ko"},
-		},
-		{
-			name:    "an alias names every module that provides it",
-			kver:    generic,
-			modules: []string{"crc32c"},
-			want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko"},
-		},
-		{
-			name:    "alias with '-' and '_' equivalent",
-			kver:    generic,
-			modules: []string{"crypto_crc32c"},
-			want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko"},
-		},
-		{
-			name:    "wildcard alias",
-			kver:    generic,
-			modules: []string{"virtio:d00000002v00001AF4"},
-			want:    []string{"kernel/drivers/virtio/virtio_ring.ko", "kernel/drivers/virtio/virtio.ko", "kernel/drivers/block/virtio_blk.ko"},
-		},
-		{
-			name:    "hard dependencies, last listed first",
-			kver:    generic,
-			modules: []string{"virtio_pci"},
-			want: []string{"kernel/drivers/virtio/virtio_ring.ko", "kernel/drivers/virtio/virtio.ko",
-				"kernel/drivers/virtio/virtio_pci_modern_dev.ko", "kernel/drivers/virtio/virtio_pci_legacy_dev.ko", "kernel/drivers/virtio/virtio_pci.ko"},
-		},
-		{
-			name:    "softdep pre after the module's hard dependencies, with its own",
-			kver:    generic,
-			modules: []string{"r8169"},
-			want: []string{"kernel/drivers/net/phy/libphy.ko", "kernel/drivers/net/phy/mdio_devres.ko",
-				"kernel/drivers/net/phy/realtek.ko", "kernel/drivers/net/ethernet/realtek/r8169.ko"},
-		},
-		{
-			name:    "softdep post after the module",
-			kver:    generic,
-			modules: []string{"ipmi_msghandler"},
-			want:    []string{"kernel/drivers/char/ipmi/ipmi_msghandler.ko", "kernel/drivers/char/ipmi/ipmi_devintf.ko"},
-		},
-		{
-			name:    "ext4's softdep on crc32c comes before it",
-			kver:    generic,
-			modules: []string{"ext4"},
-			want: []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/crypto/crc32c_generic.ko",
-				"kernel/fs/jbd2/jbd2.ko", "kernel/fs/mbcache.ko", "kernel/lib/crc16.ko", "kernel/fs/ext4/ext4.ko"},
-		},
-		{
-			name:    "an alias matching a module skips the built-in one",
-			kver:    cloud,
-			modules: []string{"libcrc32c"},
-			want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/lib/libcrc32c.ko"},
-		},
-		{
-			name:    "built-in modules and their aliases need no file",
-			kver:    cloud,
-			modules: []string{"crc32c_generic", "crct10dif", "ext4", "nvme"},
-			want:    nil,
-		},
-	}
-	for _, tc := range tests {
+	for _, tc := range realTablesCases {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := resolveModules(trees[tc.kver], tc.kver, tc.modules)
 			if err != nil {
@@ -250,90 +256,93 @@ func TestResolveRealTables(t *testing.T) {
 	}
 }
 
+// resolveCase is modules named against the fake tree of fakeModulesDir, and what Resolve makes of them.
+type resolveCase struct {
+	name    string
+	modules []string
+	want    []string
+	wantErr []string // substrings of the error
+}
+
+var resolveCases = []resolveCase{
+	{
+		name:    "no dependencies",
+		modules: []string{"squashfs"},
+		want:    []string{"kernel/fs/squashfs/squashfs.ko"},
+	},
+	{
+		name:    "dependencies first, each once",
+		modules: []string{"virtio_pci", "virtio_blk"},
+		want: []string{
+			"kernel/drivers/virtio/virtio_ring.ko",
+			"kernel/drivers/virtio/virtio.ko",
+			"kernel/drivers/virtio/virtio_pci_modern_dev.ko",
+			"kernel/drivers/virtio/virtio_pci.ko",
+			"kernel/drivers/block/virtio_blk.ko",
+		},
+	},
+	{
+		name:    "transitive dependencies",
+		modules: []string{"sd_mod"},
+		want: []string{
+			"kernel/drivers/scsi/scsi_common.ko",
+			"kernel/drivers/scsi/scsi_mod.ko",
+			"kernel/drivers/scsi/sd_mod.ko",
+		},
+	},
+	{
+		name:    "dash and underscore are the same",
+		modules: []string{"crc32c_intel", "virtio-blk"},
+		want: []string{
+			"kernel/arch/x86/crypto/crc32c-intel.ko",
+			"kernel/drivers/virtio/virtio_ring.ko",
+			"kernel/drivers/virtio/virtio.ko",
+			"kernel/drivers/block/virtio_blk.ko",
+		},
+	},
+	{
+		name:    "compressed module file, soft dependency through an alias",
+		modules: []string{"erofs"},
+		want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/lib/libcrc32c.ko", "kernel/fs/erofs/erofs.ko.xz"},
+	},
+	{
+		name:    "built-in modules are skipped",
+		modules: []string{"ext4", "nvme", "crc32c-generic", "squashfs"},
+		want:    []string{"kernel/fs/squashfs/squashfs.ko"},
+	},
+	{
+		name:    "a loop of soft dependencies stops where it started",
+		modules: []string{"soft_a"},
+		want:    []string{"kernel/test/soft_b.ko", "kernel/test/soft_a.ko"},
+	},
+	{
+		name:    "nothing asked",
+		modules: nil,
+		want:    nil,
+	},
+	{
+		name:    "unknown module names itself and the kernel",
+		modules: []string{"squashfs", "no_such_mod", "btrfs"},
+		wantErr: []string{"no_such_mod, btrfs", modulesKver},
+	},
+	{
+		name:    "dependency cycle",
+		modules: []string{"loop_a"},
+		wantErr: []string{"cycle", "loop_a.ko"},
+	},
+	{
+		name:    "dependency without entry",
+		modules: []string{"dangling"},
+		wantErr: []string{"kernel/test/missing.ko", "dangling.ko"},
+	},
+}
+
 func TestResolve(t *testing.T) {
-	const kver = "6.1.0-test-amd64"
 	root := t.TempDir()
-	fakeModulesDir(t, root, kver)
-	tests := []struct {
-		name    string
-		modules []string
-		want    []string
-		wantErr []string // substrings of the error
-	}{
-		{
-			name:    "no dependencies",
-			modules: []string{"squashfs"},
-			want:    []string{"kernel/fs/squashfs/squashfs.ko"},
-		},
-		{
-			name:    "dependencies first, each once",
-			modules: []string{"virtio_pci", "virtio_blk"},
-			want: []string{
-				"kernel/drivers/virtio/virtio_ring.ko",
-				"kernel/drivers/virtio/virtio.ko",
-				"kernel/drivers/virtio/virtio_pci_modern_dev.ko",
-				"kernel/drivers/virtio/virtio_pci.ko",
-				"kernel/drivers/block/virtio_blk.ko",
-			},
-		},
-		{
-			name:    "transitive dependencies",
-			modules: []string{"sd_mod"},
-			want: []string{
-				"kernel/drivers/scsi/scsi_common.ko",
-				"kernel/drivers/scsi/scsi_mod.ko",
-				"kernel/drivers/scsi/sd_mod.ko",
-			},
-		},
-		{
-			name:    "dash and underscore are the same",
-			modules: []string{"crc32c_intel", "virtio-blk"},
-			want: []string{
-				"kernel/arch/x86/crypto/crc32c-intel.ko",
-				"kernel/drivers/virtio/virtio_ring.ko",
-				"kernel/drivers/virtio/virtio.ko",
-				"kernel/drivers/block/virtio_blk.ko",
-			},
-		},
-		{
-			name:    "compressed module file, soft dependency through an alias",
-			modules: []string{"erofs"},
-			want:    []string{"kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/lib/libcrc32c.ko", "kernel/fs/erofs/erofs.ko.xz"},
-		},
-		{
-			name:    "built-in modules are skipped",
-			modules: []string{"ext4", "nvme", "crc32c-generic", "squashfs"},
-			want:    []string{"kernel/fs/squashfs/squashfs.ko"},
-		},
-		{
-			name:    "a loop of soft dependencies stops where it started",
-			modules: []string{"soft_a"},
-			want:    []string{"kernel/test/soft_b.ko", "kernel/test/soft_a.ko"},
-		},
-		{
-			name:    "nothing asked",
-			modules: nil,
-			want:    nil,
-		},
-		{
-			name:    "unknown module names itself and the kernel",
-			modules: []string{"squashfs", "no_such_mod", "btrfs"},
-			wantErr: []string{"no_such_mod, btrfs", kver},
-		},
-		{
-			name:    "dependency cycle",
-			modules: []string{"loop_a"},
-			wantErr: []string{"cycle", "loop_a.ko"},
-		},
-		{
-			name:    "dependency without entry",
-			modules: []string{"dangling"},
-			wantErr: []string{"kernel/test/missing.ko", "dangling.ko"},
-		},
-	}
-	for _, tc := range tests {
+	fakeModulesDir(t, root, modulesKver)
+	for _, tc := range resolveCases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := resolveModules(root, kver, tc.modules)
+			got, err := resolveModules(root, modulesKver, tc.modules)
 			if tc.wantErr != nil {
 				if err == nil {
 					t.Fatalf("Resolve(%q) = %q, want an error", tc.modules, got)
