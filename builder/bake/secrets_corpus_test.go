@@ -115,125 +115,159 @@ func tinyELF(t *testing.T, payload []byte) []byte {
 	return b.Bytes()
 }
 
-// TestScanSecretsCorpus: one real secret of each form the guard knows, each reported with the
-// file (and where in it) named in the bake's error; and near misses that are not reported.
-func TestScanSecretsCorpus(t *testing.T) {
-	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
+// secretMaterial is one real secret of each form the guard knows, and documents that
+// carry them, made fresh for a test.
+type secretMaterial struct {
+	rsaKey                       *rsa.PrivateKey
+	rsaBlock, legacy, encBlock   *pem.Block
+	pkcs1, sec1, pkcs8, pkcs8RSA []byte
+	pubDER, certDER              []byte
+	ecPEM, encPEM, secretYAML    string
+	secretJSON, kubeJSON         []byte
+}
+
+// newSecretKeys makes the keys, their encodings, a public key and a certificate.
+func newSecretKeys(t *testing.T) *secretMaterial {
+	t.Helper()
+	m := &secretMaterial{}
+	var err error
+	if m.rsaKey, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
 		t.Fatal(err)
 	}
-	pkcs1 := x509.MarshalPKCS1PrivateKey(rsaKey)
-	rsaBlock := &pem.Block{Type: "RSA PRIVATE KEY", Bytes: pkcs1}
+	m.pkcs1 = x509.MarshalPKCS1PrivateKey(m.rsaKey)
+	m.rsaBlock = &pem.Block{Type: "RSA PRIVATE KEY", Bytes: m.pkcs1}
 	ecKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sec1, err := x509.MarshalECPrivateKey(ecKey)
-	if err != nil {
+	if m.sec1, err = x509.MarshalECPrivateKey(ecKey); err != nil {
 		t.Fatal(err)
 	}
 	_, edKey, _ := ed25519.GenerateKey(rand.Reader)
-	pkcs8, err := x509.MarshalPKCS8PrivateKey(edKey)
-	if err != nil {
+	if m.pkcs8, err = x509.MarshalPKCS8PrivateKey(edKey); err != nil {
 		t.Fatal(err)
 	}
-	pkcs8RSA, err := x509.MarshalPKCS8PrivateKey(rsaKey)
-	if err != nil {
+	if m.pkcs8RSA, err = x509.MarshalPKCS8PrivateKey(m.rsaKey); err != nil {
 		t.Fatal(err)
 	}
-	ecPEM := pemString("EC PRIVATE KEY", sec1)
+	m.ecPEM = pemString("EC PRIVATE KEY", m.sec1)
 	//lint:ignore SA1019 the legacy encryption is what old tools wrote; the guard must know it.
-	legacy, err := x509.EncryptPEMBlock(rand.Reader, "RSA PRIVATE KEY", pkcs1, []byte("secret"), x509.PEMCipherAES128)
+	m.legacy, err = x509.EncryptPEMBlock(rand.Reader, "RSA PRIVATE KEY", m.pkcs1, []byte("secret"), x509.PEMCipherAES128)
 	if err != nil {
 		t.Fatal(err)
 	}
-	encPEM := encryptedPKCS8PEM(t, pkcs8, "secret")
-	encBlock, _ := pem.Decode([]byte(encPEM))
-	pubDER, err := x509.MarshalPKIXPublicKey(&ecKey.PublicKey)
-	if err != nil {
+	m.encPEM = encryptedPKCS8PEM(t, m.pkcs8, "secret")
+	m.encBlock, _ = pem.Decode([]byte(m.encPEM))
+	if m.pubDER, err = x509.MarshalPKIXPublicKey(&ecKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "node"},
 		NotBefore: time.Unix(0, 0), NotAfter: time.Unix(1<<31, 0)}
-	certDER, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &ecKey.PublicKey, ecKey)
-	if err != nil {
+	if m.certDER, err = x509.CreateCertificate(rand.Reader, tmpl, tmpl, &ecKey.PublicKey, ecKey); err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+// newSecretMaterial makes the keys and the Kubernetes documents that carry tokens.
+func newSecretMaterial(t *testing.T) *secretMaterial {
+	t.Helper()
+	m := newSecretKeys(t)
 	b64 := base64.StdEncoding.EncodeToString
-	secretYAML := "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bootstrap-token-07401b\n  namespace: kube-system\n" +
+	m.secretYAML = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bootstrap-token-07401b\n  namespace: kube-system\n" +
 		"type: bootstrap.kubernetes.io/token\ndata:\n  token-id: " + b64([]byte("07401b")) + "\n  token-secret: " + b64([]byte("f395accd246ae52d")) +
 		"\n  usage-bootstrap-authentication: " + b64([]byte("true")) + "\n"
-	secretJSON, _ := json.MarshalIndent(map[string]any{"apiVersion": "v1", "kind": "List", "items": []any{
+	m.secretJSON, _ = json.MarshalIndent(map[string]any{"apiVersion": "v1", "kind": "List", "items": []any{
 		map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]string{"name": "x"}},
 		map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
 			"metadata": map[string]string{"name": "bootstrap-token-abcdef"}, "stringData": map[string]string{"token-id": "abcdef", "token-secret": "0123456789abcdef"}},
 	}}, "", "  ")
-	kubeJSON, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Config",
+	m.kubeJSON, _ = json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Config",
 		"clusters": []any{map[string]any{"name": "c", "cluster": map[string]string{"server": "https://10.0.0.1:6443"}}},
 		"users":    []any{map[string]any{"name": "kubelet", "user": map[string]string{"token": "abcdef.0123456789abcdef"}}}})
+	return m
+}
 
+// corpusCase is one file in a tree, and the finding the scan reports in it.
+type corpusCase struct {
+	name, path string
+	data       []byte
+	kind, in   string // of the finding; kind "": none
+	line       int
+}
+
+// secretCorpus is one real secret of each form the guard knows.
+func secretCorpus(t *testing.T, m *secretMaterial) []corpusCase {
+	b64 := base64.StdEncoding.EncodeToString
+	return []corpusCase{
+		{"RSA, 64 wide", "etc/ssl/private/node.key", []byte(rewrap(m.rsaBlock, 64, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"RSA, 76 wide", "etc/ssl/private/node76.key", []byte(rewrap(m.rsaBlock, 76, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"RSA, one long line", "opt/app/one.pem", []byte(rewrap(m.rsaBlock, 0, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"RSA, CRLF", "srv/win.pem", []byte(rewrap(m.rsaBlock, 64, "\r\n")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"RSA, line ends turned to spaces", "opt/app/env", []byte("KEY=" + rewrap(m.rsaBlock, 64, " ")), "private key (RSA PRIVATE KEY)", "", 1},
+		{"EC", "etc/ssh/ssh_host_ecdsa_key", []byte(m.ecPEM), "private key (EC PRIVATE KEY)", "", 1},
+		{"PKCS #8", "etc/kubernetes/pki/sa.key", []byte(pemString("PRIVATE KEY", m.pkcs8)), "private key (PRIVATE KEY)", "", 1},
+		{"PKCS #8 encrypted", "opt/app/enc.pem", []byte(m.encPEM), "private key (ENCRYPTED PRIVATE KEY)", "", 1},
+		{"legacy encrypted PEM", "opt/app/m.legacy.pem", pem.EncodeToMemory(m.legacy), "private key (RSA PRIVATE KEY)", "", 1},
+		{"OpenSSH", "root/.ssh/id_ed25519", []byte(openSSHKeyPEM(t, nil)), "OpenSSH private key", "", 1},
+		{"PGP", "root/.gnupg/secret.asc", testdata(t, "pgp-secret.asc"), "OpenPGP private key (PGP PRIVATE KEY BLOCK)", "", 1},
+		{"PGP, CRLF", "srv/secret.asc", bytes.ReplaceAll(testdata(t, "pgp-secret.asc"), []byte("\n"), []byte("\r\n")), "OpenPGP private key (PGP PRIVATE KEY BLOCK)", "", 1},
+		{"gzip", "usr/share/doc/app/key.pem.gz", testkit.Gzip(t, []byte("notes\n"+m.ecPEM)), "private key (EC PRIVATE KEY)", "gzip data", 2},
+		{"zstd", "var/backups/key.zst", testkit.Compress(t, "zst", []byte(m.ecPEM)), "private key (EC PRIVATE KEY)", "zstd data", 1},
+		{"xz", "var/backups/key.xz", testkit.Compress(t, "xz", []byte(m.ecPEM)), "private key (EC PRIVATE KEY)", "xz data", 1},
+		{"an image layer (tar.gz)", "usr/lib/kiln/images/blobs/sha256/0123", testkit.Gzip(t, testkit.Tar(t, testkit.Entry{Name: "bin/app", Body: string(programHead(t))}, testkit.Entry{Name: "etc/app/tls.key", Body: m.ecPEM})),
+			"private key (EC PRIVATE KEY)", "gzip data, tar entry etc/app/tls.key", 1},
+		{"gzip in xz", "var/backups/key.gz.xz", testkit.Compress(t, "xz", testkit.Gzip(t, []byte(m.ecPEM))), "private key (EC PRIVATE KEY)", "xz data, gzip data", 1},
+		{"DER PKCS #1", "etc/app/key.der", m.pkcs1, "private key (RSA, DER)", "", 1},
+		{"DER PKCS #8", "etc/app/key8.der", m.pkcs8RSA, "private key (PKCS #8, DER)", "", 1},
+		{"DER EC", "etc/app/ec.der", m.sec1, "private key (EC, DER)", "", 1},
+		{"DER encrypted PKCS #8", "etc/app/enc.der", m.encBlock.Bytes, "private key (ENCRYPTED PRIVATE KEY, DER)", "", 1},
+		{"PKCS #12 (openssl pkcs12 -export)", "etc/app/client.p12", testdata(t, "client.p12"), "PKCS #12 file with a private key", "", 1},
+		{"kubeconfig client-key-data", "root/.kube/config", []byte(kubeconfig("    client-certificate-data: " + b64(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: m.certDER})) +
+			"\n    client-key-data: " + b64([]byte(m.ecPEM)) + "\n")), "kubeconfig users[0] (admin) client-key-data: a private key", "", 16},
+		{"kubeconfig token (JWT)", "home/ops/admin.conf", []byte(kubeconfig("    token: " + fakeJWT() + "\n")), "kubeconfig users[0] (admin) token", "", 15},
+		{"kubeconfig in JSON, bootstrap token", "opt/kube/kubelet.json", m.kubeJSON, "kubeconfig users[0] (kubelet) token", "", 1},
+		{"bootstrap token Secret (YAML)", "opt/manifests/token.yaml", []byte(m.secretYAML), "Kubernetes bootstrap token Secret (bootstrap-token-07401b)", "", 9},
+		{"bootstrap token Secret (JSON List)", "srv/objects.json", m.secretJSON, "Kubernetes bootstrap token Secret (bootstrap-token-abcdef)", "", 19},
+		{"bootstrap token in a command line", "opt/join.sh", []byte("#!/bin/sh\nkubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef \\\n  --discovery-token-unsafe-skip-ca-verification\n"), "Kubernetes bootstrap token", "", 2},
+		{"a key behind ELF magic", "usr/lib/x86_64-linux-gnu/libfake.so", append([]byte("\x7fELF"), m.ecPEM...), "private key (EC PRIVATE KEY)", "", 1},
+	}
+}
+
+// secretNearMisses are files that look like secrets and are not.
+func secretNearMisses(t *testing.T, m *secretMaterial) []corpusCase {
+	b64 := base64.StdEncoding.EncodeToString
+	return []corpusCase{
+		{"PEM header in Python", "usr/lib/python3/dist-packages/app/pem.py", []byte("HEADER = '-----BEGIN RSA PRIVATE KEY-----'\nFOOTER = '-----END RSA PRIVATE KEY-----'\n"), "", "", 0},
+		{"PEM headers in Markdown", "usr/share/doc/app/README.md", []byte("A key:\n\n```\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE...\n-----END OPENSSH PRIVATE KEY-----\n```\n\n-----BEGIN PGP PRIVATE KEY BLOCK-----\n...\n-----END PGP PRIVATE KEY BLOCK-----\n"), "", "", 0},
+		{"the Markdown gzipped", "usr/share/doc/app/README.md.gz", testkit.Gzip(t, []byte("-----BEGIN PRIVATE KEY-----\n<your key>\n-----END PRIVATE KEY-----\n")), "", "", 0},
+		{"a public key", "etc/app/pub.pem", []byte(pemString("PUBLIC KEY", m.pubDER) + pemString("RSA PUBLIC KEY", x509.MarshalPKCS1PublicKey(&m.rsaKey.PublicKey))), "", "", 0},
+		{"a certificate", "etc/ssl/certs/node.pem", []byte(pemString("CERTIFICATE", m.certDER)), "", "", 0},
+		{"a DER certificate", "usr/share/ca-certificates/node.der", m.certDER, "", "", 0},
+		{"a DER public key", "etc/app/pub.der", m.pubDER, "", "", 0},
+		{"a PKCS #12 trust store (certificates only)", "etc/ssl/certs/java/cacerts", testdata(t, "truststore.p12"), "", "", 0},
+		{"a PGP public key", "usr/share/keyrings/app.asc", testdata(t, "pgp-public.asc"), "", "", 0},
+		{"a PGP block of something else", "usr/share/app/x.asc", []byte("-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n" + base64.StdEncoding.EncodeToString(m.pubDER) + "\n-----END PGP PRIVATE KEY BLOCK-----\n"), "", "", 0},
+		{"invalid base64 client-key-data", "root/.kube/bad", []byte(kubeconfig("    client-key-data: LS0tLS1CRUdJTi!!!notbase64\n    token: <your token here>\n")), "", "", 0},
+		{"client-key-data that is no key", "root/.kube/cert-only", []byte(kubeconfig("    client-key-data: " + b64([]byte("-----BEGIN EC PRIVATE KEY-----\n...\n-----END EC PRIVATE KEY-----\n")) + "\n    token: REDACTED\n")), "", "", 0},
+		{"a Secret of another type", "opt/manifests/opaque.yaml", []byte(strings.Replace(m.secretYAML, "bootstrap.kubernetes.io/token", "Opaque", 1)), "", "", 0},
+		{"a bootstrap token Secret with placeholders", "opt/manifests/tmpl.yaml", []byte(strings.NewReplacer(b64([]byte("07401b")), "${TOKEN_ID}", b64([]byte("f395accd246ae52d")), "${TOKEN_SECRET}").Replace(m.secretYAML)), "", "", 0},
+		{"a token's shape out of context", "usr/share/app/hosts.txt", []byte("mirror abcdef.0123456789abcdef\n"), "", "", 0},
+		{"a program carrying a key", "usr/lib/x86_64-linux-gnu/libgnutls.so.30", append(program(t), m.ecPEM...), "", "", 0},
+		{"a program compressed (a kernel module)", "usr/lib/modules/6.1.0/kernel/fake.ko.xz", testkit.Compress(t, "xz", tinyELF(t, []byte(m.ecPEM))), "", "", 0},
+		{"corrupt gzip", "usr/share/app/broken.gz", []byte("\x1f\x8b\x08\x00garbage" + m.ecPEM), "", "", 0},
+	}
+}
+
+// TestScanSecretsCorpus: one real secret of each form the guard knows, each reported with the
+// file (and where in it) named in the bake's error; and near misses that are not reported.
+func TestScanSecretsCorpus(t *testing.T) {
+	m := newSecretMaterial(t)
 	// Other findings of a case, sorted before its own.
 	also := map[string][]Finding{
 		"kubeconfig in JSON, bootstrap token": {{"/opt/kube/kubelet.json", 1, "Kubernetes bootstrap token", ""}},
 	}
-	for _, tc := range []struct {
-		name, path string
-		data       []byte
-		kind, in   string // of the finding; kind "": none
-		line       int
-	}{
-		{"RSA, 64 wide", "etc/ssl/private/node.key", []byte(rewrap(rsaBlock, 64, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
-		{"RSA, 76 wide", "etc/ssl/private/node76.key", []byte(rewrap(rsaBlock, 76, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
-		{"RSA, one long line", "opt/app/one.pem", []byte(rewrap(rsaBlock, 0, "\n")), "private key (RSA PRIVATE KEY)", "", 1},
-		{"RSA, CRLF", "srv/win.pem", []byte(rewrap(rsaBlock, 64, "\r\n")), "private key (RSA PRIVATE KEY)", "", 1},
-		{"RSA, line ends turned to spaces", "opt/app/env", []byte("KEY=" + rewrap(rsaBlock, 64, " ")), "private key (RSA PRIVATE KEY)", "", 1},
-		{"EC", "etc/ssh/ssh_host_ecdsa_key", []byte(ecPEM), "private key (EC PRIVATE KEY)", "", 1},
-		{"PKCS #8", "etc/kubernetes/pki/sa.key", []byte(pemString("PRIVATE KEY", pkcs8)), "private key (PRIVATE KEY)", "", 1},
-		{"PKCS #8 encrypted", "opt/app/enc.pem", []byte(encPEM), "private key (ENCRYPTED PRIVATE KEY)", "", 1},
-		{"legacy encrypted PEM", "opt/app/legacy.pem", pem.EncodeToMemory(legacy), "private key (RSA PRIVATE KEY)", "", 1},
-		{"OpenSSH", "root/.ssh/id_ed25519", []byte(openSSHKeyPEM(t, nil)), "OpenSSH private key", "", 1},
-		{"PGP", "root/.gnupg/secret.asc", testdata(t, "pgp-secret.asc"), "OpenPGP private key (PGP PRIVATE KEY BLOCK)", "", 1},
-		{"PGP, CRLF", "srv/secret.asc", bytes.ReplaceAll(testdata(t, "pgp-secret.asc"), []byte("\n"), []byte("\r\n")), "OpenPGP private key (PGP PRIVATE KEY BLOCK)", "", 1},
-		{"gzip", "usr/share/doc/app/key.pem.gz", testkit.Gzip(t, []byte("notes\n"+ecPEM)), "private key (EC PRIVATE KEY)", "gzip data", 2},
-		{"zstd", "var/backups/key.zst", testkit.Compress(t, "zst", []byte(ecPEM)), "private key (EC PRIVATE KEY)", "zstd data", 1},
-		{"xz", "var/backups/key.xz", testkit.Compress(t, "xz", []byte(ecPEM)), "private key (EC PRIVATE KEY)", "xz data", 1},
-		{"an image layer (tar.gz)", "usr/lib/kiln/images/blobs/sha256/0123", testkit.Gzip(t, testkit.Tar(t, testkit.Entry{Name: "bin/app", Body: string(programHead(t))}, testkit.Entry{Name: "etc/app/tls.key", Body: ecPEM})),
-			"private key (EC PRIVATE KEY)", "gzip data, tar entry etc/app/tls.key", 1},
-		{"gzip in xz", "var/backups/key.gz.xz", testkit.Compress(t, "xz", testkit.Gzip(t, []byte(ecPEM))), "private key (EC PRIVATE KEY)", "xz data, gzip data", 1},
-		{"DER PKCS #1", "etc/app/key.der", pkcs1, "private key (RSA, DER)", "", 1},
-		{"DER PKCS #8", "etc/app/key8.der", pkcs8RSA, "private key (PKCS #8, DER)", "", 1},
-		{"DER EC", "etc/app/ec.der", sec1, "private key (EC, DER)", "", 1},
-		{"DER encrypted PKCS #8", "etc/app/enc.der", encBlock.Bytes, "private key (ENCRYPTED PRIVATE KEY, DER)", "", 1},
-		{"PKCS #12 (openssl pkcs12 -export)", "etc/app/client.p12", testdata(t, "client.p12"), "PKCS #12 file with a private key", "", 1},
-		{"kubeconfig client-key-data", "root/.kube/config", []byte(kubeconfig("    client-certificate-data: " + b64(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER})) +
-			"\n    client-key-data: " + b64([]byte(ecPEM)) + "\n")), "kubeconfig users[0] (admin) client-key-data: a private key", "", 16},
-		{"kubeconfig token (JWT)", "home/ops/admin.conf", []byte(kubeconfig("    token: " + fakeJWT() + "\n")), "kubeconfig users[0] (admin) token", "", 15},
-		{"kubeconfig in JSON, bootstrap token", "opt/kube/kubelet.json", kubeJSON, "kubeconfig users[0] (kubelet) token", "", 1},
-		{"bootstrap token Secret (YAML)", "opt/manifests/token.yaml", []byte(secretYAML), "Kubernetes bootstrap token Secret (bootstrap-token-07401b)", "", 9},
-		{"bootstrap token Secret (JSON List)", "srv/objects.json", secretJSON, "Kubernetes bootstrap token Secret (bootstrap-token-abcdef)", "", 19},
-		{"bootstrap token in a command line", "opt/join.sh", []byte("#!/bin/sh\nkubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef \\\n  --discovery-token-unsafe-skip-ca-verification\n"), "Kubernetes bootstrap token", "", 2},
-		{"a key behind ELF magic", "usr/lib/x86_64-linux-gnu/libfake.so", append([]byte("\x7fELF"), ecPEM...), "private key (EC PRIVATE KEY)", "", 1},
-
-		// Not secrets.
-		{"PEM header in Python", "usr/lib/python3/dist-packages/app/pem.py", []byte("HEADER = '-----BEGIN RSA PRIVATE KEY-----'\nFOOTER = '-----END RSA PRIVATE KEY-----'\n"), "", "", 0},
-		{"PEM headers in Markdown", "usr/share/doc/app/README.md", []byte("A key:\n\n```\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE...\n-----END OPENSSH PRIVATE KEY-----\n```\n\n-----BEGIN PGP PRIVATE KEY BLOCK-----\n...\n-----END PGP PRIVATE KEY BLOCK-----\n"), "", "", 0},
-		{"the Markdown gzipped", "usr/share/doc/app/README.md.gz", testkit.Gzip(t, []byte("-----BEGIN PRIVATE KEY-----\n<your key>\n-----END PRIVATE KEY-----\n")), "", "", 0},
-		{"a public key", "etc/app/pub.pem", []byte(pemString("PUBLIC KEY", pubDER) + pemString("RSA PUBLIC KEY", x509.MarshalPKCS1PublicKey(&rsaKey.PublicKey))), "", "", 0},
-		{"a certificate", "etc/ssl/certs/node.pem", []byte(pemString("CERTIFICATE", certDER)), "", "", 0},
-		{"a DER certificate", "usr/share/ca-certificates/node.der", certDER, "", "", 0},
-		{"a DER public key", "etc/app/pub.der", pubDER, "", "", 0},
-		{"a PKCS #12 trust store (certificates only)", "etc/ssl/certs/java/cacerts", testdata(t, "truststore.p12"), "", "", 0},
-		{"a PGP public key", "usr/share/keyrings/app.asc", testdata(t, "pgp-public.asc"), "", "", 0},
-		{"a PGP block of something else", "usr/share/app/x.asc", []byte("-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n" + base64.StdEncoding.EncodeToString(pubDER) + "\n-----END PGP PRIVATE KEY BLOCK-----\n"), "", "", 0},
-		{"invalid base64 client-key-data", "root/.kube/bad", []byte(kubeconfig("    client-key-data: LS0tLS1CRUdJTi!!!notbase64\n    token: <your token here>\n")), "", "", 0},
-		{"client-key-data that is no key", "root/.kube/cert-only", []byte(kubeconfig("    client-key-data: " + b64([]byte("-----BEGIN EC PRIVATE KEY-----\n...\n-----END EC PRIVATE KEY-----\n")) + "\n    token: REDACTED\n")), "", "", 0},
-		{"a Secret of another type", "opt/manifests/opaque.yaml", []byte(strings.Replace(secretYAML, "bootstrap.kubernetes.io/token", "Opaque", 1)), "", "", 0},
-		{"a bootstrap token Secret with placeholders", "opt/manifests/tmpl.yaml", []byte(strings.NewReplacer(b64([]byte("07401b")), "${TOKEN_ID}", b64([]byte("f395accd246ae52d")), "${TOKEN_SECRET}").Replace(secretYAML)), "", "", 0},
-		{"a token's shape out of context", "usr/share/app/hosts.txt", []byte("mirror abcdef.0123456789abcdef\n"), "", "", 0},
-		{"a program carrying a key", "usr/lib/x86_64-linux-gnu/libgnutls.so.30", append(program(t), ecPEM...), "", "", 0},
-		{"a program compressed (a kernel module)", "usr/lib/modules/6.1.0/kernel/fake.ko.xz", testkit.Compress(t, "xz", tinyELF(t, []byte(ecPEM))), "", "", 0},
-		{"corrupt gzip", "usr/share/app/broken.gz", []byte("\x1f\x8b\x08\x00garbage" + ecPEM), "", "", 0},
-	} {
+	for _, tc := range append(secretCorpus(t, m), secretNearMisses(t, m)...) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ScanSecrets(fstest.MapFS{tc.path: {Data: tc.data}})
 			if err != nil {

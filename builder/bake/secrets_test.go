@@ -245,6 +245,24 @@ func indent(prefix, s string) string {
 	return prefix + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n"+prefix) + "\n"
 }
 
+// cloudInitExample is the shape of cloud-init's module documentation (cc_ssh.py): a config
+// example whose key is its first line (keyLine) and an ellipsis; and the same docstring
+// compiled into a CPython 3.11 .pyc.
+func cloudInitExample(keyLine string) (doc string, pyc []byte) {
+	example := "    Example:\n        ssh_keys:\n          rsa_private: |\n" +
+		"            -----BEGIN RSA PRIVATE KEY-----\n            " + keyLine + "\n            ...\n" +
+		"            -----END RSA PRIVATE KEY-----\n          rsa_public: ssh-rsa AAAAB3NzaC1yc2EAAAABIwAAAGEAoPRhIfLvedSDKw7Xd ...\n"
+	// The .pyc: magic, flags, mtime, size, then the marshalled module code whose constants
+	// hold the docstring (a short ASCII string: type 'z', one length byte... here the long
+	// form 'a' with a 4-byte length) and the code around it.
+	doc = "Set up SSH keys.\n\n" + example
+	pyc = []byte("\xa7\x0d\x0d\x0a\x00\x00\x00\x00\x10\x32\x9a\x65\x2e\x14\x00\x00\xe3\x00\x00\x00\x00\x00\x00\x00")
+	pyc = append(pyc, 'a', byte(len(doc)), byte(len(doc)>>8), 0, 0)
+	pyc = append(pyc, doc...)
+	pyc = append(pyc, "\xda\x07__doc__\xe9\x00\x00\x00\x00N)\x03\xda\x02os\x97\x00d\x00Z\x00"...)
+	return doc, pyc
+}
+
 // TestScanSecretsKeys: what parses as a key is reported, however it is embedded in a file;
 // a PEM header with something else after it (cloud-init's documentation: a key shortened with
 // "...", code naming the header) is not, in source or in compiled Python.
@@ -267,19 +285,7 @@ func TestScanSecretsKeys(t *testing.T) {
 	ecPEM := ecKeyPEM(t, "EC PRIVATE KEY")
 	jsonKey, _ := json.Marshal(map[string]string{"key": ecPEM})
 	rsaLines := strings.Split(rsaPEM, "\n")
-	// The shape of cloud-init's module documentation (cc_ssh.py): a config example whose key
-	// is its first line and an ellipsis.
-	example := "    Example:\n        ssh_keys:\n          rsa_private: |\n" +
-		"            -----BEGIN RSA PRIVATE KEY-----\n            " + rsaLines[1] + "\n            ...\n" +
-		"            -----END RSA PRIVATE KEY-----\n          rsa_public: ssh-rsa AAAAB3NzaC1yc2EAAAABIwAAAGEAoPRhIfLvedSDKw7Xd ...\n"
-	// A CPython 3.11 .pyc: magic, flags, mtime, size, then the marshalled module code whose
-	// constants hold the docstring (a short ASCII string: type 'z', one length byte... here
-	// the long form 'a' with a 4-byte length) and the code around it.
-	doc := "Set up SSH keys.\n\n" + example
-	pyc := []byte("\xa7\x0d\x0d\x0a\x00\x00\x00\x00\x10\x32\x9a\x65\x2e\x14\x00\x00\xe3\x00\x00\x00\x00\x00\x00\x00")
-	pyc = append(pyc, 'a', byte(len(doc)), byte(len(doc)>>8), 0, 0)
-	pyc = append(pyc, doc...)
-	pyc = append(pyc, "\xda\x07__doc__\xe9\x00\x00\x00\x00N)\x03\xda\x02os\x97\x00d\x00Z\x00"...)
+	doc, pyc := cloudInitExample(rsaLines[1])
 	random := make([]byte, 600)
 	rand.Read(random)
 

@@ -127,55 +127,65 @@ const (
 
 func kubeletLd(v string) string { return "-X k8s.io/component-base/version.gitVersion=" + v }
 
+// bin is a fake binary in a tree: its path and the ldflags it was built with.
+type bin struct{ rel, ldflags string }
+
+// containerdTree is a tree with a containerd runtime for Kubernetes v1.37.2.
+var containerdTree = []bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}
+
+// with is base and extra, in a new slice.
+func with(base []bin, extra ...bin) []bin { return append(append([]bin(nil), base...), extra...) }
+
+// checkVersionsCase is a tree's binaries, the Kubernetes spec, and what checkVersions says of them.
+type checkVersionsCase struct {
+	name    string
+	k       spec.Kubernetes
+	bins    []bin
+	symlink [2]string // optional: link name -> target, inside the tree
+	want    []string  // substrings of the error; none = accepted
+}
+
+var checkVersionsCases = []checkVersionsCase{
+	{"matching containerd tree", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, with(containerdTree, bin{"usr/bin/kubectl", kubectl1372}), [2]string{}, nil},
+	{"containerd built from source", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerdSrc}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
+	{"kubelet in /usr/local/bin via an absolute symlink", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"},
+		[]bin{{"opt/k8s/kubelet", kubelet1372}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}, [2]string{"usr/local/bin/kubelet", "/opt/k8s/kubelet"}, nil},
+	{"kubelet of another release", spec.Kubernetes{Version: "v1.37.3", Runtime: "containerd"}, containerdTree, [2]string{},
+		[]string{`/usr/bin/kubelet reports v1.37.2 (-X k8s.io/component-base/version.gitVersion=v1.37.2) but kubernetes.version is v1.37.3`}},
+	{"no kubelet", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, containerdTree[1:], [2]string{},
+		[]string{"kubelet is missing"}},
+	{"containerd too old for 1.37", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerd2112}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]string{"/usr/bin/containerd is v2.1.12; Kubernetes v1.37.2 needs containerd v2.2.0 or newer"}},
+	{"containerd 1.7.28 for 1.37", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerd1728}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]string{"is v1.7.28; Kubernetes v1.37.2 needs containerd v2.2.0 or newer"}},
+	{"containerd 1.7.28 for 1.35", spec.Kubernetes{Version: "v1.35.4", Runtime: "containerd"},
+		[]bin{{"usr/bin/kubelet", kubeletLd("v1.35.4")}, {"usr/bin/containerd", containerd1728}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
+	{"containerd 1.7.27 for 1.35", spec.Kubernetes{Version: "v1.35.4", Runtime: "containerd"},
+		[]bin{{"usr/bin/kubelet", kubeletLd("v1.35.4")}, {"usr/bin/containerd", "-X github.com/containerd/containerd/version.Version=1.7.27"}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]string{"is v1.7.27; Kubernetes v1.35.4 needs containerd v1.7.28 or newer"}},
+	{"containerd 2.2.0 for 1.36", spec.Kubernetes{Version: "v1.36.0", Runtime: "containerd"},
+		[]bin{{"usr/bin/kubelet", kubeletLd("v1.36.0")}, {"usr/bin/containerd", "-X github.com/containerd/containerd/v2/version.Version=v2.2.0"}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
+	{"no containerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, []bin{{"usr/bin/kubelet", kubelet1372}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]string{"containerd is missing"}},
+	{"no runc", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, containerdTree[:2], [2]string{},
+		[]string{"runc is missing"}},
+	{"kubectl two minors behind", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, with(containerdTree, bin{"usr/bin/kubectl", kubeletLd("v1.35.0")}), [2]string{},
+		[]string{"/usr/bin/kubectl is v1.35.0, more than one minor release away from kubernetes.version v1.37.2"}},
+	{"kubectl one minor ahead", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, with(containerdTree, bin{"usr/bin/kubectl", kubeletLd("v1.38.0")}), [2]string{}, nil},
+	{"docker", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd}, {"usr/bin/cri-dockerd", criDockerd}, {"usr/bin/containerd", containerd1728}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
+	{"docker without cri-dockerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]string{"cri-dockerd is missing: kubernetes.runtime docker needs it (kubelet has no dockershim since 1.24)"}},
+	{"docker without dockerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"}, containerdTree, [2]string{},
+		[]string{"dockerd is missing", "cri-dockerd is missing"}},
+}
+
 func TestCheckVersions(t *testing.T) {
-	type bin struct{ rel, ldflags string }
-	containerdTree := []bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}
-	with := func(base []bin, extra ...bin) []bin { return append(append([]bin(nil), base...), extra...) }
-	tests := []struct {
-		name    string
-		k       spec.Kubernetes
-		bins    []bin
-		symlink [2]string // optional: link name -> target, inside the tree
-		want    []string  // substrings of the error; none = accepted
-	}{
-		{"matching containerd tree", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, with(containerdTree, bin{"usr/bin/kubectl", kubectl1372}), [2]string{}, nil},
-		{"containerd built from source", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"},
-			[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerdSrc}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
-		{"kubelet in /usr/local/bin via an absolute symlink", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"},
-			[]bin{{"opt/k8s/kubelet", kubelet1372}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}, [2]string{"usr/local/bin/kubelet", "/opt/k8s/kubelet"}, nil},
-		{"kubelet of another release", spec.Kubernetes{Version: "v1.37.3", Runtime: "containerd"}, containerdTree, [2]string{},
-			[]string{`/usr/bin/kubelet reports v1.37.2 (-X k8s.io/component-base/version.gitVersion=v1.37.2) but kubernetes.version is v1.37.3`}},
-		{"no kubelet", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, containerdTree[1:], [2]string{},
-			[]string{"kubelet is missing"}},
-		{"containerd too old for 1.37", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"},
-			[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerd2112}, {"usr/sbin/runc", runc153}}, [2]string{},
-			[]string{"/usr/bin/containerd is v2.1.12; Kubernetes v1.37.2 needs containerd v2.2.0 or newer"}},
-		{"containerd 1.7.28 for 1.37", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"},
-			[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerd1728}, {"usr/sbin/runc", runc153}}, [2]string{},
-			[]string{"is v1.7.28; Kubernetes v1.37.2 needs containerd v2.2.0 or newer"}},
-		{"containerd 1.7.28 for 1.35", spec.Kubernetes{Version: "v1.35.4", Runtime: "containerd"},
-			[]bin{{"usr/bin/kubelet", kubeletLd("v1.35.4")}, {"usr/bin/containerd", containerd1728}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
-		{"containerd 1.7.27 for 1.35", spec.Kubernetes{Version: "v1.35.4", Runtime: "containerd"},
-			[]bin{{"usr/bin/kubelet", kubeletLd("v1.35.4")}, {"usr/bin/containerd", "-X github.com/containerd/containerd/version.Version=1.7.27"}, {"usr/sbin/runc", runc153}}, [2]string{},
-			[]string{"is v1.7.27; Kubernetes v1.35.4 needs containerd v1.7.28 or newer"}},
-		{"containerd 2.2.0 for 1.36", spec.Kubernetes{Version: "v1.36.0", Runtime: "containerd"},
-			[]bin{{"usr/bin/kubelet", kubeletLd("v1.36.0")}, {"usr/bin/containerd", "-X github.com/containerd/containerd/v2/version.Version=v2.2.0"}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
-		{"no containerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, []bin{{"usr/bin/kubelet", kubelet1372}, {"usr/sbin/runc", runc153}}, [2]string{},
-			[]string{"containerd is missing"}},
-		{"no runc", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, containerdTree[:2], [2]string{},
-			[]string{"runc is missing"}},
-		{"kubectl two minors behind", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, with(containerdTree, bin{"usr/bin/kubectl", kubeletLd("v1.35.0")}), [2]string{},
-			[]string{"/usr/bin/kubectl is v1.35.0, more than one minor release away from kubernetes.version v1.37.2"}},
-		{"kubectl one minor ahead", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, with(containerdTree, bin{"usr/bin/kubectl", kubeletLd("v1.38.0")}), [2]string{}, nil},
-		{"docker", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
-			[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd}, {"usr/bin/cri-dockerd", criDockerd}, {"usr/bin/containerd", containerd1728}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
-		{"docker without cri-dockerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
-			[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd}, {"usr/sbin/runc", runc153}}, [2]string{},
-			[]string{"cri-dockerd is missing: kubernetes.runtime docker needs it (kubelet has no dockershim since 1.24)"}},
-		{"docker without dockerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"}, containerdTree, [2]string{},
-			[]string{"dockerd is missing", "cri-dockerd is missing"}},
-	}
-	for _, tt := range tests {
+	for _, tt := range checkVersionsCases {
 		t.Run(tt.name, func(t *testing.T) {
 			root := t.TempDir()
 			for _, b := range tt.bins {
