@@ -116,39 +116,77 @@ func TestParseReferenceLoopbackIsPlainHTTP(t *testing.T) {
 	}
 }
 
-func TestFetchImage(t *testing.T) {
-	reg := newRegistry(t)
-	shared, err := random.Layer(4096, "application/vnd.oci.image.layer.v1.tar+gzip")
-	if err != nil {
+// fetchRegistry is a registry holding two images that share a layer, an arm64 image and a
+// multi-platform index.
+type fetchRegistry struct {
+	reg                                          *testRegistry
+	shared                                       v1.Layer
+	proxy                                        v1.Image
+	apiDigest, proxyDigest, armDigest, idxDigest string
+}
+
+func newFetchRegistry(t *testing.T) fetchRegistry {
+	t.Helper()
+	f := fetchRegistry{reg: newRegistry(t)}
+	var err error
+	if f.shared, err = random.Layer(4096, "application/vnd.oci.image.layer.v1.tar+gzip"); err != nil {
 		t.Fatal(err)
 	}
 	withShared := func() v1.Image {
-		img, err := mutate.AppendLayers(amd64(t, randomImage(t), "amd64"), shared)
+		img, err := mutate.AppendLayers(amd64(t, randomImage(t), "amd64"), f.shared)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return img
 	}
-	apiserver, proxy := withShared(), withShared()
-	apiDigest := reg.push(t, "kube-apiserver:v1.37.2", apiserver)
-	proxyDigest := reg.push(t, "kube-proxy:v1.37.2", proxy)
-	armDigest := reg.push(t, "arm:1", amd64(t, randomImage(t), "arm64"))
+	apiserver := withShared()
+	f.proxy = withShared()
+	f.apiDigest = f.reg.push(t, "kube-apiserver:v1.37.2", apiserver)
+	f.proxyDigest = f.reg.push(t, "kube-proxy:v1.37.2", f.proxy)
+	f.armDigest = f.reg.push(t, "arm:1", amd64(t, randomImage(t), "arm64"))
 	idx, _ := multiPlatform(t)
-	idxRef, _ := name.ParseReference(reg.host + "/multi:1")
+	idxRef, _ := name.ParseReference(f.reg.host + "/multi:1")
 	if err := remote.WriteIndex(idxRef, idx); err != nil {
 		t.Fatal(err)
 	}
-	idxDigest := digestOf(t, idx)
-	reg.requests()
+	f.idxDigest = digestOf(t, idx)
+	f.reg.requests()
+	return f
+}
 
+// fetchFailure is an image FetchImage must refuse, and what its error says.
+type fetchFailure struct {
+	name, source, digest, corrupt, want string
+}
+
+func TestFetchImage(t *testing.T) {
+	f := newFetchRegistry(t)
+	checkFetchCaches(t, f)
+	bogus := "sha256:" + strings.Repeat("0", 64)
+	for _, tt := range []fetchFailure{
+		{"index", "multi:1", f.idxDigest, "", "is a multi-platform index, not an image manifest; pin the linux/amd64 image's digest (kiln lock does)"},
+		{"other platform", "arm:1", f.armDigest, "", "is a linux/arm64 image; nodes need linux/amd64"},
+		{"missing manifest", "kube-apiserver:v1.37.2", bogus, "", "MANIFEST_UNKNOWN"},
+		{"bad digest", "kube-apiserver:v1.37.2", "sha256:abc", "", `digest "sha256:abc" is not sha256:<64 hex>`},
+		{"corrupt layer", "kube-proxy:v1.37.2", f.proxyDigest, "layer", "sha256"},
+	} {
+		t.Run(tt.name, func(t *testing.T) { checkFetchFails(t, f, tt) })
+	}
+}
+
+// checkFetchCaches fetches an image into a cache, fetches it again without asking the
+// registry, and fetches a second image without downloading the layer they share again.
+func checkFetchCaches(t *testing.T, f fetchRegistry) {
+	t.Helper()
+	reg := f.reg
 	c := NewCache(t.TempDir())
 	ctx := context.Background()
-	src := ImageSource{Name: "registry.k8s.io/kube-apiserver:v1.37.2", Source: reg.host + "/kube-apiserver:v1.37.2", Digest: apiDigest}
+	src := ImageSource{Name: "registry.k8s.io/kube-apiserver:v1.37.2", Source: reg.host + "/kube-apiserver:v1.37.2", Digest: f.apiDigest}
 	ci, err := c.FetchImage(ctx, src, ImageFetch{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ci.Manifest.Digest.String() != apiDigest || ci.Platform == nil || ci.Platform.Architecture != "amd64" || len(ci.Layers) != 2 {
+	if ci.Manifest.Digest.String() != f.apiDigest || ci.Platform == nil || ci.Platform.Architecture != "amd64" || len(ci.Layers) != 2 {
 		t.Errorf("CachedImage = %+v", ci)
 	}
 	for _, b := range ci.Blobs() {
@@ -167,64 +205,51 @@ func TestFetchImage(t *testing.T) {
 		t.Errorf("second fetch of a cached image contacted the registry: %v", r)
 	}
 	// A second image sharing a layer downloads it only once.
-	if _, err := c.FetchImage(ctx, ImageSource{Name: "registry.k8s.io/kube-proxy:v1.37.2", Source: reg.host + "/kube-proxy:v1.37.2", Digest: proxyDigest}, ImageFetch{}); err != nil {
+	if _, err := c.FetchImage(ctx, ImageSource{Name: "registry.k8s.io/kube-proxy:v1.37.2", Source: reg.host + "/kube-proxy:v1.37.2", Digest: f.proxyDigest}, ImageFetch{}); err != nil {
 		t.Fatal(err)
 	}
-	sharedDigest, _ := shared.Digest()
+	sharedDigest, _ := f.shared.Digest()
 	for _, r := range reg.requests() {
 		if strings.HasSuffix(r, sharedDigest.String()) {
 			t.Errorf("shared layer fetched again: %s", r)
 		}
 	}
+}
 
-	bogus := "sha256:" + strings.Repeat("0", 64)
-	for _, tt := range []struct {
-		name, source, digest, corrupt, want string
-	}{
-		{"index", "multi:1", idxDigest, "", "is a multi-platform index, not an image manifest; pin the linux/amd64 image's digest (kiln lock does)"},
-		{"other platform", "arm:1", armDigest, "", "is a linux/arm64 image; nodes need linux/amd64"},
-		{"missing manifest", "kube-apiserver:v1.37.2", bogus, "", "MANIFEST_UNKNOWN"},
-		{"bad digest", "kube-apiserver:v1.37.2", "sha256:abc", "", `digest "sha256:abc" is not sha256:<64 hex>`},
-		{"corrupt layer", "kube-proxy:v1.37.2", proxyDigest, "layer", "sha256"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			c := NewCache(t.TempDir())
-			if tt.corrupt != "" {
-				layers, _ := proxy.Layers()
-				d, _ := layers[0].Digest()
-				reg.mu.Lock()
-				reg.bad = d.String()
-				reg.mu.Unlock()
-				defer func() { reg.mu.Lock(); reg.bad = ""; reg.mu.Unlock() }()
-				defer func() {
-					if _, ok := c.Has(d.Hex); ok {
-						t.Errorf("corrupt layer %s is in the cache", d)
-					}
-				}()
+// checkFetchFails fetches a refused image into a new cache: the error names the image and
+// the reason, and nothing partial or corrupt is left in the cache.
+func checkFetchFails(t *testing.T, f fetchRegistry, tt fetchFailure) {
+	reg := f.reg
+	c := NewCache(t.TempDir())
+	if tt.corrupt != "" {
+		layers, _ := f.proxy.Layers()
+		d, _ := layers[0].Digest()
+		reg.mu.Lock()
+		reg.bad = d.String()
+		reg.mu.Unlock()
+		defer func() { reg.mu.Lock(); reg.bad = ""; reg.mu.Unlock() }()
+		defer func() {
+			if _, ok := c.Has(d.Hex); ok {
+				t.Errorf("corrupt layer %s is in the cache", d)
 			}
-			_, err := c.FetchImage(ctx, ImageSource{Name: "registry.k8s.io/x:1", Source: reg.host + "/" + tt.source, Digest: tt.digest}, ImageFetch{})
-			if err == nil || !strings.HasPrefix(err.Error(), `image "registry.k8s.io/x:1": `) || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("error %v, want one naming the image and %q", err, tt.want)
-			}
-			for _, f := range cacheFiles(t, c) {
-				if strings.HasPrefix(f, ".partial") || strings.HasPrefix(f, ".kiln-") {
-					t.Errorf("left %s in the cache", f)
-				}
-			}
-		})
+		}()
+	}
+	_, err := c.FetchImage(context.Background(), ImageSource{Name: "registry.k8s.io/x:1", Source: reg.host + "/" + tt.source, Digest: tt.digest}, ImageFetch{})
+	if err == nil || !strings.HasPrefix(err.Error(), `image "registry.k8s.io/x:1": `) || !strings.Contains(err.Error(), tt.want) {
+		t.Errorf("error %v, want one naming the image and %q", err, tt.want)
+	}
+	for _, f := range cacheFiles(t, c) {
+		if strings.HasPrefix(f, ".partial") || strings.HasPrefix(f, ".kiln-") {
+			t.Errorf("left %s in the cache", f)
+		}
 	}
 }
 
-func TestPinImages(t *testing.T) {
-	reg := newRegistry(t)
-	single := reg.push(t, "pause:3.10.2", amd64(t, randomImage(t), "amd64"))
-	idx, amd := multiPlatform(t)
-	idxRef, _ := name.ParseReference(reg.host + "/coredns/coredns:v1.15.0")
-	if err := remote.WriteIndex(idxRef, idx); err != nil {
-		t.Fatal(err)
-	}
-	pinned := "sha256:" + strings.Repeat("e", 64)
-
+// imagesRepo writes an image definition and a worker profile whose images are pause and
+// coredns from host, unpinned, and kube-proxy pinned to pinned; it returns them and the
+// profile's path.
+func imagesRepo(t *testing.T, host, pinned string) (*spec.Definition, *spec.Profile, string) {
+	t.Helper()
 	root := t.TempDir()
 	os.MkdirAll(filepath.Join(root, "images"), 0o755)
 	os.MkdirAll(filepath.Join(root, "profiles"), 0o755)
@@ -239,7 +264,7 @@ images:
     source: %[1]s/coredns/coredns:v1.15.0
   - name: registry.k8s.io/kube-proxy:v1.37.2
     digest: %[2]s
-`, reg.host, pinned)), 0o644)
+`, host, pinned)), 0o644)
 	def, err := spec.LoadDefinition(filepath.Join(root, "images", "qemu.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -248,6 +273,20 @@ images:
 	if err != nil {
 		t.Fatal(err)
 	}
+	return def, p, prof
+}
+
+func TestPinImages(t *testing.T) {
+	reg := newRegistry(t)
+	single := reg.push(t, "pause:3.10.2", amd64(t, randomImage(t), "amd64"))
+	idx, amd := multiPlatform(t)
+	idxRef, _ := name.ParseReference(reg.host + "/coredns/coredns:v1.15.0")
+	if err := remote.WriteIndex(idxRef, idx); err != nil {
+		t.Fatal(err)
+	}
+	pinned := "sha256:" + strings.Repeat("e", 64)
+
+	def, p, prof := imagesRepo(t, reg.host, pinned)
 	old, _ := ReadLock(LockPath(def))
 	wantUnpinned := []string{
 		prof + `:4: images: "registry.k8s.io/pause:3.10.2" (` + reg.host + `/pause:3.10.2) is not pinned: no digest here or in the lock file (run kiln lock)`,

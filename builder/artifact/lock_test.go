@@ -55,18 +55,30 @@ artifacts:
 	return def, prof, digestOf(t, img), pinned
 }
 
+// pinRepo is lockRepo's definition and profile, with the server its crictl comes from.
+type pinRepo struct {
+	def        *spec.Definition
+	prof       *spec.Profile
+	srv        *server
+	content    []byte // crictl
+	sum        string // of content
+	baseDigest string
+	runcSum    string
+	lockFile   string
+}
+
 func TestPinAndBake(t *testing.T) {
 	content := payload(50 << 10)
-	sum := hexSum(content)
 	srv := newServer(t, content, 16<<10, 0)
 	def, prof, baseDigest, runcSum := lockRepo(t, srv.URL+"/blob")
-	lockFile := LockPath(def)
-	if want := filepath.Join(filepath.Dir(def.File), "qemu.lock"); lockFile != want {
-		t.Errorf("LockPath = %s, want %s", lockFile, want)
+	r := pinRepo{def: def, prof: prof, srv: srv, content: content, sum: hexSum(content),
+		baseDigest: baseDigest, runcSum: runcSum, lockFile: LockPath(def)}
+	if want := filepath.Join(filepath.Dir(def.File), "qemu.lock"); r.lockFile != want {
+		t.Errorf("LockPath = %s, want %s", r.lockFile, want)
 	}
 
 	// Before kiln lock, bake refuses.
-	old, err := ReadLock(lockFile)
+	old, err := ReadLock(r.lockFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,88 +93,22 @@ func TestPinAndBake(t *testing.T) {
 		t.Errorf("Sources of an unpinned profile: %v", err)
 	}
 
-	// kiln lock: resolves the base, downloads crictl once, says so.
 	cache := NewCache(t.TempDir())
 	pn := &Pinner{Cache: cache, Resolver: OCIResolver{}}
-	lock, notes, err := pn.Pin(context.Background(), def, []*spec.Profile{prof}, old)
+	data := checkFirstPin(t, r, pn, old)
+	l, err := ReadLock(r.lockFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantNotes := []string{
-		"pinned base oci:../oci:bookworm to " + baseDigest,
-		"pinned worker/crictl: downloaded " + srv.URL + "/blob once, sha256 " + sum,
-	}
-	if !reflect.DeepEqual(notes, wantNotes) {
-		t.Errorf("notes:\n got %q\nwant %q", notes, wantNotes)
-	}
-	if err := lock.Write(lockFile); err != nil {
-		t.Fatal(err)
-	}
-	data, _ := os.ReadFile(lockFile)
-	wantFile := fmt.Sprintf(`{
-  "version": 1,
-  "base": {
-    "ref": "oci:../oci:bookworm",
-    "digest": "%s"
-  },
-  "artifacts": {
-    "worker/crictl": {
-      "source": "%s/blob",
-      "sha256": "%s"
-    }
-  }
-}
-`, baseDigest, srv.URL, sum)
-	if string(data) != wantFile {
-		t.Errorf("lock file:\n%s\nwant:\n%s", data, wantFile)
-	}
-
-	// Bake: everything pinned, crictl comes from the cache.
-	l, err := ReadLock(lockFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u := Unpinned(def, prof, l); len(u) != 0 {
-		t.Errorf("still unpinned: %q", u)
-	}
-	if d := l.BaseDigest(def.Base); d != baseDigest {
-		t.Errorf("BaseDigest = %s", d)
-	}
-	srcs, err := Sources(prof, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantSrcs := []Source{
-		{Name: "runc", Path: filepath.Join(filepath.Dir(prof.File), "runc"), SHA256: runcSum},
-		{Name: "crictl", URL: srv.URL + "/blob", SHA256: sum},
-	}
-	if !reflect.DeepEqual(srcs, wantSrcs) {
-		t.Errorf("Sources:\n got %+v\nwant %+v", srcs, wantSrcs)
-	}
-	root := t.TempDir()
-	for i, s := range srcs {
-		blob, err := cache.Fetch(context.Background(), s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := place(blob, prof.Artifacts[i], root, MaxUnpacked); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if fi, err := os.Stat(filepath.Join(root, "usr/local/bin/crictl")); err != nil || fi.Mode() != 0o755 || fi.Size() != int64(len(content)) {
-		t.Errorf("crictl in the tree: %v %v", fi, err)
-	}
-	if n := srv.hits.Load(); n != 1 {
-		t.Errorf("server hit %d times, want 1", n)
-	}
+	checkBakeFromLock(t, r, cache, l)
 
 	// kiln lock again: nothing to do, same bytes.
 	lock2, notes, err := pn.Pin(context.Background(), def, []*spec.Profile{prof}, l)
 	if err != nil || len(notes) != 0 {
 		t.Errorf("second Pin: notes %q, %v", notes, err)
 	}
-	lock2.Write(lockFile)
-	if again, _ := os.ReadFile(lockFile); string(again) != string(data) {
+	lock2.Write(r.lockFile)
+	if again, _ := os.ReadFile(r.lockFile); string(again) != string(data) {
 		t.Errorf("lock file changed on a second kiln lock:\n%s", again)
 	}
 
@@ -177,6 +123,84 @@ func TestPinAndBake(t *testing.T) {
 	pn.Update = true
 	if _, notes, err := pn.Pin(context.Background(), def, []*spec.Profile{prof}, l); err != nil || len(notes) != 2 {
 		t.Errorf("Pin with Update: notes %q, %v", notes, err)
+	}
+}
+
+// checkFirstPin runs kiln lock on the unpinned repo: it resolves the base, downloads crictl
+// once, says so, and writes the lock file, whose bytes it returns.
+func checkFirstPin(t *testing.T, r pinRepo, pn *Pinner, old *Lock) []byte {
+	t.Helper()
+	lock, notes, err := pn.Pin(context.Background(), r.def, []*spec.Profile{r.prof}, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantNotes := []string{
+		"pinned base oci:../oci:bookworm to " + r.baseDigest,
+		"pinned worker/crictl: downloaded " + r.srv.URL + "/blob once, sha256 " + r.sum,
+	}
+	if !reflect.DeepEqual(notes, wantNotes) {
+		t.Errorf("notes:\n got %q\nwant %q", notes, wantNotes)
+	}
+	if err := lock.Write(r.lockFile); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(r.lockFile)
+	wantFile := fmt.Sprintf(`{
+  "version": 1,
+  "base": {
+    "ref": "oci:../oci:bookworm",
+    "digest": "%s"
+  },
+  "artifacts": {
+    "worker/crictl": {
+      "source": "%s/blob",
+      "sha256": "%s"
+    }
+  }
+}
+`, r.baseDigest, r.srv.URL, r.sum)
+	if string(data) != wantFile {
+		t.Errorf("lock file:\n%s\nwant:\n%s", data, wantFile)
+	}
+	return data
+}
+
+// checkBakeFromLock bakes as a bake does with lock l: everything is pinned, and crictl comes
+// from the cache without another download.
+func checkBakeFromLock(t *testing.T, r pinRepo, cache *Cache, l *Lock) {
+	t.Helper()
+	if u := Unpinned(r.def, r.prof, l); len(u) != 0 {
+		t.Errorf("still unpinned: %q", u)
+	}
+	if d := l.BaseDigest(r.def.Base); d != r.baseDigest {
+		t.Errorf("BaseDigest = %s", d)
+	}
+	srcs, err := Sources(r.prof, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSrcs := []Source{
+		{Name: "runc", Path: filepath.Join(filepath.Dir(r.prof.File), "runc"), SHA256: r.runcSum},
+		{Name: "crictl", URL: r.srv.URL + "/blob", SHA256: r.sum},
+	}
+	if !reflect.DeepEqual(srcs, wantSrcs) {
+		t.Errorf("Sources:\n got %+v\nwant %+v", srcs, wantSrcs)
+	}
+	root := t.TempDir()
+	for i, s := range srcs {
+		blob, err := cache.Fetch(context.Background(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := place(blob, r.prof.Artifacts[i], root, MaxUnpacked); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(root, "usr/local/bin/crictl")); err != nil || fi.Mode() != 0o755 || fi.Size() != int64(len(r.content)) {
+		t.Errorf("crictl in the tree: %v %v", fi, err)
+	}
+	if n := r.srv.hits.Load(); n != 1 {
+		t.Errorf("server hit %d times, want 1", n)
 	}
 }
 
