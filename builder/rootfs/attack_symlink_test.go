@@ -62,85 +62,90 @@ func sentinel(t testing.TB, parent string) string {
 // inTree is where the image path p (absolute) lies on the host.
 func inTree(tree, p string) string { return filepath.Join(tree, filepath.FromSlash(p)) }
 
+// symlinkAttack is hostile layers that write through symlinks, and where the write must land or how Flatten must fail.
+type symlinkAttack struct {
+	name string
+	// layers builds the hostile layers given the sentinel's host path.
+	layers func(sent string) [][]testkit.Entry
+	// lands, when set, is the image path where the write must end up inside the tree.
+	lands string
+	// err, when set, must appear in Flatten's error with the entry's name.
+	err, entry string
+}
+
+var symlinkAttacks = []symlinkAttack{
+	{
+		name: "file through an absolute symlink",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{symlink("evil", s), file("evil/planted", "x")}}
+		},
+		lands: "/planted",
+	},
+	{
+		name: "file through a climbing relative symlink",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{dirEnt("a/", 0o755), symlink("a/evil", strings.Repeat("../", 20)+strings.TrimPrefix(s, "/")),
+				file("a/evil/planted", "x")}}
+		},
+		lands: "/planted",
+	},
+	{
+		name: "file over a host file through a symlinked parent",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{symlink("evil", s)}, {file("evil/victim", "overwritten")}}
+		},
+		lands: "/victim",
+	},
+	{
+		name: "directory and chmod through a symlink",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{symlink("evil", s), dirEnt("evil/sub/", 0o777)}}
+		},
+		lands: "/sub",
+	},
+	{
+		name: "directory times through a directory replaced by a symlink",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{dirEnt("d/", 0o755), symlink("d", s)}}
+		},
+	},
+	{
+		name: "nested directory times through a parent replaced by a symlink",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{dirEnt("d/", 0o755), dirEnt("d/sub/", 0o755), symlink("d", s)}}
+		},
+	},
+	{
+		name: "hard link to a host file through a symlinked parent",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{symlink("evil", s), hardlink("stolen", "evil/victim")}}
+		},
+		err: "no such file", entry: "stolen",
+	},
+	{
+		name: "hard link to a symlink that points at a host file",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{symlink("evil", s+"/victim"), hardlink("stolen", "evil"), file("stolen", "overwritten")}}
+		},
+	},
+	{
+		name: "symlink loop",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{symlink("a", "b"), symlink("b", "a"), file("a/x", "x")}}
+		},
+		err: "too many levels of symbolic links", entry: "a/x",
+	},
+	{
+		name: "symlink to itself",
+		layers: func(s string) [][]testkit.Entry {
+			return [][]testkit.Entry{{symlink("loop", "/loop/../loop"), file("loop/x", "x")}}
+		},
+		err: "too many levels of symbolic links", entry: "loop/x",
+	},
+}
+
 func TestAttackWritesThroughSymlinks(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		// layers builds the hostile layers given the sentinel's host path.
-		layers func(sent string) [][]testkit.Entry
-		// lands, when set, is the image path where the write must end up inside the tree.
-		lands string
-		// err, when set, must appear in Flatten's error with the entry's name.
-		err, entry string
-	}{
-		{
-			name: "file through an absolute symlink",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{symlink("evil", s), file("evil/planted", "x")}}
-			},
-			lands: "/planted",
-		},
-		{
-			name: "file through a climbing relative symlink",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{dirEnt("a/", 0o755), symlink("a/evil", strings.Repeat("../", 20)+strings.TrimPrefix(s, "/")),
-					file("a/evil/planted", "x")}}
-			},
-			lands: "/planted",
-		},
-		{
-			name: "file over a host file through a symlinked parent",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{symlink("evil", s)}, {file("evil/victim", "overwritten")}}
-			},
-			lands: "/victim",
-		},
-		{
-			name: "directory and chmod through a symlink",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{symlink("evil", s), dirEnt("evil/sub/", 0o777)}}
-			},
-			lands: "/sub",
-		},
-		{
-			name: "directory times through a directory replaced by a symlink",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{dirEnt("d/", 0o755), symlink("d", s)}}
-			},
-		},
-		{
-			name: "nested directory times through a parent replaced by a symlink",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{dirEnt("d/", 0o755), dirEnt("d/sub/", 0o755), symlink("d", s)}}
-			},
-		},
-		{
-			name: "hard link to a host file through a symlinked parent",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{symlink("evil", s), hardlink("stolen", "evil/victim")}}
-			},
-			err: "no such file", entry: "stolen",
-		},
-		{
-			name: "hard link to a symlink that points at a host file",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{symlink("evil", s+"/victim"), hardlink("stolen", "evil"), file("stolen", "overwritten")}}
-			},
-		},
-		{
-			name: "symlink loop",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{symlink("a", "b"), symlink("b", "a"), file("a/x", "x")}}
-			},
-			err: "too many levels of symbolic links", entry: "a/x",
-		},
-		{
-			name: "symlink to itself",
-			layers: func(s string) [][]testkit.Entry {
-				return [][]testkit.Entry{{symlink("loop", "/loop/../loop"), file("loop/x", "x")}}
-			},
-			err: "too many levels of symbolic links", entry: "loop/x",
-		},
-	} {
+	for _, tc := range symlinkAttacks {
 		t.Run(tc.name, func(t *testing.T) {
 			layersOf := func(s string) []v1.Layer {
 				var ls []v1.Layer
