@@ -97,9 +97,25 @@ func requireRoot(t *testing.T) {
 	testkit.RequireRoot(t, "ownership and the shadow tools")
 }
 
-func TestFiles(t *testing.T) {
-	requireRoot(t)
-	remote := []byte("downloaded\n")
+// fileWant is a file Files must leave: its path, contents, mode and owner.
+type fileWant struct {
+	path     string
+	contents string
+	mode     fs.FileMode
+	uid, gid uint32
+}
+
+// filesCase is a root, storage.files entries, and what Files must make of them.
+type filesCase struct {
+	name    string
+	setup   func(t *testing.T, root string)
+	entries string // storage.files JSON list
+	want    []fileWant
+	wantErr string
+}
+
+// newFilesServer serves remote at /plain and gzipped at /gz.
+func newFilesServer(t *testing.T, remote []byte) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/plain":
@@ -110,32 +126,26 @@ func TestFiles(t *testing.T) {
 			http.NotFound(w, r)
 		}
 	}))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return srv
+}
 
-	type want struct {
-		path     string
-		contents string
-		mode     fs.FileMode
-		uid, gid uint32
-	}
-	tests := []struct {
-		name    string
-		setup   func(t *testing.T, root string)
-		entries string // storage.files JSON list
-		want    []want
-		wantErr string
-	}{
+func TestFiles(t *testing.T) {
+	requireRoot(t)
+	remote := []byte("downloaded\n")
+	srv := newFilesServer(t, remote)
+	for _, tc := range []filesCase{
 		{name: "new files", entries: `[{"path":"/etc/hostname","contents":{"source":"data:,node-1%0A"}},
 			{"path":"/etc/kubernetes/pki/ca.key","mode":384,"contents":{"source":"data:;base64,c2VjcmV0"}},
 			{"path":"/home/core/notes","user":{"name":"core"},"group":{"name":"sudo"},"contents":{"source":"data:,hi"}},
 			{"path":"/usr/local/bin/tool","mode":3565,"user":{"id":1000},"contents":{"source":"data:,x"}},
 			{"path":"/etc/empty"}]`,
-			want: []want{{"/etc/hostname", "node-1\n", 0o644, 0, 0}, {"/etc/kubernetes/pki/ca.key", "secret", 0o600, 0, 0},
+			want: []fileWant{{"/etc/hostname", "node-1\n", 0o644, 0, 0}, {"/etc/kubernetes/pki/ca.key", "secret", 0o600, 0, 0},
 				{"/home/core/notes", "hi", 0o644, 1000, 27}, {"/usr/local/bin/tool", "x", 0o755 | fs.ModeSetuid | fs.ModeSetgid, 1000, 0},
 				{"/etc/empty", "", 0o644, 0, 0}}},
 		{name: "http and https with hash and gzip", entries: fmt.Sprintf(`[{"path":"/opt/a","contents":{"source":%q,"verification":{"hash":%q}}},
 			{"path":"/opt/b","contents":{"source":%q,"compression":"gzip","verification":{"hash":%q}}}]`, srv.URL+"/plain", sha(remote), srv.URL+"/gz", sha(remote)),
-			want: []want{{"/opt/a", "downloaded\n", 0o644, 0, 0}, {"/opt/b", "downloaded\n", 0o644, 0, 0}}},
+			want: []fileWant{{"/opt/a", "downloaded\n", 0o644, 0, 0}, {"/opt/b", "downloaded\n", 0o644, 0, 0}}},
 		{name: "tampered download writes nothing", entries: fmt.Sprintf(`[{"path":"/opt/ok","contents":{"source":"data:,ok"}},{"path":"/opt/a","contents":{"source":%q,"verification":{"hash":%q}}}]`,
 			srv.URL+"/plain", sha([]byte("other"))),
 			wantErr: "storage.files[1].contents.verification.hash: sha256 mismatch"},
@@ -146,13 +156,13 @@ func TestFiles(t *testing.T) {
 			wantErr: "storage.files[0] (/etc/motd): already exists (a regular file) with other contents and overwrite is false"},
 		{name: "existing same contents without overwrite keeps mode", setup: func(t *testing.T, root string) { writeHost(t, root+"/etc/motd", "same", 0o640) },
 			entries: `[{"path":"/etc/motd","contents":{"source":"data:,same"}}]`,
-			want:    []want{{"/etc/motd", "same", 0o640, 0, 0}}},
+			want:    []fileWant{{"/etc/motd", "same", 0o640, 0, 0}}},
 		{name: "overwrite replaces", setup: func(t *testing.T, root string) { writeHost(t, root+"/etc/motd", "old", 0o666) },
 			entries: `[{"path":"/etc/motd","overwrite":true,"contents":{"source":"data:,new"}}]`,
-			want:    []want{{"/etc/motd", "new", 0o644, 0, 0}}},
+			want:    []fileWant{{"/etc/motd", "new", 0o644, 0, 0}}},
 		{name: "no contents keeps an existing file", setup: func(t *testing.T, root string) { writeHost(t, root+"/etc/keep", "kept", 0o644) },
 			entries: `[{"path":"/etc/keep","mode":384}]`,
-			want:    []want{{"/etc/keep", "kept", 0o600, 0, 0}}},
+			want:    []fileWant{{"/etc/keep", "kept", 0o600, 0, 0}}},
 		{name: "directory in the way", setup: func(t *testing.T, root string) { os.MkdirAll(root+"/etc/d", 0o755) },
 			entries: `[{"path":"/etc/d","overwrite":true,"contents":{"source":"data:,x"}}]`,
 			wantErr: "storage.files[0] (/etc/d): is a directory"},
@@ -161,60 +171,69 @@ func TestFiles(t *testing.T) {
 			os.Symlink("/srv/real", root+"/etc/alt")
 		},
 			entries: `[{"path":"/etc/alt/conf","contents":{"source":"data:,inside"}}]`,
-			want:    []want{{"/srv/real/conf", "inside", 0o644, 0, 0}}},
+			want:    []fileWant{{"/srv/real/conf", "inside", 0o644, 0, 0}}},
 		{name: "unknown owner", entries: `[{"path":"/etc/x","user":{"name":"nobody2"},"contents":{"source":"data:,x"}}]`,
 			wantErr: `storage.files[0].user.name: no user "nobody2" in /etc/passwd`},
+	} {
+		t.Run(tc.name, func(t *testing.T) { checkFiles(t, tc) })
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			root := newRoot(t)
-			if tc.setup != nil {
-				tc.setup(t, root)
+}
+
+// checkFiles runs Files on a new root: it fails as the case says, leaving the root as it was
+// when a download fails; or it writes the wanted files and a second run changes nothing.
+func checkFiles(t *testing.T, tc filesCase) {
+	root := newRoot(t)
+	if tc.setup != nil {
+		tc.setup(t, root)
+	}
+	cfg := parse(t, `{"ignition":{"version":"3.5.0"},"storage":{"files":`+tc.entries+`}}`)
+	before := testkit.Snapshot(t, root)
+	changed, err := Files(context.Background(), root, files(t, cfg), nil)
+	if tc.wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Fatalf("Files error = %v, want %q", err, tc.wantErr)
+		}
+		if strings.Contains(tc.name, "writes nothing") {
+			if d := before.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
+				t.Errorf("a failed fetch changed the root: %q", d)
 			}
-			cfg := parse(t, `{"ignition":{"version":"3.5.0"},"storage":{"files":`+tc.entries+`}}`)
-			before := testkit.Snapshot(t, root)
-			changed, err := Files(context.Background(), root, files(t, cfg), nil)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("Files error = %v, want %q", err, tc.wantErr)
-				}
-				if strings.Contains(tc.name, "writes nothing") {
-					if d := before.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
-						t.Errorf("a failed fetch changed the root: %q", d)
-					}
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Files: %v", err)
-			}
-			for _, w := range tc.want {
-				p := filepath.Join(root, w.path)
-				data, err := os.ReadFile(p)
-				if err != nil {
-					t.Errorf("%s: %v", w.path, err)
-					continue
-				}
-				fi, _ := os.Lstat(p)
-				st := fi.Sys().(*syscall.Stat_t)
-				got := want{w.path, string(data), modeOf(fi), st.Uid, st.Gid}
-				if got != w {
-					t.Errorf("got  %+v\nwant %+v", got, w)
-				}
-			}
-			// Idempotence: the second run changes nothing, not even an mtime.
-			after := testkit.Snapshot(t, root)
-			again, err := Files(context.Background(), root, files(t, cfg), nil)
-			if err != nil || len(again) != 0 {
-				t.Errorf("second Files = %q, %v; want nothing changed (first run changed %q)", again, err, changed)
-			}
-			if d := after.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
-				t.Errorf("second run changed the root: %q", d)
-			}
-			if strings.HasPrefix(tc.name, "existing same") && len(changed) != 0 {
-				t.Errorf("identical file counted as changed: %q", changed)
-			}
-		})
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Files: %v", err)
+	}
+	checkFileWants(t, root, tc.want)
+	// Idempotence: the second run changes nothing, not even an mtime.
+	after := testkit.Snapshot(t, root)
+	again, err := Files(context.Background(), root, files(t, cfg), nil)
+	if err != nil || len(again) != 0 {
+		t.Errorf("second Files = %q, %v; want nothing changed (first run changed %q)", again, err, changed)
+	}
+	if d := after.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
+		t.Errorf("second run changed the root: %q", d)
+	}
+	if strings.HasPrefix(tc.name, "existing same") && len(changed) != 0 {
+		t.Errorf("identical file counted as changed: %q", changed)
+	}
+}
+
+// checkFileWants checks each wanted file's contents, mode and owner under root.
+func checkFileWants(t *testing.T, root string, wants []fileWant) {
+	t.Helper()
+	for _, w := range wants {
+		p := filepath.Join(root, w.path)
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Errorf("%s: %v", w.path, err)
+			continue
+		}
+		fi, _ := os.Lstat(p)
+		st := fi.Sys().(*syscall.Stat_t)
+		got := fileWant{w.path, string(data), modeOf(fi), st.Uid, st.Gid}
+		if got != w {
+			t.Errorf("got  %+v\nwant %+v", got, w)
+		}
 	}
 }
 
@@ -304,7 +323,13 @@ func TestDirectoriesAndLinks(t *testing.T) {
 		t.Errorf("second run changed the root: %q", d)
 	}
 
-	// Errors name the entry.
+	checkStorageErrors(t, root)
+}
+
+// checkStorageErrors checks that links and directories in the way fail naming the entry.
+func checkStorageErrors(t *testing.T, root string) {
+	t.Helper()
+	ctx := context.Background()
 	bad := []struct{ doc, want string }{
 		{`"links":[{"path":"/etc/old-link-target","target":"/x"}]`, "storage.links[0] (/etc/old-link-target): exists (a regular file) and is not the wanted link, and overwrite is false"},
 		{`"links":[{"path":"/opt/h","target":"/nope","hard":true}]`, "storage.links[0].target: hard link target /nope"},
@@ -404,6 +429,35 @@ func TestUsers(t *testing.T) {
 	if !reflect.DeepEqual(changed, want) {
 		t.Errorf("Users changed %q\nwant %q", changed, want)
 	}
+	snap := checkUsersApplied(t, root)
+
+	// Second run: no tool runs, nothing changes.
+	again, err := Users(ctx, root, cfg.Ignition.Passwd.Users, cfg.Ignition.Passwd.Groups)
+	if err != nil || len(again) != 0 {
+		t.Errorf("second Users = %q, %v", again, err)
+	}
+	if d := snap.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
+		t.Errorf("second run changed the root: %q", d)
+	}
+
+	// A changed config converges with usermod.
+	cfg2 := parse(t, `{"ignition":{"version":"3.5.0"},"passwd":{"users":[{"name":"alice","shell":"/bin/bash","groups":["core"]}]}}`)
+	changed, err = Users(ctx, root, cfg2.Ignition.Passwd.Users, nil)
+	if err != nil || !reflect.DeepEqual(changed, []string{"/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow"}) {
+		t.Errorf("Users(changed shell) = %q, %v", changed, err)
+	}
+	passwd, _ := os.ReadFile(root + "/etc/passwd")
+	if !strings.Contains(string(passwd), "alice:x:1500:") || !strings.Contains(string(passwd), ":/home/alice:/bin/bash\n") {
+		t.Errorf("/etc/passwd:\n%s", passwd)
+	}
+
+	checkUsersErrors(t, root)
+}
+
+// checkUsersApplied checks the accounts, groups, shadow entries, homes and authorized keys
+// TestUsers's config makes, and returns a snapshot of the root.
+func checkUsersApplied(t *testing.T, root string) testkit.Tree {
+	t.Helper()
 	tr, _ := openTree(root)
 	acc, err := tr.loadAccounts()
 	tr.Close()
@@ -447,28 +501,13 @@ func TestUsers(t *testing.T) {
 	if c := snap["home/core/.ssh/authorized_keys"]; c.UID != 1000 || c.GID != 1000 {
 		t.Errorf("core's keys %+v", c)
 	}
+	return snap
+}
 
-	// Second run: no tool runs, nothing changes.
-	again, err := Users(ctx, root, cfg.Ignition.Passwd.Users, cfg.Ignition.Passwd.Groups)
-	if err != nil || len(again) != 0 {
-		t.Errorf("second Users = %q, %v", again, err)
-	}
-	if d := snap.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
-		t.Errorf("second run changed the root: %q", d)
-	}
-
-	// A changed config converges with usermod.
-	cfg2 := parse(t, `{"ignition":{"version":"3.5.0"},"passwd":{"users":[{"name":"alice","shell":"/bin/bash","groups":["core"]}]}}`)
-	changed, err = Users(ctx, root, cfg2.Ignition.Passwd.Users, nil)
-	if err != nil || !reflect.DeepEqual(changed, []string{"/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow"}) {
-		t.Errorf("Users(changed shell) = %q, %v", changed, err)
-	}
-	passwd, _ := os.ReadFile(root + "/etc/passwd")
-	if !strings.Contains(string(passwd), "alice:x:1500:") || !strings.Contains(string(passwd), ":/home/alice:/bin/bash\n") {
-		t.Errorf("/etc/passwd:\n%s", passwd)
-	}
-
-	// Errors name the field.
+// checkUsersErrors checks that groups and users at odds with the root fail naming the field.
+func checkUsersErrors(t *testing.T, root string) {
+	t.Helper()
+	ctx := context.Background()
 	bad := []struct{ doc, want string }{
 		{`"groups":[{"name":"ops","gid":3000}]`, "passwd.groups[0] (ops): passwd.groups[0].gid: group exists with gid 2000, the config says 3000"},
 		{`"users":[{"name":"bob","groups":["nosuch"]}]`, `passwd.users[0] (bob): passwd.users[0].groups[0]: no group "nosuch" in /etc/group`},
@@ -483,13 +522,8 @@ func TestUsers(t *testing.T) {
 	}
 }
 
-// TestButaneEndToEnd takes a Butane document through Parse, Validate and every applier
-// in the documented order, twice.
-func TestButaneEndToEnd(t *testing.T) {
-	requireShadowTools(t)
-	root := newRoot(t)
-	writeHost(t, root+"/usr/bin/containerd", "bin", 0o755)
-	doc := `variant: fcos
+// butaneDoc is a Butane document using every applier.
+const butaneDoc = `variant: fcos
 version: 1.6.0
 passwd:
   groups:
@@ -532,35 +566,46 @@ systemd:
         [Install]
         WantedBy=multi-user.target
 `
-	applyAll := func() []string {
-		cfg := parse(t, doc)
-		ctx := context.Background()
-		var all []string
-		ign := cfg.Ignition
-		c, err := Users(ctx, root, ign.Passwd.Users, ign.Passwd.Groups)
-		if err != nil {
-			t.Fatalf("Users: %v", err)
-		}
-		all = append(all, c...)
-		if c, err = Directories(ctx, root, ign.Storage.Directories); err != nil {
-			t.Fatalf("Directories: %v", err)
-		}
-		all = append(all, c...)
-		if c, err = Files(ctx, root, files(t, cfg), nil); err != nil {
-			t.Fatalf("Files: %v", err)
-		}
-		all = append(all, c...)
-		if c, err = Links(ctx, root, ign.Storage.Links); err != nil {
-			t.Fatalf("Links: %v", err)
-		}
-		all = append(all, c...)
-		c, _, err = Units(ctx, root, ign.Systemd.Units)
-		if err != nil {
-			t.Fatalf("Units: %v", err)
-		}
-		return append(all, c...)
+
+// applyAll parses doc and runs every applier on root in the documented order, and returns
+// what they changed.
+func applyAll(t *testing.T, root, doc string) []string {
+	t.Helper()
+	cfg := parse(t, doc)
+	ctx := context.Background()
+	var all []string
+	ign := cfg.Ignition
+	c, err := Users(ctx, root, ign.Passwd.Users, ign.Passwd.Groups)
+	if err != nil {
+		t.Fatalf("Users: %v", err)
 	}
-	first := applyAll()
+	all = append(all, c...)
+	if c, err = Directories(ctx, root, ign.Storage.Directories); err != nil {
+		t.Fatalf("Directories: %v", err)
+	}
+	all = append(all, c...)
+	if c, err = Files(ctx, root, files(t, cfg), nil); err != nil {
+		t.Fatalf("Files: %v", err)
+	}
+	all = append(all, c...)
+	if c, err = Links(ctx, root, ign.Storage.Links); err != nil {
+		t.Fatalf("Links: %v", err)
+	}
+	all = append(all, c...)
+	c, _, err = Units(ctx, root, ign.Systemd.Units)
+	if err != nil {
+		t.Fatalf("Units: %v", err)
+	}
+	return append(all, c...)
+}
+
+// TestButaneEndToEnd takes a Butane document through Parse, Validate and every applier
+// in the documented order, twice.
+func TestButaneEndToEnd(t *testing.T) {
+	requireShadowTools(t)
+	root := newRoot(t)
+	writeHost(t, root+"/usr/bin/containerd", "bin", 0o755)
+	first := applyAll(t, root, butaneDoc)
 	if len(first) < 8 {
 		t.Errorf("first run changed only %q", first)
 	}
@@ -578,7 +623,7 @@ systemd:
 	if s := snap["etc/systemd/system/multi-user.target.wants/kiln-hello.service"]; s.Content != "/etc/systemd/system/kiln-hello.service" {
 		t.Errorf("kiln-hello.service not enabled: %+v", s)
 	}
-	if second := applyAll(); len(second) != 0 {
+	if second := applyAll(t, root, butaneDoc); len(second) != 0 {
 		t.Errorf("second run changed %q", second)
 	}
 	if d := snap.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
