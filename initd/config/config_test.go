@@ -109,68 +109,72 @@ const (
 	hashA = "sha256-ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"
 )
 
+// validateCase is an Ignition config body and what Validate says of it.
+type validateCase struct {
+	name            string
+	body            string // JSON after "ignition" version
+	want            []string
+	wantUnsupported bool // errors.Is(err, errUnsupported)
+}
+
+var validateCases = []validateCase{
+	{name: "files only", body: `"storage":{"files":[{"path":"/etc/a","user":{"id":0},"group":{"name":"root"},"contents":{"source":"data:,a","compression":"","verification":{"hash":"` + hashA + `"}}}]}`},
+	{name: "empty sections", body: `"passwd":{"users":[]},"systemd":{"units":[]},"storage":{"disks":[]}`},
+	{name: "file without contents", body: `"storage":{"files":[{"path":"/etc/a"}]}`},
+	{name: "everything kiln applies", body: `"storage":{
+		"files":[{"path":"/etc/a","mode":384,"overwrite":true,"user":{"name":"core"},"group":{"id":1000},"contents":{"source":"https://example.com/a.gz","compression":"gzip","verification":{"hash":"` + hashA + `"}}}],
+		"directories":[{"path":"/srv/data","mode":448,"overwrite":false,"user":{"id":1000},"group":{"name":"ops"}}],
+		"links":[{"path":"/usr/local/bin/k","target":"kubectl","overwrite":true,"user":{"name":"core"}},{"path":"/etc/b","target":"/etc/a","hard":true}]},
+		"systemd":{"units":[{"name":"a.service","enabled":true,"contents":"[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n","dropins":[{"name":"10-x.conf","contents":"[Service]\nEnvironment=X=1\n"}]},
+			{"name":"b.service","enabled":false},{"name":"c.service","mask":true}]},
+		"passwd":{"users":[{"name":"core","uid":1000,"gecos":"Core","homeDir":"/home/core","shell":"/bin/bash","primaryGroup":"core","groups":["sudo","ops"],
+			"passwordHash":"$y$j9T$abc$def","sshAuthorizedKeys":["` + edKey + `","` + ecKey + `"],"system":false,"noCreateHome":false,"noUserGroup":false}],
+			"groups":[{"name":"ops","gid":2000,"system":true}]}`},
+	{name: "disks", body: `"storage":{"disks":[{"device":"/dev/vdb"}]}`, wantUnsupported: true,
+		want: []string{"storage.disks: disks are set up by the etcd volume logic, not supported yet"}},
+	{name: "filesystems, luks, raid", body: `"storage":{"filesystems":[{"device":"/dev/vdb","format":"ext4"}],"luks":[{"name":"x","device":"/dev/vdc"}],"raid":[{"name":"md0","level":"raid1","devices":["/dev/vdd","/dev/vde"]}]}`,
+		wantUnsupported: true,
+		want:            []string{"storage.filesystems: filesystems are set up by the etcd volume logic", "storage.luks: encrypted volumes are set up by the etcd volume logic", "storage.raid: RAID arrays are set up"}},
+	{name: "kernel arguments", body: `"kernelArguments":{"shouldExist":["quiet"]}`, wantUnsupported: true,
+		want: []string{"kernelArguments.shouldExist is not supported by kiln yet"}},
+	{name: "append", body: `"storage":{"files":[{"path":"/etc/a"},{"path":"/etc/b","append":[{"source":"data:,x"}]}]}`, wantUnsupported: true,
+		want: []string{"storage.files[1].append is not supported by kiln yet"}},
+	{name: "remote source without hash", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a"}}]}`,
+		want: []string{`storage.files[0].contents.verification.hash: required for a https source: kiln verifies every downloaded byte`}},
+	{name: "other scheme", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"s3://bucket/a","verification":{"hash":"` + hashA + `"}}}]}`, wantUnsupported: true,
+		want: []string{`storage.files[0].contents.source: scheme "s3" is not supported by kiln yet`}},
+	{name: "http headers", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a","httpHeaders":[{"name":"X","value":"y"}],"verification":{"hash":"` + hashA + `"}}}]}`, wantUnsupported: true,
+		want: []string{"storage.files[0].contents.httpHeaders is not supported"}},
+	{name: "bad owner name", body: `"storage":{"directories":[{"path":"/d","group":{"name":"Ops Team"}}]}`,
+		want: []string{`storage.directories[0].group.name: "Ops Team" is not a valid group name`}},
+	{name: "hard link relative, owned", body: `"storage":{"links":[{"path":"/a","target":"b","hard":true,"user":{"id":0}}]}`,
+		want: []string{`storage.links[0].target: hard link target "b" must be an absolute path`, "storage.links[0]: a hard link has no owner"}},
+	{name: "unit name with slash", body: `"systemd":{"units":[{"name":"../x.service"}]}`,
+		want: []string{`systemd.units[0].name: unit name "../x.service" contains a slash`}},
+	{name: "mask and enable", body: `"systemd":{"units":[{"name":"x.service","mask":true,"enabled":true}]}`,
+		want: []string{"systemd.units[0]: mask and enabled: true contradict each other"}},
+	{name: "mask with contents", body: `"systemd":{"units":[{"name":"x.service","mask":true,"contents":"[Service]\n"}]}`,
+		want: []string{"systemd.units[0].contents: a masked unit's contents would never be used"}},
+	{name: "drop-in without contents", body: `"systemd":{"units":[{"name":"x.service","dropins":[{"name":"a.conf"}]}]}`,
+		want: []string{"systemd.units[0].dropins[0].contents: is required"}},
+	{name: "bad ssh key", body: `"passwd":{"users":[{"name":"core","sshAuthorizedKeys":["` + edKey + `","ssh-rsa AAAA-not-base64"]}]}`,
+		want: []string{"passwd.users[0].sshAuthorizedKeys[1]: not an SSH public key"}},
+	{name: "bad user name, home, shell", body: `"passwd":{"users":[{"name":"Root!","homeDir":"home/x","shell":"bash"}]}`,
+		want: []string{`passwd.users[0].name: "Root!" is not a valid user name`, "passwd.users[0].homeDir", "passwd.users[0].shell"}},
+	{name: "plain-text password", body: `"passwd":{"users":[{"name":"core","passwordHash":"hunter2"}]}`,
+		want: []string{"passwd.users[0].passwordHash: is not a crypt(3) hash"}},
+	{name: "empty password", body: `"passwd":{"users":[{"name":"core","passwordHash":""}]}`,
+		want: []string{"passwd.users[0].passwordHash: an empty hash allows logging in without a password"}},
+	{name: "user removal", body: `"passwd":{"users":[{"name":"core","shouldExist":false}]}`, wantUnsupported: true,
+		want: []string{"passwd.users[0].shouldExist is not supported by kiln yet"}},
+	{name: "group password", body: `"passwd":{"groups":[{"name":"ops","passwordHash":"$6$a$b"}]}`, wantUnsupported: true,
+		want: []string{"passwd.groups[0].passwordHash is not supported by kiln yet"}},
+	{name: "several at once", body: `"passwd":{"users":[{"name":"core","noLogInit":true}]},"storage":{"disks":[{"device":"/dev/vdb"}]}`, wantUnsupported: true,
+		want: []string{"passwd.users[0].noLogInit", "storage.disks"}},
+}
+
 func TestValidate(t *testing.T) {
-	tests := []struct {
-		name            string
-		body            string // JSON after "ignition" version
-		want            []string
-		wantUnsupported bool // errors.Is(err, errUnsupported)
-	}{
-		{name: "files only", body: `"storage":{"files":[{"path":"/etc/a","user":{"id":0},"group":{"name":"root"},"contents":{"source":"data:,a","compression":"","verification":{"hash":"` + hashA + `"}}}]}`},
-		{name: "empty sections", body: `"passwd":{"users":[]},"systemd":{"units":[]},"storage":{"disks":[]}`},
-		{name: "file without contents", body: `"storage":{"files":[{"path":"/etc/a"}]}`},
-		{name: "everything kiln applies", body: `"storage":{
-			"files":[{"path":"/etc/a","mode":384,"overwrite":true,"user":{"name":"core"},"group":{"id":1000},"contents":{"source":"https://example.com/a.gz","compression":"gzip","verification":{"hash":"` + hashA + `"}}}],
-			"directories":[{"path":"/srv/data","mode":448,"overwrite":false,"user":{"id":1000},"group":{"name":"ops"}}],
-			"links":[{"path":"/usr/local/bin/k","target":"kubectl","overwrite":true,"user":{"name":"core"}},{"path":"/etc/b","target":"/etc/a","hard":true}]},
-			"systemd":{"units":[{"name":"a.service","enabled":true,"contents":"[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n","dropins":[{"name":"10-x.conf","contents":"[Service]\nEnvironment=X=1\n"}]},
-				{"name":"b.service","enabled":false},{"name":"c.service","mask":true}]},
-			"passwd":{"users":[{"name":"core","uid":1000,"gecos":"Core","homeDir":"/home/core","shell":"/bin/bash","primaryGroup":"core","groups":["sudo","ops"],
-				"passwordHash":"$y$j9T$abc$def","sshAuthorizedKeys":["` + edKey + `","` + ecKey + `"],"system":false,"noCreateHome":false,"noUserGroup":false}],
-				"groups":[{"name":"ops","gid":2000,"system":true}]}`},
-		{name: "disks", body: `"storage":{"disks":[{"device":"/dev/vdb"}]}`, wantUnsupported: true,
-			want: []string{"storage.disks: disks are set up by the etcd volume logic, not supported yet"}},
-		{name: "filesystems, luks, raid", body: `"storage":{"filesystems":[{"device":"/dev/vdb","format":"ext4"}],"luks":[{"name":"x","device":"/dev/vdc"}],"raid":[{"name":"md0","level":"raid1","devices":["/dev/vdd","/dev/vde"]}]}`,
-			wantUnsupported: true,
-			want:            []string{"storage.filesystems: filesystems are set up by the etcd volume logic", "storage.luks: encrypted volumes are set up by the etcd volume logic", "storage.raid: RAID arrays are set up"}},
-		{name: "kernel arguments", body: `"kernelArguments":{"shouldExist":["quiet"]}`, wantUnsupported: true,
-			want: []string{"kernelArguments.shouldExist is not supported by kiln yet"}},
-		{name: "append", body: `"storage":{"files":[{"path":"/etc/a"},{"path":"/etc/b","append":[{"source":"data:,x"}]}]}`, wantUnsupported: true,
-			want: []string{"storage.files[1].append is not supported by kiln yet"}},
-		{name: "remote source without hash", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a"}}]}`,
-			want: []string{`storage.files[0].contents.verification.hash: required for a https source: kiln verifies every downloaded byte`}},
-		{name: "other scheme", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"s3://bucket/a","verification":{"hash":"` + hashA + `"}}}]}`, wantUnsupported: true,
-			want: []string{`storage.files[0].contents.source: scheme "s3" is not supported by kiln yet`}},
-		{name: "http headers", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a","httpHeaders":[{"name":"X","value":"y"}],"verification":{"hash":"` + hashA + `"}}}]}`, wantUnsupported: true,
-			want: []string{"storage.files[0].contents.httpHeaders is not supported"}},
-		{name: "bad owner name", body: `"storage":{"directories":[{"path":"/d","group":{"name":"Ops Team"}}]}`,
-			want: []string{`storage.directories[0].group.name: "Ops Team" is not a valid group name`}},
-		{name: "hard link relative, owned", body: `"storage":{"links":[{"path":"/a","target":"b","hard":true,"user":{"id":0}}]}`,
-			want: []string{`storage.links[0].target: hard link target "b" must be an absolute path`, "storage.links[0]: a hard link has no owner"}},
-		{name: "unit name with slash", body: `"systemd":{"units":[{"name":"../x.service"}]}`,
-			want: []string{`systemd.units[0].name: unit name "../x.service" contains a slash`}},
-		{name: "mask and enable", body: `"systemd":{"units":[{"name":"x.service","mask":true,"enabled":true}]}`,
-			want: []string{"systemd.units[0]: mask and enabled: true contradict each other"}},
-		{name: "mask with contents", body: `"systemd":{"units":[{"name":"x.service","mask":true,"contents":"[Service]\n"}]}`,
-			want: []string{"systemd.units[0].contents: a masked unit's contents would never be used"}},
-		{name: "drop-in without contents", body: `"systemd":{"units":[{"name":"x.service","dropins":[{"name":"a.conf"}]}]}`,
-			want: []string{"systemd.units[0].dropins[0].contents: is required"}},
-		{name: "bad ssh key", body: `"passwd":{"users":[{"name":"core","sshAuthorizedKeys":["` + edKey + `","ssh-rsa AAAA-not-base64"]}]}`,
-			want: []string{"passwd.users[0].sshAuthorizedKeys[1]: not an SSH public key"}},
-		{name: "bad user name, home, shell", body: `"passwd":{"users":[{"name":"Root!","homeDir":"home/x","shell":"bash"}]}`,
-			want: []string{`passwd.users[0].name: "Root!" is not a valid user name`, "passwd.users[0].homeDir", "passwd.users[0].shell"}},
-		{name: "plain-text password", body: `"passwd":{"users":[{"name":"core","passwordHash":"hunter2"}]}`,
-			want: []string{"passwd.users[0].passwordHash: is not a crypt(3) hash"}},
-		{name: "empty password", body: `"passwd":{"users":[{"name":"core","passwordHash":""}]}`,
-			want: []string{"passwd.users[0].passwordHash: an empty hash allows logging in without a password"}},
-		{name: "user removal", body: `"passwd":{"users":[{"name":"core","shouldExist":false}]}`, wantUnsupported: true,
-			want: []string{"passwd.users[0].shouldExist is not supported by kiln yet"}},
-		{name: "group password", body: `"passwd":{"groups":[{"name":"ops","passwordHash":"$6$a$b"}]}`, wantUnsupported: true,
-			want: []string{"passwd.groups[0].passwordHash is not supported by kiln yet"}},
-		{name: "several at once", body: `"passwd":{"users":[{"name":"core","noLogInit":true}]},"storage":{"disks":[{"device":"/dev/vdb"}]}`, wantUnsupported: true,
-			want: []string{"passwd.users[0].noLogInit", "storage.disks"}},
-	}
-	for _, tc := range tests {
+	for _, tc := range validateCases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := Parse([]byte(`{"ignition":{"version":"3.5.0"},` + tc.body + `}`))
 			if err != nil {
@@ -196,7 +200,7 @@ func TestValidate(t *testing.T) {
 				t.Errorf("Validate error %v is not a *FieldError", err)
 			}
 			if got := errors.Is(err, errUnsupported); got != tc.wantUnsupported {
-				t.Errorf("errors.Is(err, ErrUnsupported) = %v, want %v", got, tc.wantUnsupported)
+				t.Errorf("errors.Is(err, errUnsupported) = %v, want %v", got, tc.wantUnsupported)
 			}
 		})
 	}
