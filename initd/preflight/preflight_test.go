@@ -123,59 +123,63 @@ func TestRunAllPass(t *testing.T) {
 	}
 }
 
+// runFailureCase is a change to a healthy node and the check that must fail on it.
+type runFailureCase struct {
+	name      string
+	role      Role
+	change    func(t *testing.T, o *Options)
+	check     string
+	severity  Severity
+	wantInMsg string
+}
+
+var runFailureCases = []runFailureCase{
+	{"not root", Worker, func(_ *testing.T, o *Options) { o.EUID = func() int { return 1000 } }, "root", Error, "user id 1000"},
+	{"one CPU", ControlPlane, func(_ *testing.T, o *Options) { o.Facts.CPUs = 1 }, "cpus", Error, "1 CPU(s) available; at least 2"},
+	{"one CPU on etcd warns", Etcd, func(_ *testing.T, o *Options) { o.Facts.CPUs = 1 }, "cpus", Warning, "at least 2"},
+	{"too little memory", ControlPlane, func(_ *testing.T, o *Options) { o.Facts.MemoryMB = 1699 }, "memory", Error, "1699 MB"},
+	{"cgroup v1", Worker, func(t *testing.T, o *Options) { o.CgroupDir = t.TempDir() }, "cgroup-v2", Error, "not the unified cgroup v2 hierarchy"},
+	{"no runtime on a control plane", ControlPlane, func(t *testing.T, o *Options) { o.CRISocket = filepath.Join(t.TempDir(), "none.sock") }, "cri-socket", Error, "does not exist"},
+	{"no runtime on a worker warns", Worker, func(t *testing.T, o *Options) { o.CRISocket = filepath.Join(t.TempDir(), "none.sock") }, "cri-socket", Warning, "does not exist"},
+	{"stale runtime socket", ControlPlane, func(t *testing.T, o *Options) {
+		sock := filepath.Join(t.TempDir(), "stale.sock")
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false)
+		ln.Close()
+		o.CRISocket = sock
+	}, "cri-socket", Error, "does not answer"},
+	{"socket speaking HTTP/1", ControlPlane, func(t *testing.T, o *Options) {
+		sock := filepath.Join(t.TempDir(), "h1.sock")
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{} // HTTP/1 only: answers the preface with 400 Bad Request
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		o.CRISocket = sock
+	}, "cri-socket", Error, "does not speak gRPC"},
+	{"bad hostname", Etcd, func(_ *testing.T, o *Options) { o.Facts.Hostname = "Node_1" }, "hostname", Error, `"Node_1"`},
+	{"apiserver port taken", ControlPlane, func(t *testing.T, o *Options) { o.Ports.APIServer = testkit.HoldPort(t, "127.0.0.1") }, "port-", Error, "(kube-apiserver) is in use"},
+	{"kubelet port taken on all addresses", Worker, func(t *testing.T, o *Options) { o.Ports.Kubelet = testkit.HoldPort(t, "") }, "port-", Error, "(kubelet) is in use"},
+	{"manifests present", Worker, func(t *testing.T, o *Options) {
+		write(t, filepath.Join(o.Root, "etc/kubernetes/manifests/kube-apiserver.yaml"), 0o600)
+	}, "manifests-dir", Error, "/etc/kubernetes/manifests is not empty: kube-apiserver.yaml"},
+	{"etcd data present", Etcd, func(t *testing.T, o *Options) {
+		write(t, filepath.Join(o.Root, "var/lib/etcd/member/snap/db"), 0o600)
+	}, "etcd-data-dir", Error, "/var/lib/etcd is not empty: member"},
+	{"swap on", Worker, func(t *testing.T, o *Options) {
+		os.WriteFile(filepath.Join(o.ProcRoot, "swaps"), []byte("Filename Type Size Used Priority\n/dev/vda3 partition 1048572 0 -2\n"), 0o644)
+	}, "swap", Error, "swap is on (/dev/vda3)"},
+	{"nsenter missing", Worker, func(_ *testing.T, o *Options) { os.Remove(filepath.Join(filepath.SplitList(o.Path)[1], "nsenter")) }, "path-nsenter", Error, "nsenter not found in PATH"},
+	{"ip not executable", Worker, func(_ *testing.T, o *Options) { os.Chmod(filepath.Join(filepath.SplitList(o.Path)[1], "ip"), 0o644) }, "path-ip", Error, "ip not found"},
+}
+
 func TestRunFailures(t *testing.T) {
-	tests := []struct {
-		name      string
-		role      Role
-		change    func(t *testing.T, o *Options)
-		check     string
-		severity  Severity
-		wantInMsg string
-	}{
-		{"not root", Worker, func(_ *testing.T, o *Options) { o.EUID = func() int { return 1000 } }, "root", Error, "user id 1000"},
-		{"one CPU", ControlPlane, func(_ *testing.T, o *Options) { o.Facts.CPUs = 1 }, "cpus", Error, "1 CPU(s) available; at least 2"},
-		{"one CPU on etcd warns", Etcd, func(_ *testing.T, o *Options) { o.Facts.CPUs = 1 }, "cpus", Warning, "at least 2"},
-		{"too little memory", ControlPlane, func(_ *testing.T, o *Options) { o.Facts.MemoryMB = 1699 }, "memory", Error, "1699 MB"},
-		{"cgroup v1", Worker, func(t *testing.T, o *Options) { o.CgroupDir = t.TempDir() }, "cgroup-v2", Error, "not the unified cgroup v2 hierarchy"},
-		{"no runtime on a control plane", ControlPlane, func(t *testing.T, o *Options) { o.CRISocket = filepath.Join(t.TempDir(), "none.sock") }, "cri-socket", Error, "does not exist"},
-		{"no runtime on a worker warns", Worker, func(t *testing.T, o *Options) { o.CRISocket = filepath.Join(t.TempDir(), "none.sock") }, "cri-socket", Warning, "does not exist"},
-		{"stale runtime socket", ControlPlane, func(t *testing.T, o *Options) {
-			sock := filepath.Join(t.TempDir(), "stale.sock")
-			ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ln.SetUnlinkOnClose(false)
-			ln.Close()
-			o.CRISocket = sock
-		}, "cri-socket", Error, "does not answer"},
-		{"socket speaking HTTP/1", ControlPlane, func(t *testing.T, o *Options) {
-			sock := filepath.Join(t.TempDir(), "h1.sock")
-			ln, err := net.Listen("unix", sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := &http.Server{} // HTTP/1 only: answers the preface with 400 Bad Request
-			go srv.Serve(ln)
-			t.Cleanup(func() { srv.Close() })
-			o.CRISocket = sock
-		}, "cri-socket", Error, "does not speak gRPC"},
-		{"bad hostname", Etcd, func(_ *testing.T, o *Options) { o.Facts.Hostname = "Node_1" }, "hostname", Error, `"Node_1"`},
-		{"apiserver port taken", ControlPlane, func(t *testing.T, o *Options) { o.Ports.APIServer = testkit.HoldPort(t, "127.0.0.1") }, "port-", Error, "(kube-apiserver) is in use"},
-		{"kubelet port taken on all addresses", Worker, func(t *testing.T, o *Options) { o.Ports.Kubelet = testkit.HoldPort(t, "") }, "port-", Error, "(kubelet) is in use"},
-		{"manifests present", Worker, func(t *testing.T, o *Options) {
-			write(t, filepath.Join(o.Root, "etc/kubernetes/manifests/kube-apiserver.yaml"), 0o600)
-		}, "manifests-dir", Error, "/etc/kubernetes/manifests is not empty: kube-apiserver.yaml"},
-		{"etcd data present", Etcd, func(t *testing.T, o *Options) {
-			write(t, filepath.Join(o.Root, "var/lib/etcd/member/snap/db"), 0o600)
-		}, "etcd-data-dir", Error, "/var/lib/etcd is not empty: member"},
-		{"swap on", Worker, func(t *testing.T, o *Options) {
-			os.WriteFile(filepath.Join(o.ProcRoot, "swaps"), []byte("Filename Type Size Used Priority\n/dev/vda3 partition 1048572 0 -2\n"), 0o644)
-		}, "swap", Error, "swap is on (/dev/vda3)"},
-		{"nsenter missing", Worker, func(_ *testing.T, o *Options) { os.Remove(filepath.Join(filepath.SplitList(o.Path)[1], "nsenter")) }, "path-nsenter", Error, "nsenter not found in PATH"},
-		{"ip not executable", Worker, func(_ *testing.T, o *Options) { os.Chmod(filepath.Join(filepath.SplitList(o.Path)[1], "ip"), 0o644) }, "path-ip", Error, "ip not found"},
-	}
-	for _, tc := range tests {
+	for _, tc := range runFailureCases {
 		t.Run(tc.name, func(t *testing.T) {
 			o := goodOptions(t)
 			tc.change(t, &o)
