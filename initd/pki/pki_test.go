@@ -283,58 +283,63 @@ func TestControlPlaneCerts(t *testing.T) {
 	}
 }
 
+// idempotentCase is a change to a control plane's certificates and what a second run must redo.
+type idempotentCase struct {
+	name   string
+	change func(n *Node, dir string) time.Time
+	want   []string
+}
+
+var idempotentCases = []idempotentCase{
+	{"nothing changed", func(*Node, string) time.Time { return now.Add(time.Hour) }, nil},
+	{"node IP added", func(n *Node, _ string) time.Time {
+		n.IPs = append(n.IPs, net.ParseIP("10.0.0.5"))
+		return now
+	}, []string{"apiserver", "etcd/server", "etcd/peer"}},
+	{"API SAN changed", func(n *Node, _ string) time.Time {
+		n.APIServerSANs = []string{"api.example.org"}
+		return now
+	}, []string{"apiserver"}},
+	{"SANs reordered", func(n *Node, _ string) time.Time {
+		n.APIServerSANs = []string{"10.0.2.2", "API.internal.demo.example.com."}
+		return now
+	}, nil},
+	{"etcd member renamed", func(n *Node, _ string) time.Time {
+		n.EtcdSANs = []string{"etcd-b.internal.demo.example.com"}
+		return now
+	}, []string{"etcd/server", "etcd/peer"}},
+	{"service CIDR moved", func(n *Node, _ string) time.Time {
+		n.ServiceCIDR = "10.32.0.0/16"
+		return now
+	}, []string{"apiserver"}},
+	{"hostname changed", func(n *Node, _ string) time.Time {
+		n.Hostname = "demo-cp-9"
+		return now
+	}, []string{"apiserver", "etcd/server", "etcd/peer"}},
+	{"29 days before expiry", func(*Node, string) time.Time { return now.Add(leafValidity - 29*24*time.Hour) }, controlPlaneLeafNames},
+	{"31 days before expiry", func(*Node, string) time.Time { return now.Add(leafValidity - 31*24*time.Hour) }, nil},
+	{"front-proxy CA replaced", func(_ *Node, dir string) time.Time {
+		kp, _ := NewCA(FrontProxyCACommonName, now)
+		WriteKeyPair(dir, FrontProxyCAName, kp)
+		return now
+	}, []string{"front-proxy-client"}},
+	{"key lost", func(_ *Node, dir string) time.Time {
+		os.Remove(filepath.Join(dir, "etcd/peer.key"))
+		return now
+	}, []string{"etcd/peer"}},
+	{"key of another cert", func(_ *Node, dir string) time.Time {
+		b, _ := os.ReadFile(filepath.Join(dir, "front-proxy-client.key"))
+		os.WriteFile(filepath.Join(dir, "apiserver-etcd-client.key"), b, 0o600)
+		return now
+	}, []string{"apiserver-etcd-client"}},
+	{"cert corrupt", func(_ *Node, dir string) time.Time {
+		os.WriteFile(filepath.Join(dir, "apiserver.crt"), []byte("junk"), 0o644)
+		return now
+	}, []string{"apiserver"}},
+}
+
 func TestControlPlaneCertsIdempotent(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		change func(n *Node, dir string) time.Time
-		want   []string
-	}{
-		{"nothing changed", func(*Node, string) time.Time { return now.Add(time.Hour) }, nil},
-		{"node IP added", func(n *Node, _ string) time.Time {
-			n.IPs = append(n.IPs, net.ParseIP("10.0.0.5"))
-			return now
-		}, []string{"apiserver", "etcd/server", "etcd/peer"}},
-		{"API SAN changed", func(n *Node, _ string) time.Time {
-			n.APIServerSANs = []string{"api.example.org"}
-			return now
-		}, []string{"apiserver"}},
-		{"SANs reordered", func(n *Node, _ string) time.Time {
-			n.APIServerSANs = []string{"10.0.2.2", "API.internal.demo.example.com."}
-			return now
-		}, nil},
-		{"etcd member renamed", func(n *Node, _ string) time.Time {
-			n.EtcdSANs = []string{"etcd-b.internal.demo.example.com"}
-			return now
-		}, []string{"etcd/server", "etcd/peer"}},
-		{"service CIDR moved", func(n *Node, _ string) time.Time {
-			n.ServiceCIDR = "10.32.0.0/16"
-			return now
-		}, []string{"apiserver"}},
-		{"hostname changed", func(n *Node, _ string) time.Time {
-			n.Hostname = "demo-cp-9"
-			return now
-		}, []string{"apiserver", "etcd/server", "etcd/peer"}},
-		{"29 days before expiry", func(*Node, string) time.Time { return now.Add(leafValidity - 29*24*time.Hour) }, controlPlaneLeafNames},
-		{"31 days before expiry", func(*Node, string) time.Time { return now.Add(leafValidity - 31*24*time.Hour) }, nil},
-		{"front-proxy CA replaced", func(_ *Node, dir string) time.Time {
-			kp, _ := NewCA(FrontProxyCACommonName, now)
-			WriteKeyPair(dir, FrontProxyCAName, kp)
-			return now
-		}, []string{"front-proxy-client"}},
-		{"key lost", func(_ *Node, dir string) time.Time {
-			os.Remove(filepath.Join(dir, "etcd/peer.key"))
-			return now
-		}, []string{"etcd/peer"}},
-		{"key of another cert", func(_ *Node, dir string) time.Time {
-			b, _ := os.ReadFile(filepath.Join(dir, "front-proxy-client.key"))
-			os.WriteFile(filepath.Join(dir, "apiserver-etcd-client.key"), b, 0o600)
-			return now
-		}, []string{"apiserver-etcd-client"}},
-		{"cert corrupt", func(_ *Node, dir string) time.Time {
-			os.WriteFile(filepath.Join(dir, "apiserver.crt"), []byte("junk"), 0o644)
-			return now
-		}, []string{"apiserver"}},
-	} {
+	for _, tc := range idempotentCases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := newPKIDir(t)
 			n := testNode()
