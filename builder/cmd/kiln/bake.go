@@ -30,8 +30,7 @@ against its sha256 or OCI digest. Pre-pulled container images are fetched by dig
 cache (a second bake does not contact the registry) and laid into one OCI layout at
 /usr/lib/kiln/images. With a kubernetes section in the profile, the versions of the kubelet and
 runtime laid into the image are read from their Go build information (never by running them)
-and must match it. An image that would carry a private key
-or a bootstrap token is refused. A failed bake leaves nothing in the output directory.
+and must match it. An image that would carry a private key or a bootstrap token is refused. A failed bake leaves nothing in the output directory.
 SOURCE_DATE_EPOCH sets the creation time recorded in the image (default 0).
 
 worker, control-plane and etcd are the Kubernetes roles. A profile of any other name bakes a
@@ -66,13 +65,9 @@ measure what pre-pulling saves and for sites that would rather pull than carry t
 			if err != nil {
 				return err
 			}
-			created := time.Unix(0, 0).UTC()
-			if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
-				n, err := strconv.ParseInt(s, 10, 64)
-				if err != nil {
-					return fmt.Errorf("SOURCE_DATE_EPOCH=%q: not a number of seconds", s)
-				}
-				created = time.Unix(n, 0).UTC()
+			created, err := sourceDateEpoch()
+			if err != nil {
+				return err
 			}
 			res, err := bake.Bake(cmd.Context(), bake.Options{
 				Definition: args[0], Role: role, OutDir: out, KilnInit: kilnInit,
@@ -106,4 +101,17 @@ func defaultKilnInit() string {
 		return filepath.Join(filepath.Dir(exe), "kiln-init")
 	}
 	return "kiln-init"
+}
+
+// sourceDateEpoch is the creation time SOURCE_DATE_EPOCH asks for, 1970-01-01 without it.
+func sourceDateEpoch() (time.Time, error) {
+	s := os.Getenv("SOURCE_DATE_EPOCH")
+	if s == "" {
+		return time.Unix(0, 0).UTC(), nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH=%q: not a number of seconds", s)
+	}
+	return time.Unix(n, 0).UTC(), nil
 }
