@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kilnproject/kiln/internal/exitcode"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -30,21 +31,21 @@ func TestExitCodes(t *testing.T) {
 		{nil, 0},
 		{[]string{"--help"}, 0},
 		{[]string{"cluster"}, 0},
-		{[]string{"nosuch"}, exitUsage},
-		{[]string{"base", "nosuch"}, exitUsage},
-		{[]string{"cluster", "nosuch"}, exitUsage},
-		{[]string{"run"}, exitUsage},
-		{[]string{"run", img, img}, exitUsage},
-		{[]string{"inspect"}, exitUsage},
-		{[]string{"lock", "a.yaml", "b.yaml"}, exitUsage},
-		{[]string{"base", "import"}, exitUsage},
-		{[]string{"bake", "images/qemu.yaml"}, exitUsage}, // --role is required
-		{[]string{"run", img, "--disk", "etcd-main"}, exitUsage},
-		{[]string{"run", img, "--forward", "6443"}, exitUsage},
-		{[]string{"run", img, "--until", "("}, exitUsage},
-		{[]string{"run", img, "--memory", "lots"}, exitUsage},
-		{[]string{"inspect", filepath.Join(dir, "missing.raw")}, exitFailure},
-		{[]string{"run", img, "--accel", "xen"}, exitFailure},
+		{[]string{"nosuch"}, exitcode.BadUsage},
+		{[]string{"base", "nosuch"}, exitcode.BadUsage},
+		{[]string{"cluster", "nosuch"}, exitcode.BadUsage},
+		{[]string{"run"}, exitcode.BadUsage},
+		{[]string{"run", img, img}, exitcode.BadUsage},
+		{[]string{"inspect"}, exitcode.BadUsage},
+		{[]string{"lock", "a.yaml", "b.yaml"}, exitcode.BadUsage},
+		{[]string{"base", "import"}, exitcode.BadUsage},
+		{[]string{"bake", "images/qemu.yaml"}, exitcode.BadUsage}, // --role is required
+		{[]string{"run", img, "--disk", "etcd-main"}, exitcode.BadUsage},
+		{[]string{"run", img, "--forward", "6443"}, exitcode.BadUsage},
+		{[]string{"run", img, "--until", "("}, exitcode.BadUsage},
+		{[]string{"run", img, "--memory", "lots"}, exitcode.BadUsage},
+		{[]string{"inspect", filepath.Join(dir, "missing.raw")}, exitcode.Failure},
+		{[]string{"run", img, "--accel", "xen"}, exitcode.Failure},
 	} {
 		var stderr bytes.Buffer
 		root := newRoot()
@@ -63,8 +64,8 @@ func TestUnknownFlagIsUsageError(t *testing.T) {
 		var stderr bytes.Buffer
 		root := newRoot()
 		root.SetOut(&bytes.Buffer{})
-		if got := execute(context.Background(), root, args, &stderr); got != exitUsage {
-			t.Errorf("kiln %s: exit %d, want %d (%s)", strings.Join(args, " "), got, exitUsage, stderr.String())
+		if got := execute(context.Background(), root, args, &stderr); got != exitcode.BadUsage {
+			t.Errorf("kiln %s: exit %d, want %d (%s)", strings.Join(args, " "), got, exitcode.BadUsage, stderr.String())
 		}
 		if !strings.Contains(stderr.String(), "--help' for usage") {
 			t.Errorf("kiln %s: stderr %q does not point to --help", strings.Join(args, " "), stderr.String())
@@ -102,9 +103,9 @@ func TestRunWaitStatusLine(t *testing.T) {
 	}{
 		{"ok", []string{"booting", nodeimage.FormatOK("fw_cfg", 1, "tasks=1 applied=1 unchanged=0 failed=0", time.Second)}, "", 0},
 		{"done", []string{nodeimage.FormatDone(time.Unix(0, 0))}, "", 0},
-		{"failed", []string{nodeimage.FormatFailed("task etcd: no volume")}, "", exitFailure},
-		{"timeout", []string{"booting"}, "", exitTimeout},
-		{"until timeout", []string{"booting"}, "ready", exitTimeout},
+		{"failed", []string{nodeimage.FormatFailed("task etcd: no volume")}, "", exitcode.Failure},
+		{"timeout", []string{"booting"}, "", exitcode.TimedOut},
+		{"until timeout", []string{"booting"}, "ready", exitcode.TimedOut},
 		{"until", []string{"ready"}, "ready", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -116,7 +117,7 @@ func TestRunWaitStatusLine(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancel()
 			err := o.wait(ctx, fakeConsole{tc.lines}, re, 50*time.Millisecond)
-			if got := exitCode(newRoot(), nil, nil, err); got != tc.want {
+			if got := exitcode.Of(err); got != tc.want {
 				t.Errorf("exit %d (%v), want %d", got, err, tc.want)
 			}
 		})

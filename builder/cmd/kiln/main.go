@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -25,13 +27,12 @@ func main() {
 
 // execute runs root with args, prints an error to stderr and returns kiln's exit code.
 func execute(ctx context.Context, root *cobra.Command, args []string, stderr io.Writer) int {
-	root.SetArgs(args)
-	cmd, err := root.ExecuteContextC(ctx)
-	code := exitCode(root, cmd, args, err)
+	cmd, err := exitcode.Execute(ctx, root, args)
+	code := exitcode.Of(err)
 	if err != nil {
 		fmt.Fprintln(stderr, "kiln:", err)
 	}
-	if code == exitUsage && cmd != nil {
+	if code == exitcode.BadUsage && cmd != nil {
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 	}
 	return code
@@ -62,7 +63,14 @@ func newRoot() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log every step")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.AddCommand(newBaseCmd(), newLockCmd(), newBakeCmd(), newRunCmd(), newInspectCmd(), newClusterCmd())
 	return root
 }
+
+// exitHelp documents kiln's exit codes and what times out in it.
+const exitHelp = exitcode.Help + `: kiln run's --timeout passed before the first-boot
+     status line (--until-firstboot) or the --until pattern appeared`
+
+// showHelp is the action of a command that only groups others: it prints the help, and an
+// unknown subcommand fails its cobra.NoArgs as a usage error.
+func showHelp(cmd *cobra.Command, _ []string) error { return cmd.Help() }

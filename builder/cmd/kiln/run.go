@@ -19,6 +19,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/exitcode"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -110,16 +111,16 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 	cfg.Image = image
 	cfg.Serial = serial
 	if err := o.parseNetwork(&cfg); err != nil {
-		return usageError(err)
+		return exitcode.Usage(err)
 	}
 	if err := o.parseDisks(&cfg); err != nil {
-		return usageError(err)
+		return exitcode.Usage(err)
 	}
 	var untilRE *regexp.Regexp
 	if o.until != "" {
 		re, err := regexp.Compile(o.until)
 		if err != nil {
-			return usageError(fmt.Errorf("--until: %w", err))
+			return exitcode.Usage(fmt.Errorf("--until: %w", err))
 		}
 		untilRE = re
 	}
@@ -241,7 +242,7 @@ type console interface {
 }
 
 // wait waits for the --until pattern, for the first-boot status line (--until-firstboot) or
-// for the VM to end. Running out of time while waiting for a line is a timeoutError, and a
+// for the VM to end. Running out of time while waiting for a line is a timeout, and a
 // failed first boot an error.
 func (o *runOptions) wait(ctx context.Context, m console, untilRE *regexp.Regexp, timeout time.Duration) error {
 	re := untilRE
@@ -258,7 +259,7 @@ func (o *runOptions) wait(ctx context.Context, m console, untilRE *regexp.Regexp
 	line, err := m.WaitFor(ctx, re)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return timeoutError(fmt.Errorf("no console line matched within --timeout %s: %w", timeout, err))
+			return exitcode.Timeout(fmt.Errorf("no console line matched within --timeout %s: %w", timeout, err))
 		}
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/exitcode"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -37,7 +38,7 @@ server answers ready.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.forKubelet && o.afterAPI {
-				return usagef("kube images: --for-kubelet and --after-api exclude each other (kubelet needs its images before the API server runs)")
+				return exitcode.Usagef("kube images: --for-kubelet and --after-api exclude each other (kubelet needs its images before the API server runs)")
 			}
 			return importImages(cmd, o, log)
 		},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/firstboot"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
 // runCLI runs kiln-init with args and returns its exit code, stdout and stderr.
@@ -72,17 +73,17 @@ func TestExitCodes(t *testing.T) {
 		code    int
 		wantErr string
 	}{
-		{nil, exitUsage, "missing verb"},
-		{[]string{"frobnicate"}, exitUsage, `unknown verb "frobnicate"`},
-		{[]string{"status", "--frob"}, exitUsage, "unknown flag: --frob"},
-		{[]string{"status", "extra"}, exitUsage, `unexpected argument "extra"`},
-		{[]string{"status", "--root", root, "-o", "yaml"}, exitUsage, `unknown output format "yaml"`},
-		{[]string{"kube"}, exitUsage, "missing verb"},
-		{[]string{"kube", "frob"}, exitUsage, `unknown verb "frob"`},
-		{[]string{"kube", "images", "--for-kubelet", "--after-api"}, exitUsage, "exclude each other"},
-		{[]string{"kube", "cni", "--wait", "soon"}, exitUsage, "invalid argument"},
-		{[]string{"status", "--root", t.TempDir()}, exitFailed, "first boot has not run"},
-		{[]string{"kube", "bootstrap", "--root", t.TempDir()}, exitFailed, "node.yaml"},
+		{nil, exitcode.BadUsage, "missing verb"},
+		{[]string{"frobnicate"}, exitcode.BadUsage, `unknown verb "frobnicate"`},
+		{[]string{"status", "--frob"}, exitcode.BadUsage, "unknown flag: --frob"},
+		{[]string{"status", "extra"}, exitcode.BadUsage, `unexpected argument "extra"`},
+		{[]string{"status", "--root", root, "-o", "yaml"}, exitcode.BadUsage, `unknown output format "yaml"`},
+		{[]string{"kube"}, exitcode.BadUsage, "missing verb"},
+		{[]string{"kube", "frob"}, exitcode.BadUsage, `unknown verb "frob"`},
+		{[]string{"kube", "images", "--for-kubelet", "--after-api"}, exitcode.BadUsage, "exclude each other"},
+		{[]string{"kube", "cni", "--wait", "soon"}, exitcode.BadUsage, "invalid argument"},
+		{[]string{"status", "--root", t.TempDir()}, exitcode.Failure, "first boot has not run"},
+		{[]string{"kube", "bootstrap", "--root", t.TempDir()}, exitcode.Failure, "node.yaml"},
 		{[]string{"status", "--root", root}, 0, ""},
 		{[]string{"version"}, 0, ""},
 	}
@@ -103,14 +104,14 @@ func TestExitCode(t *testing.T) {
 		code int
 	}{
 		{nil, 0},
-		{errors.New("task files failed"), exitFailed},
-		{task.TimedOut(errors.New("no pod CIDR after 15m")), exitTimeout},
-		{fmt.Errorf("first boot: %w", context.DeadlineExceeded), exitTimeout},
-		{context.Canceled, exitFailed},
-		{fmt.Errorf("status: %w", usagef("-o: unknown output format")), exitUsage},
+		{errors.New("task files failed"), exitcode.Failure},
+		{task.TimedOut(errors.New("no pod CIDR after 15m")), exitcode.TimedOut},
+		{fmt.Errorf("first boot: %w", context.DeadlineExceeded), exitcode.TimedOut},
+		{context.Canceled, exitcode.Failure},
+		{fmt.Errorf("status: %w", exitcode.Usagef("-o: unknown output format")), exitcode.BadUsage},
 	} {
-		if got := exitCode(tc.err); got != tc.code {
-			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.code)
+		if got := exitcode.Of(tc.err); got != tc.code {
+			t.Errorf("exitcode.Of(%v) = %d, want %d", tc.err, got, tc.code)
 		}
 	}
 }

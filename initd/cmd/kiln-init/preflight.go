@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/initd/preflight"
+	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
 func newPreflightCmd() *cobra.Command {
@@ -22,11 +23,11 @@ reported).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if role == "" {
-				return usagef("preflight: --role is required (control-plane, worker or etcd)")
+				return exitcode.Usagef("preflight: --role is required (control-plane, worker or etcd)")
 			}
 			r, err := preflight.ParseRole(role)
 			if err != nil {
-				return usagef("preflight: --role: %w", err)
+				return exitcode.Usagef("preflight: --role: %w", err)
 			}
 			if err := checkOutput(format); err != nil {
 				return err

@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
 func TestPreflight(t *testing.T) {
@@ -23,7 +25,7 @@ func TestPreflight(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, out, errOut := runCLI(t, append([]string{"preflight"}, tc.args...)...)
-			if tc.wantErr == "" && code != 0 || tc.wantErr != "" && (code != exitUsage || !strings.Contains(errOut, tc.wantErr)) {
+			if tc.wantErr == "" && code != 0 || tc.wantErr != "" && (code != exitcode.BadUsage || !strings.Contains(errOut, tc.wantErr)) {
 				t.Fatalf("exit %d, stderr %q, want %q", code, errOut, tc.wantErr)
 			}
 			if !strings.Contains(out, tc.wantOut) {

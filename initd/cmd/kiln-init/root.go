@@ -2,64 +2,34 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
-// Exit codes, the same as kiln's.
-const (
-	exitFailed  = 1 // first boot or a step failed; any other error
-	exitUsage   = 2 // the command line is wrong
-	exitTimeout = 3 // a wait ran out: the node's address, the API server, the pod CIDR, a step's deadline
-)
-
-const exitCodes = `Exit codes:
-  0  success
-  1  first boot or a step failed (kiln-init status says which); any other error
-  2  usage error: an unknown verb or flag, a missing or wrong argument
-  3  timeout: a wait ran out (the node's address, the API server, the pod CIDR, a step's deadline)`
-
-// usageError is a wrong command line: exit code 2.
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
-func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
-
-// exitCode is the process's exit code for err (see exitCodes).
-func exitCode(err error) int {
-	var u usageError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &u):
-		return exitUsage
-	case errors.Is(err, context.DeadlineExceeded):
-		return exitTimeout
-	}
-	return exitFailed
-}
+// exitHelp documents kiln-init's exit codes and what times out in it.
+const exitHelp = exitcode.Help + `: the node's address, the API server, the pod CIDR,
+     a step's deadline`
 
 // run is kiln-init outside the initramfs: it runs the verb args name and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRoot(stderr)
-	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
+	_, err := exitcode.Execute(ctx, root, args)
+	code := exitcode.Of(err)
 	if err != nil {
 		fmt.Fprintln(stderr, "kiln-init:", err)
-		if code := exitCode(err); code == exitUsage {
-			fmt.Fprintln(stderr, "Run 'kiln-init --help' for usage.")
-		}
 	}
-	return exitCode(err)
+	if code == exitcode.BadUsage {
+		fmt.Fprintln(stderr, "Run 'kiln-init --help' for usage.")
+	}
+	return code
 }
 
 func newRoot(stderr io.Writer) *cobra.Command {
@@ -70,7 +40,7 @@ func newRoot(stderr io.Writer) *cobra.Command {
 the read-only root and the persistent /var and /etc) and hands over to systemd; the image's
 units then run its verbs.
 
-` + exitCodes,
+` + exitHelp,
 		Example: `  kiln-init firstboot            # kiln-firstboot.service, once
   kiln-init status               # what first boot and the Kubernetes steps did
   kiln-init status -o json | jq .tasks`,
@@ -82,7 +52,6 @@ units then run its verbs.
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.CompletionOptions.DisableDefaultCmd = true // a node agent run by units: nothing to complete
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	root.AddCommand(newFirstbootCmd(log), newStatusCmd(), newDNSCmd(log), newKubeCmd(log),
 		newPreflightCmd(), newVersionCmd())
@@ -95,15 +64,15 @@ func needVerb(cmd *cobra.Command, args []string) error {
 	if len(args) == 0 {
 		cmd.SetOut(cmd.ErrOrStderr())
 		_ = cmd.Usage()
-		return usagef("%s: missing verb", cmd.CommandPath())
+		return exitcode.Usagef("%s: missing verb", cmd.CommandPath())
 	}
-	return usagef("unknown verb %q for %s", args[0], cmd.CommandPath())
+	return exitcode.Usagef("unknown verb %q for %s", args[0], cmd.CommandPath())
 }
 
 // noArgs is cobra.NoArgs as a usage error.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return usagef("%s: unexpected argument %q", cmd.CommandPath(), args[0])
+		return exitcode.Usagef("%s: unexpected argument %q", cmd.CommandPath(), args[0])
 	}
 	return nil
 }
@@ -116,7 +85,7 @@ func outputFlag(cmd *cobra.Command, format *string) {
 // checkOutput is a usage error for a format other than table and json.
 func checkOutput(format string) error {
 	if format != "table" && format != "json" {
-		return usagef("-o: unknown output format %q (want table or json)", format)
+		return exitcode.Usagef("-o: unknown output format %q (want table or json)", format)
 	}
 	return nil
 }
