@@ -69,7 +69,8 @@ func newRoot() *cobra.Command {
 
 // exitHelp documents kiln's exit codes and what times out in it.
 const exitHelp = exitcode.Help + `: kiln run's --timeout passed before the first-boot
-     status line (--until-firstboot) or the --until pattern appeared`
+     status line (--until-firstboot) or the --until pattern appeared, or a download or
+     registry request ran out of time`
 
 // showHelp is the action of a command that only groups others: it prints the help, and an
 // unknown subcommand fails its cobra.NoArgs as a usage error.
