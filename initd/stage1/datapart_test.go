@@ -55,18 +55,22 @@ func sgdisk(t *testing.T, args ...string) string {
 	return testkit.Run(t, "sgdisk", args...)
 }
 
+// dataPartCase is a built image and the disk size stage 1 finds it on.
+type dataPartCase struct {
+	name     string
+	imgSize  int64
+	diskSize int64 // truncate the image to this before stage 1 sees it
+}
+
+var dataPartCases = []dataPartCase{
+	{name: "disk as built", imgSize: imageSize, diskSize: imageSize},
+	{name: "disk grown with truncate", imgSize: imageSize, diskSize: 3 << 30},
+	{name: "disk grown past 2 TiB", imgSize: imageSize, diskSize: 3 << 40},
+}
+
 func TestEnsureDataPartition(t *testing.T) {
 	testkit.Tool(t, "sgdisk", "gdisk")
-	tests := []struct {
-		name     string
-		imgSize  int64
-		diskSize int64 // truncate the image to this before stage 1 sees it
-	}{
-		{name: "disk as built", imgSize: imageSize, diskSize: imageSize},
-		{name: "disk grown with truncate", imgSize: imageSize, diskSize: 3 << 30},
-		{name: "disk grown past 2 TiB", imgSize: imageSize, diskSize: 3 << 40},
-	}
-	for _, tt := range tests {
+	for _, tt := range dataPartCases {
 		t.Run(tt.name, func(t *testing.T) {
 			img := makeImage(t, tt.imgSize)
 			if err := os.Truncate(img, tt.diskSize); err != nil {
@@ -86,51 +90,8 @@ func TestEnsureDataPartition(t *testing.T) {
 				p.Type != nodeimage.TypeLinuxData {
 				t.Errorf("data partition = %+v, want #4 \"data\" type %s sectors %d-%d", p, nodeimage.TypeLinuxData, wantStart, wantEnd)
 			}
-
-			// sgdisk must find nothing wrong: backup header at the real end, CRCs good.
-			v := sgdisk(t, "-v", img)
-			if !strings.Contains(v, "No problems found") || strings.Contains(v, "Caution") || strings.Contains(v, "Warning") {
-				t.Errorf("sgdisk -v:\n%s", v)
-			}
-			pr := sgdisk(t, "-p", img)
-			if !regexp.MustCompile(`(?m)^\s+4\s+` + strconv.FormatUint(wantStart, 10) + `\s+` +
-				strconv.FormatUint(wantEnd, 10) + `\s+.*8300\s+data$`).MatchString(pr) {
-				t.Errorf("sgdisk -p does not show partition 4 data %d-%d type 8300:\n%s", wantStart, wantEnd, pr)
-			}
-			for _, name := range []string{"ESP", "root-a", "root-b"} {
-				if !strings.Contains(pr, name) {
-					t.Errorf("sgdisk -p lost partition %s:\n%s", name, pr)
-				}
-			}
-			info := sgdisk(t, "-i", "2", img)
-			if !strings.Contains(info, strings.ToUpper(rootAGUID)) {
-				t.Errorf("root-a lost its PARTUUID %s:\n%s", rootAGUID, info)
-			}
-
-			f, err := os.Open(img)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			// Backup header at the last sector, old one (if it moved) cleared.
-			hdr := make([]byte, 512)
-			if _, err := f.ReadAt(hdr, int64(lastSector)*512); err != nil || string(hdr[:8]) != "EFI PART" {
-				t.Errorf("no backup GPT header at the last sector %d (%v)", lastSector, err)
-			}
-			if tt.diskSize != tt.imgSize {
-				oldLast := tt.imgSize/512 - 1
-				if _, err := f.ReadAt(hdr, oldLast*512); err != nil || bytes.Contains(hdr, []byte("EFI PART")) {
-					t.Errorf("stale backup GPT header left at old last sector %d (%v)", oldLast, err)
-				}
-			}
-			mbr := make([]byte, 16)
-			if _, err := f.ReadAt(mbr, 446); err != nil {
-				t.Fatal(err)
-			}
-			wantMBR := uint32(min(lastSector, 0xFFFFFFFF))
-			if mbr[4] != 0xee || binary.LittleEndian.Uint32(mbr[12:]) != wantMBR {
-				t.Errorf("protective MBR type %#x size %d, want 0xee size %d", mbr[4], binary.LittleEndian.Uint32(mbr[12:]), wantMBR)
-			}
+			checkSgdisk(t, img, wantStart, wantEnd)
+			checkGPTHeaders(t, tt, img, lastSector)
 
 			// Second run: nothing changes.
 			before := hashHeaders(t, img)
@@ -145,6 +106,59 @@ func TestEnsureDataPartition(t *testing.T) {
 				t.Error("second run rewrote the partition table")
 			}
 		})
+	}
+}
+
+// checkSgdisk checks that sgdisk finds nothing wrong with img (backup header at the real end, CRCs
+// good), sees the data partition at wantStart-wantEnd and kept the image's own partitions.
+func checkSgdisk(t *testing.T, img string, wantStart, wantEnd uint64) {
+	t.Helper()
+	v := sgdisk(t, "-v", img)
+	if !strings.Contains(v, "No problems found") || strings.Contains(v, "Caution") || strings.Contains(v, "Warning") {
+		t.Errorf("sgdisk -v:\n%s", v)
+	}
+	pr := sgdisk(t, "-p", img)
+	if !regexp.MustCompile(`(?m)^\s+4\s+` + strconv.FormatUint(wantStart, 10) + `\s+` +
+		strconv.FormatUint(wantEnd, 10) + `\s+.*8300\s+data$`).MatchString(pr) {
+		t.Errorf("sgdisk -p does not show partition 4 data %d-%d type 8300:\n%s", wantStart, wantEnd, pr)
+	}
+	for _, name := range []string{"ESP", "root-a", "root-b"} {
+		if !strings.Contains(pr, name) {
+			t.Errorf("sgdisk -p lost partition %s:\n%s", name, pr)
+		}
+	}
+	info := sgdisk(t, "-i", "2", img)
+	if !strings.Contains(info, strings.ToUpper(rootAGUID)) {
+		t.Errorf("root-a lost its PARTUUID %s:\n%s", rootAGUID, info)
+	}
+}
+
+// checkGPTHeaders checks the backup header sits at lastSector, a moved one's old copy is cleared
+// and the protective MBR covers the disk.
+func checkGPTHeaders(t *testing.T, tt dataPartCase, img string, lastSector uint64) {
+	t.Helper()
+	f, err := os.Open(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hdr := make([]byte, 512)
+	if _, err := f.ReadAt(hdr, int64(lastSector)*512); err != nil || string(hdr[:8]) != "EFI PART" {
+		t.Errorf("no backup GPT header at the last sector %d (%v)", lastSector, err)
+	}
+	if tt.diskSize != tt.imgSize {
+		oldLast := tt.imgSize/512 - 1
+		if _, err := f.ReadAt(hdr, oldLast*512); err != nil || bytes.Contains(hdr, []byte("EFI PART")) {
+			t.Errorf("stale backup GPT header left at old last sector %d (%v)", oldLast, err)
+		}
+	}
+	mbr := make([]byte, 16)
+	if _, err := f.ReadAt(mbr, 446); err != nil {
+		t.Fatal(err)
+	}
+	wantMBR := uint32(min(lastSector, 0xFFFFFFFF))
+	if mbr[4] != 0xee || binary.LittleEndian.Uint32(mbr[12:]) != wantMBR {
+		t.Errorf("protective MBR type %#x size %d, want 0xee size %d", mbr[4], binary.LittleEndian.Uint32(mbr[12:]), wantMBR)
 	}
 }
 
