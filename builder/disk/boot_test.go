@@ -70,6 +70,12 @@ func main() {
 }
 `
 
+// OVMF firmware code and variable store the UEFI boot test starts QEMU with.
+const (
+	ovmfCode = "/usr/share/OVMF/OVMF_CODE_4M.fd"
+	ovmfVars = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+)
+
 // TestBootUEFI bakes the root tree named by KILN_TEST_ROOTFS (e.g. the
 // extracted base.tar) into a disk and boots it with OVMF in QEMU (TCG):
 // firmware, systemd-boot, the loader entry, the kernel and initramfs on
@@ -77,24 +83,11 @@ func main() {
 func TestBootUEFI(t *testing.T) {
 	root, kver := testkit.RootFS(t)
 	qemu := testkit.Tool(t, "qemu-system-x86_64", "qemu-system-x86")
-	const code, vars = "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"
-	if _, err := os.Stat(code); err != nil {
+	if _, err := os.Stat(ovmfCode); err != nil {
 		t.Skip("OVMF not installed")
 	}
 	dir := t.TempDir()
-
-	initrd := filepath.Join(dir, "initrd.img")
-	f, err := os.Create(initrd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := initramfs.Write(f, initramfs.Spec{Root: root, KernelVersion: kver, Init: testkit.GoProgram(t, probeInit),
-		Modules: []string{"virtio_pci", "virtio_blk", "squashfs", "erofs"}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	initrd := writeProbeInitrd(t, dir, root, kver)
 
 	for _, fsType := range []string{SquashFS, EROFS} {
 		if only := os.Getenv("KILN_TEST_FSTYPE"); only != "" && only != fsType {
@@ -124,27 +117,7 @@ func TestBootUEFI(t *testing.T) {
 			t.Logf("Build: %s", time.Since(start).Round(time.Millisecond))
 			defer os.Remove(path)
 
-			varsCopy := filepath.Join(t.TempDir(), "vars.fd")
-			b, err := os.ReadFile(vars)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(varsCopy, b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-machine", "q35", "-m", "1024",
-				"-nographic", "-no-reboot", "-nic", "none",
-				"-drive", "if=pflash,format=raw,readonly=on,file="+code,
-				"-drive", "if=pflash,format=raw,file="+varsCopy,
-				"-drive", "if=virtio,format=raw,file="+path)
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			start = time.Now()
-			err = cmd.Run()
-			t.Logf("QEMU ran %s (%v)", time.Since(start).Round(time.Millisecond), err)
-			console := out.String()
+			console := bootUEFI(t, qemu, path)
 			var cmdline string
 			for _, l := range strings.Split(console, "\n") {
 				if i := strings.Index(l, "KILN-TEST cmdline "); i >= 0 {
@@ -160,4 +133,48 @@ func TestBootUEFI(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writeProbeInitrd writes an initramfs into dir whose init is probeInit and returns its path.
+func writeProbeInitrd(t *testing.T, dir, root, kver string) string {
+	t.Helper()
+	initrd := filepath.Join(dir, "initrd.img")
+	f, err := os.Create(initrd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := initramfs.Write(f, initramfs.Spec{Root: root, KernelVersion: kver, Init: testkit.GoProgram(t, probeInit),
+		Modules: []string{"virtio_pci", "virtio_blk", "squashfs", "erofs"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return initrd
+}
+
+// bootUEFI boots the disk at path under OVMF in QEMU until it powers off and returns the console.
+func bootUEFI(t *testing.T, qemu, path string) string {
+	t.Helper()
+	varsCopy := filepath.Join(t.TempDir(), "vars.fd")
+	b, err := os.ReadFile(ovmfVars)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(varsCopy, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-machine", "q35", "-m", "1024",
+		"-nographic", "-no-reboot", "-nic", "none",
+		"-drive", "if=pflash,format=raw,readonly=on,file="+ovmfCode,
+		"-drive", "if=pflash,format=raw,file="+varsCopy,
+		"-drive", "if=virtio,format=raw,file="+path)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err = cmd.Run()
+	t.Logf("QEMU ran %s (%v)", time.Since(start).Round(time.Millisecond), err)
+	return out.String()
 }

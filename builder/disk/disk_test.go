@@ -101,21 +101,7 @@ func TestBuild(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("Build took %s", time.Since(start).Round(time.Millisecond))
-
-			st, err := os.Stat(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.Size() != spec.Size {
-				t.Errorf("disk is %d bytes, want %d", st.Size(), spec.Size)
-			}
-			allocated := st.Sys().(*syscall.Stat_t).Blocks * 512
-			if allocated > 32<<20 {
-				t.Errorf("disk allocates %d bytes of %d: not sparse", allocated, spec.Size)
-			}
-			if _, err := os.Stat(filepath.Join(filepath.Dir(path), ".disk.raw.partial")); err == nil {
-				t.Error("partial file left behind")
-			}
+			checkDiskFile(t, path, spec)
 
 			got, esp, err := Read(path)
 			if err != nil {
@@ -125,68 +111,98 @@ func TestBuild(t *testing.T) {
 				t.Errorf("Read = %+v\nBuild returned %+v", got, res)
 			}
 			checkLayout(t, res, spec)
-
-			wantCmdline := "root=PARTUUID=" + res.Partitions[1].GUID + " rootfstype=" + fsType +
-				" ro kiln.platform=qemu console=ttyS0,115200 quiet"
-			if res.Cmdline != wantCmdline {
-				t.Errorf("cmdline %q, want %q", res.Cmdline, wantCmdline)
-			}
-			golden(t, "kiln-a-"+fsType+".conf", esp.Entry)
-			if esp.LoaderConf != "default kiln-a.conf\ntimeout 0\n" || esp.EntryName != "kiln-a.conf" {
-				t.Errorf("loader.conf %q (default %q)", esp.LoaderConf, esp.EntryName)
-			}
-			if esp.Label != "ESP" {
-				t.Errorf("ESP label %q", esp.Label)
-			}
-			if !bytes.Equal(esp.ImageJSON, spec.ImageJSON) {
-				t.Errorf("image.json %q, want %q", esp.ImageJSON, spec.ImageJSON)
-			}
-			wantFiles := []ESPFile{
-				{"/EFI/BOOT/BOOTX64.EFI", size(t, spec.Bootloader)},
-				{"/kiln/a/initrd.img", size(t, spec.Initrd)},
-				{"/kiln/a/vmlinuz", size(t, spec.Kernel)},
-				{"/kiln/image.json", int64(len(spec.ImageJSON))},
-				{"/loader/entries/kiln-a.conf", int64(len(esp.Entry))},
-				{"/loader/loader.conf", int64(len(esp.LoaderConf))},
-			}
-			if !reflect.DeepEqual(esp.Files, wantFiles) {
-				t.Errorf("ESP files %v\nwant %v", esp.Files, wantFiles)
-			}
-
-			// Outside tools agree.
-			if out := run(t, "sgdisk", "-v", path); !strings.Contains(out, "No problems found") {
-				t.Errorf("sgdisk -v:\n%s", out)
-			}
-			info := run(t, "sgdisk", "-p", path)
-			for _, want := range []string{"ESP", "root-a", "root-b", "EF00", "8304"} {
-				if !strings.Contains(info, want) {
-					t.Errorf("sgdisk -p lacks %q:\n%s", want, info)
-				}
-			}
-			espImg := extractRange(t, path, res.Partitions[0].Start, res.Partitions[0].Size)
-			checkFAT(t, espImg)
-			if label := run(t, "fatlabel", espImg); strings.TrimSpace(label) != "ESP" {
-				t.Errorf("fatlabel says %q", label)
-			}
-			for src, dst := range map[string]string{spec.Kernel: "::/kiln/a/vmlinuz", spec.Initrd: "::/kiln/a/initrd.img", spec.Bootloader: "::/EFI/BOOT/BOOTX64.EFI"} {
-				want, _ := os.ReadFile(src)
-				if got := run(t, "mtype", "-i", espImg, dst); sha256.Sum256([]byte(got)) != sha256.Sum256(want) {
-					t.Errorf("%s on the ESP differs from %s", dst, src)
-				}
-			}
-			rootA := res.Partitions[1]
-			if got := readBack(t, fsType, path, rootA.Start, rootA.Size, "usr/lib/kiln/data.txt"); got != strings.Repeat("kiln root filesystem test data\n", 2000) {
-				t.Errorf("root-a data.txt read back as %d bytes", len(got))
-			}
-			if fsType == SquashFS {
-				listing := run(t, "unsquashfs", "-o", itoa(rootA.Start), "-l", path)
-				for _, want := range []string{"squashfs-root/etc/os-release", "squashfs-root/usr/bin/hello", "squashfs-root/bin"} {
-					if !strings.Contains(listing, want) {
-						t.Errorf("unsquashfs -l lacks %s:\n%s", want, listing)
-					}
-				}
-			}
+			checkESPInfo(t, fsType, res, esp, spec)
+			checkWithTools(t, fsType, path, res, spec)
 		})
+	}
+}
+
+// checkDiskFile checks the built disk at path is spec.Size, sparse and left no partial file.
+func checkDiskFile(t *testing.T, path string, spec Spec) {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != spec.Size {
+		t.Errorf("disk is %d bytes, want %d", st.Size(), spec.Size)
+	}
+	allocated := st.Sys().(*syscall.Stat_t).Blocks * 512
+	if allocated > 32<<20 {
+		t.Errorf("disk allocates %d bytes of %d: not sparse", allocated, spec.Size)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(path), ".disk.raw.partial")); err == nil {
+		t.Error("partial file left behind")
+	}
+}
+
+// checkESPInfo checks the command line, boot entry, loader.conf, label, image.json and file list
+// Read found on the ESP.
+func checkESPInfo(t *testing.T, fsType string, res *Result, esp *ESPInfo, spec Spec) {
+	t.Helper()
+	wantCmdline := "root=PARTUUID=" + res.Partitions[1].GUID + " rootfstype=" + fsType +
+		" ro kiln.platform=qemu console=ttyS0,115200 quiet"
+	if res.Cmdline != wantCmdline {
+		t.Errorf("cmdline %q, want %q", res.Cmdline, wantCmdline)
+	}
+	golden(t, "kiln-a-"+fsType+".conf", esp.Entry)
+	if esp.LoaderConf != "default kiln-a.conf\ntimeout 0\n" || esp.EntryName != "kiln-a.conf" {
+		t.Errorf("loader.conf %q (default %q)", esp.LoaderConf, esp.EntryName)
+	}
+	if esp.Label != "ESP" {
+		t.Errorf("ESP label %q", esp.Label)
+	}
+	if !bytes.Equal(esp.ImageJSON, spec.ImageJSON) {
+		t.Errorf("image.json %q, want %q", esp.ImageJSON, spec.ImageJSON)
+	}
+	wantFiles := []ESPFile{
+		{"/EFI/BOOT/BOOTX64.EFI", size(t, spec.Bootloader)},
+		{"/kiln/a/initrd.img", size(t, spec.Initrd)},
+		{"/kiln/a/vmlinuz", size(t, spec.Kernel)},
+		{"/kiln/image.json", int64(len(spec.ImageJSON))},
+		{"/loader/entries/kiln-a.conf", int64(len(esp.Entry))},
+		{"/loader/loader.conf", int64(len(esp.LoaderConf))},
+	}
+	if !reflect.DeepEqual(esp.Files, wantFiles) {
+		t.Errorf("ESP files %v\nwant %v", esp.Files, wantFiles)
+	}
+}
+
+// checkWithTools checks that outside tools (sgdisk, fsck.fat, mtools, the root filesystem's own
+// tools) agree with what Build wrote.
+func checkWithTools(t *testing.T, fsType, path string, res *Result, spec Spec) {
+	t.Helper()
+	if out := run(t, "sgdisk", "-v", path); !strings.Contains(out, "No problems found") {
+		t.Errorf("sgdisk -v:\n%s", out)
+	}
+	info := run(t, "sgdisk", "-p", path)
+	for _, want := range []string{"ESP", "root-a", "root-b", "EF00", "8304"} {
+		if !strings.Contains(info, want) {
+			t.Errorf("sgdisk -p lacks %q:\n%s", want, info)
+		}
+	}
+	espImg := extractRange(t, path, res.Partitions[0].Start, res.Partitions[0].Size)
+	checkFAT(t, espImg)
+	if label := run(t, "fatlabel", espImg); strings.TrimSpace(label) != "ESP" {
+		t.Errorf("fatlabel says %q", label)
+	}
+	for src, dst := range map[string]string{spec.Kernel: "::/kiln/a/vmlinuz", spec.Initrd: "::/kiln/a/initrd.img", spec.Bootloader: "::/EFI/BOOT/BOOTX64.EFI"} {
+		want, _ := os.ReadFile(src)
+		if got := run(t, "mtype", "-i", espImg, dst); sha256.Sum256([]byte(got)) != sha256.Sum256(want) {
+			t.Errorf("%s on the ESP differs from %s", dst, src)
+		}
+	}
+	rootA := res.Partitions[1]
+	if got := readBack(t, fsType, path, rootA.Start, rootA.Size, "usr/lib/kiln/data.txt"); got != strings.Repeat("kiln root filesystem test data\n", 2000) {
+		t.Errorf("root-a data.txt read back as %d bytes", len(got))
+	}
+	if fsType == SquashFS {
+		listing := run(t, "unsquashfs", "-o", itoa(rootA.Start), "-l", path)
+		for _, want := range []string{"squashfs-root/etc/os-release", "squashfs-root/usr/bin/hello", "squashfs-root/bin"} {
+			if !strings.Contains(listing, want) {
+				t.Errorf("unsquashfs -l lacks %s:\n%s", want, listing)
+			}
+		}
 	}
 }
 

@@ -419,48 +419,69 @@ func newErofsReader(d []byte) (*erofsReader, error) {
 
 var xattrPrefix = map[byte]string{1: "user.", 2: "system.posix_acl_access", 3: "system.posix_acl_default", 4: "trusted.", 6: "security."}
 
+func (r *erofsReader) le16(o int) int { return int(binary.LittleEndian.Uint16(r.d[o:])) }
+func (r *erofsReader) le32(o int) int { return int(binary.LittleEndian.Uint32(r.d[o:])) }
+
+// walk records the inode nid as name in out and, for a directory, everything under it.
 func (r *erofsReader) walk(nid uint64, name string, out map[string]fsEntry) error {
-	le16 := func(o int) int { return int(binary.LittleEndian.Uint16(r.d[o:])) }
-	le32 := func(o int) int { return int(binary.LittleEndian.Uint32(r.d[o:])) }
 	off := r.meta + int(nid)*32
-	format, icount, mode := le16(off), le16(off+2), uint32(le16(off+4))
+	format, icount, mode := r.le16(off), r.le16(off+2), uint32(r.le16(off+4))
 	var size, isize int
 	var uid, gid int
 	if format&1 == 0 { // compact
-		size, isize, uid, gid = le32(off+8), 32, le16(off+24), le16(off+26)
+		size, isize, uid, gid = r.le32(off+8), 32, r.le16(off+24), r.le16(off+26)
 	} else {
-		size, isize, uid, gid = int(binary.LittleEndian.Uint64(r.d[off+8:])), 64, le32(off+24), le32(off+28)
+		size, isize, uid, gid = int(binary.LittleEndian.Uint64(r.d[off+8:])), 64, r.le32(off+24), r.le32(off+28)
 	}
 	e := fsEntry{Mode: lsMode(mode), UID: uid, GID: gid}
 	xsize := 0
 	if icount > 0 {
 		xsize = 12 + 4*(icount-1)
-		var attrs []string
-		entry := func(p int) (int, string) {
-			n, idx, vs := int(r.d[p]), r.d[p+1], le16(p+2)
-			s := xattrPrefix[idx] + string(r.d[p+4:p+4+n]) + "=" + string(r.d[p+4+n:p+4+n+vs])
-			return (4 + n + vs + 3) &^ 3, s
-		}
-		h := off + isize
-		shared := int(r.d[h+4])
-		for i := 0; i < shared; i++ {
-			_, s := entry(r.xattrs + 4*le32(h+12+4*i))
-			attrs = append(attrs, s)
-		}
-		for p := h + 12 + 4*shared; p < h+xsize; {
-			n, s := entry(p)
-			attrs = append(attrs, s)
-			p += n
-		}
-		slices.Sort(attrs)
-		e.Xattrs = strings.Join(attrs, ",")
+		e.Xattrs = r.readXattrs(off+isize, xsize)
 	}
 	out[name], r.nids[name] = e, nid
 	if mode&unix.S_IFMT != unix.S_IFDIR {
 		return nil
 	}
+	blocks, err := r.dirBlocks(name, off, format, size, isize+xsize)
+	if err != nil {
+		return err
+	}
+	for _, b := range blocks {
+		if err := r.walkDirBlock(b, name, out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readXattrs returns the sorted, comma-joined extended attributes of the xattr body of xsize bytes at h.
+func (r *erofsReader) readXattrs(h, xsize int) string {
+	var attrs []string
+	entry := func(p int) (int, string) {
+		n, idx, vs := int(r.d[p]), r.d[p+1], r.le16(p+2)
+		s := xattrPrefix[idx] + string(r.d[p+4:p+4+n]) + "=" + string(r.d[p+4+n:p+4+n+vs])
+		return (4 + n + vs + 3) &^ 3, s
+	}
+	shared := int(r.d[h+4])
+	for i := 0; i < shared; i++ {
+		_, s := entry(r.xattrs + 4*r.le32(h+12+4*i))
+		attrs = append(attrs, s)
+	}
+	for p := h + 12 + 4*shared; p < h+xsize; {
+		n, s := entry(p)
+		attrs = append(attrs, s)
+		p += n
+	}
+	slices.Sort(attrs)
+	return strings.Join(attrs, ",")
+}
+
+// dirBlocks returns the data blocks of the directory inode at off; inline is the size of the inode
+// and its xattrs, after which an inline tail block sits.
+func (r *erofsReader) dirBlocks(name string, off, format, size, inline int) ([][]byte, error) {
 	layout := (format >> 1) & 7
-	blk := le32(off + 16)
+	blk := r.le32(off + 16)
 	var blocks [][]byte
 	switch layout {
 	case 0: // flat, every block out of line
@@ -473,31 +494,34 @@ func (r *erofsReader) walk(nid uint64, name string, out map[string]fsEntry) erro
 			blocks = append(blocks, r.d[blk*r.bs+o:blk*r.bs+o+r.bs])
 		}
 		if size > full {
-			tail := off + isize + xsize
+			tail := off + inline
 			blocks = append(blocks, r.d[tail:tail+size-full])
 		}
 	default:
-		return fmt.Errorf("%s: directory data layout %d", name, layout)
+		return nil, fmt.Errorf("%s: directory data layout %d", name, layout)
 	}
-	for _, b := range blocks {
-		n := int(binary.LittleEndian.Uint16(b[8:])) / 12
-		for i := 0; i < n; i++ {
-			child := binary.LittleEndian.Uint64(b[12*i:])
-			start, end := int(binary.LittleEndian.Uint16(b[12*i+8:])), len(b)
-			if i+1 < n {
-				end = int(binary.LittleEndian.Uint16(b[12*(i+1)+8:]))
-			}
-			cname, _, _ := strings.Cut(string(b[start:end]), "\x00")
-			if cname == "." || cname == ".." {
-				continue
-			}
-			p := cname
-			if name != "." {
-				p = name + "/" + cname
-			}
-			if err := r.walk(child, p, out); err != nil {
-				return err
-			}
+	return blocks, nil
+}
+
+// walkDirBlock walks every entry but . and .. of the directory block b of directory name.
+func (r *erofsReader) walkDirBlock(b []byte, name string, out map[string]fsEntry) error {
+	n := int(binary.LittleEndian.Uint16(b[8:])) / 12
+	for i := 0; i < n; i++ {
+		child := binary.LittleEndian.Uint64(b[12*i:])
+		start, end := int(binary.LittleEndian.Uint16(b[12*i+8:])), len(b)
+		if i+1 < n {
+			end = int(binary.LittleEndian.Uint16(b[12*(i+1)+8:]))
+		}
+		cname, _, _ := strings.Cut(string(b[start:end]), "\x00")
+		if cname == "." || cname == ".." {
+			continue
+		}
+		p := cname
+		if name != "." {
+			p = name + "/" + cname
+		}
+		if err := r.walk(child, p, out); err != nil {
+			return err
 		}
 	}
 	return nil
