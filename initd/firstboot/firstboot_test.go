@@ -110,6 +110,14 @@ func TestRunAppliesFiles(t *testing.T) {
 		t.Errorf("Line = %q, want %q", got, want)
 	}
 
+	checkAppliedFiles(t, root, unit)
+	checkGoodBootStatus(t, root, unit)
+}
+
+// checkAppliedFiles checks the five files of TestRunAppliesFiles landed under root with their
+// contents and modes, their directories are drwxr-xr-x and no temporary file is left.
+func checkAppliedFiles(t *testing.T, root string, unit []byte) {
+	t.Helper()
 	wantFiles := []struct {
 		path     string
 		contents string
@@ -146,7 +154,12 @@ func TestRunAppliesFiles(t *testing.T) {
 	if len(leftovers) > 0 {
 		t.Errorf("temporary files left behind: %v", leftovers)
 	}
+}
 
+// checkGoodBootStatus checks the status.json TestRunAppliesFiles left: every key, no error, the
+// source, clock and version, and each file's hash and mode.
+func checkGoodBootStatus(t *testing.T, root string, unit []byte) {
+	t.Helper()
 	raw, stored := readStatusFile(t, root)
 	for _, key := range []string{"state", "started", "finished", "duration_ms", "source", "files", "version"} {
 		if _, ok := raw[key]; !ok {

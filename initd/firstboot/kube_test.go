@@ -289,22 +289,29 @@ func fakeMachine(t *testing.T, addrs func() []netip.Prefix) FactsOptions {
 // `kiln-init status` says what it waits for while it waits, and once the address is there
 // the templates and a control plane's certificates carry it. Without any address first boot
 // fails after AddressWait, naming the missing address.
+// lateLease is the address DHCP hands out once first boot waits for it.
+const lateLease = "10.0.2.15"
+
+// addressWaitCase is a node that boots before its address is known.
+type addressWaitCase struct {
+	name     string
+	role     string
+	nodeYAML string
+	kube     bool // the kubernetes overlay and the cluster's CAs: the pki task makes certificates
+	dhcp     bool // DHCP answers, once the status shows the wait
+	wantErr  string
+}
+
+var addressWaitCases = []addressWaitCase{
+	{name: "worker, late lease", role: "worker", nodeYAML: workerNodeYAML, dhcp: true},
+	{name: "control plane, late lease", role: "control-plane", nodeYAML: cpNodeYAML, kube: true, dhcp: true},
+	{name: "etcd, late lease", role: "etcd", nodeYAML: "cluster: {name: demo, dnsZone: example.com}\nrole: etcd\nhostname: etcd-1\netcd: {member: a, members: [a]}\n", dhcp: true},
+	{name: "worker, no lease", role: "worker", nodeYAML: workerNodeYAML,
+		wantErr: "task facts failed: apply: a worker node needs its IP address (not known yet: an IPv4/IPv6 address on a link (DHCP)); gave up waiting for it after 300ms"},
+}
+
 func TestFirstBootWaitsForItsAddress(t *testing.T) {
-	const lease = "10.0.2.15"
-	for _, tc := range []struct {
-		name     string
-		role     string
-		nodeYAML string
-		kube     bool // the kubernetes overlay and the cluster's CAs: the pki task makes certificates
-		dhcp     bool // DHCP answers, once the status shows the wait
-		wantErr  string
-	}{
-		{name: "worker, late lease", role: "worker", nodeYAML: workerNodeYAML, dhcp: true},
-		{name: "control plane, late lease", role: "control-plane", nodeYAML: cpNodeYAML, kube: true, dhcp: true},
-		{name: "etcd, late lease", role: "etcd", nodeYAML: "cluster: {name: demo, dnsZone: example.com}\nrole: etcd\nhostname: etcd-1\netcd: {member: a, members: [a]}\n", dhcp: true},
-		{name: "worker, no lease", role: "worker", nodeYAML: workerNodeYAML,
-			wantErr: "task facts failed: apply: a worker node needs its IP address (not known yet: an IPv4/IPv6 address on a link (DHCP)); gave up waiting for it after 300ms"},
-	} {
+	for _, tc := range addressWaitCases {
 		t.Run(tc.name, func(t *testing.T) {
 			root := nodeRoot(t, tc.role)
 			files := []string{ignFile("/etc/kiln/node.yaml", 0o644, []byte(tc.nodeYAML))}
@@ -331,7 +338,7 @@ func TestFirstBootWaitsForItsAddress(t *testing.T) {
 				if !tc.dhcp {
 					return nil
 				}
-				return []netip.Prefix{netip.MustParsePrefix(lease + "/24")}
+				return []netip.Prefix{netip.MustParsePrefix(lateLease + "/24")}
 			})
 			fo.AddressWait = 300 * time.Millisecond
 			if tc.dhcp {
@@ -349,41 +356,55 @@ func TestFirstBootWaitsForItsAddress(t *testing.T) {
 				}
 			}
 			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(st.Line(), tc.wantErr) {
-					t.Fatalf("Run = %v, want %q", err, tc.wantErr)
-				}
-				if s, _ := taskState(st, "render"); s != task.StateBlocked {
-					t.Errorf("render %s, want blocked", s)
-				}
-				if saved, err := ReadStatus(root); err != nil || saved.State != StateFailed || saved.Waiting != nil ||
-					len(saved.Waits) != 1 || saved.Waits[0].Known {
-					t.Errorf("status.json after the run = %+v, %v", saved, err)
-				}
+				checkGaveUpWaiting(t, tc, root, st, err)
 				return
 			}
-			if err != nil {
-				t.Fatalf("first boot: %v", err)
-			}
-			if got := nodeIP(t, root); got != lease {
-				t.Errorf("kubelet --node-ip=%s, want the late lease %s", got, lease)
-			}
-			if s, e := taskState(st, "render"); s != task.StateApplied {
-				t.Errorf("render %s %s, want applied", s, e)
-			}
-			saved, err := ReadStatus(root)
-			if err != nil || saved.State != StateOK || saved.Waiting != nil || len(saved.Waits) != 1 || !saved.Waits[0].Known {
-				t.Errorf("status.json after the run = %+v, %v; want ok with one wait, known", saved, err)
-			}
-			if tc.kube {
-				crt, err := pki.ReadKeyPair(filepath.Join(root, "etc/kubernetes/pki"), "apiserver")
-				if err != nil {
-					t.Fatal(err)
-				}
-				if c, _ := pki.ParseCertPEM(crt.CertPEM); c == nil || c.VerifyHostname(lease) != nil {
-					t.Errorf("the apiserver certificate does not cover the late lease %s", lease)
-				}
-			}
+			checkLateLease(t, tc, root, st, err)
 		})
+	}
+}
+
+// checkGaveUpWaiting checks a first boot that never got its address failed naming it, left render
+// blocked and saved the failed status with the one wait still unknown.
+func checkGaveUpWaiting(t *testing.T, tc addressWaitCase, root string, st *Status, err error) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(st.Line(), tc.wantErr) {
+		t.Fatalf("Run = %v, want %q", err, tc.wantErr)
+	}
+	if s, _ := taskState(st, "render"); s != task.StateBlocked {
+		t.Errorf("render %s, want blocked", s)
+	}
+	if saved, err := ReadStatus(root); err != nil || saved.State != StateFailed || saved.Waiting != nil ||
+		len(saved.Waits) != 1 || saved.Waits[0].Known {
+		t.Errorf("status.json after the run = %+v, %v", saved, err)
+	}
+}
+
+// checkLateLease checks a first boot that got its address late used it for the kubelet and, with
+// kubernetes, the apiserver certificate, and saved an ok status with the one wait known.
+func checkLateLease(t *testing.T, tc addressWaitCase, root string, st *Status, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("first boot: %v", err)
+	}
+	if got := nodeIP(t, root); got != lateLease {
+		t.Errorf("kubelet --node-ip=%s, want the late lease %s", got, lateLease)
+	}
+	if s, e := taskState(st, "render"); s != task.StateApplied {
+		t.Errorf("render %s %s, want applied", s, e)
+	}
+	saved, err := ReadStatus(root)
+	if err != nil || saved.State != StateOK || saved.Waiting != nil || len(saved.Waits) != 1 || !saved.Waits[0].Known {
+		t.Errorf("status.json after the run = %+v, %v; want ok with one wait, known", saved, err)
+	}
+	if tc.kube {
+		crt, err := pki.ReadKeyPair(filepath.Join(root, "etc/kubernetes/pki"), "apiserver")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := pki.ParseCertPEM(crt.CertPEM); c == nil || c.VerifyHostname(lateLease) != nil {
+			t.Errorf("the apiserver certificate does not cover the late lease %s", lateLease)
+		}
 	}
 }
 
