@@ -11,35 +11,45 @@ import (
 
 const hostsHead = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n"
 
+// Records the hosts file tests register.
+var (
+	hostsEtcd  = Record{Name: "etcd-a.internal.prod.example.test.", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60}
+	hostsEtcd6 = Record{Name: "etcd-a.internal.prod.example.test", Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60}
+	hostsAPI   = Record{Name: "api.internal.prod.example.test", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}
+)
+
+// hostsBlock is kiln's block in a hosts file holding lines.
+func hostsBlock(lines ...string) string {
+	return hostsBegin + "\n" + strings.Join(append(lines, ""), "\n") + hostsEnd + "\n"
+}
+
+// hostsCase is a hosts file before an Upsert of recs and what it holds after.
+type hostsCase struct {
+	name   string
+	before string // "" and noFile: no file
+	noFile bool
+	recs   []Record
+	want   string
+}
+
+var hostsCases = []hostsCase{
+	{"block appended, the rest untouched", hostsHead, false, []Record{hostsEtcd, hostsEtcd6, hostsAPI},
+		hostsHead + hostsBlock("10.0.0.5\tapi.internal.prod.example.test", "10.0.0.5\tetcd-a.internal.prod.example.test", "fd00::5\tetcd-a.internal.prod.example.test")},
+	{"no final newline", "127.0.0.1 localhost", false, []Record{hostsEtcd},
+		"127.0.0.1 localhost\n" + hostsBlock("10.0.0.5\tetcd-a.internal.prod.example.test")},
+	{"missing file", "", true, []Record{hostsEtcd}, hostsBlock("10.0.0.5\tetcd-a.internal.prod.example.test")},
+	{"block in the middle replaced, new IP replaces the old",
+		hostsHead + hostsBlock("10.0.0.4\tetcd-a.internal.prod.example.test", "fd00::5\tetcd-a.internal.prod.example.test") + "# mine\n10.9.9.9 db\n", false,
+		[]Record{hostsEtcd},
+		hostsHead + hostsBlock("10.0.0.5\tetcd-a.internal.prod.example.test", "fd00::5\tetcd-a.internal.prod.example.test") + "# mine\n10.9.9.9 db\n"},
+	{"shared name keeps the other nodes",
+		hostsHead + hostsBlock("10.0.0.7\tapi.internal.prod.example.test", "10.0.0.8\tapi.internal.prod.example.test"), false,
+		WithStale([]Record{hostsAPI}, []Record{{Name: hostsAPI.Name, Type: typeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}}),
+		hostsHead + hostsBlock("10.0.0.5\tapi.internal.prod.example.test", "10.0.0.7\tapi.internal.prod.example.test")},
+}
+
 func TestHosts(t *testing.T) {
-	etcd := Record{Name: "etcd-a.internal.prod.example.test.", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60}
-	etcd6 := Record{Name: "etcd-a.internal.prod.example.test", Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60}
-	api := Record{Name: "api.internal.prod.example.test", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}
-	block := func(lines ...string) string {
-		return hostsBegin + "\n" + strings.Join(append(lines, ""), "\n") + hostsEnd + "\n"
-	}
-	cases := []struct {
-		name   string
-		before string // "" and noFile: no file
-		noFile bool
-		recs   []Record
-		want   string
-	}{
-		{"block appended, the rest untouched", hostsHead, false, []Record{etcd, etcd6, api},
-			hostsHead + block("10.0.0.5\tapi.internal.prod.example.test", "10.0.0.5\tetcd-a.internal.prod.example.test", "fd00::5\tetcd-a.internal.prod.example.test")},
-		{"no final newline", "127.0.0.1 localhost", false, []Record{etcd},
-			"127.0.0.1 localhost\n" + block("10.0.0.5\tetcd-a.internal.prod.example.test")},
-		{"missing file", "", true, []Record{etcd}, block("10.0.0.5\tetcd-a.internal.prod.example.test")},
-		{"block in the middle replaced, new IP replaces the old",
-			hostsHead + block("10.0.0.4\tetcd-a.internal.prod.example.test", "fd00::5\tetcd-a.internal.prod.example.test") + "# mine\n10.9.9.9 db\n", false,
-			[]Record{etcd},
-			hostsHead + block("10.0.0.5\tetcd-a.internal.prod.example.test", "fd00::5\tetcd-a.internal.prod.example.test") + "# mine\n10.9.9.9 db\n"},
-		{"shared name keeps the other nodes",
-			hostsHead + block("10.0.0.7\tapi.internal.prod.example.test", "10.0.0.8\tapi.internal.prod.example.test"), false,
-			WithStale([]Record{api}, []Record{{Name: api.Name, Type: typeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}}),
-			hostsHead + block("10.0.0.5\tapi.internal.prod.example.test", "10.0.0.7\tapi.internal.prod.example.test")},
-	}
-	for _, c := range cases {
+	for _, c := range hostsCases {
 		t.Run(c.name, func(t *testing.T) {
 			root := t.TempDir()
 			path := filepath.Join(root, "etc", "hosts")
@@ -53,22 +63,7 @@ func TestHosts(t *testing.T) {
 			if err := p.Upsert(context.Background(), c.recs); err != nil {
 				t.Fatal(err)
 			}
-			got, _ := os.ReadFile(path)
-			if string(got) != c.want {
-				t.Errorf("hosts:\n%s\nwant:\n%s", got, c.want)
-			}
-			fi, _ := os.Stat(path)
-			wantMode := os.FileMode(0o640)
-			if c.noFile {
-				wantMode = 0o644
-			}
-			if fi.Mode().Perm() != wantMode {
-				t.Errorf("mode %v, want %v", fi.Mode().Perm(), wantMode)
-			}
-			entries, _ := os.ReadDir(filepath.Dir(path))
-			if len(entries) != 1 {
-				t.Errorf("temporary files left: %v", entries)
-			}
+			checkHostsFile(t, c, path)
 
 			// Again: unchanged, so not rewritten (the mtime stays).
 			old := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -91,6 +86,28 @@ func TestHosts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkHostsFile checks the hosts file at path holds c.want, kept its mode (0644 when new) and
+// no temporary file is left beside it.
+func checkHostsFile(t *testing.T, c hostsCase, path string) {
+	t.Helper()
+	got, _ := os.ReadFile(path)
+	if string(got) != c.want {
+		t.Errorf("hosts:\n%s\nwant:\n%s", got, c.want)
+	}
+	fi, _ := os.Stat(path)
+	wantMode := os.FileMode(0o640)
+	if c.noFile {
+		wantMode = 0o644
+	}
+	if fi.Mode().Perm() != wantMode {
+		t.Errorf("mode %v, want %v", fi.Mode().Perm(), wantMode)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Errorf("temporary files left: %v", entries)
 	}
 }
 

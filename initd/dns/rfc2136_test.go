@@ -193,35 +193,39 @@ func addrs(s ...string) []netip.Addr {
 	return out
 }
 
+// bindStep is one Upsert against BIND and what dig answers afterwards.
+type bindStep struct {
+	name string
+	recs []Record
+	want map[string][]string // "name type" → dig answers
+}
+
+var bindSteps = []bindStep{
+	{"create", []Record{
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testEtcd, Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
+		{Name: testAPI + ".", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+	}, map[string][]string{testEtcd + " A": {"10.0.0.5"}, testEtcd + " AAAA": {"fd00::5"}, testAPI + " A": {"10.0.0.5"}}},
+	{"new IP replaces the old", []Record{
+		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+	}, map[string][]string{testEtcd + " A": {"10.0.0.6"}, testEtcd + " AAAA": {"fd00::5"}}},
+	{"another control-plane node joins the shared api name", []Record{
+		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+	}, map[string][]string{testAPI + " A": {"10.0.0.5", "10.0.0.7"}}},
+	{"a control-plane node's address changes", WithStale(
+		[]Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
+		[]Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
+	), map[string][]string{testAPI + " A": {"10.0.0.6", "10.0.0.7"}}},
+}
+
 func TestRFC2136WithBIND(t *testing.T) {
 	b := newBind(t)
 	b.start(t)
 	ctx := context.Background()
 	p := b.provider()
-	const api, etcd = "api.internal.prod.example.test", "etcd-a.internal.prod.example.test"
+	const etcd = testEtcd
 
-	steps := []struct {
-		name string
-		recs []Record
-		want map[string][]string // "name type" → dig answers
-	}{
-		{"create", []Record{
-			{Name: etcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-			{Name: etcd, Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-			{Name: api + ".", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
-		}, map[string][]string{etcd + " A": {"10.0.0.5"}, etcd + " AAAA": {"fd00::5"}, api + " A": {"10.0.0.5"}}},
-		{"new IP replaces the old", []Record{
-			{Name: etcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60},
-		}, map[string][]string{etcd + " A": {"10.0.0.6"}, etcd + " AAAA": {"fd00::5"}}},
-		{"another control-plane node joins the shared api name", []Record{
-			{Name: api, Type: typeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
-		}, map[string][]string{api + " A": {"10.0.0.5", "10.0.0.7"}}},
-		{"a control-plane node's address changes", WithStale(
-			[]Record{{Name: api, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
-			[]Record{{Name: api, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
-		), map[string][]string{api + " A": {"10.0.0.6", "10.0.0.7"}}},
-	}
-	for _, s := range steps {
+	for _, s := range bindSteps {
 		if err := p.Upsert(ctx, s.recs); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
@@ -244,37 +248,7 @@ func TestRFC2136WithBIND(t *testing.T) {
 		t.Errorf("Lookup(missing) = %v, %v; want nothing", got, err)
 	}
 
-	t.Run("refused", func(t *testing.T) {
-		other := make([]byte, 32)
-		rand.Read(other)
-		cases := []struct {
-			name      string
-			p         *RFC2136
-			rcode     int
-			tsig      int
-			errSubstr string
-		}{
-			{"wrong secret", &RFC2136{Server: b.server(), Zone: testZone, KeyName: testKey, Secret: base64.StdEncoding.EncodeToString(other)}, mdns.RcodeNotAuth, mdns.RcodeBadSig, "NOTAUTH (TSIG BADSIG"},
-			{"unknown key", &RFC2136{Server: b.server(), Zone: testZone, KeyName: "someone-else", Secret: b.secret}, mdns.RcodeNotAuth, mdns.RcodeBadKey, "NOTAUTH (TSIG BADKEY"},
-			{"unsigned", &RFC2136{Server: b.server(), Zone: testZone}, mdns.RcodeRefused, 0, "REFUSED"},
-		}
-		for _, c := range cases {
-			t.Run(c.name, func(t *testing.T) {
-				err := c.p.Upsert(ctx, []Record{{Name: etcd, Type: typeA, Addrs: addrs("192.0.2.66"), TTL: 60}})
-				var rc *RcodeError
-				if !errors.As(err, &rc) || rc.Rcode != c.rcode || rc.TSIGError != c.tsig {
-					t.Fatalf("err = %v, want rcode %s tsig %d", err, rcodeName(c.rcode), c.tsig)
-				}
-				t.Log(err)
-				if !strings.Contains(err.Error(), c.errSubstr) || !strings.Contains(err.Error(), b.server()) {
-					t.Errorf("err = %q, want it to name %q and the server", err, c.errSubstr)
-				}
-				if got := b.dig(t, etcd, "A"); !slices.Equal(got, []string{"10.0.0.6"}) {
-					t.Errorf("zone changed: dig %s A = %v", etcd, got)
-				}
-			})
-		}
-	})
+	t.Run("refused", func(t *testing.T) { testRefusedUpdates(t, ctx, b) })
 
 	t.Run("record outside the zone", func(t *testing.T) {
 		err := p.Upsert(ctx, []Record{{Name: "api.example.org", Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
@@ -282,6 +256,41 @@ func TestRFC2136WithBIND(t *testing.T) {
 			t.Errorf("err = %v", err)
 		}
 	})
+}
+
+// testRefusedUpdates checks BIND refuses updates with a wrong secret, an unknown key or no
+// signature, each error names the rcode and the server, and the zone keeps its record.
+func testRefusedUpdates(t *testing.T, ctx context.Context, b *bind) {
+	const etcd = testEtcd
+	other := make([]byte, 32)
+	rand.Read(other)
+	cases := []struct {
+		name      string
+		p         *RFC2136
+		rcode     int
+		tsig      int
+		errSubstr string
+	}{
+		{"wrong secret", &RFC2136{Server: b.server(), Zone: testZone, KeyName: testKey, Secret: base64.StdEncoding.EncodeToString(other)}, mdns.RcodeNotAuth, mdns.RcodeBadSig, "NOTAUTH (TSIG BADSIG"},
+		{"unknown key", &RFC2136{Server: b.server(), Zone: testZone, KeyName: "someone-else", Secret: b.secret}, mdns.RcodeNotAuth, mdns.RcodeBadKey, "NOTAUTH (TSIG BADKEY"},
+		{"unsigned", &RFC2136{Server: b.server(), Zone: testZone}, mdns.RcodeRefused, 0, "REFUSED"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.p.Upsert(ctx, []Record{{Name: etcd, Type: typeA, Addrs: addrs("192.0.2.66"), TTL: 60}})
+			var rc *RcodeError
+			if !errors.As(err, &rc) || rc.Rcode != c.rcode || rc.TSIGError != c.tsig {
+				t.Fatalf("err = %v, want rcode %s tsig %d", err, rcodeName(c.rcode), c.tsig)
+			}
+			t.Log(err)
+			if !strings.Contains(err.Error(), c.errSubstr) || !strings.Contains(err.Error(), b.server()) {
+				t.Errorf("err = %q, want it to name %q and the server", err, c.errSubstr)
+			}
+			if got := b.dig(t, etcd, "A"); !slices.Equal(got, []string{"10.0.0.6"}) {
+				t.Errorf("zone changed: dig %s A = %v", etcd, got)
+			}
+		})
+	}
 }
 
 // TestRegisterWaitsForBIND: the server is down when registration starts; Register
@@ -335,6 +344,19 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
+	checkPendingThenBackoffs(t, b, states, times, waits)
+
+	// A second run finds the record in place and changes nothing.
+	st, err := Register(ctx, b.provider(), recs, Options{})
+	if err != nil || st.Attempts != 1 || st.State != stateRegistered {
+		t.Errorf("second Register = %+v, %v", st, err)
+	}
+}
+
+// checkPendingThenBackoffs checks Register first reported pending without an error, then the
+// update error, and waited between attempts as its backoff says.
+func checkPendingThenBackoffs(t *testing.T, b *bind, states []State, times []time.Time, waits []time.Duration) {
+	t.Helper()
 	if states[0].State != statePending || states[0].LastError != "" {
 		t.Errorf("first state = %v, want pending", states[0])
 	}
@@ -359,12 +381,6 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 		if i+2 < len(times) && times[i+2].Sub(times[i+1]) < w-time.Millisecond {
 			t.Errorf("attempt %d came %v after the one before, before its wait of %v", i+2, times[i+2].Sub(times[i+1]), w)
 		}
-	}
-
-	// A second run finds the record in place and changes nothing.
-	st, err := Register(ctx, b.provider(), recs, Options{})
-	if err != nil || st.Attempts != 1 || st.State != stateRegistered {
-		t.Errorf("second Register = %+v, %v", st, err)
 	}
 }
 

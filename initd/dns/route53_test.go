@@ -328,69 +328,76 @@ func TestRoute53(t *testing.T) {
 		t.Errorf("Lookup = %v, %v", got, err)
 	}
 
-	t.Run("race on the shared name", func(t *testing.T) {
-		// Another node adds itself between our read and our change: Route 53 refuses
-		// the DELETE, the next attempt reads again and keeps the other node.
-		f.beforeChange = func(f *fakeRoute53) {
-			s := f.sets["api.internal.prod.example.test. A"]
-			s.ResourceRecords = append(slices.Clone(s.ResourceRecords), r53Value{"10.0.0.9"})
-			f.sets["api.internal.prod.example.test. A"] = s
-		}
-		var states []string
-		st, err := Register(ctx, p, []Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}},
-			Options{MinBackoff: time.Millisecond, OnState: func(s State) { states = append(states, s.String()) }})
-		if err != nil || st.Attempts != 2 {
-			t.Fatalf("Register = %+v, %v", st, err)
-		}
-		if len(states) != 3 || !strings.Contains(states[1], "InvalidChangeBatch") {
-			t.Errorf("states = %q", states)
-		}
-		if got, _ := p.Lookup(ctx, testAPI); !sameAddrs(got, addrs("10.0.0.5", "10.0.0.7", "10.0.0.8", "10.0.0.9")) {
-			t.Errorf("api = %v", got)
-		}
-	})
+	t.Run("race on the shared name", func(t *testing.T) { testRoute53Race(t, ctx, f, p) })
+	t.Run("wait for INSYNC", func(t *testing.T) { testRoute53WaitInSync(t, ctx, f, client) })
+	t.Run("errors", func(t *testing.T) { testRoute53Errors(t, ctx, f, client) })
+}
 
-	t.Run("wait for INSYNC", func(t *testing.T) {
-		f.pendingPolls = 2
-		calls := f.getChangeCalls
-		w := &Route53{Client: client, HostedZoneID: "/hostedzone/" + f.zoneID, Wait: 5 * time.Second, PollInterval: 10 * time.Millisecond}
-		if err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.10"), TTL: 30}}); err != nil {
-			t.Fatal(err)
-		}
-		if f.getChangeCalls-calls != 3 {
-			t.Errorf("GetChange called %d times, want 3 (PENDING, PENDING, INSYNC)", f.getChangeCalls-calls)
-		}
-		f.pendingPolls = 1000
-		w.Wait = 100 * time.Millisecond
-		err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.11"), TTL: 30}})
-		if err == nil || !strings.Contains(err.Error(), "still PENDING") {
-			t.Errorf("err = %v, want still PENDING", err)
-		}
-	})
+// testRoute53Race checks a shared name another node changes between our read and our change.
+func testRoute53Race(t *testing.T, ctx context.Context, f *fakeRoute53, p *Route53) {
+	// Another node adds itself between our read and our change: Route 53 refuses
+	// the DELETE, the next attempt reads again and keeps the other node.
+	f.beforeChange = func(f *fakeRoute53) {
+		s := f.sets["api.internal.prod.example.test. A"]
+		s.ResourceRecords = append(slices.Clone(s.ResourceRecords), r53Value{"10.0.0.9"})
+		f.sets["api.internal.prod.example.test. A"] = s
+	}
+	var states []string
+	st, err := Register(ctx, p, []Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}},
+		Options{MinBackoff: time.Millisecond, OnState: func(s State) { states = append(states, s.String()) }})
+	if err != nil || st.Attempts != 2 {
+		t.Fatalf("Register = %+v, %v", st, err)
+	}
+	if len(states) != 3 || !strings.Contains(states[1], "InvalidChangeBatch") {
+		t.Errorf("states = %q", states)
+	}
+	if got, _ := p.Lookup(ctx, testAPI); !sameAddrs(got, addrs("10.0.0.5", "10.0.0.7", "10.0.0.8", "10.0.0.9")) {
+		t.Errorf("api = %v", got)
+	}
+}
 
-	t.Run("errors", func(t *testing.T) {
-		srv := httptest.NewServer(f)
-		defer srv.Close()
-		cases := []struct {
-			name string
-			p    *Route53
-			want string
-		}{
-			{"wrong secret", &Route53{Client: f.client(srv.URL, "wrong"), HostedZoneID: f.zoneID}, "SignatureDoesNotMatch"},
-			{"unknown zone name", &Route53{Client: client, Zone: "example.org"}, "no hosted zone is named example.org"},
-			{"unknown zone ID", &Route53{Client: client, HostedZoneID: "ZNOPE"}, "NoSuchHostedZone"},
-		}
-		for _, c := range cases {
-			t.Run(c.name, func(t *testing.T) {
-				name := "x.example.test"
-				if c.p.Zone != "" {
-					name = "x." + c.p.Zone
-				}
-				err := c.p.Upsert(ctx, []Record{{Name: name, Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
-				if err == nil || !strings.Contains(err.Error(), c.want) {
-					t.Errorf("err = %v, want %q", err, c.want)
-				}
-			})
-		}
-	})
+// testRoute53WaitInSync checks Upsert polls GetChange until INSYNC and gives up after Wait.
+func testRoute53WaitInSync(t *testing.T, ctx context.Context, f *fakeRoute53, client *route53.Client) {
+	f.pendingPolls = 2
+	calls := f.getChangeCalls
+	w := &Route53{Client: client, HostedZoneID: "/hostedzone/" + f.zoneID, Wait: 5 * time.Second, PollInterval: 10 * time.Millisecond}
+	if err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.10"), TTL: 30}}); err != nil {
+		t.Fatal(err)
+	}
+	if f.getChangeCalls-calls != 3 {
+		t.Errorf("GetChange called %d times, want 3 (PENDING, PENDING, INSYNC)", f.getChangeCalls-calls)
+	}
+	f.pendingPolls = 1000
+	w.Wait = 100 * time.Millisecond
+	err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.11"), TTL: 30}})
+	if err == nil || !strings.Contains(err.Error(), "still PENDING") {
+		t.Errorf("err = %v, want still PENDING", err)
+	}
+}
+
+// testRoute53Errors checks a wrong secret and unknown zones fail with Route 53's own words.
+func testRoute53Errors(t *testing.T, ctx context.Context, f *fakeRoute53, client *route53.Client) {
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	cases := []struct {
+		name string
+		p    *Route53
+		want string
+	}{
+		{"wrong secret", &Route53{Client: f.client(srv.URL, "wrong"), HostedZoneID: f.zoneID}, "SignatureDoesNotMatch"},
+		{"unknown zone name", &Route53{Client: client, Zone: "example.org"}, "no hosted zone is named example.org"},
+		{"unknown zone ID", &Route53{Client: client, HostedZoneID: "ZNOPE"}, "NoSuchHostedZone"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			name := "x.example.test"
+			if c.p.Zone != "" {
+				name = "x." + c.p.Zone
+			}
+			err := c.p.Upsert(ctx, []Record{{Name: name, Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("err = %v, want %q", err, c.want)
+			}
+		})
+	}
 }
