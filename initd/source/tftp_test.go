@@ -246,90 +246,105 @@ func TestTFTPContextCancel(t *testing.T) {
 // TestTFTPLossAndForeignTID plays a server that ignores the first request and the
 // blksize option, and a stranger that injects a block from another port mid-transfer.
 func TestTFTPLossAndForeignTID(t *testing.T) {
-	listen := func() *net.UDPConn {
-		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
+	srv := &lossyTFTPServer{
+		server: listenLoopbackUDP(t), transfer: listenLoopbackUDP(t), stranger: listenLoopbackUDP(t),
+		block1: randomBytes(512), block2: []byte("tail"),
+		strangerGot: make(chan []byte, 1),
 	}
-	server, transfer, stranger := listen(), listen(), listen()
-	block1 := randomBytes(512)
-	block2 := []byte("tail")
-	data := func(n uint16, p []byte) []byte {
-		b := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, tftpDATA), n)
-		return append(b, p...)
-	}
-	strangerGot := make(chan []byte, 1)
 	serverErr := make(chan error, 1)
-	// ack reads ACK n from the client, skipping repeated ACKs of earlier blocks: the client
-	// resends one when the next block is slow to come (100ms here), as on a loaded machine.
-	ack := func(n uint16) error {
-		buf := make([]byte, 600)
-		for {
-			_ = transfer.SetReadDeadline(time.Now().Add(30 * time.Second))
-			m, _, err := transfer.ReadFromUDP(buf)
-			if err != nil {
-				return fmt.Errorf("no ACK %d: %w", n, err)
-			}
-			if m == 4 && binary.BigEndian.Uint16(buf) == tftpACK && binary.BigEndian.Uint16(buf[2:]) < n {
-				continue
-			}
-			if !bytes.Equal(buf[:m], binary.BigEndian.AppendUint16([]byte{0, tftpACK}, n)) {
-				return fmt.Errorf("want ACK %d, got %q", n, buf[:m])
-			}
-			return nil
-		}
-	}
-	go func() {
-		serverErr <- func() error {
-			buf := make([]byte, 600)
-			var client *net.UDPAddr
-			for range 2 { // drop the first request
-				_ = server.SetReadDeadline(time.Now().Add(30 * time.Second))
-				n, from, err := server.ReadFromUDP(buf)
-				if err != nil {
-					return err
-				}
-				if got := string(buf[:n]); !strings.Contains(got, "cfg.ign\x00octet\x00blksize\x001468\x00") {
-					return errors.New("bad request " + strconv.Quote(got))
-				}
-				client = from
-			}
-			if _, err := transfer.WriteToUDP(data(1, block1), client); err != nil {
-				return err
-			}
-			if err := ack(1); err != nil {
-				return err
-			}
-			// A stranger sends block 2 from another port: the client must refuse it.
-			if _, err := stranger.WriteToUDP(data(2, []byte("evil")), client); err != nil {
-				return err
-			}
-			_ = stranger.SetReadDeadline(time.Now().Add(30 * time.Second))
-			n, _, err := stranger.ReadFromUDP(buf)
-			if err != nil {
-				return err
-			}
-			strangerGot <- append([]byte(nil), buf[:n]...)
-			if _, err := transfer.WriteToUDP(data(2, block2), client); err != nil {
-				return err
-			}
-			return ack(2)
-		}()
-	}()
-	got, err := TFTPClient{Timeout: 100 * time.Millisecond}.Get(context.Background(), server.LocalAddr().String(), "cfg.ign")
+	go func() { serverErr <- srv.serve() }()
+	got, err := TFTPClient{Timeout: 100 * time.Millisecond}.Get(context.Background(), srv.server.LocalAddr().String(), "cfg.ign")
 	if err != nil {
 		t.Fatalf("Get: %v", err)
 	}
-	if want := append(append([]byte(nil), block1...), block2...); !bytes.Equal(got, want) {
+	if want := append(append([]byte(nil), srv.block1...), srv.block2...); !bytes.Equal(got, want) {
 		t.Errorf("Get = %d bytes, want %d (the stranger's block must not be in it)", len(got), len(want))
 	}
 	if err := <-serverErr; err != nil {
 		t.Fatalf("server: %v", err)
 	}
-	if e := <-strangerGot; len(e) < 4 || binary.BigEndian.Uint16(e) != tftpERROR || binary.BigEndian.Uint16(e[2:]) != tftpErrUnknownTID {
+	if e := <-srv.strangerGot; len(e) < 4 || binary.BigEndian.Uint16(e) != tftpERROR || binary.BigEndian.Uint16(e[2:]) != tftpErrUnknownTID {
 		t.Errorf("stranger got %q, want ERROR 5 (unknown transfer ID)", e)
 	}
+}
+
+// listenLoopbackUDP listens on a free UDP port of 127.0.0.1 until the test ends.
+func listenLoopbackUDP(t *testing.T) *net.UDPConn {
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// tftpData is a DATA packet of block n carrying p.
+func tftpData(n uint16, p []byte) []byte {
+	b := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, tftpDATA), n)
+	return append(b, p...)
+}
+
+// lossyTFTPServer is a TFTP server that drops the first request and ignores the blksize option,
+// sending block1 and block2 from its transfer port, while a stranger injects a block from another.
+type lossyTFTPServer struct {
+	server, transfer, stranger *net.UDPConn
+	block1, block2             []byte
+	strangerGot                chan []byte // what the client answered the stranger
+}
+
+// ack reads ACK n from the client, skipping repeated ACKs of earlier blocks: the client
+// resends one when the next block is slow to come (100ms here), as on a loaded machine.
+func (s *lossyTFTPServer) ack(n uint16) error {
+	buf := make([]byte, 600)
+	for {
+		_ = s.transfer.SetReadDeadline(time.Now().Add(30 * time.Second))
+		m, _, err := s.transfer.ReadFromUDP(buf)
+		if err != nil {
+			return fmt.Errorf("no ACK %d: %w", n, err)
+		}
+		if m == 4 && binary.BigEndian.Uint16(buf) == tftpACK && binary.BigEndian.Uint16(buf[2:]) < n {
+			continue
+		}
+		if !bytes.Equal(buf[:m], binary.BigEndian.AppendUint16([]byte{0, tftpACK}, n)) {
+			return fmt.Errorf("want ACK %d, got %q", n, buf[:m])
+		}
+		return nil
+	}
+}
+
+// serve answers one transfer of cfg.ign.
+func (s *lossyTFTPServer) serve() error {
+	buf := make([]byte, 600)
+	var client *net.UDPAddr
+	for range 2 { // drop the first request
+		_ = s.server.SetReadDeadline(time.Now().Add(30 * time.Second))
+		n, from, err := s.server.ReadFromUDP(buf)
+		if err != nil {
+			return err
+		}
+		if got := string(buf[:n]); !strings.Contains(got, "cfg.ign\x00octet\x00blksize\x001468\x00") {
+			return errors.New("bad request " + strconv.Quote(got))
+		}
+		client = from
+	}
+	if _, err := s.transfer.WriteToUDP(tftpData(1, s.block1), client); err != nil {
+		return err
+	}
+	if err := s.ack(1); err != nil {
+		return err
+	}
+	// A stranger sends block 2 from another port: the client must refuse it.
+	if _, err := s.stranger.WriteToUDP(tftpData(2, []byte("evil")), client); err != nil {
+		return err
+	}
+	_ = s.stranger.SetReadDeadline(time.Now().Add(30 * time.Second))
+	n, _, err := s.stranger.ReadFromUDP(buf)
+	if err != nil {
+		return err
+	}
+	s.strangerGot <- append([]byte(nil), buf[:n]...)
+	if _, err := s.transfer.WriteToUDP(tftpData(2, s.block2), client); err != nil {
+		return err
+	}
+	return s.ack(2)
 }
