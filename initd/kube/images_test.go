@@ -117,21 +117,6 @@ func TestWriteLayoutTar(t *testing.T) {
 		t.Fatalf("ReadLayout = %+v", got)
 	}
 
-	blobsOf := func(imgs ...v1.Image) []string {
-		var out []string
-		for _, img := range imgs {
-			d, _ := img.Digest()
-			cd, _ := img.ConfigName()
-			out = append(out, "blobs/sha256/"+d.Hex, "blobs/sha256/"+cd.Hex)
-			ls, _ := img.Layers()
-			for _, l := range ls {
-				ld, _ := l.Digest()
-				out = append(out, "blobs/sha256/"+ld.Hex)
-			}
-		}
-		slices.Sort(out)
-		return slices.Compact(out)
-	}
 	for _, tc := range []struct {
 		name  string
 		keep  []string
@@ -142,36 +127,7 @@ func TestWriteLayoutTar(t *testing.T) {
 		{"one", names[2:], blobsOf(c)},
 		{"none", nil, nil},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var buf bytes.Buffer
-			err := WriteLayoutTar(&buf, dir, func(im LayoutImage) bool { return slices.Contains(tc.keep, im.Name) })
-			if err != nil {
-				t.Fatal(err)
-			}
-			entries, files := tarEntries(t, buf.Bytes())
-			if entries[0] != "oci-layout" || entries[1] != "index.json" {
-				t.Errorf("tar starts with %v, want oci-layout, index.json", entries[:2])
-			}
-			var blobs []string
-			for _, e := range entries[2:] {
-				blobs = append(blobs, e)
-			}
-			sorted := slices.Sorted(slices.Values(blobs))
-			if !slices.Equal(sorted, tc.blobs) || len(blobs) != len(tc.blobs) {
-				t.Errorf("blobs = %v\nwant %v", blobs, tc.blobs)
-			}
-			var idx ociIndex
-			if err := json.Unmarshal(files["index.json"], &idx); err != nil {
-				t.Fatal(err)
-			}
-			var kept []string
-			for _, d := range idx.Manifests {
-				kept = append(kept, d.Annotations[AnnotationImageName])
-			}
-			if !slices.Equal(kept, tc.keep) {
-				t.Errorf("index.json names %v, want %v", kept, tc.keep)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkLayoutTar(t, dir, tc.keep, tc.blobs) })
 	}
 
 	t.Run("missing blob", func(t *testing.T) {
@@ -183,6 +139,57 @@ func TestWriteLayoutTar(t *testing.T) {
 			t.Errorf("err = %v, want one naming the missing blob %s", err, d)
 		}
 	})
+}
+
+// blobsOf returns the sorted, distinct layout paths of the manifests, configs and layers of imgs.
+func blobsOf(imgs ...v1.Image) []string {
+	var out []string
+	for _, img := range imgs {
+		d, _ := img.Digest()
+		cd, _ := img.ConfigName()
+		out = append(out, "blobs/sha256/"+d.Hex, "blobs/sha256/"+cd.Hex)
+		ls, _ := img.Layers()
+		for _, l := range ls {
+			ld, _ := l.Digest()
+			out = append(out, "blobs/sha256/"+ld.Hex)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// checkLayoutTar checks WriteLayoutTar of the layout in dir, keeping the images named keep,
+// writes oci-layout and index.json first, then each of blobs once, and an index of keep.
+func checkLayoutTar(t *testing.T, dir string, keep, wantBlobs []string) {
+	t.Helper()
+	var buf bytes.Buffer
+	err := WriteLayoutTar(&buf, dir, func(im LayoutImage) bool { return slices.Contains(keep, im.Name) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, files := tarEntries(t, buf.Bytes())
+	if entries[0] != "oci-layout" || entries[1] != "index.json" {
+		t.Errorf("tar starts with %v, want oci-layout, index.json", entries[:2])
+	}
+	var blobs []string
+	for _, e := range entries[2:] {
+		blobs = append(blobs, e)
+	}
+	sorted := slices.Sorted(slices.Values(blobs))
+	if !slices.Equal(sorted, wantBlobs) || len(blobs) != len(wantBlobs) {
+		t.Errorf("blobs = %v\nwant %v", blobs, wantBlobs)
+	}
+	var idx ociIndex
+	if err := json.Unmarshal(files["index.json"], &idx); err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, d := range idx.Manifests {
+		kept = append(kept, d.Annotations[AnnotationImageName])
+	}
+	if !slices.Equal(kept, keep) {
+		t.Errorf("index.json names %v, want %v", kept, keep)
+	}
 }
 
 func TestReadLayoutNeedsNames(t *testing.T) {
