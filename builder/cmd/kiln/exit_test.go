@@ -37,6 +37,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"run"}, exitcode.BadUsage},
 		{[]string{"run", img, img}, exitcode.BadUsage},
 		{[]string{"inspect"}, exitcode.BadUsage},
+		{[]string{"inspect", img, "-o", "yaml"}, exitcode.BadUsage},
 		{[]string{"lock", "a.yaml", "b.yaml"}, exitcode.BadUsage},
 		{[]string{"base", "import"}, exitcode.BadUsage},
 		{[]string{"bake", "images/qemu.yaml"}, exitcode.BadUsage}, // --role is required
