@@ -83,10 +83,7 @@ func replaceDir(dir string, exists bool, files []file) (err error) {
 	}()
 	for _, f := range files {
 		p := filepath.Join(tmp, filepath.FromSlash(f.Path))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return fmt.Errorf("output directory: %w", err)
-		}
-		if err := atomicfile.Write(p, f.Data, atomicfile.Options{Mode: f.Mode}); err != nil {
+		if err := atomicfile.Write(p, f.Data, atomicfile.Options{Mode: f.Mode, DirMode: 0o755}); err != nil {
 			return err
 		}
 	}

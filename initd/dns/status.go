@@ -41,10 +41,7 @@ func (f StatusFile) Write(s State) error {
 	}
 	data = append(data, '\n')
 	path := f.file()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("dns status: %w", err)
-	}
-	if err := atomicfile.Write(path, data, atomicfile.Options{Mode: 0o644, Chown: os.Geteuid() == 0}); err != nil {
+	if err := atomicfile.Write(path, data, atomicfile.Options{Mode: 0o644, Chown: os.Geteuid() == 0, DirMode: 0o755}); err != nil {
 		return fmt.Errorf("dns status: %w", err)
 	}
 	return nil

@@ -164,10 +164,7 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 	if err != nil {
 		return nil, false, err
 	}
-	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
-		return nil, false, fmt.Errorf("cni: %w", err)
-	}
-	if err := atomicfile.Write(dest, conf, atomicfile.Options{Mode: 0o644}); err != nil {
+	if err := atomicfile.Write(dest, conf, atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
 		return nil, false, fmt.Errorf("cni: %w", err)
 	}
 	return cidrs, true, nil

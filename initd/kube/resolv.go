@@ -47,10 +47,7 @@ func EnsureResolvConf(root string) (changed bool, err error) {
 	if string(cur) == want {
 		return false, nil
 	}
-	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-		return false, fmt.Errorf("resolv.conf: %w", err)
-	}
-	if err := atomicfile.Write(full, []byte(want), atomicfile.Options{Mode: 0o644}); err != nil {
+	if err := atomicfile.Write(full, []byte(want), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
 		return false, fmt.Errorf("resolv.conf: %w", err)
 	}
 	return true, nil

@@ -132,10 +132,7 @@ func WriteStage(root string, s *Stage) error {
 		return fmt.Errorf("stage %s: %w", s.Name, err)
 	}
 	p := filepath.Join(root, StagePath(s.Name))
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return fmt.Errorf("stage %s: %w", s.Name, err)
-	}
-	if err := atomicfile.Write(p, append(data, '\n'), atomicfile.Options{Mode: 0o644}); err != nil {
+	if err := atomicfile.Write(p, append(data, '\n'), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
 		return fmt.Errorf("stage %s: %w", s.Name, err)
 	}
 	return nil

@@ -38,8 +38,5 @@ func WriteKeyPair(dir, name string, kp KeyPair) error {
 // writeFile writes data to path atomically (atomicfile) with mode, creating missing
 // parent directories 0755.
 func writeFile(path string, data []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), modeDir); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return atomicfile.Write(path, data, atomicfile.Options{Mode: mode})
+	return atomicfile.Write(path, data, atomicfile.Options{Mode: mode, DirMode: modeDir})
 }

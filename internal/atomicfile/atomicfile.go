@@ -35,9 +35,14 @@ type Options struct {
 	// it the file belongs to whoever writes it.
 	Chown    bool
 	UID, GID int
+	// DirMode, when set, makes Write, Copy and Create create the destination's missing
+	// directories with this mode (the umask applies), as os.MkdirAll does. Without it the
+	// directory must exist.
+	DirMode fs.FileMode
 }
 
-// Write replaces the file at path with data. The directory must exist.
+// Write replaces the file at path with data. The directory must exist, unless
+// opts.DirMode is set.
 func Write(path string, data []byte, opts Options) error {
 	f, err := createDir(filepath.Dir(path), filepath.Base(path), opts)
 	if err != nil {
@@ -66,7 +71,8 @@ func WriteIn(root *os.Root, name string, data []byte, opts Options) error {
 	return f.Commit(base)
 }
 
-// Copy replaces the file dst with a copy of the file src. The directory of dst must exist.
+// Copy replaces the file dst with a copy of the file src. The directory of dst must exist,
+// unless opts.DirMode is set.
 func Copy(src, dst string, opts Options) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -135,6 +141,11 @@ func Create(dir string, opts Options) (*File, error) {
 
 // createDir starts a file in dir; hint goes into the temporary name.
 func createDir(dir, hint string, opts Options) (*File, error) {
+	if opts.DirMode != 0 {
+		if err := os.MkdirAll(dir, opts.DirMode); err != nil {
+			return nil, fmt.Errorf("create directory %s: %w", dir, err)
+		}
+	}
 	r, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("create file in %s: %w", dir, err)

@@ -447,3 +447,29 @@ func TestPlaceIn(t *testing.T) {
 		})
 	}
 }
+
+// DirMode creates the missing directories of the destination; without it a missing directory
+// is an error and nothing is created.
+func TestWriteDirMode(t *testing.T) {
+	top := t.TempDir()
+	dst := filepath.Join(top, "a", "b", "file")
+	if err := Write(dst, []byte("x"), Options{Mode: 0o644}); err == nil {
+		t.Fatal("Write into a missing directory without DirMode succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(top, "a")); !os.IsNotExist(err) {
+		t.Fatalf("a failed Write created a directory: %v", err)
+	}
+	if err := Write(dst, []byte("x"), Options{Mode: 0o644, DirMode: 0o750}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{"a", "a/b"} {
+		fi, err := os.Stat(filepath.Join(top, dir))
+		// The umask may take bits away, never add them.
+		if err != nil || !fi.IsDir() || fi.Mode().Perm()&^0o750 != 0 || fi.Mode().Perm()&0o700 != 0o700 {
+			t.Errorf("%s: %v, %v; want a directory within 0750", dir, fi.Mode(), err)
+		}
+	}
+	if got, err := os.ReadFile(dst); err != nil || string(got) != "x" {
+		t.Errorf("file: %q, %v", got, err)
+	}
+}
