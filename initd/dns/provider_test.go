@@ -1,6 +1,7 @@
 package dns
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -37,5 +38,19 @@ func runProviderSteps(t *testing.T, steps []providerStep, upsert func([]Record) 
 		if got := last(); !slices.Equal(got, s.want) {
 			t.Errorf("%s: change\n%s\nwant\n%s", s.name, strings.Join(got, "\n"), strings.Join(s.want, "\n"))
 		}
+	}
+}
+
+// checkUpsertRefused checks that p refuses to publish one record, in zone when the provider
+// finds its zone by name, with an error containing want.
+func checkUpsertRefused(t *testing.T, ctx context.Context, p Provider, zone, want string) {
+	t.Helper()
+	name := "x.example.test"
+	if zone != "" {
+		name = "x." + zone
+	}
+	err := p.Upsert(ctx, []Record{{Name: name, Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("err = %v, want %q", err, want)
 	}
 }
