@@ -2,9 +2,29 @@ package exitcode
 
 import (
 	"context"
+	"fmt"
+	"io"
 
 	"github.com/spf13/cobra"
 )
+
+// Run executes root with args (see Execute) and returns the process's exit code. An error is
+// printed to stderr after the program's name, and a usage error is followed by where to read
+// the usage: the help of the command cobra chose, or of root.
+func Run(ctx context.Context, root *cobra.Command, args []string, stderr io.Writer) int {
+	cmd, err := Execute(ctx, root, args)
+	code := Of(err)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", root.Name(), err)
+	}
+	if code == BadUsage {
+		if cmd == nil {
+			cmd = root
+		}
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+	}
+	return code
+}
 
 // Execute runs root with args and returns the command cobra chose and its error. Errors of the
 // command line that cobra finds itself carry a Usage mark: flag errors (through root's

@@ -96,3 +96,37 @@ func TestExecuteKeepsFlagErrorFunc(t *testing.T) {
 		t.Errorf("command %v, want do", cmd)
 	}
 }
+
+// Run prints the error after the program's name and, for a usage error, the help to read: the
+// chosen command's, or the program's when no command matched.
+func TestRunPrints(t *testing.T) {
+	tests := []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"do", "x"}, 0, nil},
+		{[]string{"do", "x", "--fail", "plain"}, Failure, []string{"prog: it broke\n"}},
+		{[]string{"do", "x", "--count", "many"}, BadUsage, []string{"prog: invalid argument", "Run 'prog do --help' for usage.\n"}},
+		{[]string{"nosuch"}, BadUsage, []string{"prog: unknown command", "Run 'prog --help' for usage.\n"}},
+		{[]string{"do", "x", "--fail", "timeout"}, TimedOut, []string{"prog: gave up\n"}},
+	}
+	for _, tt := range tests {
+		var stderr bytes.Buffer
+		code := Run(context.Background(), newTree(), tt.args, &stderr)
+		if code != tt.code {
+			t.Errorf("%v: exit %d, want %d", tt.args, code, tt.code)
+		}
+		if tt.want == nil && stderr.Len() > 0 {
+			t.Errorf("%v: printed %q on success", tt.args, stderr.String())
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("%v: stderr %q lacks %q", tt.args, stderr.String(), w)
+			}
+		}
+		if code != BadUsage && strings.Contains(stderr.String(), "for usage") {
+			t.Errorf("%v: usage hint on a non-usage error: %q", tt.args, stderr.String())
+		}
+	}
+}

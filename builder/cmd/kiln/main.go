@@ -3,7 +3,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -27,15 +26,7 @@ func main() {
 
 // execute runs root with args, prints an error to stderr and returns kiln's exit code.
 func execute(ctx context.Context, root *cobra.Command, args []string, stderr io.Writer) int {
-	cmd, err := exitcode.Execute(ctx, root, args)
-	code := exitcode.Of(err)
-	if err != nil {
-		fmt.Fprintln(stderr, "kiln:", err)
-	}
-	if code == exitcode.BadUsage && cmd != nil {
-		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
-	}
-	return code
+	return exitcode.Run(ctx, root, args, stderr)
 }
 
 func newRoot() *cobra.Command {

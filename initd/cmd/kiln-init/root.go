@@ -21,15 +21,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRoot(stderr)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	_, err := exitcode.Execute(ctx, root, args)
-	code := exitcode.Of(err)
-	if err != nil {
-		fmt.Fprintln(stderr, "kiln-init:", err)
-	}
-	if code == exitcode.BadUsage {
-		fmt.Fprintln(stderr, "Run 'kiln-init --help' for usage.")
-	}
-	return code
+	return exitcode.Run(ctx, root, args, stderr)
 }
 
 func newRoot(stderr io.Writer) *cobra.Command {
