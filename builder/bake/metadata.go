@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -33,7 +34,11 @@ func writeImageJSON(tree *rootfs.Tree, md *nodeimage.Metadata) ([]byte, error) {
 // as <stem>.json in the work directory. It returns that file's path.
 func (b *baker) writeMetadata(files []string, md *nodeimage.Metadata) (string, error) {
 	for _, f := range files {
-		md.Outputs = append(md.Outputs, nodeimage.OutputInfo{Format: output.OfFile(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f)})
+		sum, err := sha256File(f)
+		if err != nil {
+			return "", err
+		}
+		md.Outputs = append(md.Outputs, nodeimage.OutputInfo{Format: output.OfFile(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f), SHA256: sum})
 	}
 	data, err := marshalMetadata(md)
 	if err != nil {
@@ -57,16 +62,26 @@ func marshalMetadata(md *nodeimage.Metadata) ([]byte, error) {
 
 // fileSHA256 is the hex SHA-256 of the file p, "" if it cannot be read.
 func fileSHA256(p string) string {
-	f, err := os.Open(p)
+	sum, err := sha256File(p)
 	if err != nil {
 		return ""
+	}
+	return sum
+}
+
+// sha256File is the hex SHA-256 of the file p: what kiln publish and a PXE client check the
+// output against.
+func sha256File(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
 	}
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return ""
+		return "", fmt.Errorf("hash %s: %w", p, err)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // fileSize is the size of the file p, 0 if it cannot be stat'ed.

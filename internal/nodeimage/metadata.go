@@ -86,7 +86,8 @@ type Partition struct {
 	Size   int64
 }
 
-// OutputInfo is one written file.
+// OutputInfo is one written file. SHA256 is the hex digest of the whole file: kiln publish
+// records it on the cloud image as the image's identity, and checks the file against it.
 type OutputInfo struct {
 	Format    string `json:"format"`
 	File      string `json:"file"`
