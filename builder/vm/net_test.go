@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -141,29 +142,31 @@ func TestLinkMACAndGroup(t *testing.T) {
 	}
 }
 
-// QEMU itself accepts the network arguments: it builds the machine (paused, -S) and listens
-// on the forwarded port instead of exiting with a usage error.
+// QEMU itself accepts the network arguments.
 func TestQEMUAcceptsNetworkArgs(t *testing.T) {
 	img := testImage(t)
+	qemuAccepts(t, Config{Image: img, Accel: "tcg", Offline: true, MemoryMB: 128,
+		Links: []Link{{Name: "kiln-test-" + filepath.Base(t.TempDir())}, {Name: "kiln-test-2", MAC: "02:00:00:00:00:02"}},
+		Disks: []Disk{{Name: "d1", Size: "1M"}, {Name: "d2", Size: "1M"}}})
+}
+
+// qemuAccepts checks that QEMU builds the machine cfg describes (paused, -S) instead of exiting
+// with a usage error: QMP answers a command only from the main loop, which runs once every
+// device is realized.
+func qemuAccepts(t *testing.T, cfg Config) {
+	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 not installed")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	work := t.TempDir()
+	args, err := Args(context.Background(), cfg, work)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	args, err := Args(context.Background(), Config{Image: img, Accel: "tcg", Offline: true, MemoryMB: 128,
-		Links:   []Link{{Name: "kiln-test-" + filepath.Base(t.TempDir())}, {Name: "kiln-test-2", MAC: "02:00:00:00:00:02"}},
-		Disks:   []Disk{{Name: "d1", Size: "1M"}, {Name: "d2", Size: "1M"}},
-		Forward: map[string]int{fmt.Sprintf("127.0.0.1:%d", port): 22}}, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	sock := filepath.Join(work, "qmp.sock")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", append(args, "-S")...)
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", append(args, "-S", "-qmp", "unix:"+sock+",server=on,wait=off")...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -171,20 +174,45 @@ func TestQEMUAcceptsNetworkArgs(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	// QEMU listens on the forwarded port once it has built the machine from the arguments;
-	// one it refuses exits instead. Either comes, however slow the machine (ctx bounds a hang).
-	fwd := fmt.Sprintf("127.0.0.1:%d", port)
+	defer func() { cmd.Process.Kill(); <-done }()
 	for {
-		if c, err := net.Dial("tcp", fwd); err == nil {
-			c.Close()
-			break
+		if qmpStatus(sock) == nil {
+			return
 		}
 		select {
 		case err := <-done:
+			done <- err
 			t.Fatalf("qemu exited: %v: %s", err, stderr.String())
+		case <-ctx.Done():
+			t.Fatalf("qemu built no machine in time: %s", stderr.String())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	cmd.Process.Kill()
-	<-done
+}
+
+// qmpStatus asks QEMU's QMP socket for the VM's status.
+func qmpStatus(sock string) error {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil { // the greeting
+		return err
+	}
+	for _, cmd := range []string{"qmp_capabilities", "query-status"} {
+		if _, err := fmt.Fprintf(c, `{"execute":%q}`+"\n", cmd); err != nil {
+			return err
+		}
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(line, `"return"`) {
+			return fmt.Errorf("%s: %s", cmd, line)
+		}
+	}
+	return nil
 }

@@ -1,5 +1,6 @@
 // Package vm boots kiln images in QEMU: UEFI (OVMF) on a q35 machine, the serial console streamed
-// line by line, the node config passed through fw_cfg, extra disks with stable serials, QEMU user
+// line by line, the node config passed through fw_cfg, disks on virtio, NVMe or SCSI buses with
+// stable serials (the root disk on NVMe as on EC2, on SCSI as on GCE), QEMU user
 // networking (optionally offline) and NICs on private links shared by VMs on the host. It
 // chooses between KVM and TCG with a bounded probe boot, because /dev/kvm can exist and still hang.
 package vm
@@ -24,11 +25,32 @@ import (
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// Disk is an extra virtio disk; the guest sees it as /dev/disk/by-id/virtio-<Name>.
+// Bus is how a disk is attached to the guest.
+type Bus string
+
+// The buses a disk can sit on.
+const (
+	// BusVirtio is a virtio-blk PCI device (the default): /dev/vdX, by-id virtio-<serial>.
+	BusVirtio Bus = "virtio"
+	// BusNVMe is an NVMe controller of its own, the disk its namespace 1: /dev/nvmeXn1, the
+	// serial that of the controller (at most 20 bytes, required), as EBS volumes on EC2.
+	BusNVMe Bus = "nvme"
+	// BusSCSI is a scsi-hd on a virtio-scsi controller shared by all SCSI disks: /dev/sdX,
+	// with the INQUIRY Vendor and Product given (as GCE persistent disks: Google,
+	// PersistentDisk, the serial the device name).
+	BusSCSI Bus = "scsi"
+)
+
+// Disk is a disk attached to the guest; the guest sees an extra virtio disk as
+// /dev/disk/by-id/virtio-<Name>.
 type Disk struct {
 	Name string // serial, e.g. etcd-main
 	Size string // qemu-img size, e.g. 1G; ignored when Path names an existing file
 	Path string // optional existing image (qcow2 or raw); created in the work dir when empty
+	Bus  Bus    // BusVirtio when empty
+	// Vendor (at most 8 bytes) and Product (at most 16) are a SCSI disk's INQUIRY strings;
+	// empty leaves QEMU's (QEMU, QEMU HARDDISK).
+	Vendor, Product string
 }
 
 // Config describes one boot.
@@ -36,6 +58,10 @@ type Config struct {
 	Image    string // disk image (raw, qcow2, vmdk, vhd)
 	Snapshot bool   // write to a throwaway overlay, leaving Image unchanged
 	Config   string // node config file passed through fw_cfg (Ignition JSON)
+	// Root says how Image is attached: its Bus (virtio when empty), its serial (Name; none
+	// when empty on virtio and SCSI, required on NVMe) and SCSI Vendor and Product. Size and
+	// Path must be empty.
+	Root     Disk
 	Disks    []Disk
 	Accel    string // kvm or tcg (resolve "auto" with ChooseAccel first)
 	MemoryMB int    // default 2048
@@ -125,6 +151,9 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	if usesSCSI(cfg) {
+		root = append([]string{"-device", "virtio-scsi-pci,id=" + scsiController}, root...)
+	}
 	boot, err := bootArgs(cfg)
 	if err != nil {
 		return nil, err
@@ -170,6 +199,9 @@ func machineArgs(cfg Config, workDir string) ([]string, error) {
 
 // rootDiskArgs attach the image as the boot disk.
 func rootDiskArgs(cfg Config) ([]string, error) {
+	if cfg.Root.Size != "" || cfg.Root.Path != "" {
+		return nil, errors.New("root disk: Size and Path must be empty (the root disk is Image)")
+	}
 	format, err := imageFormat(cfg.Image)
 	if err != nil {
 		return nil, err
@@ -178,11 +210,66 @@ func rootDiskArgs(cfg Config) ([]string, error) {
 	if cfg.Snapshot {
 		root += ",snapshot=on"
 	}
-	dev := "virtio-blk-pci,drive=root"
+	dev, err := deviceArg(cfg.Root, "root")
+	if err != nil {
+		return nil, fmt.Errorf("root disk: %w", err)
+	}
 	if cfg.Boot == nil {
 		dev += ",bootindex=0" // a direct kernel boot takes boot index 0 itself
 	}
 	return []string{"-drive", root, "-device", dev}, nil
+}
+
+// scsiController is the id of the virtio-scsi controller that SCSI disks sit on.
+const scsiController = "scsi0"
+
+func usesSCSI(cfg Config) bool {
+	if cfg.Root.Bus == BusSCSI {
+		return true
+	}
+	for _, d := range cfg.Disks {
+		if d.Bus == BusSCSI {
+			return true
+		}
+	}
+	return false
+}
+
+// deviceArg is the -device value attaching drive as d says: its bus, serial and SCSI strings.
+func deviceArg(d Disk, drive string) (string, error) {
+	if strings.ContainsAny(d.Name+d.Vendor+d.Product, ",=") {
+		return "", fmt.Errorf("serial %q, vendor %q and product %q may not contain ',' or '='", d.Name, d.Vendor, d.Product)
+	}
+	if (d.Vendor != "" || d.Product != "") && d.Bus != BusSCSI {
+		return "", fmt.Errorf("vendor and product need bus %s, not %q", BusSCSI, d.Bus)
+	}
+	var dev string
+	switch d.Bus {
+	case "", BusVirtio:
+		dev = "virtio-blk-pci,drive=" + drive
+	case BusNVMe:
+		if d.Name == "" || len(d.Name) > 20 {
+			return "", fmt.Errorf("an NVMe disk needs a serial of 1 to 20 bytes, not %q", d.Name)
+		}
+		dev = "nvme,drive=" + drive
+	case BusSCSI:
+		if len(d.Vendor) > 8 || len(d.Product) > 16 {
+			return "", fmt.Errorf("SCSI vendor %q (at most 8 bytes) or product %q (at most 16) too long", d.Vendor, d.Product)
+		}
+		dev = "scsi-hd,bus=" + scsiController + ".0,drive=" + drive
+		if d.Vendor != "" {
+			dev += ",vendor=" + d.Vendor
+		}
+		if d.Product != "" {
+			dev += ",product=" + d.Product
+		}
+	default:
+		return "", fmt.Errorf("bus %q: want %s, %s or %s", d.Bus, BusVirtio, BusNVMe, BusSCSI)
+	}
+	if d.Name != "" {
+		dev += ",serial=" + d.Name
+	}
+	return dev, nil
 }
 
 // extraDiskArgs attach the extra disks, creating in workDir those that name no file.
@@ -191,6 +278,11 @@ func extraDiskArgs(ctx context.Context, disks []Disk, workDir string) ([]string,
 	for i, d := range disks {
 		if d.Name == "" || strings.ContainsAny(d.Name, ",= ") {
 			return nil, fmt.Errorf("disk %d: name %q must be non-empty without ',', '=' or spaces", i, d.Name)
+		}
+		id := fmt.Sprintf("disk%d", i)
+		dev, err := deviceArg(d, id)
+		if err != nil {
+			return nil, fmt.Errorf("disk %s: %w", d.Name, err)
 		}
 		p, dfmt := d.Path, "qcow2"
 		if p == "" {
@@ -208,10 +300,9 @@ func extraDiskArgs(ctx context.Context, disks []Disk, workDir string) ([]string,
 			}
 			dfmt = f
 		}
-		id := fmt.Sprintf("disk%d", i)
 		args = append(args,
 			"-drive", fmt.Sprintf("if=none,id=%s,cache=unsafe,format=%s,file=%s", id, dfmt, qemuEscape(p)),
-			"-device", fmt.Sprintf("virtio-blk-pci,drive=%s,serial=%s", id, d.Name))
+			"-device", dev)
 	}
 	return args, nil
 }

@@ -27,6 +27,9 @@ import (
 const runLong = `Run boots IMAGE (.raw, .qcow2, .vmdk or .vhd) on a q35 machine with OVMF, prints the serial
 console, passes --config to kiln-init through fw_cfg (` + nodeimage.FWCfgName + `) and attaches each
 --disk as a virtio disk whose serial is NAME (/dev/disk/by-id/virtio-NAME in the guest).
+--root and a --disk's bus= put a disk on NVMe (an NVMe controller whose serial is the disk's, as
+EBS volumes on EC2: serial vol0123456789abcdef0) or on virtio-scsi (with vendor= and product=, as
+GCE persistent disks: vendor=Google,product=PersistentDisk, the serial the device name).
 Several --config files are checked one by one, merged in the order given (Ignition's rules: a
 later file's entry for the same path or unit wins) and passed as one Ignition config.
 
@@ -53,6 +56,8 @@ failed and 3 when --timeout passed before the status line appeared (3 too for --
 const runExample = `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
   kiln run out/qemu-control-plane.qcow2 --disk etcd-main=2G --forward 6443:6443
+  kiln run out/aws-worker.raw --snapshot --root nvme,serial=vol0aaaaaaaaaaaaaaaa --disk vol0123456789abcdef0=1G,bus=nvme
+  kiln run out/gce-worker.raw --snapshot --root scsi,serial=persistent-disk-0,vendor=Google,product=PersistentDisk
   kiln run out/qemu-worker.qcow2 --snapshot --append 'kiln.config.url=http://10.0.2.2:8080/node.ign'
   kiln run cp-1.raw --config cp-1.ign --config debug.bu --link cluster,mac=02:00:00:00:00:01 --offline --forward 6443:6443
   kiln run worker-1.raw --config worker-1.ign --link cluster,mac=02:00:00:00:00:02 --offline`
@@ -61,6 +66,7 @@ const runExample = `  kiln run out/qemu-worker.qcow2 --config node.ign
 type runOptions struct {
 	cfg       vm.Config
 	disks     []string
+	root      string
 	forwards  []string
 	links     []string
 	configs   []string
@@ -88,7 +94,8 @@ func newRunCmd() *cobra.Command {
 
 func (o *runOptions) addFlags(f *pflag.FlagSet) {
 	f.StringArrayVar(&o.configs, "config", nil, "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg; repeatable: merged in order, later files win")
-	f.StringArrayVar(&o.disks, "disk", nil, "extra disk NAME=SIZE (created) or NAME=FILE (attached, e.g. a CIDATA ISO), repeatable; the guest sees /dev/disk/by-id/virtio-NAME")
+	f.StringArrayVar(&o.disks, "disk", nil, "extra disk NAME=SIZE (created) or NAME=FILE (attached, e.g. a CIDATA ISO)[,bus=virtio|nvme|scsi][,vendor=V][,product=P], repeatable; the guest sees a virtio disk as /dev/disk/by-id/virtio-NAME")
+	f.StringVar(&o.root, "root", "", "the image's bus: virtio (default), nvme or scsi, BUS[,serial=S][,vendor=V][,product=P]; nvme needs a serial")
 	f.StringVar(&o.cfg.Net, "net", "", "user network range, e.g. 10.0.3.0/24 (guest .15, host .2; default 10.0.2.0/24)")
 	f.StringArrayVar(&o.forwards, "forward", nil, "forward a host TCP port to a guest port over the user network, [ADDR:]HOSTPORT:GUESTPORT (repeatable; ADDR defaults to 127.0.0.1)")
 	f.StringArrayVar(&o.links, "link", nil, "NIC on the private segment NAME shared by this host's VMs, NAME[,mac=MAC] (repeatable; these NICs come first)")
@@ -155,18 +162,54 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 	return o.wait(ctx, m, untilRE, timeout)
 }
 
-// parseDisks reads --disk NAME=SIZE or NAME=FILE into cfg.Disks.
+// parseDisks reads --root and --disk NAME=SIZE or NAME=FILE, with their options, into cfg.
 func (o *runOptions) parseDisks(cfg *vm.Config) error {
+	if o.root != "" {
+		bus, opts, _ := strings.Cut(o.root, ",")
+		cfg.Root.Bus = vm.Bus(bus)
+		if err := diskOptions(&cfg.Root, opts, true); err != nil {
+			return fmt.Errorf("--root %q: %w (want BUS[,serial=S][,vendor=V][,product=P])", o.root, err)
+		}
+	}
 	for _, d := range o.disks {
-		name, size, ok := strings.Cut(d, "=")
-		if !ok || name == "" || size == "" {
+		name, rest, _ := strings.Cut(d, "=")
+		size, opts, _ := strings.Cut(rest, ",")
+		if name == "" || size == "" {
 			return fmt.Errorf("--disk %q: want NAME=SIZE or NAME=FILE, e.g. etcd-main=2G", d)
 		}
+		disk := vm.Disk{Name: name, Size: size}
 		if fi, err := os.Stat(size); err == nil && fi.Mode().IsRegular() {
-			cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Path: size})
-			continue
+			disk = vm.Disk{Name: name, Path: size}
 		}
-		cfg.Disks = append(cfg.Disks, vm.Disk{Name: name, Size: size})
+		if err := diskOptions(&disk, opts, false); err != nil {
+			return fmt.Errorf("--disk %q: %w (want NAME=SIZE[,bus=BUS][,vendor=V][,product=P])", d, err)
+		}
+		cfg.Disks = append(cfg.Disks, disk)
+	}
+	return nil
+}
+
+// diskOptions reads a disk's comma-separated KEY=VALUE options into d: bus= (extra disks),
+// serial= (the root disk; an extra disk's serial is its name), vendor= and product=.
+func diskOptions(d *vm.Disk, opts string, root bool) error {
+	for opts != "" {
+		var opt string
+		opt, opts, _ = strings.Cut(opts, ",")
+		k, v, _ := strings.Cut(opt, "=")
+		switch {
+		case v == "":
+			return fmt.Errorf("option %q has no value", opt)
+		case k == "bus" && !root:
+			d.Bus = vm.Bus(v)
+		case k == "serial" && root:
+			d.Name = v
+		case k == "vendor":
+			d.Vendor = v
+		case k == "product":
+			d.Product = v
+		default:
+			return fmt.Errorf("unknown option %q", opt)
+		}
 	}
 	return nil
 }

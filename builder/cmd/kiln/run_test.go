@@ -59,6 +59,27 @@ func TestParseLink(t *testing.T) {
 	}
 }
 
+// --root and --disk options reach the VM's disks.
+func TestParseDisks(t *testing.T) {
+	o := runOptions{root: "scsi,serial=persistent-disk-0,vendor=Google,product=PersistentDisk",
+		disks: []string{"etcd-main=2G", "vol0123456789abcdef0=1G,bus=nvme", "pd=1G,bus=scsi,vendor=Google,product=PersistentDisk"}}
+	var cfg vm.Config
+	if err := o.parseDisks(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	wantRoot := vm.Disk{Bus: vm.BusSCSI, Name: "persistent-disk-0", Vendor: "Google", Product: "PersistentDisk"}
+	want := []vm.Disk{{Name: "etcd-main", Size: "2G"}, {Name: "vol0123456789abcdef0", Size: "1G", Bus: vm.BusNVMe},
+		{Name: "pd", Size: "1G", Bus: vm.BusSCSI, Vendor: "Google", Product: "PersistentDisk"}}
+	if cfg.Root != wantRoot || len(cfg.Disks) != len(want) {
+		t.Fatalf("root %+v disks %+v", cfg.Root, cfg.Disks)
+	}
+	for i := range want {
+		if cfg.Disks[i] != want[i] {
+			t.Errorf("disk %d: %+v, want %+v", i, cfg.Disks[i], want[i])
+		}
+	}
+}
+
 // Several --config files become one Ignition config: each file's entries kept, the later
 // file's entry winning for the same path; a mistake names its file.
 func TestNodeConfigMerge(t *testing.T) {
@@ -121,8 +142,8 @@ storage:
 	}
 }
 
-// Network mistakes on the command line are reported before anything boots.
-func TestRunNetworkFlagErrors(t *testing.T) {
+// Network and disk mistakes on the command line are reported before anything boots.
+func TestRunFlagErrors(t *testing.T) {
 	img := filepath.Join(t.TempDir(), "node.raw")
 	os.WriteFile(img, make([]byte, 4096), 0o644)
 	for _, tc := range []struct {
@@ -135,6 +156,12 @@ func TestRunNetworkFlagErrors(t *testing.T) {
 		{[]string{"--link", "c,vlan=3"}, `unknown option "vlan=3"`},
 		{[]string{"--forward", "6443"}, "want [ADDR:]HOSTPORT:GUESTPORT"},
 		{[]string{"--forward", "6443:6443", "--forward", "6443:443"}, "forwarded twice"},
+		{[]string{"--root", "nvme"}, "root disk: an NVMe disk needs a serial"},
+		{[]string{"--root", "ide,serial=x"}, `root disk: bus "ide"`},
+		{[]string{"--root", "scsi,bus=nvme"}, `--root "scsi,bus=nvme": unknown option "bus=nvme"`},
+		{[]string{"--disk", "d=1G,bus=nvme,serial=x"}, `unknown option "serial=x"`},
+		{[]string{"--disk", "d=1G,vendor=Google"}, "disk d: vendor and product need bus scsi"},
+		{[]string{"--disk", "d=1G,bus="}, `option "bus=" has no value`},
 	} {
 		args := append([]string{"run", img, "--accel", "tcg", "--offline"}, tc.args...)
 		_, err := kiln(t, args...)
