@@ -61,6 +61,8 @@ func TestLoadDefinitionErrors(t *testing.T) {
 		{"size not MiB", validBase + "disk:\n  size: 1000000\n", []string{"F:7: disk.size: 1000000B is not a whole number of MiB"}},
 		{"small esp", validBase + "disk:\n  esp_size: 32MiB\n", []string{"F:7: disk.esp_size: 32MiB is too small for a FAT32 ESP (at least 64MiB)"}},
 		{"disk smaller than esp", validBase + "disk:\n  size: 128MiB\n", []string{"F:7: disk.size: 128MiB leaves no room after the 256MiB ESP"}},
+		{"gce disk not whole GiB", validBase + "disk:\n  size: 4608MiB\nformats: [raw, gce]\n", []string{
+			"F:7: disk.size: 4608MiB is not a whole number of GiB, which the gce format needs (GCE images are whole GiB; leave size out to have it rounded up)"}},
 		{"bad compression", validBase + "disk:\n  rootfs: erofs\n  compression: zstd\n", []string{
 			"F:8: disk.compression: \"zstd\" does not work with erofs (one of: lz4hc, lz4, none)"}},
 		{"bad rootfs", validBase + "disk: {rootfs: ext4}\n", []string{"F:6: disk.rootfs: \"ext4\" is not a root filesystem type (squashfs or erofs)"}},
@@ -110,6 +112,24 @@ func TestLoadDefinitionErrors(t *testing.T) {
 				t.Errorf("error:\n got: %s\nwant: %s", got, want)
 			}
 		})
+	}
+}
+
+// The repository's own definitions load.
+func TestRepositoryDefinitions(t *testing.T) {
+	files, err := filepath.Glob("../../images/*.yaml")
+	if err != nil || len(files) < 3 {
+		t.Fatalf("definitions %v: %v", files, err)
+	}
+	for _, f := range files {
+		def, err := LoadDefinition(f)
+		if err != nil {
+			t.Errorf("%v", err)
+			continue
+		}
+		if want := strings.TrimSuffix(filepath.Base(f), ".yaml"); def.Name != want {
+			t.Errorf("%s: name %q; want %q, which names its lock file %s.lock", f, def.Name, want, want)
+		}
 	}
 }
 
