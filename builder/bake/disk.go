@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -18,8 +20,12 @@ func (b *baker) writeDisk(rootImg string, boot bootFiles, initrd string, imageJS
 	t := time.Now()
 	def := b.def
 	raw := filepath.Join(b.work, b.stem+".raw")
+	var multiple int64
+	if slices.Contains(def.Formats, "gce") {
+		multiple = output.GCESizeMultiple // GCE takes whole GiB only
+	}
 	res, err := disk.Build(raw, disk.Spec{
-		Size: def.Disk.Size.Bytes(), ESPSize: def.Disk.ESPSize.Bytes(),
+		Size: def.Disk.Size.Bytes(), ESPSize: def.Disk.ESPSize.Bytes(), SizeMultiple: multiple,
 		RootFS: rootImg, RootFSType: def.Disk.RootFS,
 		Kernel: boot.kernel, Initrd: initrd, Bootloader: boot.bootloader,
 		Cmdline: strings.Join(def.Kernel.Args, " "), Platform: def.Platform,

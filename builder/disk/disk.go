@@ -76,6 +76,10 @@ type Spec struct {
 	// RootPartitionSize overrides the fitted size of root-a and root-b
 	// (bytes, a multiple of 1 MiB, at least the RootFS size).
 	RootPartitionSize int64
+	// SizeMultiple, when set, is what the disk size must be a multiple of (GCE
+	// images: 1 GiB): a fitted size is rounded up to it (the data partition
+	// takes the rest), a given Size that is no multiple is an error.
+	SizeMultiple int64
 	// Kernel, Initrd and Bootloader are host paths of vmlinuz, the
 	// initramfs and systemd-bootx64.efi.
 	Kernel, Initrd, Bootloader string
@@ -144,7 +148,9 @@ func layout(s Spec, rootfsSize int64) ([]nodeimage.Partition, int64, error) {
 	end := rootBStart + rootSize
 	if s.Size == 0 {
 		// Just large enough: the data partition gets its minimum; clouds grow the disk.
-		s.Size = alignUp(end+MinDataSize+33*SectorSize, Align)
+		s.Size = alignUp(end+MinDataSize+33*SectorSize, max(Align, s.SizeMultiple))
+	} else if s.SizeMultiple > 0 && s.Size%s.SizeMultiple != 0 {
+		return nil, 0, fmt.Errorf("disk size %d bytes (%d MiB) is not a multiple of %d MiB", s.Size, s.Size/MiB, s.SizeMultiple/MiB)
 	}
 	// The backup GPT takes the last 33 sectors.
 	lastUsable := (s.Size/SectorSize - 34 + 1) * SectorSize

@@ -384,6 +384,7 @@ func TestBuildErrors(t *testing.T) {
 		{"bad json", func(s *Spec) { s.ImageJSON = []byte("{name") }, []string{"image.json", "not valid JSON"}},
 		{"multi-line cmdline", func(s *Spec) { s.Cmdline = "quiet\nsingle" }, []string{"one line"}},
 		{"odd size", func(s *Spec) { s.Size = 1<<30 + 1 }, []string{"multiple of 512"}},
+		{"size not a multiple of SizeMultiple", func(s *Spec) { s.Size, s.SizeMultiple = 1536*MiB, 1<<30 }, []string{"1536 MiB", "not a multiple of 1024 MiB"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -419,6 +420,23 @@ func TestBuildKeepsOldImageOnError(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(path); string(b) != "previous image" {
 		t.Errorf("existing image changed to %d bytes", len(b))
+	}
+}
+
+// GCE takes only disks of whole GiB: a fitted size is rounded up to SizeMultiple (the data
+// partition, made at first boot, takes what the rounding adds), with a valid GPT at its end.
+func TestBuildFittedSizeMultiple(t *testing.T) {
+	spec := fixture(t, SquashFS)
+	spec.Size, spec.SizeMultiple = 0, 1<<30
+	path := filepath.Join(t.TempDir(), "disk.raw")
+	if _, err := Build(path, spec); err != nil {
+		t.Fatal(err)
+	}
+	if got := size(t, path); got != 1<<30 {
+		t.Errorf("fitted disk is %d bytes, want 1 GiB", got)
+	}
+	if out := run(t, "sgdisk", "-v", path); !strings.Contains(out, "No problems found") {
+		t.Errorf("sgdisk -v: %s", out)
 	}
 }
 

@@ -93,9 +93,20 @@ func qemuImg(format, opts string) func(context.Context, string, string) (*exec.C
 	}
 }
 
+// GCESizeMultiple is what GCE requires disk.raw's size to be a multiple of.
+const GCESizeMultiple = 1 << 30
+
 // gceTar writes GCE's image file: a file named disk.raw in an oldgnu tar, gzip'd; -S keeps it
-// sparse. The raw disk is hard-linked under that name, not copied.
+// sparse. The raw disk is hard-linked under that name, not copied. GCE refuses a disk.raw that
+// is not a whole number of GiB, so such a disk is refused here.
 func gceTar(ctx context.Context, raw, tmp string) (*exec.Cmd, func(), error) {
+	fi, err := os.Stat(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	if fi.Size()%GCESizeMultiple != 0 {
+		return nil, nil, fmt.Errorf("%s is %d bytes, not a whole number of GiB as GCE requires of disk.raw", raw, fi.Size())
+	}
 	dir, err := os.MkdirTemp(filepath.Dir(tmp), ".gce-")
 	if err != nil {
 		return nil, nil, err

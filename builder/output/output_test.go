@@ -20,14 +20,9 @@ func TestConvert(t *testing.T) {
 		t.Skip("qemu-img not installed")
 	}
 	dir := t.TempDir()
-	raw := filepath.Join(dir, "disk.raw")
-	const size = 8 << 20
-	if err := os.WriteFile(raw, []byte("kiln"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(raw, size); err != nil {
-		t.Fatal(err)
-	}
+	// GCE's disk.raw is whole GiB; the file is sparse.
+	const size = GCESizeMultiple
+	raw := sparseDisk(t, dir, "disk.raw", size)
 	tests := []struct{ format, qemuFormat string }{
 		{"qcow2", "qcow2"},
 		{"vmdk", "vmdk"},
@@ -75,6 +70,21 @@ func TestConvert(t *testing.T) {
 	}
 }
 
+// sparseDisk writes a sparse file of size bytes starting with "kiln".
+func sparseDisk(t *testing.T, dir, name string, size int64) string {
+	t.Helper()
+	raw := filepath.Join(dir, name)
+	if err := os.WriteFile(raw, []byte("kiln"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(raw, size); err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// checkGCETar checks GCE's image file as its importer reads it: gzip'd, one oldgnu sparse
+// entry disk.raw of size bytes.
 func checkGCETar(t *testing.T, file string, size int64) {
 	t.Helper()
 	f, err := os.Open(file)
@@ -84,6 +94,20 @@ func checkGCETar(t *testing.T, file string, size int64) {
 	defer f.Close()
 	zr, err := gzip.NewReader(f)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// The first header block: oldgnu's magic "ustar  \0" and type 'S', a sparse file.
+	var block [512]byte
+	if _, err := io.ReadFull(zr, block[:]); err != nil {
+		t.Fatal(err)
+	}
+	if magic := string(block[257:265]); magic != "ustar  \x00" || block[156] != 'S' {
+		t.Errorf("tar header: magic %q type %q, want oldgnu (\"ustar  \\0\") sparse ('S')", magic, block[156])
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	if err := zr.Reset(f); err != nil {
 		t.Fatal(err)
 	}
 	tr := tar.NewReader(zr)
@@ -100,6 +124,20 @@ func checkGCETar(t *testing.T, file string, size int64) {
 	}
 	if _, err := tr.Next(); err != io.EOF {
 		t.Errorf("more than disk.raw in the tarball: %v", err)
+	}
+}
+
+// GCE refuses a disk.raw that is not whole GiB; so does the conversion, leaving nothing behind.
+func TestConvertGCERefusesPartialGiB(t *testing.T) {
+	dir := t.TempDir()
+	raw := sparseDisk(t, dir, "disk.raw", GCESizeMultiple+1<<20)
+	dst := filepath.Join(dir, "out.tar.gz")
+	err := Convert(context.Background(), raw, "gce", dst)
+	if err == nil || !strings.Contains(err.Error(), "not a whole number of GiB") {
+		t.Fatalf("Convert = %v, want an error about whole GiB", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 1 {
+		t.Errorf("left behind: %v", left)
 	}
 }
 

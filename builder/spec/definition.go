@@ -174,6 +174,9 @@ func LoadDefinition(path string) (*Definition, error) {
 	if diskNode != nil && def.Disk.Size != 0 && def.Disk.Size <= def.Disk.ESPSize {
 		d.FailAt(diskNode, "disk.size", "%s leaves no room after the %s ESP", def.Disk.Size, def.Disk.ESPSize)
 	}
+	if diskNode != nil && def.Disk.Size%gib != 0 && contains(def.Formats, "gce") {
+		d.FailAt(mapValue(diskNode, "size"), "disk.size", "%s is not a whole number of GiB, which the gce format needs (GCE images are whole GiB; leave size out to have it rounded up)", def.Disk.Size)
+	}
 	if err := d.Err(); err != nil {
 		return nil, err
 	}
@@ -252,6 +255,16 @@ func (d *decoder) base(n *yaml.Node, path, dir string) Base {
 		b.Ref += ":" + b.Tag
 	}
 	return b
+}
+
+// mapValue returns the value of key in the mapping n, or n itself when it has none.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return n
 }
 
 func (d *decoder) disk(n *yaml.Node, path string, disk *Disk) {
