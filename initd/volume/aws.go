@@ -38,8 +38,9 @@ const defaultEtcdCluster = "main"
 // with AttachVolume to the first free device name; one attached to another instance,
 // or taken by another instance while this one tries, gives errAttachedElsewhere: nodes
 // race for volumes and the loser retries later. On Nitro instances the volume appears
-// as /dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol<id without the dash>; on Xen
-// instances as the device name it was attached under.
+// as /dev/disk/by-id/aws-ebs-<volume id> (the kiln image's udev rule) or
+// nvme-Amazon_Elastic_Block_Store_vol<id without the dash> (systemd's); on Xen instances
+// as the device name it was attached under.
 type AWS struct {
 	Client     EC2API
 	InstanceID string
@@ -279,20 +280,28 @@ func (a AWS) waitAttached(ctx context.Context, id string) (string, error) {
 	return device, nil
 }
 
-// waitDevice waits for the volume's device node: its NVMe by-id link, or on Xen
-// instances the device name it was attached under.
+// waitDevice waits for the volume's device node. On Nitro instances an EBS volume is an NVMe
+// controller whose serial is the volume id without its dash; the links tried, first found wins:
+//   - aws-ebs-<volume id>: the kiln image's udev rule (overlays/aws), which matches the serial
+//     alone, so a QEMU NVMe disk with serial vol… is found as on EC2;
+//   - nvme-Amazon_Elastic_Block_Store_vol…: systemd's stock link, which also needs EBS's model
+//     string (an image without kiln's rule on EC2);
+//   - on Xen instances, the device name the volume was attached under.
 func (a AWS) waitDevice(ctx context.Context, id, device string) (string, error) {
 	dir := a.DevDir
 	if dir == "" {
 		dir = defaultDevDir
 	}
-	link := filepath.Join(dir, "nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(id, "-", ""))
+	links := []string{
+		filepath.Join(dir, "aws-ebs-"+id),
+		filepath.Join(dir, "nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(id, "-", "")),
+	}
+	if device != "" {
+		links = append(links, device)
+	}
 	var found string
-	err := waitFor(ctx, a.Timeout, a.Poll, link, func() (bool, error) {
-		for _, p := range []string{link, device} {
-			if p == "" {
-				continue
-			}
+	err := waitFor(ctx, a.Timeout, a.Poll, links[0], func() (bool, error) {
+		for _, p := range links {
 			if dev, err := filepath.EvalSymlinks(p); err == nil {
 				found = dev
 				return true, nil

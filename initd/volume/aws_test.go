@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -169,12 +170,12 @@ func (f *fakeEC2) describeVolumes(w http.ResponseWriter, form url.Values) {
 			continue
 		}
 		// An attachment in progress completes at the second look, and udev then
-		// makes the device link.
+		// makes the device link (the kiln image's rule).
 		for i, a := range v.att {
 			if a.state == "attaching" {
 				if v.describes++; v.describes >= 2 {
 					v.att[i].state = "attached"
-					f.dev.link("nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(v.id, "-", ""), "nvme1n1")
+					f.dev.link("aws-ebs-"+v.id, "nvme1n1")
 				}
 			}
 		}
@@ -415,7 +416,7 @@ func checkAWS(t *testing.T, tt awsCase) {
 	f := &fakeEC2{t: t, dev: dev, vols: tt.vols(), beforeAttach: tt.beforeAttach}
 	for _, v := range f.vols {
 		if len(v.att) > 0 && v.att[0].instance == me && v.att[0].state == "attached" {
-			dev.link("nvme-Amazon_Elastic_Block_Store_"+strings.ReplaceAll(v.id, "-", ""), "nvme1n1")
+			dev.link("aws-ebs-"+v.id, "nvme1n1")
 		}
 	}
 	finder := AWS{
@@ -481,6 +482,39 @@ func TestAWSExtraTagsAndEtcdCluster(t *testing.T) {
 	}
 	if !slices.Equal(f.attaches, []string{"vol-0bev " + me + " /dev/xvdu"}) {
 		t.Errorf("attaches = %q", f.attaches)
+	}
+}
+
+// An image without kiln's udev rule still finds the volume on EC2 through systemd's stock
+// link (model string and serial), and on a Xen instance through the device name it was
+// attached under.
+func TestAWSFallbackLinks(t *testing.T) {
+	for name, link := range map[string]string{
+		"stock NVMe link": "nvme-Amazon_Elastic_Block_Store_vol0b",
+		"Xen device name": "",
+	} {
+		t.Run(name, func(t *testing.T) {
+			dev := newFakeDev(t)
+			vols := etcdVolumes()
+			xvdu := filepath.Join(dev.devs, "xvdu")
+			vols[1].attachedTo(me, xvdu) // member b's volume, attached by an earlier run
+			want := filepath.Join(dev.devs, "nvme2n1")
+			if link != "" {
+				dev.link(link, "nvme2n1")
+			} else {
+				want = dev.link("unrelated", "xvdu")
+			}
+			f := &fakeEC2{t: t, dev: dev, vols: vols}
+			finder := AWS{Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: "b",
+				DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet}
+			got, err := finder.Find(context.Background())
+			if err != nil || got != want {
+				t.Fatalf("Find = %q, %v; want %q", got, err, want)
+			}
+			if len(f.attaches) != 0 {
+				t.Errorf("attached again: %q", f.attaches)
+			}
+		})
 	}
 }
 
