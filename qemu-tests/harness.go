@@ -90,7 +90,11 @@ func newRepoEnv(t *testing.T) *env {
 	for _, d := range []string{"images", "profiles", "overlays"} {
 		e.run(root, "cp", "-a", filepath.Join(root, d), filepath.Join(e.repo, d))
 	}
-	os.Remove(filepath.Join(e.repo, "images", "qemu.lock"))
+	// Locks of definitions on the local base pin this machine's base; each test locks afresh.
+	locks, _ := filepath.Glob(filepath.Join(e.repo, "images", "*.lock"))
+	for _, l := range locks {
+		os.Remove(l)
+	}
 	return e
 }
 
