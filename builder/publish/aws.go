@@ -1,0 +1,240 @@
+package publish
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/service/ebs"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+)
+
+// DigestTag is the tag on every snapshot and AMI kiln publishes: the hex SHA-256 of the raw
+// image, the identity by which a second publish finds them.
+const DigestTag = "kiln:sha256"
+
+// AWS publishes raw images as AMIs in one region of one account.
+type AWS struct {
+	Region string
+	EBS    *ebs.Client
+	EC2    *ec2.Client
+	// EC2In returns the EC2 client of another region, where images are copied to.
+	EC2In func(region string) *ec2.Client
+	// Workers is how many blocks are uploaded at once (0: 12).
+	Workers int
+	// Poll is how often a wait for a snapshot or an image looks (0: 5s); MaxWait bounds each
+	// wait (0: one hour).
+	Poll, MaxWait time.Duration
+	// Progress, when set, is called while blocks upload, from one goroutine at a time.
+	Progress func(UploadProgress)
+	Log      *slog.Logger
+}
+
+// AWSConfig says how NewAWS makes its clients.
+type AWSConfig struct {
+	Config aws.Config // credentials, region, HTTP client: config.LoadDefaultConfig's
+	// Endpoint, when set, is the URL of both EBS and EC2 in every region (an emulator or a
+	// private endpoint); otherwise each client resolves its own (AWS_ENDPOINT_URL_EBS and
+	// AWS_ENDPOINT_URL_EC2 are read by the SDK).
+	Endpoint string
+	// MaxAttempts and MaxBackoff bound the retries of a failed call (0: 10 attempts, 20s).
+	MaxAttempts int
+	MaxBackoff  time.Duration
+}
+
+// NewAWS returns an AWS publisher for c.Config.Region whose clients retry throttling, 5xx
+// answers and broken connections with the SDK's standard retryer: enough attempts for an
+// upload of thousands of blocks, and no retry quota, which parallel uploads would drain.
+func NewAWS(c AWSConfig) *AWS {
+	attempts, backoff := c.MaxAttempts, c.MaxBackoff
+	if attempts == 0 {
+		attempts = 10
+	}
+	if backoff == 0 {
+		backoff = 20 * time.Second
+	}
+	cfg := c.Config.Copy()
+	cfg.Retryer = func() aws.Retryer {
+		return retry.NewStandard(func(o *retry.StandardOptions) {
+			o.MaxAttempts, o.MaxBackoff, o.RateLimiter = attempts, backoff, ratelimit.None
+		})
+	}
+	var endpoint *string
+	if c.Endpoint != "" {
+		endpoint = aws.String(c.Endpoint)
+	}
+	ec2In := func(region string) *ec2.Client {
+		return ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+			o.Region = region
+			if endpoint != nil {
+				o.BaseEndpoint = endpoint
+			}
+		})
+	}
+	return &AWS{
+		Region: cfg.Region,
+		EBS: ebs.NewFromConfig(cfg, func(o *ebs.Options) {
+			if endpoint != nil {
+				o.BaseEndpoint = endpoint
+			}
+		}),
+		EC2:   ec2In(cfg.Region),
+		EC2In: ec2In,
+	}
+}
+
+// AWSRequest is what to publish an image as.
+type AWSRequest struct {
+	Name      string            // the AMI's name, in every region
+	Tags      map[string]string // on the snapshots and AMIs, beside kiln:sha256
+	ShareWith []string          // account ids allowed to launch the AMI (and its copies)
+	CopyTo    []string          // regions the AMI is copied to
+}
+
+// AWSResult is what a publish made or found; its JSON is what `kiln publish aws -o json` prints.
+type AWSResult struct {
+	ImageID    string            `json:"imageId"`
+	SnapshotID string            `json:"snapshotId"`
+	Region     string            `json:"region"`
+	Copies     map[string]string `json:"copies"`
+	Reused     bool              `json:"reused"`
+	// Upload is the upload's account, nil when nothing was uploaded.
+	Upload *UploadProgress `json:"-"`
+}
+
+var (
+	amiName   = regexp.MustCompile(`^[A-Za-z0-9()\[\] ./'@_-]{3,128}$`)
+	accountID = regexp.MustCompile(`^[0-9]{12}$`)
+	region    = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+$`)
+)
+
+// Validate checks r the way EC2 would, before anything is uploaded.
+func (r AWSRequest) Validate(home string) error {
+	if !amiName.MatchString(r.Name) {
+		return fmt.Errorf("name %q: an AMI name is 3-128 letters, digits, spaces and ()[]./'@_-", r.Name)
+	}
+	for k, v := range r.Tags {
+		if k == DigestTag {
+			return fmt.Errorf("tag %s is kiln's own", DigestTag)
+		}
+		if len(k) == 0 || len(k) > 128 || len(v) > 256 {
+			return fmt.Errorf("tag %q: keys are 1-128 characters, values up to 256", k)
+		}
+	}
+	for _, a := range r.ShareWith {
+		if !accountID.MatchString(a) {
+			return fmt.Errorf("share with %q: not a 12-digit AWS account id", a)
+		}
+	}
+	for _, rg := range r.CopyTo {
+		if !region.MatchString(rg) {
+			return fmt.Errorf("copy to %q: not a region name (like eu-west-1)", rg)
+		}
+		if rg == home {
+			return fmt.Errorf("copy to %s: that is the region the image is published in", rg)
+		}
+	}
+	return nil
+}
+
+// Publish makes im an AMI called r.Name, or finds the AMI an earlier publish of the same file
+// made; then it shares it and copies it as r asks. Nothing is uploaded when the AMI, or a
+// completed snapshot of the same file, exists already.
+func (a *AWS) Publish(ctx context.Context, im *Image, r AWSRequest) (*AWSResult, error) {
+	if im.Format() != "raw" {
+		return nil, fmt.Errorf("publish aws: %s is a %s image; publish the .raw output of the bake", im.Path, im.Format())
+	}
+	if err := r.Validate(a.Region); err != nil {
+		return nil, fmt.Errorf("publish aws: %w", err)
+	}
+	res := &AWSResult{Region: a.Region, Copies: map[string]string{}}
+	img, err := a.findImage(ctx, a.EC2, a.Region, r.Name, im.SHA256)
+	if err != nil {
+		return nil, err
+	}
+	if img != nil {
+		a.log().Info("publish aws: image exists", "image", *img.ImageId, "region", a.Region)
+		res.ImageID, res.SnapshotID, res.Reused = *img.ImageId, rootSnapshot(img), true
+	} else if err := a.create(ctx, im, r, res); err != nil {
+		return nil, err
+	}
+	if err := a.share(ctx, a.EC2, a.Region, res.ImageID, res.SnapshotID, r.ShareWith); err != nil {
+		return nil, fmt.Errorf("publish aws: image %s is registered in %s, but: %w", res.ImageID, a.Region, err)
+	}
+	if err := a.copyAll(ctx, im, r, res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// create uploads im (unless a completed snapshot of it exists) and registers the AMI.
+func (a *AWS) create(ctx context.Context, im *Image, r AWSRequest, res *AWSResult) error {
+	snap, err := a.findSnapshot(ctx, im)
+	if err != nil {
+		return err
+	}
+	made := snap == ""
+	if made {
+		up, err := a.upload(ctx, im, r)
+		if err != nil {
+			return err
+		}
+		snap, res.Upload = up.SnapshotID, &up.Progress
+	} else {
+		a.log().Info("publish aws: snapshot of this image exists, registering it", "snapshot", snap)
+	}
+	res.SnapshotID = snap
+	id, err := a.register(ctx, im, r, snap)
+	if err != nil {
+		if made {
+			return a.undo(ctx, a.EC2, a.Region, err, "", snap)
+		}
+		return err
+	}
+	res.ImageID = id
+	return nil
+}
+
+// tags is r's tags with the digest tag, sorted by key.
+func (r AWSRequest) tags(digest string) []kv {
+	all := maps.Clone(r.Tags)
+	if all == nil {
+		all = map[string]string{}
+	}
+	all[DigestTag] = digest
+	var out []kv
+	for _, k := range slices.Sorted(maps.Keys(all)) {
+		out = append(out, kv{k, all[k]})
+	}
+	return out
+}
+
+type kv struct{ key, value string }
+
+func (a *AWS) log() *slog.Logger {
+	if a.Log != nil {
+		return a.Log
+	}
+	return slog.Default()
+}
+
+func (a *AWS) poll() time.Duration {
+	if a.Poll > 0 {
+		return a.Poll
+	}
+	return 5 * time.Second
+}
+
+func (a *AWS) maxWait() time.Duration {
+	if a.MaxWait > 0 {
+		return a.MaxWait
+	}
+	return time.Hour
+}

@@ -1,0 +1,106 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+)
+
+// share lets each account launch the AMI image in region and create volumes from its
+// snapshot. Adding a permission an account has already is not an error.
+func (a *AWS) share(ctx context.Context, c *ec2.Client, region, image, snapshot string, accounts []string) error {
+	if len(accounts) == 0 {
+		return nil
+	}
+	var perms []types.LaunchPermission
+	for _, acct := range accounts {
+		perms = append(perms, types.LaunchPermission{UserId: aws.String(acct)})
+	}
+	if _, err := c.ModifyImageAttribute(ctx, &ec2.ModifyImageAttributeInput{
+		ImageId:          aws.String(image),
+		LaunchPermission: &types.LaunchPermissionModifications{Add: perms},
+	}); err != nil {
+		return apiErr(region, "ModifyImageAttribute", err)
+	}
+	if snapshot == "" {
+		return nil
+	}
+	if _, err := c.ModifySnapshotAttribute(ctx, &ec2.ModifySnapshotAttributeInput{
+		SnapshotId:    aws.String(snapshot),
+		Attribute:     types.SnapshotAttributeNameCreateVolumePermission,
+		OperationType: types.OperationTypeAdd,
+		UserIds:       accounts,
+	}); err != nil {
+		return apiErr(region, "ModifySnapshotAttribute", err)
+	}
+	a.log().Info("publish aws: shared", "image", image, "region", region, "accounts", strings.Join(accounts, ","))
+	return nil
+}
+
+// copyAll copies the AMI to every region of r.CopyTo that lacks it, at once, and shares
+// each copy. The AMI in the home region stays when a copy fails: publishing again finds it
+// and makes the missing copies.
+func (a *AWS) copyAll(ctx context.Context, im *Image, r AWSRequest, res *AWSResult) error {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var errs []error
+	regions := slices.Compact(slices.Sorted(slices.Values(r.CopyTo)))
+	for _, region := range regions {
+		wg.Go(func() {
+			id, err := a.copyTo(ctx, im, r, res.ImageID, region)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			res.Copies[region] = id
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return fmt.Errorf("publish aws: image %s is registered in %s, but copying failed (publish again to make the missing copies): %w",
+			res.ImageID, a.Region, errors.Join(errs...))
+	}
+	return nil
+}
+
+// copyTo makes sure region has a copy of the AMI source, copying it unless an earlier
+// publish did, and shares it. It returns the copy's id.
+func (a *AWS) copyTo(ctx context.Context, im *Image, r AWSRequest, source, region string) (string, error) {
+	c := a.EC2In(region)
+	img, err := a.findImage(ctx, c, region, r.Name, im.SHA256)
+	if err != nil {
+		return "", err
+	}
+	if img == nil {
+		tags := append(r.tags(im.SHA256), kv{"kiln:source", a.Region + "/" + source})
+		out, err := c.CopyImage(ctx, &ec2.CopyImageInput{
+			Name:              aws.String(r.Name),
+			Description:       aws.String(description(im)),
+			SourceImageId:     aws.String(source),
+			SourceRegion:      aws.String(a.Region),
+			TagSpecifications: tagSpecs(tags, types.ResourceTypeImage, types.ResourceTypeSnapshot),
+		})
+		if err != nil {
+			return "", apiErr(region, "CopyImage", err)
+		}
+		id := aws.ToString(out.ImageId)
+		a.log().Info("publish aws: copying", "image", id, "region", region, "from", source)
+		if img, err = a.waitImage(ctx, c, region, id); err != nil {
+			return "", a.undo(ctx, c, region, err, id, "")
+		}
+	}
+	id := aws.ToString(img.ImageId)
+	if err := a.share(ctx, c, region, id, rootSnapshot(img), r.ShareWith); err != nil {
+		return "", err
+	}
+	return id, nil
+}

@@ -1,0 +1,61 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/smithy-go"
+)
+
+// ebsCalls are the calls made to EBS; every other call is EC2's.
+var ebsCalls = map[string]bool{"StartSnapshot": true, "PutSnapshotBlock": true, "CompleteSnapshot": true}
+
+// apiErr wraps the error of the call op in region. A refused call names the IAM permission
+// the credentials lack.
+func apiErr(region, op string, err error) error {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		switch ae.ErrorCode() {
+		case "AccessDeniedException", "AccessDenied", "UnauthorizedOperation", "AuthFailure":
+			service := "ec2"
+			if ebsCalls[op] {
+				service = "ebs"
+			}
+			return fmt.Errorf("publish aws: %s in %s: access denied: the credentials need the IAM permission %s:%s (%s)",
+				op, region, service, op, ae.ErrorMessage())
+		}
+	}
+	return fmt.Errorf("publish aws: %s in %s: %w", op, region, err)
+}
+
+// undo deletes the image and the snapshot this run made in region (either may be ""), after
+// cause made the publish fail. It returns cause, with what could not be deleted named.
+// Deleting goes on when ctx was canceled: an interrupted publish cleans up too.
+func (a *AWS) undo(ctx context.Context, c *ec2.Client, region string, cause error, image, snapshot string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	var left []string
+	if image != "" {
+		if _, err := c.DeregisterImage(ctx, &ec2.DeregisterImageInput{ImageId: aws.String(image)}); err != nil {
+			left = append(left, fmt.Sprintf("image %s (deregister: %v)", image, err))
+		} else {
+			a.log().Info("publish aws: deregistered", "image", image, "region", region)
+		}
+	}
+	if snapshot != "" {
+		if _, err := c.DeleteSnapshot(ctx, &ec2.DeleteSnapshotInput{SnapshotId: aws.String(snapshot)}); err != nil {
+			left = append(left, fmt.Sprintf("snapshot %s (delete: %v)", snapshot, err))
+		} else {
+			a.log().Info("publish aws: deleted", "snapshot", snapshot, "region", region)
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("%w; left behind in %s: %s", cause, region, strings.Join(left, ", "))
+	}
+	return cause
+}

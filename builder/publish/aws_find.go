@@ -1,0 +1,85 @@
+package publish
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+)
+
+// findImage returns the AMI called name that the account owns in region, once it is
+// available, or nil when there is none. An AMI of that name made from another image, or one
+// that failed, is an error: the name is taken.
+func (a *AWS) findImage(ctx context.Context, c *ec2.Client, region, name, digest string) (*types.Image, error) {
+	out, err := c.DescribeImages(ctx, &ec2.DescribeImagesInput{
+		Owners:  []string{"self"},
+		Filters: []types.Filter{{Name: aws.String("name"), Values: []string{name}}},
+	})
+	if err != nil {
+		return nil, apiErr(region, "DescribeImages", err)
+	}
+	if len(out.Images) == 0 {
+		return nil, nil
+	}
+	img := out.Images[0]
+	id := aws.ToString(img.ImageId)
+	if got := tagValue(img.Tags, DigestTag); got != digest {
+		return nil, fmt.Errorf("publish aws: the name %q is taken in %s by %s (%s=%q), not this image (%s): choose another --name or deregister %s",
+			name, region, id, DigestTag, got, digest, id)
+	}
+	switch img.State {
+	case types.ImageStateAvailable:
+		return &img, nil
+	case types.ImageStatePending:
+		a.log().Info("publish aws: waiting for the image an earlier publish registered", "image", id, "region", region)
+		return a.waitImage(ctx, c, region, id)
+	}
+	return nil, fmt.Errorf("publish aws: %s in %s, of this image, is %s: deregister it and publish again", id, region, img.State)
+}
+
+// findSnapshot returns the id of a completed snapshot of im that the account owns, from an
+// earlier publish under another name or one that failed after its upload, or "".
+func (a *AWS) findSnapshot(ctx context.Context, im *Image) (string, error) {
+	out, err := a.EC2.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{
+		OwnerIds: []string{"self"},
+		Filters: []types.Filter{
+			{Name: aws.String("tag:" + DigestTag), Values: []string{im.SHA256}},
+			{Name: aws.String("status"), Values: []string{string(types.SnapshotStateCompleted)}},
+		},
+	})
+	if err != nil {
+		return "", apiErr(a.Region, "DescribeSnapshots", err)
+	}
+	for _, s := range out.Snapshots {
+		if aws.ToInt32(s.VolumeSize) == volumeGiB(im) {
+			return aws.ToString(s.SnapshotId), nil
+		}
+	}
+	return "", nil
+}
+
+// rootSnapshot is the snapshot of img's root device.
+func rootSnapshot(img *types.Image) string {
+	for _, m := range img.BlockDeviceMappings {
+		if aws.ToString(m.DeviceName) == aws.ToString(img.RootDeviceName) && m.Ebs != nil {
+			return aws.ToString(m.Ebs.SnapshotId)
+		}
+	}
+	return ""
+}
+
+func tagValue(tags []types.Tag, key string) string {
+	for _, t := range tags {
+		if aws.ToString(t.Key) == key {
+			return aws.ToString(t.Value)
+		}
+	}
+	return ""
+}
+
+// volumeGiB is the size of im's disk in GiB, rounded up: the EBS volume size.
+func volumeGiB(im *Image) int32 {
+	return int32((im.DiskSize() + 1<<30 - 1) >> 30)
+}

@@ -1,0 +1,88 @@
+package publish
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+)
+
+// rootDevice is the AMI's root device name.
+const rootDevice = "/dev/xvda"
+
+// register waits for the snapshot to complete and registers the AMI from it: UEFI, ENA,
+// IMDSv2 required, x86_64, the root volume a gp3 of the disk's size. An AMI that does not
+// become available is deregistered.
+func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot string) (string, error) {
+	w := ec2.NewSnapshotCompletedWaiter(a.EC2, func(o *ec2.SnapshotCompletedWaiterOptions) {
+		o.MinDelay, o.MaxDelay = a.poll(), a.poll()
+	})
+	if err := w.Wait(ctx, &ec2.DescribeSnapshotsInput{SnapshotIds: []string{snapshot}}, a.maxWait()); err != nil {
+		return "", apiErr(a.Region, "DescribeSnapshots", fmt.Errorf("snapshot %s did not complete: %w", snapshot, err))
+	}
+	out, err := a.EC2.RegisterImage(ctx, &ec2.RegisterImageInput{
+		Name:               aws.String(r.Name),
+		Description:        aws.String(description(im)),
+		Architecture:       types.ArchitectureValuesX8664,
+		BootMode:           types.BootModeValuesUefi,
+		EnaSupport:         aws.Bool(true),
+		ImdsSupport:        types.ImdsSupportValuesV20,
+		VirtualizationType: aws.String("hvm"),
+		RootDeviceName:     aws.String(rootDevice),
+		BlockDeviceMappings: []types.BlockDeviceMapping{{
+			DeviceName: aws.String(rootDevice),
+			Ebs: &types.EbsBlockDevice{
+				SnapshotId:          aws.String(snapshot),
+				VolumeSize:          aws.Int32(volumeGiB(im)),
+				VolumeType:          types.VolumeTypeGp3,
+				DeleteOnTermination: aws.Bool(true),
+			},
+		}},
+		TagSpecifications: tagSpecs(r.tags(im.SHA256), types.ResourceTypeImage),
+	})
+	if err != nil {
+		return "", apiErr(a.Region, "RegisterImage", err)
+	}
+	id := aws.ToString(out.ImageId)
+	a.log().Info("publish aws: registered", "image", id, "region", a.Region)
+	if _, err := a.waitImage(ctx, a.EC2, a.Region, id); err != nil {
+		return "", a.undo(ctx, a.EC2, a.Region, err, id, "")
+	}
+	return id, nil
+}
+
+// waitImage waits until the AMI id in region is available and returns it.
+func (a *AWS) waitImage(ctx context.Context, c *ec2.Client, region, id string) (*types.Image, error) {
+	w := ec2.NewImageAvailableWaiter(c, func(o *ec2.ImageAvailableWaiterOptions) {
+		o.MinDelay, o.MaxDelay = a.poll(), a.poll()
+	})
+	out, err := w.WaitForOutput(ctx, &ec2.DescribeImagesInput{ImageIds: []string{id}}, a.maxWait())
+	if err != nil {
+		return nil, apiErr(region, "DescribeImages", fmt.Errorf("image %s did not become available: %w", id, err))
+	}
+	if len(out.Images) != 1 {
+		return nil, fmt.Errorf("publish aws: DescribeImages in %s: %d images of id %s", region, len(out.Images), id)
+	}
+	return &out.Images[0], nil
+}
+
+// description is the AMI's description: what was baked, and the file's digest.
+func description(im *Image) string {
+	md := im.Metadata
+	return fmt.Sprintf("kiln %s role %s, kernel %s, sha256:%s", md.Name, md.Role, md.Kernel.Version, im.SHA256)
+}
+
+// tagSpecs tags resources of each type with tags.
+func tagSpecs(tags []kv, types_ ...types.ResourceType) []types.TagSpecification {
+	var ts []types.Tag
+	for _, t := range tags {
+		ts = append(ts, types.Tag{Key: aws.String(t.key), Value: aws.String(t.value)})
+	}
+	var specs []types.TagSpecification
+	for _, rt := range types_ {
+		specs = append(specs, types.TagSpecification{ResourceType: rt, Tags: ts})
+	}
+	return specs
+}

@@ -1,0 +1,246 @@
+package publish
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ebs"
+	ebstypes "github.com/aws/aws-sdk-go-v2/service/ebs/types"
+)
+
+func randBytes(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+// testDiskSize is the size of the test disk: 40 MiB and 100 KiB, so its last block is
+// partly past the file's end.
+const testDiskSize = 40<<20 + 100<<10
+
+// scattered is the data of the test disk: random data at scattered offsets, one lone byte
+// at the end of a block, and data up to the file's end. 6 blocks hold data.
+func scattered() map[int64][]byte {
+	return map[int64][]byte{
+		0:                     randBytes(2 * blockSize),
+		7*blockSize + 4096:    randBytes(70000),
+		20*blockSize - 1:      {0xff},
+		33 * blockSize:        randBytes(blockSize),
+		testDiskSize - 50<<10: randBytes(50 << 10),
+	}
+}
+
+const dataBlocks = 6
+
+// newRequest is a request of the AMI kiln-aws-worker with a tag.
+func newRequest() AWSRequest {
+	return AWSRequest{Name: "kiln-aws-worker", Tags: map[string]string{"team": "platform"}}
+}
+
+// checkSnapshot reassembles the snapshot and compares it with the image byte for byte,
+// the sparse regions and the volume past the file's end included.
+func checkSnapshot(t *testing.T, f *fakeAWS, region, id string, content []byte) {
+	t.Helper()
+	blocks, n := f.snapshotBlocks(region, id)
+	if n*blockSize < int64(len(content)) {
+		t.Fatalf("snapshot %s holds %d blocks, the image is %d bytes", id, n, len(content))
+	}
+	zero := make([]byte, blockSize)
+	for i := range n {
+		want := make([]byte, blockSize)
+		if off := i * blockSize; off < int64(len(content)) {
+			copy(want, content[off:])
+		}
+		got := blocks[int32(i)]
+		if got == nil {
+			got = zero
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("snapshot %s differs from the image in block %d", id, i)
+		}
+	}
+}
+
+// A publish uploads the non-zero blocks into a snapshot equal to the image, registers an
+// AMI as EC2 instances of kiln's images need it, shares and copies it; a second publish of
+// the same file uploads nothing and returns the same ids.
+func TestPublishAWS(t *testing.T) {
+	f := newFakeAWS(t)
+	a := f.start()
+	path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
+	im, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := newRequest()
+	req.ShareWith = []string{"444455556666"}
+	req.CopyTo = []string{"us-east-1", "eu-central-1"}
+	res, err := a.Publish(context.Background(), im, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reused || res.Region != testRegion || res.Upload == nil || res.Upload.Uploaded != dataBlocks || res.Upload.Skipped != res.Upload.Blocks-dataBlocks {
+		t.Errorf("result %+v, upload %+v: want %d blocks uploaded, the rest skipped", res, res.Upload, dataBlocks)
+	}
+	checkSnapshot(t, f, testRegion, res.SnapshotID, content)
+	img := f.image(testRegion, res.ImageID)
+	if img == nil {
+		t.Fatalf("no image %s in the fake", res.ImageID)
+	}
+	for k, want := range map[string]string{
+		"Name": "kiln-aws-worker", "Architecture": "x86_64", "BootMode": "uefi", "EnaSupport": "true",
+		"ImdsSupport": "v2.0", "VirtualizationType": "hvm", "RootDeviceName": "/dev/xvda",
+		"BlockDeviceMapping.1.DeviceName": "/dev/xvda", "BlockDeviceMapping.1.Ebs.VolumeSize": "1",
+		"BlockDeviceMapping.1.Ebs.VolumeType": "gp3", "BlockDeviceMapping.1.Ebs.DeleteOnTermination": "true",
+		"BlockDeviceMapping.1.Ebs.SnapshotId": res.SnapshotID,
+	} {
+		if got := img.params.Get(k); got != want {
+			t.Errorf("RegisterImage %s = %q, want %q", k, got, want)
+		}
+	}
+	snap := f.snapshot(testRegion, res.SnapshotID)
+	for what, tags := range map[string]map[string]string{"image": img.tags, "snapshot": snap.tags} {
+		if tags[DigestTag] != im.SHA256 || tags["team"] != "platform" {
+			t.Errorf("%s tags %v, want %s=%s and team=platform", what, tags, DigestTag, im.SHA256)
+		}
+	}
+	if !slices.Equal(img.launchPerm, req.ShareWith) || !slices.Equal(snap.volumePerm, req.ShareWith) {
+		t.Errorf("launch permission %v, snapshot volume permission %v, want %v", img.launchPerm, snap.volumePerm, req.ShareWith)
+	}
+	checkCopies(t, f, res, im, req)
+
+	puts := f.callsOf("PutSnapshotBlock")
+	again, err := a.Publish(context.Background(), im, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.ImageID != res.ImageID || again.SnapshotID != res.SnapshotID || !again.Reused || !maps.Equal(again.Copies, res.Copies) {
+		t.Errorf("second publish = %+v, want the ids of the first %+v, reused", again, res)
+	}
+	if n := f.callsOf("PutSnapshotBlock") - puts; n != 0 || f.callsOf("StartSnapshot") != 1 || f.callsOf("CopyImage") != 2 {
+		t.Errorf("second publish: %d blocks put, %d snapshots started, %d copies in all", n, f.callsOf("StartSnapshot"), f.callsOf("CopyImage"))
+	}
+}
+
+// checkCopies checks each region of req.CopyTo has a copy of the AMI, tagged and shared,
+// with a snapshot of the same data.
+func checkCopies(t *testing.T, f *fakeAWS, res *AWSResult, im *Image, req AWSRequest) {
+	t.Helper()
+	if len(res.Copies) != len(req.CopyTo) {
+		t.Errorf("copies %v, want one in each of %v", res.Copies, req.CopyTo)
+	}
+	for _, region := range req.CopyTo {
+		c := f.image(region, res.Copies[region])
+		if c == nil {
+			t.Errorf("no copy in %s", region)
+			continue
+		}
+		if c.params.Get("SourceImageId") != res.ImageID || c.params.Get("SourceRegion") != testRegion || c.name != req.Name {
+			t.Errorf("copy in %s: %v", region, c.params)
+		}
+		s := f.snapshot(region, c.snapshot)
+		if c.tags[DigestTag] != im.SHA256 || s.tags[DigestTag] != im.SHA256 || c.tags["team"] != "platform" {
+			t.Errorf("copy in %s tagged %v, its snapshot %v", region, c.tags, s.tags)
+		}
+		if !slices.Equal(c.launchPerm, req.ShareWith) || !slices.Equal(s.volumePerm, req.ShareWith) {
+			t.Errorf("copy in %s shared with %v, its snapshot with %v", region, c.launchPerm, s.volumePerm)
+		}
+	}
+}
+
+// The fake refuses a block whose checksum is not its data's, with EBS's error, so the
+// uploads it accepts were checked.
+func TestFakeEBSRefusesBadChecksum(t *testing.T) {
+	f := newFakeAWS(t)
+	a := f.start()
+	start, err := a.EBS.StartSnapshot(context.Background(), &ebs.StartSnapshotInput{VolumeSize: aws.Int64(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := randBytes(blockSize)
+	_, err = a.EBS.PutSnapshotBlock(context.Background(), &ebs.PutSnapshotBlockInput{
+		SnapshotId: start.SnapshotId, BlockIndex: aws.Int32(3), BlockData: bytes.NewReader(block),
+		DataLength: aws.Int32(blockSize), Checksum: aws.String(digestOf(block[1:])),
+		ChecksumAlgorithm: ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256,
+	})
+	var ve *ebstypes.ValidationException
+	if !errors.As(err, &ve) || ve.Reason != ebstypes.ValidationExceptionReasonInvalidBlock {
+		t.Fatalf("PutSnapshotBlock with a wrong checksum = %v, want a ValidationException INVALID_BLOCK", err)
+	}
+	if f.snapshot(testRegion, *start.SnapshotId).blocks[3] != nil {
+		t.Error("the fake stored the refused block")
+	}
+}
+
+// A name another image holds is refused before anything is uploaded.
+func TestPublishAWSNameTaken(t *testing.T) {
+	f := newFakeAWS(t)
+	a := f.start()
+	path, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
+	im, _ := Load(path)
+	if _, err := a.Publish(context.Background(), im, newRequest()); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
+	im2, _ := Load(other)
+	_, err := a.Publish(context.Background(), im2, newRequest())
+	if err == nil || !strings.Contains(err.Error(), `the name "kiln-aws-worker" is taken`) {
+		t.Fatalf("publish of another image under the same name = %v", err)
+	}
+	if n := f.callsOf("StartSnapshot"); n != 1 {
+		t.Errorf("%d snapshots started, want only the first publish's", n)
+	}
+}
+
+// The same file under another name makes a new AMI of the snapshot already uploaded.
+func TestPublishAWSReusesSnapshot(t *testing.T) {
+	f := newFakeAWS(t)
+	a := f.start()
+	path, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
+	im, _ := Load(path)
+	first, err := a.Publish(context.Background(), im, newRequest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := newRequest()
+	req.Name = "kiln-aws-worker-2"
+	second, err := a.Publish(context.Background(), im, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.ImageID == first.ImageID || second.SnapshotID != first.SnapshotID || second.Upload != nil || f.callsOf("StartSnapshot") != 1 {
+		t.Errorf("second name: %+v after %+v, %d snapshots started", second, first, f.callsOf("StartSnapshot"))
+	}
+}
+
+// A file that is not what its metadata says is refused after the upload has read it, and
+// its snapshot deleted; an image of another format is refused at once.
+func TestPublishAWSRefuses(t *testing.T) {
+	f := newFakeAWS(t)
+	a := f.start()
+	dir := t.TempDir()
+	path, _ := testImage(t, dir, testDiskSize, scattered())
+	im, _ := Load(path)
+	fh, _ := os.OpenFile(path, os.O_WRONLY, 0)
+	fh.WriteAt([]byte("changed"), 30*blockSize)
+	fh.Close()
+	_, err := a.Publish(context.Background(), im, newRequest())
+	if err == nil || !strings.Contains(err.Error(), "the file changed after the bake") {
+		t.Fatalf("publish of a changed file = %v", err)
+	}
+	if s, i := f.count(testRegion); s != 0 || i != 0 {
+		t.Errorf("%d snapshots, %d images left", s, i)
+	}
+	im.Output.Format = "vmdk"
+	if _, err := a.Publish(context.Background(), im, newRequest()); err == nil || !strings.Contains(err.Error(), "publish the .raw output") {
+		t.Errorf("publish of a vmdk = %v", err)
+	}
+}

@@ -1,0 +1,9 @@
+// Package publish uploads baked images to clouds and registers them there as bootable images.
+//
+// Load reads what is published: an output file of a bake and its metadata (<image>-<role>.json
+// beside it), whose SHA-256 of the file is the image's identity. Publishing records that digest
+// on the cloud image, so publishing the same file again finds the image instead of uploading.
+//
+// AWS (aws*.go) uploads a raw disk through the EBS direct APIs into a snapshot and registers an
+// AMI from it; a failure part-way deletes what the run created, or names what is left.
+package publish

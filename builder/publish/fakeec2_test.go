@@ -1,0 +1,270 @@
+package publish
+
+import (
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// ec2 answers an EC2 Query API call.
+func (f *fakeAWS) ec2(w http.ResponseWriter, reg *fakeRegion, region, op string, form url.Values) {
+	switch op {
+	case "DescribeSnapshots":
+		f.describeSnapshots(w, reg, form)
+	case "DescribeImages":
+		f.describeImages(w, reg, form)
+	case "RegisterImage":
+		f.registerImage(w, reg, form)
+	case "CopyImage":
+		f.copyImage(w, reg, form)
+	case "DeleteSnapshot":
+		id := form.Get("SnapshotId")
+		switch {
+		case reg.snapshots[id] == nil:
+			ec2Error(w, 400, "InvalidSnapshot.NotFound", fmt.Sprintf("The snapshot '%s' does not exist.", id))
+		case reg.usedBy(id) != "":
+			ec2Error(w, 400, "InvalidSnapshot.InUse", fmt.Sprintf("The snapshot %s is currently in use by %s", id, reg.usedBy(id)))
+		default:
+			delete(reg.snapshots, id)
+			ec2OK(w, op, "<return>true</return>")
+		}
+	case "DeregisterImage":
+		id := form.Get("ImageId")
+		if reg.images[id] == nil {
+			ec2Error(w, 400, "InvalidAMIID.NotFound", fmt.Sprintf("The image id '[%s]' does not exist", id))
+			return
+		}
+		delete(reg.images, id)
+		ec2OK(w, op, "<return>true</return>")
+	case "ModifyImageAttribute":
+		img := reg.images[form.Get("ImageId")]
+		if img == nil {
+			ec2Error(w, 400, "InvalidAMIID.NotFound", "The image id does not exist")
+			return
+		}
+		for i := 1; form.Has(fmt.Sprintf("LaunchPermission.Add.%d.UserId", i)); i++ {
+			img.launchPerm = addUnique(img.launchPerm, form.Get(fmt.Sprintf("LaunchPermission.Add.%d.UserId", i)))
+		}
+		ec2OK(w, op, "<return>true</return>")
+	case "ModifySnapshotAttribute":
+		s := reg.snapshots[form.Get("SnapshotId")]
+		if s == nil || form.Get("Attribute") != "createVolumePermission" || form.Get("OperationType") != "add" {
+			ec2Error(w, 400, "InvalidParameterValue", "bad ModifySnapshotAttribute")
+			return
+		}
+		for _, u := range indexed(form, "UserId") {
+			s.volumePerm = addUnique(s.volumePerm, u)
+		}
+		ec2OK(w, op, "<return>true</return>")
+	default:
+		f.t.Errorf("unexpected EC2 action %q", op)
+		ec2Error(w, 400, "InvalidAction", "The action "+op+" is not valid for this web service.")
+	}
+}
+
+func addUnique(list []string, v string) []string {
+	if slices.Contains(list, v) {
+		return list
+	}
+	return append(list, v)
+}
+
+func ec2OK(w http.ResponseWriter, op, inner string) {
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?>
+<%sResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>req-1</requestId>%s</%sResponse>`, op, inner, op)
+}
+
+// usedBy is the image whose root device is the snapshot id, or "".
+func (r *fakeRegion) usedBy(id string) string {
+	for _, img := range r.images {
+		if img.snapshot == id {
+			return img.id
+		}
+	}
+	return ""
+}
+
+type filter struct {
+	name   string
+	values []string
+}
+
+func filtersOf(form url.Values) []filter {
+	var fs []filter
+	for i := 1; form.Has(fmt.Sprintf("Filter.%d.Name", i)); i++ {
+		fs = append(fs, filter{form.Get(fmt.Sprintf("Filter.%d.Name", i)), indexed(form, fmt.Sprintf("Filter.%d.Value", i))})
+	}
+	return fs
+}
+
+// match applies filters to a resource with tags and the named fields; an unknown filter
+// is an error, as EC2's.
+func match(fs []filter, tags map[string]string, fields map[string]string) (bool, error) {
+	for _, fl := range fs {
+		var got string
+		var has bool
+		if k, ok := strings.CutPrefix(fl.name, "tag:"); ok {
+			got, has = tags[k]
+		} else if got, has = fields[fl.name]; !has {
+			return false, fmt.Errorf("The filter '%s' is invalid", fl.name)
+		}
+		if !has || !slices.Contains(fl.values, got) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func tagSet(tags map[string]string) string {
+	var b strings.Builder
+	b.WriteString("<tagSet>")
+	for _, k := range sortedKeys(tags) {
+		fmt.Fprintf(&b, "<item><key>%s</key><value>%s</value></item>", xmlEscape(k), xmlEscape(tags[k]))
+	}
+	b.WriteString("</tagSet>")
+	return b.String()
+}
+
+func (f *fakeAWS) describeSnapshots(w http.ResponseWriter, reg *fakeRegion, form url.Values) {
+	ids := indexed(form, "SnapshotId")
+	for _, o := range indexed(form, "Owner") {
+		if o != "self" && o != testAccount {
+			f.t.Errorf("DescribeSnapshots of owner %q", o)
+		}
+	}
+	for _, id := range ids {
+		if reg.snapshots[id] == nil {
+			ec2Error(w, 400, "InvalidSnapshot.NotFound", fmt.Sprintf("The snapshot '%s' does not exist.", id))
+			return
+		}
+	}
+	var b strings.Builder
+	b.WriteString("<snapshotSet>")
+	for _, id := range slices.Sorted(maps.Keys(reg.snapshots)) {
+		s := reg.snapshots[id]
+		if len(ids) > 0 && !slices.Contains(ids, id) {
+			continue
+		}
+		if s.state == "completing" {
+			if s.looks++; s.looks >= 2 {
+				s.state = "completed"
+			}
+		}
+		state := s.state
+		if state == "completing" {
+			state = "pending"
+		}
+		ok, err := match(filtersOf(form), s.tags, map[string]string{"status": state, "snapshot-id": id})
+		if err != nil {
+			ec2Error(w, 400, "InvalidParameterValue", err.Error())
+			return
+		}
+		if ok {
+			fmt.Fprintf(&b, `<item><snapshotId>%s</snapshotId><volumeId>vol-ffffffff</volumeId><status>%s</status><startTime>2026-01-01T00:00:00.000Z</startTime><progress>%s</progress><ownerId>%s</ownerId><volumeSize>%d</volumeSize><description>%s</description><encrypted>false</encrypted>%s<storageTier>standard</storageTier></item>`,
+				id, state, map[bool]string{true: "100%", false: "0%"}[state == "completed"], testAccount, s.gib, xmlEscape(s.description), tagSet(s.tags))
+		}
+	}
+	b.WriteString("</snapshotSet>")
+	ec2OK(w, "DescribeSnapshots", b.String())
+}
+
+func (f *fakeAWS) describeImages(w http.ResponseWriter, reg *fakeRegion, form url.Values) {
+	ids := indexed(form, "ImageId")
+	for _, id := range ids {
+		if reg.images[id] == nil {
+			ec2Error(w, 400, "InvalidAMIID.NotFound", fmt.Sprintf("The image id '[%s]' does not exist", id))
+			return
+		}
+	}
+	if len(ids) == 0 && !slices.Equal(indexed(form, "Owner"), []string{"self"}) {
+		f.t.Errorf("DescribeImages by name or tag without Owner self: would list public images too")
+	}
+	var b strings.Builder
+	b.WriteString("<imagesSet>")
+	for _, id := range slices.Sorted(maps.Keys(reg.images)) {
+		img := reg.images[id]
+		if len(ids) > 0 && !slices.Contains(ids, id) {
+			continue
+		}
+		if img.state == "pending" {
+			if img.looks++; img.looks >= 2 {
+				img.state = "available"
+			}
+		}
+		ok, err := match(filtersOf(form), img.tags, map[string]string{"name": img.name, "state": img.state, "image-id": id})
+		if err != nil {
+			ec2Error(w, 400, "InvalidParameterValue", err.Error())
+			return
+		}
+		if ok {
+			fmt.Fprintf(&b, `<item><imageId>%s</imageId><imageLocation>%s/%s</imageLocation><imageState>%s</imageState><imageOwnerId>%s</imageOwnerId><creationDate>2026-01-01T00:00:00.000Z</creationDate><isPublic>false</isPublic><architecture>x86_64</architecture><imageType>machine</imageType><name>%s</name><rootDeviceType>ebs</rootDeviceType><rootDeviceName>/dev/xvda</rootDeviceName><blockDeviceMapping><item><deviceName>/dev/xvda</deviceName><ebs><snapshotId>%s</snapshotId><volumeSize>%d</volumeSize><deleteOnTermination>true</deleteOnTermination><volumeType>gp3</volumeType><encrypted>false</encrypted></ebs></item></blockDeviceMapping><virtualizationType>hvm</virtualizationType>%s<hypervisor>xen</hypervisor><enaSupport>true</enaSupport><bootMode>uefi</bootMode><imdsSupport>v2.0</imdsSupport></item>`,
+				id, testAccount, xmlEscape(img.name), img.state, testAccount, xmlEscape(img.name), img.snapshot, img.gib, tagSet(img.tags))
+		}
+	}
+	b.WriteString("</imagesSet>")
+	ec2OK(w, "DescribeImages", b.String())
+}
+
+// registerImage checks a RegisterImage of an EBS-backed AMI as EC2 does.
+func (f *fakeAWS) registerImage(w http.ResponseWriter, reg *fakeRegion, form url.Values) {
+	name, snap := form.Get("Name"), form.Get("BlockDeviceMapping.1.Ebs.SnapshotId")
+	size, _ := strconv.ParseInt(form.Get("BlockDeviceMapping.1.Ebs.VolumeSize"), 10, 64)
+	s := reg.snapshots[snap]
+	for i := 1; form.Has(fmt.Sprintf("TagSpecification.%d.ResourceType", i)); i++ {
+		if rt := form.Get(fmt.Sprintf("TagSpecification.%d.ResourceType", i)); rt != "image" {
+			ec2Error(w, 400, "InvalidParameterValue", "'"+rt+"' is not a valid taggable resource type for this operation.")
+			return
+		}
+	}
+	switch {
+	case reg.named(name) != nil:
+		ec2Error(w, 400, "InvalidAMIName.Duplicate", fmt.Sprintf("AMI name %s is already in use by AMI %s", name, reg.named(name).id))
+	case s == nil:
+		ec2Error(w, 400, "InvalidSnapshot.NotFound", fmt.Sprintf("The snapshot '%s' does not exist.", snap))
+	case s.state != "completed":
+		ec2Error(w, 400, "IncorrectState", fmt.Sprintf("Snapshot %s is not completed", snap))
+	case size < s.gib:
+		ec2Error(w, 400, "InvalidBlockDeviceMapping", "Volume of size "+strconv.FormatInt(size, 10)+"GB is smaller than snapshot")
+	case form.Get("RootDeviceName") != form.Get("BlockDeviceMapping.1.DeviceName"):
+		ec2Error(w, 400, "InvalidBlockDeviceMapping", "The root device is not in the block device mapping")
+	default:
+		img := &fakeImage{id: f.id("ami"), name: name, state: "pending", snapshot: snap, gib: size, tags: tagsOf(form, "image"), params: form}
+		reg.images[img.id] = img
+		ec2OK(w, "RegisterImage", "<imageId>"+img.id+"</imageId>")
+	}
+}
+
+func (r *fakeRegion) named(name string) *fakeImage {
+	for _, img := range r.images {
+		if img.name == name {
+			return img
+		}
+	}
+	return nil
+}
+
+// copyImage copies an available image of another region into reg, with a new snapshot.
+func (f *fakeAWS) copyImage(w http.ResponseWriter, reg *fakeRegion, form url.Values) {
+	src := f.region(form.Get("SourceRegion")).images[form.Get("SourceImageId")]
+	name := form.Get("Name")
+	switch {
+	case src == nil:
+		ec2Error(w, 400, "InvalidAMIID.NotFound", "The image id '["+form.Get("SourceImageId")+"]' does not exist")
+	case src.state != "available":
+		ec2Error(w, 400, "IncorrectState", "Image is not available")
+	case reg.named(name) != nil:
+		ec2Error(w, 400, "InvalidAMIName.Duplicate", "AMI name "+name+" is already in use")
+	default:
+		orig := f.region(form.Get("SourceRegion")).snapshots[src.snapshot]
+		s := &fakeSnap{id: f.id("snap"), state: "completed", gib: orig.gib, tags: tagsOf(form, "snapshot"), blocks: orig.blocks, digests: orig.digests}
+		reg.snapshots[s.id] = s
+		img := &fakeImage{id: f.id("ami"), name: name, state: "pending", snapshot: s.id, gib: src.gib, tags: tagsOf(form, "image"), params: form}
+		reg.images[img.id] = img
+		ec2OK(w, "CopyImage", "<imageId>"+img.id+"</imageId>")
+	}
+}
