@@ -7,6 +7,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -115,30 +116,44 @@ var (
 	region    = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+$`)
 )
 
-// Validate checks r the way EC2 would, before anything is uploaded.
+// A RequestError is a field of an AWSRequest that EC2 would refuse.
+type RequestError struct {
+	Field string // name, tag, share-with or copy-to
+	Err   error
+}
+
+func (e *RequestError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *RequestError) Unwrap() error { return e.Err }
+
+func badField(field, format string, a ...any) error {
+	return &RequestError{Field: field, Err: fmt.Errorf(format, a...)}
+}
+
+// Validate checks r the way EC2 would, before anything is uploaded; home is the region the
+// image is published in.
 func (r AWSRequest) Validate(home string) error {
 	if !amiName.MatchString(r.Name) {
-		return fmt.Errorf("name %q: an AMI name is 3-128 letters, digits, spaces and ()[]./'@_-", r.Name)
+		return badField("name", "%q: an AMI name is 3-128 letters, digits, spaces and ()[]./'@_-", r.Name)
 	}
 	for k, v := range r.Tags {
 		if k == DigestTag {
-			return fmt.Errorf("tag %s is kiln's own", DigestTag)
+			return badField("tag", "%s is kiln's own tag", DigestTag)
 		}
-		if len(k) == 0 || len(k) > 128 || len(v) > 256 {
-			return fmt.Errorf("tag %q: keys are 1-128 characters, values up to 256", k)
+		if len(k) == 0 || len(k) > 128 || len(v) > 256 || strings.HasPrefix(k, "aws:") {
+			return badField("tag", "%q: keys are 1-128 characters, not starting aws:, values up to 256", k)
 		}
 	}
 	for _, a := range r.ShareWith {
 		if !accountID.MatchString(a) {
-			return fmt.Errorf("share with %q: not a 12-digit AWS account id", a)
+			return badField("share-with", "%q: not a 12-digit AWS account id", a)
 		}
 	}
 	for _, rg := range r.CopyTo {
 		if !region.MatchString(rg) {
-			return fmt.Errorf("copy to %q: not a region name (like eu-west-1)", rg)
+			return badField("copy-to", "%q: not a region name (like eu-west-1)", rg)
 		}
 		if rg == home {
-			return fmt.Errorf("copy to %s: that is the region the image is published in", rg)
+			return badField("copy-to", "%s: that is the region the image is published in", rg)
 		}
 	}
 	return nil

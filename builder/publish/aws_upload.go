@@ -173,7 +173,7 @@ func (u *blockUpload) putBlocks(ctx context.Context, todo <-chan block, free cha
 			Progress:          aws.Int32(int32(100 * (b.index + 1) / u.blocks)),
 		})
 		if err != nil {
-			return fmt.Errorf("block %d: %w", b.index, apiErr(u.a.Region, "PutSnapshotBlock", err))
+			return apiErr(u.a.Region, "PutSnapshotBlock", fmt.Errorf("block %d: %w", b.index, err))
 		}
 		if got := aws.ToString(out.Checksum); got != want {
 			return fmt.Errorf("publish aws: PutSnapshotBlock %d: EBS stored checksum %s, sent %s", b.index, got, want)

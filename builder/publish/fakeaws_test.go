@@ -10,6 +10,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -87,7 +88,9 @@ func newFakeAWS(t testing.TB) *fakeAWS {
 
 // start serves f over TLS and returns an AWS publisher whose clients call it.
 func (f *fakeAWS) start() *AWS {
-	srv := httptest.NewTLSServer(f)
+	srv := httptest.NewUnstartedServer(f)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // connections the faults cut
+	srv.StartTLS()
 	f.t.Cleanup(srv.Close)
 	a := NewAWS(AWSConfig{
 		Config: aws.Config{
