@@ -75,13 +75,13 @@ func description(im *Image) string {
 }
 
 // tagSpecs tags resources of each type with tags.
-func tagSpecs(tags []kv, types_ ...types.ResourceType) []types.TagSpecification {
+func tagSpecs(tags []kv, kinds ...types.ResourceType) []types.TagSpecification {
 	var ts []types.Tag
 	for _, t := range tags {
 		ts = append(ts, types.Tag{Key: aws.String(t.key), Value: aws.String(t.value)})
 	}
 	var specs []types.TagSpecification
-	for _, rt := range types_ {
+	for _, rt := range kinds {
 		specs = append(specs, types.TagSpecification{ResourceType: rt, Tags: ts})
 	}
 	return specs
