@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -145,12 +144,7 @@ func printPublishAWS(w io.Writer, format string, res *publish.AWSResult) error {
 // newProgress shows an upload's progress: one line rewritten on a terminal, otherwise a
 // log line every 15 seconds and at the end.
 func newProgress(w io.Writer, log *slog.Logger) func(publish.UploadProgress) {
-	tty := false
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil {
-			tty = fi.Mode()&os.ModeCharDevice != 0
-		}
-	}
+	tty := isTerminal(w)
 	var mu sync.Mutex
 	var last time.Time
 	return func(p publish.UploadProgress) {
