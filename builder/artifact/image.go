@@ -60,10 +60,10 @@ func (r OCIResolver) ResolveImage(ctx context.Context, source string) (string, e
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", source, err)
 	}
-	opts := append([]remote.Option{remote.WithContext(ctx), remote.WithUserAgent("kiln")}, r.Remote...)
+	opts := remoteOptions(ctx, r.Remote)
 	desc, err := remote.Head(ref, opts...)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", source, err)
+		return "", fmt.Errorf("%s: %w", source, RegistryError(ref.Context().RegistryStr(), err))
 	}
 	if !desc.MediaType.IsIndex() {
 		if !desc.MediaType.IsImage() {
@@ -73,7 +73,7 @@ func (r OCIResolver) ResolveImage(ctx context.Context, source string) (string, e
 	}
 	idx, err := remote.Index(ref.Context().Digest(desc.Digest.String()), opts...)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", source, err)
+		return "", fmt.Errorf("%s: %w", source, RegistryError(ref.Context().RegistryStr(), err))
 	}
 	return r.platformDigest(source, idx)
 }
@@ -105,10 +105,11 @@ func (ci *CachedImage) Blobs() []v1.Descriptor {
 	return append([]v1.Descriptor{ci.Manifest, ci.Config}, ci.Layers...)
 }
 
-// ImageFetch says how to reach registries; the zero value pulls
-// anonymously.
+// ImageFetch says how to reach registries; the zero value uses RemoteOptions(nil):
+// credentials from the default keychain, anonymous where it has none.
 type ImageFetch struct {
-	// Remote options (auth, transport) for registry requests.
+	// Remote options (auth, retries, transport) for registry requests; nil means
+	// RemoteOptions(nil).
 	Remote []remote.Option
 	// Platform the image must be for; default linux/amd64.
 	Platform *v1.Platform
@@ -177,7 +178,7 @@ func (x *imageFetcher) remote() (name.Repository, []remote.Option, error) {
 			return x.repo, nil, fmt.Errorf("%s: source %s: %w", x.label, x.s.Source, err)
 		}
 		x.repo = ref.Context()
-		x.opts = append([]remote.Option{remote.WithContext(x.ctx), remote.WithUserAgent("kiln")}, x.f.Remote...)
+		x.opts = remoteOptions(x.ctx, x.f.Remote)
 		if t := x.c.Client; t != nil && t.Transport != nil {
 			x.opts = append([]remote.Option{remote.WithTransport(t.Transport)}, x.opts...)
 		}
@@ -196,7 +197,7 @@ func (x *imageFetcher) manifest() ([]byte, error) {
 	}
 	desc, err := remote.Get(repo.Digest(x.want.String()), opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %s@%s: %w", x.label, repo, x.want, err)
+		return nil, fmt.Errorf("%s: %s@%s: %w", x.label, repo, x.want, RegistryError(repo.RegistryStr(), err))
 	}
 	got, _, n, err := x.c.put(x.want.Hex, func(w io.Writer) (int64, error) {
 		n, err := w.Write(desc.Manifest)
@@ -303,7 +304,7 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 	ref := repo.Digest(d.Digest.String())
 	l, err := remote.Layer(ref, append(opts, remote.WithContext(ctx))...)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", ref, causeOr(ctx, err))
+		return 0, fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), causeOr(ctx, err)))
 	}
 	got, _, n, err := c.put(d.Digest.Hex, func(w io.Writer) (int64, error) {
 		rc, err := l.Compressed()
@@ -322,7 +323,7 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 	case errors.Is(err, errMismatch):
 		return n, fmt.Errorf("blob from %s hashes to sha256:%s, want %s", ref, got, d.Digest)
 	case err != nil:
-		return n, fmt.Errorf("%s: %w", ref, causeOr(ctx, err))
+		return n, fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), causeOr(ctx, err)))
 	case d.Size > 0 && n != d.Size:
 		return n, fmt.Errorf("%s: %d bytes, the manifest says %d", ref, n, d.Size)
 	}

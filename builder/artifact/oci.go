@@ -26,7 +26,8 @@ const RefNameAnnotation = "org.opencontainers.image.ref.name"
 type OCIResolver struct {
 	// Platform defaults to linux/amd64.
 	Platform *v1.Platform
-	// Remote options (auth, transport) for registry lookups.
+	// Remote options (auth, retries, transport) for registry lookups; nil means
+	// RemoteOptions(nil).
 	Remote []remote.Option
 }
 
@@ -137,17 +138,18 @@ func (r OCIResolver) remoteDigest(ctx context.Context, b spec.Base) (string, err
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", b.Ref, err)
 	}
-	opts := append([]remote.Option{remote.WithContext(ctx)}, r.Remote...)
+	reg := ref.Context().RegistryStr()
+	opts := remoteOptions(ctx, r.Remote)
 	desc, err := remote.Head(ref, opts...)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", b.Ref, err)
+		return "", fmt.Errorf("%s: %w", b.Ref, RegistryError(reg, err))
 	}
 	if !desc.MediaType.IsIndex() {
 		return desc.Digest.String(), nil
 	}
 	idx, err := remote.Index(ref.Context().Digest(desc.Digest.String()), opts...)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", b.Ref, err)
+		return "", fmt.Errorf("%s: %w", b.Ref, RegistryError(reg, err))
 	}
 	return r.platformDigest(b.Ref, idx)
 }

@@ -42,7 +42,8 @@ type Options struct {
 	// ProfileOverlays are spec.ProfileOverlay documents applied, in order, to the role's
 	// profile: they replace artifact sources/sha256 and image sources/digests by name.
 	ProfileOverlays []string
-	// ImageFetch says how to reach registries for the pre-pulled images.
+	// ImageFetch says how to reach registries (credentials, retries) for the base image and
+	// the pre-pulled images.
 	ImageFetch artifact.ImageFetch
 	// WithoutImages leaves the profile's pre-pulled images out (they are neither fetched nor
 	// laid): the node's runtime pulls them at first boot. For measuring what pre-pulling

@@ -24,7 +24,7 @@ func (b *baker) openBase(md *nodeimage.Metadata) (*rootfs.Tree, bootFiles, error
 	def := b.def
 	src := rootfs.Source{Layout: def.Base.Layout, Image: def.Base.Image, Tarball: def.Base.Tarball, Digest: b.lock.BaseDigest(def.Base)}
 	md.Base = nodeimage.BaseInfo{Ref: def.Base.Ref, Digest: src.Digest}
-	img, err := rootfs.OpenBase(b.ctx, src)
+	img, err := rootfs.OpenBase(b.ctx, src, b.o.ImageFetch.Remote...)
 	if err != nil {
 		return nil, bootFiles{}, err
 	}

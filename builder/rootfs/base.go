@@ -13,6 +13,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kilnproject/kiln/builder/artifact"
 )
 
 // Source names where a base image comes from. Exactly one of Layout, Image or Tarball is set.
@@ -36,8 +38,9 @@ func (s Source) String() string {
 
 // OpenBase returns the base image named by src after checking that its manifest hashes to
 // src.Digest and that its config matches the manifest. Layers are verified as they are read by
-// Flatten.
-func OpenBase(ctx context.Context, src Source) (v1.Image, error) {
+// Flatten. A registry is reached with opts (artifact.RemoteOptions: credentials, retries), or
+// artifact.RemoteOptions(nil) when none are given.
+func OpenBase(ctx context.Context, src Source, opts ...remote.Option) (v1.Image, error) {
 	want, err := v1.NewHash(src.Digest)
 	if err != nil {
 		return nil, fmt.Errorf("base %s: digest: %w", src, err)
@@ -66,9 +69,12 @@ func OpenBase(ctx context.Context, src Source) (v1.Image, error) {
 		if err != nil {
 			return nil, fmt.Errorf("base %s: %w", src, err)
 		}
-		img, err = remote.Image(ref, remote.WithContext(ctx))
+		if opts == nil {
+			opts = artifact.RemoteOptions(nil)
+		}
+		img, err = remote.Image(ref, append([]remote.Option{remote.WithContext(ctx)}, opts...)...)
 		if err != nil {
-			return nil, fmt.Errorf("base %s: %w", src, err)
+			return nil, fmt.Errorf("base %s: %w", src, artifact.RegistryError(ref.RegistryStr(), err))
 		}
 	default:
 		return nil, fmt.Errorf("base: no source given (layout, image or tarball)")

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/builder/artifact"
@@ -46,7 +47,10 @@ come from, e.g. a local mirror:
     - {name: registry.k8s.io/pause:3.10.2, source: 127.0.0.1:5000/pause:3.10.2, digest: sha256:…}
 
 An entry that names nothing in any profile is an error. Registries on 127.0.0.1, ::1 and
-localhost are reached over plain HTTP.
+localhost are reached over plain HTTP. Registry credentials (base and pre-pulled images) are
+found as docker, crane and ko find them: $DOCKER_CONFIG/config.json (default
+~/.docker/config.json) "auths", and "credHelpers"/"credsStore" naming docker-credential-<name>
+helpers on PATH; see README "Private registries".
 
 --without-images bakes the role without its pre-pulled images (image.json says
 "imagesLeftOut": true): containerd pulls them when kubelet first needs them, so the node needs a
@@ -73,6 +77,7 @@ measure what pre-pulling saves and for sites that would rather pull than carry t
 				Definition: args[0], Role: role, OutDir: out, KilnInit: kilnInit,
 				Cache: cache, Log: slog.Default(), Version: version, Created: created,
 				ProfileOverlays: overlays, WithoutImages: withoutImages,
+				ImageFetch: artifact.ImageFetch{Remote: artifact.RemoteOptions(authn.DefaultKeychain)},
 			})
 			if err != nil {
 				return err

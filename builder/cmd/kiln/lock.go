@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/builder/artifact"
@@ -21,7 +22,8 @@ func newLockCmd() *cobra.Command {
 images) to a digest — for a multi-platform image, that of its linux/amd64 manifest — and
 downloads once any artifact given without a sha256 to record its hash. It writes <name>.lock next
 to the definition, covering every role profile. Entries that still match are kept; --update re-resolves
-them all. ` + "`kiln bake`" + ` refuses anything the definition and its lock leave unpinned.`,
+them all. ` + "`kiln bake`" + ` refuses anything the definition and its lock leave unpinned.
+Registry credentials come from the docker config and credential helpers, as for kiln bake.`,
 		Example: `  kiln lock images/qemu.yaml
   kiln lock --update images/qemu.yaml   # after rebuilding the base image
   kiln lock images/qemu.yaml --profile-overlay local.yaml   # what kiln bake --profile-overlay local.yaml will use`,
@@ -56,7 +58,7 @@ them all. ` + "`kiln bake`" + ` refuses anything the definition and its lock lea
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
-			pn := &artifact.Pinner{Cache: cache, Resolver: artifact.OCIResolver{}, Update: update}
+			pn := &artifact.Pinner{Cache: cache, Resolver: artifact.OCIResolver{Remote: artifact.RemoteOptions(authn.DefaultKeychain)}, Update: update}
 			l, notes, err := pn.Pin(cmd.Context(), def, profiles, old)
 			if err != nil {
 				return err
