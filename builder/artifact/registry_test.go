@@ -1,0 +1,226 @@
+package artifact
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/kilnproject/kiln/internal/poll"
+)
+
+const distributionRegistry = "/usr/bin/docker-registry"
+
+// authRegistry is the CNCF distribution registry (Debian's docker-registry) on 127.0.0.1,
+// serving plain HTTP with htpasswd (bcrypt) authentication for user/password.
+type authRegistry struct {
+	host, user, password string
+}
+
+func startAuthRegistry(t *testing.T) *authRegistry {
+	t.Helper()
+	if _, err := os.Stat(distributionRegistry); err != nil {
+		t.Skipf("needs the distribution registry (apt-get install docker-registry): %v", err)
+	}
+	dir := t.TempDir()
+	r := &authRegistry{host: freeLoopbackAddr(t), user: "kiln", password: "s3cret-pull"}
+	hash, err := bcrypt.GenerateFromPassword([]byte(r.password), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeTestFile(t, filepath.Join(dir, "htpasswd"), r.user+":"+string(hash)+"\n")
+	writeTestFile(t, filepath.Join(dir, "config.yml"), fmt.Sprintf(`version: 0.1
+log: {level: warn, accesslog: {disabled: true}}
+storage: {filesystem: {rootdirectory: %s}}
+http: {addr: %q, secret: kiln-test}
+auth: {htpasswd: {realm: kiln-test, path: %s}}
+`, filepath.Join(dir, "store"), r.host, filepath.Join(dir, "htpasswd")))
+
+	var out bytes.Buffer
+	cmd := exec.Command(distributionRegistry, "serve", filepath.Join(dir, "config.yml"))
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("docker-registry log:\n%s", out.String())
+		}
+	})
+	err = poll.Until(t.Context(), poll.Options{What: "docker-registry to answer", Timeout: 20 * time.Second, Backoff: poll.Constant(50 * time.Millisecond)},
+		func(ctx context.Context) (bool, error) {
+			resp, err := http.Get("http://" + r.host + "/v2/")
+			if err != nil {
+				return false, err
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusUnauthorized, fmt.Errorf("/v2/: %s", resp.Status)
+		})
+	if err != nil {
+		t.Fatalf("%v\nlog:\n%s", err, out.String())
+	}
+	return r
+}
+
+// freeLoopbackAddr returns a 127.0.0.1 address with a port nothing listens on.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func writeTestFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// isolateDockerConfig points every place the default keychain reads credentials from into
+// the test's temporary directory and returns the DOCKER_CONFIG directory (empty).
+func isolateDockerConfig(t *testing.T) string {
+	t.Helper()
+	tmp := t.TempDir()
+	t.Setenv("HOME", filepath.Join(tmp, "home"))
+	t.Setenv("XDG_CONFIG_HOME", filepath.Join(tmp, "xdg-config"))
+	t.Setenv("XDG_RUNTIME_DIR", filepath.Join(tmp, "xdg-run"))
+	t.Setenv("REGISTRY_AUTH_FILE", filepath.Join(tmp, "no-auth.json"))
+	dc := filepath.Join(tmp, "docker")
+	if err := os.Mkdir(dc, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DOCKER_CONFIG", dc)
+	return dc
+}
+
+// TestPrivateRegistryCredentials pulls an image from a registry that requires a password:
+// without credentials the error says where they are looked up; with the docker config's
+// "auths" or a credential helper named in "credHelpers" the pull succeeds.
+func TestPrivateRegistryCredentials(t *testing.T) {
+	reg := startAuthRegistry(t)
+	img := amd64(t, mustRandom(t), "amd64")
+	ref, err := name.ParseReference(reg.host + "/kiln/private:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img, remote.WithAuth(&authn.Basic{Username: reg.user, Password: reg.password})); err != nil {
+		t.Fatalf("push with explicit credentials: %v", err)
+	}
+	digest := digestOf(t, img)
+
+	basic := base64.StdEncoding.EncodeToString([]byte(reg.user + ":" + reg.password))
+	wrong := base64.StdEncoding.EncodeToString([]byte(reg.user + ":wrong"))
+	tests := []struct {
+		name    string
+		config  string // config.json in DOCKER_CONFIG; "" writes none
+		wantErr []string
+		auth    bool // the error is an *AuthError
+		helper  bool // the kilntest credential helper must have been asked
+	}{
+		{name: "no credentials", wantErr: []string{"registry " + reg.host + " refused access (401 Unauthorized)", "$DOCKER_CONFIG/config.json", "docker-credential-<name>"}, auth: true},
+		{name: "auths", config: fmt.Sprintf(`{"auths": {%q: {"auth": %q}}}`, reg.host, basic)},
+		{name: "wrong password", config: fmt.Sprintf(`{"auths": {%q: {"auth": %q}}}`, reg.host, wrong), wantErr: []string{"refused access (401 Unauthorized)", "credHelpers"}, auth: true},
+		{name: "credHelpers", config: fmt.Sprintf(`{"credHelpers": {%q: "kilntest"}}`, reg.host), helper: true},
+		{name: "credsStore", config: `{"credsStore": "kilntest"}`, helper: true},
+		{name: "helper missing", config: fmt.Sprintf(`{"credHelpers": {%q: "kilnabsent"}}`, reg.host), wantErr: []string{"registry " + reg.host + ": looking up credentials", "docker-credential-kilnabsent", "$DOCKER_CONFIG/config.json"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dc := isolateDockerConfig(t)
+			if tt.config != "" {
+				writeTestFile(t, filepath.Join(dc, "config.json"), tt.config)
+			}
+			asked := installCredentialHelper(t, reg)
+
+			c := NewCache(t.TempDir())
+			src := ImageSource{Name: "private", Source: reg.host + "/kiln/private:1", Digest: digest}
+			_, fetchErr := c.FetchImage(t.Context(), src, ImageFetch{Remote: RemoteOptions(authn.DefaultKeychain)})
+			resolved, resolveErr := OCIResolver{Remote: RemoteOptions(authn.DefaultKeychain)}.ResolveImage(t.Context(), src.Source)
+
+			for what, err := range map[string]error{"fetch": fetchErr, "resolve": resolveErr} {
+				if len(tt.wantErr) == 0 {
+					if err != nil {
+						t.Fatalf("%s: %v", what, err)
+					}
+					continue
+				}
+				if err == nil {
+					t.Fatalf("%s: no error, want one saying %q", what, tt.wantErr)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("%s: error %q\ndoes not say %q", what, err, w)
+					}
+				}
+				var ae *AuthError
+				if errors.As(err, &ae) != tt.auth {
+					t.Errorf("%s: error is an *AuthError: %v, want %v", what, !tt.auth, tt.auth)
+				}
+			}
+			if len(tt.wantErr) == 0 && resolved != digest {
+				t.Errorf("resolved %s, want %s", resolved, digest)
+			}
+			if got := asked(); tt.helper != strings.Contains(got, reg.host) {
+				t.Errorf("credential helper asked for %q; want it asked: %v", got, tt.helper)
+			}
+		})
+	}
+}
+
+// installCredentialHelper puts docker-credential-kilntest on PATH: it answers `get` for the
+// registry with its credentials and records the server it was asked about. The function it
+// returns reads that record.
+func installCredentialHelper(t *testing.T, reg *authRegistry) func() string {
+	t.Helper()
+	bin := t.TempDir()
+	asked := filepath.Join(bin, "asked")
+	script := fmt.Sprintf(`#!/bin/sh
+[ "$1" = get ] || exit 1
+read -r server
+printf '%%s\n' "$server" >> %q
+case "$server" in
+*%s*) printf '{"ServerURL":"%%s","Username":%q,"Secret":%q}\n' "$server" ;;
+*) echo "credentials not found in native keychain"; exit 1 ;;
+esac
+`, asked, reg.host, reg.user, reg.password)
+	if err := os.WriteFile(filepath.Join(bin, "docker-credential-kilntest"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return func() string {
+		b, _ := os.ReadFile(asked)
+		return string(b)
+	}
+}
+
+func mustRandom(t *testing.T) v1.Image {
+	t.Helper()
+	img, err := random.Image(2048, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
