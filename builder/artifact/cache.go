@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
 	"net"
@@ -60,8 +61,10 @@ type Cache struct {
 	// TLS handshake and response header timeouts and no overall timeout
 	// (downloads may be large; StallTimeout bounds them instead).
 	Client *http.Client
-	// StallTimeout fails a download that receives nothing for this long.
+	// StallTimeout fails a download attempt that receives nothing for this long.
 	StallTimeout time.Duration
+	// Retry says how http(s) downloads are retried and resumed (see DownloadRetry).
+	Retry DownloadRetry
 	// Log receives a line per download.
 	Log *slog.Logger
 }
@@ -163,7 +166,7 @@ func (c *Cache) store(ctx context.Context, s Source, want string) (sum, path str
 		return "", "", fmt.Errorf("%s: no url or path", s.label())
 	}
 	start := time.Now()
-	sum, path, n, err := c.put(want, func(w io.Writer) (int64, error) { return c.copy(ctx, s, w) })
+	sum, path, n, err := c.put(want, func(w *blobFile) error { return c.copy(ctx, s, w) })
 	if err != nil {
 		if errors.Is(err, errMismatch) {
 			return "", "", fmt.Errorf("%s: sha256 mismatch: want %s, got %s (from %s)", s.label(), want, sum, s)
@@ -188,7 +191,10 @@ func (c *Cache) PutBlob(want string, r io.Reader) (string, error) {
 	if !hexRE.MatchString(want) {
 		return "", fmt.Errorf("blob sha256 %q is not 64 lower-case hex digits", want)
 	}
-	sum, p, _, err := c.put(want, func(w io.Writer) (int64, error) { return io.Copy(w, r) })
+	sum, p, _, err := c.put(want, func(w *blobFile) error {
+		_, err := io.Copy(w, r)
+		return err
+	})
 	if errors.Is(err, errMismatch) {
 		return "", &MismatchError{Want: want, Got: sum}
 	}
@@ -201,34 +207,82 @@ func (c *Cache) PutBlob(want string, r io.Reader) (string, error) {
 // errMismatch is returned by put when the content does not hash to want.
 var errMismatch = errors.New("sha256 mismatch")
 
-// put writes what fill produces into a new file in the blob directory
-// (atomicfile) while hashing it, checks the hash against want (if set), then
-// gives the file its name, the hash. On a mismatch it returns the hash it got
-// with an error wrapping errMismatch, and keeps nothing.
-func (c *Cache) put(want string, fill func(w io.Writer) (int64, error)) (sum, path string, n int64, err error) {
-	dir := c.blobDir()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+// put writes what fill produces into a new file in the blob directory (a blobFile) while
+// hashing it, checks the hash against want (if set), then gives the file its name, the
+// hash. It returns the hash, the path and the size. On a mismatch it returns the hash it got
+// with an error wrapping errMismatch, and keeps nothing; on any error the file is removed.
+func (c *Cache) put(want string, fill func(w *blobFile) error) (sum, path string, n int64, err error) {
+	w, err := newBlobFile(c.blobDir())
+	if err != nil {
 		return "", "", 0, fmt.Errorf("cache: %w", err)
+	}
+	defer w.close()
+	if err := fill(w); err != nil {
+		return "", "", w.n, err
+	}
+	sum = hex.EncodeToString(w.h.Sum(nil))
+	if want != "" && sum != want {
+		return sum, "", w.n, fmt.Errorf("%w: want %s, got %s", errMismatch, want, sum)
+	}
+	if err := w.f.Commit(sum); err != nil {
+		return "", "", w.n, fmt.Errorf("cache: %w", err)
+	}
+	return sum, c.blobPath(sum), w.n, nil
+}
+
+// blobFile is a blob being written into the cache: a temporary file in the blob directory
+// and the sha256 and size of what it holds so far.
+type blobFile struct {
+	dir string
+	f   *atomicfile.File
+	h   hash.Hash
+	n   int64
+}
+
+func newBlobFile(dir string) (*blobFile, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
 	}
 	f, err := atomicfile.Create(dir, atomicfile.Options{Mode: 0o444})
 	if err != nil {
-		return "", "", 0, fmt.Errorf("cache: %w", err)
+		return nil, err
 	}
-	defer f.Close()
-	h := sha256.New()
-	n, err = fill(io.MultiWriter(f, h))
-	if err != nil {
-		return "", "", n, err
-	}
-	sum = hex.EncodeToString(h.Sum(nil))
-	if want != "" && sum != want {
-		return sum, "", n, fmt.Errorf("%w: want %s, got %s", errMismatch, want, sum)
-	}
-	if err := f.Commit(sum); err != nil {
-		return "", "", n, fmt.Errorf("cache: %w", err)
-	}
-	return sum, c.blobPath(sum), n, nil
+	return &blobFile{dir: dir, f: f, h: sha256.New()}, nil
 }
+
+// Write appends p to the file and the hash. Its errors are *writeError.
+func (w *blobFile) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	w.h.Write(p[:n])
+	w.n += int64(n)
+	if err != nil {
+		return n, &writeError{err}
+	}
+	return n, nil
+}
+
+// restart drops what was written: the file is removed and an empty one takes its place.
+func (w *blobFile) restart() error {
+	if err := w.f.Close(); err != nil {
+		return &writeError{err}
+	}
+	f, err := atomicfile.Create(w.dir, atomicfile.Options{Mode: 0o444})
+	if err != nil {
+		return &writeError{err}
+	}
+	w.f, w.n = f, 0
+	w.h.Reset()
+	return nil
+}
+
+// close removes the file unless it was committed.
+func (w *blobFile) close() { w.f.Close() }
+
+// writeError is a failure to write the cache (a full disk, say): never worth a retry.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
 
 func (c *Cache) logger() *slog.Logger {
 	if c.Log != nil {
@@ -237,52 +291,20 @@ func (c *Cache) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// copy writes the content of s to w.
-func (c *Cache) copy(ctx context.Context, s Source, w io.Writer) (int64, error) {
-	if s.URL == "" {
-		f, err := os.Open(s.Path)
-		if err != nil {
-			return 0, err
-		}
-		defer f.Close()
-		n, err := io.Copy(w, f)
-		if err != nil {
-			return n, fmt.Errorf("read %s: %w", s.Path, err)
-		}
-		return n, nil
+// copy writes the content of s to w: a local file, or a download (see download).
+func (c *Cache) copy(ctx context.Context, s Source, w *blobFile) error {
+	if s.URL != "" {
+		return c.download(ctx, s.URL, w)
 	}
-
-	ctx, watch := c.watchStalls(ctx)
-	defer watch.stop()
-
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
+	f, err := os.Open(s.Path)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	req.Header.Set("User-Agent", "kiln")
-	// Ask for the bytes as stored: with transparent gzip decoding, a
-	// .tar.gz served with Content-Encoding: gzip would hash differently.
-	req.Header.Set("Accept-Encoding", "identity")
-	client := c.Client
-	if client == nil {
-		client = http.DefaultClient
+	defer f.Close()
+	if _, err := io.Copy(w, f); err != nil {
+		return fmt.Errorf("read %s: %w", s.Path, err)
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("GET %s: %w", s.URL, causeOr(ctx, err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s: %s", s.URL, resp.Status)
-	}
-	n, err := io.Copy(w, watch.reader(resp.Body))
-	if err != nil {
-		return n, fmt.Errorf("GET %s: after %d bytes: %w", s.URL, n, causeOr(ctx, err))
-	}
-	if resp.ContentLength >= 0 && n != resp.ContentLength {
-		return n, fmt.Errorf("GET %s: got %d bytes, want %d", s.URL, n, resp.ContentLength)
-	}
-	return n, nil
+	return nil
 }
 
 // causeOr returns why ctx ended (a stall, the caller's cancellation), or err.

@@ -183,6 +183,7 @@ func TestFetchFailuresLeaveNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewCache(t.TempDir())
+			c.Retry.Attempts = 1 // each failure as one attempt sees it; retries: download_test.go
 			if tt.stall > 0 {
 				c.StallTimeout = tt.stall
 			}

@@ -199,9 +199,9 @@ func (x *imageFetcher) manifest() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s@%s: %w", x.label, repo, x.want, RegistryError(repo.RegistryStr(), err))
 	}
-	got, _, n, err := x.c.put(x.want.Hex, func(w io.Writer) (int64, error) {
-		n, err := w.Write(desc.Manifest)
-		return int64(n), err
+	got, _, n, err := x.c.put(x.want.Hex, func(w *blobFile) error {
+		_, err := w.Write(desc.Manifest)
+		return err
 	})
 	if err != nil {
 		if errors.Is(err, errMismatch) {
@@ -306,10 +306,10 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), causeOr(ctx, err)))
 	}
-	got, _, n, err := c.put(d.Digest.Hex, func(w io.Writer) (int64, error) {
+	got, _, n, err := c.put(d.Digest.Hex, func(w *blobFile) error {
 		rc, err := l.Compressed()
 		if err != nil {
-			return 0, err
+			return err
 		}
 		defer rc.Close()
 		r := watch.reader(rc)
@@ -317,7 +317,8 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 			// A registry sending more than the manifest says cannot fill the disk.
 			r = io.LimitReader(r, d.Size+1)
 		}
-		return io.Copy(w, r)
+		_, err = io.Copy(w, r)
+		return err
 	})
 	switch {
 	case errors.Is(err, errMismatch):

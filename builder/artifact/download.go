@@ -1,0 +1,227 @@
+package artifact
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kilnproject/kiln/internal/poll"
+)
+
+// DownloadRetry says how an http(s) artifact download is retried. The zero value makes up
+// to 5 attempts, pausing about 1, 2, 4 and 8 seconds between them (each drawn at random
+// between half and all of that), on the wall clock.
+type DownloadRetry struct {
+	// Attempts bounds the requests of one download; 0 means 5, 1 never retries.
+	Attempts int
+	// Backoff sets the pauses; the zero value means 1s doubling up to 30s, jitter 0.5.
+	Backoff poll.Backoff
+	// Clock times the pauses; nil means the wall clock.
+	Clock poll.Clock
+}
+
+func (r DownloadRetry) attempts() int {
+	if r.Attempts > 0 {
+		return r.Attempts
+	}
+	return 5
+}
+
+func (r DownloadRetry) backoff() poll.Backoff {
+	if r.Backoff == (poll.Backoff{}) {
+		return poll.Backoff{Initial: time.Second, Factor: 2, Max: 30 * time.Second, Jitter: 0.5}
+	}
+	return r.Backoff
+}
+
+// transientError is a failed attempt worth another: the connection failed or was cut, the
+// download stalled, or the server answered 408, 429 or 5xx.
+type transientError struct{ err error }
+
+func (e *transientError) Error() string { return e.err.Error() }
+func (e *transientError) Unwrap() error { return e.err }
+
+func transient(err error) error { return &transientError{err} }
+
+// exhaustedError is the last attempt's transient error: it is not retried.
+type exhaustedError struct {
+	err      error
+	attempts int
+}
+
+func (e *exhaustedError) Error() string {
+	if e.attempts <= 1 {
+		return e.err.Error()
+	}
+	return fmt.Sprintf("%v (gave up after %d attempts)", e.err, e.attempts)
+}
+func (e *exhaustedError) Unwrap() error { return e.err }
+
+func retryable(err error) bool {
+	var t *transientError
+	var x *exhaustedError
+	return errors.As(err, &t) && !errors.As(err, &x)
+}
+
+// retryStatus reports whether an HTTP answer is worth another attempt.
+func retryStatus(code int) bool {
+	return code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500
+}
+
+// download fetches url into w, retrying transient failures as c.Retry says. A retry after
+// some bytes arrived asks for the rest (Range: bytes=N-, with If-Range naming the version
+// those bytes came from); a server that answers with the whole file instead (200: it ignores
+// Range, or the file changed) is read from the start again. w's hash covers what w holds,
+// so the caller's check is over the whole file however many attempts made it. A 4xx other
+// than 408 and 429, or a failure to write the cache, ends the download at once.
+func (c *Cache) download(ctx context.Context, url string, w *blobFile) error {
+	d := &download{c: c, url: url, w: w}
+	attempts := c.Retry.attempts()
+	n := 0
+	err := poll.Retry(ctx, poll.Options{
+		What:      "download of " + url,
+		Backoff:   c.Retry.backoff(),
+		Clock:     c.Retry.Clock,
+		Retryable: retryable,
+		OnRetry: func(a poll.Attempt) {
+			c.logger().Warn("download failed, retrying", "url", url, "attempt", a.N, "of", attempts,
+				"error", a.Err, "next", a.Pause.Round(time.Millisecond), "have", w.n)
+		},
+	}, func(ctx context.Context) error {
+		n++
+		err := d.attempt(ctx)
+		if err != nil && n >= attempts && retryable(err) {
+			return &exhaustedError{err, n}
+		}
+		return err
+	})
+	var pe *poll.Error
+	if errors.As(err, &pe) { // ctx ended: what the last attempt found, and why it stopped
+		if pe.Last == nil || errors.Is(pe.Last, pe.Cause) {
+			return errors.Join(pe.Last, pe.Cause)
+		}
+		return fmt.Errorf("%w (stopped: %w)", pe.Last, pe.Cause)
+	}
+	return err
+}
+
+// download is one artifact download across its attempts.
+type download struct {
+	c   *Cache
+	url string
+	w   *blobFile
+	// validator is the strong ETag or else the Last-Modified of the version w holds the
+	// start of, sent as If-Range on a resume.
+	validator string
+}
+
+// attempt makes one request, asking for the bytes w lacks, and appends what comes to w.
+func (d *download) attempt(ctx context.Context) error {
+	ctx, watch := d.c.watchStalls(ctx)
+	defer watch.stop()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("User-Agent", "kiln")
+	// Ask for the bytes as stored: with transparent gzip decoding, a .tar.gz served with
+	// Content-Encoding: gzip would hash differently.
+	req.Header.Set("Accept-Encoding", "identity")
+	if d.w.n > 0 {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", d.w.n))
+		if d.validator != "" {
+			req.Header.Set("If-Range", d.validator)
+		}
+	}
+	client := d.c.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return transient(fmt.Errorf("GET %s: %w", d.url, causeOr(ctx, err)))
+	}
+	defer resp.Body.Close()
+	if err := d.accept(resp); err != nil {
+		return err
+	}
+	start := d.w.n
+	_, err = io.Copy(d.w, watch.reader(resp.Body))
+	var we *writeError
+	switch got := d.w.n - start; {
+	case errors.As(err, &we):
+		return err
+	case err != nil:
+		return transient(fmt.Errorf("GET %s: after %d bytes: %w", d.url, d.w.n, causeOr(ctx, err)))
+	case resp.ContentLength >= 0 && got != resp.ContentLength:
+		return transient(fmt.Errorf("GET %s: got %d bytes, want %d", d.url, got, resp.ContentLength))
+	}
+	return nil
+}
+
+// accept checks the answer's status before its body is read: a 200 starts w over, a 206
+// must continue w exactly where it ends and come from the same version of the file.
+func (d *download) accept(resp *http.Response) error {
+	switch resp.StatusCode {
+	case http.StatusOK:
+		if d.w.n > 0 {
+			d.c.logger().Info("download restarts from zero: the server sent the whole file", "url", d.url, "had", d.w.n)
+			if err := d.w.restart(); err != nil {
+				return err
+			}
+		}
+		d.validator = validatorOf(resp)
+		return nil
+	case http.StatusPartialContent:
+		first, err := contentRangeStart(resp.Header.Get("Content-Range"))
+		v := validatorOf(resp)
+		if d.w.n > 0 && err == nil && first == d.w.n && (v == "" || d.validator == "" || v == d.validator) {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("206 for %q (validator %q) when bytes %d- of %q were asked for", resp.Header.Get("Content-Range"), v, d.w.n, d.validator)
+		}
+		if rerr := d.w.restart(); rerr != nil {
+			return rerr
+		}
+		return transient(fmt.Errorf("GET %s: %w; starting over", d.url, err))
+	case http.StatusRequestedRangeNotSatisfiable:
+		if err := d.w.restart(); err != nil {
+			return err
+		}
+		return transient(fmt.Errorf("GET %s: %s for bytes %d-; starting over", d.url, resp.Status, d.w.n))
+	}
+	err := fmt.Errorf("GET %s: %s", d.url, resp.Status)
+	if retryStatus(resp.StatusCode) {
+		return transient(err)
+	}
+	return err
+}
+
+// validatorOf returns what identifies the version of the file resp carries, for If-Range:
+// its ETag when strong (If-Range takes no weak one), else its Last-Modified, else "".
+func validatorOf(resp *http.Response) string {
+	if et := resp.Header.Get("ETag"); et != "" && !strings.HasPrefix(et, "W/") {
+		return et
+	}
+	return resp.Header.Get("Last-Modified")
+}
+
+// contentRangeStart returns the first byte position of a Content-Range "bytes F-L/S".
+func contentRangeStart(cr string) (int64, error) {
+	spec, ok := strings.CutPrefix(cr, "bytes ")
+	first, _, ok2 := strings.Cut(spec, "-")
+	if !ok || !ok2 {
+		return 0, fmt.Errorf("Content-Range %q is not bytes F-L/S", cr)
+	}
+	n, err := strconv.ParseInt(first, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("Content-Range %q is not bytes F-L/S", cr)
+	}
+	return n, nil
+}
