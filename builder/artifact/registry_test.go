@@ -6,12 +6,16 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +23,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -223,4 +228,58 @@ func mustRandom(t *testing.T) v1.Image {
 		t.Fatal(err)
 	}
 	return img
+}
+
+// TestRegistryRetries pulls an image through a registry that answers its manifest and a layer
+// with 429 and 503 before serving them: RemoteOptions retries both.
+func TestRegistryRetries(t *testing.T) {
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	var mu sync.Mutex
+	failures := map[string][]int{} // path → statuses still to answer with
+	var answered []int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		codes := failures[r.URL.Path]
+		if len(codes) > 0 && r.Method == http.MethodGet {
+			failures[r.URL.Path] = codes[1:]
+			answered = append(answered, codes[0])
+			mu.Unlock()
+			http.Error(w, http.StatusText(codes[0]), codes[0])
+			return
+		}
+		mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	img := amd64(t, mustRandom(t), "amd64")
+	ref, err := name.ParseReference(host + "/kiln/flaky:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := digestOf(t, img)
+	mu.Lock()
+	failures["/v2/kiln/flaky/manifests/"+digest] = []int{http.StatusTooManyRequests, http.StatusServiceUnavailable}
+	failures["/v2/kiln/flaky/blobs/"+digestOf(t, layers[0])] = []int{http.StatusBadGateway, http.StatusTooManyRequests}
+	mu.Unlock()
+
+	isolateDockerConfig(t)
+	fast := remote.WithRetryBackoff(remote.Backoff{Duration: time.Millisecond, Factor: 1, Steps: 5})
+	c := NewCache(t.TempDir())
+	src := ImageSource{Name: "flaky", Source: host + "/kiln/flaky:1", Digest: digest}
+	if _, err := c.FetchImage(t.Context(), src, ImageFetch{Remote: append(RemoteOptions(nil), fast)}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(answered) != 4 {
+		t.Errorf("answered %v before serving, want the 4 failures retried", answered)
+	}
 }
