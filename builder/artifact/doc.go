@@ -20,6 +20,14 @@
 // a layer is hashed in full on its way in, before any of its entries is
 // applied. Unpacking one layer or archive is bounded by MaxUnpacked.
 //
+// Downloads over http(s) are retried on transient failures (connection errors, stalls, a
+// body cut short, 408, 429, 5xx) with bounded, jittered backoff (DownloadRetry) and resumed
+// with Range/If-Range; the hash still covers the whole file, and a mismatch is never
+// retried. Registry requests use RemoteOptions, built once per command and passed down:
+// credentials from the docker config and credential helpers (authn.DefaultKeychain), retries
+// on 408, 429 and 5xx, and a refusal for want of credentials is an *AuthError that says
+// where they are looked up.
+//
 // The lock file, images/<name>.lock, is JSON with sorted keys. It records the
 // manifest digest of the base image (resolved from a tag through a
 // BaseResolver), the linux/amd64 manifest digest of every container image
