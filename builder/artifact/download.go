@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kilnproject/kiln/internal/poll"
@@ -68,6 +70,15 @@ func retryable(err error) bool {
 	return errors.As(err, &t) && !errors.As(err, &x)
 }
 
+// cutShort reports whether err, from reading a response body, is the connection failing or
+// the download stalling (ctx, the attempt's context, ended): worth another attempt, unlike a
+// body that arrived whole and failed a check.
+func cutShort(ctx context.Context, err error) bool {
+	var ne net.Error
+	return context.Cause(ctx) != nil || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.As(err, &ne)
+}
+
 // retryStatus reports whether an HTTP answer is worth another attempt.
 func retryStatus(code int) bool {
 	return code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500
@@ -81,6 +92,14 @@ func retryStatus(code int) bool {
 // than 408 and 429, or a failure to write the cache, ends the download at once.
 func (c *Cache) download(ctx context.Context, url string, w *blobFile) error {
 	d := &download{c: c, url: url, w: w}
+	return c.retry(ctx, url, func() int64 { return w.n }, d.attempt)
+}
+
+// retry runs op, a request to url, until it succeeds or fails with an error that is not
+// transient, at most c.Retry.attempts() times, pausing as c.Retry says. Each retry is logged
+// with the URL, the attempt, its error, the pause before the next one and, when have is
+// set, the bytes kept for a resume.
+func (c *Cache) retry(ctx context.Context, url string, have func() int64, op func(context.Context) error) error {
 	attempts := c.Retry.attempts()
 	n := 0
 	err := poll.Retry(ctx, poll.Options{
@@ -89,12 +108,15 @@ func (c *Cache) download(ctx context.Context, url string, w *blobFile) error {
 		Clock:     c.Retry.Clock,
 		Retryable: retryable,
 		OnRetry: func(a poll.Attempt) {
-			c.logger().Warn("download failed, retrying", "url", url, "attempt", a.N, "of", attempts,
-				"error", a.Err, "next", a.Pause.Round(time.Millisecond), "have", w.n)
+			attrs := []any{"url", url, "attempt", a.N, "of", attempts, "error", a.Err, "next", a.Pause.Round(time.Millisecond)}
+			if have != nil {
+				attrs = append(attrs, "have", have())
+			}
+			c.logger().Warn("download failed, retrying", attrs...)
 		},
 	}, func(ctx context.Context) error {
 		n++
-		err := d.attempt(ctx)
+		err := op(ctx)
 		if err != nil && n >= attempts && retryable(err) {
 			return &exhaustedError{err, n}
 		}

@@ -253,7 +253,14 @@ func (x *imageFetcher) blobs(ds []v1.Descriptor) error {
 		if err != nil {
 			return err
 		}
-		n, err := x.c.putRemoteBlob(x.ctx, repo, d, opts)
+		// The registry client retries requests; a body cut short is retried here, from the
+		// start of the blob.
+		var n int64
+		url := repo.Digest(d.Digest.String()).String()
+		err = x.c.retry(x.ctx, url, nil, func(ctx context.Context) error {
+			n, err = x.c.putRemoteBlob(ctx, repo, d, opts)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", x.label, err)
 		}
@@ -297,7 +304,8 @@ func (c *Cache) readBlob(hex string) ([]byte, error) {
 }
 
 // putRemoteBlob downloads the blob d of repo into the cache, failing if
-// it receives nothing for StallTimeout or does not hash to d.Digest.
+// it receives nothing for StallTimeout or does not hash to d.Digest. A stall or a body cut
+// short is a transientError (the registry client retried the request itself already).
 func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.Descriptor, opts []remote.Option) (int64, error) {
 	ctx, watch := c.watchStalls(ctx)
 	defer watch.stop()
@@ -306,6 +314,7 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), causeOr(ctx, err)))
 	}
+	var cut bool // the body was cut short or stalled
 	got, _, n, err := c.put(d.Digest.Hex, func(w *blobFile) error {
 		rc, err := l.Compressed()
 		if err != nil {
@@ -318,11 +327,14 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 			r = io.LimitReader(r, d.Size+1)
 		}
 		_, err = io.Copy(w, r)
+		cut = err != nil && cutShort(ctx, err)
 		return err
 	})
 	switch {
 	case errors.Is(err, errMismatch):
 		return n, fmt.Errorf("blob from %s hashes to sha256:%s, want %s", ref, got, d.Digest)
+	case cut:
+		return n, transient(fmt.Errorf("%s: after %d bytes: %w", ref, n, causeOr(ctx, err)))
 	case err != nil:
 		return n, fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), causeOr(ctx, err)))
 	case d.Size > 0 && n != d.Size:

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -281,5 +283,80 @@ func TestRegistryRetries(t *testing.T) {
 	defer mu.Unlock()
 	if len(answered) != 4 {
 		t.Errorf("answered %v before serving, want the 4 failures retried", answered)
+	}
+}
+
+// TestRegistryBlobCutShort: a layer whose body is cut short is fetched again (the registry
+// client retries requests, not bodies); a layer that arrives whole but corrupt is not.
+func TestRegistryBlobCutShort(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		corrupt  bool
+		wantGets int
+	}{
+		{name: "cut short, fetched again", wantGets: 2},
+		{name: "corrupt, not retried", corrupt: true, wantGets: 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+			var mu sync.Mutex
+			var blobPath string
+			gets := 0
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				hit := r.Method == http.MethodGet && r.URL.Path == blobPath
+				if hit {
+					gets++
+				}
+				first := gets == 1
+				mu.Unlock()
+				if !hit || (!first && !tt.corrupt) {
+					h.ServeHTTP(w, r)
+					return
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, r)
+				body := rec.Body.Bytes()
+				w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+				if tt.corrupt {
+					body[len(body)/2] ^= 0xff
+					w.Write(body)
+					return
+				}
+				w.Write(body[:len(body)/2])
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler)
+			}))
+			t.Cleanup(srv.Close)
+			host := strings.TrimPrefix(srv.URL, "http://")
+			img := amd64(t, mustRandom(t), "amd64")
+			ref, err := name.ParseReference(host + "/kiln/cut:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := remote.Write(ref, img); err != nil {
+				t.Fatal(err)
+			}
+			layers, _ := img.Layers()
+			mu.Lock()
+			blobPath = "/v2/kiln/cut/blobs/" + digestOf(t, layers[0])
+			mu.Unlock()
+
+			isolateDockerConfig(t)
+			var logs bytes.Buffer
+			c := NewCache(t.TempDir())
+			c.Log = slog.New(slog.NewTextHandler(&logs, nil))
+			c.Retry = DownloadRetry{Clock: &instantClock{}}
+			_, err = c.FetchImage(t.Context(), ImageSource{Name: "cut", Source: host + "/kiln/cut:1", Digest: digestOf(t, img)}, ImageFetch{})
+			if tt.corrupt != (err != nil) {
+				t.Fatalf("fetch: %v (want an error: %v)", err, tt.corrupt)
+			}
+			if gets != tt.wantGets {
+				t.Errorf("%d GETs of the layer, want %d", gets, tt.wantGets)
+			}
+			if !tt.corrupt && !strings.Contains(logs.String(), "unexpected EOF") {
+				t.Errorf("the retry is not logged with its cause:\n%s", logs.String())
+			}
+		})
 	}
 }
