@@ -25,7 +25,8 @@
 // with Range/If-Range; the hash still covers the whole file, and a mismatch is never
 // retried. Registry requests use RemoteOptions, built once per command and passed down:
 // credentials from the docker config and credential helpers (authn.DefaultKeychain), retries
-// on 408, 429 and 5xx, and a refusal for want of credentials is an *AuthError that says
+// on 408, 429 and 5xx (a blob body cut short is fetched again under DownloadRetry), and a
+// refusal for want of credentials is an *AuthError that says
 // where they are looked up.
 //
 // The lock file, images/<name>.lock, is JSON with sorted keys. It records the

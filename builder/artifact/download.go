@@ -15,7 +15,8 @@ import (
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
-// DownloadRetry says how an http(s) artifact download is retried. The zero value makes up
+// DownloadRetry says how an http(s) artifact download, or the body of a registry blob, is
+// retried. The zero value makes up
 // to 5 attempts, pausing about 1, 2, 4 and 8 seconds between them (each drawn at random
 // between half and all of that), on the wall clock.
 type DownloadRetry struct {
