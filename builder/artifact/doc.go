@@ -26,8 +26,7 @@
 // retried. Registry requests use RemoteOptions, built once per command and passed down:
 // credentials from the docker config and credential helpers (authn.DefaultKeychain), retries
 // on 408, 429 and 5xx (a blob body cut short is fetched again under DownloadRetry), and a
-// refusal for want of credentials is an *AuthError that says
-// where they are looked up.
+// refusal for want of credentials is an *AuthError that says where they are looked up.
 //
 // The lock file, images/<name>.lock, is JSON with sorted keys. It records the
 // manifest digest of the base image (resolved from a tag through a
