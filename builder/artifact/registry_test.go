@@ -351,9 +351,11 @@ func TestRegistryBlobCutShort(t *testing.T) {
 			if tt.corrupt != (err != nil) {
 				t.Fatalf("fetch: %v (want an error: %v)", err, tt.corrupt)
 			}
+			mu.Lock()
 			if gets != tt.wantGets {
 				t.Errorf("%d GETs of the layer, want %d", gets, tt.wantGets)
 			}
+			mu.Unlock()
 			if !tt.corrupt && !strings.Contains(logs.String(), "unexpected EOF") {
 				t.Errorf("the retry is not logged with its cause:\n%s", logs.String())
 			}
