@@ -1,0 +1,163 @@
+package publish
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/url"
+	"strings"
+	"time"
+
+	compute "google.golang.org/api/compute/v1"
+)
+
+// existing returns the image already made from this file (its digest label and description),
+// or nil when there is none and o.Name is free. An image of this file that is not READY, and
+// an image called o.Name made from something else, are errors.
+func (p *gcePublisher) existing(ctx context.Context) (*GCEResult, error) {
+	digest := p.img.sha256
+	filter := fmt.Sprintf("labels.%s=%s", GCEDigestLabel, gceDigestLabelValue(digest))
+	var found *compute.Image
+	err := p.compute.Images.List(p.o.Project).Filter(filter).Pages(ctx, func(l *compute.ImageList) error {
+		for _, im := range l.Items {
+			if !strings.Contains(im.Description, gceDescriptionDigest(digest)) {
+				continue
+			}
+			if found == nil || im.Name == p.o.Name {
+				found = im
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, apiError("images.list", err)
+	}
+	if found != nil {
+		if found.Status != "READY" {
+			return nil, fmt.Errorf("image %s of this file (sha256 %s) is %s: publish again once it is READY, or delete it (gcloud compute images delete %s --project %s)", found.Name, digest, found.Status, found.Name, p.o.Project)
+		}
+		p.log.Info("image of this file exists; nothing uploaded", "image", found.Name, "sha256", digest)
+		return &GCEResult{Image: found.Name, SelfLink: found.SelfLink, Reused: true}, nil
+	}
+	im, err := p.compute.Images.Get(p.o.Project, p.o.Name).Context(ctx).Do()
+	switch {
+	case isNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, apiError("images.get "+p.o.Name, err)
+	}
+	return nil, fmt.Errorf("--name %s: image exists in project %s, made from another file (label %s=%q; this file's sha256 is %s): choose another --name", p.o.Name, p.o.Project, GCEDigestLabel, im.Labels[GCEDigestLabel], digest)
+}
+
+// gceImageSpec is the image o.Name made from the uploaded object.
+func (p *gcePublisher) gceImageSpec() *compute.Image {
+	labels := maps.Clone(p.o.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[GCEDigestLabel] = gceDigestLabelValue(p.img.sha256)
+	var features []*compute.GuestOsFeature
+	for _, f := range gceGuestOSFeatures {
+		features = append(features, &compute.GuestOsFeature{Type: f})
+	}
+	md := p.img.meta
+	return &compute.Image{
+		Name:            p.o.Name,
+		Family:          p.o.Family,
+		Description:     fmt.Sprintf("kiln image %s, role %s, platform %s, baked %s; %s", md.Name, md.Role, md.Platform, md.Created.UTC().Format(time.RFC3339), gceDescriptionDigest(p.img.sha256)),
+		Labels:          labels,
+		Architecture:    gceArchitecture,
+		GuestOsFeatures: features,
+		RawDisk: &compute.ImageRawDisk{
+			Source:        "https://storage.googleapis.com/" + p.o.Bucket + "/" + (&url.URL{Path: p.o.Object}).EscapedPath(),
+			ContainerType: "TAR",
+		},
+	}
+}
+
+// createImage inserts the image and waits for it to be READY. An image left FAILED is
+// deleted; an error says what is left when that is unknown.
+func (p *gcePublisher) createImage(ctx context.Context) (*GCEResult, error) {
+	spec := p.gceImageSpec()
+	p.log.Info("creating image", "image", spec.Name, "source", spec.RawDisk.Source, "family", spec.Family)
+	op, err := p.compute.Images.Insert(p.o.Project, spec).Context(ctx).Do()
+	if err != nil {
+		return nil, apiError("images.insert "+spec.Name, err)
+	}
+	if op, err = p.wait(ctx, op); err != nil {
+		return nil, fmt.Errorf("%w; image %s may still be created: see gcloud compute images describe %s --project %s", err, spec.Name, spec.Name, p.o.Project)
+	}
+	if err := operationError("images.insert "+spec.Name, op); err != nil {
+		return nil, p.dropFailedImage(err)
+	}
+	im, err := p.compute.Images.Get(p.o.Project, spec.Name).Context(ctx).Do()
+	if err != nil {
+		return nil, apiError("images.get "+spec.Name, err)
+	}
+	if im.Status != "READY" {
+		return nil, p.dropFailedImage(fmt.Errorf("image %s is %s once created, want READY", spec.Name, im.Status))
+	}
+	p.log.Info("image ready", "image", im.Name, "selfLink", im.SelfLink)
+	return &GCEResult{Image: im.Name, SelfLink: im.SelfLink, Object: p.objectURL()}, nil
+}
+
+// wait waits for the global operation op to be DONE.
+func (p *gcePublisher) wait(ctx context.Context, op *compute.Operation) (*compute.Operation, error) {
+	for op.Status != "DONE" {
+		start := time.Now()
+		next, err := p.compute.GlobalOperations.Wait(p.o.Project, op.Name).Context(ctx).Do()
+		if err != nil {
+			return nil, apiError("globalOperations.wait "+op.Name, err)
+		}
+		op = next
+		// Wait returns at the latest after two minutes; it may return early, so pace the loop.
+		if op.Status != "DONE" && time.Since(start) < time.Second {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	return op, nil
+}
+
+// operationError is the error a DONE operation ended with, or nil.
+func operationError(call string, op *compute.Operation) error {
+	if op.Error == nil || len(op.Error.Errors) == 0 {
+		return nil
+	}
+	var msgs []string
+	for _, e := range op.Error.Errors {
+		msgs = append(msgs, e.Code+": "+e.Message)
+	}
+	msg := strings.Join(msgs, "; ")
+	if op.HttpErrorStatusCode == 403 {
+		if m := permissionIn.FindStringSubmatch(msg); m != nil {
+			return fmt.Errorf("%s: operation %s: permission %s denied: %s", call, op.Name, m[1], msg)
+		}
+	}
+	return fmt.Errorf("%s: operation %s failed: %s", call, op.Name, msg)
+}
+
+// dropFailedImage deletes the image o.Name, which this publish created and which failed, and
+// returns cause, saying what is left if it could not be deleted.
+func (p *gcePublisher) dropFailedImage(cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	op, err := p.compute.Images.Delete(p.o.Project, p.o.Name).Context(ctx).Do()
+	if isNotFound(err) {
+		return cause
+	}
+	if err == nil {
+		op, err = p.wait(ctx, op)
+	}
+	if err == nil {
+		err = operationError("images.delete "+p.o.Name, op)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (and the failed image %s is left: %v)", cause, p.o.Name, err)
+	}
+	p.log.Info("deleted the failed image", "image", p.o.Name)
+	return cause
+}

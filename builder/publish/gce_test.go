@@ -1,0 +1,268 @@
+package publish
+
+import (
+	"bytes"
+	"context"
+	"crypto/md5"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/oauth2"
+	compute "google.golang.org/api/compute/v1"
+	"google.golang.org/api/option"
+
+	"github.com/kilnproject/kiln/builder/output"
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+const (
+	testProject = "kiln-test"
+	testBucket  = "kiln-images"
+)
+
+// gceOutput bakes what kiln bake leaves for the gce format: a sparse raw disk with data in
+// two places (random, so the tarball does not shrink to nothing) turned into
+// <dir>/gce-worker.tar.gz by builder/output, and gce-worker.json listing it with its sha256.
+func gceOutput(t testing.TB, dataMiB int) string {
+	t.Helper()
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "gce-worker.raw")
+	f, err := os.Create(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, dataMiB<<20)
+	rand.Read(data)
+	for _, off := range []int64{0, 48 << 20} {
+		if _, err := f.WriteAt(data[:len(data)/2], off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(1 << 30); err != nil { // whole GiB, as the gce definition rounds
+		t.Fatal(err)
+	}
+	f.Close()
+	tgz := filepath.Join(dir, "gce-worker.tar.gz")
+	if err := output.Convert(context.Background(), raw, "gce", tgz); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(raw)
+	writeSidecar(t, tgz, sha256Of(t, tgz))
+	return tgz
+}
+
+// writeSidecar writes the bake's <stem>.json for the gce output tgz, recording digest.
+func writeSidecar(t testing.TB, tgz, digest string) {
+	t.Helper()
+	fi, err := os.Stat(tgz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := nodeimage.Metadata{Name: "gce", Role: "worker", Platform: "gce", Created: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC),
+		Outputs: []nodeimage.OutputInfo{{Format: "gce", File: filepath.Base(tgz), Size: fi.Size(), SHA256: digest}}}
+	data, _ := json.Marshal(md)
+	if err := os.WriteFile(strings.TrimSuffix(tgz, ".tar.gz")+".json", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sha256Of(t testing.TB, file string) string {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// gceEnv is the emulator and the compute fake a publish talks to.
+type gceEnv struct {
+	gcs     *gcsFront
+	compute *computeFake
+}
+
+func newGCEEnv(t testing.TB) *gceEnv {
+	gcs := newGCSFront(t, testBucket)
+	return &gceEnv{gcs: gcs, compute: newComputeFake(t, testProject, gcs.gcs)}
+}
+
+// options publishes file as image name through env, in chunks of 256 KiB.
+func (e *gceEnv) options(file, name string) GCEOptions {
+	return GCEOptions{
+		File: file, Project: testProject, Bucket: testBucket, Name: name, Family: "kiln-worker",
+		Labels: map[string]string{"role": "worker"}, ChunkSize: 256 << 10,
+		StorageEndpoint: e.gcs.srv.URL, ComputeEndpoint: e.compute.srv.URL,
+		ClientOptions: []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: testToken}))},
+		Log:           slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// The first publish uploads the tarball in several chunks, declaring its CRC32C and MD5 for the
+// service to check, creates the image from exactly those bytes with kiln's features and
+// labels, and deletes the object; the second finds the image by its digest and uploads nothing.
+func TestPublishGCE(t *testing.T) {
+	env := newGCEEnv(t)
+	file := gceOutput(t, 2)
+	want, _ := os.ReadFile(file)
+	digest := sha256Of(t, file)
+
+	var progress []int64
+	o := env.options(file, "kiln-worker-1")
+	o.Progress = func(sent, total int64) { progress = append(progress, sent) }
+	res, err := PublishGCE(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Image != "kiln-worker-1" || res.Reused || res.Object != "gs://kiln-images/kiln-worker-1.tar.gz" || !strings.HasSuffix(res.SelfLink, "/global/images/kiln-worker-1") {
+		t.Errorf("result %+v", res)
+	}
+	if got := env.compute.sources["kiln-worker-1"]; !bytes.Equal(got, want) {
+		t.Errorf("the image was made from %d bytes that differ from the %d of %s", len(got), len(want), file)
+	}
+	if env.gcs.chunks < 3 || len(progress) < 3 || progress[len(progress)-1] != int64(len(want)) {
+		t.Errorf("%d chunks, progress %v: want a resumable upload of %d bytes in several chunks", env.gcs.chunks, progress, len(want))
+	}
+	crc := make([]byte, 4)
+	binary.BigEndian.PutUint32(crc, crc32.Checksum(want, crc32.MakeTable(crc32.Castagnoli)))
+	md := md5.Sum(want)
+	if d := env.gcs.declared; len(d) != 1 || d[0]["crc32c"] != base64.StdEncoding.EncodeToString(crc) || d[0]["md5Hash"] != base64.StdEncoding.EncodeToString(md[:]) {
+		t.Errorf("declared checksums %v, want the file's", d)
+	}
+	im := env.compute.images["kiln-worker-1"]
+	if im.Family != "kiln-worker" || im.Labels["role"] != "worker" || im.Labels[GCEDigestLabel] != digest[:63] || !strings.Contains(im.Description, "sha256:"+digest) {
+		t.Errorf("image family %q labels %v description %q", im.Family, im.Labels, im.Description)
+	}
+	if objs := env.gcs.objects(t, testBucket); len(objs) != 0 {
+		t.Errorf("objects left: %v", objs)
+	}
+
+	starts, inserts := env.gcs.starts, env.compute.count("POST images/")
+	o.Name = "kiln-worker-2" // the same file under another name is still the same image
+	again, err := PublishGCE(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Reused || again.Image != "kiln-worker-1" || again.Object != "" {
+		t.Errorf("second publish: %+v, want kiln-worker-1 reused", again)
+	}
+	if env.gcs.starts != starts || env.compute.count("POST images/") != inserts {
+		t.Errorf("second publish uploaded (%d→%d) or inserted (%d→%d)", starts, env.gcs.starts, inserts, env.compute.count("POST images/"))
+	}
+}
+
+// A chunk that fails (the service answers 503, the connection drops while it is sent or
+// before the answer) is sent again and the
+// object still arrives byte for byte; --keep-object leaves it.
+func TestPublishGCEResumes(t *testing.T) {
+	for _, fault := range []gcsFault{fault503, faultCut, faultDrop} {
+		t.Run(string(fault), func(t *testing.T) {
+			env := newGCEEnv(t)
+			env.gcs.fault, env.gcs.faultAt = fault, 2
+			file := gceOutput(t, 2)
+			o := env.options(file, "kiln-worker")
+			o.KeepObject = true
+			if _, err := PublishGCE(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+			want, _ := os.ReadFile(file)
+			obj, err := env.gcs.gcs.GetObject(testBucket, "kiln-worker.tar.gz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !env.gcs.faulted || !bytes.Equal(obj.Content, want) {
+				t.Errorf("fault injected %v; object %d bytes, file %d: differ", env.gcs.faulted, len(obj.Content), len(want))
+			}
+		})
+	}
+}
+
+// Failures leave nothing behind and say what failed.
+func TestPublishGCEFails(t *testing.T) {
+	tests := []struct {
+		name    string
+		setup   func(t testing.TB, env *gceEnv, o *GCEOptions)
+		wantErr string
+		inserts int // images.insert calls expected
+	}{
+		{
+			name:    "insert forbidden",
+			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.compute.insertStatus = 403 },
+			wantErr: "images.insert kiln-worker: permission compute.images.create denied",
+			inserts: 1,
+		},
+		{
+			name:    "upload forbidden",
+			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.gcs.forbid = true },
+			wantErr: "permission storage.objects.create denied",
+		},
+		{
+			name:    "operation fails",
+			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.compute.failOp = true },
+			wantErr: "IMAGE_IMPORT_ERROR: Image import failed",
+			inserts: 1,
+		},
+		{
+			name: "sha256 differs from the metadata",
+			setup: func(t testing.TB, _ *gceEnv, o *GCEOptions) {
+				writeSidecar(t, o.File, strings.Repeat("ab", 32))
+			},
+			wantErr: "the file changed since the bake",
+		},
+		{
+			name: "corrupted on the way",
+			setup: func(_ testing.TB, env *gceEnv, o *GCEOptions) {
+				o.ChunkSize = 64 << 20 // one request, whose MD5 and CRC32C the emulator checks
+				env.gcs.fault, env.gcs.faultAt = faultCorrupt, 1
+			},
+			wantErr: "doesn't match calculated",
+		},
+		{
+			name: "name taken by another image",
+			setup: func(_ testing.TB, env *gceEnv, _ *GCEOptions) {
+				env.compute.images["kiln-worker"] = &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: "0123"}}
+			},
+			wantErr: "--name kiln-worker: image exists in project kiln-test, made from another file",
+		},
+		{
+			name: "not the gce format",
+			setup: func(_ testing.TB, _ *gceEnv, o *GCEOptions) {
+				o.File = strings.TrimSuffix(o.File, ".tar.gz") + ".qcow2"
+			},
+			wantErr: "a qcow2 output; GCE takes the gce format",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := newGCEEnv(t)
+			o := env.options(gceOutput(t, 1), "kiln-worker")
+			tt.setup(t, env, &o)
+			_, err := PublishGCE(context.Background(), o)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+			}
+			t.Log(err)
+			if objs := env.gcs.objects(t, testBucket); len(objs) != 0 {
+				t.Errorf("objects left: %v", objs)
+			}
+			if im := env.compute.images["kiln-worker"]; im != nil && im.Status != "READY" {
+				t.Errorf("image left: %s", im.Status)
+			}
+			if n := env.compute.count("POST images/"); n != tt.inserts {
+				t.Errorf("%d images.insert calls, want %d", n, tt.inserts)
+			}
+		})
+	}
+}
