@@ -1,15 +1,175 @@
 package main
 
 import (
-	"errors"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/api/option"
+
+	"github.com/kilnproject/kiln/builder/publish"
+	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
 func newPublishGCECmd() *cobra.Command {
-	return &cobra.Command{
-		Use:    "gce",
-		Hidden: true,
-		RunE:   func(*cobra.Command, []string) error { return errors.New("publish gce: not available") },
+	var (
+		o         publish.GCEOptions
+		labels    []string
+		format    string
+		chunkMiB  int
+		noAuth    bool
+		endpoints = map[string]*string{"--storage-endpoint": &o.StorageEndpoint, "--compute-endpoint": &o.ComputeEndpoint}
+	)
+	cmd := &cobra.Command{
+		Use:   "gce IMAGE.tar.gz --project P --bucket B --name N",
+		Short: "Upload a gce image to Cloud Storage and create a Compute Engine image from it",
+		Long: `Publish gce takes the gce output of a bake (<image>-<role>.tar.gz: disk.raw in a sparse tar,
+with <image>-<role>.json beside it), checks its SHA-256 against that metadata, uploads it to
+the bucket as gs://B/<name>.tar.gz (--object) in a resumable upload whose CRC32C and MD5
+Cloud Storage checks, creates the image N from it (UEFI_COMPATIBLE, VIRTIO_SCSI_MULTIQUEUE,
+GVNIC, x86_64, the family and labels given) and waits until it is READY. Then it deletes the
+uploaded object, unless --keep-object.
+
+The image is labelled kiln-sha256 with the first 63 hex digits of the file's SHA-256 (a label
+value holds 63 characters) and its description ends with the whole "sha256:<hex>". Publishing
+the same file again finds that image and prints it without uploading ("reused": true), under
+whatever name it has. A --name already taken by an image of another file is an error.
+
+A failure deletes what this publish created (the uploaded object, an image left FAILED) or
+says what is left. A chunk that fails is sent again (--chunk-size).
+
+Credentials are Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth
+application-default login, workload identity, the metadata server). The permissions needed
+are listed in the README under "Publishing from CI". --storage-endpoint and
+--compute-endpoint reach private endpoints or emulators (the API's path is added to a URL
+without one); STORAGE_EMULATOR_HOST is honoured as by every Cloud Storage client and sends
+no credentials to Cloud Storage. --no-auth sends none to either API, for emulators and test
+fakes; a plain-http endpoint is refused without it, so credentials never go in clear text.
+
+-o json prints {"image", "selfLink", "object", "reused"} for the next step of a CI job;
+"object" is the gs:// URL the image was made from, empty when it was reused.`,
+		Example: `  kiln bake images/gce.yaml --role worker -o out
+  kiln publish gce out/gce-worker.tar.gz --project my-project --bucket my-images \
+      --name kiln-worker-20261203 --family kiln-worker --label role=worker -o json
+
+  # against a local Cloud Storage emulator and Compute fake
+  kiln publish gce out/gce-worker.tar.gz --project p --bucket b --name n --no-auth \
+      --storage-endpoint http://127.0.0.1:4443 --compute-endpoint http://127.0.0.1:8080`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if format != "table" && format != "json" {
+				return exitcode.Usagef("-o: unknown output format %q (want table or json)", format)
+			}
+			if err := publish.CheckGCEImageName(o.Name); err != nil {
+				return exitcode.Usagef("--name: %v", err)
+			}
+			if o.Family != "" {
+				if err := publish.CheckGCEImageName(o.Family); err != nil {
+					return exitcode.Usagef("--family: %v", err)
+				}
+			}
+			var err error
+			if o.Labels, err = publish.ParseGCELabels(labels); err != nil {
+				return exitcode.Usagef("--label %v", err)
+			}
+			if chunkMiB < 1 {
+				return exitcode.Usagef("--chunk-size: %d MiB, want at least 1", chunkMiB)
+			}
+			for flag, ep := range endpoints {
+				if err := checkEndpoint(*ep, noAuth); err != nil {
+					return exitcode.Usagef("%s: %v", flag, err)
+				}
+			}
+			if noAuth {
+				o.ClientOptions = append(o.ClientOptions, option.WithoutAuthentication())
+			}
+			o.File, o.ChunkSize, o.Log = args[0], chunkMiB<<20, slog.Default()
+			o.Progress = gceProgress(cmd.ErrOrStderr())
+			res, err := publish.PublishGCE(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return printGCEResult(cmd.OutOrStdout(), format, res)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Project, "project", "", "the Google Cloud project of the image")
+	f.StringVar(&o.Bucket, "bucket", "", "the Cloud Storage bucket the tarball is uploaded to")
+	f.StringVar(&o.Name, "name", "", "the image's name")
+	f.StringVar(&o.Family, "family", "", "the image family")
+	f.StringArrayVar(&labels, "label", nil, "a label KEY=VALUE on the image (repeatable; lowercase letters, digits, _ and -)")
+	f.StringVar(&o.Object, "object", "", "the object's name in the bucket (default <name>.tar.gz)")
+	f.BoolVar(&o.KeepObject, "keep-object", false, "keep the uploaded object once the image is created (by default it is deleted)")
+	f.IntVar(&chunkMiB, "chunk-size", 16, "MiB sent per request of the resumable upload; a failed chunk is sent again")
+	f.StringVar(&o.StorageEndpoint, "storage-endpoint", "", "Cloud Storage API endpoint URL (private endpoint, emulator)")
+	f.StringVar(&o.ComputeEndpoint, "compute-endpoint", "", "Compute Engine API endpoint URL (private endpoint, fake)")
+	f.BoolVar(&noAuth, "no-auth", false, "send no credentials (emulators and test fakes only)")
+	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
+	for _, name := range []string{"project", "bucket", "name"} {
+		_ = cmd.MarkFlagRequired(name)
+	}
+	return cmd
+}
+
+// checkEndpoint refuses an endpoint that is not an http(s) URL, and a plain-http one unless no
+// credentials are sent.
+func checkEndpoint(ep string, noAuth bool) error {
+	if ep == "" {
+		return nil
+	}
+	u, err := url.Parse(ep)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return fmt.Errorf("%q: want an http(s) URL", ep)
+	}
+	if u.Scheme == "http" && !noAuth {
+		return fmt.Errorf("%q: credentials would go in clear text; use https, or --no-auth for an emulator", ep)
+	}
+	return nil
+}
+
+// printGCEResult writes what publish gce made as a table or JSON.
+func printGCEResult(w io.Writer, format string, res *publish.GCEResult) error {
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	fmt.Fprintf(w, "image     %s\nselfLink  %s\n", res.Image, res.SelfLink)
+	if res.Object != "" {
+		fmt.Fprintf(w, "object    %s\n", res.Object)
+	}
+	fmt.Fprintf(w, "reused    %t\n", res.Reused)
+	return nil
+}
+
+// gceProgress reports the upload: one line rewritten in place on a terminal, else a log line
+// at every tenth of the file.
+func gceProgress(stderr io.Writer) func(sent, total int64) {
+	start := time.Now()
+	tty := false
+	if f, ok := stderr.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	var lastTenth int64 = -1
+	return func(sent, total int64) {
+		rate := float64(sent) / (1 << 20) / max(time.Since(start).Seconds(), 1e-3)
+		if tty {
+			fmt.Fprintf(stderr, "\ruploaded %.1f of %.1f MiB, %.1f MiB/s ", float64(sent)/(1<<20), float64(total)/(1<<20), rate)
+			if sent == total {
+				fmt.Fprintln(stderr)
+			}
+			return
+		}
+		if tenth := sent * 10 / max(total, 1); tenth != lastTenth {
+			lastTenth = tenth
+			slog.Info("upload", "sent", sent, "total", total, "MiB/s", float64(int64(rate*10))/10)
+		}
 	}
 }
