@@ -5,5 +5,7 @@
 // on the cloud image, so publishing the same file again finds the image instead of uploading.
 //
 // AWS (aws*.go) uploads a raw disk through the EBS direct APIs into a snapshot and registers an
-// AMI from it; a failure part-way deletes what the run created, or names what is left.
+// AMI from it; GCE (gce*.go) uploads the gce tarball to Cloud Storage in a resumable upload and
+// creates a Compute Engine image from it. A failure part-way deletes what the run created, or
+// names what is left.
 package publish

@@ -1,4 +1,3 @@
-// Package publish uploads baked images to clouds and registers them as bootable images.
 package publish
 
 import (

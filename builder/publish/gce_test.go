@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fsouza/fake-gcs-server/fakestorage"
 	"golang.org/x/oauth2"
 	compute "google.golang.org/api/compute/v1"
 	"google.golang.org/api/option"
@@ -262,6 +263,33 @@ func TestPublishGCEFails(t *testing.T) {
 			}
 			if n := env.compute.count("POST images/"); n != tt.inserts {
 				t.Errorf("%d images.insert calls, want %d", n, tt.inserts)
+			}
+		})
+	}
+}
+
+// An object already at the upload's name is used when it holds the same bytes (and left, as
+// this publish did not create it), and refused untouched when it holds others.
+func TestPublishGCEObjectExists(t *testing.T) {
+	for _, same := range []bool{true, false} {
+		t.Run(map[bool]string{true: "same bytes", false: "other bytes"}[same], func(t *testing.T) {
+			env := newGCEEnv(t)
+			file := gceOutput(t, 1)
+			content, _ := os.ReadFile(file)
+			if !same {
+				content = []byte("another image")
+			}
+			env.gcs.gcs.CreateObject(fakestorage.Object{ObjectAttrs: fakestorage.ObjectAttrs{BucketName: testBucket, Name: "kiln-worker.tar.gz"}, Content: content})
+			res, err := PublishGCE(context.Background(), env.options(file, "kiln-worker"))
+			switch {
+			case same && (err != nil || res.Reused || env.gcs.starts != 0):
+				t.Errorf("publish over the same bytes: %+v, %v, %d uploads; want the image made without uploading", res, err, env.gcs.starts)
+			case !same && (err == nil || !strings.Contains(err.Error(), "exists and holds other bytes")):
+				t.Errorf("publish over other bytes: %v, want refused", err)
+			}
+			obj, err := env.gcs.gcs.GetObject(testBucket, "kiln-worker.tar.gz")
+			if err != nil || !bytes.Equal(obj.Content, content) {
+				t.Errorf("the object was not left as it was: %v", err)
 			}
 		})
 	}
