@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/builder/publish"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
@@ -38,5 +41,22 @@ func TestPublishGCEUsage(t *testing.T) {
 		if got := execute(context.Background(), root, args, &stderr); got != exitcode.BadUsage || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("kiln %s: exit %d, stderr %q; want %d and %q", strings.Join(args, " "), got, stderr.String(), exitcode.BadUsage, tc.want)
 		}
+	}
+}
+
+// -o json prints the fields a CI step reads, under the names the README gives.
+func TestPrintGCEResultJSON(t *testing.T) {
+	var out bytes.Buffer
+	res := &publish.GCEResult{Image: "kiln-worker-7", SelfLink: "https://www.googleapis.com/compute/v1/projects/p/global/images/kiln-worker-7", Object: "gs://b/kiln-worker-7.tar.gz"}
+	if err := printGCEResult(&out, "json", res); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"image": res.Image, "selfLink": res.SelfLink, "object": res.Object, "reused": false}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("-o json printed %v, want %v", got, want)
 	}
 }
