@@ -67,7 +67,7 @@ type gcePublisher struct {
 	log     *slog.Logger
 	storage *storage.Client
 	compute *compute.Service
-	img     *gceImage
+	img     *Image
 }
 
 // PublishGCE publishes o.File as the GCE image o.Name, or returns the image already made from
@@ -94,8 +94,8 @@ func publishGCE(ctx context.Context, o GCEOptions) (*GCEResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sums.sha256 != img.sha256 {
-		return nil, fmt.Errorf("%s: sha256 %s, its metadata says %s: the file changed since the bake", o.File, sums.sha256, img.sha256)
+	if sums.sha256 != img.SHA256 {
+		return nil, fmt.Errorf("%s: sha256 %s, its metadata says %s: the file changed since the bake", o.File, sums.sha256, img.SHA256)
 	}
 	p, err := newGCEPublisher(ctx, o, img)
 	if err != nil {
@@ -152,7 +152,7 @@ func (o *GCEOptions) check() error {
 	return nil
 }
 
-func newGCEPublisher(ctx context.Context, o GCEOptions, img *gceImage) (*gcePublisher, error) {
+func newGCEPublisher(ctx context.Context, o GCEOptions, img *Image) (*gcePublisher, error) {
 	sopts, copts := o.ClientOptions, o.ClientOptions
 	if o.StorageEndpoint != "" {
 		ep, err := apiEndpoint(o.StorageEndpoint, "storage/v1/")

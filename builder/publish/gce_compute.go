@@ -15,7 +15,7 @@ import (
 // or nil when there is none and o.Name is free. An image of this file that is not READY, and
 // an image called o.Name made from something else, are errors.
 func (p *gcePublisher) existing(ctx context.Context) (*GCEResult, error) {
-	digest := p.img.sha256
+	digest := p.img.SHA256
 	filter := fmt.Sprintf("labels.%s=%s", GCEDigestLabel, gceDigestLabelValue(digest))
 	var found *compute.Image
 	err := p.compute.Images.List(p.o.Project).Filter(filter).Pages(ctx, func(l *compute.ImageList) error {
@@ -55,16 +55,16 @@ func (p *gcePublisher) gceImageSpec() *compute.Image {
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	labels[GCEDigestLabel] = gceDigestLabelValue(p.img.sha256)
+	labels[GCEDigestLabel] = gceDigestLabelValue(p.img.SHA256)
 	var features []*compute.GuestOsFeature
 	for _, f := range gceGuestOSFeatures {
 		features = append(features, &compute.GuestOsFeature{Type: f})
 	}
-	md := p.img.meta
+	md := p.img.Metadata
 	return &compute.Image{
 		Name:            p.o.Name,
 		Family:          p.o.Family,
-		Description:     fmt.Sprintf("kiln image %s, role %s, platform %s, baked %s; %s", md.Name, md.Role, md.Platform, md.Created.UTC().Format(time.RFC3339), gceDescriptionDigest(p.img.sha256)),
+		Description:     fmt.Sprintf("kiln image %s, role %s, platform %s, baked %s; %s", md.Name, md.Role, md.Platform, md.Created.UTC().Format(time.RFC3339), gceDescriptionDigest(p.img.SHA256)),
 		Labels:          labels,
 		Architecture:    gceArchitecture,
 		GuestOsFeatures: features,

@@ -6,28 +6,13 @@ import (
 	"crypto/md5"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
-	"io/fs"
 	"os"
-	"path/filepath"
-	"regexp"
-	"strings"
 
 	"github.com/kilnproject/kiln/builder/output"
-	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// gceImage is a gce-format output to publish, as the bake recorded it in <stem>.json beside it.
-type gceImage struct {
-	file   string
-	size   int64
-	sha256 string // hex: the image's identity
-	meta   *nodeimage.Metadata
-}
 
 // gceSums are the checksums of a file read once: the SHA-256 kiln checks, and the CRC32C and
 // MD5 Cloud Storage checks the upload against.
@@ -37,60 +22,30 @@ type gceSums struct {
 	md5    []byte
 }
 
-var gceHexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
-// loadGCEImage reads the metadata beside file (a gce output, <stem>.tar.gz, and <stem>.json)
-// and checks that file is the output it lists: the gce format, of the recorded size, a tarball
-// whose first entry is disk.raw. It does not hash the file (see sumFile).
-func loadGCEImage(file string) (*gceImage, error) {
+// loadGCEImage loads the gce output file (see Load) and checks that it is a tarball whose
+// first entry is disk.raw. It does not hash the file (see sumFile).
+func loadGCEImage(file string) (*Image, error) {
 	format, err := output.Lookup("gce")
 	if err != nil {
 		return nil, err
 	}
-	base := filepath.Base(file)
-	if !strings.HasSuffix(base, format.Suffix) {
-		if f := output.OfFile(base); f != "" {
+	if f := output.OfFile(file); f != format.Name {
+		if f != "" {
 			return nil, fmt.Errorf("%s: a %s output; GCE takes the gce format (<image>-<role>%s)", file, f, format.Suffix)
 		}
 		return nil, fmt.Errorf("%s: not a gce output (<image>-<role>%s)", file, format.Suffix)
 	}
-	sidecar := filepath.Join(filepath.Dir(file), strings.TrimSuffix(base, format.Suffix)+".json")
-	data, err := os.ReadFile(sidecar)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%s: no metadata beside it (%s): publish takes a bake's output directory as written", file, sidecar)
-	}
+	im, err := Load(file)
 	if err != nil {
 		return nil, err
 	}
-	md := new(nodeimage.Metadata)
-	if err := json.Unmarshal(data, md); err != nil {
-		return nil, fmt.Errorf("%s: %w", sidecar, err)
-	}
-	var out *nodeimage.OutputInfo
-	for i := range md.Outputs {
-		if md.Outputs[i].File == base {
-			out = &md.Outputs[i]
-		}
-	}
-	switch {
-	case out == nil:
-		return nil, fmt.Errorf("%s: %s is not among its outputs", sidecar, base)
-	case out.Format != format.Name:
-		return nil, fmt.Errorf("%s: %s has format %q, want %q", sidecar, base, out.Format, format.Name)
-	case !gceHexDigest.MatchString(out.SHA256):
-		return nil, fmt.Errorf("%s: %s has no sha256 (bake it again with this kiln)", sidecar, base)
-	}
-	fi, err := os.Stat(file)
-	if err != nil {
-		return nil, err
-	}
-	if fi.Size() != out.Size {
-		return nil, fmt.Errorf("%s: %d bytes, %s says %d: not the file the bake wrote", file, fi.Size(), sidecar, out.Size)
+	if im.Format() != format.Name {
+		return nil, fmt.Errorf("%s: its metadata gives the format %q, want %q", file, im.Format(), format.Name)
 	}
 	if err := checkDiskRawTar(file); err != nil {
 		return nil, err
 	}
-	return &gceImage{file: file, size: out.Size, sha256: out.SHA256, meta: md}, nil
+	return im, nil
 }
 
 // checkDiskRawTar checks that file is a gzip'd tar whose first entry is disk.raw, as GCE

@@ -22,7 +22,7 @@ func (p *gcePublisher) upload(ctx context.Context, sums gceSums) (created bool, 
 	obj := p.storage.Bucket(p.o.Bucket).Object(p.o.Object)
 	attrs, err := obj.Attrs(ctx)
 	switch {
-	case err == nil && attrs.Size == p.img.size && attrs.CRC32C == sums.crc32c && bytes.Equal(attrs.MD5, sums.md5):
+	case err == nil && attrs.Size == p.img.Output.Size && attrs.CRC32C == sums.crc32c && bytes.Equal(attrs.MD5, sums.md5):
 		p.log.Info("object already holds this file; not uploading it again", "object", p.objectURL())
 		return false, nil
 	case err == nil:
@@ -30,14 +30,14 @@ func (p *gcePublisher) upload(ctx context.Context, sums gceSums) (created bool, 
 	case !errors.Is(err, storage.ErrObjectNotExist):
 		return false, apiError("objects.get "+p.objectURL(), err)
 	}
-	p.log.Info("uploading", "file", p.o.File, "object", p.objectURL(), "bytes", p.img.size)
+	p.log.Info("uploading", "file", p.o.File, "object", p.objectURL(), "bytes", p.img.Output.Size)
 	start := time.Now()
 	if err := p.write(ctx, obj, sums); err != nil {
 		// The object only exists once the last chunk is accepted; delete it in case it was.
 		return false, p.dropObject(true, err)
 	}
 	secs := time.Since(start).Seconds()
-	p.log.Info("uploaded", "object", p.objectURL(), "bytes", p.img.size, "seconds", round2(secs), "MiB/s", round2(float64(p.img.size)/(1<<20)/secs))
+	p.log.Info("uploaded", "object", p.objectURL(), "bytes", p.img.Output.Size, "seconds", round2(secs), "MiB/s", round2(float64(p.img.Output.Size)/(1<<20)/secs))
 	return true, nil
 }
 
@@ -59,7 +59,7 @@ func (p *gcePublisher) write(ctx context.Context, obj *storage.ObjectHandle, sum
 	w.CRC32C, w.SendCRC32C, w.MD5 = sums.crc32c, true, sums.md5
 	w.ContentType = "application/gzip"
 	if p.o.Progress != nil {
-		w.ProgressFunc = func(n int64) { p.o.Progress(n, p.img.size) }
+		w.ProgressFunc = func(n int64) { p.o.Progress(n, p.img.Output.Size) }
 	}
 	h := sha256.New()
 	if _, err := io.Copy(w, io.TeeReader(f, h)); err != nil {
@@ -67,16 +67,16 @@ func (p *gcePublisher) write(ctx context.Context, obj *storage.ObjectHandle, sum
 		w.Close()
 		return apiError("objects.insert (upload) "+p.objectURL(), err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != p.img.sha256 {
+	if got := hex.EncodeToString(h.Sum(nil)); got != p.img.SHA256 {
 		cancel()
 		w.Close()
-		return fmt.Errorf("%s changed while it was uploaded: sha256 %s, want %s", p.o.File, got, p.img.sha256)
+		return fmt.Errorf("%s changed while it was uploaded: sha256 %s, want %s", p.o.File, got, p.img.SHA256)
 	}
 	if err := w.Close(); err != nil {
 		return apiError("objects.insert (upload) "+p.objectURL(), err)
 	}
 	if p.o.Progress != nil {
-		p.o.Progress(p.img.size, p.img.size)
+		p.o.Progress(p.img.Output.Size, p.img.Output.Size)
 	}
 	return nil
 }
