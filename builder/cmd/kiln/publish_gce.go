@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
-	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -151,12 +150,7 @@ func printGCEResult(w io.Writer, format string, res *publish.GCEResult) error {
 // at every tenth of the file.
 func gceProgress(stderr io.Writer) func(sent, total int64) {
 	start := time.Now()
-	tty := false
-	if f, ok := stderr.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			tty = true
-		}
-	}
+	tty := isTerminal(stderr)
 	var lastTenth int64 = -1
 	return func(sent, total int64) {
 		rate := float64(sent) / (1 << 20) / max(time.Since(start).Seconds(), 1e-3)
