@@ -30,6 +30,8 @@ type Node struct {
 	Etcd        *Etcd      `yaml:"etcd"`
 	APIEndpoint string     `yaml:"apiEndpoint"`
 	Kubernetes  Kubernetes `yaml:"kubernetes"`
+	AWS         AWS        `yaml:"aws"`
+	GCE         GCE        `yaml:"gce"`
 }
 
 // Cluster names the cluster. Its DNS names are <host>.internal.<name>.<dnsZone>.
@@ -74,7 +76,10 @@ type DNS struct {
 	Zone           string      `yaml:"zone"`
 	TSIGKeyName    string      `yaml:"tsigKeyName"`
 	TSIGSecretFile string      `yaml:"tsigSecretFile"`
-	TTL            int         `yaml:"ttl"`
+	// TSIGAlgorithm is the key's HMAC (TSIGAlgorithms); empty means the algorithm the
+	// secret file's key clause names, else hmac-sha256.
+	TSIGAlgorithm string `yaml:"tsigAlgorithm"`
+	TTL           int    `yaml:"ttl"`
 }
 
 // Etcd is this node's etcd membership.
@@ -85,12 +90,15 @@ type Etcd struct {
 }
 
 // Volume selects and prepares the disk that holds etcd's data. Exactly one of Serial,
-// ByID, AWSTags and GCEName selects it.
+// ByID, AWSTags, GCEName and GCELabels selects it.
 type Volume struct {
-	Serial    string            `yaml:"serial"`
-	ByID      string            `yaml:"byId"`
-	AWSTags   map[string]string `yaml:"awsTags"`
-	GCEName   string            `yaml:"gceName"`
+	Serial  string            `yaml:"serial"`
+	ByID    string            `yaml:"byId"`
+	AWSTags map[string]string `yaml:"awsTags"`
+	GCEName string            `yaml:"gceName"`
+	// GCELabels selects the one persistent disk in the instance's zone that carries every
+	// label ("" matches any value).
+	GCELabels map[string]string `yaml:"gceLabels"`
 	FSType    string            `yaml:"fsType"`
 	Label     string            `yaml:"label"`
 	Wipe      bool              `yaml:"wipe"`
@@ -219,6 +227,7 @@ func (n *Node) check(d *strictyaml.Doc) {
 	n.checkEtcd(d)
 	n.checkAPIEndpoint(d)
 	n.checkKubernetes(d)
+	n.checkClouds(d)
 }
 
 func (n *Node) checkDNS(d *strictyaml.Doc) {
@@ -253,7 +262,7 @@ func (n *Node) checkDNS(d *strictyaml.Doc) {
 		d.Failf("dns.ttl", "%d is not between 1 and 86400 seconds", dns.TTL)
 	}
 	if dns.Provider != DNSRFC2136 {
-		for field, v := range map[string]string{"dns.server": dns.Server, "dns.tsigKeyName": dns.TSIGKeyName, "dns.tsigSecretFile": dns.TSIGSecretFile} {
+		for field, v := range map[string]string{"dns.server": dns.Server, "dns.tsigKeyName": dns.TSIGKeyName, "dns.tsigSecretFile": dns.TSIGSecretFile, "dns.tsigAlgorithm": dns.TSIGAlgorithm} {
 			if v != "" {
 				d.Failf(field, "is only used with dns.provider rfc2136 (provider is %s)", dns.Provider)
 			}
@@ -318,13 +327,13 @@ func (n *Node) checkEtcd(d *strictyaml.Doc) {
 
 func (n *Node) checkVolume(d *strictyaml.Doc, v *Volume) {
 	set := 0
-	for _, s := range []bool{v.Serial != "", v.ByID != "", len(v.AWSTags) > 0, v.GCEName != ""} {
+	for _, s := range []bool{v.Serial != "", v.ByID != "", len(v.AWSTags) > 0, v.GCEName != "", len(v.GCELabels) > 0} {
 		if s {
 			set++
 		}
 	}
 	if set != 1 {
-		d.Failf("etcd.volume", "set exactly one of serial, byId, awsTags and gceName (%d are set)", set)
+		d.Failf("etcd.volume", "set exactly one of serial, byId, awsTags, gceName and gceLabels (%d are set)", set)
 	}
 	if v.Serial != "" && strings.ContainsAny(v.Serial, "/ \t\n") {
 		d.Failf("etcd.volume.serial", "%q must not contain '/' or spaces", v.Serial)
@@ -343,6 +352,7 @@ func (n *Node) checkVolume(d *strictyaml.Doc, v *Volume) {
 	if g := v.GCEName; g != "" && !isRFC1035Label(g) {
 		d.Failf("etcd.volume.gceName", "%q is not a GCE disk name (lower-case letter first, then letters, digits and '-', at most 63)", g)
 	}
+	checkGCELabels(d, v.GCELabels)
 	if v.FSType == "" {
 		v.FSType = defaultEtcdFSType
 	}

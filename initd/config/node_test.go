@@ -53,6 +53,7 @@ func TestParseNodeDefaults(t *testing.T) {
 			ClusterDNS: "10.96.0.10", ClusterDomain: "cluster.local",
 			NodeLabels:       map[string]string{"example.com/pool": "blue", "node.kubernetes.io/exclude-from-external-load-balancers": ""},
 			KubeletExtraArgs: map[string]string{"max-pods": "200"}},
+		AWS: AWS{EtcdCluster: "main"},
 	}
 	if !reflect.DeepEqual(n, want) {
 		t.Errorf("ParseNode =\n%+v\nwant\n%+v", n, want)
@@ -219,7 +220,7 @@ func nodeErrorCases() []nodeErrorCase {
 			`node.yaml:7: etcd.members[1]: "B" is not an RFC 1123 label`,
 			`node.yaml:8: etcd.members[2]: "a" is listed twice`}},
 		{"etcd volume", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a]\n  volume:\n    serial: x\n    gceName: y\n    fsType: btrfs\n    mountPath: var/lib/etcd\n", []string{
-			"node.yaml:6: etcd.volume: set exactly one of serial, byId, awsTags and gceName (2 are set)",
+			"node.yaml:6: etcd.volume: set exactly one of serial, byId, awsTags, gceName and gceLabels (2 are set)",
 			`node.yaml:9: etcd.volume.fsType: "btrfs" is not supported (ext4 or xfs)`,
 			`node.yaml:10: etcd.volume.mountPath: "var/lib/etcd" must be a clean absolute path below /`}},
 		{"etcd volume minimum", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a]\n  volume:\n    serial: etcd-main\n    minSize: 2 gigs\n",

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/route53"
+
 	"github.com/kilnproject/kiln/initd/config"
 )
 
@@ -196,15 +198,21 @@ func TestFromConfig(t *testing.T) {
 	root := t.TempDir()
 	os.MkdirAll(filepath.Join(root, "etc/kiln"), 0o755)
 	os.WriteFile(filepath.Join(root, "etc/kiln/tsig.key"), []byte("key \"kiln-update\" {\n\talgorithm hmac-sha512;\n\tsecret \"c2VjcmV0\";\n};\n"), 0o600)
+	os.WriteFile(filepath.Join(root, "etc/kiln/bare.key"), []byte("c2VjcmV0\n"), 0o600)
 	base := "cluster: {name: prod, dnsZone: k8s.example.com}\nrole: worker\n"
+	rfc := "dns: {provider: rfc2136, server: 10.0.0.53, tsigKeyName: kiln-update, "
 	cases := []struct {
-		name, dns, want, err string
+		name, dns, want, err, alg string
 	}{
-		{"none", "", "<nil>", ""},
-		{"hosts", "dns: {provider: hosts}\n", "hosts /etc/hosts", ""},
-		{"rfc2136", "dns: {provider: rfc2136, server: 10.0.0.53, tsigKeyName: kiln-update, tsigSecretFile: /etc/kiln/tsig.key}\n", "rfc2136 10.0.0.53:53 zone k8s.example.com", ""},
-		{"rfc2136 missing secret", "dns: {provider: rfc2136, server: 10.0.0.53, tsigKeyName: kiln-update, tsigSecretFile: /etc/kiln/nope}\n", "", "dns.tsigSecretFile: tsig secret: open"},
-		{"route53 without client", "dns: {provider: route53}\n", "", "no Route 53 client"},
+		{name: "none", dns: "", want: "<nil>"},
+		{name: "hosts", dns: "dns: {provider: hosts}\n", want: "hosts /etc/hosts"},
+		{name: "rfc2136", dns: rfc + "tsigSecretFile: /etc/kiln/tsig.key}\n", want: "rfc2136 10.0.0.53:53 zone k8s.example.com", alg: "hmac-sha512"},
+		{name: "rfc2136 algorithm as the key clause says", dns: rfc + "tsigSecretFile: /etc/kiln/tsig.key, tsigAlgorithm: hmac-sha512}\n", want: "rfc2136 10.0.0.53:53 zone k8s.example.com", alg: "hmac-sha512"},
+		{name: "rfc2136 algorithm for a bare secret", dns: rfc + "tsigSecretFile: /etc/kiln/bare.key, tsigAlgorithm: hmac-sha1}\n", want: "rfc2136 10.0.0.53:53 zone k8s.example.com", alg: "hmac-sha1"},
+		{name: "rfc2136 default algorithm for a bare secret", dns: rfc + "tsigSecretFile: /etc/kiln/bare.key}\n", want: "rfc2136 10.0.0.53:53 zone k8s.example.com", alg: ""},
+		{name: "rfc2136 algorithm against the key clause", dns: rfc + "tsigSecretFile: /etc/kiln/tsig.key, tsigAlgorithm: hmac-sha256}\n", err: "dns.tsigAlgorithm is hmac-sha256, but the key clause in /etc/kiln/tsig.key says hmac-sha512"},
+		{name: "rfc2136 missing secret", dns: rfc + "tsigSecretFile: /etc/kiln/nope}\n", err: "dns.tsigSecretFile: tsig secret: open"},
+		{name: "route53 without client", dns: "dns: {provider: route53}\n", err: "no Route 53 client"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -225,9 +233,21 @@ func TestFromConfig(t *testing.T) {
 			if got != c.want {
 				t.Errorf("provider %q, want %q", got, c.want)
 			}
-			if r, ok := p.(*RFC2136); ok && (r.Secret != "c2VjcmV0" || r.Algorithm != "hmac-sha512") {
+			if r, ok := p.(*RFC2136); ok && (r.Secret != "c2VjcmV0" || r.Algorithm != c.alg) {
 				t.Errorf("rfc2136 = %+v", r)
 			}
 		})
+	}
+}
+
+// aws.route53HostedZoneId names the hosted zone, so no lookup by name is made.
+func TestFromConfigRoute53HostedZoneID(t *testing.T) {
+	n := node(t, "cluster: {name: prod, dnsZone: k8s.example.com}\nrole: worker\ndns: {provider: route53}\naws: {route53HostedZoneId: Z0KILN12345}\n")
+	p, err := FromConfig(n, t.TempDir(), Clouds{Route53: route53.New(route53.Options{Region: "us-east-1"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Name(); got != "route53 hosted zone Z0KILN12345" {
+		t.Errorf("provider %q, want the hosted zone by ID", got)
 	}
 }
