@@ -9,9 +9,6 @@ import (
 	"net/netip"
 	"path/filepath"
 
-	"github.com/aws/aws-sdk-go-v2/service/route53"
-	gdns "google.golang.org/api/dns/v1"
-
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/facts"
@@ -71,17 +68,17 @@ func RegisterDNS(ctx context.Context, root string, log *slog.Logger) (dns.State,
 func cloudClients(ctx context.Context, n *config.Node) (dns.Clouds, error) {
 	switch n.DNS.Provider {
 	case config.DNSRoute53:
-		cfg, err := source.AWSConfig(ctx)
+		cfg, err := awsConfig(ctx, n)
 		if err != nil {
-			return dns.Clouds{}, fmt.Errorf("route53: AWS config: %w", err)
+			return dns.Clouds{}, fmt.Errorf("route53: %w", err)
 		}
-		return dns.Clouds{Route53: route53.NewFromConfig(cfg)}, nil
+		return dns.Clouds{Route53: route53Client(cfg, n)}, nil
 	case config.DNSCloudDNS:
 		project, err := source.GCEMetadataClient().ProjectIDWithContext(ctx)
 		if err != nil {
 			return dns.Clouds{}, fmt.Errorf("clouddns: GCE metadata: %w", err)
 		}
-		svc, err := gdns.NewService(ctx)
+		svc, err := cloudDNSService(ctx, n)
 		if err != nil {
 			return dns.Clouds{}, fmt.Errorf("clouddns: %w", err)
 		}

@@ -7,15 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
-
-	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
-	"github.com/aws/aws-sdk-go-v2/service/ec2"
-	compute "google.golang.org/api/compute/v1"
 
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/initd/volume"
 )
@@ -88,64 +82,53 @@ func (p *plan) volumeFinder(ctx context.Context, v *config.Volume) (volume.Finde
 	case v.Serial != "" || v.ByID != "":
 		return volume.ByID{Serial: v.Serial, ID: v.ByID, MountPath: v.MountPath}, nil
 	case len(v.AWSTags) > 0:
-		return awsFinder(ctx, p.node, v)
-	case v.GCEName != "":
-		return gceFinder(ctx, v)
+		return p.awsFinder(ctx, v)
+	case v.GCEName != "" || len(v.GCELabels) > 0:
+		return p.gceFinder(ctx, v)
 	}
-	return nil, errors.New("etcd.volume: no selector (serial, byId, awsTags or gceName)")
+	return nil, errors.New("etcd.volume: no selector (serial, byId, awsTags, gceName or gceLabels)")
 }
 
 // awsFinder discovers the volume through EC2 with the instance's role credentials; the
-// instance id and zone come from IMDSv2.
-func awsFinder(ctx context.Context, n *config.Node, v *config.Volume) (volume.Finder, error) {
-	cfg, err := source.AWSConfig(ctx)
+// instance id and zone are the instance's, from IMDSv2.
+func (p *plan) awsFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
+	in, err := p.instanceOn(ctx, "aws")
 	if err != nil {
-		return nil, fmt.Errorf("etcd volume: AWS config: %w", err)
+		return nil, fmt.Errorf("etcd volume: %w", err)
 	}
-	md := imds.NewFromConfig(cfg, func(o *imds.Options) { o.HTTPClient = source.CapIMDS(o.HTTPClient) })
-	get := func(path string) (string, error) {
-		out, err := md.GetMetadata(ctx, &imds.GetMetadataInput{Path: path})
-		if err != nil {
-			return "", fmt.Errorf("etcd volume: IMDS %s: %w", path, err)
-		}
-		defer out.Content.Close()
-		b := new(strings.Builder)
-		_, err = fmt.Fscan(out.Content, b)
-		return b.String(), err
-	}
-	id, err := get("instance-id")
+	cfg, err := awsConfig(ctx, p.node)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("etcd volume: %w", err)
 	}
-	az, err := get("placement/availability-zone")
-	if err != nil {
-		return nil, err
-	}
-	return volume.AWS{Client: ec2.NewFromConfig(cfg), InstanceID: id, AZ: az, Cluster: n.Cluster.Name,
-		Member: n.Etcd.Member, Tags: v.AWSTags, MountPath: v.MountPath}, nil
+	return volume.AWS{Client: ec2Client(cfg, p.node), InstanceID: in.InstanceID, AZ: in.Zone, Cluster: p.node.Cluster.Name,
+		EtcdCluster: p.node.AWS.EtcdCluster, Member: p.node.Etcd.Member, Tags: v.AWSTags, MountPath: v.MountPath,
+		Log: p.opts.Log}, nil
 }
 
-// gceFinder attaches the named disk through the Compute API with the instance's service
-// account; project, zone and instance come from the metadata server.
-func gceFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
-	md := source.GCEMetadataClient()
-	project, err := md.ProjectIDWithContext(ctx)
+// gceFinder attaches the disk (named, or selected by its labels) through the Compute API
+// with the instance's service account; project, zone and instance are the instance's,
+// from the metadata server.
+func (p *plan) gceFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
+	in, err := p.instanceOn(ctx, "gce")
 	if err != nil {
-		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
+		return nil, fmt.Errorf("etcd volume: %w", err)
 	}
-	zone, err := md.ZoneWithContext(ctx)
+	svc, err := computeService(ctx, p.node)
 	if err != nil {
-		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
+		return nil, fmt.Errorf("etcd volume: %w", err)
 	}
-	name, err := md.InstanceNameWithContext(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("etcd volume: GCE metadata: %w", err)
+	return volume.GCE{Service: svc, Project: in.Project, Zone: in.Zone, Instance: in.InstanceName, DiskName: v.GCEName,
+		Labels: v.GCELabels, MountPath: v.MountPath, Log: p.opts.Log}, nil
+}
+
+// instanceOn is the instance's identity on cloud (aws, gce): the one the facts task read
+// when the node runs there, else read now (a node config asking for a cloud volume on a
+// node booted with another kiln.platform=).
+func (p *plan) instanceOn(ctx context.Context, cloud string) (instance, error) {
+	if p.instance != nil && p.instance.Platform.Name == cloud {
+		return *p.instance, nil
 	}
-	svc, err := compute.NewService(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("etcd volume: compute API: %w", err)
-	}
-	return volume.GCE{Service: svc, Project: project, Zone: zone, Instance: name, DiskName: v.GCEName, MountPath: v.MountPath}, nil
+	return readInstance(ctx, cloud, p.node)
 }
 
 // placeEtcdManifest places the rendered etcd manifest: on the volume, linked from the manifests

@@ -233,7 +233,7 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 		return err
 	}
 	plan := newPlan(opts, cfg, img.Role)
-	plan.rerun = rerun
+	plan.rerun, plan.platform = rerun, platform
 	return runPlan(ctx, plan, st)
 }
 
@@ -291,8 +291,8 @@ func runPlan(ctx context.Context, plan *plan, st *Status) error {
 		st.Tasks, st.Waits = rep.Tasks, rep.Waits
 	}
 	st.Files = plan.fileStatus()
-	if plan.facts != nil {
-		st.Hostname = plan.facts.Hostname
+	if f := plan.facts; f != nil {
+		st.Hostname, st.HostnameSource, st.InstanceID, st.Zone = f.Hostname, f.HostnameSource, f.InstanceID, f.Zone
 	}
 	if plan.node != nil && plan.node.Role != "" {
 		st.Role = string(plan.node.Role)

@@ -484,6 +484,7 @@ func TestLine(t *testing.T) {
 
 func TestPrintStatus(t *testing.T) {
 	st := &Status{State: "ok", Started: t0, Finished: t0.Add(35 * time.Millisecond), DurationMS: 35, Source: "fw_cfg", Version: "v0.1.0",
+		Hostname: "ip-10-0-1-5", HostnameSource: "platform", InstanceID: "i-0123", Zone: "eu-west-1b",
 		Files: []FileStatus{{Path: "/etc/hostname", SHA256: sha256hex([]byte("x")), Mode: "0644"}}}
 	tests := []struct {
 		format  string
@@ -491,8 +492,9 @@ func TestPrintStatus(t *testing.T) {
 		wantErr bool
 	}{
 		{format: "table", want: []string{"STATE     ok", "SOURCE    fw_cfg", "STARTED   2026-03-01T12:00:00Z", "DURATION  35ms", "VERSION   v0.1.0", "FILES     1",
+			"HOSTNAME  ip-10-0-1-5 (from platform)", "INSTANCE  i-0123 in eu-west-1b",
 			"PATH           MODE  SHA256", "/etc/hostname  0644  " + sha256hex([]byte("x"))}},
-		{format: "json", want: []string{`"state": "ok"`, `"duration_ms": 35`, `"sha256": "` + sha256hex([]byte("x"))}},
+		{format: "json", want: []string{`"state": "ok"`, `"hostnameSource": "platform"`, `"duration_ms": 35`, `"sha256": "` + sha256hex([]byte("x"))}},
 		{format: "yaml", wantErr: true},
 	}
 	for _, tc := range tests {

@@ -44,6 +44,9 @@ type plan struct {
 	opts      Options
 	cfg       *config.Config
 	imageRole string
+	platform  string // kiln.platform: aws and gce nodes learn who they are from the metadata service
+
+	instance *instance // what the platform's metadata service says, read once by the facts task
 
 	files []config.File
 	node  *config.Node
@@ -275,15 +278,27 @@ func (p *plan) factsOptions() facts.Options {
 			}
 		}
 	}
-	return facts.Options{Root: p.opts.Root, ProcRoot: p.opts.Facts.ProcRoot,
+	o := facts.Options{Root: p.opts.Root, ProcRoot: p.opts.Facts.ProcRoot,
 		SysRoot: p.opts.Facts.SysRoot, Hostname: name, Addrs: p.opts.Facts.Addrs}
+	if p.instance != nil {
+		o.Platform = p.instance.Platform
+	}
+	return o
 }
 
-// gatherFacts reads the machine. The hostname the config chose wins: node.yaml's, else an
-// /etc/hostname the config wrote (the Ignition way of naming a node). A Kubernetes node
-// without an address yet fails with task.Unknown: the runner waits (bounded) for the
-// address and runs this task and those after it again.
+// gatherFacts reads the machine and, on aws and gce, asks the metadata service who the
+// instance is (once). The hostname the config chose wins: node.yaml's, else an
+// /etc/hostname the config wrote (the Ignition way of naming a node), else the platform's.
+// A Kubernetes node without an address yet fails with task.Unknown: the runner waits
+// (bounded) for the address and runs this task and those after it again.
 func (p *plan) gatherFacts(ctx context.Context) (bool, error) {
+	if p.instance == nil {
+		in, err := readInstance(ctx, p.platform, p.node)
+		if err != nil {
+			return false, err
+		}
+		p.instance = &in
+	}
 	f, err := facts.Gather(ctx, p.factsOptions())
 	if err != nil {
 		return false, err

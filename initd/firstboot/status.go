@@ -35,14 +35,20 @@ const (
 
 // Status is the first-boot report, stored as JSON at StatusPath.
 type Status struct {
-	State      string       `json:"state"`
-	Started    time.Time    `json:"started"`
-	Finished   time.Time    `json:"finished"`
-	DurationMS int64        `json:"duration_ms"`
-	Source     string       `json:"source"`
-	Platform   string       `json:"platform,omitempty"`
-	Role       string       `json:"role,omitempty"`
-	Hostname   string       `json:"hostname,omitempty"`
+	State      string    `json:"state"`
+	Started    time.Time `json:"started"`
+	Finished   time.Time `json:"finished"`
+	DurationMS int64     `json:"duration_ms"`
+	Source     string    `json:"source"`
+	Platform   string    `json:"platform,omitempty"`
+	Role       string    `json:"role,omitempty"`
+	Hostname   string    `json:"hostname,omitempty"`
+	// HostnameSource says where the hostname came from: config, platform (the metadata
+	// service), kernel or generated.
+	HostnameSource string `json:"hostnameSource,omitempty"`
+	// InstanceID and Zone are the instance's on a cloud platform, from its metadata service.
+	InstanceID string       `json:"instanceID,omitempty"`
+	Zone       string       `json:"zone,omitempty"`
 	Files      []FileStatus `json:"files"`
 	// Tasks are the task graph's outcome, in the order they ran.
 	Tasks []task.TaskStatus `json:"tasks,omitempty"`
@@ -177,7 +183,14 @@ func printTable(w io.Writer, st *Status) error {
 	row("SOURCE", orDash(st.Source))
 	row("PLATFORM", orDash(st.Platform))
 	row("ROLE", orDash(st.Role))
-	row("HOSTNAME", orDash(st.Hostname))
+	host := orDash(st.Hostname)
+	if st.HostnameSource != "" {
+		host += " (from " + st.HostnameSource + ")"
+	}
+	row("HOSTNAME", host)
+	if st.InstanceID != "" || st.Zone != "" {
+		row("INSTANCE", orDash(st.InstanceID)+" in "+orDash(st.Zone))
+	}
 	row("STARTED", timeOrDash(st.Started))
 	row("FINISHED", timeOrDash(st.Finished))
 	row("DURATION", st.Duration().String())

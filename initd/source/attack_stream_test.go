@@ -184,12 +184,18 @@ func TestAttackEndlessLookup(t *testing.T) {
 		}},
 		{name: "imds region for the node's AWS calls", lookup: func(ctx context.Context, srv *httptest.Server) error {
 			awsEnv(t, srv, "")
-			_, err := AWSConfig(ctx)
+			_, err := AWSConfig(ctx, "")
+			return err
+		}},
+		{name: "imds region from node.yaml's aws.endpoints.imds", lookup: func(ctx context.Context, srv *httptest.Server) error {
+			awsEnv(t, srv, "")
+			t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1") // not asked: the endpoint given wins
+			_, err := AWSConfig(ctx, srv.URL)
 			return err
 		}},
 		{name: "imds instance-role credentials for the node's AWS calls", lookup: func(ctx context.Context, srv *httptest.Server) error {
 			awsEnv(t, srv, "eu-west-1") // the region from the environment: only the credentials come from IMDS
-			cfg, err := AWSConfig(ctx)
+			cfg, err := AWSConfig(ctx, "")
 			if err != nil {
 				return err
 			}

@@ -96,17 +96,28 @@ func CapIMDS(c imds.HTTPClient) imds.HTTPClient {
 // AWSConfig loads the SDK's default configuration for a node's own AWS calls (Route 53, EC2),
 // with the region from IMDS when the environment names none. Every IMDS answer it reads —
 // the region, and later the instance role's credentials — goes through CapIMDS: the SDK's
-// default clients would read an answer of any size into memory. The IMDS endpoint comes
-// from the environment and shared config as the SDK's own would (AWS_EC2_METADATA_SERVICE_ENDPOINT).
-func AWSConfig(ctx context.Context) (aws.Config, error) {
-	base, err := awsconfig.LoadDefaultConfig(ctx)
+// default clients would read an answer of any size into memory. imdsEndpoint is the IMDS
+// base URL; "" takes it from the environment and shared config as the SDK's own would
+// (AWS_EC2_METADATA_SERVICE_ENDPOINT), else http://169.254.169.254.
+func AWSConfig(ctx context.Context, imdsEndpoint string) (aws.Config, error) {
+	var opts []func(*awsconfig.LoadOptions) error
+	if imdsEndpoint != "" {
+		opts = append(opts, awsconfig.WithEC2IMDSEndpoint(imdsEndpoint))
+	}
+	base, err := awsconfig.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
 		return aws.Config{}, err
 	}
-	md := imds.NewFromConfig(base, func(o *imds.Options) { o.HTTPClient = CapIMDS(o.HTTPClient) })
-	return awsconfig.LoadDefaultConfig(ctx,
+	md := NewIMDS(base)
+	return awsconfig.LoadDefaultConfig(ctx, append(opts,
 		awsconfig.WithEC2IMDSRegion(func(o *awsconfig.UseEC2IMDSRegion) { o.Client = md }),
-		awsconfig.WithEC2RoleCredentialOptions(func(o *ec2rolecreds.Options) { o.Client = md }))
+		awsconfig.WithEC2RoleCredentialOptions(func(o *ec2rolecreds.Options) { o.Client = md }))...)
+}
+
+// NewIMDS returns an IMDSv2 client for cfg (its IMDS endpoint) whose answers are capped
+// by CapIMDS.
+func NewIMDS(cfg aws.Config) *imds.Client {
+	return imds.NewFromConfig(cfg, func(o *imds.Options) { o.HTTPClient = CapIMDS(o.HTTPClient) })
 }
 
 type cappedClient struct{ imds.HTTPClient }

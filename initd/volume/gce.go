@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -13,8 +15,8 @@ import (
 	"google.golang.org/api/googleapi"
 )
 
-// GCE finds a zonal persistent disk by name and attaches it to this instance
-// (read-write, under DeviceName) when it is not attached yet. A disk attached to another
+// GCE finds a zonal persistent disk by name, or by its labels, and attaches it to this
+// instance (read-write, under DeviceName) when it is not attached yet. A disk attached to another
 // instance, or taken by another instance while this one tries, gives
 // errAttachedElsewhere. The disk appears as /dev/disk/by-id/google-<device name>.
 type GCE struct {
@@ -23,7 +25,10 @@ type GCE struct {
 	Zone     string
 	Instance string
 	DiskName string
-	// DeviceName is the name the disk is attached under; empty means DiskName.
+	// Labels, when DiskName is empty, select the disk: the one disk in Zone that carries
+	// every label ("" matches any value). None or several is an error.
+	Labels map[string]string
+	// DeviceName is the name the disk is attached under; empty means the disk's name.
 	DeviceName string
 	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
@@ -47,8 +52,15 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 	switch {
 	case g.Service == nil:
 		return "", errors.New("gce disk: no compute service")
-	case g.Project == "" || g.Zone == "" || g.Instance == "" || g.DiskName == "":
-		return "", errors.New("gce disk: project, zone, instance and disk name are required")
+	case g.Project == "" || g.Zone == "" || g.Instance == "" || (g.DiskName == "") == (len(g.Labels) == 0):
+		return "", errors.New("gce disk: project, zone, instance and either a disk name or labels are required")
+	}
+	if g.DiskName == "" {
+		name, err := g.byLabels(ctx)
+		if err != nil {
+			return "", err
+		}
+		g.DiskName = name
 	}
 	fail := func(err error) (string, error) {
 		return "", fmt.Errorf("gce disk %s: %w", g.DiskName, err)
@@ -95,6 +107,49 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return dev, nil
+}
+
+// byLabels returns the name of the one disk in the zone that carries every label.
+func (g GCE) byLabels(ctx context.Context) (string, error) {
+	var exprs, want []string
+	for _, k := range slices.Sorted(maps.Keys(g.Labels)) {
+		if v := g.Labels[k]; v != "" {
+			exprs = append(exprs, fmt.Sprintf("(labels.%s = %q)", k, v))
+			want = append(want, k+"="+v)
+		} else {
+			exprs = append(exprs, fmt.Sprintf("(labels.%s:*)", k))
+			want = append(want, k)
+		}
+	}
+	var names []string
+	err := g.Service.Disks.List(g.Project, g.Zone).Filter(strings.Join(exprs, " ")).Pages(ctx, func(l *compute.DiskList) error {
+		for _, d := range l.Items {
+			if hasLabels(d.Labels, g.Labels) { // the filter is the server's; check what it answered
+				names = append(names, d.Name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("gce disk with labels %s: list: %w", strings.Join(want, ","), err)
+	}
+	switch len(names) {
+	case 0:
+		return "", fmt.Errorf("gce disk with labels %s: %w in project %s, zone %s", strings.Join(want, ","), errNotFound, g.Project, g.Zone)
+	case 1:
+		return names[0], nil
+	}
+	return "", fmt.Errorf("gce disk with labels %s: %d disks match (%s); expected one", strings.Join(want, ","), len(names), strings.Join(names, ", "))
+}
+
+func hasLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		got, ok := have[k]
+		if !ok || v != "" && got != v {
+			return false
+		}
+	}
+	return true
 }
 
 func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) error {

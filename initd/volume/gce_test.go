@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -36,6 +38,8 @@ type fakeCompute struct {
 	disks map[string][]string
 	// deviceNames maps an instance's attached disk to its device name.
 	deviceNames map[string]string
+	// labels are the disks' labels, which disks.list filters on.
+	labels map[string]map[string]string
 	// race, when set, makes attachDisk lose to another instance: "request" refuses the
 	// request, "operation" fails the operation.
 	race     string
@@ -63,6 +67,8 @@ func (f *fakeCompute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	parts := strings.Split(rest, "/")
 	switch {
+	case r.Method == http.MethodGet && len(parts) == 1 && parts[0] == "disks":
+		f.listDisks(w, r.URL.Query().Get("filter"))
 	case r.Method == http.MethodGet && len(parts) == 2 && parts[0] == "disks":
 		f.getDisk(w, parts[1])
 	case r.Method == http.MethodGet && len(parts) == 2 && parts[0] == "instances":
@@ -89,6 +95,39 @@ func (f *fakeCompute) getDisk(w http.ResponseWriter, name string) {
 		links = append(links, gceBase+"/instances/"+u)
 	}
 	writeJSON(w, compute.Disk{Kind: "compute#disk", Name: name, SelfLink: gceBase + "/disks/" + name, Users: links, Zone: gceBase, Status: "READY"})
+}
+
+var labelExpr = regexp.MustCompile(`^\(labels\.([a-z][a-z0-9_-]*)(?: = "([a-z0-9_-]*)"|:\*)\)$`)
+
+// listDisks answers disks.list with the disks whose labels match the filter, a list of
+// (labels.KEY = "VALUE") and (labels.KEY:*) expressions as the Compute API takes them;
+// f.mu is held.
+func (f *fakeCompute) listDisks(w http.ResponseWriter, filter string) {
+	want := map[string]*string{}
+	for _, e := range strings.Fields(strings.ReplaceAll(filter, " = ", "=")) {
+		m := labelExpr.FindStringSubmatch(strings.Replace(e, "=", " = ", 1))
+		if m == nil {
+			gceError(w, http.StatusBadRequest, "Invalid value for field 'filter': '"+filter+"'. Invalid list filter expression.", "invalid")
+			return
+		}
+		if strings.HasSuffix(e, ":*)") {
+			want[m[1]] = nil
+		} else {
+			want[m[1]] = &m[2]
+		}
+	}
+	list := compute.DiskList{Kind: "compute#diskList"}
+	for _, name := range slices.Sorted(maps.Keys(f.disks)) {
+		ok := true
+		for k, v := range want {
+			got, has := f.labels[name][k]
+			ok = ok && has && (v == nil || *v == got)
+		}
+		if ok {
+			list.Items = append(list.Items, &compute.Disk{Kind: "compute#disk", Name: name, SelfLink: gceBase + "/disks/" + name, Labels: f.labels[name]})
+		}
+	}
+	writeJSON(w, list)
 }
 
 // getInstance answers instances.get with the disks attached to the instance; f.mu is held.
@@ -189,7 +228,10 @@ type gceCase struct {
 	deviceNames map[string]string
 	race        string
 	diskName    string
-	wantAttach  []string // device names attachDisk was called with
+	labels      map[string]string            // the selector, when there is no diskName
+	diskLabels  map[string]map[string]string // the disks' labels
+	wantDisk    string                       // the disk a label selector selects
+	wantAttach  []string                     // device names attachDisk was called with
 	wantLink    string   // the by-id link Find resolves
 	wantErr     error
 	wantMsg     string
@@ -244,7 +286,44 @@ var gceCases = []gceCase{
 	},
 }
 
+// etcdDiskLabels are kOps-like labels on the etcd disks of members a and b of cluster prod,
+// and on a disk of another cluster.
+var etcdDiskLabels = map[string]map[string]string{
+	"prod-etcd-a":  {"k8s-io-etcd-main": "a", "kubernetes-io-cluster-prod": "owned"},
+	"prod-etcd-b":  {"k8s-io-etcd-main": "b", "kubernetes-io-cluster-prod": "owned"},
+	"stage-etcd-b": {"k8s-io-etcd-main": "b", "kubernetes-io-cluster-stage": "owned"},
+}
+
+var gceLabelCases = []gceCase{
+	{
+		name:       "disk selected by labels is attached",
+		disks:      map[string][]string{"prod-etcd-a": {"cp-a"}, "prod-etcd-b": nil, "stage-etcd-b": nil},
+		diskLabels: etcdDiskLabels,
+		labels:     map[string]string{"k8s-io-etcd-main": "b", "kubernetes-io-cluster-prod": ""},
+		wantDisk:   "prod-etcd-b",
+		wantAttach: []string{"prod-etcd-b"},
+	},
+	{
+		name:       "labels match two disks",
+		disks:      map[string][]string{"prod-etcd-b": nil, "stage-etcd-b": nil},
+		diskLabels: etcdDiskLabels,
+		labels:     map[string]string{"k8s-io-etcd-main": "b"},
+		wantMsg:    "gce disk with labels k8s-io-etcd-main=b: 2 disks match (prod-etcd-b, stage-etcd-b); expected one",
+	},
+	{
+		name:       "labels match no disk",
+		disks:      map[string][]string{"prod-etcd-a": nil},
+		diskLabels: etcdDiskLabels,
+		labels:     map[string]string{"k8s-io-etcd-main": "c", "kubernetes-io-cluster-prod": ""},
+		wantErr:    errNotFound,
+		wantMsg:    "gce disk with labels k8s-io-etcd-main=c,kubernetes-io-cluster-prod: no matching volume in project kiln-prod, zone europe-west4-a",
+	},
+}
+
 func TestGCE(t *testing.T) {
+	for _, tt := range gceLabelCases {
+		t.Run(tt.name, func(t *testing.T) { checkGCE(t, tt) })
+	}
 	for _, tt := range gceCases {
 		t.Run(tt.name, func(t *testing.T) { checkGCE(t, tt) })
 	}
@@ -253,14 +332,14 @@ func TestGCE(t *testing.T) {
 // checkGCE attaches tt.diskName against a fake Compute API and checks the outcome.
 func checkGCE(t *testing.T, tt gceCase) {
 	dev := newFakeDev(t)
-	f := &fakeCompute{t: t, dev: dev, disks: tt.disks, deviceNames: map[string]string{}, race: tt.race}
+	f := &fakeCompute{t: t, dev: dev, disks: tt.disks, deviceNames: map[string]string{}, race: tt.race, labels: tt.diskLabels}
 	for k, v := range tt.deviceNames {
 		f.deviceNames[k] = v
 		dev.link("google-"+v, "sdb")
 	}
 	g := GCE{
 		Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
-		DiskName: tt.diskName, DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
+		DiskName: tt.diskName, Labels: tt.labels, DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
 	}
 	got, err := g.Find(context.Background())
 	f.mu.Lock()
@@ -275,8 +354,8 @@ func checkGCE(t *testing.T, tt gceCase) {
 	if !slices.Equal(attached, tt.wantAttach) {
 		t.Errorf("attachDisk device names = %q, want %q", attached, tt.wantAttach)
 	}
-	if tt.wantErr != nil {
-		if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
+	if tt.wantErr != nil || tt.wantMsg != "" {
+		if err == nil || tt.wantErr != nil && !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
 			t.Fatalf("Find = %q, %v; want %v with %q", got, err, tt.wantErr, tt.wantMsg)
 		}
 		return
@@ -287,7 +366,7 @@ func checkGCE(t *testing.T, tt gceCase) {
 	if got != dev.devs+"/sdb" {
 		t.Errorf("Find = %q, want %s", got, dev.devs+"/sdb")
 	}
-	if users := f.disks[tt.diskName]; !slices.Equal(users, []string{gceMe}) {
+	if users := f.disks[tt.diskName+tt.wantDisk]; !slices.Equal(users, []string{gceMe}) {
 		t.Errorf("disk users = %q", users)
 	}
 }
