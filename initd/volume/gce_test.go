@@ -232,7 +232,7 @@ type gceCase struct {
 	diskLabels  map[string]map[string]string // the disks' labels
 	wantDisk    string                       // the disk a label selector selects
 	wantAttach  []string                     // device names attachDisk was called with
-	wantLink    string   // the by-id link Find resolves
+	wantLink    string                       // the by-id link Find resolves
 	wantErr     error
 	wantMsg     string
 }
