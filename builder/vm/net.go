@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -105,6 +106,20 @@ func netArgs(cfg Config) ([]string, error) {
 			return nil, fmt.Errorf("user network %q: want a range like 10.0.3.0/24", cfg.Net)
 		}
 		user += ",net=" + cfg.Net
+	}
+	for _, a := range []struct{ opt, addr string }{{"host", cfg.NetHost}, {"dhcpstart", cfg.NetDHCPStart}} {
+		if a.addr == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(a.addr)
+		pfx, perr := netip.ParsePrefix(cfg.Net)
+		switch {
+		case err != nil || !ip.Is4():
+			return nil, fmt.Errorf("user network %s address %q: want an IPv4 address", a.opt, a.addr)
+		case cfg.Net == "" || perr != nil || !pfx.Contains(ip):
+			return nil, fmt.Errorf("user network %s address %s is not inside the network %q", a.opt, ip, cfg.Net)
+		}
+		user += "," + a.opt + "=" + ip.String()
 	}
 	if cfg.Offline {
 		user += ",restrict=on"

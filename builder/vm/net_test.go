@@ -77,6 +77,12 @@ func TestNetworkArgs(t *testing.T) {
 			netdevs: []string{"user,id=user0,net=10.0.3.0/24"},
 			devices: []string{"virtio-net-pci,netdev=user0,addr=18"},
 		},
+		{
+			name:    "metadata address as the host's",
+			cfg:     Config{Net: "169.254.0.0/15", NetHost: "169.254.169.254", NetDHCPStart: "169.255.0.15"},
+			netdevs: []string{"user,id=user0,net=169.254.0.0/15,host=169.254.169.254,dhcpstart=169.255.0.15"},
+			devices: []string{"virtio-net-pci,netdev=user0,addr=18"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Image, tc.cfg.Accel = img, "tcg"
@@ -114,6 +120,9 @@ func TestNetworkArgsErrors(t *testing.T) {
 		{Config{Forward: map[string]int{"127.0.0.1:http": 80}}, `forward "127.0.0.1:http"`},
 		{Config{Forward: map[string]int{"8080": 0}}, "guest port 0"},
 		{Config{Net: "10.0.3.0/24,restrict=off"}, "user network"},
+		{Config{Net: "10.0.3.0/24", NetHost: "169.254.169.254"}, `host address 169.254.169.254 is not inside the network "10.0.3.0/24"`},
+		{Config{NetHost: "10.0.2.2"}, `host address 10.0.2.2 is not inside the network ""`},
+		{Config{Net: "10.0.3.0/24", NetDHCPStart: "fd00::15"}, `dhcpstart address "fd00::15": want an IPv4 address`},
 	} {
 		tc.cfg.Image, tc.cfg.Accel = img, "tcg"
 		_, err := Args(context.Background(), tc.cfg, t.TempDir())

@@ -75,6 +75,11 @@ type Config struct {
 	// Net is the user network's IPv4 range (QEMU's default 10.0.2.0/24): the guest gets .15,
 	// the host is .2. Several VMs on different ranges get different addresses.
 	Net string
+	// NetHost is the host's address on the user network (QEMU's default: .2 of Net), which
+	// reaches the host's loopback; a cloud's metadata address (169.254.169.254) lets a
+	// metadata service on 127.0.0.1 answer as the cloud's does. NetDHCPStart is the first
+	// address DHCP hands out (default .15 of Net). Both must be inside Net.
+	NetHost, NetDHCPStart string
 	// Offline restricts the user network (QEMU restrict=on): the guest reaches neither the
 	// host (10.0.2.2) nor anything beyond; forwarded ports still reach the guest.
 	Offline bool
