@@ -2,6 +2,7 @@ package qemutests
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,9 +83,8 @@ func forTCG(t *testing.T, def string) {
 func cloudNode(etcdVolume, dns, cloud string) string {
 	node := fmt.Sprintf("cluster: {name: demo, dnsZone: kiln.test}\nrole: control-plane\ndns: %s\netcd: {member: a, members: [a], volume: %s}\n%s\n",
 		dns, etcdVolume, cloud)
-	b, _ := json.Marshal(node)
-	return fmt.Sprintf(`{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/kiln/node.yaml","mode":420,"contents":{"source":"data:,%s"}}]}}`,
-		strings.ReplaceAll(strings.Trim(string(b), `"`), `\n`, "%0A"))
+	return fmt.Sprintf(`{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/kiln/node.yaml","mode":420,"contents":{"source":"data:;base64,%s"}}]}}`,
+		base64.StdEncoding.EncodeToString([]byte(node)))
 }
 
 // listenMetadata listens on 127.0.0.1:80, where QEMU's user network takes the guest's
