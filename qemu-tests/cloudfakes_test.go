@@ -3,6 +3,7 @@ package qemutests
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -98,4 +99,53 @@ func registered(st dns.State, prefix, typ string) string {
 		}
 	}
 	return "none"
+}
+
+// The fakes refuse what the clouds refuse: IMDSv1 GETs and proxied token requests,
+// metadata requests without Metadata-Flavor, API requests without the instance's
+// credentials.
+func TestCloudFakesRefuse(t *testing.T) {
+	creds := roleCreds{key: "ASIAKILNTESTROLE0001", secret: "kiln-role-secret", token: "kiln-session-token"}
+	imds := httptest.NewServer(&fakeIMDS{instanceID: "i-0kiln", role: "r", creds: creds})
+	defer imds.Close()
+	gce := httptest.NewServer(&fakeGCEMetadata{id: "1", token: "ya29.kiln"})
+	defer gce.Close()
+	ec2 := httptest.NewServer(&fakeEC2{creds: creds, region: "eu-west-1"})
+	defer ec2.Close()
+	r53 := httptest.NewServer(&fakeRoute53{creds: creds, zoneID: "Z1", zone: "kiln.test."})
+	defer r53.Close()
+	comp := httptest.NewServer(&fakeCompute{project: "p", zone: "z", token: "ya29.kiln"})
+	defer comp.Close()
+	cdns := httptest.NewServer(&fakeCloudDNS{project: "p", zoneName: "z", dnsName: "kiln.test.", token: "ya29.kiln"})
+	defer cdns.Close()
+	for _, tc := range []struct {
+		name, method, url string
+		header            map[string]string
+		want              int
+	}{
+		{"IMDSv1 GET", "GET", imds.URL + "/latest/meta-data/instance-id", nil, http.StatusUnauthorized},
+		{"IMDSv2 GET with a made-up token", "GET", imds.URL + "/latest/meta-data/instance-id", map[string]string{"X-aws-ec2-metadata-token": "guess"}, http.StatusUnauthorized},
+		{"IMDS token through a proxy", "PUT", imds.URL + "/latest/api/token", map[string]string{"X-aws-ec2-metadata-token-ttl-seconds": "60", "X-Forwarded-For": "10.0.0.9"}, http.StatusForbidden},
+		{"IMDS token without a TTL", "PUT", imds.URL + "/latest/api/token", nil, http.StatusBadRequest},
+		{"GCE metadata without Metadata-Flavor", "GET", gce.URL + "/computeMetadata/v1/instance/id", nil, http.StatusForbidden},
+		{"GCE metadata with it", "GET", gce.URL + "/computeMetadata/v1/instance/id", map[string]string{"Metadata-Flavor": "Google"}, http.StatusOK},
+		{"EC2 unsigned", "POST", ec2.URL + "/?Action=DescribeVolumes&Version=2016-11-15", nil, http.StatusUnauthorized},
+		{"Route 53 signed by someone else", "GET", r53.URL + "/2013-04-01/hostedzone/Z1/rrset", map[string]string{
+			"Authorization": "AWS4-HMAC-SHA256 Credential=AKIDOTHER/20260101/us-east-1/route53/aws4_request, SignedHeaders=host;x-amz-date, Signature=" + strings.Repeat("0", 64)}, http.StatusForbidden},
+		{"Compute without a token", "GET", comp.URL + "/compute/v1/projects/p/zones/z/disks/d", nil, http.StatusUnauthorized},
+		{"Cloud DNS with another token", "GET", cdns.URL + "/dns/v1/projects/p/managedZones", map[string]string{"Authorization": "Bearer ya29.other"}, http.StatusUnauthorized},
+	} {
+		req, _ := http.NewRequest(tc.method, tc.url, nil)
+		for k, v := range tc.header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s: %s, want %d", tc.name, resp.Status, tc.want)
+		}
+	}
 }
