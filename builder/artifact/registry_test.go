@@ -31,9 +31,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/kilnproject/kiln/internal/poll"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
-
-const distributionRegistry = "/usr/bin/docker-registry"
 
 // authRegistry is the CNCF distribution registry (Debian's docker-registry) on 127.0.0.1,
 // serving plain HTTP with htpasswd (bcrypt) authentication for user/password.
@@ -43,9 +42,7 @@ type authRegistry struct {
 
 func startAuthRegistry(t *testing.T) *authRegistry {
 	t.Helper()
-	if _, err := os.Stat(distributionRegistry); err != nil {
-		t.Skipf("needs the distribution registry (apt-get install docker-registry): %v", err)
-	}
+	registry := testkit.Tool(t, "docker-registry", "docker-registry")
 	dir := t.TempDir()
 	r := &authRegistry{host: freeLoopbackAddr(t), user: "kiln", password: "s3cret-pull"}
 	hash, err := bcrypt.GenerateFromPassword([]byte(r.password), bcrypt.MinCost)
@@ -61,7 +58,7 @@ auth: {htpasswd: {realm: kiln-test, path: %s}}
 `, filepath.Join(dir, "store"), r.host, filepath.Join(dir, "htpasswd")))
 
 	var out bytes.Buffer
-	cmd := exec.Command(distributionRegistry, "serve", filepath.Join(dir, "config.yml"))
+	cmd := exec.Command(registry, "serve", filepath.Join(dir, "config.yml"))
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
