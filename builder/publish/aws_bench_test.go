@@ -21,8 +21,7 @@ func BenchmarkPublishAWS(b *testing.B) {
 	var mibps float64
 	var skipped int64
 	for b.Loop() {
-		f := newFakeAWS(b)
-		a := f.start()
+		_, a := newFakeAWS(b)
 		res, err := a.Publish(context.Background(), im, newRequest())
 		if err != nil {
 			b.Fatal(err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/kilnproject/kiln/builder/publish/publishtest"
 )
 
 // Transient failures are retried and the publish succeeds; a refused call is an error
@@ -11,41 +13,39 @@ import (
 func TestPublishAWSFaults(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		faults []*fault
+		faults []publishtest.Fault
 		want   string // error substring; "" succeeds
 		left   int    // snapshots left in the fake when the publish fails
 	}{
-		{name: "EBS throttling", faults: []*fault{
-			{op: "PutSnapshotBlock", times: 4, status: 400, code: "RequestThrottledException", reason: "ACCOUNT_THROTTLED", msg: "Rate exceeded"},
-			{op: "StartSnapshot", times: 1, status: 400, code: "RequestThrottledException", reason: "ACCOUNT_THROTTLED", msg: "Rate exceeded"},
+		{name: "EBS throttling", faults: []publishtest.Fault{
+			{Op: "PutSnapshotBlock", Times: 4, Status: 400, Code: "RequestThrottledException", Reason: "ACCOUNT_THROTTLED", Message: "Rate exceeded"},
+			{Op: "StartSnapshot", Times: 1, Status: 400, Code: "RequestThrottledException", Reason: "ACCOUNT_THROTTLED", Message: "Rate exceeded"},
 		}},
-		{name: "EC2 throttling and 5xx", faults: []*fault{
-			{op: "RegisterImage", times: 2, status: 503, code: "RequestLimitExceeded", msg: "Request limit exceeded."},
-			{op: "DescribeSnapshots", times: 1, status: 500, code: "InternalError", msg: "An internal error has occurred"},
+		{name: "EC2 throttling and 5xx", faults: []publishtest.Fault{
+			{Op: "RegisterImage", Times: 2, Status: 503, Code: "RequestLimitExceeded", Message: "Request limit exceeded."},
+			{Op: "DescribeSnapshots", Times: 1, Status: 500, Code: "InternalError", Message: "An internal error has occurred"},
 		}},
-		{name: "EBS internal errors", faults: []*fault{
-			{op: "PutSnapshotBlock", after: 2, times: 3, status: 500, code: "InternalServerException", msg: "internal error"},
-			{op: "CompleteSnapshot", times: 1, status: 503, code: "InternalServerException", msg: "unavailable"},
+		{name: "EBS internal errors", faults: []publishtest.Fault{
+			{Op: "PutSnapshotBlock", After: 2, Times: 3, Status: 500, Code: "InternalServerException", Message: "internal error"},
+			{Op: "CompleteSnapshot", Times: 1, Status: 503, Code: "InternalServerException", Message: "unavailable"},
 		}},
-		{name: "connection cut mid-upload", faults: []*fault{{op: "PutSnapshotBlock", after: 3, times: 3, cut: true}}},
-		{name: "connection cut for good", faults: []*fault{{op: "PutSnapshotBlock", after: 3, times: -1, cut: true}},
+		{name: "connection cut mid-upload", faults: []publishtest.Fault{{Op: "PutSnapshotBlock", After: 3, Times: 3, Cut: true}}},
+		{name: "connection cut for good", faults: []publishtest.Fault{{Op: "PutSnapshotBlock", After: 3, Times: -1, Cut: true}},
 			want: "PutSnapshotBlock in eu-west-1"},
-		{name: "StartSnapshot denied", faults: []*fault{{op: "StartSnapshot", times: -1, status: 403, code: "AccessDeniedException", reason: "UNAUTHORIZED_ACCOUNT",
-			msg: "User: arn:aws:iam::111122223333:user/ci is not authorized to perform: ebs:StartSnapshot"}},
+		{name: "StartSnapshot denied", faults: []publishtest.Fault{{Op: "StartSnapshot", Times: -1, Status: 403, Code: "AccessDeniedException", Reason: "UNAUTHORIZED_ACCOUNT",
+			Message: "User: arn:aws:iam::111122223333:user/ci is not authorized to perform: ebs:StartSnapshot"}},
 			want: "StartSnapshot in eu-west-1: access denied: the credentials need the IAM permission ebs:StartSnapshot"},
-		{name: "PutSnapshotBlock denied", faults: []*fault{{op: "PutSnapshotBlock", after: 2, times: -1, status: 403, code: "AccessDeniedException", msg: "not authorized to perform: ebs:PutSnapshotBlock"}},
+		{name: "PutSnapshotBlock denied", faults: []publishtest.Fault{{Op: "PutSnapshotBlock", After: 2, Times: -1, Status: 403, Code: "AccessDeniedException", Message: "not authorized to perform: ebs:PutSnapshotBlock"}},
 			want: "the credentials need the IAM permission ebs:PutSnapshotBlock"},
-		{name: "RegisterImage denied", faults: []*fault{{op: "RegisterImage", times: -1, status: 403, code: "UnauthorizedOperation", msg: "You are not authorized to perform this operation."}},
+		{name: "RegisterImage denied", faults: []publishtest.Fault{{Op: "RegisterImage", Times: -1, Status: 403, Code: "UnauthorizedOperation", Message: "You are not authorized to perform this operation."}},
 			want: "the credentials need the IAM permission ec2:RegisterImage"},
-		{name: "denied, and the snapshot cannot be deleted", faults: []*fault{
-			{op: "PutSnapshotBlock", times: -1, status: 403, code: "AccessDeniedException", msg: "not authorized"},
-			{op: "DeleteSnapshot", times: -1, status: 403, code: "UnauthorizedOperation", msg: "You are not authorized to perform this operation."},
+		{name: "denied, and the snapshot cannot be deleted", faults: []publishtest.Fault{
+			{Op: "PutSnapshotBlock", Times: -1, Status: 403, Code: "AccessDeniedException", Message: "not authorized"},
+			{Op: "DeleteSnapshot", Times: -1, Status: 403, Code: "UnauthorizedOperation", Message: "You are not authorized to perform this operation."},
 		}, want: "left behind in eu-west-1: snapshot snap-00000000000000001", left: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFakeAWS(t)
-			f.faults = tc.faults
-			a := f.start()
+			f, a := newFakeAWS(t, tc.faults...)
 			path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
 			im, err := Load(path)
 			if err != nil {
@@ -57,13 +57,11 @@ func TestPublishAWSFaults(t *testing.T) {
 					t.Fatal(err)
 				}
 				checkSnapshot(t, f, testRegion, res.SnapshotID, content)
-				if f.image(testRegion, res.ImageID) == nil {
+				if f.Image(testRegion, res.ImageID) == nil {
 					t.Errorf("no image %s", res.ImageID)
 				}
-				for _, ft := range tc.faults {
-					if ft.times != 0 {
-						t.Errorf("%s failed fewer times than the fault asked (%d to go)", ft.op, ft.times)
-					}
+				for _, ft := range f.Unspent() {
+					t.Errorf("%s failed fewer times than the fault asked (%d to go)", ft.Op, ft.Times)
 				}
 				return
 			}
@@ -71,7 +69,7 @@ func TestPublishAWSFaults(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("publish = %v, want an error with %q", err, tc.want)
 			}
-			if s, i := f.count(testRegion); s != tc.left || i != 0 {
+			if s, i := f.Count(testRegion); s != tc.left || i != 0 {
 				t.Errorf("%d snapshots and %d images left, want %d snapshots", s, i, tc.left)
 			}
 		})

@@ -4,17 +4,47 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
+	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	ebstypes "github.com/aws/aws-sdk-go-v2/service/ebs/types"
+
+	"github.com/kilnproject/kiln/builder/publish/publishtest"
 )
+
+// testRegion is the region the tests publish in.
+const testRegion = "eu-west-1"
+
+// newFakeAWS starts the AWS fake, failing calls as faults say, and returns it with a
+// publisher in testRegion whose clients call it, retrying and polling quickly.
+func newFakeAWS(t testing.TB, faults ...publishtest.Fault) (*publishtest.AWS, *AWS) {
+	f := publishtest.NewAWS(t)
+	f.Inject(faults...)
+	a := NewAWS(AWSConfig{
+		Config: aws.Config{
+			Region:      testRegion,
+			Credentials: credentials.NewStaticCredentialsProvider(publishtest.AWSAccessKeyID, publishtest.AWSSecretAccessKey, ""),
+			HTTPClient:  f.Client(),
+		},
+		Endpoint:   f.URL(),
+		MaxBackoff: 20 * time.Millisecond,
+	})
+	a.Poll, a.MaxWait = time.Millisecond, 10*time.Second
+	a.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return f, a
+}
 
 func randBytes(n int) []byte {
 	b := make([]byte, n)
@@ -47,25 +77,10 @@ func newRequest() AWSRequest {
 
 // checkSnapshot reassembles the snapshot and compares it with the image byte for byte,
 // the sparse regions and the volume past the file's end included.
-func checkSnapshot(t *testing.T, f *fakeAWS, region, id string, content []byte) {
+func checkSnapshot(t *testing.T, f *publishtest.AWS, region, id string, content []byte) {
 	t.Helper()
-	blocks, n := f.snapshotBlocks(region, id)
-	if n*blockSize < int64(len(content)) {
-		t.Fatalf("snapshot %s holds %d blocks, the image is %d bytes", id, n, len(content))
-	}
-	zero := make([]byte, blockSize)
-	for i := range n {
-		want := make([]byte, blockSize)
-		if off := i * blockSize; off < int64(len(content)) {
-			copy(want, content[off:])
-		}
-		got := blocks[int32(i)]
-		if got == nil {
-			got = zero
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("snapshot %s differs from the image in block %d", id, i)
-		}
+	if err := f.SnapshotMatches(region, id, content); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -73,8 +88,7 @@ func checkSnapshot(t *testing.T, f *fakeAWS, region, id string, content []byte) 
 // AMI as EC2 instances of kiln's images need it, shares and copies it; a second publish of
 // the same file uploads nothing and returns the same ids.
 func TestPublishAWS(t *testing.T) {
-	f := newFakeAWS(t)
-	a := f.start()
+	f, a := newFakeAWS(t)
 	path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
 	im, err := Load(path)
 	if err != nil {
@@ -91,7 +105,7 @@ func TestPublishAWS(t *testing.T) {
 		t.Errorf("result %+v, upload %+v: want %d blocks uploaded, the rest skipped", res, res.Upload, dataBlocks)
 	}
 	checkSnapshot(t, f, testRegion, res.SnapshotID, content)
-	img := f.image(testRegion, res.ImageID)
+	img := f.Image(testRegion, res.ImageID)
 	if img == nil {
 		t.Fatalf("no image %s in the fake", res.ImageID)
 	}
@@ -102,22 +116,22 @@ func TestPublishAWS(t *testing.T) {
 		"BlockDeviceMapping.1.Ebs.VolumeType": "gp3", "BlockDeviceMapping.1.Ebs.DeleteOnTermination": "true",
 		"BlockDeviceMapping.1.Ebs.SnapshotId": res.SnapshotID,
 	} {
-		if got := img.params.Get(k); got != want {
+		if got := img.Params.Get(k); got != want {
 			t.Errorf("RegisterImage %s = %q, want %q", k, got, want)
 		}
 	}
-	snap := f.snapshot(testRegion, res.SnapshotID)
-	for what, tags := range map[string]map[string]string{"image": img.tags, "snapshot": snap.tags} {
+	snap := f.Snapshot(testRegion, res.SnapshotID)
+	for what, tags := range map[string]map[string]string{"image": img.Tags, "snapshot": snap.Tags} {
 		if tags[DigestTag] != im.SHA256 || tags["team"] != "platform" {
 			t.Errorf("%s tags %v, want %s=%s and team=platform", what, tags, DigestTag, im.SHA256)
 		}
 	}
-	if !slices.Equal(img.launchPerm, req.ShareWith) || !slices.Equal(snap.volumePerm, req.ShareWith) {
-		t.Errorf("launch permission %v, snapshot volume permission %v, want %v", img.launchPerm, snap.volumePerm, req.ShareWith)
+	if !slices.Equal(img.LaunchPermission, req.ShareWith) || !slices.Equal(snap.VolumePermission, req.ShareWith) {
+		t.Errorf("launch permission %v, snapshot volume permission %v, want %v", img.LaunchPermission, snap.VolumePermission, req.ShareWith)
 	}
 	checkCopies(t, f, res, im, req)
 
-	puts := f.callsOf("PutSnapshotBlock")
+	puts := f.Calls("PutSnapshotBlock")
 	again, err := a.Publish(context.Background(), im, req)
 	if err != nil {
 		t.Fatal(err)
@@ -125,33 +139,33 @@ func TestPublishAWS(t *testing.T) {
 	if again.ImageID != res.ImageID || again.SnapshotID != res.SnapshotID || !again.Reused || !maps.Equal(again.Copies, res.Copies) {
 		t.Errorf("second publish = %+v, want the ids of the first %+v, reused", again, res)
 	}
-	if n := f.callsOf("PutSnapshotBlock") - puts; n != 0 || f.callsOf("StartSnapshot") != 1 || f.callsOf("CopyImage") != 2 {
-		t.Errorf("second publish: %d blocks put, %d snapshots started, %d copies in all", n, f.callsOf("StartSnapshot"), f.callsOf("CopyImage"))
+	if n := f.Calls("PutSnapshotBlock") - puts; n != 0 || f.Calls("StartSnapshot") != 1 || f.Calls("CopyImage") != 2 {
+		t.Errorf("second publish: %d blocks put, %d snapshots started, %d copies in all", n, f.Calls("StartSnapshot"), f.Calls("CopyImage"))
 	}
 }
 
 // checkCopies checks each region of req.CopyTo has a copy of the AMI, tagged and shared,
 // with a snapshot of the same data.
-func checkCopies(t *testing.T, f *fakeAWS, res *AWSResult, im *Image, req AWSRequest) {
+func checkCopies(t *testing.T, f *publishtest.AWS, res *AWSResult, im *Image, req AWSRequest) {
 	t.Helper()
 	if len(res.Copies) != len(req.CopyTo) {
 		t.Errorf("copies %v, want one in each of %v", res.Copies, req.CopyTo)
 	}
 	for _, region := range req.CopyTo {
-		c := f.image(region, res.Copies[region])
+		c := f.Image(region, res.Copies[region])
 		if c == nil {
 			t.Errorf("no copy in %s", region)
 			continue
 		}
-		if c.params.Get("SourceImageId") != res.ImageID || c.params.Get("SourceRegion") != testRegion || c.name != req.Name {
-			t.Errorf("copy in %s: %v", region, c.params)
+		if c.Params.Get("SourceImageId") != res.ImageID || c.Params.Get("SourceRegion") != testRegion || c.Name != req.Name {
+			t.Errorf("copy in %s: %v", region, c.Params)
 		}
-		s := f.snapshot(region, c.snapshot)
-		if c.tags[DigestTag] != im.SHA256 || s.tags[DigestTag] != im.SHA256 || c.tags["team"] != "platform" {
-			t.Errorf("copy in %s tagged %v, its snapshot %v", region, c.tags, s.tags)
+		s := f.Snapshot(region, c.SnapshotID)
+		if c.Tags[DigestTag] != im.SHA256 || s.Tags[DigestTag] != im.SHA256 || c.Tags["team"] != "platform" {
+			t.Errorf("copy in %s tagged %v, its snapshot %v", region, c.Tags, s.Tags)
 		}
-		if !slices.Equal(c.launchPerm, req.ShareWith) || !slices.Equal(s.volumePerm, req.ShareWith) {
-			t.Errorf("copy in %s shared with %v, its snapshot with %v", region, c.launchPerm, s.volumePerm)
+		if !slices.Equal(c.LaunchPermission, req.ShareWith) || !slices.Equal(s.VolumePermission, req.ShareWith) {
+			t.Errorf("copy in %s shared with %v, its snapshot with %v", region, c.LaunchPermission, s.VolumePermission)
 		}
 	}
 }
@@ -159,31 +173,31 @@ func checkCopies(t *testing.T, f *fakeAWS, res *AWSResult, im *Image, req AWSReq
 // The fake refuses a block whose checksum is not its data's, with EBS's error, so the
 // uploads it accepts were checked.
 func TestFakeEBSRefusesBadChecksum(t *testing.T) {
-	f := newFakeAWS(t)
-	a := f.start()
+	f, a := newFakeAWS(t)
 	start, err := a.EBS.StartSnapshot(context.Background(), &ebs.StartSnapshotInput{VolumeSize: aws.Int64(1)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	block := randBytes(blockSize)
+	sum := sha256.Sum256(block[1:])
+	wrong := base64.StdEncoding.EncodeToString(sum[:])
 	_, err = a.EBS.PutSnapshotBlock(context.Background(), &ebs.PutSnapshotBlockInput{
 		SnapshotId: start.SnapshotId, BlockIndex: aws.Int32(3), BlockData: bytes.NewReader(block),
-		DataLength: aws.Int32(blockSize), Checksum: aws.String(digestOf(block[1:])),
+		DataLength: aws.Int32(blockSize), Checksum: aws.String(wrong),
 		ChecksumAlgorithm: ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256,
 	})
 	var ve *ebstypes.ValidationException
 	if !errors.As(err, &ve) || ve.Reason != ebstypes.ValidationExceptionReasonInvalidBlock {
 		t.Fatalf("PutSnapshotBlock with a wrong checksum = %v, want a ValidationException INVALID_BLOCK", err)
 	}
-	if f.snapshot(testRegion, *start.SnapshotId).blocks[3] != nil {
+	if f.Snapshot(testRegion, *start.SnapshotId).Blocks[3] != nil {
 		t.Error("the fake stored the refused block")
 	}
 }
 
 // A name another image holds is refused before anything is uploaded.
 func TestPublishAWSNameTaken(t *testing.T) {
-	f := newFakeAWS(t)
-	a := f.start()
+	f, a := newFakeAWS(t)
 	path, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
 	im, _ := Load(path)
 	if _, err := a.Publish(context.Background(), im, newRequest()); err != nil {
@@ -195,15 +209,14 @@ func TestPublishAWSNameTaken(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `the name "kiln-aws-worker" is taken`) {
 		t.Fatalf("publish of another image under the same name = %v", err)
 	}
-	if n := f.callsOf("StartSnapshot"); n != 1 {
+	if n := f.Calls("StartSnapshot"); n != 1 {
 		t.Errorf("%d snapshots started, want only the first publish's", n)
 	}
 }
 
 // The same file under another name makes a new AMI of the snapshot already uploaded.
 func TestPublishAWSReusesSnapshot(t *testing.T) {
-	f := newFakeAWS(t)
-	a := f.start()
+	f, a := newFakeAWS(t)
 	path, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
 	im, _ := Load(path)
 	first, err := a.Publish(context.Background(), im, newRequest())
@@ -216,16 +229,15 @@ func TestPublishAWSReusesSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if second.ImageID == first.ImageID || second.SnapshotID != first.SnapshotID || second.Upload != nil || f.callsOf("StartSnapshot") != 1 {
-		t.Errorf("second name: %+v after %+v, %d snapshots started", second, first, f.callsOf("StartSnapshot"))
+	if second.ImageID == first.ImageID || second.SnapshotID != first.SnapshotID || second.Upload != nil || f.Calls("StartSnapshot") != 1 {
+		t.Errorf("second name: %+v after %+v, %d snapshots started", second, first, f.Calls("StartSnapshot"))
 	}
 }
 
 // A file that is not what its metadata says is refused after the upload has read it, and
 // its snapshot deleted; an image of another format is refused at once.
 func TestPublishAWSRefuses(t *testing.T) {
-	f := newFakeAWS(t)
-	a := f.start()
+	f, a := newFakeAWS(t)
 	dir := t.TempDir()
 	path, _ := testImage(t, dir, testDiskSize, scattered())
 	im, _ := Load(path)
@@ -236,7 +248,7 @@ func TestPublishAWSRefuses(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "the file changed after the bake") {
 		t.Fatalf("publish of a changed file = %v", err)
 	}
-	if s, i := f.count(testRegion); s != 0 || i != 0 {
+	if s, i := f.Count(testRegion); s != 0 || i != 0 {
 		t.Errorf("%d snapshots, %d images left", s, i)
 	}
 	im.Output.Format = "vmdk"

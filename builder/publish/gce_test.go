@@ -19,12 +19,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fsouza/fake-gcs-server/fakestorage"
 	"golang.org/x/oauth2"
 	compute "google.golang.org/api/compute/v1"
 	"google.golang.org/api/option"
 
 	"github.com/kilnproject/kiln/builder/output"
+	"github.com/kilnproject/kiln/builder/publish/publishtest"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -91,13 +91,13 @@ func sha256Of(t testing.TB, file string) string {
 
 // gceEnv is the emulator and the compute fake a publish talks to.
 type gceEnv struct {
-	gcs     *gcsFront
-	compute *computeFake
+	gcs     *publishtest.GCS
+	compute *publishtest.Compute
 }
 
 func newGCEEnv(t testing.TB) *gceEnv {
-	gcs := newGCSFront(t, testBucket)
-	return &gceEnv{gcs: gcs, compute: newComputeFake(t, testProject, gcs.gcs)}
+	gcs := publishtest.NewGCS(t, publishtest.GoogleToken, testBucket)
+	return &gceEnv{gcs: gcs, compute: publishtest.NewCompute(t, publishtest.GoogleToken, testProject, gcs)}
 }
 
 // options publishes file as image name through env, in chunks of 256 KiB.
@@ -105,8 +105,8 @@ func (e *gceEnv) options(file, name string) GCEOptions {
 	return GCEOptions{
 		File: file, Project: testProject, Bucket: testBucket, Name: name, Family: "kiln-worker",
 		Labels: map[string]string{"role": "worker"}, ChunkSize: 256 << 10,
-		StorageEndpoint: e.gcs.srv.URL, ComputeEndpoint: e.compute.srv.URL,
-		ClientOptions: []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: testToken}))},
+		StorageEndpoint: e.gcs.URL(), ComputeEndpoint: e.compute.URL(),
+		ClientOptions: []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: publishtest.GoogleToken}))},
 		Log:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }
@@ -130,27 +130,28 @@ func TestPublishGCE(t *testing.T) {
 	if res.Image != "kiln-worker-1" || res.Reused || res.Object != "gs://kiln-images/kiln-worker-1.tar.gz" || !strings.HasSuffix(res.SelfLink, "/global/images/kiln-worker-1") {
 		t.Errorf("result %+v", res)
 	}
-	if got := env.compute.sources["kiln-worker-1"]; !bytes.Equal(got, want) {
+	if got := env.compute.Source("kiln-worker-1"); !bytes.Equal(got, want) {
 		t.Errorf("the image was made from %d bytes that differ from the %d of %s", len(got), len(want), file)
 	}
-	if env.gcs.chunks < 3 || len(progress) < 3 || progress[len(progress)-1] != int64(len(want)) {
-		t.Errorf("%d chunks, progress %v: want a resumable upload of %d bytes in several chunks", env.gcs.chunks, progress, len(want))
+	if _, chunks, _ := env.gcs.Uploads(); chunks < 3 || len(progress) < 3 || progress[len(progress)-1] != int64(len(want)) {
+		t.Errorf("%d chunks, progress %v: want a resumable upload of %d bytes in several chunks", chunks, progress, len(want))
 	}
 	crc := make([]byte, 4)
 	binary.BigEndian.PutUint32(crc, crc32.Checksum(want, crc32.MakeTable(crc32.Castagnoli)))
 	md := md5.Sum(want)
-	if d := env.gcs.declared; len(d) != 1 || d[0]["crc32c"] != base64.StdEncoding.EncodeToString(crc) || d[0]["md5Hash"] != base64.StdEncoding.EncodeToString(md[:]) {
+	if d := env.gcs.Declared(); len(d) != 1 || d[0]["crc32c"] != base64.StdEncoding.EncodeToString(crc) || d[0]["md5Hash"] != base64.StdEncoding.EncodeToString(md[:]) {
 		t.Errorf("declared checksums %v, want the file's", d)
 	}
-	im := env.compute.images["kiln-worker-1"]
+	im := env.compute.Image("kiln-worker-1")
 	if im.Family != "kiln-worker" || im.Labels["role"] != "worker" || im.Labels[GCEDigestLabel] != digest[:63] || !strings.Contains(im.Description, "sha256:"+digest) {
 		t.Errorf("image family %q labels %v description %q", im.Family, im.Labels, im.Description)
 	}
-	if objs := env.gcs.objects(t, testBucket); len(objs) != 0 {
+	if objs := env.gcs.Objects(t, testBucket); len(objs) != 0 {
 		t.Errorf("objects left: %v", objs)
 	}
 
-	starts, inserts := env.gcs.starts, env.compute.count("POST images/")
+	starts, _, _ := env.gcs.Uploads()
+	inserts := env.compute.Count("POST images/")
 	o.Name = "kiln-worker-2" // the same file under another name is still the same image
 	again, err := PublishGCE(context.Background(), o)
 	if err != nil {
@@ -159,8 +160,8 @@ func TestPublishGCE(t *testing.T) {
 	if !again.Reused || again.Image != "kiln-worker-1" || again.Object != "" {
 		t.Errorf("second publish: %+v, want kiln-worker-1 reused", again)
 	}
-	if env.gcs.starts != starts || env.compute.count("POST images/") != inserts {
-		t.Errorf("second publish uploaded (%d→%d) or inserted (%d→%d)", starts, env.gcs.starts, inserts, env.compute.count("POST images/"))
+	if now, _, _ := env.gcs.Uploads(); now != starts || env.compute.Count("POST images/") != inserts {
+		t.Errorf("second publish uploaded (%d→%d) or inserted (%d→%d)", starts, now, inserts, env.compute.Count("POST images/"))
 	}
 }
 
@@ -168,10 +169,10 @@ func TestPublishGCE(t *testing.T) {
 // before the answer) is sent again and the
 // object still arrives byte for byte; --keep-object leaves it.
 func TestPublishGCEResumes(t *testing.T) {
-	for _, fault := range []gcsFault{fault503, faultCut, faultDrop} {
+	for _, fault := range []publishtest.GCSFault{publishtest.GCS503, publishtest.GCSCut, publishtest.GCSDrop} {
 		t.Run(string(fault), func(t *testing.T) {
 			env := newGCEEnv(t)
-			env.gcs.fault, env.gcs.faultAt = fault, 2
+			env.gcs.Fail(fault, 2)
 			file := gceOutput(t, 2)
 			o := env.options(file, "kiln-worker")
 			o.KeepObject = true
@@ -179,12 +180,12 @@ func TestPublishGCEResumes(t *testing.T) {
 				t.Fatal(err)
 			}
 			want, _ := os.ReadFile(file)
-			obj, err := env.gcs.gcs.GetObject(testBucket, "kiln-worker.tar.gz")
+			obj, err := env.gcs.Object(testBucket, "kiln-worker.tar.gz")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !env.gcs.faulted || !bytes.Equal(obj.Content, want) {
-				t.Errorf("fault injected %v; object %d bytes, file %d: differ", env.gcs.faulted, len(obj.Content), len(want))
+			if _, _, faulted := env.gcs.Uploads(); !faulted || !bytes.Equal(obj, want) {
+				t.Errorf("fault injected %v; object %d bytes, file %d: differ", faulted, len(obj), len(want))
 			}
 		})
 	}
@@ -200,18 +201,18 @@ func TestPublishGCEFails(t *testing.T) {
 	}{
 		{
 			name:    "insert forbidden",
-			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.compute.insertStatus = 403 },
+			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.compute.ForbidInsert() },
 			wantErr: "images.insert kiln-worker: permission compute.images.create denied",
 			inserts: 1,
 		},
 		{
 			name:    "upload forbidden",
-			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.gcs.forbid = true },
+			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.gcs.Forbid() },
 			wantErr: "permission storage.objects.create denied",
 		},
 		{
 			name:    "operation fails",
-			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.compute.failOp = true },
+			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.compute.FailOperation() },
 			wantErr: "IMAGE_IMPORT_ERROR: Image import failed",
 			inserts: 1,
 		},
@@ -226,14 +227,14 @@ func TestPublishGCEFails(t *testing.T) {
 			name: "corrupted on the way",
 			setup: func(_ testing.TB, env *gceEnv, o *GCEOptions) {
 				o.ChunkSize = 64 << 20 // one request, whose MD5 and CRC32C the emulator checks
-				env.gcs.fault, env.gcs.faultAt = faultCorrupt, 1
+				env.gcs.Fail(publishtest.GCSCorrupt, 1)
 			},
 			wantErr: "doesn't match calculated",
 		},
 		{
 			name: "name taken by another image",
 			setup: func(_ testing.TB, env *gceEnv, _ *GCEOptions) {
-				env.compute.images["kiln-worker"] = &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: "0123"}}
+				env.compute.PutImage(&compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: "0123"}})
 			},
 			wantErr: "--name kiln-worker: image exists in project kiln-test, made from another file",
 		},
@@ -255,17 +256,23 @@ func TestPublishGCEFails(t *testing.T) {
 				t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
 			}
 			t.Log(err)
-			if objs := env.gcs.objects(t, testBucket); len(objs) != 0 {
+			if objs := env.gcs.Objects(t, testBucket); len(objs) != 0 {
 				t.Errorf("objects left: %v", objs)
 			}
-			if im := env.compute.images["kiln-worker"]; im != nil && im.Status != "READY" {
+			if im := env.compute.Image("kiln-worker"); im != nil && im.Status != "READY" {
 				t.Errorf("image left: %s", im.Status)
 			}
-			if n := env.compute.count("POST images/"); n != tt.inserts {
+			if n := env.compute.Count("POST images/"); n != tt.inserts {
 				t.Errorf("%d images.insert calls, want %d", n, tt.inserts)
 			}
 		})
 	}
+}
+
+// starts is how many uploads env's emulator saw start.
+func starts(env *gceEnv) int {
+	n, _, _ := env.gcs.Uploads()
+	return n
 }
 
 // An object already at the upload's name is used when it holds the same bytes (and left, as
@@ -279,16 +286,16 @@ func TestPublishGCEObjectExists(t *testing.T) {
 			if !same {
 				content = []byte("another image")
 			}
-			env.gcs.gcs.CreateObject(fakestorage.Object{ObjectAttrs: fakestorage.ObjectAttrs{BucketName: testBucket, Name: "kiln-worker.tar.gz"}, Content: content})
+			env.gcs.PutObject(testBucket, "kiln-worker.tar.gz", content)
 			res, err := PublishGCE(context.Background(), env.options(file, "kiln-worker"))
 			switch {
-			case same && (err != nil || res.Reused || env.gcs.starts != 0):
-				t.Errorf("publish over the same bytes: %+v, %v, %d uploads; want the image made without uploading", res, err, env.gcs.starts)
+			case same && (err != nil || res.Reused || starts(env) != 0):
+				t.Errorf("publish over the same bytes: %+v, %v, %d uploads; want the image made without uploading", res, err, starts(env))
 			case !same && (err == nil || !strings.Contains(err.Error(), "exists and holds other bytes")):
 				t.Errorf("publish over other bytes: %v, want refused", err)
 			}
-			obj, err := env.gcs.gcs.GetObject(testBucket, "kiln-worker.tar.gz")
-			if err != nil || !bytes.Equal(obj.Content, content) {
+			obj, err := env.gcs.Object(testBucket, "kiln-worker.tar.gz")
+			if err != nil || !bytes.Equal(obj, content) {
 				t.Errorf("the object was not left as it was: %v", err)
 			}
 		})

@@ -1,4 +1,4 @@
-package publish
+package publishtest
 
 import (
 	"bytes"
@@ -7,14 +7,17 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"encoding/xml"
 	"fmt"
 	"io"
 	"log"
-	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -25,104 +28,147 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 )
 
 const (
-	testRegion  = "eu-west-1"
-	testAKID    = "AKIDKILNTEST"
-	testSecret  = "kiln-test-secret"
-	testAccount = "111122223333"
+	// AWSAccessKeyID and AWSSecretAccessKey are the only credentials AWS accepts.
+	AWSAccessKeyID     = "AKIDKILNTEST"
+	AWSSecretAccessKey = "kiln-test-secret"
+	// AWSAccount is the account that owns what AWS keeps.
+	AWSAccount = "111122223333"
+	// EBSBlockSize is the size of an EBS snapshot block.
+	EBSBlockSize = 512 << 10
 )
 
-// fakeAWS answers EBS direct (REST-JSON) and EC2 (Query, XML) as AWS does, for the calls
+// AWS answers EBS direct (REST-JSON) and EC2 (Query, XML) over TLS as AWS does, for the calls
 // kiln publish aws makes, in every region: the region and the service of a request are those
 // of its SigV4 credential scope, whose signature it checks. It keeps snapshots and images,
 // checks what EBS and EC2 check, and fails calls as its faults say.
-type fakeAWS struct {
+type AWS struct {
 	t       testing.TB
+	srv     *httptest.Server
 	mu      sync.Mutex
-	regions map[string]*fakeRegion
+	regions map[string]*regionState
 	next    int
 	calls   map[string]int // by operation, including the failed ones
-	faults  []*fault
+	faults  []*Fault
+	pending int // Describe answers a completing snapshot or a new image stays pending
 }
 
-type fakeRegion struct {
-	snapshots map[string]*fakeSnap
-	images    map[string]*fakeImage
+type regionState struct {
+	snapshots map[string]*Snapshot
+	images    map[string]*Image
 }
 
-type fakeSnap struct {
-	id, state, description string
-	gib                    int64
-	tags                   map[string]string
-	blocks                 map[int32][]byte
+// A Snapshot is an EBS snapshot AWS keeps.
+type Snapshot struct {
+	ID, State, Description string
+	GiB                    int64
+	Tags                   map[string]string
+	Blocks                 map[int32][]byte // the blocks put, by index
+	VolumePermission       []string         // the accounts allowed to create volumes from it
 	digests                map[int32][]byte // raw SHA-256 of each block put
 	looks                  int              // DescribeSnapshots answers since completion
-	volumePerm             []string
 }
 
-type fakeImage struct {
-	id, name, state, snapshot string
-	gib                       int64
-	tags                      map[string]string
-	looks                     int
-	launchPerm                []string
-	params                    url.Values // the RegisterImage or CopyImage request
+// An Image is an AMI AWS keeps.
+type Image struct {
+	ID, Name, State, SnapshotID string
+	GiB                         int64
+	Tags                        map[string]string
+	LaunchPermission            []string
+	Params                      url.Values // the RegisterImage or CopyImage request
+	looks                       int
 }
 
-// A fault makes the calls of op fail: after calls have gone through, times times (-1:
-// always), with status and code, or by cutting the connection.
-type fault struct {
-	op                string
-	after, times      int
-	status            int
-	code, msg, reason string
-	cut               bool
+// A Fault makes the calls of Op fail: after After calls have gone through, Times times (-1:
+// always), with Status and the error Code, Message and (EBS) Reason, or by cutting the
+// connection when Cut.
+type Fault struct {
+	Op                    string
+	After, Times          int
+	Status                int
+	Code, Message, Reason string
+	Cut                   bool
 }
 
-func newFakeAWS(t testing.TB) *fakeAWS {
-	return &fakeAWS{t: t, regions: map[string]*fakeRegion{}, calls: map[string]int{}}
+// NewAWS starts an AWS fake, stopped when the test ends. A new snapshot or image is pending
+// for one Describe answer before it completes.
+func NewAWS(t testing.TB) *AWS {
+	f := &AWS{t: t, regions: map[string]*regionState{}, calls: map[string]int{}, pending: 1}
+	f.srv = httptest.NewUnstartedServer(f)
+	f.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // connections the faults cut
+	f.srv.StartTLS()
+	t.Cleanup(f.srv.Close)
+	return f
 }
 
-// start serves f over TLS and returns an AWS publisher whose clients call it.
-func (f *fakeAWS) start() *AWS {
-	srv := httptest.NewUnstartedServer(f)
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // connections the faults cut
-	srv.StartTLS()
-	f.t.Cleanup(srv.Close)
-	a := NewAWS(AWSConfig{
-		Config: aws.Config{
-			Region:      testRegion,
-			Credentials: credentials.NewStaticCredentialsProvider(testAKID, testSecret, ""),
-			HTTPClient:  srv.Client(),
-		},
-		Endpoint:   srv.URL,
-		MaxBackoff: 20 * time.Millisecond,
-	})
-	a.Poll, a.MaxWait = time.Millisecond, 10*time.Second
-	a.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	return a
+// URL is the endpoint of both EBS and EC2, https://127.0.0.1:PORT.
+func (f *AWS) URL() string { return f.srv.URL }
+
+// Client is an HTTP client that trusts the fake's certificate.
+func (f *AWS) Client() *http.Client { return f.srv.Client() }
+
+// CAFile writes the fake's certificate as PEM into a file of the test's and returns its path,
+// for AWS_CA_BUNDLE.
+func (f *AWS) CAFile(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "aws-ca.pem")
+	block := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.srv.Certificate().Raw})
+	if err := os.WriteFile(path, block, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
-func (f *fakeAWS) region(name string) *fakeRegion {
+// SetPending sets how many Describe answers a completing snapshot or a new image stays
+// pending before it is completed or available.
+func (f *AWS) SetPending(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pending = n
+}
+
+// Inject adds faults, applied in the order given to the calls they name.
+func (f *AWS) Inject(faults ...Fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ft := range faults {
+		f.faults = append(f.faults, &ft)
+	}
+}
+
+// Unspent is the faults that failed fewer calls than their Times asked, with Times the count
+// left.
+func (f *AWS) Unspent() []Fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []Fault
+	for _, ft := range f.faults {
+		if ft.Times > 0 {
+			out = append(out, *ft)
+		}
+	}
+	return out
+}
+
+func (f *AWS) region(name string) *regionState {
 	r := f.regions[name]
 	if r == nil {
-		r = &fakeRegion{snapshots: map[string]*fakeSnap{}, images: map[string]*fakeImage{}}
+		r = &regionState{snapshots: map[string]*Snapshot{}, images: map[string]*Image{}}
 		f.regions[name] = r
 	}
 	return r
 }
 
-func (f *fakeAWS) id(prefix string) string {
+func (f *AWS) newID(prefix string) string {
 	f.next++
 	return fmt.Sprintf("%s-%017x", prefix, f.next)
 }
 
 var authRE = regexp.MustCompile(`^AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, SignedHeaders=([^,]+), Signature=[0-9a-f]{64}$`)
 
-func (f *fakeAWS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (f *AWS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return
@@ -159,33 +205,33 @@ func (f *fakeAWS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // fail answers the call with a fault's error, if one applies, and says whether it did.
-func (f *fakeAWS) fail(w http.ResponseWriter, service, op string) bool {
+func (f *AWS) fail(w http.ResponseWriter, service, op string) bool {
 	for _, ft := range f.faults {
-		if ft.op != op {
+		if ft.Op != op {
 			continue
 		}
-		if ft.after > 0 {
-			ft.after--
+		if ft.After > 0 {
+			ft.After--
 			continue
 		}
-		if ft.times == 0 {
+		if ft.Times == 0 {
 			continue
 		}
-		if ft.times > 0 {
-			ft.times--
+		if ft.Times > 0 {
+			ft.Times--
 		}
-		if ft.cut {
+		if ft.Cut {
 			conn, _, err := w.(http.Hijacker).Hijack()
 			if err != nil {
-				f.t.Fatalf("hijack: %v", err)
+				f.t.Errorf("hijack: %v", err)
 			}
 			conn.Close()
 			return true
 		}
 		if service == "ec2" {
-			ec2Error(w, ft.status, ft.code, ft.msg)
+			ec2Error(w, ft.Status, ft.Code, ft.Message)
 		} else {
-			ebsError(w, ft.status, ft.code, ft.msg, ft.reason)
+			ebsError(w, ft.Status, ft.Code, ft.Message, ft.Reason)
 		}
 		return true
 	}
@@ -200,7 +246,7 @@ func verifySigV4(r *http.Request, body []byte) (region, service string, err erro
 	if m == nil {
 		return "", "", fmt.Errorf("Authorization %q is not SigV4", auth)
 	}
-	if m[1] != testAKID {
+	if m[1] != AWSAccessKeyID {
 		return "", "", fmt.Errorf("access key %s", m[1])
 	}
 	when, err := time.Parse("20060102T150405Z", r.Header.Get("X-Amz-Date"))
@@ -222,7 +268,7 @@ func verifySigV4(r *http.Request, body []byte) (region, service string, err erro
 		sum := sha256.Sum256(body)
 		payload = hex.EncodeToString(sum[:])
 	}
-	creds := aws.Credentials{AccessKeyID: testAKID, SecretAccessKey: testSecret}
+	creds := aws.Credentials{AccessKeyID: AWSAccessKeyID, SecretAccessKey: AWSSecretAccessKey}
 	if err := v4.NewSigner().SignHTTP(context.Background(), creds, check, payload, m[4], m[3], when); err != nil {
 		return "", "", err
 	}
@@ -297,42 +343,79 @@ func tagsOf(form url.Values, rt string) map[string]string {
 	return tags
 }
 
-// snapshotBlocks returns the blocks of the snapshot id in region by index, and how many
-// blocks its volume has; blocks never put read as zeros.
-func (f *fakeAWS) snapshotBlocks(region, id string) (map[int32][]byte, int64) {
+// SnapshotMatches reports how the snapshot id in region differs from content, block by
+// block: blocks never put read as zeros, and so does the volume past content's end.
+func (f *AWS) SnapshotMatches(region, id string, content []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.region(region).snapshots[id]
 	if s == nil {
-		f.t.Fatalf("no snapshot %s in %s", id, region)
+		return fmt.Errorf("no snapshot %s in %s", id, region)
 	}
-	return s.blocks, s.gib << 30 / blockSize
+	n := s.GiB << 30 / EBSBlockSize
+	if n*EBSBlockSize < int64(len(content)) {
+		return fmt.Errorf("snapshot %s holds %d blocks, the image is %d bytes", id, n, len(content))
+	}
+	zero := make([]byte, EBSBlockSize)
+	want := make([]byte, EBSBlockSize)
+	for i := range n {
+		clear(want)
+		if off := i * EBSBlockSize; off < int64(len(content)) {
+			copy(want, content[off:])
+		}
+		got := s.Blocks[int32(i)]
+		if got == nil {
+			got = zero
+		}
+		if !bytes.Equal(got, want) {
+			return fmt.Errorf("snapshot %s differs from the image in block %d", id, i)
+		}
+	}
+	return nil
 }
 
-// count is how many snapshots and images the account has in region.
-func (f *fakeAWS) count(region string) (snapshots, images int) {
+// Count is how many snapshots and images the account has in region.
+func (f *AWS) Count(region string) (snapshots, images int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r := f.region(region)
 	return len(r.snapshots), len(r.images)
 }
 
-func (f *fakeAWS) callsOf(op string) int {
+// Calls is how many calls of op (StartSnapshot, RegisterImage, …) AWS received, the failed
+// ones included.
+func (f *AWS) Calls(op string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.calls[op]
 }
 
-func (f *fakeAWS) image(region, id string) *fakeImage {
+// Image returns a copy of the AMI id in region, or nil.
+func (f *AWS) Image(region, id string) *Image {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.region(region).images[id]
+	img := f.region(region).images[id]
+	if img == nil {
+		return nil
+	}
+	c := *img
+	c.Tags, c.Params = maps.Clone(img.Tags), maps.Clone(img.Params)
+	c.LaunchPermission = slices.Clone(img.LaunchPermission)
+	return &c
 }
 
-func (f *fakeAWS) snapshot(region, id string) *fakeSnap {
+// Snapshot returns a copy of the snapshot id in region, or nil.
+func (f *AWS) Snapshot(region, id string) *Snapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.region(region).snapshots[id]
+	s := f.region(region).snapshots[id]
+	if s == nil {
+		return nil
+	}
+	c := *s
+	c.Tags, c.Blocks, c.digests = maps.Clone(s.Tags), maps.Clone(s.Blocks), nil
+	c.VolumePermission = slices.Clone(s.VolumePermission)
+	return &c
 }
 
 // digestOf is the base64 SHA-256 of b, as EBS writes checksums.

@@ -1,4 +1,4 @@
-package publish
+package publishtest
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 )
 
 // ec2 answers an EC2 Query API call.
-func (f *fakeAWS) ec2(w http.ResponseWriter, reg *fakeRegion, region, op string, form url.Values) {
+func (f *AWS) ec2(w http.ResponseWriter, reg *regionState, region, op string, form url.Values) {
 	switch op {
 	case "DescribeSnapshots":
 		f.describeSnapshots(w, reg, form)
@@ -47,7 +47,7 @@ func (f *fakeAWS) ec2(w http.ResponseWriter, reg *fakeRegion, region, op string,
 			return
 		}
 		for i := 1; form.Has(fmt.Sprintf("LaunchPermission.Add.%d.UserId", i)); i++ {
-			img.launchPerm = addUnique(img.launchPerm, form.Get(fmt.Sprintf("LaunchPermission.Add.%d.UserId", i)))
+			img.LaunchPermission = addUnique(img.LaunchPermission, form.Get(fmt.Sprintf("LaunchPermission.Add.%d.UserId", i)))
 		}
 		ec2OK(w, op, "<return>true</return>")
 	case "ModifySnapshotAttribute":
@@ -57,7 +57,7 @@ func (f *fakeAWS) ec2(w http.ResponseWriter, reg *fakeRegion, region, op string,
 			return
 		}
 		for _, u := range indexed(form, "UserId") {
-			s.volumePerm = addUnique(s.volumePerm, u)
+			s.VolumePermission = addUnique(s.VolumePermission, u)
 		}
 		ec2OK(w, op, "<return>true</return>")
 	default:
@@ -80,17 +80,17 @@ func ec2OK(w http.ResponseWriter, op, inner string) {
 }
 
 // usedBy is the image whose root device is the snapshot id, or "".
-func (r *fakeRegion) usedBy(id string) string {
+func (r *regionState) usedBy(id string) string {
 	for _, img := range r.images {
-		if img.snapshot == id {
-			return img.id
+		if img.SnapshotID == id {
+			return img.ID
 		}
 	}
 	return ""
 }
 
 type filter struct {
-	name   string
+	key    string
 	values []string
 }
 
@@ -108,10 +108,10 @@ func match(fs []filter, tags map[string]string, fields map[string]string) (bool,
 	for _, fl := range fs {
 		var got string
 		var has bool
-		if k, ok := strings.CutPrefix(fl.name, "tag:"); ok {
+		if k, ok := strings.CutPrefix(fl.key, "tag:"); ok {
 			got, has = tags[k]
-		} else if got, has = fields[fl.name]; !has {
-			return false, fmt.Errorf("The filter '%s' is invalid", fl.name)
+		} else if got, has = fields[fl.key]; !has {
+			return false, fmt.Errorf("The filter '%s' is invalid", fl.key)
 		}
 		if !has || !slices.Contains(fl.values, got) {
 			return false, nil
@@ -130,10 +130,10 @@ func tagSet(tags map[string]string) string {
 	return b.String()
 }
 
-func (f *fakeAWS) describeSnapshots(w http.ResponseWriter, reg *fakeRegion, form url.Values) {
+func (f *AWS) describeSnapshots(w http.ResponseWriter, reg *regionState, form url.Values) {
 	ids := indexed(form, "SnapshotId")
 	for _, o := range indexed(form, "Owner") {
-		if o != "self" && o != testAccount {
+		if o != "self" && o != AWSAccount {
 			f.t.Errorf("DescribeSnapshots of owner %q", o)
 		}
 	}
@@ -150,30 +150,30 @@ func (f *fakeAWS) describeSnapshots(w http.ResponseWriter, reg *fakeRegion, form
 		if len(ids) > 0 && !slices.Contains(ids, id) {
 			continue
 		}
-		if s.state == "completing" {
-			if s.looks++; s.looks >= 2 {
-				s.state = "completed"
+		if s.State == "completing" {
+			if s.looks++; s.looks > f.pending {
+				s.State = "completed"
 			}
 		}
-		state := s.state
+		state := s.State
 		if state == "completing" {
 			state = "pending"
 		}
-		ok, err := match(filtersOf(form), s.tags, map[string]string{"status": state, "snapshot-id": id})
+		ok, err := match(filtersOf(form), s.Tags, map[string]string{"status": state, "snapshot-id": id})
 		if err != nil {
 			ec2Error(w, 400, "InvalidParameterValue", err.Error())
 			return
 		}
 		if ok {
 			fmt.Fprintf(&b, `<item><snapshotId>%s</snapshotId><volumeId>vol-ffffffff</volumeId><status>%s</status><startTime>2026-01-01T00:00:00.000Z</startTime><progress>%s</progress><ownerId>%s</ownerId><volumeSize>%d</volumeSize><description>%s</description><encrypted>false</encrypted>%s<storageTier>standard</storageTier></item>`,
-				id, state, map[bool]string{true: "100%", false: "0%"}[state == "completed"], testAccount, s.gib, xmlEscape(s.description), tagSet(s.tags))
+				id, state, map[bool]string{true: "100%", false: "0%"}[state == "completed"], AWSAccount, s.GiB, xmlEscape(s.Description), tagSet(s.Tags))
 		}
 	}
 	b.WriteString("</snapshotSet>")
 	ec2OK(w, "DescribeSnapshots", b.String())
 }
 
-func (f *fakeAWS) describeImages(w http.ResponseWriter, reg *fakeRegion, form url.Values) {
+func (f *AWS) describeImages(w http.ResponseWriter, reg *regionState, form url.Values) {
 	ids := indexed(form, "ImageId")
 	for _, id := range ids {
 		if reg.images[id] == nil {
@@ -191,19 +191,19 @@ func (f *fakeAWS) describeImages(w http.ResponseWriter, reg *fakeRegion, form ur
 		if len(ids) > 0 && !slices.Contains(ids, id) {
 			continue
 		}
-		if img.state == "pending" {
-			if img.looks++; img.looks >= 2 {
-				img.state = "available"
+		if img.State == "pending" {
+			if img.looks++; img.looks > f.pending {
+				img.State = "available"
 			}
 		}
-		ok, err := match(filtersOf(form), img.tags, map[string]string{"name": img.name, "state": img.state, "image-id": id})
+		ok, err := match(filtersOf(form), img.Tags, map[string]string{"name": img.Name, "state": img.State, "image-id": id})
 		if err != nil {
 			ec2Error(w, 400, "InvalidParameterValue", err.Error())
 			return
 		}
 		if ok {
 			fmt.Fprintf(&b, `<item><imageId>%s</imageId><imageLocation>%s/%s</imageLocation><imageState>%s</imageState><imageOwnerId>%s</imageOwnerId><creationDate>2026-01-01T00:00:00.000Z</creationDate><isPublic>false</isPublic><architecture>x86_64</architecture><imageType>machine</imageType><name>%s</name><rootDeviceType>ebs</rootDeviceType><rootDeviceName>/dev/xvda</rootDeviceName><blockDeviceMapping><item><deviceName>/dev/xvda</deviceName><ebs><snapshotId>%s</snapshotId><volumeSize>%d</volumeSize><deleteOnTermination>true</deleteOnTermination><volumeType>gp3</volumeType><encrypted>false</encrypted></ebs></item></blockDeviceMapping><virtualizationType>hvm</virtualizationType>%s<hypervisor>xen</hypervisor><enaSupport>true</enaSupport><bootMode>uefi</bootMode><imdsSupport>v2.0</imdsSupport></item>`,
-				id, testAccount, xmlEscape(img.name), img.state, testAccount, xmlEscape(img.name), img.snapshot, img.gib, tagSet(img.tags))
+				id, AWSAccount, xmlEscape(img.Name), img.State, AWSAccount, xmlEscape(img.Name), img.SnapshotID, img.GiB, tagSet(img.Tags))
 		}
 	}
 	b.WriteString("</imagesSet>")
@@ -211,7 +211,7 @@ func (f *fakeAWS) describeImages(w http.ResponseWriter, reg *fakeRegion, form ur
 }
 
 // registerImage checks a RegisterImage of an EBS-backed AMI as EC2 does.
-func (f *fakeAWS) registerImage(w http.ResponseWriter, reg *fakeRegion, form url.Values) {
+func (f *AWS) registerImage(w http.ResponseWriter, reg *regionState, form url.Values) {
 	name, snap := form.Get("Name"), form.Get("BlockDeviceMapping.1.Ebs.SnapshotId")
 	size, _ := strconv.ParseInt(form.Get("BlockDeviceMapping.1.Ebs.VolumeSize"), 10, 64)
 	s := reg.snapshots[snap]
@@ -223,25 +223,25 @@ func (f *fakeAWS) registerImage(w http.ResponseWriter, reg *fakeRegion, form url
 	}
 	switch {
 	case reg.named(name) != nil:
-		ec2Error(w, 400, "InvalidAMIName.Duplicate", fmt.Sprintf("AMI name %s is already in use by AMI %s", name, reg.named(name).id))
+		ec2Error(w, 400, "InvalidAMIName.Duplicate", fmt.Sprintf("AMI name %s is already in use by AMI %s", name, reg.named(name).ID))
 	case s == nil:
 		ec2Error(w, 400, "InvalidSnapshot.NotFound", fmt.Sprintf("The snapshot '%s' does not exist.", snap))
-	case s.state != "completed":
+	case s.State != "completed":
 		ec2Error(w, 400, "IncorrectState", fmt.Sprintf("Snapshot %s is not completed", snap))
-	case size < s.gib:
+	case size < s.GiB:
 		ec2Error(w, 400, "InvalidBlockDeviceMapping", "Volume of size "+strconv.FormatInt(size, 10)+"GB is smaller than snapshot")
 	case form.Get("RootDeviceName") != form.Get("BlockDeviceMapping.1.DeviceName"):
 		ec2Error(w, 400, "InvalidBlockDeviceMapping", "The root device is not in the block device mapping")
 	default:
-		img := &fakeImage{id: f.id("ami"), name: name, state: "pending", snapshot: snap, gib: size, tags: tagsOf(form, "image"), params: form}
-		reg.images[img.id] = img
-		ec2OK(w, "RegisterImage", "<imageId>"+img.id+"</imageId>")
+		img := &Image{ID: f.newID("ami"), Name: name, State: "pending", SnapshotID: snap, GiB: size, Tags: tagsOf(form, "image"), Params: form}
+		reg.images[img.ID] = img
+		ec2OK(w, "RegisterImage", "<imageId>"+img.ID+"</imageId>")
 	}
 }
 
-func (r *fakeRegion) named(name string) *fakeImage {
+func (r *regionState) named(name string) *Image {
 	for _, img := range r.images {
-		if img.name == name {
+		if img.Name == name {
 			return img
 		}
 	}
@@ -249,22 +249,22 @@ func (r *fakeRegion) named(name string) *fakeImage {
 }
 
 // copyImage copies an available image of another region into reg, with a new snapshot.
-func (f *fakeAWS) copyImage(w http.ResponseWriter, reg *fakeRegion, form url.Values) {
+func (f *AWS) copyImage(w http.ResponseWriter, reg *regionState, form url.Values) {
 	src := f.region(form.Get("SourceRegion")).images[form.Get("SourceImageId")]
 	name := form.Get("Name")
 	switch {
 	case src == nil:
 		ec2Error(w, 400, "InvalidAMIID.NotFound", "The image id '["+form.Get("SourceImageId")+"]' does not exist")
-	case src.state != "available":
+	case src.State != "available":
 		ec2Error(w, 400, "IncorrectState", "Image is not available")
 	case reg.named(name) != nil:
 		ec2Error(w, 400, "InvalidAMIName.Duplicate", "AMI name "+name+" is already in use")
 	default:
-		orig := f.region(form.Get("SourceRegion")).snapshots[src.snapshot]
-		s := &fakeSnap{id: f.id("snap"), state: "completed", gib: orig.gib, tags: tagsOf(form, "snapshot"), blocks: orig.blocks, digests: orig.digests}
-		reg.snapshots[s.id] = s
-		img := &fakeImage{id: f.id("ami"), name: name, state: "pending", snapshot: s.id, gib: src.gib, tags: tagsOf(form, "image"), params: form}
-		reg.images[img.id] = img
-		ec2OK(w, "CopyImage", "<imageId>"+img.id+"</imageId>")
+		orig := f.region(form.Get("SourceRegion")).snapshots[src.SnapshotID]
+		s := &Snapshot{ID: f.newID("snap"), State: "completed", GiB: orig.GiB, Tags: tagsOf(form, "snapshot"), Blocks: orig.Blocks, digests: orig.digests}
+		reg.snapshots[s.ID] = s
+		img := &Image{ID: f.newID("ami"), Name: name, State: "pending", SnapshotID: s.ID, GiB: src.GiB, Tags: tagsOf(form, "image"), Params: form}
+		reg.images[img.ID] = img
+		ec2OK(w, "CopyImage", "<imageId>"+img.ID+"</imageId>")
 	}
 }

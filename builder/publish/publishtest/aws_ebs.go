@@ -1,4 +1,4 @@
-package publish
+package publishtest
 
 import (
 	"crypto/sha256"
@@ -11,7 +11,7 @@ import (
 )
 
 // ebs answers an EBS direct API call.
-func (f *fakeAWS) ebs(w http.ResponseWriter, reg *fakeRegion, op string, r *http.Request, body []byte) {
+func (f *AWS) ebs(w http.ResponseWriter, reg *regionState, op string, r *http.Request, body []byte) {
 	switch op {
 	case "StartSnapshot":
 		f.startSnapshot(w, reg, body)
@@ -26,7 +26,7 @@ func (f *fakeAWS) ebs(w http.ResponseWriter, reg *fakeRegion, op string, r *http
 	}
 }
 
-func (f *fakeAWS) startSnapshot(w http.ResponseWriter, reg *fakeRegion, body []byte) {
+func (f *AWS) startSnapshot(w http.ResponseWriter, reg *regionState, body []byte) {
 	var in struct {
 		VolumeSize               int64
 		Description, ClientToken string
@@ -40,21 +40,21 @@ func (f *fakeAWS) startSnapshot(w http.ResponseWriter, reg *fakeRegion, body []b
 		ebsError(w, http.StatusBadRequest, "ValidationException", "The volume size is not valid", "INVALID_VOLUME_SIZE")
 		return
 	}
-	s := &fakeSnap{id: f.id("snap"), state: "pending", description: in.Description, gib: in.VolumeSize,
-		tags: map[string]string{}, blocks: map[int32][]byte{}, digests: map[int32][]byte{}}
+	s := &Snapshot{ID: f.newID("snap"), State: "pending", Description: in.Description, GiB: in.VolumeSize,
+		Tags: map[string]string{}, Blocks: map[int32][]byte{}, digests: map[int32][]byte{}}
 	for _, t := range in.Tags {
-		s.tags[t.Key] = t.Value
+		s.Tags[t.Key] = t.Value
 	}
-	reg.snapshots[s.id] = s
+	reg.snapshots[s.ID] = s
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	json.NewEncoder(w).Encode(map[string]any{
-		"SnapshotId": s.id, "OwnerId": testAccount, "Status": "pending", "StartTime": float64(time.Now().Unix()),
-		"VolumeSize": s.gib, "BlockSize": blockSize, "Tags": in.Tags, "Description": in.Description,
+		"SnapshotId": s.ID, "OwnerId": AWSAccount, "Status": "pending", "StartTime": float64(time.Now().Unix()),
+		"VolumeSize": s.GiB, "BlockSize": EBSBlockSize, "Tags": in.Tags, "Description": in.Description,
 	})
 }
 
-func (f *fakeAWS) putSnapshotBlock(w http.ResponseWriter, reg *fakeRegion, id, index string, r *http.Request, body []byte) {
+func (f *AWS) putSnapshotBlock(w http.ResponseWriter, reg *regionState, id, index string, r *http.Request, body []byte) {
 	s := reg.snapshots[id]
 	if s == nil {
 		ebsError(w, http.StatusNotFound, "ResourceNotFoundException", "The snapshot '"+id+"' does not exist.", "SNAPSHOT_NOT_FOUND")
@@ -62,11 +62,11 @@ func (f *fakeAWS) putSnapshotBlock(w http.ResponseWriter, reg *fakeRegion, id, i
 	}
 	i, err := strconv.ParseInt(index, 10, 32)
 	switch {
-	case s.state != "pending":
+	case s.State != "pending":
 		ebsError(w, http.StatusBadRequest, "ValidationException", "The snapshot is not in the pending state", "INVALID_SNAPSHOT_ID")
-	case err != nil || i < 0 || i >= s.gib<<30/blockSize:
+	case err != nil || i < 0 || i >= s.GiB<<30/EBSBlockSize:
 		ebsError(w, http.StatusBadRequest, "ValidationException", "The block index is out of range", "INVALID_BLOCK")
-	case r.Header.Get("X-Amz-Data-Length") != strconv.Itoa(blockSize) || len(body) != blockSize:
+	case r.Header.Get("X-Amz-Data-Length") != strconv.Itoa(EBSBlockSize) || len(body) != EBSBlockSize:
 		ebsError(w, http.StatusBadRequest, "ValidationException", "The data length must be 524288 and match the block", "INVALID_PARAMETER_VALUE")
 	case r.Header.Get("X-Amz-Checksum-Algorithm") != "SHA256" || r.Header.Get("Content-Type") != "application/octet-stream":
 		ebsError(w, http.StatusBadRequest, "ValidationException", "SHA256 checksum and an octet stream required", "INVALID_PARAMETER_VALUE")
@@ -74,7 +74,7 @@ func (f *fakeAWS) putSnapshotBlock(w http.ResponseWriter, reg *fakeRegion, id, i
 		ebsError(w, http.StatusBadRequest, "ValidationException", "The checksum of the block data does not match the checksum provided", "INVALID_BLOCK")
 	default:
 		sum := sha256.Sum256(body)
-		s.blocks[int32(i)], s.digests[int32(i)] = slices.Clone(body), sum[:]
+		s.Blocks[int32(i)], s.digests[int32(i)] = slices.Clone(body), sum[:]
 		w.Header().Set("X-Amz-Checksum", digestOf(body))
 		w.Header().Set("X-Amz-Checksum-Algorithm", "SHA256")
 		w.WriteHeader(http.StatusCreated)
@@ -83,7 +83,7 @@ func (f *fakeAWS) putSnapshotBlock(w http.ResponseWriter, reg *fakeRegion, id, i
 
 // completeSnapshot checks the count of blocks and their linear aggregate checksum: the
 // SHA-256 of the blocks' SHA-256s in index order.
-func (f *fakeAWS) completeSnapshot(w http.ResponseWriter, reg *fakeRegion, id string, r *http.Request) {
+func (f *AWS) completeSnapshot(w http.ResponseWriter, reg *regionState, id string, r *http.Request) {
 	s := reg.snapshots[id]
 	if s == nil {
 		ebsError(w, http.StatusNotFound, "ResourceNotFoundException", "The snapshot '"+id+"' does not exist.", "SNAPSHOT_NOT_FOUND")
@@ -99,17 +99,17 @@ func (f *fakeAWS) completeSnapshot(w http.ResponseWriter, reg *fakeRegion, id st
 		agg.Write(s.digests[i])
 	}
 	switch {
-	case s.state != "pending":
+	case s.State != "pending":
 		ebsError(w, http.StatusBadRequest, "ValidationException", "The snapshot is not in the pending state", "INVALID_SNAPSHOT_ID")
-	case r.Header.Get("X-Amz-Changedblockscount") != strconv.Itoa(len(s.blocks)):
+	case r.Header.Get("X-Amz-Changedblockscount") != strconv.Itoa(len(s.Blocks)):
 		ebsError(w, http.StatusBadRequest, "ValidationException", "ChangedBlocksCount does not match the blocks written", "INVALID_PARAMETER_VALUE")
 	case r.Header.Get("X-Amz-Checksum-Aggregation-Method") != "LINEAR" || r.Header.Get("X-Amz-Checksum-Algorithm") != "SHA256":
 		ebsError(w, http.StatusBadRequest, "ValidationException", "LINEAR SHA256 aggregation required", "INVALID_PARAMETER_VALUE")
 	case r.Header.Get("X-Amz-Checksum") != base64.StdEncoding.EncodeToString(agg.Sum(nil)):
-		s.state = "error"
+		s.State = "error"
 		ebsError(w, http.StatusBadRequest, "ValidationException", "The aggregated checksum does not match", "INVALID_PARAMETER_VALUE")
 	default:
-		s.state = "completing"
+		s.State = "completing"
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusAccepted)
 		json.NewEncoder(w).Encode(map[string]string{"Status": "pending"})
