@@ -107,6 +107,11 @@ type Options struct {
 	// Retryable reports whether an attempt's error is worth another attempt; an error it
 	// refuses ends the wait and is returned as it is. nil retries every error.
 	Retryable func(error) bool
+	// Delay, when set, may choose the pause after a failed attempt from its error (a
+	// server's Retry-After, say): a positive result is taken instead of the backoff's pause
+	// (without jitter, still bounded by Timeout); zero keeps the backoff's. Either way the
+	// backoff grows as usual for the pauses that follow.
+	Delay func(err error) time.Duration
 	// OnRetry, when set, is called after each failed attempt that will be followed by
 	// another, e.g. to log it.
 	OnRetry func(Attempt)
@@ -189,6 +194,11 @@ func Until(ctx context.Context, o Options, cond func(context.Context) (bool, err
 			return fail(n, last, context.Cause(ctx))
 		}
 		sleep := o.Backoff.jitter(pause)
+		if o.Delay != nil && err != nil {
+			if d := o.Delay(err); d > 0 {
+				sleep = d
+			}
+		}
 		if !deadline.IsZero() {
 			left := deadline.Sub(clock.Now())
 			if left <= 0 {

@@ -30,7 +30,10 @@ type stuckClock struct{ fakeClock }
 
 func (*stuckClock) After(time.Duration) <-chan time.Time { return nil }
 
-var errNotYet = errors.New("not yet")
+var (
+	errNotYet = errors.New("not yet")
+	errBusy   = errors.New("busy")
+)
 
 func TestUntil(t *testing.T) {
 	errBad := errors.New("bad request")
@@ -83,6 +86,29 @@ func TestUntil(t *testing.T) {
 			wantPauses: []time.Duration{time.Millisecond},
 			wantErr:    "bad request",
 			wantIs:     []error{errBad},
+		},
+		{
+			name: "Delay replaces a pause; the backoff grows on",
+			o: Options{What: "x", Backoff: Backoff{Initial: time.Second, Factor: 2},
+				Delay: func(err error) time.Duration {
+					if err == errBusy {
+						return 7 * time.Second
+					}
+					return 0
+				}},
+			results:    []error{errNotYet, errBusy, errNotYet},
+			wantCalls:  4,
+			wantPauses: []time.Duration{time.Second, 7 * time.Second, 4 * time.Second},
+		},
+		{
+			name: "Delay stays within Timeout",
+			o: Options{What: "x", Timeout: 5 * time.Second, Backoff: Constant(time.Second),
+				Delay: func(error) time.Duration { return time.Minute }},
+			results:    []error{errBusy, errBusy},
+			wantCalls:  2,
+			wantPauses: []time.Duration{5 * time.Second},
+			wantErr:    "waiting 5s for x: busy",
+			wantIs:     []error{ErrTimeout, errBusy},
 		},
 	}
 	for _, tt := range tests {
