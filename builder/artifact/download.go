@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -16,9 +17,10 @@ import (
 )
 
 // DownloadRetry says how an http(s) artifact download, or the body of a registry blob, is
-// retried. The zero value makes up
-// to 5 attempts, pausing about 1, 2, 4 and 8 seconds between them (each drawn at random
-// between half and all of that), on the wall clock.
+// retried. The zero value makes up to 5 attempts, pausing about 1, 2, 4 and 8 seconds
+// between them (each drawn at random between half and all of that), on the wall clock. A
+// 429 or 503 answer's Retry-After (seconds or an HTTP date) sets the pause that follows it
+// instead, up to the backoff's Max (30 seconds when it has none).
 type DownloadRetry struct {
 	// Attempts bounds the requests of one download; 0 means 5, 1 never retries.
 	Attempts int
@@ -42,14 +44,47 @@ func (r DownloadRetry) backoff() poll.Backoff {
 	return r.Backoff
 }
 
+// defaultMaxPause bounds a server's Retry-After when the backoff has no Max.
+const defaultMaxPause = 30 * time.Second
+
+// maxPause is the longest pause a server's Retry-After may ask for: the backoff's Max, or
+// defaultMaxPause when it has none.
+func (r DownloadRetry) maxPause() time.Duration {
+	if m := r.backoff().Max; m > 0 {
+		return m
+	}
+	return defaultMaxPause
+}
+
+func (r DownloadRetry) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock.Now()
+	}
+	return time.Now()
+}
+
+// delay is the pause a transient error asks for (a server's Retry-After), at most
+// maxPause; 0 leaves the pause to the backoff.
+func (r DownloadRetry) delay(err error) time.Duration {
+	var t *transientError
+	if !errors.As(err, &t) {
+		return 0
+	}
+	return min(t.after, r.maxPause())
+}
+
 // transientError is a failed attempt worth another: the connection failed or was cut, the
-// download stalled, or the server answered 408, 429 or 5xx.
-type transientError struct{ err error }
+// download stalled, or the server answered 408, 429 or 5xx. after is the pause the server
+// asked for with Retry-After, if any.
+type transientError struct {
+	err   error
+	after time.Duration
+}
 
 func (e *transientError) Error() string { return e.err.Error() }
 func (e *transientError) Unwrap() error { return e.err }
 
-func transient(err error) error { return &transientError{err} }
+func transient(err error) error { return &transientError{err: err} }
 
 // exhaustedError is the last attempt's transient error: it is not retried.
 type exhaustedError struct {
@@ -108,6 +143,7 @@ func (c *Cache) retry(ctx context.Context, url string, have func() int64, op fun
 		Backoff:   c.Retry.backoff(),
 		Clock:     c.Retry.Clock,
 		Retryable: retryable,
+		Delay:     c.Retry.delay,
 		OnRetry: func(a poll.Attempt) {
 			attrs := []any{"url", url, "attempt", a.N, "of", attempts, "error", a.Err, "next", a.Pause.Round(time.Millisecond)}
 			if have != nil {
@@ -220,10 +256,37 @@ func (d *download) accept(resp *http.Response) error {
 		return transient(fmt.Errorf("GET %s: %s for bytes %d-; starting over", d.url, resp.Status, d.w.n))
 	}
 	err := fmt.Errorf("GET %s: %s", d.url, resp.Status)
-	if retryStatus(resp.StatusCode) {
-		return transient(err)
+	if !retryStatus(resp.StatusCode) {
+		return err
 	}
-	return err
+	t := &transientError{err: err}
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		t.after = retryAfter(resp.Header.Get("Retry-After"), d.c.Retry.now())
+	}
+	return t
+}
+
+// retryAfter returns the pause a Retry-After header value asks for, seconds or an HTTP date
+// (from now); 0 when v is empty, malformed or in the past.
+func retryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		switch {
+		case s <= 0:
+			return 0
+		case s > int64(math.MaxInt64/time.Second):
+			return math.MaxInt64 // capped by the caller
+		}
+		return time.Duration(s) * time.Second
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0
+	}
+	return max(t.Sub(now), 0)
 }
 
 // validatorOf returns what identifies the version of the file resp carries, for If-Range:

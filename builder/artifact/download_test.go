@@ -311,6 +311,51 @@ func TestDownloadBackoff(t *testing.T) {
 	}
 }
 
+// TestDownloadRetryAfter: the pause after a 429 or 503 is the one its Retry-After asks for
+// (seconds or an HTTP date), capped at the backoff's Max; other answers, and values that say
+// nothing usable, leave the pause to the backoff.
+func TestDownloadRetryAfter(t *testing.T) {
+	content := payload(1 << 10)
+	// instantClock's now is the Unix epoch.
+	at := func(sec int64) string { return time.Unix(sec, 0).UTC().Format(http.TimeFormat) }
+	constant := poll.Backoff{Initial: time.Second, Max: 20 * time.Second}
+	tests := []struct {
+		name       string
+		code       int
+		retryAfter string
+		backoff    poll.Backoff
+		want       time.Duration
+	}{
+		{"429 seconds", 429, "7", constant, 7 * time.Second},
+		{"503 HTTP date", 503, at(12), constant, 12 * time.Second},
+		{"capped at the backoff's Max", 503, "3600", constant, 20 * time.Second},
+		{"capped at 30s by the default backoff", 429, at(3600), poll.Backoff{}, 30 * time.Second},
+		{"a date past", 429, at(-60), constant, time.Second},
+		{"not a number or a date", 429, "soon", constant, time.Second},
+		{"zero", 503, "0", constant, time.Second},
+		{"ignored on 500", 500, "7", constant, time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			busy := func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Retry-After", tt.retryAfter)
+				http.Error(w, http.StatusText(tt.code), tt.code)
+			}
+			srv := newRangeServer(t, script(busy, func(w http.ResponseWriter, r *http.Request) { w.Write(content) }))
+			clock := &instantClock{}
+			c := NewCache(t.TempDir())
+			c.Log = slog.New(slog.DiscardHandler)
+			c.Retry = DownloadRetry{Clock: clock, Backoff: tt.backoff}
+			if _, err := c.Fetch(t.Context(), Source{URL: srv.URL, SHA256: hexSum(content)}); err != nil {
+				t.Fatal(err)
+			}
+			if len(clock.pauses) != 1 || clock.pauses[0] != tt.want {
+				t.Errorf("paused %v, want [%v]", clock.pauses, tt.want)
+			}
+		})
+	}
+}
+
 // TestDownloadCancel checks that a cancelled context ends a download promptly, in the middle
 // of a body or of a pause, and leaves nothing in the cache.
 func TestDownloadCancel(t *testing.T) {
