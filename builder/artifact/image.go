@@ -243,8 +243,8 @@ func parseImageManifest(raw []byte, label string, want v1.Hash) (*v1.Manifest, t
 // blobs fetches into the cache each blob of ds it does not hold yet.
 func (x *imageFetcher) blobs(ds []v1.Descriptor) error {
 	for _, d := range ds {
-		if d.Digest.Algorithm != "sha256" || !hexRE.MatchString(d.Digest.Hex) {
-			return fmt.Errorf("%s: blob digest %s is not sha256", x.label, d.Digest)
+		if err := checkSHA256(d.Digest); err != nil {
+			return fmt.Errorf("%s: %w", x.label, err)
 		}
 		if _, ok := x.c.Has(d.Digest.Hex); ok {
 			continue
@@ -253,20 +253,46 @@ func (x *imageFetcher) blobs(ds []v1.Descriptor) error {
 		if err != nil {
 			return err
 		}
-		// The registry client retries requests; a body cut short is retried here, from the
-		// start of the blob.
-		var n int64
-		url := repo.Digest(d.Digest.String()).String()
-		err = x.c.retry(x.ctx, url, nil, func(ctx context.Context) error {
-			n, err = x.c.putRemoteBlob(ctx, repo, d, opts)
-			return err
-		})
+		_, n, err := x.c.FetchRemoteBlob(x.ctx, repo, d, opts)
 		if err != nil {
 			return fmt.Errorf("%s: %w", x.label, err)
 		}
 		x.fetched += n
 	}
 	return nil
+}
+
+func checkSHA256(h v1.Hash) error {
+	if h.Algorithm != "sha256" || !hexRE.MatchString(h.Hex) {
+		return fmt.Errorf("blob digest %s is not sha256", h)
+	}
+	return nil
+}
+
+// FetchRemoteBlob returns the path of the blob d of repo in the cache, downloading it first
+// unless the cache holds it, and how many bytes it downloaded. The registry client, given
+// opts (RemoteOptions), retries failed requests; a body cut short, or that brings nothing
+// for StallTimeout, is fetched again from the start as c.Retry says. A blob that arrives
+// whole but does not hash to d.Digest is an error at once, never retried. A blob that fails
+// leaves nothing in the cache.
+func (c *Cache) FetchRemoteBlob(ctx context.Context, repo name.Repository, d v1.Descriptor, opts []remote.Option) (string, int64, error) {
+	if err := checkSHA256(d.Digest); err != nil {
+		return "", 0, err
+	}
+	if p, ok := c.Has(d.Digest.Hex); ok {
+		return p, 0, nil
+	}
+	var n int64
+	url := repo.Digest(d.Digest.String()).String()
+	err := c.retry(ctx, url, nil, func(ctx context.Context) error {
+		var err error
+		n, err = c.putRemoteBlob(ctx, repo, d, opts)
+		return err
+	})
+	if err != nil {
+		return "", n, err
+	}
+	return c.blobPath(d.Digest.Hex), n, nil
 }
 
 // platform returns the image's os/architecture from its config (nil when the config does

@@ -39,7 +39,9 @@ func (s Source) String() string {
 // OpenBase returns the base image named by src after checking that its manifest hashes to
 // src.Digest and that its config matches the manifest. Layers are verified as they are read by
 // Flatten. A registry is reached with opts (artifact.RemoteOptions: credentials, retries), or
-// artifact.RemoteOptions(nil) when none are given.
+// artifact.RemoteOptions(nil) when none are given; FlattenWith then downloads its layers with
+// artifact.Cache.FetchRemoteBlob, so a layer body cut short or stalled is fetched again as the
+// cache's DownloadRetry says.
 func OpenBase(ctx context.Context, src Source, opts ...remote.Option) (v1.Image, error) {
 	want, err := v1.NewHash(src.Digest)
 	if err != nil {
@@ -76,6 +78,7 @@ func OpenBase(ctx context.Context, src Source, opts ...remote.Option) (v1.Image,
 		if err != nil {
 			return nil, fmt.Errorf("base %s: %w", src, artifact.RegistryError(ref.RegistryStr(), err))
 		}
+		img = &registryImage{Image: img, ctx: ctx, repo: ref.Context(), opts: opts}
 	default:
 		return nil, fmt.Errorf("base: no source given (layout, image or tarball)")
 	}
@@ -106,4 +109,21 @@ func OpenBase(ctx context.Context, src Source, opts ...remote.Option) (v1.Image,
 func sha256Hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
+}
+
+// registryImage is a base image read from a registry: FlattenWith fetches its layers through
+// the cache's download retry rather than reading them once from the image.
+type registryImage struct {
+	v1.Image
+	// ctx is the context OpenBase was given, which the registry client's requests for the
+	// image already use.
+	ctx  context.Context
+	repo name.Repository
+	opts []remote.Option
+}
+
+// fetchLayer stores the layer d in c (see artifact.Cache.FetchRemoteBlob) and returns its path.
+func (r *registryImage) fetchLayer(c *artifact.Cache, d v1.Descriptor) (string, error) {
+	p, _, err := c.FetchRemoteBlob(r.ctx, r.repo, d, r.opts)
+	return p, err
 }

@@ -136,7 +136,7 @@ func FlattenWith(img v1.Image, dir string, o FlattenOptions) (*Tree, error) {
 		if err != nil {
 			return nil, fmt.Errorf("layer %d: digest: %w", i, err)
 		}
-		if err := t.applyLayer(l, d, spool, max); err != nil {
+		if err := t.applyLayer(img, l, d, spool, max); err != nil {
 			t.closeRoots()
 			return nil, fmt.Errorf("layer %d (%s): %w", i, d, err)
 		}
@@ -178,12 +178,26 @@ func verifiedBlob(l v1.Layer, want v1.Hash, c *artifact.Cache) (string, error) {
 	return p, err
 }
 
-func (t *Tree) applyLayer(l v1.Layer, want v1.Hash, c *artifact.Cache, max int64) error {
+// layerBlob returns the path of the layer's verified compressed blob in c: fetched with the
+// cache's download retry when img comes from a registry, read once from the image otherwise.
+func layerBlob(img v1.Image, l v1.Layer, want v1.Hash, c *artifact.Cache) (string, error) {
+	r, ok := img.(*registryImage)
+	if !ok {
+		return verifiedBlob(l, want, c)
+	}
+	size, err := l.Size()
+	if err != nil {
+		return "", fmt.Errorf("size: %w", err)
+	}
+	return r.fetchLayer(c, v1.Descriptor{Digest: want, Size: size})
+}
+
+func (t *Tree) applyLayer(img v1.Image, l v1.Layer, want v1.Hash, c *artifact.Cache, max int64) error {
 	mt, err := l.MediaType()
 	if err != nil {
 		return err
 	}
-	blob, err := verifiedBlob(l, want, c)
+	blob, err := layerBlob(img, l, want, c)
 	if err != nil {
 		return err
 	}
