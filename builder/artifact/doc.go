@@ -18,12 +18,14 @@
 // is cached. Registries on the loopback interface are reached over plain HTTP.
 // The base image's layers go through the same cache (rootfs.FlattenWith):
 // a layer is hashed in full on its way in, before any of its entries is
-// applied. Unpacking one layer or archive is bounded by MaxUnpacked.
+// applied; from a registry it comes through Cache.FetchRemoteBlob, as the
+// pre-pulled images' blobs do. Unpacking one layer or archive is bounded by
+// MaxUnpacked.
 //
 // Downloads over http(s) are retried on transient failures (connection errors, stalls, a
-// body cut short, 408, 429, 5xx) with bounded, jittered backoff (DownloadRetry) and resumed
-// with Range/If-Range; the hash still covers the whole file, and a mismatch is never
-// retried. Registry requests use RemoteOptions, built once per command and passed down:
+// body cut short, 408, 429, 5xx) with bounded, jittered backoff (DownloadRetry; a 429 or
+// 503's Retry-After sets the next pause, capped) and resumed with Range/If-Range; the hash
+// still covers the whole file, and a mismatch is never retried. Registry requests use RemoteOptions, built once per command and passed down:
 // credentials from the docker config and credential helpers (authn.DefaultKeychain), retries
 // on 408, 429 and 5xx (a blob body cut short is fetched again under DownloadRetry), and a
 // refusal for want of credentials is an *AuthError that says where they are looked up.
