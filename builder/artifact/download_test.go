@@ -16,27 +16,11 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/internal/poll"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
-// instantClock lets every pause pass at once and records it.
-type instantClock struct {
-	mu     sync.Mutex
-	pauses []time.Duration
-}
-
-func (c *instantClock) Now() time.Time { return time.Unix(0, 0) }
-
-func (c *instantClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	c.pauses = append(c.pauses, d)
-	c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	ch <- time.Unix(0, 0)
-	return ch
-}
-
 // stuckClock never ends a pause: only the context does.
-type stuckClock struct{ instantClock }
+type stuckClock struct{ testkit.InstantClock }
 
 func (*stuckClock) After(time.Duration) <-chan time.Time { return nil }
 
@@ -232,7 +216,7 @@ func TestDownloadRetriesAndResumes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := newRangeServer(t, tt.serve)
 			var log bytes.Buffer
-			clock := &instantClock{}
+			clock := &testkit.InstantClock{}
 			c := NewCache(t.TempDir())
 			c.Log = slog.New(slog.NewTextHandler(&log, nil))
 			c.Retry = DownloadRetry{Clock: clock}
@@ -276,8 +260,8 @@ func TestDownloadRetriesAndResumes(t *testing.T) {
 					t.Errorf("request %d: If-Range %q, want %q", i, reqs[i].Get("If-Range"), want)
 				}
 			}
-			if len(clock.pauses) != tt.want.pauses {
-				t.Errorf("paused %v, want %d pauses", clock.pauses, tt.want.pauses)
+			if len(clock.Pauses()) != tt.want.pauses {
+				t.Errorf("paused %v, want %d pauses", clock.Pauses(), tt.want.pauses)
 			}
 			for _, w := range tt.want.log {
 				if !strings.Contains(log.String(), w) {
@@ -291,7 +275,7 @@ func TestDownloadRetriesAndResumes(t *testing.T) {
 // TestDownloadBackoff checks the pauses: growing, jittered, capped.
 func TestDownloadBackoff(t *testing.T) {
 	srv := newRangeServer(t, script(status(503)))
-	clock := &instantClock{}
+	clock := &testkit.InstantClock{}
 	c := NewCache(t.TempDir())
 	c.Log = slog.New(slog.DiscardHandler)
 	c.Retry = DownloadRetry{Attempts: 7, Clock: clock}
@@ -301,10 +285,10 @@ func TestDownloadBackoff(t *testing.T) {
 	}
 	// 1s doubling, capped at 30s, each drawn between half and all of it.
 	nominal := []time.Duration{1, 2, 4, 8, 16, 30}
-	if len(clock.pauses) != len(nominal) {
-		t.Fatalf("pauses %v, want %d", clock.pauses, len(nominal))
+	if len(clock.Pauses()) != len(nominal) {
+		t.Fatalf("pauses %v, want %d", clock.Pauses(), len(nominal))
 	}
-	for i, p := range clock.pauses {
+	for i, p := range clock.Pauses() {
 		if hi := nominal[i] * time.Second; p < hi/2 || p > hi {
 			t.Errorf("pause %d is %v, want between %v and %v", i+1, p, hi/2, hi)
 		}
@@ -316,7 +300,7 @@ func TestDownloadBackoff(t *testing.T) {
 // nothing usable, leave the pause to the backoff.
 func TestDownloadRetryAfter(t *testing.T) {
 	content := payload(1 << 10)
-	// instantClock's now is the Unix epoch.
+	// testkit.InstantClock's now is the Unix epoch.
 	at := func(sec int64) string { return time.Unix(sec, 0).UTC().Format(http.TimeFormat) }
 	constant := poll.Backoff{Initial: time.Second, Max: 20 * time.Second}
 	tests := []struct {
@@ -342,15 +326,15 @@ func TestDownloadRetryAfter(t *testing.T) {
 				http.Error(w, http.StatusText(tt.code), tt.code)
 			}
 			srv := newRangeServer(t, script(busy, func(w http.ResponseWriter, r *http.Request) { w.Write(content) }))
-			clock := &instantClock{}
+			clock := &testkit.InstantClock{}
 			c := NewCache(t.TempDir())
 			c.Log = slog.New(slog.DiscardHandler)
 			c.Retry = DownloadRetry{Clock: clock, Backoff: tt.backoff}
 			if _, err := c.Fetch(t.Context(), Source{URL: srv.URL, SHA256: hexSum(content)}); err != nil {
 				t.Fatal(err)
 			}
-			if len(clock.pauses) != 1 || clock.pauses[0] != tt.want {
-				t.Errorf("paused %v, want [%v]", clock.pauses, tt.want)
+			if len(clock.Pauses()) != 1 || clock.Pauses()[0] != tt.want {
+				t.Errorf("paused %v, want [%v]", clock.Pauses(), tt.want)
 			}
 		})
 	}
@@ -416,4 +400,4 @@ func TestDownloadCancel(t *testing.T) {
 	}
 }
 
-var _ poll.Clock = (*instantClock)(nil)
+var _ poll.Clock = (*testkit.InstantClock)(nil)

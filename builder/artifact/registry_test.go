@@ -343,7 +343,7 @@ func TestRegistryBlobCutShort(t *testing.T) {
 			var logs bytes.Buffer
 			c := NewCache(t.TempDir())
 			c.Log = slog.New(slog.NewTextHandler(&logs, nil))
-			c.Retry = DownloadRetry{Clock: &instantClock{}}
+			c.Retry = DownloadRetry{Clock: &testkit.InstantClock{}}
 			_, err = c.FetchImage(t.Context(), ImageSource{Name: "cut", Source: host + "/kiln/cut:1", Digest: digestOf(t, img)}, ImageFetch{})
 			if tt.corrupt != (err != nil) {
 				t.Fatalf("fetch: %v (want an error: %v)", err, tt.corrupt)

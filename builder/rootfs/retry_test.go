@@ -27,23 +27,6 @@ import (
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
-// instantClock lets every retry pause pass at once and records it.
-type instantClock struct {
-	mu     sync.Mutex
-	pauses []time.Duration
-}
-
-func (c *instantClock) Now() time.Time { return time.Unix(0, 0) }
-
-func (c *instantClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	c.pauses = append(c.pauses, d)
-	c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	ch <- time.Unix(0, 0)
-	return ch
-}
-
 // blobFault is how a registry answers a GET of the faulty blob.
 type blobFault int
 
@@ -150,7 +133,7 @@ func TestFlattenRegistryBaseRetries(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			clock := &instantClock{}
+			clock := &testkit.InstantClock{}
 			var logs bytes.Buffer
 			cache := artifact.NewCache(t.TempDir())
 			cache.Log = slog.New(slog.NewTextHandler(&logs, nil))
@@ -165,8 +148,8 @@ func TestFlattenRegistryBaseRetries(t *testing.T) {
 			if gets != tt.wantGets {
 				t.Errorf("%d GETs of the layer, want %d", gets, tt.wantGets)
 			}
-			if len(clock.pauses) != gets-1 {
-				t.Errorf("retry pauses %v, want %d of them, on the cache's clock", clock.pauses, gets-1)
+			if len(clock.Pauses()) != gets-1 {
+				t.Errorf("retry pauses %v, want %d of them, on the cache's clock", clock.Pauses(), gets-1)
 			}
 			if tt.wantErr == nil {
 				if err != nil {
