@@ -16,6 +16,7 @@ declare -A need=(
   [qemu-img]=qemu-utils
   [qemu-system-x86_64]=qemu-system-x86
   [/usr/share/OVMF/OVMF_CODE_4M.fd]=ovmf
+  [/usr/lib/ipxe/qemu/efi-virtio.rom]=ipxe-qemu
   [mkfs.ext4]=e2fsprogs
   [debugfs]=e2fsprogs
   [fsck.fat]=dosfstools
