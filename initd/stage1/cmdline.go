@@ -1,7 +1,10 @@
 package stage1
 
 import (
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -14,11 +17,29 @@ import (
 // does not set kiln.rootwait=.
 const DefaultRootWait = 30 * time.Second
 
+// DefaultNetTimeout bounds how long a network boot (live, install) waits for a link and a DHCP
+// lease when the command line does not set kiln.net.timeout=.
+const DefaultNetTimeout = 60 * time.Second
+
+// Mode is how the node runs, decided by the kernel command line.
+type Mode string
+
+const (
+	// ModeDisk boots root-a of the disk named by root=PARTUUID=… (the default).
+	ModeDisk Mode = "disk"
+	// ModeLive runs from a root image fetched into RAM (kiln.live.*); /var goes on a data disk or
+	// in RAM.
+	ModeLive Mode = "live"
+	// ModeInstall writes a disk image to a disk and reboots into it (kiln.install.*).
+	ModeInstall Mode = "install"
+)
+
 // Cmdline is the part of the kernel command line stage 1 acts on.
 type Cmdline struct {
 	// Raw is the command line as read from /proc/cmdline, trimmed.
 	Raw string
-	// RootPARTUUID is the lowercase partition GUID from root=PARTUUID=….
+	// RootPARTUUID is the lowercase partition GUID from root=PARTUUID=…; empty when a network
+	// boot (live, install) has no root=.
 	RootPARTUUID string
 	// RootFSType is the value of rootfstype=, empty when absent (stage 1 then probes squashfs, erofs).
 	RootFSType string
@@ -27,19 +48,59 @@ type Cmdline struct {
 	ReadWrite bool
 	// RootWait is kiln.rootwait= (a Go duration or whole seconds), DefaultRootWait when absent.
 	RootWait time.Duration
+	// NetTimeout is kiln.net.timeout= (a Go duration or whole seconds), DefaultNetTimeout when
+	// absent. It bounds the wait for a link and a DHCP lease on a network boot.
+	NetTimeout time.Duration
+	// Live is the root image of a live boot (kiln.live.rootfs_url, kiln.live.rootfs_sha256),
+	// zero unless Mode() is ModeLive.
+	Live LiveRoot
+	// DataDev is kiln.data.dev=: the disk a live boot puts /var on, a /dev path or a
+	// /dev/disk/by-id name. Empty lets stage 1 choose.
+	DataDev string
 	// Kiln holds every kiln.* parameter, keyed without the "kiln." prefix (kiln.platform=qemu is
 	// Kiln["platform"] == "qemu"). A key without a value maps to "".
 	Kiln map[string]string
 }
 
+// LiveRoot is where a live boot fetches its root image and the sha256 it must have.
+type LiveRoot struct {
+	URL    string // http or https
+	SHA256 string // 64 lowercase hex digits
+}
+
 // Platform returns kiln.platform= (qemu, aws, gce, metal), empty when absent.
 func (c Cmdline) Platform() string { return c.Kiln["platform"] }
 
+// Mode says how the node runs: ModeInstall when any kiln.install.* parameter is present,
+// ModeLive when any kiln.live.* parameter is, ModeDisk otherwise. ParseCmdline refuses a line
+// with both.
+func (c Cmdline) Mode() Mode {
+	install, live := c.hasPrefix("install."), c.hasPrefix("live.")
+	switch {
+	case install:
+		return ModeInstall
+	case live:
+		return ModeLive
+	}
+	return ModeDisk
+}
+
+func (c Cmdline) hasPrefix(prefix string) bool {
+	for k := range c.Kiln {
+		if strings.HasPrefix(k, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
 // ParseCmdline parses a kernel command line (see package cmdline for how it is split; what
-// follows "--" is for init) and requires root=PARTUUID=<guid>.
+// follows "--" is for init). A disk boot requires root=PARTUUID=<guid>; a live boot requires
+// kiln.live.rootfs_url= and kiln.live.rootfs_sha256=; an install boot (any kiln.install.*) needs
+// no root= here, its own parameters are checked by the installer.
 func ParseCmdline(s string) (Cmdline, error) {
 	line := cmdline.Parse(s)
-	c := Cmdline{Raw: line.Raw, RootWait: DefaultRootWait, Kiln: map[string]string{}}
+	c := Cmdline{Raw: line.Raw, RootWait: DefaultRootWait, NetTimeout: DefaultNetTimeout, Kiln: map[string]string{}}
 	var root string
 	for _, p := range line.Params {
 		switch {
@@ -59,23 +120,121 @@ func ParseCmdline(s string) (Cmdline, error) {
 			c.Kiln[name] = p.Value
 		}
 	}
+	if c.hasPrefix("install.") && c.hasPrefix("live.") {
+		return Cmdline{}, errors.New("kernel cmdline: kiln.live.* and kiln.install.* are both set: a boot either runs live or installs to disk, not both")
+	}
+	if err := c.parseRoot(root); err != nil {
+		return Cmdline{}, err
+	}
+	for _, d := range []struct {
+		key string
+		to  *time.Duration
+	}{{"rootwait", &c.RootWait}, {"net.timeout", &c.NetTimeout}} {
+		w, ok := c.Kiln[d.key]
+		if !ok {
+			continue
+		}
+		v, err := cmdline.Duration(w)
+		if err == nil && v == 0 && d.key == "net.timeout" {
+			err = errors.New("must be more than 0")
+		}
+		if err != nil {
+			return Cmdline{}, fmt.Errorf("kernel cmdline: kiln.%s=%s: %w", d.key, w, err)
+		}
+		*d.to = v
+	}
+	if err := c.parseLive(); err != nil {
+		return Cmdline{}, err
+	}
+	return c, nil
+}
+
+// parseRoot checks root=, which a disk boot requires and a network boot may leave out.
+func (c *Cmdline) parseRoot(root string) error {
 	if root == "" {
-		return Cmdline{}, fmt.Errorf("kernel cmdline: root= is missing (want root=PARTUUID=<guid>) in %q", c.Raw)
+		if c.Mode() != ModeDisk {
+			return nil
+		}
+		return fmt.Errorf("kernel cmdline: root= is missing (want root=PARTUUID=<guid>, or kiln.live.rootfs_url= for a live boot) in %q", c.Raw)
 	}
 	id, ok := strings.CutPrefix(root, "PARTUUID=")
 	if !ok {
-		return Cmdline{}, fmt.Errorf("kernel cmdline: root=%s is not supported (want root=PARTUUID=<guid>)", root)
+		return fmt.Errorf("kernel cmdline: root=%s is not supported (want root=PARTUUID=<guid>)", root)
 	}
 	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
-		return Cmdline{}, fmt.Errorf("kernel cmdline: root=%s: %q is not a partition GUID", root, id)
+		return fmt.Errorf("kernel cmdline: root=%s: %q is not a partition GUID", root, id)
 	}
 	c.RootPARTUUID = strings.ToLower(id)
-	if w, ok := c.Kiln["rootwait"]; ok {
-		d, err := cmdline.Duration(w)
-		if err != nil {
-			return Cmdline{}, fmt.Errorf("kernel cmdline: kiln.rootwait=%s: %w", w, err)
+	return nil
+}
+
+// liveKeys are the kiln.live.* parameters stage 1 knows.
+var liveKeys = []string{"live.rootfs_url", "live.rootfs_sha256"}
+
+// parseLive checks kiln.live.* and kiln.data.dev=.
+func (c *Cmdline) parseLive() error {
+	for k := range c.Kiln {
+		if strings.HasPrefix(k, "live.") && k != liveKeys[0] && k != liveKeys[1] {
+			return fmt.Errorf("kernel cmdline: kiln.%s is not a live boot parameter (want kiln.live.rootfs_url=, kiln.live.rootfs_sha256=)", k)
 		}
-		c.RootWait = d
 	}
-	return c, nil
+	if dev, ok := c.Kiln["data.dev"]; ok {
+		if err := checkDataDev(dev); err != nil {
+			return fmt.Errorf("kernel cmdline: kiln.data.dev=%s: %w", dev, err)
+		}
+		c.DataDev = dev
+	}
+	if c.Mode() != ModeLive {
+		return nil
+	}
+	u, hasURL := c.Kiln["live.rootfs_url"]
+	sum, hasSum := c.Kiln["live.rootfs_sha256"]
+	switch {
+	case !hasURL:
+		return errors.New("kernel cmdline: kiln.live.rootfs_sha256= is set without kiln.live.rootfs_url=")
+	case !hasSum:
+		return fmt.Errorf("kernel cmdline: kiln.live.rootfs_url=%s needs kiln.live.rootfs_sha256=<64 hex digits>: a live root is never used unverified", u)
+	}
+	if err := checkHTTPURL(u); err != nil {
+		return fmt.Errorf("kernel cmdline: kiln.live.rootfs_url=%s: %w", u, err)
+	}
+	if b, err := hex.DecodeString(sum); err != nil || len(b) != 32 {
+		return fmt.Errorf("kernel cmdline: kiln.live.rootfs_sha256=%s: not a sha256 (want 64 hex digits)", sum)
+	}
+	c.Live = LiveRoot{URL: u, SHA256: strings.ToLower(sum)}
+	return nil
+}
+
+// checkHTTPURL accepts an absolute http or https URL with a host.
+func checkHTTPURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("not a URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("scheme %q is not supported (want http or https)", u.Scheme)
+	}
+	if u.Host == "" {
+		return errors.New("the URL has no host")
+	}
+	return nil
+}
+
+// checkDataDev accepts a device path under /dev or a name in /dev/disk/by-id.
+func checkDataDev(dev string) error {
+	switch {
+	case dev == "":
+		return errors.New("empty (want /dev/<disk> or a /dev/disk/by-id name)")
+	case strings.HasPrefix(dev, "/dev/disk/by-id/"):
+		if name := strings.TrimPrefix(dev, "/dev/disk/by-id/"); name == "" || strings.Contains(name, "/") {
+			return errors.New("not a name in /dev/disk/by-id")
+		}
+	case strings.HasPrefix(dev, "/"):
+		if !strings.HasPrefix(dev, "/dev/") || len(dev) == len("/dev/") || strings.Contains(dev, "..") {
+			return errors.New("a device path must lie under /dev")
+		}
+	case strings.Contains(dev, "/"):
+		return errors.New("not a /dev path nor a /dev/disk/by-id name")
+	}
+	return nil
 }

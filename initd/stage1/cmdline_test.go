@@ -1,6 +1,7 @@
 package stage1
 
 import (
+	"cmp"
 	"strings"
 	"testing"
 	"time"
@@ -8,12 +9,14 @@ import (
 
 func TestParseCmdline(t *testing.T) {
 	const id = "6b1c7a36-1f4e-4d0a-9a55-0c3b1e2f4a5b"
+	sum := strings.Repeat("0123456789abcdef", 4)
 	tests := []struct {
 		name     string
 		in       string
 		want     Cmdline
 		wantErr  string
 		platform string
+		mode     Mode
 	}{
 		{
 			name: "contract line",
@@ -45,7 +48,53 @@ func TestParseCmdline(t *testing.T) {
 				Kiln: map[string]string{"note": "a b", "platform": "aws"}},
 			platform: "aws",
 		},
+		{
+			name: "live without root=, defaults",
+			in:   "console=ttyS0 kiln.live.rootfs_url=http://10.0.2.2:8080/w/rootfs.img kiln.live.rootfs_sha256=" + strings.ToUpper(sum),
+			want: Cmdline{RootWait: DefaultRootWait, NetTimeout: DefaultNetTimeout,
+				Live: LiveRoot{URL: "http://10.0.2.2:8080/w/rootfs.img", SHA256: sum},
+				Kiln: map[string]string{"live.rootfs_url": "http://10.0.2.2:8080/w/rootfs.img", "live.rootfs_sha256": strings.ToUpper(sum)}},
+			mode: ModeLive,
+		},
+		{
+			name: "live over https with a data disk by-id and a net timeout",
+			in:   "kiln.live.rootfs_url=https://boot.example/r.img kiln.live.rootfs_sha256=" + sum + " kiln.data.dev=virtio-data1 kiln.net.timeout=2m",
+			want: Cmdline{RootWait: DefaultRootWait, NetTimeout: 2 * time.Minute, DataDev: "virtio-data1",
+				Live: LiveRoot{URL: "https://boot.example/r.img", SHA256: sum},
+				Kiln: map[string]string{"live.rootfs_url": "https://boot.example/r.img", "live.rootfs_sha256": sum, "data.dev": "virtio-data1", "net.timeout": "2m"}},
+			mode: ModeLive,
+		},
+		{
+			name: "install without root= is left to the installer",
+			in:   "kiln.install.dev=auto kiln.install.image_url=http://h/i.raw.zst kiln.install.image_sha256=" + sum + " kiln.net.timeout=30",
+			want: Cmdline{RootWait: DefaultRootWait, NetTimeout: 30 * time.Second,
+				Kiln: map[string]string{"install.dev": "auto", "install.image_url": "http://h/i.raw.zst", "install.image_sha256": sum, "net.timeout": "30"}},
+			mode: ModeInstall,
+		},
+		{
+			name: "disk boot with a data disk path",
+			in:   "root=PARTUUID=" + id + " kiln.data.dev=/dev/vdb",
+			want: Cmdline{RootPARTUUID: id, RootWait: DefaultRootWait, NetTimeout: DefaultNetTimeout, DataDev: "/dev/vdb",
+				Kiln: map[string]string{"data.dev": "/dev/vdb"}},
+			mode: ModeDisk,
+		},
 		{name: "root missing", in: "ro quiet kiln.platform=qemu", wantErr: "root= is missing"},
+		{name: "live and install", in: "kiln.live.rootfs_url=http://h/r kiln.live.rootfs_sha256=" + sum + " kiln.install.image_url=http://h/i",
+			wantErr: "both set"},
+		{name: "live url without sha256", in: "kiln.live.rootfs_url=http://h/r", wantErr: "needs kiln.live.rootfs_sha256="},
+		{name: "live sha256 without url", in: "kiln.live.rootfs_sha256=" + sum, wantErr: "without kiln.live.rootfs_url="},
+		{name: "live sha256 too short", in: "kiln.live.rootfs_url=http://h/r kiln.live.rootfs_sha256=" + sum[:63], wantErr: "kiln.live.rootfs_sha256=" + sum[:63] + ": not a sha256"},
+		{name: "live sha256 not hex", in: "kiln.live.rootfs_url=http://h/r kiln.live.rootfs_sha256=" + strings.Repeat("g", 64), wantErr: "not a sha256"},
+		{name: "live url tftp", in: "kiln.live.rootfs_url=tftp://h/r kiln.live.rootfs_sha256=" + sum, wantErr: `kiln.live.rootfs_url=tftp://h/r: scheme "tftp" is not supported`},
+		{name: "live url relative", in: "kiln.live.rootfs_url=/r.img kiln.live.rootfs_sha256=" + sum, wantErr: "scheme \"\" is not supported"},
+		{name: "live url without host", in: "kiln.live.rootfs_url=http:///r.img kiln.live.rootfs_sha256=" + sum, wantErr: "has no host"},
+		{name: "unknown live key", in: "kiln.live.rootfs=http://h/r", wantErr: "kiln.live.rootfs is not a live boot parameter"},
+		{name: "data dev outside /dev", in: "root=PARTUUID=" + id + " kiln.data.dev=/tmp/x", wantErr: "kiln.data.dev=/tmp/x: a device path must lie under /dev"},
+		{name: "data dev dotdot", in: "root=PARTUUID=" + id + " kiln.data.dev=/dev/../etc/passwd", wantErr: "must lie under /dev"},
+		{name: "data dev relative path", in: "root=PARTUUID=" + id + " kiln.data.dev=disk/by-id/x", wantErr: "not a /dev path nor"},
+		{name: "data dev empty", in: "root=PARTUUID=" + id + " kiln.data.dev=", wantErr: "kiln.data.dev=: empty"},
+		{name: "net timeout zero", in: "root=PARTUUID=" + id + " kiln.net.timeout=0", wantErr: "kiln.net.timeout=0: must be more than 0"},
+		{name: "net timeout bad", in: "root=PARTUUID=" + id + " kiln.net.timeout=long", wantErr: "kiln.net.timeout=long: not a duration"},
 		{name: "root by device name", in: "root=/dev/vda2 ro", wantErr: "root=/dev/vda2 is not supported"},
 		{name: "root by fs uuid", in: "root=UUID=" + id, wantErr: "want root=PARTUUID=<guid>"},
 		{name: "bad guid", in: "root=PARTUUID=1234", wantErr: `"1234" is not a partition GUID`},
@@ -69,11 +118,18 @@ func TestParseCmdline(t *testing.T) {
 				t.Errorf("Raw = %q", got.Raw)
 			}
 			if got.RootPARTUUID != tt.want.RootPARTUUID || got.RootFSType != tt.want.RootFSType ||
-				got.ReadWrite != tt.want.ReadWrite || got.RootWait != tt.want.RootWait {
+				got.ReadWrite != tt.want.ReadWrite || got.RootWait != tt.want.RootWait ||
+				got.Live != tt.want.Live || got.DataDev != tt.want.DataDev {
 				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
 			if len(got.Kiln) != len(tt.want.Kiln) {
 				t.Errorf("Kiln = %v, want %v", got.Kiln, tt.want.Kiln)
+			}
+			if want := cmp.Or(tt.want.NetTimeout, DefaultNetTimeout); got.NetTimeout != want {
+				t.Errorf("NetTimeout = %s, want %s", got.NetTimeout, want)
+			}
+			if want := cmp.Or(tt.mode, ModeDisk); got.Mode() != want {
+				t.Errorf("Mode() = %q, want %q", got.Mode(), want)
 			}
 			for k, v := range tt.want.Kiln {
 				if gv, ok := got.Kiln[k]; !ok || gv != v {

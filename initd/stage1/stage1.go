@@ -85,7 +85,13 @@ func readCmdline(log *slog.Logger) (Cmdline, error) {
 	if err != nil {
 		return Cmdline{}, err
 	}
-	log.Info("stage 1", "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
+	log.Info("stage 1", "mode", cl.Mode(), "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
+	if cl.Mode() != ModeDisk {
+		return Cmdline{}, fmt.Errorf("kernel cmdline: a %s boot is not supported by this kiln-init", cl.Mode())
+	}
+	if cl.DataDev != "" {
+		log.Warn("kiln.data.dev= applies to live boots only; a disk boot keeps /var on its own data partition", "kiln.data.dev", cl.DataDev)
+	}
 	if cl.ReadWrite {
 		log.Warn("rw on the kernel cmdline is ignored: the root is mounted read-only")
 	}
