@@ -1,0 +1,130 @@
+package netup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
+)
+
+// The DHCP client's pacing: each round sends a DISCOVER and waits attemptTimeout, doubling
+// the wait attemptTries times; a failed round is tried again after roundPause.
+const (
+	attemptTimeout = time.Second
+	attemptTries   = 4
+	roundPause     = time.Second
+	vendorClass    = "kiln"
+	defaultLease   = time.Hour
+)
+
+// offered is a lease as the server gave it, for one link.
+type offered struct {
+	link string
+	mac  net.HardwareAddr
+	ack  *dhcpv4.DHCPv4
+}
+
+// runClient asks for a lease on link until it gets one or ctx is done, and reports every
+// failed round and the lease on results.
+func runClient(ctx context.Context, link string, mac net.HardwareAddr, results chan<- attempt) {
+	send := func(a attempt) bool {
+		select {
+		case results <- a:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for ctx.Err() == nil {
+		ack, err := requestLease(ctx, link, mac)
+		if err == nil {
+			send(attempt{link: link, lease: &offered{link: link, mac: mac, ack: ack}})
+			return
+		}
+		if ctx.Err() != nil || !send(attempt{link: link, err: dhcpError(err)}) {
+			return
+		}
+		select {
+		case <-time.After(roundPause):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// requestLease runs one DISCOVER/OFFER/REQUEST/ACK exchange on link.
+func requestLease(ctx context.Context, link string, mac net.HardwareAddr) (*dhcpv4.DHCPv4, error) {
+	c, err := nclient4.New(link, nclient4.WithHWAddr(mac), nclient4.WithTimeout(attemptTimeout), nclient4.WithRetry(attemptTries))
+	if err != nil {
+		return nil, fmt.Errorf("DHCP client on %s: %w", link, err)
+	}
+	defer c.Close()
+	l, err := c.Request(ctx,
+		dhcpv4.WithOption(dhcpv4.OptClassIdentifier(vendorClass)),
+		dhcpv4.WithRequestedOptions(dhcpv4.OptionSubnetMask, dhcpv4.OptionRouter, dhcpv4.OptionDomainNameServer,
+			dhcpv4.OptionDomainName, dhcpv4.OptionDNSDomainSearchList, dhcpv4.OptionClasslessStaticRoute))
+	if err != nil {
+		return nil, err
+	}
+	return l.ACK, nil
+}
+
+// route is one route a lease asks for; a nil dst is the default route.
+type route struct {
+	dst *net.IPNet
+	gw  net.IP
+}
+
+// leaseOf reads the lease and the routes out of a server's ACK. Classless static routes
+// (option 121), when present, replace the router option, as RFC 3442 requires.
+func leaseOf(o *offered) (Lease, []route, error) {
+	ack := o.ack
+	addr, ok := netip.AddrFromSlice(ack.YourIPAddr.To4())
+	if !ok || addr.IsUnspecified() {
+		return Lease{}, nil, fmt.Errorf("DHCP lease on %s: the server gave no address", o.link)
+	}
+	mask := ack.SubnetMask()
+	if mask == nil {
+		mask = ack.YourIPAddr.DefaultMask()
+	}
+	ones, bits := mask.Size()
+	if bits != 32 {
+		return Lease{}, nil, fmt.Errorf("DHCP lease on %s: subnet mask %s is not an IPv4 netmask", o.link, net.IP(mask))
+	}
+	l := Lease{Link: o.link, MAC: o.mac, Address: netip.PrefixFrom(addr, ones),
+		Duration: ack.IPAddressLeaseTime(defaultLease)}
+	l.Server, _ = netip.AddrFromSlice(ack.ServerIdentifier().To4())
+	for _, d := range ack.DNS() {
+		if a, ok := netip.AddrFromSlice(d.To4()); ok {
+			l.DNS = append(l.DNS, a)
+		}
+	}
+	if s := ack.DomainSearch(); s != nil {
+		l.Search = append(l.Search, s.Labels...)
+	}
+	if d := ack.DomainName(); d != "" && len(l.Search) == 0 {
+		l.Search = []string{d}
+	}
+	var routes []route
+	if cs := ack.ClasslessStaticRoute(); len(cs) > 0 {
+		for _, r := range cs {
+			if ones, _ := r.Dest.Mask.Size(); ones == 0 {
+				l.Gateway, _ = netip.AddrFromSlice(r.Router.To4())
+				routes = append(routes, route{gw: r.Router})
+				continue
+			}
+			routes = append(routes, route{dst: r.Dest, gw: r.Router})
+		}
+	} else if gws := ack.Router(); len(gws) > 0 {
+		l.Gateway, _ = netip.AddrFromSlice(gws[0].To4())
+		routes = append(routes, route{gw: gws[0]})
+	}
+	if l.Gateway.IsValid() && l.Gateway.IsUnspecified() {
+		return Lease{}, nil, errors.New("DHCP lease on " + o.link + ": the default route's router is 0.0.0.0")
+	}
+	return l, routes, nil
+}
