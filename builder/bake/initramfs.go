@@ -13,11 +13,12 @@ import (
 )
 
 // defaultModules are the kernel modules every initramfs carries: enough to find the root on
-// virtio, SCSI or NVMe disks and to mount squashfs/erofs, ext4 and the /etc overlay. What they
+// virtio, SCSI or NVMe disks, to mount squashfs/erofs, ext4 and the /etc overlay, and loop for
+// the root image a live boot fetches into RAM (the same initramfs boots disks and networks). What they
 // need comes with them, soft dependencies included (crc32c for libcrc32c, ext4 and jbd2).
 var defaultModules = []string{
 	"virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "nvme",
-	"squashfs", "erofs", "ext4", "overlay",
+	"squashfs", "erofs", "ext4", "overlay", "loop",
 }
 
 // writeInitramfs writes the initramfs to the work directory: kiln-init as its init and the
