@@ -1,0 +1,225 @@
+// Package liveroot fetches the root image of a live boot into RAM and attaches it to a loop
+// device. The image is streamed over HTTP(S) into a file on the initramfs' own tmpfs or ramfs,
+// hashed as it arrives and compared with the sha256 from the kernel command line before
+// anything uses it: an image that differs by one byte is deleted and never attached. A network
+// error, a stalled or cut-short body and a 5xx answer are tried again with backoff; a 4xx
+// answer, an image larger than the free memory and a wrong sha256 stop at once.
+package liveroot
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/internal/poll"
+)
+
+// Defaults for Fetcher's zero fields.
+const (
+	DefaultAttempts = 6
+	DefaultReserve  = 256 << 20
+	defaultStall    = 30 * time.Second
+	defaultProgress = 5 * time.Second
+	// FileName is the image's name in Fetcher.Dir.
+	FileName = "rootfs.img"
+)
+
+// DefaultBackoff paces the attempts: 1 s, 2 s, 4 s, 8 s, then 15 s.
+var DefaultBackoff = poll.Backoff{Initial: time.Second, Factor: 2, Max: 15 * time.Second, Jitter: 0.2}
+
+// Fetcher fetches a root image into RAM. Only Dir is required.
+type Fetcher struct {
+	// Dir is where the image is written; it must be on a tmpfs or ramfs.
+	Dir string
+	// Client makes the requests; nil means one with connection and header timeouts.
+	// Redirects from https to http are refused either way.
+	Client *http.Client
+	// Attempts bounds how often the image is requested; 0 means DefaultAttempts.
+	Attempts int
+	// Backoff paces the attempts; the zero value means DefaultBackoff.
+	Backoff poll.Backoff
+	// Clock times the pauses between attempts; nil means the wall clock.
+	Clock poll.Clock
+	// Reserve is the memory the image must leave free for the running system; 0 means
+	// DefaultReserve.
+	Reserve int64
+	// Stall ends an attempt whose body sends nothing for this long; 0 means 30 s.
+	Stall time.Duration
+	// MemInfo is the meminfo file read for MemAvailable; empty means /proc/meminfo.
+	MemInfo string
+}
+
+// permanent marks an error that another attempt would not change.
+type permanent struct{ error }
+
+func (p permanent) Unwrap() error { return p.error }
+
+// Fetch streams url into Dir/FileName and checks it has the sha256 want (lowercase hex). It
+// returns the file's path; on any error the file is gone.
+func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) (string, error) {
+	room, err := f.room()
+	if err != nil {
+		return "", fmt.Errorf("live root: %w", err)
+	}
+	path := filepath.Join(f.Dir, FileName)
+	attempts := cmp.Or(f.Attempts, DefaultAttempts)
+	backoff := f.Backoff
+	if backoff == (poll.Backoff{}) {
+		backoff = DefaultBackoff
+	}
+	n, sum := 0, ""
+	err = poll.Retry(ctx, poll.Options{
+		What:      "the live root image " + url,
+		Backoff:   backoff,
+		Clock:     f.Clock,
+		Retryable: func(err error) bool { return !errors.As(err, new(permanent)) },
+		OnRetry: func(a poll.Attempt) {
+			log.Warn("live root: fetch failed, trying again", "url", url, "attempt", a.N, "of", attempts, "in", a.Pause.Round(time.Millisecond), "err", a.Err)
+		},
+	}, func(ctx context.Context) error {
+		n++
+		var err error
+		sum, err = f.fetchOnce(ctx, log, url, path, room)
+		if err != nil && n >= attempts && !errors.As(err, new(permanent)) {
+			err = permanent{fmt.Errorf("gave up after %d attempts: %w", n, err)}
+		}
+		return err
+	})
+	if err != nil {
+		os.Remove(path)
+		return "", fmt.Errorf("live root %s: %w", url, unwrapPermanent(err))
+	}
+	if sum != want {
+		os.Remove(path)
+		return "", fmt.Errorf("live root %s: sha256 mismatch: the image has %s, kiln.live.rootfs_sha256 wants %s: refusing to use it", url, sum, want)
+	}
+	if err := os.Chmod(path, 0o400); err != nil {
+		os.Remove(path)
+		return "", fmt.Errorf("live root: %w", err)
+	}
+	return path, nil
+}
+
+func unwrapPermanent(err error) error {
+	var p permanent
+	if errors.As(err, &p) {
+		return p.error
+	}
+	return err
+}
+
+// fetchOnce makes one request, streams the answer into path and returns its sha256.
+func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path string, room int64) (string, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", permanent{err}
+	}
+	resp, err := source.SafeRedirects(f.client()).Do(req)
+	if err != nil {
+		if errors.As(err, new(*source.RedirectError)) {
+			return "", permanent{err}
+		}
+		return "", err
+	}
+	defer resp.Body.Close()
+	if err := checkStatus(resp); err != nil {
+		return "", err
+	}
+	if resp.ContentLength > room {
+		return "", permanent{fmt.Errorf("the image is %s, more than the %s of RAM free for it (%s kept for the system)",
+			size(resp.ContentLength), size(room), size(cmp.Or(f.Reserve, DefaultReserve)))}
+	}
+	out, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return "", permanent{fmt.Errorf("create %s: %w", path, err)}
+	}
+	h := sha256.New()
+	body := &watched{r: resp.Body, stall: cmp.Or(f.Stall, defaultStall), cancel: cancel}
+	body.start()
+	defer body.stop()
+	p := &progress{log: log, total: resp.ContentLength, every: defaultProgress, last: time.Now()}
+	err = copyLimited(io.MultiWriter(fileWriter{out, room}, h, p), body, room)
+	if cerr := out.Close(); err == nil && cerr != nil {
+		err = permanent{fmt.Errorf("write %s: %w", path, cerr)}
+	}
+	if err != nil {
+		return "", cmp.Or(context.Cause(ctx), err)
+	}
+	log.Info("live root fetched", "url", url, "bytes", p.done)
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// checkStatus sorts an answer that is not 200: 5xx, 408 and 429 are worth another attempt.
+func checkStatus(resp *http.Response) error {
+	switch c := resp.StatusCode; {
+	case c == http.StatusOK:
+		return nil
+	case c >= 500 || c == http.StatusRequestTimeout || c == http.StatusTooManyRequests:
+		return fmt.Errorf("server answered %s", resp.Status)
+	default:
+		return permanent{fmt.Errorf("server answered %s", resp.Status)}
+	}
+}
+
+// copyLimited copies r to w and fails, without writing past it, when r holds more than limit
+// bytes.
+func copyLimited(w io.Writer, r io.Reader, limit int64) error {
+	n, err := io.Copy(w, io.LimitReader(r, limit+1))
+	if err != nil {
+		return err
+	}
+	if n > limit {
+		return permanent{fmt.Errorf("the image is larger than the %s of RAM free for it", size(limit))}
+	}
+	return nil
+}
+
+// fileWriter writes to the image file; its errors are the machine's, not the network's, and
+// another attempt would not help.
+type fileWriter struct {
+	f    *os.File
+	room int64
+}
+
+func (w fileWriter) Write(b []byte) (int, error) {
+	n, err := w.f.Write(b)
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		return n, permanent{fmt.Errorf("the image is larger than the %s of RAM free for it (%w)", size(w.room), err)}
+	case err != nil:
+		return n, permanent{err}
+	}
+	return n, nil
+}
+
+func (f Fetcher) client() *http.Client {
+	if f.Client != nil {
+		return f.Client
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.ResponseHeaderTimeout = 30 * time.Second
+	return &http.Client{Transport: t}
+}
+
+// size renders a byte count for the console.
+func size(n int64) string {
+	const mib = 1 << 20
+	if n < 10*mib {
+		return strconv.FormatInt(n, 10) + " bytes"
+	}
+	return strconv.FormatInt(n/mib, 10) + " MiB"
+}
