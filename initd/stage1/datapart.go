@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
+	"golang.org/x/sys/unix"
 
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -100,17 +101,27 @@ func addDataPartition(f *os.File, t *gpt.Table, size int64, sectorSize int) erro
 			return fmt.Errorf("sync: %w", err)
 		}
 	}
-	t.Partitions = append(t.Partitions, &gpt.Partition{
-		Index: maxIndex + 1,
+	t.Partitions = append(t.Partitions, dataPartition(maxIndex+1, start, end))
+	return writeTable(f, t, size, sectorSize)
+}
+
+// dataPartition is the GPT entry of the data partition.
+func dataPartition(index int, start, end uint64) *gpt.Partition {
+	return &gpt.Partition{
+		Index: index,
 		Start: start,
 		End:   end,
 		Type:  gpt.Type(strings.ToUpper(nodeimage.TypeLinuxData)),
 		Name:  nodeimage.DataName,
-	})
+	}
+}
+
+// writeTable writes t to the disk f of size bytes and syncs it.
+func writeTable(f *os.File, t *gpt.Table, size int64, sectorSize int) error {
 	if err := t.Write(f, size); err != nil {
 		return fmt.Errorf("write GPT: %w", err)
 	}
-	if t.ProtectiveMBR && newAlternate > 0xFFFFFFFF {
+	if t.ProtectiveMBR && size/int64(sectorSize)-1 > 0xFFFFFFFF {
 		// go-diskfs truncates the protective MBR's size to 32 bits; it must saturate instead.
 		if _, err := f.WriteAt([]byte{0xff, 0xff, 0xff, 0xff}, 446+12); err != nil {
 			return fmt.Errorf("write protective MBR: %w", err)
@@ -120,6 +131,62 @@ func addDataPartition(f *os.File, t *gpt.Table, size int64, sectorSize int) erro
 		return fmt.Errorf("sync: %w", err)
 	}
 	return nil
+}
+
+// NewDataDisk writes, in one go, a GPT holding only the data partition (the whole disk, 1 MiB
+// aligned) to the blank disk at path, and returns the partition. The caller has checked that
+// the disk is blank: NewDataDisk overwrites whatever is there.
+func NewDataDisk(path string, sectorSize int) (Partition, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return Partition{}, fmt.Errorf("open disk: %w", err)
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return Partition{}, fmt.Errorf("size of %s: %w", path, err)
+	}
+	size -= size % int64(sectorSize)
+	t, err := emptyTable(size, sectorSize)
+	if err != nil {
+		return Partition{}, fmt.Errorf("GPT for %s: %w", path, err)
+	}
+	start, end, err := dataExtent(t, 0, sectorSize)
+	if err != nil {
+		return Partition{}, fmt.Errorf("data partition on %s: %w", path, err)
+	}
+	t.Partitions = []*gpt.Partition{dataPartition(1, start, end)}
+	if err := writeTable(f, t, size, sectorSize); err != nil {
+		return Partition{}, fmt.Errorf("data partition on %s: %w", path, err)
+	}
+	parts, err := ReadGPT(path, sectorSize)
+	if err != nil {
+		return Partition{}, err
+	}
+	if p, ok := findPartition(parts, nodeimage.DataName); ok {
+		return p, nil
+	}
+	return Partition{}, fmt.Errorf("re-read GPT of %s: the new %q partition is missing", path, nodeimage.DataName)
+}
+
+// emptyTable is a GPT without partitions laid out for a disk of size bytes. go-diskfs sets a
+// table's geometry only as it writes or reads one, so it is written to a sparse file in memory
+// and read back, leaving the disk untouched until the table is complete.
+func emptyTable(size int64, sectorSize int) (*gpt.Table, error) {
+	fd, err := unix.MemfdCreate("kiln-gpt", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	mem := os.NewFile(uintptr(fd), "kiln-gpt")
+	defer mem.Close()
+	if err := mem.Truncate(size); err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	blank := &gpt.Table{LogicalSectorSize: sectorSize, PhysicalSectorSize: sectorSize, ProtectiveMBR: true}
+	if err := blank.Write(mem, size); err != nil {
+		return nil, err
+	}
+	return gpt.Read(mem, sectorSize, sectorSize)
 }
 
 // dataExtent is the data partition's first and last sector in the resized table t: from the first

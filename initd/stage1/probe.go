@@ -37,6 +37,36 @@ func ProbeFilesystem(path string) (string, error) {
 	return identify(buf[:n]), nil
 }
 
+// probeAt is ProbeFilesystem for the filesystem starting off bytes into path (a partition
+// read through its disk), with the volume label when it is ext4.
+func probeAt(path string, off int64) (fs, label string, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", "", fmt.Errorf("probe filesystem: %w", err)
+	}
+	defer f.Close()
+	buf := make([]byte, probeSize)
+	n, err := f.ReadAt(buf, off)
+	if err != nil && err != io.EOF {
+		return "", "", fmt.Errorf("probe filesystem on %s at byte %d: %w", path, off, err)
+	}
+	fs = identify(buf[:n])
+	if fs == FSExt4 {
+		label = ext4Label(buf[:n])
+	}
+	return fs, label, nil
+}
+
+// ext4Label is the volume name in an ext2/3/4 superblock (s_volume_name, 16 bytes at byte 120
+// of the superblock, which starts at byte 1024).
+func ext4Label(b []byte) string {
+	const at = 1024 + 120
+	if len(b) < at+16 {
+		return ""
+	}
+	return string(bytes.TrimRight(b[at:at+16], "\x00"))
+}
+
 func identify(b []byte) string {
 	at := func(off int, sig string) bool {
 		return len(b) >= off+len(sig) && string(b[off:off+len(sig)]) == sig

@@ -1,8 +1,16 @@
 // Package stage1 is kiln-init's initramfs PID 1: it mounts the kernel filesystems, loads the
-// modules listed in /etc/kiln/modules.load, finds the root-a partition by the PARTUUID on the
-// kernel command line, creates the data partition on first boot, mounts the read-only root at
-// /sysroot, makes (first boot), checks and mounts the ext4 data filesystem on /sysroot/var seeded
-// from the root's /var, puts a persistent overlay on /sysroot/etc, and switches root to systemd.
+// modules listed in /etc/kiln/modules.load and, as the kernel command line says (Cmdline.Mode):
+//
+//   - disk boot (root=PARTUUID=…): finds the root-a partition by its PARTUUID, creates the data
+//     partition on first boot, mounts the read-only root at /sysroot and makes (first boot),
+//     checks and mounts the ext4 data filesystem on /sysroot/var;
+//   - live boot (kiln.live.rootfs_url=…): brings the network up (package netup), fetches the root
+//     image into RAM and verifies its sha256 before mounting it read-only at /sysroot through a
+//     loop device (package liveroot), and mounts /var from the disk kiln.data.dev= names, a data
+//     disk an earlier live boot made, the first blank disk (which it partitions) or tmpfs.
+//
+// Either way /var is seeded from the root's /var on its first boot, a persistent overlay goes on
+// /sysroot/etc, how it booted is recorded at BootInfoPath, and it switches root to systemd.
 // Every step checks before it acts, so a later boot, or a boot after a power cut half-way, ends in
 // the same state.
 package stage1
@@ -52,17 +60,22 @@ func Run(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	rootDev, dataDev, err := findPartitions(ctx, log, cl, modFailures)
+	var info BootInfo
+	switch cl.Mode() {
+	case ModeDisk:
+		info, err = bootDisk(ctx, log, cl, modFailures)
+	case ModeLive:
+		info, err = bootLive(ctx, log, cl, modFailures)
+	default:
+		err = fmt.Errorf("kernel cmdline: a %s boot is not supported by this kiln-init", cl.Mode())
+	}
 	if err != nil {
 		return err
 	}
-	if err := mountRoot(log, rootDev, cl.RootFSType); err != nil {
-		return err
-	}
-	if err := mountVar(ctx, log, dataDev); err != nil {
-		return err
-	}
 	if err := mountEtcOverlay(log); err != nil {
+		return err
+	}
+	if err := writeBootInfo("/", info); err != nil {
 		return err
 	}
 	for _, d := range []string{"/dev", "/proc", "/sys", "/run"} {
@@ -70,9 +83,24 @@ func Run(ctx context.Context, log *slog.Logger) error {
 			return err
 		}
 	}
-	log.Info("switching root", "init", Init, "took", time.Since(start).Round(time.Millisecond))
+	log.Info("switching root", "mode", info.Mode, "init", Init, "took", time.Since(start).Round(time.Millisecond))
 	freeInitramfs(log)
 	return switchRoot(SysRoot, Init, os.Args[1:])
+}
+
+// bootDisk mounts a disk boot's root-a and its data partition on /var.
+func bootDisk(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []ModuleError) (BootInfo, error) {
+	rootDev, dataDev, err := findPartitions(ctx, log, cl, modFailures)
+	if err != nil {
+		return BootInfo{}, err
+	}
+	if err := mountRootAt(log, rootDev, SysRoot, cl.RootFSType); err != nil {
+		return BootInfo{}, err
+	}
+	if err := mountVar(ctx, log, dataDev); err != nil {
+		return BootInfo{}, err
+	}
+	return BootInfo{Mode: ModeDisk, RootDevice: rootDev, VarDevice: dataDev, VarKind: VarKindDisk}, nil
 }
 
 // readCmdline parses the running kernel's command line and logs what stage 1 acts on.
@@ -85,11 +113,13 @@ func readCmdline(log *slog.Logger) (Cmdline, error) {
 	if err != nil {
 		return Cmdline{}, err
 	}
-	log.Info("stage 1", "mode", cl.Mode(), "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
-	if cl.Mode() != ModeDisk {
-		return Cmdline{}, fmt.Errorf("kernel cmdline: a %s boot is not supported by this kiln-init", cl.Mode())
+	switch cl.Mode() {
+	case ModeLive:
+		log.Info("stage 1", "mode", cl.Mode(), "rootfs_url", cl.Live.URL, "rootfstype", cl.RootFSType, "platform", cl.Platform())
+	default:
+		log.Info("stage 1", "mode", cl.Mode(), "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
 	}
-	if cl.DataDev != "" {
+	if cl.DataDev != "" && cl.Mode() == ModeDisk {
 		log.Warn("kiln.data.dev= applies to live boots only; a disk boot keeps /var on its own data partition", "kiln.data.dev", cl.DataDev)
 	}
 	if cl.ReadWrite {
@@ -144,13 +174,27 @@ func mountVar(ctx context.Context, log *slog.Logger, dataDev string) error {
 	if err := mount(log, dataDev, dataTmp, "ext4", 0, ""); err != nil {
 		return fmt.Errorf("data filesystem: %w", err)
 	}
+	return seedVar(log, dataDev)
+}
+
+// mountVarTmpfs puts /var in RAM, seeded from the root's /var.
+func mountVarTmpfs(log *slog.Logger) error {
+	if err := mount(log, "tmpfs", dataTmp, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("/var in RAM: %w", err)
+	}
+	return seedVar(log, "tmpfs")
+}
+
+// seedVar seeds the filesystem mounted on dataTmp (from what) from the root's /var on its first
+// boot and moves it to the new root's /var.
+func seedVar(log *slog.Logger, what string) error {
 	seedStart := time.Now()
 	seeded, err := SeedOnce(filepath.Join(SysRoot, "var"), dataTmp)
 	if err != nil {
-		return fmt.Errorf("seed %s from the root's /var: %w", dataDev, err)
+		return fmt.Errorf("seed %s from the root's /var: %w", what, err)
 	}
 	if seeded {
-		log.Info("seeded data filesystem from /var", "took", time.Since(seedStart).Round(time.Millisecond))
+		log.Info("seeded data filesystem from /var", "device", what, "took", time.Since(seedStart).Round(time.Millisecond))
 	}
 	return moveMount(dataTmp, filepath.Join(SysRoot, "var"))
 }
@@ -202,16 +246,16 @@ func loadModuleList(ctx context.Context, log *slog.Logger, path string) ([]Modul
 	return rep.Failed, nil
 }
 
-// mountRoot mounts dev read-only on /sysroot as fstype, or as squashfs then erofs when fstype is
-// empty.
-func mountRoot(log *slog.Logger, dev, fstype string) error {
+// mountRootAt mounts dev read-only on target (/sysroot) as fstype, or as squashfs then erofs
+// when fstype is empty.
+func mountRootAt(log *slog.Logger, dev, target, fstype string) error {
 	types := []string{"squashfs", "erofs"}
 	if fstype != "" {
 		types = []string{fstype}
 	}
 	var errs []error
 	for _, t := range types {
-		err := mount(log, dev, SysRoot, t, unix.MS_RDONLY, "")
+		err := mount(log, dev, target, t, unix.MS_RDONLY, "")
 		if err == nil {
 			log.Info("root mounted", "device", dev, "fstype", t)
 			return nil

@@ -1,0 +1,193 @@
+package stage1
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// Where a live boot's /var is, as VarChoice.Kind says.
+const (
+	VarNamed    = "kiln.data.dev" // the disk or partition kiln.data.dev= names
+	VarDataDisk = "data disk"     // a disk holding only the data partition, from an earlier live boot
+	VarBlank    = "blank disk"    // the first blank disk, which gets a GPT and the data partition
+	VarTmpfs    = "tmpfs"         // no disk: /var is in RAM
+)
+
+// VarChoice is where a live boot puts /var, and why.
+type VarChoice struct {
+	Kind string // VarNamed, VarDataDisk, VarBlank or VarTmpfs
+	// Disk is the whole disk chosen; zero for VarTmpfs and for a named partition.
+	Disk Disk
+	// Partition is the node of a named partition; empty otherwise.
+	Partition string
+	// Blank is true when Disk is blank and needs its GPT and data partition.
+	Blank bool
+	// Why says on the console why this one.
+	Why string
+	// Skipped lists the disks passed over and why, for the console.
+	Skipped []string
+}
+
+// liveDisks are the disks a live boot may use: real disks, not loop devices (the root image is
+// one), RAM disks, optical drives or device-mapper and RAID devices, and not read-only ones nor,
+// unless removable is set, removable ones.
+func liveDisks(sysBlock, devDir string, removable bool) ([]Disk, []string, error) {
+	disks, err := ScanDisks(sysBlock, devDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []Disk
+	var skipped []string
+	for _, d := range disks {
+		switch {
+		case hasAnyPrefix(d.Name, "loop", "ram", "zram", "sr", "fd", "dm-", "md", "nbd"):
+			continue
+		case sysFlag(sysBlock, d.Name, "ro"):
+			skipped = append(skipped, d.Path+": read-only")
+		case !removable && sysFlag(sysBlock, d.Name, "removable"):
+			skipped = append(skipped, d.Path+": removable")
+		default:
+			out = append(out, d)
+		}
+	}
+	slices.SortFunc(out, func(a, b Disk) int { return strings.Compare(a.Name, b.Name) })
+	return out, skipped, nil
+}
+
+func hasAnyPrefix(s string, prefixes ...string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// sysFlag reports whether the disk's sysfs attribute attr is 1.
+func sysFlag(sysBlock, name, attr string) bool {
+	n, err := readSysInt(filepath.Join(sysBlock, name, attr))
+	return err == nil && n == 1
+}
+
+// chooseVar decides where a live boot's /var goes, writing nothing: the disk or partition
+// named (dataDev), else a disk an earlier live boot made its data disk, else the first blank
+// disk, else tmpfs. A disk holding anything else is never chosen.
+func chooseVar(sysBlock, devDir, dataDev string) (VarChoice, error) {
+	disks, skipped, err := liveDisks(sysBlock, devDir, dataDev != "")
+	if err != nil {
+		return VarChoice{}, err
+	}
+	if dataDev != "" {
+		// A disk named on the command line may be removable.
+		return chooseNamed(sysBlock, devDir, dataDev, disks)
+	}
+	var blank []Disk
+	for _, d := range disks {
+		kind, what := classifyDisk(d)
+		switch kind {
+		case diskData:
+			return VarChoice{Kind: VarDataDisk, Disk: d, Skipped: skipped,
+				Why: fmt.Sprintf("%s is the kiln data disk of an earlier live boot", d.Path)}, nil
+		case diskBlank:
+			blank = append(blank, d)
+		default:
+			skipped = append(skipped, d.Path+": "+what)
+		}
+	}
+	if len(blank) == 0 {
+		return VarChoice{Kind: VarTmpfs, Skipped: skipped, Why: "no blank disk: /var is in RAM and is lost at reboot"}, nil
+	}
+	why := fmt.Sprintf("%s is the first blank disk: it gets a GPT with one data partition", blank[0].Path)
+	if len(blank) > 1 {
+		var others []string
+		for _, d := range blank[1:] {
+			others = append(others, d.Path)
+		}
+		why += fmt.Sprintf(" (%s stay blank; kiln.data.dev= names the disk to use)", strings.Join(others, ", "))
+	}
+	return VarChoice{Kind: VarBlank, Disk: blank[0], Blank: true, Skipped: skipped, Why: why}, nil
+}
+
+type diskKind int
+
+const (
+	diskUsed  diskKind = iota // holds something: never touched
+	diskData                  // only the data partition, ext4 labelled DataLabel or still blank
+	diskBlank                 // no partition table, no signature at either end
+)
+
+// classifyDisk says what d holds: for diskUsed, what.
+func classifyDisk(d Disk) (diskKind, string) {
+	if d.Err == nil {
+		if len(d.Partitions) != 1 || d.Partitions[0].Name != nodeimage.DataName || d.Partitions[0].Type != nodeimage.TypeLinuxData {
+			return diskUsed, fmt.Sprintf("holds a GPT with %d partitions%s", len(d.Partitions), partNames(d.Partitions))
+		}
+		p := d.Partitions[0]
+		fs, label, err := probeAt(d.Path, int64(p.Start)*int64(d.SectorSize))
+		switch {
+		case err != nil:
+			return diskUsed, "cannot be read: " + err.Error()
+		case fs == FSNone, fs == FSExt4 && label == nodeimage.DataLabel:
+			return diskData, ""
+		case fs == FSExt4:
+			return diskUsed, fmt.Sprintf("holds a data partition with ext4 labelled %q, not %q", label, nodeimage.DataLabel)
+		}
+		return diskUsed, "holds a data partition with " + fs
+	}
+	blank, what, err := isBlank(d.Path)
+	switch {
+	case err != nil:
+		return diskUsed, "cannot be read: " + err.Error()
+	case !blank:
+		return diskUsed, "holds " + what
+	}
+	return diskBlank, ""
+}
+
+func partNames(parts []Partition) string {
+	var names []string
+	for _, p := range parts {
+		names = append(names, fmt.Sprintf("%q", p.Name))
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(names, ", ") + ")"
+}
+
+// isBlank reports whether the first and the last MiB of the disk at path are all zero: no
+// partition table (a GPT keeps a copy at the end), no filesystem or RAID signature. Otherwise it
+// names what it found.
+func isBlank(path string) (bool, string, error) {
+	fs, err := ProbeFilesystem(path)
+	if err != nil {
+		return false, "", err
+	}
+	if fs != FSNone {
+		return false, fs, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false, "", err
+	}
+	defer f.Close()
+	end, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return false, "", err
+	}
+	buf := make([]byte, min(end, probeSize))
+	if _, err := f.ReadAt(buf, end-int64(len(buf))); err != nil && err != io.EOF {
+		return false, "", err
+	}
+	if len(bytes.Trim(buf, "\x00")) != 0 {
+		return false, "data in its last MiB (a backup GPT or a RAID superblock?)", nil
+	}
+	return true, "", nil
+}

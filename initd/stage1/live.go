@@ -1,0 +1,140 @@
+package stage1
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kilnproject/kiln/initd/liveroot"
+	"github.com/kilnproject/kiln/initd/netup"
+	"github.com/kilnproject/kiln/internal/poll"
+)
+
+// liveDir holds a live boot's root image, in the initramfs' own tmpfs or ramfs.
+const liveDir = "/live"
+
+// bootLive mounts a live boot's root and /var: it brings the network up, fetches and verifies
+// the root image into RAM, mounts it read-only on /sysroot through a loop device and puts /var
+// where chooseVar says.
+func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []ModuleError) (BootInfo, error) {
+	info := BootInfo{Mode: ModeLive, RootURL: cl.Live.URL, RootSHA256: cl.Live.SHA256}
+	lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.NetTimeout})
+	if err != nil {
+		return info, withModules(err, modFailures)
+	}
+	info.Link, info.Address = lease.Link, lease.Address.String()
+	dev, err := mountLiveRoot(ctx, log, liveroot.Fetcher{Dir: liveDir}, cl.Live, cl.RootFSType, SysRoot)
+	if err != nil {
+		return info, err
+	}
+	info.RootDevice = dev
+	choice, err := waitChooseVar(ctx, log, sysBlock, devDir, cl)
+	if err != nil {
+		return info, err
+	}
+	info.VarKind, info.VarWhy = choice.Kind, choice.Why
+	info.VarDevice, err = mountLiveVar(ctx, log, choice)
+	return info, err
+}
+
+// withModules adds the modules that failed to load to a network error: a missing NIC driver
+// is the likely cause.
+func withModules(err error, mods []ModuleError) error {
+	for _, m := range mods {
+		err = fmt.Errorf("%w\n%s", err, m.Error())
+	}
+	return err
+}
+
+// mountLiveRoot fetches the root image, verifies it, attaches it to a loop device and mounts
+// it read-only on target; it returns the loop device. Nothing is attached or mounted unless the
+// image's sha256 matched.
+func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, live LiveRoot, fstype, target string) (string, error) {
+	start := time.Now()
+	path, err := f.Fetch(ctx, log, live.URL, live.SHA256)
+	if err != nil {
+		return "", err
+	}
+	log.Info("live root verified", "sha256", live.SHA256, "took", time.Since(start).Round(time.Millisecond))
+	dev, err := liveroot.Attach(path)
+	if err != nil {
+		return "", fmt.Errorf("live root: %w", err)
+	}
+	if err := mountRootAt(log, dev, target, fstype); err != nil {
+		if derr := liveroot.Detach(dev); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return "", fmt.Errorf("live root %s: %w", live.URL, err)
+	}
+	return dev, nil
+}
+
+// waitChooseVar runs chooseVar, waiting up to kiln.rootwait= for a disk kiln.data.dev= names
+// to appear, and says on the console where /var goes.
+func waitChooseVar(ctx context.Context, log *slog.Logger, sysBlock, devDir string, cl Cmdline) (VarChoice, error) {
+	var choice VarChoice
+	err := poll.Until(ctx, poll.Options{
+		What:      "kiln.data.dev=" + cl.DataDev,
+		Timeout:   max(cl.RootWait, time.Nanosecond),
+		Backoff:   poll.Constant(250 * time.Millisecond),
+		Retryable: func(err error) bool { return errors.Is(err, errNotFound) },
+	}, func(context.Context) (bool, error) {
+		var err error
+		choice, err = chooseVar(sysBlock, devDir, cl.DataDev)
+		return err == nil, err
+	})
+	var pe *poll.Error
+	if errors.As(err, &pe) && pe.Last != nil {
+		err = fmt.Errorf("%w (waited %s)", pe.Last, cl.RootWait)
+	}
+	if err != nil {
+		return VarChoice{}, err
+	}
+	for _, s := range choice.Skipped {
+		log.Info("not for /var: " + s)
+	}
+	if choice.Kind == VarTmpfs {
+		log.Warn(choice.Why)
+	} else {
+		log.Info("/var: " + choice.Why)
+	}
+	return choice, nil
+}
+
+// mountLiveVar mounts /var as choice says (making the data partition on a blank disk) and
+// returns the device it is on, "tmpfs" for RAM.
+func mountLiveVar(ctx context.Context, log *slog.Logger, choice VarChoice) (string, error) {
+	dev := choice.Partition
+	switch {
+	case choice.Kind == VarTmpfs:
+		return "tmpfs", mountVarTmpfs(log)
+	case dev != "":
+	case choice.Blank:
+		d := choice.Disk
+		p, err := NewDataDisk(d.Path, d.SectorSize)
+		if err != nil {
+			return "", err
+		}
+		log.Info("created data partition", "disk", d.Path, "partition", p.Index, "partuuid", p.GUID)
+		if err := rereadPartitions(log, d.Path, p, d.SectorSize); err != nil {
+			return "", err
+		}
+		if dev, err = waitForPartition(ctx, sysBlock, devDir, d.Name, p.Index, partWait); err != nil {
+			return "", fmt.Errorf("data partition: %w", err)
+		}
+	default:
+		d := choice.Disk
+		var err error
+		if _, ok := partitionDevice(sysBlock, devDir, d.Name, d.Partitions[0].Index); !ok {
+			if err := rereadPartitions(log, d.Path, d.Partitions[0], d.SectorSize); err != nil {
+				return "", err
+			}
+		}
+		if dev, err = waitForPartition(ctx, sysBlock, devDir, d.Name, d.Partitions[0].Index, partWait); err != nil {
+			return "", fmt.Errorf("data partition: %w", err)
+		}
+	}
+	return dev, mountVar(ctx, log, dev)
+}
