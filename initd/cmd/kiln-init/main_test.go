@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kilnproject/kiln/initd/firstboot"
+	"github.com/kilnproject/kiln/initd/stage1"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
@@ -143,5 +144,27 @@ func TestVersion(t *testing.T) {
 		if code, out, _ := runCLI(t, args...); code != 0 || out != version+"\n" {
 			t.Errorf("%v: exit %d, %q, want %q", args, code, out, version+"\n")
 		}
+	}
+}
+
+// status shows how stage 1 booted the node when it recorded it.
+func TestStatusShowsBoot(t *testing.T) {
+	root := statusRoot(t)
+	if _, out, _ := runCLI(t, "status", "--root", root); strings.Contains(out, "Boot ") {
+		t.Errorf("a Boot line without a record:\n%s", out)
+	}
+	rec := `{"mode":"live","rootDevice":"/dev/loop0","rootURL":"http://10.0.2.2:8080/w/rootfs.img","rootSHA256":"ab12",` +
+		`"varDevice":"tmpfs","varKind":"tmpfs","varWhy":"no blank disk: /var is in RAM and is lost at reboot","link":"eth0","address":"10.0.2.15/24"}`
+	p := filepath.Join(root, stage1.BootInfoPath)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ := runCLI(t, "status", "--root", root)
+	want := "\nBoot live: root /dev/loop0 (http://10.0.2.2:8080/w/rootfs.img, sha256 ab12), /var on tmpfs (tmpfs), network eth0 10.0.2.15/24\n"
+	if code != 0 || !strings.Contains(out, want) {
+		t.Errorf("status: exit %d, want %q in\n%s", code, want, out)
 	}
 }

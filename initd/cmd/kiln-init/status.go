@@ -11,6 +11,7 @@ import (
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/firstboot"
 	"github.com/kilnproject/kiln/initd/kube"
+	"github.com/kilnproject/kiln/initd/stage1"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -19,7 +20,8 @@ func newStatusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show what first boot did, task by task, the DNS state and the Kubernetes steps",
 		Long: `Status prints the first-boot report (/var/lib/kiln/status.json): the outcome, the config's
-source, each task and the files the config wrote; then the DNS registration and the
+source, each task and the files the config wrote; then how stage 1 booted the node
+(/run/kiln/boot.json: disk or live, the root, where /var is); then the DNS registration and the
 Kubernetes steps after first boot (images, cni, control-plane), each with its tasks.
 With -o json it prints the first-boot report alone, as stored.`,
 		Example: `  kiln-init status
@@ -48,6 +50,9 @@ func printStatus(cmd *cobra.Command, root, format string) error {
 	}
 	if err := firstboot.PrintStatus(w, st, format); err != nil || format == "json" {
 		return err
+	}
+	if b, err := stage1.ReadBootInfo(root); err == nil {
+		fmt.Fprintf(w, "\nBoot %s\n", b)
 	}
 	if d, err := (dns.StatusFile{Root: root}).Read(); err == nil {
 		fmt.Fprintf(w, "\nDNS  %s (%s, %d records, attempts %d)\n", d.String(), d.Provider, len(d.Records), d.Attempts)
