@@ -69,6 +69,9 @@ func (p permanent) Unwrap() error { return p.error }
 // Fetch streams url into Dir/FileName and checks it has the sha256 want (lowercase hex). It
 // returns the file's path; on any error the file is gone.
 func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) (string, error) {
+	if err := os.MkdirAll(f.Dir, 0o700); err != nil {
+		return "", fmt.Errorf("live root: %w", err)
+	}
 	room, err := f.room()
 	if err != nil {
 		return "", fmt.Errorf("live root: %w", err)

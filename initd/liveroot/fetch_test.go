@@ -134,7 +134,8 @@ func TestFetch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			dir := ramDir(t, cmp.Or(tt.tmpfs, 16<<20))
+			// The directory does not exist yet, as /live in a fresh initramfs.
+			dir := filepath.Join(ramDir(t, cmp.Or(tt.tmpfs, 16<<20)), "live")
 			srv := serve(t, tt.steps...)
 			clock := &testkit.InstantClock{}
 			var logs bytes.Buffer
