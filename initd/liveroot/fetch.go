@@ -2,8 +2,10 @@
 // device. The image is streamed over HTTP(S) into a file on the initramfs' own tmpfs or ramfs,
 // hashed as it arrives and compared with the sha256 from the kernel command line before
 // anything uses it: an image that differs by one byte is deleted and never attached. A network
-// error, a stalled or cut-short body and a 5xx answer are tried again with backoff; a 4xx
-// answer, an image larger than the free memory and a wrong sha256 stop at once.
+// error, a stalled or cut-short body and a 5xx answer are tried again with backoff, resuming
+// where the file ends when the server allows it (Range with If-Range on the answer's ETag or
+// Last-Modified; the sha256 then covers the bytes already there and the rest); a 4xx answer,
+// an image larger than the free memory and a wrong sha256 stop at once.
 package liveroot
 
 import (
@@ -13,12 +15,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -82,7 +86,7 @@ func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) 
 	if backoff == (poll.Backoff{}) {
 		backoff = DefaultBackoff
 	}
-	n, sum := 0, ""
+	n, sum, part := 0, "", &partial{}
 	err = poll.Retry(ctx, poll.Options{
 		What:      "the live root image " + url,
 		Backoff:   backoff,
@@ -94,7 +98,7 @@ func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) 
 	}, func(ctx context.Context) error {
 		n++
 		var err error
-		sum, err = f.fetchOnce(ctx, log, url, path, room)
+		sum, err = f.fetchOnce(ctx, log, url, path, room, part)
 		if err != nil && n >= attempts && !errors.As(err, new(permanent)) {
 			err = permanent{fmt.Errorf("gave up after %d attempts: %w", n, err)}
 		}
@@ -123,47 +127,123 @@ func unwrapPermanent(err error) error {
 	return err
 }
 
-// fetchOnce makes one request, streams the answer into path and returns its sha256.
-func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path string, room int64) (string, error) {
+// partial is what the attempts so far left in the file, for the next one to resume.
+type partial struct {
+	have int64 // bytes in the file
+	// validator is the strong ETag or the Last-Modified of the answer the bytes came from,
+	// sent as If-Range; empty when the server gave neither, and the next attempt starts over.
+	validator string
+}
+
+// fetchOnce makes one request, streams the answer into path (after the bytes part says an
+// earlier attempt left, when the server resumes) and returns the whole file's sha256.
+func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path string, room int64, part *partial) (string, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := f.request(ctx, url, part)
 	if err != nil {
-		return "", permanent{err}
-	}
-	resp, err := source.SafeRedirects(f.client()).Do(req)
-	if err != nil {
-		if errors.As(err, new(*source.RedirectError)) {
-			return "", permanent{err}
-		}
 		return "", err
 	}
 	defer resp.Body.Close()
-	if err := checkStatus(resp); err != nil {
+	start, err := resumeAt(resp, part)
+	if err != nil {
 		return "", err
 	}
-	if resp.ContentLength > room {
+	if start+resp.ContentLength > room {
 		return "", permanent{fmt.Errorf("the image is %s, more than the %s of RAM free for it (%s kept for the system)",
-			size(resp.ContentLength), size(room), size(cmp.Or(f.Reserve, DefaultReserve)))}
+			size(start+resp.ContentLength), size(room), size(cmp.Or(f.Reserve, DefaultReserve)))}
 	}
-	out, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	out, h, err := openAt(path, start)
 	if err != nil {
-		return "", permanent{fmt.Errorf("create %s: %w", path, err)}
+		return "", err
 	}
-	h := sha256.New()
 	body := &watched{r: resp.Body, stall: cmp.Or(f.Stall, defaultStall), cancel: cancel}
 	body.start()
 	defer body.stop()
-	p := &progress{log: log, total: resp.ContentLength, every: defaultProgress, last: time.Now()}
-	err = copyLimited(io.MultiWriter(fileWriter{out, room}, h, p), body, room)
+	p := &progress{log: log, total: -1, done: start, every: defaultProgress, last: time.Now()}
+	if resp.ContentLength >= 0 {
+		p.total = start + resp.ContentLength
+	}
+	err = copyLimited(io.MultiWriter(fileWriter{out, room}, h, p), body, room-start)
+	part.have = p.done
 	if cerr := out.Close(); err == nil && cerr != nil {
 		err = permanent{fmt.Errorf("write %s: %w", path, cerr)}
 	}
 	if err != nil {
 		return "", cmp.Or(context.Cause(ctx), err)
 	}
-	log.Info("live root fetched", "url", url, "bytes", p.done)
+	log.Info("live root fetched", "url", url, "bytes", p.done, "resumed_at", start)
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// request sends the GET, asking for the rest of the image when part can be resumed.
+func (f Fetcher) request(ctx context.Context, url string, part *partial) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, permanent{err}
+	}
+	if part.have > 0 && part.validator != "" {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", part.have))
+		req.Header.Set("If-Range", part.validator)
+	}
+	resp, err := source.SafeRedirects(f.client()).Do(req)
+	if err != nil {
+		if errors.As(err, new(*source.RedirectError)) {
+			return nil, permanent{err}
+		}
+		return nil, err
+	}
+	return resp, nil
+}
+
+// resumeAt checks the answer and returns the offset its body starts at: part.have for a 206
+// that resumes where the file ends, 0 for a 200 (the image anew; part then records the
+// answer's validator).
+func resumeAt(resp *http.Response, part *partial) (int64, error) {
+	if resp.StatusCode == http.StatusPartialContent {
+		var first int64
+		if _, err := fmt.Sscanf(resp.Header.Get("Content-Range"), "bytes %d-", &first); err != nil || first != part.have {
+			asked := part.have
+			*part = partial{} // the next attempt starts over
+			return 0, fmt.Errorf("server answered bytes %q to a request for bytes %d-", resp.Header.Get("Content-Range"), asked)
+		}
+		return first, nil
+	}
+	if err := checkStatus(resp); err != nil {
+		return 0, err
+	}
+	*part = partial{validator: validator(resp.Header)}
+	return 0, nil
+}
+
+// validator is the strong ETag of an answer, else its Last-Modified, else "".
+func validator(h http.Header) string {
+	if et := h.Get("ETag"); et != "" && !strings.HasPrefix(et, "W/") {
+		return et
+	}
+	return h.Get("Last-Modified")
+}
+
+// openAt opens path for writing at off, dropping what lies past it, and returns a hash that
+// has already read the bytes before off.
+func openAt(path string, off int64) (*os.File, hash.Hash, error) {
+	out, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, nil, permanent{fmt.Errorf("create %s: %w", path, err)}
+	}
+	h := sha256.New()
+	err = out.Truncate(off)
+	if err == nil {
+		_, err = io.Copy(h, io.NewSectionReader(out, 0, off))
+	}
+	if err == nil {
+		_, err = out.Seek(off, io.SeekStart)
+	}
+	if err != nil {
+		out.Close()
+		return nil, nil, permanent{fmt.Errorf("resume %s at byte %d: %w", path, off, err)}
+	}
+	return out, h, nil
 }
 
 // checkStatus sorts an answer that is not 200: 5xx, 408 and 429 are worth another attempt.

@@ -5,14 +5,17 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,7 +49,9 @@ func image(n int) ([]byte, string) {
 // server answers each request with the next of steps (the last repeats), counting requests.
 type server struct {
 	*httptest.Server
-	hits atomic.Int32
+	hits   atomic.Int32
+	mu     sync.Mutex
+	ranges []string // each request's Range header
 }
 
 type step func(w http.ResponseWriter, r *http.Request)
@@ -55,6 +60,9 @@ func serve(t *testing.T, steps ...step) *server {
 	s := &server{}
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := int(s.hits.Add(1))
+		s.mu.Lock()
+		s.ranges = append(s.ranges, r.Header.Get("Range"))
+		s.mu.Unlock()
 		steps[min(n, len(steps))-1](w, r)
 	}))
 	t.Cleanup(s.Close)
@@ -72,9 +80,13 @@ func status(code int) step {
 	return func(w http.ResponseWriter, _ *http.Request) { http.Error(w, http.StatusText(code), code) }
 }
 
-// cut promises all of b and sends half, then drops the connection.
-func cut(b []byte) step {
+// cut promises all of b and sends half, then drops the connection; etag, when set, lets the
+// client resume.
+func cut(b []byte, etag string) step {
 	return func(w http.ResponseWriter, _ *http.Request) {
+		if etag != "" {
+			w.Header().Set("ETag", etag)
+		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 		w.Write(b[:len(b)/2])
 		w.(http.Flusher).Flush()
@@ -86,10 +98,28 @@ func cut(b []byte) step {
 // stall sends half of b and then nothing until the client goes away.
 func stall(b []byte) step {
 	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Last-Modified", "Fri, 04 Dec 2026 08:00:00 GMT")
 		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 		w.Write(b[:len(b)/2])
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
+	}
+}
+
+// ranged serves b with Range support and the ETag etag, as kiln serve does.
+func ranged(b []byte, etag string) step {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("ETag", etag)
+		http.ServeContent(w, r, "rootfs.img", time.Time{}, bytes.NewReader(b))
+	}
+}
+
+// wrongRange answers any request with 206 for bytes from 0.
+func wrongRange(b []byte) step {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes 0-%d/%d", len(b)-1, len(b)))
+		w.WriteHeader(http.StatusPartialContent)
+		w.Write(b)
 	}
 }
 
@@ -115,11 +145,19 @@ func TestFetch(t *testing.T) {
 		stall    time.Duration
 		wantErr  string
 		wantHits int32
+		ranges   []string // the Range header of each request, when checked
 	}{
 		{name: "ok", steps: []step{body(img)}, wantHits: 1},
 		{name: "503 then ok is tried again", steps: []step{status(503), body(img)}, wantHits: 2},
-		{name: "body cut short is tried again", steps: []step{cut(img), body(img)}, wantHits: 2},
-		{name: "stalled body is tried again", steps: []step{stall(img), body(img)}, stall: 300 * time.Millisecond, wantHits: 2},
+		{name: "body cut short resumes where it stopped", steps: []step{cut(img, `"v1"`), ranged(img, `"v1"`)}, wantHits: 2,
+			ranges: []string{"", fmt.Sprintf("bytes=%d-", len(img)/2)}},
+		{name: "body cut short without a validator starts over", steps: []step{cut(img, ""), body(img)}, wantHits: 2,
+			ranges: []string{"", ""}},
+		{name: "an image changed meanwhile (If-Range) comes whole", steps: []step{cut(img, `"v0"`), ranged(img, `"v1"`)}, wantHits: 2},
+		{name: "a 206 from the wrong offset starts over", steps: []step{cut(img, `"v1"`), wrongRange(img), body(img)}, wantHits: 3,
+			ranges: []string{"", fmt.Sprintf("bytes=%d-", len(img)/2), ""}},
+		{name: "stalled body resumes", steps: []step{stall(img), ranged(img, `"v1"`)}, stall: 300 * time.Millisecond, wantHits: 2,
+			ranges: []string{"", fmt.Sprintf("bytes=%d-", len(img)/2)}},
 		{name: "no content-length", steps: []step{chunked(img)}, wantHits: 1},
 		{name: "a corrupt byte is refused at once", steps: []step{body(corrupt)},
 			wantErr: "sha256 mismatch: the image has " + sha(corrupt) + ", kiln.live.rootfs_sha256 wants " + sum + ": refusing to use it", wantHits: 1},
@@ -143,6 +181,9 @@ func TestFetch(t *testing.T) {
 			path, err := f.Fetch(t.Context(), slog.New(slog.NewTextHandler(&logs, nil)), srv.URL+"/rootfs.img", sum)
 			if hits := srv.hits.Load(); hits != tt.wantHits {
 				t.Errorf("server saw %d requests, want %d", hits, tt.wantHits)
+			}
+			if tt.ranges != nil && !slices.Equal(srv.ranges, tt.ranges) {
+				t.Errorf("Range headers %q, want %q", srv.ranges, tt.ranges)
 			}
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
