@@ -90,9 +90,15 @@ func identify(b []byte) string {
 		return "btrfs"
 	case at(0, "LUKS\xba\xbe"):
 		return "crypto_LUKS"
+	case le32(0) == mdMagic || le32(4096) == mdMagic:
+		return "linux_raid_member"
+	case lvmLabel(b):
+		return "LVM2_member"
+	case at(32769, "CD001"):
+		return "iso9660"
 	case at(4096-10, "SWAPSPACE2") || at(4096-10, "SWAP-SPACE"):
 		return "swap"
-	case at(512, "EFI PART"):
+	case at(512, "EFI PART") || at(4096, "EFI PART"):
 		return "gpt"
 	case at(510, "\x55\xaa") && (at(54, "FAT1") || at(82, "FAT32") || at(3, "MSDOS") || at(3, "mkfs.fat")):
 		return "vfat"
@@ -103,4 +109,83 @@ func identify(b []byte) string {
 		return FSNone
 	}
 	return FSUnknown
+}
+
+// mdMagic is the Linux software RAID superblock magic, little-endian in versions 1.x.
+const mdMagic = 0xa92b4efc
+
+// lvmLabel reports whether an LVM physical volume label ("LABELONE" … "LVM2 001") is in one of
+// the first four sectors of b.
+func lvmLabel(b []byte) bool {
+	for s := 0; s < 4; s++ {
+		off := s * 512
+		if len(b) >= off+32 && string(b[off:off+8]) == "LABELONE" && string(b[off+24:off+32]) == "LVM2 001" {
+			return true
+		}
+	}
+	return false
+}
+
+// ProbeDisk names everything on a whole disk that says it holds data: what ProbeFilesystem
+// finds in the first MiB (a partition table, a filesystem, a RAID member, LUKS, LVM, or
+// FSUnknown for other non-zero bytes), and the signatures kept at the end of a disk: a backup
+// GPT header ("gpt (backup header at the end)") and a RAID superblock of version 0.90 or 1.0
+// ("linux_raid_member (superblock at the end)"). An empty result is a disk holding nothing
+// stage 1 knows of: the installer writes only to such a disk unless told to wipe.
+func ProbeDisk(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("probe disk: %w", err)
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, fmt.Errorf("probe disk %s: size: %w", path, err)
+	}
+	head, err := readSpan(f, 0, min(size, probeSize))
+	if err != nil {
+		return nil, fmt.Errorf("probe disk %s: %w", path, err)
+	}
+	var found []string
+	if fs := identify(head); fs != FSNone {
+		found = append(found, fs)
+	}
+	tailOff := max(0, size-probeSize)
+	tail, err := readSpan(f, tailOff, size-tailOff)
+	if err != nil {
+		return nil, fmt.Errorf("probe disk %s: %w", path, err)
+	}
+	return append(found, identifyTail(tail, tailOff, size)...), nil
+}
+
+func readSpan(f io.ReaderAt, off, n int64) ([]byte, error) {
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil && err != io.EOF {
+		return nil, err
+	}
+	return b, nil
+}
+
+// identifyTail looks for the signatures kept at the end of a disk of size bytes in b, which
+// holds the disk's bytes from off to the end.
+func identifyTail(b []byte, off, size int64) []string {
+	at := func(abs int64, n int) []byte {
+		if abs < off || abs+int64(n) > off+int64(len(b)) {
+			return nil
+		}
+		return b[abs-off : abs-off+int64(n)]
+	}
+	var found []string
+	if string(at(size-512, 8)) == "EFI PART" || string(at(size-4096, 8)) == "EFI PART" {
+		found = append(found, "gpt (backup header at the end)")
+	}
+	md090 := at(size&^0xffff-0x10000, 4) // version 0.90: 64 KiB from the 64 KiB-aligned end
+	md10 := at((size-8192)&^0xfff, 4)    // version 1.0: 8 KiB from the end, 4 KiB aligned
+	for _, m := range [][]byte{md090, md10} {
+		if len(m) == 4 && (binary.LittleEndian.Uint32(m) == mdMagic || binary.BigEndian.Uint32(m) == mdMagic) {
+			found = append(found, "linux_raid_member (superblock at the end)")
+			break
+		}
+	}
+	return found
 }

@@ -3,6 +3,7 @@ package stage1
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -120,4 +121,62 @@ func TestProbeFilesystem(t *testing.T) {
 			t.Error("no error for a missing device")
 		}
 	})
+}
+
+// TestProbeDisk: every kind of data a whole disk can hold, at its head or its end, is named;
+// only a disk holding none of it is empty.
+func TestProbeDisk(t *testing.T) {
+	const size = 64 * mib
+	le := func(v uint32) string { return string([]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)}) }
+	tests := []struct {
+		name string
+		make func(t *testing.T) string
+		want []string
+	}{
+		{name: "blank", want: nil, make: func(t *testing.T) string { return testkit.SparseFile(t, size) }},
+		{name: "GPT from sgdisk", want: []string{"gpt", "gpt (backup header at the end)"},
+			make: func(t *testing.T) string {
+				p := testkit.SparseFile(t, size)
+				runTool(t, "sgdisk", "-n", "1:0:+8M", p)
+				return p
+			}},
+		{name: "only the backup GPT left", want: []string{"gpt (backup header at the end)"},
+			make: func(t *testing.T) string {
+				p := testkit.SparseFile(t, size)
+				runTool(t, "sgdisk", "-n", "1:0:+8M", p)
+				writeAt(t, p, 0, string(make([]byte, mib)))
+				return p
+			}},
+		{name: "ext4 on the whole disk", want: []string{FSExt4},
+			make: func(t *testing.T) string {
+				p := testkit.SparseFile(t, size)
+				runTool(t, "mkfs.ext4", "-q", "-F", p)
+				return p
+			}},
+		{name: "RAID 1.2 superblock", want: []string{"linux_raid_member"},
+			make: func(t *testing.T) string { return sparseWith(t, 4096, le(mdMagic)) }},
+		{name: "RAID 1.0 superblock at the end", want: []string{"linux_raid_member (superblock at the end)"},
+			make: func(t *testing.T) string { return sparseWith(t, size-8192, le(mdMagic)) }},
+		{name: "RAID 0.90 superblock at the end", want: []string{"linux_raid_member (superblock at the end)"},
+			make: func(t *testing.T) string { return sparseWith(t, size-65536, le(mdMagic)) }},
+		{name: "LVM physical volume", want: []string{"LVM2_member"},
+			make: func(t *testing.T) string {
+				return sparseWith(t, 512, "LABELONE\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x20\x00\x00\x00LVM2 001")
+			}},
+		{name: "LUKS", want: []string{"crypto_LUKS"},
+			make: func(t *testing.T) string { return sparseWith(t, 0, "LUKS\xba\xbe\x00\x02") }},
+		{name: "unknown bytes", want: []string{FSUnknown},
+			make: func(t *testing.T) string { return sparseWith(t, 700<<10, "left-over") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ProbeDisk(tt.make(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("ProbeDisk = %q, want %q", got, tt.want)
+			}
+		})
+	}
 }
