@@ -7,62 +7,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kilnproject/kiln/initd/volume"
 )
-
-// byIDNames are the /dev/disk/by-id names udev would give the whole disk name, derived from
-// sysfs as udev's rules do, since udev does not run in the initramfs: virtio-<serial> (virtio-blk),
-// nvme-<model>_<serial>, ata-<model>_<serial> (SATA behind libata) and
-// scsi-0<vendor>_<model>_<serial>, scsi-S<vendor>_<model>_<serial> (SCSI, virtio-scsi).
-// White space inside a field becomes one '_', as udev writes it.
-func byIDNames(sysBlock, name string) []string {
-	dir := filepath.Join(sysBlock, name)
-	attr := func(p string) string {
-		b, _ := os.ReadFile(filepath.Join(dir, p))
-		return udevClean(string(b))
-	}
-	switch {
-	case strings.HasPrefix(name, "vd"):
-		if s := attr("serial"); s != "" {
-			return []string{"virtio-" + s}
-		}
-	case strings.HasPrefix(name, "nvme"):
-		if m, s := attr("device/model"), attr("device/serial"); m != "" && s != "" {
-			return []string{"nvme-" + m + "_" + s}
-		}
-	case strings.HasPrefix(name, "sd"):
-		vendor, model, serial := attr("device/vendor"), attr("device/model"), vpdSerial(filepath.Join(dir, "device/vpd_pg80"))
-		switch {
-		case serial == "" || model == "":
-		case vendor == "ATA":
-			return []string{"ata-" + model + "_" + serial}
-		default:
-			id := vendor + "_" + model + "_" + serial
-			return []string{"scsi-0" + id, "scsi-S" + id}
-		}
-	}
-	return nil
-}
-
-// udevClean trims s and turns each run of white space into one '_'.
-func udevClean(s string) string {
-	return strings.Join(strings.Fields(s), "_")
-}
-
-// vpdSerial reads the unit serial number from a SCSI VPD page 0x80 file.
-func vpdSerial(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) < 4 || b[1] != 0x80 {
-		return ""
-	}
-	n := min(int(b[2])<<8|int(b[3]), len(b)-4)
-	return udevClean(string(b[4 : 4+n]))
-}
 
 // errNotFound is wrapped by chooseNamed's error when the named device is not there (yet).
 var errNotFound = errors.New("not found")
 
-// chooseNamed resolves kiln.data.dev= (a /dev path, a /dev/disk/by-id name, a by-id name's
-// -part<N>) to a whole disk or a partition and checks it may hold /var: a disk must be blank or
+// chooseNamed resolves kiln.data.dev= (a /dev path, a /dev/disk/by-id name as
+// volume.ReadDiskIDs derives it from sysfs, a by-id name's -part<N>) to a whole disk or a partition and checks it may hold /var: a disk must be blank or
 // a kiln data disk, a partition blank or ext4.
 func chooseNamed(sysBlock, devDir, dataDev string, disks []Disk) (VarChoice, error) {
 	kname, part, err := resolveDataDev(sysBlock, dataDev, disks)
@@ -121,13 +74,12 @@ func resolveDataDev(sysBlock, dataDev string, disks []Disk) (string, int, error)
 	}
 	var seen []string
 	for _, d := range disks {
-		names := byIDNames(sysBlock, d.Name)
-		for _, n := range names {
-			if n == id {
-				return d.Name, part, nil
-			}
+		// udev does not run in the initramfs: the names come from sysfs, as udev would make them.
+		ids := volume.ReadDiskIDs(filepath.Join(sysBlock, d.Name))
+		if ids.SelectedByID(id) {
+			return d.Name, part, nil
 		}
-		seen = append(seen, fmt.Sprintf("%s (%s)", d.Path, strings.Join(names, ", ")))
+		seen = append(seen, fmt.Sprintf("%s (%s)", d.Path, strings.Join(ids.Links, ", ")))
 	}
 	return "", 0, fmt.Errorf("no disk has the by-id name %s (disks: %s): %w", id, strings.Join(seen, "; "), errNotFound)
 }
