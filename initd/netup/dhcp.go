@@ -58,8 +58,13 @@ func runClient(ctx context.Context, link string, mac net.HardwareAddr, results c
 
 // requestLease runs one DISCOVER/OFFER/REQUEST/ACK exchange on link.
 func requestLease(ctx context.Context, link string, mac net.HardwareAddr) (*dhcpv4.DHCPv4, error) {
-	c, err := nclient4.New(link, nclient4.WithHWAddr(mac), nclient4.WithTimeout(attemptTimeout), nclient4.WithRetry(attemptTries))
+	raw, err := nclient4.NewRawUDPConn(link, nclient4.ClientPort)
 	if err != nil {
+		return nil, fmt.Errorf("DHCP client on %s: %w", link, err)
+	}
+	c, err := nclient4.NewWithConn(paddedConn{raw}, mac, nclient4.WithTimeout(attemptTimeout), nclient4.WithRetry(attemptTries))
+	if err != nil {
+		raw.Close()
 		return nil, fmt.Errorf("DHCP client on %s: %w", link, err)
 	}
 	defer c.Close()
@@ -71,6 +76,27 @@ func requestLease(ctx context.Context, link string, mac net.HardwareAddr) (*dhcp
 		return nil, err
 	}
 	return l.ACK, nil
+}
+
+// MinMessageSize is the size every DHCP message Up sends is padded to: a BOOTP message with
+// the whole 312-byte options field. QEMU's user-mode network (libslirp 4.6 and later) drops
+// shorter requests without a word, and the DHCP library pads only to BOOTP's 300 bytes.
+const MinMessageSize = 548
+
+// paddedConn pads each message it sends with zeros (the Pad option, after End) to
+// MinMessageSize.
+type paddedConn struct{ net.PacketConn }
+
+func (c paddedConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	if len(b) >= MinMessageSize {
+		return c.PacketConn.WriteTo(b, addr)
+	}
+	padded := make([]byte, MinMessageSize)
+	copy(padded, b)
+	if _, err := c.PacketConn.WriteTo(padded, addr); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 // route is one route a lease asks for; a nil dst is the default route.

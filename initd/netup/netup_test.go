@@ -81,7 +81,12 @@ func serveDHCP() int {
 		}
 		_, _ = conn.WriteTo(reply.ToBytes(), peer)
 	}
-	s, err := server4.NewServer(os.Getenv(ifaceEnv), nil, handler)
+	conn, err := server4.NewIPv4UDPConn(os.Getenv(ifaceEnv), &net.UDPAddr{Port: dhcpv4.ServerPort})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dhcp server:", err)
+		return 1
+	}
+	s, err := server4.NewServer("", nil, handler, server4.WithConn(slirpConn{conn}))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dhcp server:", err)
 		return 1
@@ -89,6 +94,18 @@ func serveDHCP() int {
 	fmt.Println("serving")
 	_ = s.Serve()
 	return 0
+}
+
+// slirpConn drops requests shorter than MinMessageSize, as QEMU's user-mode DHCP server does.
+type slirpConn struct{ net.PacketConn }
+
+func (c slirpConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	for {
+		n, addr, err := c.PacketConn.ReadFrom(b)
+		if err != nil || n >= MinMessageSize {
+			return n, addr, err
+		}
+	}
 }
 
 // runUp runs Up and prints the lease as JSON, or the error.

@@ -162,16 +162,16 @@ func partNames(parts []Partition) string {
 	return " (" + strings.Join(names, ", ") + ")"
 }
 
-// isBlank reports whether the first and the last MiB of the disk at path are all zero: no
-// partition table (a GPT keeps a copy at the end), no filesystem or RAID signature. Otherwise it
-// names what it found.
+// isBlank reports whether the disk at path holds nothing: ProbeDisk finds no signature at
+// either end, and its last MiB is all zero too (a live boot's /var never goes on a disk with
+// data ProbeDisk cannot name). Otherwise it says what it found.
 func isBlank(path string) (bool, string, error) {
-	fs, err := ProbeFilesystem(path)
+	found, err := ProbeDisk(path)
 	if err != nil {
 		return false, "", err
 	}
-	if fs != FSNone {
-		return false, fs, nil
+	if len(found) > 0 {
+		return false, strings.Join(found, ", "), nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -187,7 +187,7 @@ func isBlank(path string) (bool, string, error) {
 		return false, "", err
 	}
 	if len(bytes.Trim(buf, "\x00")) != 0 {
-		return false, "data in its last MiB (a backup GPT or a RAID superblock?)", nil
+		return false, "data in its last MiB", nil
 	}
 	return true, "", nil
 }

@@ -41,11 +41,21 @@ func sgdiskDisk(t *testing.T) string {
 	return img
 }
 
-// tailSignature is blank but for data in its last sector (a RAID 1.0 superblock, a backup GPT).
-func tailSignature(t *testing.T) string {
+// tailData is blank but for a few bytes near its end that no probe names.
+func tailData(t *testing.T) string {
 	img := testkit.SparseFile(t, liveDiskSize)
 	f, _ := os.OpenFile(img, os.O_WRONLY, 0)
-	f.WriteAt([]byte("\xfc\x4e\x2b\xa9"), liveDiskSize-8192)
+	f.WriteAt([]byte("kiln"), liveDiskSize-300<<10)
+	f.Close()
+	return img
+}
+
+// backupGPTOnly is a disk whose primary GPT was wiped (wipefs of the first MiB, say): only the
+// backup at the end is left.
+func backupGPTOnly(t *testing.T) string {
+	img := sgdiskDisk(t)
+	f, _ := os.OpenFile(img, os.O_WRONLY, 0)
+	f.WriteAt(make([]byte, mib), 0)
 	f.Close()
 	return img
 }
@@ -111,11 +121,12 @@ func TestChooseVar(t *testing.T) {
 		skipped  []string
 	}{
 		{
-			name:     "only disks holding something: tmpfs",
-			disks:    map[string]diskMaker{"vda": kilnDisk, "vdb": ext4WithFile, "vdc": sgdiskDisk, "vdd": tailSignature},
+			name: "only disks holding something: tmpfs",
+			disks: map[string]diskMaker{"vda": kilnDisk, "vdb": ext4WithFile, "vdc": sgdiskDisk, "vdd": tailData,
+				"vde": backupGPTOnly},
 			wantKind: VarTmpfs, wantWhy: "no blank disk: /var is in RAM and is lost at reboot",
 			skipped: []string{`vda: holds a GPT with 3 partitions ("ESP", "root-a", "root-b")`, "vdb: holds ext4",
-				`vdc: holds a GPT with 1 partitions ("scratch")`, "vdd: holds data in its last MiB"},
+				`vdc: holds a GPT with 1 partitions ("scratch")`, "vdd: holds data in its last MiB", `vde: holds a GPT with 1 partitions ("scratch")`},
 		},
 		{
 			name:     "no disk at all: tmpfs",
