@@ -63,7 +63,7 @@ func TestAttackRemoteContents(t *testing.T) {
 			plainHits.Store(0)
 			root := t.TempDir()
 			cfg := parse(t, `{"ignition":{"version":"3.5.0"},"storage":{"files":[`+strings.Join(tc.entries, ",")+`]}}`)
-			_, err := Files(context.Background(), root, files(t, cfg), httpGetter(secure.Client()))
+			_, err := Files(context.Background(), root, files(t, cfg), HTTPGetter(secure.Client()))
 			if err == nil {
 				t.Fatal("Files succeeded")
 			}

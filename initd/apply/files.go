@@ -17,7 +17,7 @@ import (
 
 // Files writes storage.files entries (from config.Config.Files) below root. Remote
 // contents are fetched with get first (all of them, before anything is written; a nil
-// get uses httpGetter(http.DefaultClient)) and must match their verification hash; all
+// get uses HTTPGetter(http.DefaultClient)) and must match their verification hash; all
 // contents together may not exceed config.MaxFilesSize.
 //
 // The rules are Ignition's, plus one that makes re-runs converge:
@@ -33,7 +33,7 @@ import (
 // It returns the node paths it changed, in config order.
 func Files(ctx context.Context, root string, files []config.File, get config.Getter) ([]string, error) {
 	if get == nil {
-		get = httpGetter(http.DefaultClient)
+		get = HTTPGetter(http.DefaultClient)
 	}
 	t, err := openTree(root)
 	if err != nil {
@@ -140,10 +140,10 @@ func (t *tree) sameContents(p string, fi fs.FileInfo, data []byte) bool {
 	return err == nil && bytes.Equal(cur, data)
 }
 
-// httpGetter fetches http(s) URLs with client. A status other than 200 is an error;
+// HTTPGetter fetches http(s) URLs with client. A status other than 200 is an error;
 // bodies larger than config.MaxSize are refused; redirects follow source.CheckRedirect
 // (at most source.MaxRedirects, never from https to http) before client's own policy.
-func httpGetter(client *http.Client) config.Getter {
+func HTTPGetter(client *http.Client) config.Getter {
 	client = source.SafeRedirects(client)
 	return func(ctx context.Context, url string) ([]byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

@@ -1,0 +1,125 @@
+package install
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnproject/kiln/initd/stage1"
+)
+
+// refuseData is the end of every refusal to write over data: what to do about it.
+const refuseData = "refusing to write over it without kiln.install.wipe=1. " +
+	"A kiln disk installed earlier holds a GPT: set the firmware's boot order to disk first, network second, " +
+	"so that an installed machine boots its disk instead of being offered for installation again"
+
+// choose returns the disk p.Dev names, or auto's choice, and checks that the installer may
+// write an image of at least minSize bytes to it.
+func choose(disks []Disk, p Params, minSize int64) (Disk, error) {
+	var (
+		d   Disk
+		err error
+	)
+	switch {
+	case p.Dev == Auto:
+		return chooseAuto(disks, p.Wipe, minSize)
+	case strings.HasPrefix(p.Dev, "/"):
+		d, err = byPath(disks, p.Dev)
+	default:
+		d, err = byID(disks, p.Dev)
+	}
+	if err != nil {
+		return Disk{}, err
+	}
+	what := fmt.Sprintf("kiln.%s=%s: %s", ParamDev, p.Dev, d)
+	switch {
+	case d.Etcd != "":
+		return Disk{}, fmt.Errorf("%s is the etcd volume (%s): %w; the installer never writes it", what, d.Etcd, errNoTarget)
+	case d.ReadOnly:
+		return Disk{}, fmt.Errorf("%s is read-only: %w", what, errNoTarget)
+	case d.Size < minSize:
+		return Disk{}, fmt.Errorf("%s is smaller than the image (at least %d MiB): %w", what, (minSize+(1<<20)-1)>>20, errNoTarget)
+	case len(d.Holds) > 0 && !p.Wipe:
+		return Disk{}, fmt.Errorf("%s %s: %w: %s", what, d.holding(), errNoTarget, refuseData)
+	}
+	return d, nil
+}
+
+// byPath finds the whole disk at path among disks. A regular file (a disk image) is taken as
+// it is.
+func byPath(disks []Disk, path string) (Disk, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return Disk{}, fmt.Errorf("kiln.%s=%s: %w", ParamDev, path, err)
+	}
+	if st.Mode().IsRegular() {
+		holds, err := stage1.ProbeDisk(path)
+		if err != nil {
+			return Disk{}, err
+		}
+		return Disk{Name: filepath.Base(path), Path: path, Size: st.Size(), SectorSize: 512, Holds: holds}, nil
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return Disk{}, fmt.Errorf("kiln.%s=%s: %w", ParamDev, path, err)
+	}
+	for _, d := range disks {
+		if d.Path == real || d.Path == path {
+			return d, nil
+		}
+	}
+	return Disk{}, fmt.Errorf("kiln.%s=%s: not a whole disk (a partition, or not a block device); %w. Disks seen:%s",
+		ParamDev, path, errNoTarget, listDisks(disks, -1))
+}
+
+// byID finds the one disk that the /dev/disk/by-id name id is.
+func byID(disks []Disk, id string) (Disk, error) {
+	var found []Disk
+	for _, d := range disks {
+		if d.IDs.SelectedByID(id) {
+			found = append(found, d)
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return Disk{}, fmt.Errorf("kiln.%s=%s: no disk has this /dev/disk/by-id name; %w. Disks seen:%s",
+			ParamDev, id, errNoTarget, listDisks(disks, -1))
+	}
+	return Disk{}, fmt.Errorf("kiln.%s=%s: %d disks have this name; %w. Disks seen:%s",
+		ParamDev, id, len(found), errNoTarget, listDisks(found, -1))
+}
+
+// chooseAuto takes the only empty disk auto may use. With wipe, and no empty disk, it takes
+// the only disk auto may use even though it holds data.
+func chooseAuto(disks []Disk, wipe bool, minSize int64) (Disk, error) {
+	var usable, empty []Disk
+	for _, d := range disks {
+		if d.exclusion(minSize) != "" {
+			continue
+		}
+		usable = append(usable, d)
+		if len(d.Holds) == 0 {
+			empty = append(empty, d)
+		}
+	}
+	prefix := fmt.Sprintf("kiln.%s=%s", ParamDev, Auto)
+	switch {
+	case len(empty) == 1:
+		return empty[0], nil
+	case len(empty) > 1:
+		return Disk{}, fmt.Errorf("%s: %d empty disks, and auto takes only the one: %w; name one with kiln.%s=. Disks seen:%s",
+			prefix, len(empty), errNoTarget, ParamDev, listDisks(disks, minSize))
+	case wipe && len(usable) == 1:
+		return usable[0], nil
+	case wipe && len(usable) > 1:
+		return Disk{}, fmt.Errorf("%s with kiln.%s=1: no empty disk and %d disks holding data: %w; name one with kiln.%s=. Disks seen:%s",
+			prefix, ParamWipe, len(usable), errNoTarget, ParamDev, listDisks(disks, minSize))
+	case len(usable) > 0:
+		return Disk{}, fmt.Errorf("%s: no empty disk (%w): every disk auto may use holds data; %s. Disks seen:%s",
+			prefix, errNoTarget, refuseData, listDisks(disks, minSize))
+	}
+	return Disk{}, fmt.Errorf("%s: no disk auto may use: %w. Disks seen:%s", prefix, errNoTarget, listDisks(disks, minSize))
+}

@@ -1,0 +1,162 @@
+package install
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/initd/volume"
+)
+
+// Host is where the installer looks for disks: sysfs's block directory and the device nodes.
+// The zero Host is the running system's (/sys/block, /dev).
+type Host struct {
+	SysBlock string
+	DevDir   string
+}
+
+func (h Host) sysBlock() string { return cmp.Or(h.SysBlock, "/sys/block") }
+func (h Host) devDir() string   { return cmp.Or(h.DevDir, "/dev") }
+
+// Disk is a whole disk the installer saw, and what it found on it.
+type Disk struct {
+	Name string // kernel name: vda, sda, nvme0n1
+	Path string // device node
+	Size int64  // bytes
+	// SectorSize is the logical sector size; the installed image's GPT is laid out for 512.
+	SectorSize int
+	IDs        volume.DiskIDs
+	Removable  bool
+	ReadOnly   bool
+	// Holds names the data found on it (stage1.ProbeDisk); empty for an empty disk.
+	Holds []string
+	// Etcd says which node config selector names it as the etcd volume, "" when none does.
+	Etcd string
+}
+
+// String describes the disk for the console: path, size, serial, what it holds.
+func (d Disk) String() string {
+	s := fmt.Sprintf("%s (%d MiB", d.Path, d.Size>>20)
+	if d.IDs.Serial != "" {
+		s += ", serial " + d.IDs.Serial
+	}
+	if d.IDs.Model != "" {
+		s += ", model " + d.IDs.Model
+	}
+	return s + ")"
+}
+
+// holding renders what the disk holds.
+func (d Disk) holding() string {
+	if len(d.Holds) == 0 {
+		return "empty"
+	}
+	return "holds " + strings.Join(d.Holds, ", ")
+}
+
+// virtualPrefixes are kernel names of block devices that are no disk to install to.
+var virtualPrefixes = []string{"loop", "ram", "zram", "sr", "fd", "nbd", "dm-", "md"}
+
+// exclusion says why auto must not take d for an image of at least minSize bytes, "" when it
+// may. Whether the disk holds data is judged separately.
+func (d Disk) exclusion(minSize int64) string {
+	switch {
+	case d.Etcd != "":
+		return "etcd volume (" + d.Etcd + ")"
+	case slices.ContainsFunc(virtualPrefixes, func(p string) bool { return strings.HasPrefix(d.Name, p) }):
+		return "not a disk (loop, RAM, optical or virtual device)"
+	case d.Removable:
+		return "removable"
+	case d.ReadOnly:
+		return "read-only"
+	case d.Size < minSize:
+		return fmt.Sprintf("smaller than the image (%d MiB)", (minSize+(1<<20)-1)>>20)
+	}
+	return ""
+}
+
+// Scan lists the whole disks in the host's sysfs that have a size, with their ids and what
+// they hold.
+func (h Host) Scan() ([]Disk, error) {
+	ents, err := os.ReadDir(h.sysBlock())
+	if err != nil {
+		return nil, fmt.Errorf("list disks: %w", err)
+	}
+	var disks []Disk
+	for _, e := range ents {
+		dir := filepath.Join(h.sysBlock(), e.Name())
+		sectors, err := readInt(filepath.Join(dir, "size"))
+		if err != nil || sectors == 0 {
+			continue
+		}
+		d := Disk{Name: e.Name(), Path: filepath.Join(h.devDir(), e.Name()), Size: sectors * 512, SectorSize: 512, IDs: volume.ReadDiskIDs(dir)}
+		if lbs, err := readInt(filepath.Join(dir, "queue/logical_block_size")); err == nil && lbs > 0 {
+			d.SectorSize = int(lbs)
+		}
+		rm, _ := readInt(filepath.Join(dir, "removable"))
+		ro, _ := readInt(filepath.Join(dir, "ro"))
+		d.Removable, d.ReadOnly = rm == 1, ro == 1
+		if d.exclusion(0) == "" {
+			if d.Holds, err = stage1.ProbeDisk(d.Path); err != nil {
+				return nil, err
+			}
+		}
+		disks = append(disks, d)
+	}
+	return disks, nil
+}
+
+func readInt(file string) (int64, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// markEtcd sets Disk.Etcd on the disks the etcd volume selector selects. It fails when the
+// selector selects none of them: the installer could not then tell the etcd disk apart.
+func markEtcd(disks []Disk, v *EtcdVolume) error {
+	if v == nil {
+		return nil
+	}
+	found := false
+	for i := range disks {
+		if v.Serial != "" && disks[i].IDs.SelectedBySerial(v.Serial) || v.ByID != "" && disks[i].IDs.SelectedByID(v.ByID) {
+			disks[i].Etcd, found = v.String(), true
+		}
+	}
+	if !found {
+		return fmt.Errorf("the node config's %s selects none of the disks seen, so the installer cannot keep clear of it:%s",
+			v, listDisks(disks, 0))
+	}
+	return nil
+}
+
+// listDisks renders disks one a line with their ids, what they hold and, when minSize >= 0,
+// why auto passes them over.
+func listDisks(disks []Disk, minSize int64) string {
+	if len(disks) == 0 {
+		return "\n  no disks (is the disk driver in the image's modules?)"
+	}
+	var b strings.Builder
+	for _, d := range disks {
+		fmt.Fprintf(&b, "\n  %s: %s", d, d.holding())
+		if why := d.exclusion(minSize); minSize >= 0 && why != "" {
+			fmt.Fprintf(&b, "; excluded: %s", why)
+		}
+		if len(d.IDs.Links) > 0 {
+			fmt.Fprintf(&b, "; by-id %s", strings.Join(d.IDs.Links, " "))
+		}
+	}
+	return b.String()
+}
+
+// errNoTarget is matched by every refusal to choose a disk.
+var errNoTarget = errors.New("no disk to install to")

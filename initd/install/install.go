@@ -1,0 +1,245 @@
+package install
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kilnproject/kiln/internal/poll"
+)
+
+// Options tune an install. The zero value installs on the running system with the defaults
+// below.
+type Options struct {
+	// Host is where disks are looked for.
+	Host Host
+	// Cmdline is the raw kernel command line; kiln.config.url= is fetched from it as first
+	// boot will (variables, kiln.config.timeout=). "" means a line holding Params.ConfigURL.
+	Cmdline string
+	// HTTPClient fetches the image and the config; nil means http.DefaultClient.
+	HTTPClient *http.Client
+	// Attempts bounds the tries of the image's initial request (default 5); RetryPause is
+	// the first pause between them, doubling (default 2s). A body cut short is not
+	// retried: the install fails and the disk stays unbootable.
+	Attempts   int
+	RetryPause time.Duration
+	// StallTimeout ends a download during which nothing arrived for so long (default 60s).
+	StallTimeout time.Duration
+	// ProgressEvery is how often progress is logged (default 5s).
+	ProgressEvery time.Duration
+	// Clock times the retries; nil is the wall clock.
+	Clock poll.Clock
+}
+
+func (o Options) withDefaults(p Params) Options {
+	o.HTTPClient = cmp.Or(o.HTTPClient, http.DefaultClient)
+	o.Attempts = cmp.Or(o.Attempts, 5)
+	o.RetryPause = cmp.Or(o.RetryPause, 2*time.Second)
+	o.StallTimeout = cmp.Or(o.StallTimeout, time.Minute)
+	o.ProgressEvery = cmp.Or(o.ProgressEvery, 5*time.Second)
+	o.Cmdline = cmp.Or(o.Cmdline, ParamKey(ParamConfigURL)+"="+p.ConfigURL)
+	return o
+}
+
+// Result is a finished install.
+type Result struct {
+	Image  string // the image file's name
+	Device string
+	Bytes  int64 // the image's size, decompressed
+	// Options is the installed boot entry's kernel command line.
+	Options string
+}
+
+// Install writes the image p names to the disk p names (or auto's choice) and returns once the
+// disk is bootable; see the package comment for the order of the writes. A failed install
+// returns an error saying why and, once the disk was touched, that it no longer boots.
+func Install(ctx context.Context, log *slog.Logger, p Params, o Options) (Result, error) {
+	o = o.withDefaults(p)
+	var etcd *EtcdVolume
+	if p.ConfigURL != "" {
+		var err error
+		if etcd, err = etcdVolume(ctx, log, o.Cmdline, o.HTTPClient); err != nil {
+			return Result{}, fmt.Errorf("install: %w", err)
+		}
+	}
+	h := sha256.New()
+	d, err := openImage(ctx, log, o, p.ImageURL, h)
+	if err != nil {
+		return Result{}, fmt.Errorf("install: %w", err)
+	}
+	defer d.close()
+	target, err := pickTarget(log, o.Host, p, etcd, d.minSize)
+	if err != nil {
+		return Result{}, fmt.Errorf("install: %w", err)
+	}
+	if len(target.Holds) > 0 {
+		log.Warn("install: wiping the disk (kiln.install.wipe=1)", "disk", target.String(), "held", target.holding())
+	}
+	log.Info("install: writing", "image", p.ImageName(), "compression", d.kind, "served", d.served(), "disk", target.String())
+	res, err := write(ctx, log, o, p, d, h, target)
+	if err != nil {
+		return Result{}, fmt.Errorf("install %s to %s: %w", p.ImageName(), target.Path, err)
+	}
+	return res, nil
+}
+
+// pickTarget scans the disks, marks the etcd volume and chooses the target.
+func pickTarget(log *slog.Logger, host Host, p Params, etcd *EtcdVolume, minSize int64) (Disk, error) {
+	disks, err := host.Scan()
+	if err != nil {
+		return Disk{}, err
+	}
+	if err := markEtcd(disks, etcd); err != nil {
+		if p.Dev == Auto {
+			return Disk{}, fmt.Errorf("kiln.%s=%s: %w", ParamDev, Auto, err)
+		}
+		log.Warn("install: "+err.Error(), "dev", p.Dev)
+	}
+	d, err := choose(disks, p, minSize)
+	if err != nil {
+		return Disk{}, err
+	}
+	if d.SectorSize != imageSectorSize {
+		return Disk{}, fmt.Errorf("kiln.%s=%s: %s has %d-byte sectors; kiln images are laid out for %d", ParamDev, p.Dev, d, d.SectorSize, imageSectorSize)
+	}
+	return d, nil
+}
+
+// write destroys the target's partition tables, streams the image to it and commits it.
+func write(ctx context.Context, log *slog.Logger, o Options, p Params, d *download, h hash.Hash, target Disk) (Result, error) {
+	f, block, err := openTarget(target.Path)
+	if err != nil {
+		return Result{}, err
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return Result{}, fmt.Errorf("size: %w", err)
+	}
+	if err := destroyTables(f, size); err != nil {
+		return Result{}, err
+	}
+	unbootable := func(err error) error {
+		return fmt.Errorf("%w; %s has no partition table now and does not boot (a network boot first retries the install)", err, target.Path)
+	}
+	start := time.Now()
+	st := newStaging(f, size, log, o.ProgressEvery)
+	if err := stream(ctx, d, st, h, p.SHA256); err != nil {
+		return Result{}, unbootable(err)
+	}
+	v := st.view()
+	esp, err := checkImage(v)
+	if err != nil {
+		return Result{}, unbootable(err)
+	}
+	res := Result{Image: p.ImageName(), Device: target.Path, Bytes: st.n}
+	if p.ConfigURL != "" {
+		if res.Options, err = addConfigURL(v, esp, p.ConfigURL); err != nil {
+			return Result{}, unbootable(err)
+		}
+	}
+	if err := st.commit(); err != nil {
+		return Result{}, unbootable(err)
+	}
+	if block {
+		if err := rereadPartitions(ctx, f); err != nil {
+			return Result{}, err
+		}
+	}
+	el := time.Since(start)
+	log.Info("install: written", "MiB", st.n>>20, "took", el.Round(time.Millisecond),
+		"MiB/s", fmt.Sprintf("%.1f", float64(st.n)/(1<<20)/max(el.Seconds(), 1e-3)), "options", res.Options)
+	return res, nil
+}
+
+// stream copies the decompressed image into st and checks the sha256 of every byte served.
+func stream(ctx context.Context, d *download, st *staging, h hash.Hash, want string) error {
+	img, err := d.image()
+	if err != nil {
+		return err
+	}
+	_, err = io.CopyBuffer(st, img, make([]byte, 1<<20))
+	img.Close()
+	if err == nil {
+		err = d.finish()
+	}
+	if err != nil {
+		if cause := context.Cause(d.ctx); cause != nil && !errors.Is(err, ErrTooLarge) {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+		return fmt.Errorf("download cut short after %d MiB of the image: %w", st.n>>20, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+		return fmt.Errorf("sha256 mismatch: the server's file (%s) has sha256 %s, kiln.%s=%s", d.served(), got, ParamImageHash, want)
+	}
+	if st.n <= headSize {
+		return fmt.Errorf("the image is only %d bytes: not a kiln disk image", st.n)
+	}
+	return ctx.Err()
+}
+
+// openTarget opens the disk for writing, exclusively when it is a block device (the open
+// fails while anything has it mounted).
+func openTarget(path string) (*os.File, bool, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, false, err
+	}
+	block := st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0
+	flags := os.O_RDWR
+	if block {
+		flags |= unix.O_EXCL
+	}
+	f, err := os.OpenFile(path, flags, 0)
+	if err != nil {
+		return nil, false, fmt.Errorf("open for writing: %w", err)
+	}
+	return f, block, nil
+}
+
+// destroyTables zeroes the first and the last MiB of the disk (protective MBR, primary and
+// backup GPT, and the signatures kept there) and syncs.
+func destroyTables(f *os.File, size int64) error {
+	zero := make([]byte, min(size, headSize))
+	for _, off := range []int64{0, max(0, size-int64(len(zero)))} {
+		if _, err := f.WriteAt(zero, off); err != nil {
+			return fmt.Errorf("destroy the partition tables: %w", err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("destroy the partition tables: sync: %w", err)
+	}
+	return nil
+}
+
+// rereadPartitions asks the kernel to read the new partition table, retrying while it
+// answers EBUSY.
+func rereadPartitions(ctx context.Context, f *os.File) error {
+	err := poll.Retry(ctx, poll.Options{
+		What:      "the kernel to re-read the partition table",
+		Timeout:   10 * time.Second,
+		Backoff:   poll.Constant(250 * time.Millisecond),
+		Retryable: func(err error) bool { return errors.Is(err, unix.EBUSY) },
+	}, func(context.Context) error {
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKRRPART, 0)
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("re-read partition table (BLKRRPART): %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,137 @@
+// Package install is kiln-init's install mode: a network boot whose kernel command line names
+// a disk image (kiln.install.image_url=, kiln.install.image_sha256=) and a target disk
+// (kiln.install.dev=) writes the image to the disk and reboots into it, as coreos-installer
+// does for Fedora CoreOS.
+//
+// The disk is chosen with care: kiln.install.dev=auto takes the only empty whole disk and
+// refuses when there are several or none; a disk holding data (a partition table, a
+// filesystem, RAID, LVM or LUKS signatures) is written only with kiln.install.wipe=1; a disk
+// the node config names as its etcd volume is never written. The write is ordered so that a
+// failed or interrupted install never leaves a disk that boots half-installed: the target's
+// partition tables are destroyed first, the image's first MiB (its protective MBR and GPT)
+// and last MiB (its backup GPT) are held in memory while the rest is streamed to the disk,
+// and they are written only once the whole download matched its sha256 and the image's boot
+// entry carries kiln.config.url=. Stage 1 (initd/stage1) brings the network up and hands over
+// to Run.
+package install
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"path"
+	"slices"
+	"strings"
+)
+
+// Kernel parameters, without their "kiln." prefix (stage1.Cmdline.Kiln's keys).
+const (
+	ParamDev       = "install.dev"
+	ParamImageURL  = "install.image_url"
+	ParamImageHash = "install.image_sha256"
+	ParamWipe      = "install.wipe"
+	ParamConfigURL = "config.url"
+)
+
+// Auto is the kiln.install.dev= value that lets the installer choose the disk.
+const Auto = "auto"
+
+// byIDDir is where udev links disks by id; a kiln.install.dev= name may carry it as a prefix.
+const byIDDir = "/dev/disk/by-id/"
+
+// Params are the install parameters of the kernel command line.
+type Params struct {
+	// Dev is a device path (/dev/vda), a /dev/disk/by-id name (with or without its
+	// directory), or Auto.
+	Dev string
+	// ImageURL is the http(s) URL of the raw disk image, compressed when its path ends in
+	// .zst, .xz, .gz or .bz2.
+	ImageURL *url.URL
+	// SHA256 is the lowercase hex sha256 of the bytes the URL serves (the compressed file).
+	SHA256 string
+	// Wipe allows writing over a disk that holds data.
+	Wipe bool
+	// ConfigURL is kiln.config.url= as given, its ${…} variables unexpanded; "" when absent.
+	ConfigURL string
+}
+
+// ImageName is the last element of the image URL's path, for messages.
+func (p Params) ImageName() string { return path.Base(p.ImageURL.Path) }
+
+// knownParams are the kiln.install.* keys ParseParams takes; any other is an error, so a
+// misspelt kiln.install.wipe does not silently mean "no".
+var knownParams = []string{ParamDev, ParamImageURL, ParamImageHash, ParamWipe}
+
+// ParseParams reads the install parameters from the kiln.* parameters of the kernel command
+// line (keys without "kiln."). Every error names the parameter.
+func ParseParams(kiln map[string]string) (Params, error) {
+	for k := range kiln {
+		if strings.HasPrefix(k, "install.") && !slices.Contains(knownParams, k) {
+			return Params{}, fmt.Errorf("kernel cmdline: kiln.%s: unknown install parameter (known: kiln.%s)", k, strings.Join(knownParams, ", kiln."))
+		}
+	}
+	var p Params
+	var err error
+	if p.Dev, err = parseDev(kiln[ParamDev]); err != nil {
+		return Params{}, err
+	}
+	if p.ImageURL, err = parseImageURL(kiln[ParamImageURL]); err != nil {
+		return Params{}, err
+	}
+	h := strings.ToLower(kiln[ParamImageHash])
+	if _, err := hex.DecodeString(h); err != nil || len(h) != 64 {
+		return Params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: want the 64 hex digits of the image file's sha256", ParamImageHash, kiln[ParamImageHash])
+	}
+	p.SHA256 = h
+	switch w, ok := kiln[ParamWipe]; {
+	case !ok || w == "0":
+	case w == "1":
+		p.Wipe = true
+	default:
+		return Params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: want 1 (write over a disk holding data) or 0", ParamWipe, w)
+	}
+	p.ConfigURL = kiln[ParamConfigURL]
+	if strings.ContainsAny(p.ConfigURL, " \t\n\"") {
+		return Params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: a URL with white space or quotes cannot be handed to the installed disk's boot entry", ParamConfigURL, p.ConfigURL)
+	}
+	return p, nil
+}
+
+func parseDev(v string) (string, error) {
+	switch {
+	case v == "":
+		return "", fmt.Errorf("kernel cmdline: kiln.%s= is missing (want /dev/<disk>, a /dev/disk/by-id name, or auto)", ParamDev)
+	case v == Auto:
+		return v, nil
+	case strings.HasPrefix(v, byIDDir):
+		v = strings.TrimPrefix(v, byIDDir)
+	case strings.HasPrefix(v, "/dev/"):
+		if path.Clean(v) != v {
+			return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: not a clean path", ParamDev, v)
+		}
+		return v, nil
+	case strings.HasPrefix(v, "/"):
+		return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: a device path must be under /dev", ParamDev, v)
+	}
+	if v == "" || strings.ContainsRune(v, '/') || v == "." || v == ".." {
+		return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: not a name in %s", ParamDev, v, byIDDir)
+	}
+	return v, nil
+}
+
+func parseImageURL(v string) (*url.URL, error) {
+	if v == "" {
+		return nil, fmt.Errorf("kernel cmdline: kiln.%s= is missing (want the http(s) URL of the disk image)", ParamImageURL)
+	}
+	u, err := url.Parse(v)
+	if err != nil {
+		return nil, fmt.Errorf("kernel cmdline: kiln.%s: %w", ParamImageURL, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("kernel cmdline: kiln.%s=%s: want an http:// or https:// URL with a host", ParamImageURL, u.Redacted())
+	}
+	if p := path.Base(u.Path); p == "/" || p == "." {
+		return nil, fmt.Errorf("kernel cmdline: kiln.%s=%s: the URL names no file", ParamImageURL, u.Redacted())
+	}
+	return u, nil
+}

@@ -1,0 +1,42 @@
+package install
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Run installs as the kernel command line says (kiln holds its kiln.* parameters without the
+// prefix, raw is the whole line), prints
+//
+//	kiln-init: installed <image> to <dev> (<n> MiB, sha256 ok); rebooting
+//
+// on the console, syncs and reboots. It returns only on failure; nothing was written then
+// unless the error says the disk no longer boots.
+func Run(ctx context.Context, log *slog.Logger, console io.Writer, kiln map[string]string, raw string) error {
+	p, err := ParseParams(kiln)
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	res, err := Install(ctx, log, p, Options{Cmdline: raw})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(console, InstalledLine(res))
+	unix.Sync()
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
+		return fmt.Errorf("install: reboot: %w", err)
+	}
+	for { // the kernel is restarting
+		time.Sleep(time.Hour)
+	}
+}
+
+// InstalledLine is the console line of a finished install; test harnesses wait for it.
+func InstalledLine(r Result) string {
+	return fmt.Sprintf("kiln-init: installed %s to %s (%d MiB, sha256 ok); rebooting", r.Image, r.Device, r.Bytes>>20)
+}
