@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -174,8 +175,11 @@ func stream(ctx context.Context, d *download, st *staging, h hash.Hash, want str
 	if err == nil {
 		err = d.finish()
 	}
+	if errors.Is(err, ErrTooLarge) {
+		return err
+	}
 	if err != nil {
-		if cause := context.Cause(d.ctx); cause != nil && !errors.Is(err, ErrTooLarge) {
+		if cause := context.Cause(d.ctx); cause != nil {
 			err = fmt.Errorf("%w (%v)", err, cause)
 		}
 		return fmt.Errorf("download cut short after %d MiB of the image: %w", st.n>>20, err)
@@ -209,10 +213,20 @@ func openTarget(path string) (*os.File, bool, error) {
 }
 
 // destroyTables zeroes the first and the last MiB of the disk (protective MBR, primary and
-// backup GPT, and the signatures kept there) and syncs.
+// backup GPT, and the signatures kept there) and the backup GPT an old primary header points
+// to (an image smaller than the disk had its backup inside the disk), and syncs.
 func destroyTables(f *os.File, size int64) error {
 	zero := make([]byte, min(size, headSize))
-	for _, off := range []int64{0, max(0, size-int64(len(zero)))} {
+	offs := []int64{0, max(0, size-int64(len(zero)))}
+	hdr := make([]byte, 92)
+	if _, err := f.ReadAt(hdr, imageSectorSize); err == nil && string(hdr[:8]) == "EFI PART" {
+		// The backup header's sector, and the 32 sectors of entries before it.
+		alt := int64(binary.LittleEndian.Uint64(hdr[32:40])) * imageSectorSize
+		if alt > 32*imageSectorSize && alt < size {
+			offs = append(offs, max(0, min(alt+imageSectorSize, size)-int64(len(zero))))
+		}
+	}
+	for _, off := range offs {
 		if _, err := f.WriteAt(zero, off); err != nil {
 			return fmt.Errorf("destroy the partition tables: %w", err)
 		}

@@ -1,0 +1,214 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kilnproject/kiln/internal/testkit"
+)
+
+// server serves files by path, optionally failing the first requests or cutting bodies short.
+type server struct {
+	*httptest.Server
+	files    map[string][]byte
+	failures atomic.Int32 // this many requests answer 503 first
+	cut      int          // when > 0, a body stops after this many bytes (with the full length announced)
+	requests atomic.Int32
+}
+
+func newServer(t *testing.T) *server {
+	s := &server{files: map[string][]byte{}}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.requests.Add(1)
+		if s.failures.Add(-1) >= 0 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		b, ok := s.files[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+		if s.cut > 0 {
+			w.Write(b[:s.cut])
+			return
+		}
+		w.Write(b)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *server) url(t *testing.T, name string) *url.URL {
+	u, err := url.Parse(s.URL + "/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// nodeConfigIgn is an Ignition config writing a node config whose etcd volume has the serial.
+func nodeConfigIgn(serial string) []byte {
+	node := "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {member: a, members: [a], volume: {serial: " + serial + ", minSize: 0}}\n"
+	return []byte(`{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/kiln/node.yaml","mode":384,` +
+		`"contents":{"source":"data:;base64,` + base64.StdEncoding.EncodeToString([]byte(node)) + `"}}]}}`)
+}
+
+// logBuffer is a logger writing into a buffer the test can read.
+func logBuffer() (*slog.Logger, *bytes.Buffer) {
+	var b bytes.Buffer
+	return slog.New(slog.NewTextHandler(&b, nil)), &b
+}
+
+func testOpts(t *testing.T) Options {
+	return Options{Host: Host{SysBlock: t.TempDir()}, RetryPause: time.Millisecond, Clock: &testkit.InstantClock{}, ProgressEvery: time.Millisecond}
+}
+
+// TestInstall: an image served plain, zstd- or xz-compressed is installed to a blank disk
+// bigger than it or exactly its size, and to a disk holding an earlier install with wipe: the
+// disk then has the image's GPT and root-a, and its boot entry has kiln.config.url=.
+func TestInstall(t *testing.T) {
+	img := makeImage(t)
+	srv := newServer(t)
+	srv.files["/config.ign"] = nodeConfigIgn("etcd-main")
+	tests := []struct {
+		name     string
+		compress string // "" raw, else a file suffix
+		diskSize int64
+		earlier  bool // the disk holds an earlier install (kiln.install.wipe=1)
+	}{
+		{name: "raw", diskSize: 64 * mib},
+		{name: "zstd", compress: "zst", diskSize: 64 * mib},
+		{name: "xz", compress: "xz", diskSize: 64 * mib},
+		{name: "disk the image's size", diskSize: imageSize},
+		{name: "over an earlier install with wipe", compress: "zst", diskSize: 80 * mib, earlier: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name, served := "metal-worker.raw", img.raw
+			if tt.compress != "" {
+				name, served = name+"."+tt.compress, testkit.Compress(t, tt.compress, img.raw)
+			}
+			srv.files["/"+name] = served
+			target := sparseDisk(t, tt.diskSize)
+			if tt.earlier {
+				if _, err := Install(context.Background(), slog.New(slog.DiscardHandler), Params{Dev: target, ImageURL: srv.url(t, name), SHA256: sha(served)}, testOpts(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			log, logs := logBuffer()
+			configURL := srv.URL + "/config.ign"
+			p := Params{Dev: target, ImageURL: srv.url(t, name), SHA256: sha(served), ConfigURL: configURL, Wipe: tt.earlier}
+			res, err := Install(context.Background(), log, p, testOpts(t))
+			if err != nil {
+				t.Fatalf("Install: %v\nlog:\n%s", err, logs)
+			}
+			assertInstalled(t, target, img, testOptions+" kiln.config.url="+configURL)
+			want := fmt.Sprintf("kiln-init: installed %s to %s (56 MiB, sha256 ok); rebooting", name, target)
+			if got := InstalledLine(res); got != want {
+				t.Errorf("console line %q, want %q", got, want)
+			}
+			if !strings.Contains(logs.String(), "msg=\"install: writing\" MiB=") {
+				t.Errorf("no progress in the log:\n%s", logs)
+			}
+		})
+	}
+}
+
+// TestInstallFails: whatever goes wrong after the disk was touched, the disk is left without a
+// valid GPT, primary or backup, even where it held a bootable install before, and the error
+// says why and that the disk does not boot.
+func TestInstallFails(t *testing.T) {
+	img := makeImage(t)
+	zst := testkit.Compress(t, "zst", img.raw)
+	xz := testkit.Compress(t, "xz", img.raw) // xz announces no size: only the stream tells
+	tests := []struct {
+		name     string
+		file     string
+		data     []byte
+		sum      string
+		cut      int
+		diskSize int64
+		wantErr  string
+	}{
+		{name: "checksum mismatch", file: "img.raw", data: img.raw, sum: sha([]byte("other")), diskSize: 64 * mib, wantErr: "sha256 mismatch"},
+		{name: "checksum mismatch, disk the image's size", file: "img.raw", data: img.raw, sum: sha([]byte("other")), diskSize: imageSize, wantErr: "sha256 mismatch"},
+		{name: "checksum mismatch, zstd", file: "img.raw.zst", data: zst, sum: sha(img.raw), diskSize: 64 * mib, wantErr: "sha256 mismatch"},
+		{name: "short stream", file: "img.raw", data: img.raw, sum: sha(img.raw), cut: 30 * mib, diskSize: 64 * mib, wantErr: "download cut short after"},
+		{name: "short zstd stream", file: "img.raw.zst", data: zst, sum: sha(zst), cut: len(zst) / 2, diskSize: 64 * mib, wantErr: "download cut short"},
+		{name: "image larger than the disk", file: "img.raw.xz", data: xz, sum: sha(xz), diskSize: 48 * mib, wantErr: "the image is larger than the disk (48 MiB)"},
+		{name: "not a disk image", file: "img.raw", data: bytes.Repeat([]byte("x"), 3*mib), sum: sha(bytes.Repeat([]byte("x"), 3*mib)), diskSize: 64 * mib, wantErr: "the image has no valid GPT"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newServer(t)
+			srv.files["/ok.raw"] = img.raw
+			srv.files["/"+tt.file] = tt.data
+			// An earlier, bootable install is on the disk: wipe lets the installer at it.
+			target := sparseDisk(t, tt.diskSize)
+			if tt.diskSize >= imageSize {
+				if _, err := Install(context.Background(), slog.New(slog.DiscardHandler), Params{Dev: target, ImageURL: srv.url(t, "ok.raw"), SHA256: sha(img.raw)}, testOpts(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			srv.cut = tt.cut
+			p := Params{Dev: target, ImageURL: srv.url(t, tt.file), SHA256: tt.sum, Wipe: true}
+			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), p, testOpts(t))
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "does not boot") {
+				t.Fatalf("Install error = %v, want one with %q that says the disk does not boot", err, tt.wantErr)
+			}
+			assertUnbootable(t, target)
+			b, _ := os.ReadFile(target)
+			if bytes.Contains(b, []byte("EFI PART")) {
+				t.Errorf("a GPT header is left somewhere on the disk")
+			}
+		})
+	}
+}
+
+// TestInstallRefusesSmallDisk: a disk smaller than the image's announced size (a raw image's
+// length) is refused before anything is written.
+func TestInstallRefusesSmallDisk(t *testing.T) {
+	img := makeImage(t)
+	srv := newServer(t)
+	srv.files["/img.raw"] = img.raw
+	for name, sum := range map[string]string{"img.raw": sha(img.raw)} {
+		t.Run(name, func(t *testing.T) {
+			target := sparseDisk(t, 48*mib)
+			writeAtFile(t, target, 600*1024, "data before")
+			before := fileSHA(t, target)
+			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), Params{Dev: target, ImageURL: srv.url(t, name), SHA256: sum, Wipe: true}, testOpts(t))
+			if !errors.Is(err, errNoTarget) || !strings.Contains(err.Error(), "is smaller than the image (at least 56 MiB)") {
+				t.Fatalf("Install error = %v", err)
+			}
+			if fileSHA(t, target) != before {
+				t.Error("the disk changed")
+			}
+		})
+	}
+}
+
+func writeAtFile(t *testing.T, p string, off int64, s string) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte(s), off); err != nil {
+		t.Fatal(err)
+	}
+}
