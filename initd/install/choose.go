@@ -9,10 +9,12 @@ import (
 	"github.com/kilnproject/kiln/initd/stage1"
 )
 
-// refuseData is the end of every refusal to write over data: what to do about it.
-const refuseData = "refusing to write over it without kiln.install.wipe=1. " +
-	"A kiln disk installed earlier holds a GPT: set the firmware's boot order to disk first, network second, " +
-	"so that an installed machine boots its disk instead of being offered for installation again"
+// Refusing to write over data, and what to do about it.
+const (
+	refuseData = "refusing to write over it without kiln.install.wipe=1"
+	bootOrder  = "A kiln disk installed earlier holds a GPT: set the firmware's boot order to disk first, network second, " +
+		"so that an installed machine boots its disk instead of being offered for installation again"
+)
 
 // choose returns the disk p.Dev names, or auto's choice, and checks that the installer may
 // write an image of at least minSize bytes to it.
@@ -41,7 +43,7 @@ func choose(disks []Disk, p Params, minSize int64) (Disk, error) {
 	case d.Size < minSize:
 		return Disk{}, fmt.Errorf("%s is smaller than the image (at least %d MiB): %w", what, (minSize+(1<<20)-1)>>20, errNoTarget)
 	case len(d.Holds) > 0 && !p.Wipe:
-		return Disk{}, fmt.Errorf("%s %s: %w: %s", what, d.holding(), errNoTarget, refuseData)
+		return Disk{}, fmt.Errorf("%s %s; %s (%w). %s", what, d.holding(), refuseData, errNoTarget, bootOrder)
 	}
 	return d, nil
 }
@@ -118,8 +120,8 @@ func chooseAuto(disks []Disk, wipe bool, minSize int64) (Disk, error) {
 		return Disk{}, fmt.Errorf("%s with kiln.%s=1: no empty disk and %d disks holding data: %w; name one with kiln.%s=. Disks seen:%s",
 			prefix, ParamWipe, len(usable), errNoTarget, ParamDev, listDisks(disks, minSize))
 	case len(usable) > 0:
-		return Disk{}, fmt.Errorf("%s: no empty disk (%w): every disk auto may use holds data; %s. Disks seen:%s",
-			prefix, errNoTarget, refuseData, listDisks(disks, minSize))
+		return Disk{}, fmt.Errorf("%s: no empty disk (%w): every disk auto may use holds data; %s. %s. Disks seen:%s",
+			prefix, errNoTarget, refuseData, bootOrder, listDisks(disks, minSize))
 	}
 	return Disk{}, fmt.Errorf("%s: no disk auto may use: %w. Disks seen:%s", prefix, errNoTarget, listDisks(disks, minSize))
 }

@@ -133,8 +133,8 @@ func markEtcd(disks []Disk, v *EtcdVolume) error {
 		}
 	}
 	if !found {
-		return fmt.Errorf("the node config's %s selects none of the disks seen, so the installer cannot keep clear of it:%s",
-			v, listDisks(disks, 0))
+		return fmt.Errorf("the node config's %s selects none of the disks seen, so the installer cannot keep clear of it (%w). Disks seen:%s",
+			v, errNoTarget, listDisks(disks, -1))
 	}
 	return nil
 }

@@ -64,6 +64,7 @@ func openImage(ctx context.Context, log *slog.Logger, o Options, u *url.URL, h i
 	}
 	d := &download{resp: resp, ctx: ctx, cancel: cancel}
 	d.stall = time.AfterFunc(o.StallTimeout, func() { cancel(fmt.Errorf("%w for %s", errStalled, o.StallTimeout)) })
+	d.stall.Stop()
 	d.body = bufio.NewReaderSize(io.TeeReader(&stallReader{r: resp.Body, t: d.stall, after: o.StallTimeout}, h), 1<<20)
 	d.kind, _ = decompress.ByExtension(u.Path)
 	d.minSize = max(resp.ContentLength, 0)
@@ -136,7 +137,8 @@ func (d *download) served() string {
 	return strconv.FormatInt(d.resp.ContentLength, 10) + " bytes"
 }
 
-// stallReader restarts t whenever bytes arrive.
+// stallReader runs t only while a Read waits for the network, so that a slow disk is not
+// taken for a stalled server.
 type stallReader struct {
 	r     io.Reader
 	t     *time.Timer
@@ -144,9 +146,8 @@ type stallReader struct {
 }
 
 func (s *stallReader) Read(p []byte) (int, error) {
+	s.t.Reset(s.after)
 	n, err := s.r.Read(p)
-	if n > 0 {
-		s.t.Reset(s.after)
-	}
+	s.t.Stop()
 	return n, err
 }

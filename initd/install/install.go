@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -179,7 +180,7 @@ func stream(ctx context.Context, d *download, st *staging, h hash.Hash, want str
 		return err
 	}
 	if err != nil {
-		if cause := context.Cause(d.ctx); cause != nil {
+		if cause := context.Cause(d.ctx); cause != nil && !errors.Is(err, cause) && !strings.Contains(err.Error(), cause.Error()) {
 			err = fmt.Errorf("%w (%v)", err, cause)
 		}
 		return fmt.Errorf("download cut short after %d MiB of the image: %w", st.n>>20, err)

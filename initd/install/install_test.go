@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,7 @@ type server struct {
 	files    map[string][]byte
 	failures atomic.Int32 // this many requests answer 503 first
 	cut      int          // when > 0, a body stops after this many bytes (with the full length announced)
+	stall    bool         // after cut bytes, the server keeps the connection open and sends nothing
 	requests atomic.Int32
 }
 
@@ -44,6 +46,10 @@ func newServer(t *testing.T) *server {
 		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
 		if s.cut > 0 {
 			w.Write(b[:s.cut])
+			if s.stall {
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			}
 			return
 		}
 		w.Write(b)
@@ -141,6 +147,7 @@ func TestInstallFails(t *testing.T) {
 		data     []byte
 		sum      string
 		cut      int
+		stall    bool
 		diskSize int64
 		wantErr  string
 	}{
@@ -149,6 +156,7 @@ func TestInstallFails(t *testing.T) {
 		{name: "checksum mismatch, zstd", file: "img.raw.zst", data: zst, sum: sha(img.raw), diskSize: 64 * mib, wantErr: "sha256 mismatch"},
 		{name: "short stream", file: "img.raw", data: img.raw, sum: sha(img.raw), cut: 30 * mib, diskSize: 64 * mib, wantErr: "download cut short after"},
 		{name: "short zstd stream", file: "img.raw.zst", data: zst, sum: sha(zst), cut: len(zst) / 2, diskSize: 64 * mib, wantErr: "download cut short"},
+		{name: "stalled stream", file: "img.raw.zst", data: zst, sum: sha(zst), cut: len(zst) / 2, stall: true, diskSize: 64 * mib, wantErr: "no data arrived for 300ms"},
 		{name: "image larger than the disk", file: "img.raw.xz", data: xz, sum: sha(xz), diskSize: 48 * mib, wantErr: "the image is larger than the disk (48 MiB)"},
 		{name: "not a disk image", file: "img.raw", data: bytes.Repeat([]byte("x"), 3*mib), sum: sha(bytes.Repeat([]byte("x"), 3*mib)), diskSize: 64 * mib, wantErr: "the image has no valid GPT"},
 	}
@@ -164,9 +172,11 @@ func TestInstallFails(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			srv.cut = tt.cut
+			srv.cut, srv.stall = tt.cut, tt.stall
 			p := Params{Dev: target, ImageURL: srv.url(t, tt.file), SHA256: tt.sum, Wipe: true}
-			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), p, testOpts(t))
+			o := testOpts(t)
+			o.StallTimeout = 300 * time.Millisecond
+			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), p, o)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "does not boot") {
 				t.Fatalf("Install error = %v, want one with %q that says the disk does not boot", err, tt.wantErr)
 			}
@@ -210,5 +220,89 @@ func writeAtFile(t *testing.T, p string, off int64, s string) {
 	defer f.Close()
 	if _, err := f.WriteAt([]byte(s), off); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestInstallRefusesData: a disk holding data is left as it was unless kiln.install.wipe=1, and
+// the refusal names what the disk holds: an ext4 filesystem holding a file, and a disk that
+// was installed before (a second network boot with the same parameters).
+func TestInstallRefusesData(t *testing.T) {
+	img := makeImage(t)
+	srv := newServer(t)
+	srv.files["/img.raw"] = img.raw
+	p := func(dev string) Params {
+		return Params{Dev: dev, ImageURL: srv.url(t, "img.raw"), SHA256: sha(img.raw)}
+	}
+	tests := []struct {
+		name  string
+		make  func(t *testing.T) string
+		holds string
+	}{
+		{name: "ext4 holding a file", holds: "holds ext4", make: func(t *testing.T) string {
+			d := sparseDisk(t, 64*mib)
+			testkit.Run(t, testkit.Tool(t, "mkfs.ext4", "e2fsprogs"), "-q", "-F", d)
+			f := filepath.Join(t.TempDir(), "precious")
+			if err := os.WriteFile(f, []byte("precious data\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			testkit.Run(t, testkit.Tool(t, "debugfs", "e2fsprogs"), "-w", "-R", "write "+f+" precious", d)
+			return d
+		}},
+		{name: "installed before", holds: "holds gpt;", make: func(t *testing.T) string {
+			d := sparseDisk(t, 64*mib)
+			if _, err := Install(context.Background(), slog.New(slog.DiscardHandler), p(d), testOpts(t)); err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := tt.make(t)
+			before := fileSHA(t, d)
+			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), p(d), testOpts(t))
+			if !errors.Is(err, errNoTarget) || !strings.Contains(err.Error(), tt.holds) || !strings.Contains(err.Error(), "without kiln.install.wipe=1") ||
+				!strings.Contains(err.Error(), "boot order to disk first") {
+				t.Errorf("Install error = %v, want a refusal naming %q, wipe and the boot order", err, tt.holds)
+			}
+			if fileSHA(t, d) != before {
+				t.Error("the refused disk changed")
+			}
+		})
+	}
+}
+
+// TestInstallRetries: the image's request is retried on 503 up to Options.Attempts; a 404
+// fails at once. Nothing is written when the image cannot be fetched.
+func TestInstallRetries(t *testing.T) {
+	img := makeImage(t)
+	tests := []struct {
+		name      string
+		failures  int32
+		file      string
+		wantErr   string
+		wantTries int32
+	}{
+		{name: "two 503s", failures: 2, file: "img.raw", wantTries: 3},
+		{name: "too many 503s", failures: 10, file: "img.raw", wantErr: "(5 attempts): server answered 503", wantTries: 5},
+		{name: "404", file: "nope.raw", wantErr: "(1 attempts): server answered 404", wantTries: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newServer(t)
+			srv.files["/img.raw"] = img.raw
+			srv.failures.Store(tt.failures)
+			target := sparseDisk(t, 64*mib)
+			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), Params{Dev: target, ImageURL: srv.url(t, tt.file), SHA256: sha(img.raw)}, testOpts(t))
+			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Fatalf("Install error = %v, want %q", err, tt.wantErr)
+			}
+			if n := srv.requests.Load(); n != tt.wantTries {
+				t.Errorf("%d requests, want %d", n, tt.wantTries)
+			}
+			if tt.wantErr != "" && fileSHA(t, target) != sha(make([]byte, 64*mib)) {
+				t.Error("the disk was written")
+			}
+		})
 	}
 }

@@ -1,0 +1,141 @@
+package install
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/kilnproject/kiln/internal/testkit"
+)
+
+// fakeDisk is a disk in a fake sysfs tree, its device node a sparse file.
+type fakeDisk struct {
+	name, serial string
+	size         int64
+	removable    bool
+	ext4         bool // holds an ext4 filesystem
+}
+
+// fakeHost makes /sys/block and /dev for disks, as the kernel shows them to stage 1 (no udev).
+func fakeHost(t *testing.T, disks ...fakeDisk) Host {
+	t.Helper()
+	root := t.TempDir()
+	h := Host{SysBlock: filepath.Join(root, "sys/block"), DevDir: filepath.Join(root, "dev")}
+	for _, d := range disks {
+		dir := filepath.Join(h.SysBlock, d.name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		rm := "0"
+		if d.removable {
+			rm = "1"
+		}
+		for f, v := range map[string]string{"size": strconv.FormatInt(d.size/512, 10), "removable": rm, "ro": "0", "serial": d.serial} {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(v+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.MkdirAll(h.DevDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dev := filepath.Join(h.DevDir, d.name)
+		f, err := os.Create(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Truncate(d.size)
+		f.Close()
+		if d.ext4 {
+			testkit.Run(t, testkit.Tool(t, "mkfs.ext4", "e2fsprogs"), "-q", "-F", dev)
+		}
+	}
+	return h
+}
+
+// TestAuto: kiln.install.dev=auto takes the only empty disk it may use, never the etcd volume
+// the node config names, and otherwise refuses with every disk it saw and why it passed it over.
+func TestAuto(t *testing.T) {
+	img := makeImage(t)
+	srv := newServer(t)
+	// As the zstd program does, the frame header declares the image's size.
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.files["/img.raw.zst"] = enc.EncodeAll(img.raw, nil)
+	srv.files["/etcd-main.ign"] = nodeConfigIgn("etcd-main")
+	srv.files["/etcd-gone.ign"] = nodeConfigIgn("etcd-gone")
+	empty := func(name, serial string) fakeDisk { return fakeDisk{name: name, serial: serial, size: 64 * mib} }
+	tests := []struct {
+		name    string
+		disks   []fakeDisk
+		config  string // the config URL's file, "" for none
+		dev     string
+		wipe    bool
+		want    string // the disk installed to
+		wantErr []string
+	}{
+		{name: "one empty disk beside the etcd volume", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")},
+			config: "etcd-main.ign", dev: Auto, want: "vdb"},
+		{name: "two empty disks", disks: []fakeDisk{empty("vda", "one"), empty("vdb", "two")}, dev: Auto,
+			wantErr: []string{"2 empty disks", "vda (64 MiB, serial one): empty", "vdb (64 MiB, serial two): empty", "by-id virtio-two"}},
+		{name: "two empty disks without a config to tell the etcd one", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, dev: Auto,
+			wantErr: []string{"2 empty disks"}},
+		{name: "etcd volume not among the disks", disks: []fakeDisk{empty("vda", "os")}, config: "etcd-gone.ign", dev: Auto,
+			wantErr: []string{"etcd.volume.serial=etcd-gone selects none of the disks seen", "vda (64 MiB, serial os)"}},
+		{name: "none usable", dev: Auto, config: "etcd-main.ign", disks: []fakeDisk{
+			{name: "vda", serial: "old", size: 64 * mib, ext4: true}, empty("vdb", "etcd-main"), {name: "sda", size: 64 * mib, removable: true},
+			empty("sr0", ""), empty("loop0", ""), {name: "vdc", serial: "tiny", size: 8 * mib}},
+			wantErr: []string{"no empty disk", "vda (64 MiB, serial old): holds ext4", "vdb (64 MiB, serial etcd-main): empty; excluded: etcd volume (etcd.volume.serial=etcd-main)",
+				"sda (64 MiB): empty; excluded: removable", "sr0 (64 MiB): empty; excluded: not a disk", "loop0 (64 MiB): empty; excluded: not a disk",
+				"vdc (8 MiB, serial tiny): empty; excluded: smaller than the image (56 MiB)", "without kiln.install.wipe=1"}},
+		{name: "wipe takes the only usable disk", disks: []fakeDisk{{name: "vda", serial: "old", size: 64 * mib, ext4: true}, empty("vdb", "etcd-main")},
+			config: "etcd-main.ign", dev: Auto, wipe: true, want: "vda"},
+		{name: "by-id name", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, dev: "virtio-os", want: "vdb"},
+		{name: "by-id name of the etcd volume", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, config: "etcd-main.ign",
+			dev: "virtio-etcd-main", wantErr: []string{"is the etcd volume (etcd.volume.serial=etcd-main)"}},
+		{name: "unknown by-id name", disks: []fakeDisk{empty("vda", "os")}, dev: "virtio-nope",
+			wantErr: []string{"kiln.install.dev=virtio-nope: no disk has this /dev/disk/by-id name", "by-id virtio-os"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := testOpts(t)
+			o.Host = fakeHost(t, tt.disks...)
+			p := Params{Dev: tt.dev, ImageURL: srv.url(t, "img.raw.zst"), SHA256: sha(srv.files["/img.raw.zst"]), Wipe: tt.wipe}
+			if tt.config != "" {
+				p.ConfigURL = srv.URL + "/" + tt.config
+			}
+			before := map[string]string{}
+			for _, d := range tt.disks {
+				before[d.name] = fileSHA(t, filepath.Join(o.Host.DevDir, d.name))
+			}
+			res, err := Install(context.Background(), slog.New(slog.DiscardHandler), p, o)
+			if tt.wantErr != nil {
+				if !errors.Is(err, errNoTarget) {
+					t.Fatalf("Install error = %v, want a refusal", err)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error does not say %q:\n%v", w, err)
+					}
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			} else if res.Device != filepath.Join(o.Host.DevDir, tt.want) {
+				t.Errorf("installed to %s, want %s", res.Device, tt.want)
+			}
+			for _, d := range tt.disks {
+				if d.name != tt.want && fileSHA(t, filepath.Join(o.Host.DevDir, d.name)) != before[d.name] {
+					t.Errorf("%s changed", d.name)
+				}
+			}
+		})
+	}
+}
