@@ -47,7 +47,8 @@ const (
 
 // Run performs stage 1 and never returns on success (it execs systemd). It returns an error only
 // when it cannot go on; the caller prints it and waits.
-func Run(ctx context.Context, log *slog.Logger) error {
+// An install boot is handed to install once the modules are loaded and the network is up.
+func Run(ctx context.Context, log *slog.Logger, install Installer) error {
 	start := time.Now()
 	if err := mountKernelFS(log); err != nil {
 		return err
@@ -66,6 +67,8 @@ func Run(ctx context.Context, log *slog.Logger) error {
 		info, err = bootDisk(ctx, log, cl, modFailures)
 	case ModeLive:
 		info, err = bootLive(ctx, log, cl, modFailures)
+	case ModeInstall:
+		return runInstall(ctx, log, cl, install)
 	default:
 		err = fmt.Errorf("kernel cmdline: a %s boot is not supported by this kiln-init", cl.Mode())
 	}
@@ -116,6 +119,8 @@ func readCmdline(log *slog.Logger) (Cmdline, error) {
 	switch cl.Mode() {
 	case ModeLive:
 		log.Info("stage 1", "mode", cl.Mode(), "rootfs_url", cl.Live.URL, "rootfstype", cl.RootFSType, "platform", cl.Platform())
+	case ModeInstall:
+		log.Info("stage 1", "mode", cl.Mode(), "image_url", cl.Kiln["install.image_url"], "dev", cl.Kiln["install.dev"], "platform", cl.Platform())
 	default:
 		log.Info("stage 1", "mode", cl.Mode(), "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
 	}

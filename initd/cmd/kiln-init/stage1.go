@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/install"
 	"github.com/kilnproject/kiln/initd/stage1"
 )
 
@@ -22,7 +23,10 @@ func runStage1() {
 			return a
 		},
 	})).With("prog", "kiln-init")
-	err := stage1.Run(context.Background(), log)
+	installer := func(ctx context.Context, log *slog.Logger, cl stage1.Cmdline) error {
+		return install.Run(ctx, log, console, cl.Kiln, cl.Raw)
+	}
+	err := stage1.Run(context.Background(), log, installer)
 	fmt.Fprintf(console, "kiln-init: stage 1 failed: %v\n", err)
 	fmt.Fprintln(console, "kiln-init: cannot continue the boot; the machine waits here (power it off)")
 	for {

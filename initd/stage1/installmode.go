@@ -1,0 +1,27 @@
+package stage1
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/kilnproject/kiln/initd/netup"
+)
+
+// Installer runs an install boot (kiln.install.*): package install's Run, handed to Run by
+// kiln-init's main, since package install builds on stage 1's disk probes. It returns only
+// on failure; on success it reboots into the installed disk.
+type Installer func(ctx context.Context, log *slog.Logger, cl Cmdline) error
+
+// runInstall brings the network up and hands the boot to install.
+func runInstall(ctx context.Context, log *slog.Logger, cl Cmdline, install Installer) error {
+	if install == nil {
+		return errors.New("kernel cmdline: an install boot is not supported by this kiln-init")
+	}
+	lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.NetTimeout})
+	if err != nil {
+		return err
+	}
+	log.Info("network up", "lease", lease.String())
+	return install(ctx, log, cl)
+}
