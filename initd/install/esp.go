@@ -62,7 +62,7 @@ func addConfigURL(b backend.Storage, esp *gpt.Partition, configURL string) (stri
 	if options < 0 {
 		return "", fmt.Errorf("the image's boot entry %s has no options line", nodeimage.LoaderEntryPath)
 	}
-	line := strings.TrimRight(lines[options], " \t\r\n") + " " + ParamKey(ParamConfigURL) + "=" + configURL
+	line := strings.TrimRight(lines[options], " \t\r\n") + " " + paramKey(ParamConfigURL) + "=" + configURL
 	lines[options] = line + "\n"
 	f, err := fs.OpenFile(nodeimage.LoaderEntryPath, os.O_RDWR|os.O_TRUNC)
 	if err != nil {
@@ -78,8 +78,8 @@ func addConfigURL(b backend.Storage, esp *gpt.Partition, configURL string) (stri
 	return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "options")), nil
 }
 
-// ParamKey is the kernel parameter name of a key of Cmdline.Kiln: "kiln." + key.
-func ParamKey(key string) string { return "kiln." + key }
+// paramKey is the kernel parameter name of a key of Cmdline.Kiln: "kiln." + key.
+func paramKey(key string) string { return "kiln." + key }
 
 func readFATFile(fs *fat32.FileSystem, name string) (string, error) {
 	f, err := fs.OpenFile(name, os.O_RDONLY)

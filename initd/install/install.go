@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnproject/kiln/initd/stage1"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
@@ -50,7 +51,7 @@ func (o Options) withDefaults(p Params) Options {
 	o.RetryPause = cmp.Or(o.RetryPause, 2*time.Second)
 	o.StallTimeout = cmp.Or(o.StallTimeout, time.Minute)
 	o.ProgressEvery = cmp.Or(o.ProgressEvery, 5*time.Second)
-	o.Cmdline = cmp.Or(o.Cmdline, ParamKey(ParamConfigURL)+"="+p.ConfigURL)
+	o.Cmdline = cmp.Or(o.Cmdline, paramKey(ParamConfigURL)+"="+p.ConfigURL)
 	return o
 }
 
@@ -154,9 +155,13 @@ func write(ctx context.Context, log *slog.Logger, o Options, p Params, d *downlo
 	if err := st.commit(); err != nil {
 		return Result{}, unbootable(err)
 	}
+	if _, err := stage1.ReadGPT(target.Path, imageSectorSize); err != nil {
+		return Result{}, fmt.Errorf("the written GPT does not read back: %w", err)
+	}
 	if block {
+		// The reboot reads the table anyway: a kernel that keeps the old one is no failure.
 		if err := rereadPartitions(ctx, f); err != nil {
-			return Result{}, err
+			log.Warn("install: "+err.Error(), "disk", target.Path)
 		}
 	}
 	el := time.Since(start)
