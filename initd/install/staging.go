@@ -13,8 +13,8 @@ import (
 )
 
 // Held parts of the image: headSize bytes at its start (protective MBR, primary GPT, and in a
-// kiln image nothing else: the ESP starts at 1 MiB) and the last tailSize bytes (the backup
-// GPT). Neither reaches the disk before the whole image is verified.
+// kiln image nothing else: the ESP starts at 1 MiB) and at least its last tailSize bytes (the
+// backup GPT). Neither reaches the disk before the whole image is verified.
 const (
 	headSize = 1 << 20
 	tailSize = 1 << 20
@@ -24,7 +24,7 @@ const (
 var ErrTooLarge = errors.New("the image is larger than the disk")
 
 // staging takes the decompressed image as a stream and writes it to the target, except for
-// its head and tail, which it holds until commit. Only one image passes through a staging.
+// its head and tail (the last one to two MiB), which it holds until commit. Only one image passes through a staging.
 type staging struct {
 	f     *os.File
 	limit int64 // the target's size
