@@ -130,11 +130,11 @@ func write(ctx context.Context, log *slog.Logger, o Options, p Params, d *downlo
 	if err != nil {
 		return Result{}, fmt.Errorf("size: %w", err)
 	}
-	if err := destroyTables(f, size); err != nil {
-		return Result{}, err
-	}
 	unbootable := func(err error) error {
 		return fmt.Errorf("%w; %s has no partition table now and does not boot (a network boot first retries the install)", err, target.Path)
+	}
+	if err := destroyTables(f, size); err != nil {
+		return Result{}, unbootable(err)
 	}
 	start := time.Now()
 	st := newStaging(f, size, log, o.ProgressEvery)
@@ -147,10 +147,10 @@ func write(ctx context.Context, log *slog.Logger, o Options, p Params, d *downlo
 		return Result{}, unbootable(err)
 	}
 	res := Result{Image: p.ImageName(), Device: target.Path, Bytes: st.n}
-	if p.ConfigURL != "" {
-		if res.Options, err = addConfigURL(v, esp, p.ConfigURL); err != nil {
-			return Result{}, unbootable(err)
-		}
+	if p.ConfigURL == "" {
+		log.Info("install: no kiln.config.url= to hand over; the image's boot entry is kept as it is")
+	} else if res.Options, err = addConfigURL(v, esp, p.ConfigURL); err != nil {
+		return Result{}, unbootable(err)
 	}
 	if err := st.commit(); err != nil {
 		return Result{}, unbootable(err)

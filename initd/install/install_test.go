@@ -127,7 +127,7 @@ func TestInstall(t *testing.T) {
 			if got := InstalledLine(res); got != want {
 				t.Errorf("console line %q, want %q", got, want)
 			}
-			if !strings.Contains(logs.String(), "msg=\"install: writing\" MiB=") {
+			if !strings.Contains(logs.String(), "msg=\"install: progress\" MiB=") {
 				t.Errorf("no progress in the log:\n%s", logs)
 			}
 		})

@@ -94,7 +94,7 @@ func (s *staging) report() error {
 	}
 	s.lastLog = now
 	el := now.Sub(s.start).Seconds()
-	s.log.Info("install: writing", "MiB", s.n>>20, "MiB/s", fmt.Sprintf("%.1f", float64(s.n)/(1<<20)/max(el, 1e-3)))
+	s.log.Info("install: progress", "MiB", s.n>>20, "MiB/s", fmt.Sprintf("%.1f", float64(s.n)/(1<<20)/max(el, 1e-3)))
 	return nil
 }
 
