@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -137,5 +138,33 @@ func TestAuto(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAutoWaitsForDisks: the kernel probes disks while stage 1 runs; a disk that shows up
+// within Options.DiskWait is found, and auto does not settle for less before then.
+func TestAutoWaitsForDisks(t *testing.T) {
+	img := makeImage(t)
+	srv := newServer(t)
+	srv.files["/img.raw"] = img.raw
+	srv.files["/etcd-main.ign"] = nodeConfigIgn("etcd-main")
+	o := testOpts(t)
+	o.DiskWait = 10 * time.Second
+	o.Host = fakeHost(t, fakeDisk{name: "vdb", serial: "os", size: 64 * mib})
+	// The etcd volume appears late: until then auto cannot tell which disk it is.
+	late := fakeHost(t, fakeDisk{name: "vda", serial: "etcd-main", size: 64 * mib})
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		os.Rename(filepath.Join(late.DevDir, "vda"), filepath.Join(o.Host.DevDir, "vda"))
+		os.Rename(filepath.Join(late.SysBlock, "vda"), filepath.Join(o.Host.SysBlock, "vda"))
+	}()
+	start := time.Now()
+	p := Params{Dev: Auto, ImageURL: srv.url(t, "img.raw"), SHA256: sha(img.raw), ConfigURL: srv.URL + "/etcd-main.ign"}
+	res, err := Install(context.Background(), slog.New(slog.DiscardHandler), p, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Device != filepath.Join(o.Host.DevDir, "vdb") || time.Since(start) < 300*time.Millisecond {
+		t.Errorf("installed to %s after %s", res.Device, time.Since(start))
 	}
 }

@@ -1,7 +1,9 @@
 package install
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,6 +54,9 @@ func choose(disks []Disk, p Params, minSize int64) (Disk, error) {
 // it is.
 func byPath(disks []Disk, path string) (Disk, error) {
 	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Disk{}, missing(fmt.Errorf("kiln.%s=%s: no such device (%w). Disks seen:%s", ParamDev, path, errNoTarget, listDisks(disks, -1)))
+	}
 	if err != nil {
 		return Disk{}, fmt.Errorf("kiln.%s=%s: %w", ParamDev, path, err)
 	}
@@ -87,8 +92,8 @@ func byID(disks []Disk, id string) (Disk, error) {
 	case 1:
 		return found[0], nil
 	case 0:
-		return Disk{}, fmt.Errorf("kiln.%s=%s: no disk has this /dev/disk/by-id name; %w. Disks seen:%s",
-			ParamDev, id, errNoTarget, listDisks(disks, -1))
+		return Disk{}, missing(fmt.Errorf("kiln.%s=%s: no disk has this /dev/disk/by-id name; %w. Disks seen:%s",
+			ParamDev, id, errNoTarget, listDisks(disks, -1)))
 	}
 	return Disk{}, fmt.Errorf("kiln.%s=%s: %d disks have this name; %w. Disks seen:%s",
 		ParamDev, id, len(found), errNoTarget, listDisks(found, -1))
@@ -120,8 +125,8 @@ func chooseAuto(disks []Disk, wipe bool, minSize int64) (Disk, error) {
 		return Disk{}, fmt.Errorf("%s with kiln.%s=1: no empty disk and %d disks holding data: %w; name one with kiln.%s=. Disks seen:%s",
 			prefix, ParamWipe, len(usable), errNoTarget, ParamDev, listDisks(disks, minSize))
 	case len(usable) > 0:
-		return Disk{}, fmt.Errorf("%s: no empty disk (%w): every disk auto may use holds data; %s. %s. Disks seen:%s",
-			prefix, errNoTarget, refuseData, bootOrder, listDisks(disks, minSize))
+		return Disk{}, missing(fmt.Errorf("%s: no empty disk (%w): every disk auto may use holds data; %s. %s. Disks seen:%s",
+			prefix, errNoTarget, refuseData, bootOrder, listDisks(disks, minSize)))
 	}
-	return Disk{}, fmt.Errorf("%s: no disk auto may use: %w. Disks seen:%s", prefix, errNoTarget, listDisks(disks, minSize))
+	return Disk{}, missing(fmt.Errorf("%s: no disk auto may use: %w. Disks seen:%s", prefix, errNoTarget, listDisks(disks, minSize)))
 }

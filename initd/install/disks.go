@@ -133,8 +133,8 @@ func markEtcd(disks []Disk, v *EtcdVolume) error {
 		}
 	}
 	if !found {
-		return fmt.Errorf("the node config's %s selects none of the disks seen, so the installer cannot keep clear of it (%w). Disks seen:%s",
-			v, errNoTarget, listDisks(disks, -1))
+		return missing(fmt.Errorf("the node config's %s selects none of the disks seen, so the installer cannot keep clear of it (%w). Disks seen:%s",
+			v, errNoTarget, listDisks(disks, -1)))
 	}
 	return nil
 }
@@ -160,3 +160,16 @@ func listDisks(disks []Disk, minSize int64) string {
 
 // errNoTarget is matched by every refusal to choose a disk.
 var errNoTarget = errors.New("no disk to install to")
+
+// errMissing is matched by the refusals a disk that has not appeared yet may change: the disk
+// named, the etcd volume or any disk auto may use is not there.
+var errMissing = errors.New("a disk may still appear")
+
+// missing marks err as one that a disk still to appear may change.
+func missing(err error) error { return &missingError{err} }
+
+type missingError struct{ err error }
+
+func (e *missingError) Error() string        { return e.err.Error() }
+func (e *missingError) Unwrap() error        { return e.err }
+func (e *missingError) Is(target error) bool { return target == errMissing }

@@ -41,6 +41,10 @@ type Options struct {
 	StallTimeout time.Duration
 	// ProgressEvery is how often progress is logged (default 5s).
 	ProgressEvery time.Duration
+	// DiskWait bounds the wait for the target disk to appear: the kernel probes disks while
+	// stage 1 runs, and udev, which would say when it is done, does not run (default 30s,
+	// kiln.rootwait=). Refusals that a later disk cannot change are not waited on.
+	DiskWait time.Duration
 	// Clock times the retries; nil is the wall clock.
 	Clock poll.Clock
 }
@@ -51,6 +55,7 @@ func (o Options) withDefaults(p Params) Options {
 	o.RetryPause = cmp.Or(o.RetryPause, 2*time.Second)
 	o.StallTimeout = cmp.Or(o.StallTimeout, time.Minute)
 	o.ProgressEvery = cmp.Or(o.ProgressEvery, 5*time.Second)
+	o.DiskWait = cmp.Or(o.DiskWait, 30*time.Second)
 	o.Cmdline = cmp.Or(o.Cmdline, paramKey(ParamConfigURL)+"="+p.ConfigURL)
 	return o
 }
@@ -82,7 +87,7 @@ func Install(ctx context.Context, log *slog.Logger, p Params, o Options) (Result
 		return Result{}, fmt.Errorf("install: %w", err)
 	}
 	defer d.close()
-	target, err := pickTarget(log, o.Host, p, etcd, d.minSize)
+	target, err := waitTarget(ctx, log, o, p, etcd, d.minSize)
 	if err != nil {
 		return Result{}, fmt.Errorf("install: %w", err)
 	}
@@ -95,6 +100,34 @@ func Install(ctx context.Context, log *slog.Logger, p Params, o Options) (Result
 		return Result{}, fmt.Errorf("install %s to %s: %w", p.ImageName(), target.Path, err)
 	}
 	return res, nil
+}
+
+// waitTarget chooses the target, looking again while the error says a disk is missing (see
+// missing), until o.DiskWait has passed.
+func waitTarget(ctx context.Context, log *slog.Logger, o Options, p Params, etcd *EtcdVolume, minSize int64) (Disk, error) {
+	var d Disk
+	logged := false
+	err := poll.Retry(ctx, poll.Options{
+		What:      "the disk to install to",
+		Timeout:   o.DiskWait,
+		Backoff:   poll.Constant(500 * time.Millisecond),
+		Retryable: func(err error) bool { return errors.Is(err, errMissing) },
+		OnRetry: func(a poll.Attempt) {
+			if !logged {
+				log.Info("install: waiting for disks", "for", o.DiskWait, "because", a.Err)
+				logged = true
+			}
+		},
+	}, func(context.Context) error {
+		var err error
+		d, err = pickTarget(log, o.Host, p, etcd, minSize)
+		return err
+	})
+	var pe *poll.Error
+	if errors.As(err, &pe) && pe.Last != nil {
+		return Disk{}, fmt.Errorf("after waiting %s for disks: %w", o.DiskWait, pe.Last)
+	}
+	return d, err
 }
 
 // pickTarget scans the disks, marks the etcd volume and chooses the target.

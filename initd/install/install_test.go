@@ -80,7 +80,8 @@ func logBuffer() (*slog.Logger, *bytes.Buffer) {
 }
 
 func testOpts(t *testing.T) Options {
-	return Options{Host: Host{SysBlock: t.TempDir()}, RetryPause: time.Millisecond, Clock: &testkit.InstantClock{}, ProgressEvery: time.Millisecond}
+	return Options{Host: Host{SysBlock: t.TempDir()}, RetryPause: time.Millisecond, Clock: &testkit.InstantClock{},
+		ProgressEvery: time.Millisecond, DiskWait: 200 * time.Millisecond}
 }
 
 // TestInstall: an image served plain, zstd- or xz-compressed is installed to a blank disk

@@ -11,18 +11,18 @@ import (
 )
 
 // Run installs as the kernel command line says (kiln holds its kiln.* parameters without the
-// prefix, raw is the whole line), prints
+// prefix; o.Cmdline is the whole line), prints
 //
 //	kiln-init: installed <image> to <dev> (<n> MiB, sha256 ok); rebooting
 //
 // on the console, syncs and reboots. It returns only on failure; nothing was written then
 // unless the error says the disk no longer boots.
-func Run(ctx context.Context, log *slog.Logger, console io.Writer, kiln map[string]string, raw string) error {
+func Run(ctx context.Context, log *slog.Logger, console io.Writer, kiln map[string]string, o Options) error {
 	p, err := ParseParams(kiln)
 	if err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
-	res, err := Install(ctx, log, p, Options{Cmdline: raw})
+	res, err := Install(ctx, log, p, o)
 	if err != nil {
 		return err
 	}

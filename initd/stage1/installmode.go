@@ -13,15 +13,19 @@ import (
 // on failure; on success it reboots into the installed disk.
 type Installer func(ctx context.Context, log *slog.Logger, cl Cmdline) error
 
-// runInstall brings the network up and hands the boot to install.
-func runInstall(ctx context.Context, log *slog.Logger, cl Cmdline, install Installer) error {
+// runInstall brings the network up and hands the boot to install. The modules that failed to
+// load are named under its error: a missing NIC or disk driver is the likely cause.
+func runInstall(ctx context.Context, log *slog.Logger, cl Cmdline, install Installer, modFailures []ModuleError) error {
 	if install == nil {
 		return errors.New("kernel cmdline: an install boot is not supported by this kiln-init")
 	}
 	lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.NetTimeout})
 	if err != nil {
-		return err
+		return withModules(err, modFailures)
 	}
 	log.Info("network up", "lease", lease.String())
-	return install(ctx, log, cl)
+	if err := install(ctx, log, cl); err != nil {
+		return withModules(err, modFailures)
+	}
+	return nil
 }

@@ -68,7 +68,7 @@ func Run(ctx context.Context, log *slog.Logger, install Installer) error {
 	case ModeLive:
 		info, err = bootLive(ctx, log, cl, modFailures)
 	case ModeInstall:
-		return runInstall(ctx, log, cl, install)
+		return runInstall(ctx, log, cl, install, modFailures)
 	default:
 		err = fmt.Errorf("kernel cmdline: a %s boot is not supported by this kiln-init", cl.Mode())
 	}

@@ -24,7 +24,7 @@ func runStage1() {
 		},
 	})).With("prog", "kiln-init")
 	installer := func(ctx context.Context, log *slog.Logger, cl stage1.Cmdline) error {
-		return install.Run(ctx, log, console, cl.Kiln, cl.Raw)
+		return install.Run(ctx, log, console, cl.Kiln, install.Options{Cmdline: cl.Raw, DiskWait: cl.RootWait})
 	}
 	err := stage1.Run(context.Background(), log, installer)
 	fmt.Fprintf(console, "kiln-init: stage 1 failed: %v\n", err)
