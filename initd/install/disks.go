@@ -104,7 +104,8 @@ func (h Host) Scan() ([]Disk, error) {
 		d.Removable, d.ReadOnly = rm == 1, ro == 1
 		if d.exclusion(0) == "" {
 			if d.Holds, err = stage1.ProbeDisk(d.Path); err != nil {
-				return nil, err
+				// Never written without being read: an unreadable disk counts as holding data.
+				d.Holds = []string{fmt.Sprintf("unreadable data (%v)", err)}
 			}
 		}
 		disks = append(disks, d)
