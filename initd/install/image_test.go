@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/stage1"
 	"github.com/kilnproject/kiln/internal/nodeimage"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 const mib = 1 << 20
@@ -185,5 +187,36 @@ func assertUnbootable(t *testing.T, p string) {
 		if strings.HasPrefix(h, "gpt") || h == "dos" {
 			t.Errorf("disk still holds %q after a failed install", h)
 		}
+	}
+}
+
+// fsckESP runs fsck.fat -n on the ESP of the disk image p and returns what it says, with the
+// file's name taken out.
+func fsckESP(t *testing.T, p string) string {
+	t.Helper()
+	b := make([]byte, espSize)
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.ReadAt(b, espStart); err != nil {
+		t.Fatal(err)
+	}
+	esp := filepath.Join(t.TempDir(), "esp.img")
+	if err := os.WriteFile(esp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := exec.Command(testkit.Tool(t, "fsck.fat", "dosfstools"), "-n", "-V", esp).CombinedOutput()
+	return strings.ReplaceAll(string(out), esp, "ESP")
+}
+
+// assertESPClean checks that editing the boot entry left the FAT filesystem of disk p's ESP
+// as sound as the image's own: fsck.fat finds no more to repair than on the image (go-diskfs
+// leaves a few things it would tidy).
+func assertESPClean(t *testing.T, p string, img testImage) {
+	t.Helper()
+	if got, want := fsckESP(t, p), fsckESP(t, img.path); got != want {
+		t.Errorf("fsck.fat on the installed ESP says\n%s\non the image's\n%s", got, want)
 	}
 }

@@ -124,6 +124,7 @@ func TestInstall(t *testing.T) {
 				t.Fatalf("Install: %v\nlog:\n%s", err, logs)
 			}
 			assertInstalled(t, target, img, testOptions+" kiln.config.url="+configURL)
+			assertESPClean(t, target, img)
 			want := fmt.Sprintf("kiln-init: installed %s to %s (56 MiB, sha256 ok); rebooting", name, target)
 			if got := InstalledLine(res); got != want {
 				t.Errorf("console line %q, want %q", got, want)
