@@ -63,3 +63,13 @@ const (
 	// over it.
 	EmbeddedConfigPath = "/usr/lib/kiln/config.ign"
 )
+
+// The pxe output: a directory <image>-<role>+PXEDirSuffix beside the other outputs holding
+// these files (see PXEInfo).
+const (
+	PXEDirSuffix  = "-pxe"
+	PXEKernelName = "vmlinuz"
+	PXEInitrdName = "initrd.img"
+	PXERootFSName = "rootfs.img"
+	PXEScriptName = "boot.ipxe"
+)

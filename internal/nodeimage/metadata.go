@@ -18,6 +18,10 @@ type Metadata struct {
 	Disk      *DiskInfo        `json:"disk,omitempty"`
 	Outputs   []OutputInfo     `json:"outputs,omitempty"`
 	Initramfs *InitramfsDigest `json:"initramfs,omitempty"`
+	// PXE is set when the definition lists the pxe format: the files of <image>-<role>-pxe/.
+	// It is only in <image>-<role>.json, not in the image's own image.json (rootfs.img cannot
+	// hold its own digest).
+	PXE *PXEInfo `json:"pxe,omitempty"`
 	// Kubernetes is set when the role's profile has a kubernetes section.
 	Kubernetes *KubernetesInfo `json:"kubernetes,omitempty"`
 }
@@ -86,8 +90,52 @@ type Partition struct {
 	Size   int64
 }
 
+// PXEInfo is the pxe output: the directory <image>-<role>-pxe/ (Dir, beside the other outputs)
+// holding what a network boot fetches, and the kernel arguments it boots with. A server
+// renders its own iPXE script from it:
+//
+//	kernel <base>/<Kernel.File> initrd=<Initrd.File> <KernelArgs> kiln.live.rootfs_url=<base>/<RootFS.File> kiln.live.rootfs_sha256=<RootFS.SHA256>
+//	initrd <base>/<Initrd.File>
+//	boot
+type PXEInfo struct {
+	// Dir is the directory's name, <image>-<role>-pxe (PXEDirSuffix), relative to the
+	// metadata file.
+	Dir string `json:"dir"`
+	// Kernel is the kernel (PXEKernelName), the same file as KernelPath on the disk's ESP.
+	Kernel PXEFile `json:"kernel"`
+	// Initrd is kiln's initramfs (PXEInitrdName), byte for byte the one at InitrdPath on the
+	// disk's ESP: one initramfs boots from a disk and from the network.
+	Initrd PXEFile `json:"initrd"`
+	// RootFS is the root filesystem image (PXERootFSName), the squashfs or erofs (Metadata.RootFS)
+	// that is root-a on the disk.
+	RootFS PXEFile `json:"rootfs"`
+	// Script is the live-boot iPXE script (PXEScriptName), which takes the directory's URL from
+	// the iPXE variable ${kiln-base}.
+	Script PXEFile `json:"script"`
+	// KernelArgs is the kernel command line of a network boot without the mode's parameters:
+	// kiln's own (ro, kiln.platform=) and the definition's kernel.args, the disk boot's
+	// command line without root= and rootfstype= (which name a partition). A live boot adds
+	// kiln.live.rootfs_url= and kiln.live.rootfs_sha256=, an install the kiln.install.* ones,
+	// and either may add kiln.config.url=.
+	KernelArgs string `json:"kernelArgs"`
+}
+
+// PXEFile is one file of the pxe output directory.
+type PXEFile struct {
+	// File is its name inside PXEInfo.Dir.
+	File string `json:"file"`
+	// SHA256 is the hex digest of the whole file; Size its size in bytes.
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// Files are the directory's files: kernel, initrd, rootfs, script.
+func (p *PXEInfo) Files() []PXEFile { return []PXEFile{p.Kernel, p.Initrd, p.RootFS, p.Script} }
+
 // OutputInfo is one written file. SHA256 is the hex digest of the whole file: kiln publish
-// records it on the cloud image as the image's identity, and checks the file against it.
+// records it on the cloud image as the image's identity, and checks the file against it. The
+// pxe format has one entry per file of its directory, File being "<dir>/<name>"
+// (metal-worker-pxe/vmlinuz).
 type OutputInfo struct {
 	Format    string `json:"format"`
 	File      string `json:"file"`
