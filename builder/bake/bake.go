@@ -9,6 +9,7 @@
 //	initramfs   kiln-init as /init and the kernel modules that find and mount the root
 //	rootfs      the tree as a squashfs or erofs, with its owners
 //	disk        the GPT disk: the ESP (kernel, initramfs, systemd-boot, image.json) and the root
+//	pxe         with the pxe format: the kernel, initramfs and root image for network boots
 //	formats     the raw disk converted to the definition's formats
 //	metadata    image.json in the tree and <image>-<role>.json beside the outputs
 //
@@ -53,7 +54,7 @@ type Options struct {
 
 // Result names what a bake wrote.
 type Result struct {
-	Outputs  []string // every file written to OutDir, raw first, metadata last
+	Outputs  []string // every file (and the pxe directory) written to OutDir, in the definition's order, metadata last
 	Metadata *nodeimage.Metadata
 }
 
@@ -138,7 +139,14 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	files, err := b.convert(raw)
+	pxeDir, err := b.writePXE(rootImg, boot, initrd, md)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := os.Remove(rootImg); err != nil { // the formats need the space, not the image
+		return nil, nil, err
+	}
+	files, err := b.convert(raw, pxeDir)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -154,15 +162,15 @@ func (b *baker) step(name string, start time.Time) {
 	b.log.Info(name, "seconds", time.Since(start).Round(time.Millisecond).Seconds())
 }
 
-// publish moves the files of a successful bake into dir, in order, and returns where they are
-// now. When one cannot be moved, those moved already are removed again.
+// publish moves the files (and the pxe directory) of a successful bake into dir, in order, and
+// returns where they are now. When one cannot be moved, those moved already are removed again.
 func publish(files []string, dir string) ([]string, error) {
 	var outs []string
 	for _, f := range files {
 		dst := filepath.Join(dir, filepath.Base(f))
 		if err := os.Rename(f, dst); err != nil {
 			for _, done := range outs {
-				os.Remove(done)
+				os.RemoveAll(done)
 			}
 			return nil, fmt.Errorf("move %s into %s: %w", filepath.Base(f), dir, err)
 		}

@@ -2,7 +2,6 @@ package bake
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,8 +13,8 @@ import (
 )
 
 // writeDisk writes the raw GPT disk <stem>.raw to the work directory: the ESP with the kernel,
-// systemd-boot, the initramfs and image.json, and the root filesystem rootImg, which is removed
-// afterwards. It returns the disk's path and records its layout in md.
+// systemd-boot, the initramfs and image.json, and the root filesystem rootImg. It returns the
+// disk's path and records its layout in md.
 func (b *baker) writeDisk(rootImg string, boot bootFiles, initrd string, imageJSON []byte, md *nodeimage.Metadata) (string, error) {
 	t := time.Now()
 	def := b.def
@@ -37,8 +36,5 @@ func (b *baker) writeDisk(rootImg string, boot bootFiles, initrd string, imageJS
 	}
 	md.Disk = &nodeimage.DiskInfo{Size: fileSize(raw), GUID: res.DiskGUID, Cmdline: res.Cmdline, Partitions: res.Partitions}
 	b.step("disk written", t)
-	if err := os.Remove(rootImg); err != nil {
-		return "", err
-	}
 	return raw, nil
 }

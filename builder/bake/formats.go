@@ -10,13 +10,17 @@ import (
 )
 
 // convert turns the raw disk into each of the definition's formats, in its order, and returns
-// the files: raw itself where the definition lists raw. Without raw in the list, the raw disk
-// is removed once converted.
-func (b *baker) convert(raw string) ([]string, error) {
+// the files: raw itself where the definition lists raw, pxeDir (written before) where it lists
+// pxe. Without raw in the list, the raw disk is removed once converted.
+func (b *baker) convert(raw, pxeDir string) ([]string, error) {
 	files := []string{}
 	for _, f := range b.def.Formats {
-		if f == "raw" {
+		switch f {
+		case "raw":
 			files = append(files, raw)
+			continue
+		case "pxe":
+			files = append(files, pxeDir)
 			continue
 		}
 		t := time.Now()

@@ -31,9 +31,18 @@ func writeImageJSON(tree *rootfs.Tree, md *nodeimage.Metadata) ([]byte, error) {
 }
 
 // writeMetadata records the output files in md and writes it, complete with the disk's layout,
-// as <stem>.json in the work directory. It returns that file's path.
+// as <stem>.json in the work directory. It returns that file's path. The pxe directory has one
+// entry per file, named <dir>/<file>.
 func (b *baker) writeMetadata(files []string, md *nodeimage.Metadata) (string, error) {
 	for _, f := range files {
+		if md.PXE != nil && filepath.Base(f) == md.PXE.Dir {
+			for _, pf := range md.PXE.Files() {
+				p := filepath.Join(f, pf.File)
+				md.Outputs = append(md.Outputs, nodeimage.OutputInfo{Format: "pxe", File: md.PXE.Dir + "/" + pf.File,
+					Size: pf.Size, Allocated: allocated(p), SHA256: pf.SHA256})
+			}
+			continue
+		}
 		sum, err := sha256File(f)
 		if err != nil {
 			return "", err

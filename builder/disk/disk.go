@@ -177,9 +177,17 @@ func guid(seed, what string) string {
 	return uuid.NewHash(sha256.New(), kilnNamespace, []byte(seed+"\x00"+what), 5).String()
 }
 
-// KernelCmdline returns the options line for a root partition GUID.
+// KernelCmdline returns the options line for a root partition GUID: root= and rootfstype=
+// naming root-a, then BootArgs.
 func KernelCmdline(rootGUID, rootFSType, platform, extra string) string {
-	c := fmt.Sprintf("root=PARTUUID=%s rootfstype=%s ro kiln.platform=%s", strings.ToLower(rootGUID), rootFSType, platform)
+	return fmt.Sprintf("root=PARTUUID=%s rootfstype=%s %s", strings.ToLower(rootGUID), rootFSType, BootArgs(platform, extra))
+}
+
+// BootArgs are the kernel arguments every boot of an image has, from a disk or the network:
+// ro, kiln.platform= and the extra arguments (the definition's kernel.args). A network boot
+// (the pxe output) boots with these and no root=.
+func BootArgs(platform, extra string) string {
+	c := "ro kiln.platform=" + platform
 	if extra = strings.Join(strings.Fields(extra), " "); extra != "" {
 		c += " " + extra
 	}

@@ -1,7 +1,8 @@
 // Package output turns the raw disk a bake writes into the formats users upload or boot:
 // qcow2, vmdk (streamOptimized, for vSphere and AMI import), vhd (fixed, for Azure/Hyper-V) and
 // GCE's disk.raw in a gzip'd oldgnu tar. Conversions use qemu-img and GNU tar, which keep the
-// image sparse.
+// image sparse. The pxe format is no conversion: WritePXE writes a directory of the kernel,
+// initramfs and root filesystem image a network boot fetches, and CheckPXE checks one.
 //
 // A new format is one entry in the formats table: its name (what a definition lists), the
 // suffix of its file and the command that writes it.
@@ -14,6 +15,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // A Format is one kind of file a bake can write.
@@ -23,6 +26,9 @@ type Format struct {
 	// command returns the command that writes raw as this format to tmp, and what to remove
 	// once it has run. Nil for raw, which is the bake's own output.
 	command func(ctx context.Context, raw, tmp string) (*exec.Cmd, func(), error)
+	// Dir is set for an output that is a directory (pxe), written by WritePXE from the bake's
+	// kernel, initramfs and root filesystem rather than converted from the raw disk.
+	Dir bool
 }
 
 // formats lists every format, raw first.
@@ -32,6 +38,7 @@ var formats = []Format{
 	{Name: "vmdk", Suffix: ".vmdk", command: qemuImg("vmdk", "subformat=streamOptimized")},
 	{Name: "vhd", Suffix: ".vhd", command: qemuImg("vpc", "subformat=fixed,force_size=on")},
 	{Name: "gce", Suffix: ".tar.gz", command: gceTar},
+	{Name: "pxe", Suffix: nodeimage.PXEDirSuffix, Dir: true},
 }
 
 // Names lists the formats a definition may name, raw first.
@@ -68,6 +75,9 @@ func Convert(ctx context.Context, raw, format, dst string) error {
 	f, err := Lookup(format)
 	if err != nil {
 		return err
+	}
+	if f.Dir {
+		return fmt.Errorf("%s is a directory written by WritePXE from the kernel, initramfs and root filesystem, not a conversion of the raw disk", format)
 	}
 	if f.command == nil {
 		return fmt.Errorf("%s is the bake's own output, not a conversion", format)
