@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -17,14 +19,23 @@ func newInspectCmd() *cobra.Command {
 	var format string
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "inspect IMAGE.raw",
-		Short: "Show an image's partitions, boot entry, kernel and metadata",
+		Use:   "inspect IMAGE.raw | IMAGE-ROLE.json | IMAGE-ROLE-pxe/",
+		Short: "Show an image's partitions, boot entry, kernel, metadata and PXE files",
 		Long: `Inspect reads a raw image without booting or mounting it: the GPT partitions, the systemd-boot
 entry and kernel command line on the ESP, and the image metadata (/kiln/image.json on the ESP,
-the same as /etc/kiln/image.json in the root). -o json prints all of it as one JSON document
-(--json is the same).`,
+the same as /etc/kiln/image.json in the root).
+
+Given the bake's <image>-<role>.json, it shows the metadata and every output file with its
+sha256; given a pxe directory (<image>-<role>-pxe/, read with the .json beside it), the kernel
+arguments of a network boot and its files. The files of a pxe directory are hashed and
+compared with the sha256 and size the metadata records: a file that does not match is named
+and inspect exits 1.
+
+-o json prints all of it as one JSON document (--json is the same).`,
 		Example: `  kiln inspect out/qemu-worker.raw
-  kiln inspect out/qemu-worker.raw -o json | jq .metadata.artifacts`,
+  kiln inspect out/qemu-worker.raw -o json | jq .metadata.artifacts
+  kiln inspect out/metal-worker-pxe/
+  kiln inspect out/metal-worker.json -o json | jq .pxe.files`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if asJSON {
@@ -33,30 +44,51 @@ the same as /etc/kiln/image.json in the root). -o json prints all of it as one J
 			if format != "table" && format != "json" {
 				return exitcode.Usagef("-o: unknown output format %q (want table or json)", format)
 			}
-			res, esp, err := disk.Read(args[0])
-			if err != nil {
-				return err
-			}
-			var md *nodeimage.Metadata
-			if esp != nil && len(esp.ImageJSON) > 0 {
-				md = new(nodeimage.Metadata)
-				if err := json.Unmarshal(esp.ImageJSON, md); err != nil {
-					return fmt.Errorf("%s: %s: %w", args[0], nodeimage.ESPImageJSONPath, err)
-				}
-			}
 			w := cmd.OutOrStdout()
-			if format == "json" {
-				enc := json.NewEncoder(w)
-				enc.SetIndent("", "  ")
-				return enc.Encode(map[string]any{"disk": res, "esp": esp, "metadata": md})
+			if isOutputsArg(args[0]) {
+				return inspectOutputs(w, args[0], format == "json")
 			}
-			printInspect(w, args[0], res, esp, md)
-			return nil
+			return inspectDisk(w, args[0], format == "json")
 		},
 	}
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "the same as -o json")
 	return cmd
+}
+
+// isOutputsArg says whether arg names a bake's metadata or a pxe directory rather than a disk.
+func isOutputsArg(arg string) bool {
+	if fi, err := os.Stat(arg); err == nil && fi.IsDir() {
+		return true
+	}
+	return strings.HasSuffix(arg, ".json") || strings.HasSuffix(strings.TrimRight(arg, "/"), nodeimage.PXEDirSuffix)
+}
+
+// inspectDisk shows a raw image: its partitions, the ESP and the image metadata on it.
+func inspectDisk(w io.Writer, image string, asJSON bool) error {
+	res, esp, err := disk.Read(image)
+	if err != nil {
+		return err
+	}
+	var md *nodeimage.Metadata
+	if esp != nil && len(esp.ImageJSON) > 0 {
+		md = new(nodeimage.Metadata)
+		if err := json.Unmarshal(esp.ImageJSON, md); err != nil {
+			return fmt.Errorf("%s: %s: %w", image, nodeimage.ESPImageJSONPath, err)
+		}
+	}
+	if asJSON {
+		return writeJSON(w, map[string]any{"disk": res, "esp": esp, "metadata": md})
+	}
+	printInspect(w, image, res, esp, md)
+	return nil
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // printInspect writes what inspect found for people to read.
