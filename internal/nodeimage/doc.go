@@ -17,6 +17,10 @@
 //     ESP, schema Metadata), the role's templates under TemplatesPath, the pre-pulled container
 //     images as an OCI image layout at ImagesPath and, when the role's overlays carry one, the
 //     image's default Ignition config at EmbeddedConfigPath.
+//   - With the pxe format, beside the disk: the directory <image>-<role>+PXEDirSuffix holding
+//     the ESP's kernel and initramfs, root-a's root filesystem image and a live-boot iPXE
+//     script (PXEKernelName, PXEInitrdName, PXERootFSName, PXEScriptName), described with their
+//     sha256 and the network boot's kernel arguments by Metadata.PXE in <image>-<role>.json.
 //
 // What the node reads:
 //
