@@ -24,7 +24,9 @@ func newBakeCmd() *cobra.Command {
 		Short: "Bake the image of one role from a definition",
 		Long: `Bake builds <out>/<image>-<role>.raw (GPT: ESP with systemd-boot, kernel and kiln's initramfs;
 read-only root filesystem; a spare slot for updates), converts it to the definition's formats
-and writes <out>/<image>-<role>.json describing partitions, digests and versions.
+and writes <out>/<image>-<role>.json describing partitions, digests and versions. The pxe format
+is a directory <out>/<image>-<role>-pxe/ for network boots: the disk's kernel and initramfs, the
+root filesystem image (rootfs.img) and a live-boot boot.ipxe, each file's sha256 in the .json.
 
 Every input must be pinned (run ` + "`kiln lock`" + ` first); every downloaded byte is verified
 against its sha256 or OCI digest. Pre-pulled container images are fetched by digest into the
@@ -57,6 +59,7 @@ helpers on PATH; see README "Private registries".
 registry (or a mirror in /etc/containerd/certs.d, delivered by its Ignition config). It exists to
 measure what pre-pulling saves and for sites that would rather pull than carry the images.`,
 		Example: `  kiln bake images/qemu.yaml --role worker -o out
+  kiln bake images/metal.yaml --role worker -o out   # metal-worker.raw and metal-worker-pxe/
   kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init
   kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml
   kiln bake images/qemu.yaml --role worker -o out-pull --without-images`,
