@@ -1,0 +1,152 @@
+package netboot
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Dir is the served directory: baked outputs (<image>-<role>.json, <image>-<role>-pxe/,
+	// raw images).
+	Dir string
+	// Machines is machines.yaml's path; "" means Dir/machines.yaml.
+	Machines string
+	// AdvertiseURL is the base URL scripts and kernel parameters use (http://10.0.0.2:8080,
+	// or an https URL of a proxy in front); "" takes it from each request's Host.
+	AdvertiseURL string
+	Log          *slog.Logger
+}
+
+// Server answers machines booting from the network. Everything it serves is read and
+// checked by Load; a Server holds no mutable state and serves requests concurrently.
+type Server struct {
+	log       *slog.Logger
+	advertise string
+	files     map[string]*servedFile // by name under /images/
+	byID      map[string]*entry
+	byMAC     map[string]*entry
+	byUUID    map[string]*entry
+	byHost    map[string]*entry
+}
+
+// entry is one machine as served: its image, install image and rendered config.
+type entry struct {
+	*Machine
+	image   *image
+	install *servedFile
+	// config is the machine's Ignition JSON, nil when it has none; configETag its ETag.
+	config     []byte
+	configETag string
+}
+
+// Load reads machines.yaml and everything its machines boot: each image's pxe files and
+// install image, hashed and compared with the recorded sha256, and each machine's config,
+// rendered and checked. It reports every problem it finds, each naming its file (and line
+// in machines.yaml).
+func Load(o Options) (*Server, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Machines == "" {
+		o.Machines = filepath.Join(o.Dir, "machines.yaml")
+	}
+	advertise, err := checkAdvertiseURL(o.AdvertiseURL)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := LoadMachines(o.Machines)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{log: o.Log, advertise: advertise, byID: map[string]*entry{},
+		byMAC: map[string]*entry{}, byUUID: map[string]*entry{}, byHost: map[string]*entry{}}
+	start := time.Now()
+	table := newFileTable(o.Dir, o.Log)
+	var errs []error
+	for _, g := range ms.Groups {
+		errs = append(errs, s.addGroup(ms.Path, table, g)...)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	s.files = table.files
+	o.Log.Info("machines loaded", "machines", len(s.byID), "files", len(s.files), "seconds", time.Since(start).Seconds())
+	return s, nil
+}
+
+// addGroup loads g's image, install image and config and adds its machines.
+func (s *Server) addGroup(file string, table *fileTable, g *Group) []error {
+	at := func(key string, err error) error {
+		return fmt.Errorf("%s:%d: %s.%s: %w", file, g.lines[key], g.field, key, err)
+	}
+	im, err := table.image(g.Image)
+	if err != nil {
+		return []error{at("image", err)}
+	}
+	var errs []error
+	var install *servedFile
+	if g.Mode == ModeInstall {
+		if install, err = table.installImage(im, g.Install.Image); err != nil {
+			errs = append(errs, at("install", err))
+		}
+	}
+	var gc *groupConfig
+	if g.Config != "" {
+		if gc, err = loadGroupConfig(g.Config); err != nil {
+			return append(errs, at("config", err))
+		}
+	}
+	for _, m := range g.Machines {
+		e := &entry{Machine: m, image: im, install: install}
+		if gc != nil || m.Hostname != "" || m.EtcdMember != "" {
+			if e.config, err = render(gc, m); err != nil {
+				errs = append(errs, fmt.Errorf("%s:%d: %s: %w", file, m.line, m.field, err))
+				continue
+			}
+			sum := sha256.Sum256(e.config)
+			e.configETag = `"sha256-` + hex.EncodeToString(sum[:]) + `"`
+		}
+		s.add(e)
+	}
+	return errs
+}
+
+// add indexes e by its ID and selector values (machines.yaml's parser refused duplicates).
+func (s *Server) add(e *entry) {
+	s.byID[e.ID] = e
+	for _, v := range e.Selector.MACs {
+		s.byMAC[v] = e
+	}
+	for _, v := range e.Selector.UUIDs {
+		s.byUUID[v] = e
+	}
+	for _, v := range e.Selector.Hostnames {
+		s.byHost[v] = e
+	}
+}
+
+// checkAdvertiseURL accepts an http(s) URL without query or fragment and returns it
+// without a trailing slash.
+func checkAdvertiseURL(s string) (string, error) {
+	if s == "" {
+		return "", nil
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("--advertise-url: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https", u.Host == "", u.RawQuery != "", u.Fragment != "", u.User != nil:
+		return "", fmt.Errorf("--advertise-url %q: want http(s)://HOST[:PORT][/PATH]", s)
+	case !safeArg.MatchString(s):
+		return "", fmt.Errorf("--advertise-url %q: only printable ASCII without spaces or quotes (it goes on kernel command lines)", s)
+	}
+	return strings.TrimSuffix(s, "/"), nil
+}
