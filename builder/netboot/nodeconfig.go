@@ -2,6 +2,7 @@ package netboot
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -77,7 +78,7 @@ func render(gc *groupConfig, m *Machine) ([]byte, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config of machine %s: %w", m.ID, err)
 	}
-	js, err := cfg.JSON()
+	js, err := compactJSON(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -129,8 +130,12 @@ func setFile(ign *types.Config, f types.File) {
 	ign.Storage.Files = append(files, f)
 }
 
+// inlineFile is an entry writing data to p, as a percent-encoded data: URL (readable in
+// the served JSON).
 func inlineFile(p string, data []byte, mode int) types.File {
-	src, yes := dataurl.New(data, "text/plain").String(), true
+	du := dataurl.New(data, "text/plain")
+	du.Encoding = dataurl.EncodingASCII
+	src, yes := du.String(), true
 	return types.File{
 		Node:          types.Node{Path: p, Overwrite: &yes},
 		FileEmbedded1: types.FileEmbedded1{Mode: &mode, Contents: types.Resource{Source: &src}},
@@ -191,4 +196,46 @@ func setKey(n *yaml.Node, key, value string) {
 	n.Content = append(n.Content,
 		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key},
 		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value})
+}
+
+// compactJSON renders cfg as Ignition JSON without the empty objects and nulls Ignition's
+// types leave behind ("proxy": {}, "user": {}…).
+func compactJSON(cfg *config.Config) ([]byte, error) {
+	raw, err := cfg.JSON()
+	if err != nil {
+		return nil, err
+	}
+	var tree any
+	if err := json.Unmarshal(raw, &tree); err != nil {
+		return nil, err
+	}
+	return json.Marshal(dropEmpty(tree))
+}
+
+// dropEmpty removes empty objects, empty lists and nulls from a decoded JSON tree; nil
+// when v itself is empty.
+func dropEmpty(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, e := range t {
+			if e = dropEmpty(e); e == nil {
+				delete(t, k)
+			} else {
+				t[k] = e
+			}
+		}
+		if len(t) == 0 {
+			return nil
+		}
+	case []any:
+		if len(t) == 0 {
+			return nil
+		}
+		for i := range t {
+			if t[i] = dropEmpty(t[i]); t[i] == nil {
+				t[i] = map[string]any{}
+			}
+		}
+	}
+	return v
 }
