@@ -101,7 +101,7 @@ func machineFiles(cfg *config.Config, gc *groupConfig, m *Machine) error {
 	case gc != nil && gc.nodeYAML != nil:
 		data, err := editNodeYAML(gc.nodeYAML, m)
 		if err != nil {
-			return fmt.Errorf("config of machine %s: %s: %w", m.ID, nodeYAMLPath, err)
+			return fmt.Errorf("config of machine %s: %w", m.ID, err)
 		}
 		setFile(&cfg.Ignition, inlineFile(nodeYAMLPath, data, gc.nodeMode))
 	case m.EtcdMember != "":
@@ -147,10 +147,10 @@ func inlineFile(p string, data []byte, mode int) types.File {
 func editNodeYAML(data []byte, m *Machine) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", nodeYAMLPath, err)
 	}
 	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
-		return nil, errors.New("is not a mapping")
+		return nil, fmt.Errorf("%s: %w", nodeYAMLPath, errors.New("is not a mapping"))
 	}
 	root := doc.Content[0]
 	if m.Hostname != "" {
@@ -159,7 +159,7 @@ func editNodeYAML(data []byte, m *Machine) ([]byte, error) {
 	if m.EtcdMember != "" {
 		etcd := mapValue(root, "etcd")
 		if etcd == nil || etcd.Kind != yaml.MappingNode {
-			return nil, fmt.Errorf("etcdMember %s: the group's node.yaml has no etcd section (members)", m.EtcdMember)
+			return nil, fmt.Errorf("%s: etcdMember %s: the group's node.yaml has no etcd section (members)", nodeYAMLPath, m.EtcdMember)
 		}
 		setKey(etcd, "member", m.EtcdMember)
 	}
@@ -172,7 +172,7 @@ func editNodeYAML(data []byte, m *Machine) ([]byte, error) {
 	if err := enc.Close(); err != nil {
 		return nil, err
 	}
-	if _, err := config.ParseNode(buf.Bytes(), "machine "+m.ID+": node.yaml"); err != nil {
+	if _, err := config.ParseNode(buf.Bytes(), nodeYAMLPath); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
