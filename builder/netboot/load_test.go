@@ -72,9 +72,9 @@ func TestMachinesErrors(t *testing.T) {
 // what the bake recorded, or when a config is bad: the error names the file.
 func TestLoadRefuses(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
+		name   string
 		break_ func(t *testing.T, dir string)
-		want  []string
+		want   []string
 	}{
 		{"rootfs changed since the bake", func(t *testing.T, dir string) {
 			writeFile(t, filepath.Join(dir, "metal-worker-pxe", "rootfs.img"), "tampered")
