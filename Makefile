@@ -8,7 +8,7 @@ DEF ?= images/qemu.yaml
 OUT ?= out
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-pull components local-sources bench fuzz vet clean
+.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-pull components local-sources bench bench-serve fuzz vet clean
 
 all: build
 
@@ -136,6 +136,12 @@ vet:
 bench: deps build base base-cloudinit $(SOURCES)
 	@builder/scripts/deps.sh test
 	KILN_PROFILE_OVERLAY=$(if $(SOURCES),$(LOCAL_OVERLAY)) bench/bench.sh
+
+# kiln serve under load on loopback (bench/serve; make bench runs it too): 500 clients each
+# fetching what a network boot fetches; requests/s, p99 per route, errors, the server's RSS.
+# KILN_PXE_DIR=out serves a real bake's pxe output instead of generated files.
+bench-serve: bin/kiln
+	$(GO) run ./bench/serve -kiln bin/kiln
 
 clean:
 	rm -rf bin $(OUT)

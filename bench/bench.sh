@@ -4,6 +4,7 @@
 #   - the floor: mksquashfs alone on the same base tree, with the same options; the ratio
 #   - boot time under TCG to kiln-init's first-boot status line (first and second boot)
 #   - image sizes: raw (apparent and allocated), qcow2
+#   - kiln serve under load on loopback (bench/serve): requests/s, p99 per route, peak RSS
 # Needs the base (make base) and bin/kiln, bin/kiln-init (make build).
 set -euo pipefail
 trap 'echo "bench: failed at line $LINENO (logs in $work)" >&2' ERR
@@ -112,4 +113,8 @@ ci_ms=$(span "$fb/cloudinit.log" cloud-init-local cloud-init cloud-config cloud-
 printf '  first boot: kiln-firstboot    %6s ms (systemd timestamps, TCG)\n' "$kiln_ms"
 printf '  first boot: cloud-init        %6s ms (cloud-init-local start to cloud-final end)\n' "$ci_ms"
 awk -v k="$kiln_ms" -v c="$ci_ms" 'BEGIN { if (k > 0 && c > 0) printf "  cloud-init / kiln-firstboot   %6.1f x\n", c / k }'
+
+# kiln serve: 500 clients on loopback, each fetching the chain script, its own script, a
+# 10 MiB kernel and a 60 MiB initramfs (KILN_PXE_DIR: a real bake's pxe output instead).
+${GO:-go} run ./bench/serve -kiln "$KILN"
 rm -rf "$work"
