@@ -144,11 +144,11 @@ func TestCompressedInstallImage(t *testing.T) {
 // An --advertise-url that cannot go into a kernel command line is refused.
 func TestAdvertiseURL(t *testing.T) {
 	for _, u := range []string{"ftp://x/", "http://", "http://x/?a=b", "http://x/a b", "10.0.0.1:8080"} {
-		if _, err := checkAdvertiseURL(u); err == nil {
+		if _, err := CheckAdvertiseURL(u); err == nil {
 			t.Errorf("%q accepted", u)
 		}
 	}
-	if got, err := checkAdvertiseURL("https://boot.example/pxe/"); err != nil || got != "https://boot.example/pxe" {
+	if got, err := CheckAdvertiseURL("https://boot.example/pxe/"); err != nil || got != "https://boot.example/pxe" {
 		t.Errorf("got %q, %v", got, err)
 	}
 }

@@ -58,7 +58,7 @@ func Load(o Options) (*Server, error) {
 	if o.Machines == "" {
 		o.Machines = filepath.Join(o.Dir, "machines.yaml")
 	}
-	advertise, err := checkAdvertiseURL(o.AdvertiseURL)
+	advertise, err := CheckAdvertiseURL(o.AdvertiseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -133,9 +133,9 @@ func (s *Server) add(e *entry) {
 	}
 }
 
-// checkAdvertiseURL accepts an http(s) URL without query or fragment and returns it
-// without a trailing slash.
-func checkAdvertiseURL(s string) (string, error) {
+// CheckAdvertiseURL accepts a base URL for --advertise-url: http(s), no query or fragment,
+// nothing a kernel command line cannot hold. It returns it without a trailing slash.
+func CheckAdvertiseURL(s string) (string, error) {
 	if s == "" {
 		return "", nil
 	}

@@ -63,13 +63,15 @@ func (t *TFTP) read(name string, rf io.ReaderFrom) error {
 		addr := ot.RemoteAddr()
 		remote = addr.String()
 	}
+
 	n, err := t.send(name, rf)
-	level := slog.LevelInfo
+	attrs := []any{"file", name, "bytes", n, "duration", time.Since(start), "remote", remote}
 	if err != nil {
-		level = slog.LevelWarn
+		t.log.Warn("tftp", append(attrs, "error", err)...)
+		return err
 	}
-	t.log.Log(context.Background(), level, "tftp", "file", name, "bytes", n, "duration", time.Since(start), "remote", remote, "error", err)
-	return err
+	t.log.Info("tftp", attrs...)
+	return nil
 }
 
 func (t *TFTP) send(name string, rf io.ReaderFrom) (int64, error) {

@@ -82,6 +82,9 @@ func (o *serveOptions) run(ctx context.Context, dir string, log *slog.Logger) er
 	if (o.tftpAddr == "") != (o.tftpDir == "") {
 		return exitcode.Usagef("--tftp and --tftp-dir go together")
 	}
+	if _, err := netboot.CheckAdvertiseURL(o.advertise); err != nil {
+		return exitcode.Usage(err)
+	}
 	srv, err := netboot.Load(netboot.Options{Dir: dir, Machines: o.config, AdvertiseURL: o.advertise, Log: log})
 	if err != nil {
 		return err

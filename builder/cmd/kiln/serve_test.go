@@ -107,7 +107,7 @@ func TestServeExitCodes(t *testing.T) {
 		{[]string{"serve", dir, "--tftp", ":0"}, exitcode.BadUsage, "--tftp and --tftp-dir go together"},
 		{[]string{"serve", dir, "--listen", "127.0.0.1:0"}, exitcode.Failure, "metal-worker-pxe/vmlinuz: sha256"},
 		{[]string{"serve", filepath.Join(dir, "nosuch")}, exitcode.Failure, "machines.yaml: no such file"},
-		{[]string{"serve", dir, "--advertise-url", "10.0.0.2:8080"}, exitcode.Failure, "--advertise-url"},
+		{[]string{"serve", dir, "--advertise-url", "10.0.0.2:8080"}, exitcode.BadUsage, "--advertise-url"},
 	} {
 		var stderr bytes.Buffer
 		root := newRoot()
