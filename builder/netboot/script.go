@@ -14,7 +14,7 @@ func chainScript(base string) string {
 # kiln serve: fetch this machine's own boot script
 chain %s/boot.ipxe?mac=${net0/mac:hexhyp}&uuid=${uuid}&hostname=${hostname:uristring} || goto failed
 :failed
-echo kiln serve at %s has no boot for ${net0/mac} (uuid ${uuid}); its log says why
+echo kiln serve at %s has no boot for ${net0/mac} (uuid ${uuid}), its log says why
 sleep 10
 exit 1
 `, base, base)
