@@ -160,7 +160,7 @@ func (t *fileTable) add(name, want string, size int64) (*servedFile, error) {
 	}
 	f.name = name
 	t.files[name] = f
-	t.log.Debug("file verified", "file", p, "bytes", f.size, "seconds", time.Since(start).Seconds())
+	t.log.Info("file verified", "file", p, "bytes", f.size, "seconds", time.Since(start).Seconds())
 	return f, nil
 }
 
