@@ -235,3 +235,44 @@ func TestChangedFileRefused(t *testing.T) {
 	}
 	logged(t, logs, "served file changed since startup")
 }
+
+// Following a machine's script works: every URL in it answers, and what the sha256
+// parameters promise is what is served.
+func TestScriptURLsResolve(t *testing.T) {
+	ts, _ := startServer(t, Options{Dir: fixture(t)})
+	for _, query := range []string{"?mac=52-54-00-00-00-01", "?mac=52-54-00-00-01-01"} {
+		_, script := get(t, ts.URL+"/boot.ipxe"+query, "")
+		params := map[string]string{}
+		var urls []string
+		for _, field := range strings.Fields(script) {
+			if k, v, ok := strings.Cut(field, "="); ok && strings.HasPrefix(k, "kiln.") {
+				params[k] = v
+			}
+			if strings.HasPrefix(field, "http://") {
+				urls = append(urls, field)
+			}
+		}
+		for _, k := range []string{"kiln.live.rootfs_url", "kiln.install.image_url", "kiln.config.url"} {
+			if v := params[k]; v != "" {
+				urls = append(urls, v)
+			}
+		}
+		if len(urls) != 4 {
+			t.Errorf("%s: %d URLs in the script, want kernel, initrd, image and config:\n%s", query, len(urls), script)
+		}
+		for _, u := range urls {
+			if resp, _ := get(t, u, ""); resp.StatusCode != 200 {
+				t.Errorf("%s: GET %s: %d", query, u, resp.StatusCode)
+			}
+		}
+		for url, sum := range map[string]string{params["kiln.live.rootfs_url"]: params["kiln.live.rootfs_sha256"],
+			params["kiln.install.image_url"]: params["kiln.install.image_sha256"]} {
+			if url == "" {
+				continue
+			}
+			if _, body := get(t, url, ""); sha256Hex(body) != sum {
+				t.Errorf("%s: %s does not have the sha256 %s the script gives", query, url, sum)
+			}
+		}
+	}
+}
