@@ -142,6 +142,18 @@ func netArgs(cfg Config) ([]string, error) {
 		}
 		user += fmt.Sprintf(",hostfwd=tcp:%s:%s-:%d", addr, port, cfg.Forward[h])
 	}
-	args = append(args, "-netdev", user, "-device", fmt.Sprintf("virtio-net-pci,netdev=%s,addr=%x", UserNetdev, userSlot))
+	nic := fmt.Sprintf("virtio-net-pci,netdev=%s,addr=%x", UserNetdev, userSlot)
+	if cfg.NetBoot != nil {
+		opt, err := cfg.NetBoot.userOption()
+		if err != nil {
+			return nil, err
+		}
+		nicOpts, err := cfg.NetBoot.nicOptions()
+		if err != nil {
+			return nil, err
+		}
+		user, nic = user+opt, nic+nicOpts
+	}
+	args = append(args, "-netdev", user, "-device", nic)
 	return args, nil
 }

@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -55,7 +57,9 @@ type Disk struct {
 
 // Config describes one boot.
 type Config struct {
-	Image    string // disk image (raw, qcow2, vmdk, vhd)
+	// Image is the disk the firmware boots first (raw, qcow2, vmdk, vhd). It may be empty
+	// only with NetBoot: a diskless machine.
+	Image    string
 	Snapshot bool   // write to a throwaway overlay, leaving Image unchanged
 	Config   string // node config file passed through fw_cfg (Ignition JSON)
 	// Root says how Image is attached: its Bus (virtio when empty), its serial (Name; none
@@ -83,6 +87,12 @@ type Config struct {
 	// Offline restricts the user network (QEMU restrict=on): the guest reaches neither the
 	// host (10.0.2.2) nor anything beyond; forwarded ports still reach the guest.
 	Offline bool
+	// NetBoot offers a network boot after the disk: the user network's NIC runs iPXE (the
+	// NIC's option ROM) when Image does not boot — it is missing, blank or has no ESP.
+	NetBoot *NetBoot
+	// UUID is the machine's SMBIOS system UUID (iPXE's ${uuid}, /sys/class/dmi/id/product_uuid),
+	// which `kiln serve` can match machines by; QEMU's all-zero one when empty.
+	UUID string
 	// Boot, when set, boots these files directly (QEMU -kernel/-initrd, still under OVMF)
 	// instead of through the ESP's systemd-boot, with Append added to their command line.
 	Boot    *BootFiles
@@ -136,8 +146,8 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if cfg.Accel != "kvm" && cfg.Accel != "tcg" {
 		return nil, fmt.Errorf("accelerator %q: want kvm or tcg", cfg.Accel)
 	}
-	if _, err := os.Stat(cfg.Image); err != nil {
-		return nil, fmt.Errorf("image: %w", err)
+	if err := checkImage(cfg); err != nil {
+		return nil, err
 	}
 	// NICs sit at fixed PCI slots and are placed first, so disks take the free slots around them.
 	nics, err := netArgs(cfg)
@@ -174,8 +184,16 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 }
 
 // machineArgs are the q35 machine with UEFI firmware (its variable store copied into workDir),
-// memory, CPUs, the serial console and a random number generator.
+// memory, CPUs, the serial console, a random number generator and the SMBIOS UUID.
 func machineArgs(cfg Config, workDir string) ([]string, error) {
+	var uuidArgs []string
+	if cfg.UUID != "" {
+		id, err := uuid.Parse(cfg.UUID)
+		if err != nil {
+			return nil, fmt.Errorf("machine UUID %q: %w", cfg.UUID, err)
+		}
+		uuidArgs = []string{"-uuid", id.String()}
+	}
 	code, varsTmpl, err := Firmware()
 	if err != nil {
 		return nil, err
@@ -191,7 +209,7 @@ func machineArgs(cfg Config, workDir string) ([]string, error) {
 	if cpus == 0 {
 		cpus = 2
 	}
-	return []string{
+	return append([]string{
 		"-machine", "q35,accel=" + cfg.Accel,
 		"-m", strconv.Itoa(mem), "-smp", strconv.Itoa(cpus),
 		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
@@ -199,13 +217,36 @@ func machineArgs(cfg Config, workDir string) ([]string, error) {
 		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + code,
 		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
 		"-device", "virtio-rng-pci",
-	}, nil
+	}, uuidArgs...), nil
 }
 
-// rootDiskArgs attach the image as the boot disk.
+// checkImage checks that Image exists, or that the machine is diskless and boots from the
+// network.
+func checkImage(cfg Config) error {
+	if cfg.Image != "" {
+		if _, err := os.Stat(cfg.Image); err != nil {
+			return fmt.Errorf("image: %w", err)
+		}
+		return nil
+	}
+	switch {
+	case cfg.NetBoot == nil:
+		return errors.New("image: none given (only a network boot can be diskless)")
+	case cfg.Root != Disk{}:
+		return errors.New("root disk: a diskless machine has none to attach")
+	case cfg.Snapshot:
+		return errors.New("snapshot: a diskless machine has no disk to protect")
+	}
+	return nil
+}
+
+// rootDiskArgs attach the image as the boot disk (none for a diskless machine).
 func rootDiskArgs(cfg Config) ([]string, error) {
 	if cfg.Root.Size != "" || cfg.Root.Path != "" {
 		return nil, errors.New("root disk: Size and Path must be empty (the root disk is Image)")
+	}
+	if cfg.Image == "" {
+		return nil, nil
 	}
 	format, err := imageFormat(cfg.Image)
 	if err != nil {
@@ -321,6 +362,9 @@ func bootArgs(cfg Config) ([]string, error) {
 			return nil, fmt.Errorf("config: %w", err)
 		}
 		args = append(args, "-fw_cfg", "name="+nodeimage.FWCfgName+",file="+qemuEscape(cfg.Config))
+	}
+	if cfg.Boot != nil && cfg.NetBoot != nil {
+		return nil, errors.New("a direct kernel boot and a network boot exclude each other")
 	}
 	if cfg.Boot != nil {
 		args = append(args, "-kernel", cfg.Boot.Kernel, "-initrd", cfg.Boot.Initrd,
