@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -48,6 +49,17 @@ first and uses KVM only if that test boot really ran; otherwise TCG (software em
 entry's command line plus the given arguments; the guest reaches the host at 10.0.2.2.
 Without --snapshot the image itself is written to (first boot creates the data partition).
 
+Network boot (--netboot URL): the machine boots as a rack's machines PXE-boot. OVMF tries
+IMAGE first and, when it does not boot (missing: a diskless machine; blank; no ESP), the user
+network's NIC runs iPXE, which takes a DHCP lease from QEMU and chains URL — typically
+` + "`kiln serve`" + ` on the host, http://10.0.2.2:PORT/boot.ipxe. IMAGE is optional: without it the
+machine is diskless (a live node). --blank SIZE creates IMAGE as a blank raw disk (sparse) when it
+does not exist, a disk to install onto; when it exists, IMAGE is booted as it is, so the same
+command boots the installed disk (the network stays offered second). --mac and --uuid set the
+NIC's MAC and the SMBIOS UUID that kiln serve's machines.yaml matches (QEMU's defaults:
+52:54:00:12:34:56 and all zeros). Under --accel auto a network boot without a kernel on IMAGE
+runs under TCG (there is no kernel to test KVM with): give --accel kvm to use KVM.
+
 With --until-firstboot, kiln run exits 0 once first boot succeeded (or had already), 1 when it
 failed and 3 when --timeout passed before the status line appeared (3 too for --until).
 
@@ -60,7 +72,10 @@ const runExample = `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run out/gce-worker.raw --snapshot --root scsi,serial=persistent-disk-0,vendor=Google,product=PersistentDisk
   kiln run out/qemu-worker.qcow2 --snapshot --append 'kiln.config.url=http://10.0.2.2:8080/node.ign'
   kiln run cp-1.raw --config cp-1.ign --config debug.bu --link cluster,mac=02:00:00:00:00:01 --offline --forward 6443:6443
-  kiln run worker-1.raw --config worker-1.ign --link cluster,mac=02:00:00:00:00:02 --offline`
+  kiln run worker-1.raw --config worker-1.ign --link cluster,mac=02:00:00:00:00:02 --offline
+  # against kiln serve out/ --listen 127.0.0.1:8080 on this host:
+  kiln run --netboot http://10.0.2.2:8080/boot.ipxe --mac 02:00:00:00:01:01 --until-firstboot
+  kiln run node-2.raw --blank 8G --netboot http://10.0.2.2:8080/boot.ipxe --mac 02:00:00:00:01:02 --disk etcd-main=2G`
 
 // runOptions are `kiln run`'s flags.
 type runOptions struct {
@@ -74,18 +89,25 @@ type runOptions struct {
 	timeout   time.Duration
 	untilBoot bool
 	until     string
+	netboot   string
+	mac       string
+	blank     string
 }
 
 func newRunCmd() *cobra.Command {
 	var o runOptions
 	cmd := &cobra.Command{
-		Use:     "run IMAGE",
+		Use:     "run [IMAGE]",
 		Short:   "Boot an image in QEMU (UEFI) with its serial console on stdout",
 		Long:    runLong,
 		Example: runExample,
-		Args:    cobra.ExactArgs(1),
+		Args:    cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.run(cmd.Context(), args[0], cmd.OutOrStdout())
+			image := ""
+			if len(args) == 1 {
+				image = args[0]
+			}
+			return o.run(cmd.Context(), image, cmd.OutOrStdout())
 		},
 	}
 	o.addFlags(cmd.Flags())
@@ -109,6 +131,10 @@ func (o *runOptions) addFlags(f *pflag.FlagSet) {
 	f.IntVar(&o.cfg.CPUs, "cpus", 2, "guest CPUs")
 	f.IntVar(&o.cfg.Nice, "nice", 0, "run QEMU at this host CPU niceness (1-19): a VM that may wait leaves the host's cores to others, e.g. a worker beside an emulated control plane")
 	f.StringVar(&o.cfg.Append, "append", "", "extra kernel arguments, e.g. 'kiln.config.url=http://10.0.2.2:8080/${mac}.ign' (boots the image's kernel directly)")
+	f.StringVar(&o.netboot, "netboot", "", "boot from the network when IMAGE does not boot (or is not given): iPXE chains this URL, e.g. http://10.0.2.2:8080/boot.ipxe")
+	f.StringVar(&o.mac, "mac", "", "with --netboot: the booting NIC's MAC address, e.g. 02:00:00:00:01:01")
+	f.StringVar(&o.cfg.UUID, "uuid", "", "the machine's SMBIOS UUID (iPXE's ${uuid})")
+	f.StringVar(&o.blank, "blank", "", "with --netboot: create IMAGE as a blank raw disk of this size (e.g. 8G) when it does not exist")
 	f.StringVar(&o.cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
 }
 
@@ -121,6 +147,9 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 		return exitcode.Usage(err)
 	}
 	if err := o.parseDisks(&cfg); err != nil {
+		return exitcode.Usage(err)
+	}
+	if err := o.parseNetBoot(&cfg); err != nil {
 		return exitcode.Usage(err)
 	}
 	var untilRE *regexp.Regexp
@@ -140,6 +169,9 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 		if cfg.Config, err = nodeConfig(o.configs, tmp); err != nil {
 			return err
 		}
+	}
+	if err := o.createBlank(ctx, cfg.Image); err != nil {
+		return err
 	}
 	if err := o.chooseAccel(ctx, &cfg, tmp); err != nil {
 		return err
@@ -250,6 +282,11 @@ func (o *runOptions) chooseAccel(ctx context.Context, cfg *vm.Config, dir string
 	kernel := ""
 	if want == "" || want == "auto" || cfg.Append != "" {
 		bf, err := vm.ExtractBoot(ctx, cfg.Image, dir)
+		if err != nil && cfg.NetBoot != nil && cfg.Append == "" {
+			slog.Info("accelerator", "accel", "tcg", "why", "network boot without a kernel on the disk to test KVM with (--accel kvm uses KVM)")
+			cfg.Accel = "tcg"
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("read the image's boot files: %w", err)
 		}
@@ -264,6 +301,58 @@ func (o *runOptions) chooseAccel(ctx context.Context, cfg *vm.Config, dir string
 	}
 	slog.Info("accelerator", "accel", a, "why", why)
 	cfg.Accel = a
+	return nil
+}
+
+// parseNetBoot reads --netboot, --mac and --blank into cfg: a machine without IMAGE must boot
+// from the network, and --mac and --blank only mean something for a network boot.
+func (o *runOptions) parseNetBoot(cfg *vm.Config) error {
+	if o.netboot == "" {
+		switch {
+		case cfg.Image == "":
+			return errors.New("no IMAGE given: name a disk image, or --netboot URL for a diskless network boot")
+		case o.mac != "":
+			return errors.New("--mac sets the network-booting NIC's address: it needs --netboot")
+		case o.blank != "":
+			return errors.New("--blank creates a disk to install onto from the network: it needs --netboot")
+		}
+		return nil
+	}
+	if o.blank != "" && cfg.Image == "" {
+		return errors.New("--blank SIZE: name the disk IMAGE to create")
+	}
+	cfg.NetBoot = &vm.NetBoot{BootFile: o.netboot, MAC: o.mac}
+	mac := o.mac
+	if mac == "" {
+		mac = "52:54:00:12:34:56 (QEMU's default)"
+	}
+	slog.Info("network boot", "bootfile", o.netboot, "mac", mac)
+	return nil
+}
+
+// createBlank creates IMAGE as a sparse raw disk of --blank's size when it does not exist yet,
+// with qemu-img, which reads sizes as kiln run's --disk does. An existing IMAGE is kept: it is
+// the disk a previous boot installed onto.
+func (o *runOptions) createBlank(ctx context.Context, image string) error {
+	if o.blank == "" {
+		return nil
+	}
+	if _, err := os.Stat(image); err == nil {
+		slog.Info("disk exists, booting it as it is", "image", image)
+		return nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	format := map[string]string{".raw": "raw", ".img": "raw", ".qcow2": "qcow2"}[strings.ToLower(filepath.Ext(image))]
+	if format == "" {
+		return exitcode.Usage(fmt.Errorf("--blank: %s: name the disk to create *.raw, *.img or *.qcow2", image))
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", format, image, o.blank).CombinedOutput()
+	if err != nil {
+		os.Remove(image)
+		return exitcode.Usage(fmt.Errorf("--blank %s: qemu-img create %s: %v: %s", o.blank, image, err, strings.TrimSpace(string(out))))
+	}
+	slog.Info("created a blank disk", "image", image, "size", o.blank)
 	return nil
 }
 

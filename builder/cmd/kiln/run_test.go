@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kilnproject/kiln/builder/vm"
@@ -168,5 +171,68 @@ func TestRunFlagErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("kiln %s: %v, want an error containing %q", strings.Join(args, " "), err, tc.want)
 		}
+	}
+}
+
+// Network-boot mistakes are reported before anything boots, and nothing is created.
+func TestRunNetBootFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "node.raw")
+	os.WriteFile(img, make([]byte, 4096), 0o644)
+	const url = "http://10.0.2.2:8080/boot.ipxe"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--accel", "tcg"}, "no IMAGE given: name a disk image, or --netboot URL"},
+		{[]string{img, "--mac", "02:00:00:00:00:01"}, "--mac sets the network-booting NIC's address: it needs --netboot"},
+		{[]string{filepath.Join(dir, "new.raw"), "--blank", "8G"}, "--blank creates a disk to install onto from the network: it needs --netboot"},
+		{[]string{"--netboot", url, "--blank", "8G"}, "--blank SIZE: name the disk IMAGE to create"},
+		{[]string{filepath.Join(dir, "new.vmdk"), "--netboot", url, "--blank", "8G", "--accel", "tcg"}, "name the disk to create *.raw, *.img or *.qcow2"},
+		{[]string{filepath.Join(dir, "new.raw"), "--netboot", url, "--blank", "eight", "--accel", "tcg"}, "--blank eight: qemu-img create"},
+		{[]string{"--netboot", "boot.ipxe", "--accel", "tcg"}, `network boot file "boot.ipxe": want an http://`},
+		{[]string{"--netboot", url, "--mac", "01:00:00:00:00:01", "--accel", "tcg"}, "multicast address"},
+		{[]string{"--netboot", url, "--uuid", "node-1", "--accel", "tcg"}, `machine UUID "node-1"`},
+		{[]string{"--netboot", url, "--snapshot", "--accel", "tcg"}, "snapshot: a diskless machine"},
+		{[]string{img, "--netboot", url, "--append", "quiet", "--accel", "tcg"}, "read the image's boot files"},
+	} {
+		args := append([]string{"run"}, tc.args...)
+		_, err := kiln(t, args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("kiln %s: %v, want an error containing %q", strings.Join(args, " "), err, tc.want)
+		}
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "new.*")); len(m) > 0 {
+		t.Errorf("refused runs left %v behind", m)
+	}
+}
+
+// --blank creates a missing disk, sparse and of the size asked for, and keeps an existing one
+// (the disk a previous boot installed onto) byte for byte.
+func TestRunBlankDisk(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed")
+	}
+	dir := t.TempDir()
+	o := runOptions{blank: "8G", netboot: "http://10.0.2.2:8080/boot.ipxe"}
+	img := filepath.Join(dir, "node.raw")
+	if err := o.createBlank(context.Background(), img); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(img, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != 8<<30 || st.Blocks > 8 {
+		t.Errorf("blank disk: %d bytes in %d blocks, want 8 GiB and sparse", st.Size, st.Blocks)
+	}
+	if err := os.WriteFile(img, []byte("installed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.createBlank(context.Background(), img); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(img); string(b) != "installed" {
+		t.Errorf("an existing disk was replaced: %q", b)
 	}
 }
