@@ -132,23 +132,23 @@ func (e *env) boot(image, config string, want *regexp.Regexp, timeout time.Durat
 func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration) (*vm.Machine, string) {
 	e.t.Helper()
 	image := cfg.Image
+	if image == "" {
+		image = "diskless"
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	// KILN_TEST_LOGS keeps the consoles after the test (its temp dir is removed).
-	logDir := e.dir
-	if d := os.Getenv("KILN_TEST_LOGS"); d != "" {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			e.t.Fatal(err)
-		}
-		logDir = d
-	}
-	logf, err := os.Create(filepath.Join(logDir, fmt.Sprintf("serial-%s-%d.log", strings.TrimSuffix(filepath.Base(image), filepath.Ext(image)), time.Now().UnixNano())))
+	logf, err := os.Create(filepath.Join(e.logDir(), fmt.Sprintf("serial-%s-%d.log", strings.TrimSuffix(filepath.Base(image), filepath.Ext(image)), time.Now().UnixNano())))
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() { logf.Close() })
 	start := time.Now()
-	cfg.Accel, cfg.Serial, cfg.WorkDir = "tcg", logf, e.t.TempDir()
+	// cfg.Serial, when given, sees the console too (e.g. to time its lines).
+	serial := io.Writer(logf)
+	if cfg.Serial != nil {
+		serial = io.MultiWriter(logf, cfg.Serial)
+	}
+	cfg.Accel, cfg.Serial, cfg.WorkDir = "tcg", serial, e.t.TempDir()
 	m, err := vm.Start(context.Background(), cfg)
 	if err != nil {
 		e.t.Fatal(err)
@@ -161,6 +161,20 @@ func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration
 	}
 	e.t.Logf("console %q after %s", strings.TrimSpace(line), time.Since(start).Round(time.Millisecond))
 	return m, line
+}
+
+// logDir is where consoles and server logs go: KILN_TEST_LOGS, which keeps them after the
+// test, or the test's directory (removed with it).
+func (e *env) logDir() string {
+	e.t.Helper()
+	d := os.Getenv("KILN_TEST_LOGS")
+	if d == "" {
+		return e.dir
+	}
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	return d
 }
 
 func tail(lines []string, n int) string {
