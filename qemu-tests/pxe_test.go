@@ -138,7 +138,7 @@ func TestPXEBoots(t *testing.T) {
 	t.Run("live", func(t *testing.T) { testPXELive(t, sub(t), srv, figs) })
 	t.Run("install", func(t *testing.T) { testPXEInstall(t, sub(t), srv, figs) })
 	t.Run("refusal", func(t *testing.T) { testPXERefusal(t, sub(t), srv) })
-	t.Run("control plane", func(t *testing.T) { testPXEControlPlane(t, sub(t), srv) })
+	t.Run("control plane", func(t *testing.T) { testPXEControlPlane(t, sub(t), srv, figs) })
 	figs.report(t, top)
 }
 
@@ -242,9 +242,10 @@ func startServe(t *testing.T, e *env, dir string) *pxeServer {
 
 // stampedConsole records when each console line arrived, to time a boot's phases.
 type stampedConsole struct {
-	start time.Time
-	mu    sync.Mutex
-	lines []stamped
+	start   time.Time
+	mu      sync.Mutex
+	lines   []stamped
+	partial string // a line not ended yet
 }
 
 type stamped struct {
@@ -257,10 +258,23 @@ func newStampedConsole() *stampedConsole { return &stampedConsole{start: time.No
 func (c *stampedConsole) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		c.lines = append(c.lines, stamped{time.Since(c.start), l})
+	lines := strings.Split(c.partial+string(p), "\n")
+	c.partial = lines[len(lines)-1]
+	for _, l := range lines[:len(lines)-1] {
+		c.lines = append(c.lines, stamped{time.Since(c.start), strings.TrimRight(l, "\r")})
 	}
 	return len(p), nil
+}
+
+// last returns the last n lines.
+func (c *stampedConsole) last(n int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, l := range c.lines[max(0, len(c.lines)-n):] {
+		out = append(out, l.line)
+	}
+	return strings.Join(out, "\n")
 }
 
 // at returns when the n-th (from 1) line matching re arrived, or -1.
@@ -338,20 +352,26 @@ func testDiskBaseline(t *testing.T, e *env, worker string, figs *pxeFigures) {
 		secs(c.at(kernelStart, 1)), secs(c.at(firstbootDone, 1)))
 }
 
-// testPXELive: a diskless worker boots from the network and runs from RAM to first boot's
-// success with the config kiln serve rendered for it.
+// testPXELive: a diskless worker boots from the network, as `kiln run --netboot` boots it,
+// and runs from RAM to first boot's success with the config kiln serve rendered for it.
 func testPXELive(t *testing.T, e *env, srv *pxeServer, figs *pxeFigures) {
+	logf, err := os.Create(filepath.Join(e.logDir(), fmt.Sprintf("serial-live-%d.log", time.Now().UnixNano())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
 	c := newStampedConsole()
-	m, line := e.bootWith(vm.Config{NetBoot: &vm.NetBoot{BootFile: srv.bootURL, MAC: macLive}, MemoryMB: 3072, Serial: c},
-		pxeDone, 15*time.Minute)
-	m.Stop()
-	if !firstbootFromServe.MatchString(line) {
-		t.Fatalf("live boot: %q, want first boot ok with the served config\n%s", line, tail(m.Lines(), 40))
+	cmd := exec.Command(e.kiln, "run", "--netboot", srv.bootURL, "--mac", macLive, "--memory", "3072",
+		"--accel", "tcg", "--until-firstboot", "--timeout", "15m")
+	var stderr strings.Builder
+	cmd.Env, cmd.Stdout, cmd.Stderr = e.environ, io.MultiWriter(logf, c), &stderr
+	if err := cmd.Run(); err != nil || c.count(firstbootFromServe) != 1 {
+		t.Fatalf("kiln run --netboot: %v, want exit 0 after first boot ok with the served config\n%s\n%s", err, stderr.String(), c.last(40))
 	}
 	if c.count(installLine) > 0 {
-		t.Errorf("a live boot wrote a disk:\n%s", tail(m.Lines(), 40))
+		t.Errorf("a live boot wrote a disk:\n%s", c.last(40))
 	}
-	figs.add(t, "PXE live (diskless): iPXE %s, kernel %s, firstboot ok %s",
+	figs.add(t, "PXE live (diskless, kiln run --netboot): iPXE %s, kernel %s, firstboot ok %s",
 		secs(c.at(ipxeStart, 1)), secs(c.at(kernelStart, 1)), secs(c.at(firstbootDone, 1)))
 }
 
@@ -432,17 +452,20 @@ func testPXERefusal(t *testing.T, e *env, srv *pxeServer) {
 // testPXEControlPlane: a control plane installs by PXE with a blank install disk and a blank
 // etcd disk (serial etcd-main, which its config names): install dev auto takes the install
 // disk, first boot formats the etcd disk and puts etcd's manifest on it.
-func testPXEControlPlane(t *testing.T, e *env, srv *pxeServer) {
+func testPXEControlPlane(t *testing.T, e *env, srv *pxeServer, figs *pxeFigures) {
 	disk := filepath.Join(e.dir, "cp-install-0.raw")
 	etcd := filepath.Join(e.dir, "cp-etcd-main.img")
 	sparseDisk(t, disk, 8<<30)
 	sparseDisk(t, etcd, 2<<30)
+	c := newStampedConsole()
 	m, line := e.bootWith(vm.Config{Image: disk, Root: vm.Disk{Name: "install-0"}, Disks: []vm.Disk{{Name: "etcd-main", Path: etcd}},
-		NetBoot: &vm.NetBoot{BootFile: srv.bootURL, MAC: macCP}}, pxeDone, 25*time.Minute)
+		NetBoot: &vm.NetBoot{BootFile: srv.bootURL, MAC: macCP}, Serial: c}, pxeDone, 25*time.Minute)
 	m.Stop()
 	if !firstbootFromServe.MatchString(line) {
 		t.Fatalf("control plane install: %q, want first boot ok with the served config\n%s", line, tail(m.Lines(), 60))
 	}
+	figs.add(t, "PXE control plane install (+ blank etcd-main): written %s, disk kernel %s, firstboot ok %s",
+		secs(c.at(installLine, 1)), secs(c.at(kernelStart, 2)), secs(c.at(firstbootDone, 1)))
 	if d, err := diskfs.Open(disk, diskfs.WithOpenMode(diskfs.ReadOnly)); err != nil {
 		t.Errorf("install disk: %v", err)
 	} else {
