@@ -8,7 +8,7 @@ import (
 	"os"
 	"path"
 
-	"github.com/coreos/ignition/v2/config/v3_5/types"
+	"github.com/coreos/ignition/v2/config/v3_6/types"
 	"github.com/vincent-petithory/dataurl"
 	"gopkg.in/yaml.v3"
 
@@ -68,7 +68,7 @@ func loadGroupConfig(path string) (*groupConfig, error) {
 // render returns machine m's config as Ignition JSON: the group's config (nil: none) with
 // the machine's hostname and etcd member written into it, checked again as the node will.
 func render(gc *groupConfig, m *Machine) ([]byte, error) {
-	cfg := &config.Config{Ignition: types.Config{Ignition: types.Ignition{Version: "3.5.0"}}}
+	cfg := &config.Config{Ignition: types.Config{Ignition: types.Ignition{Version: "3.6.0"}}}
 	if gc != nil {
 		cfg = &config.Config{Ignition: gc.cfg.Ignition, Warnings: gc.cfg.Warnings}
 	}

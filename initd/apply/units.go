@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"path"
 
-	"github.com/coreos/ignition/v2/config/v3_5/types"
+	"github.com/coreos/ignition/v2/config/v3_6/types"
 
 	"github.com/kilnproject/kiln/initd/systemd"
 )

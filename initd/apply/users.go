@@ -14,7 +14,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/coreos/ignition/v2/config/v3_5/types"
+	"github.com/coreos/ignition/v2/config/v3_6/types"
 
 	"github.com/kilnproject/kiln/initd/rootpath"
 )

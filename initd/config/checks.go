@@ -8,7 +8,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/coreos/ignition/v2/config/v3_5/types"
+	"github.com/coreos/ignition/v2/config/v3_6/types"
 	"golang.org/x/crypto/ssh"
 )
 

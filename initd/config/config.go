@@ -1,8 +1,8 @@
 // Package config parses and checks the node's configuration.
 //
-// The user config is an Ignition v3 document (spec 3.0 to 3.5) or a Butane YAML document
-// (variant fcos, version 1.0.0 to 1.6.0, translated to Ignition with the Butane library),
-// either optionally gzip'd. The image's embedded default config is merged under it with
+// The user config is an Ignition v3 document (spec 3.0 to 3.6) or a Butane YAML document
+// (variant fcos 1.0.0 to 1.7.0 or flatcar 1.0.0 to 1.1.0, translated to Ignition with the
+// Butane library), either optionally gzip'd. The image's embedded default config is merged under it with
 // Ignition's own merge rules (Merge).
 //
 // kiln applies configs itself (Ignition's appliers are internal to Ignition; see package
@@ -26,8 +26,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/coreos/ignition/v2/config/v3_5"
-	"github.com/coreos/ignition/v2/config/v3_5/types"
+	"github.com/coreos/ignition/v2/config/v3_6"
+	"github.com/coreos/ignition/v2/config/v3_6/types"
 	"github.com/coreos/vcontext/report"
 	"github.com/coreos/vcontext/tree"
 
@@ -72,12 +72,18 @@ type Config struct {
 	Warnings []string
 }
 
-// Parse decodes raw user data: Ignition JSON of spec version 3.0 to 3.5, or Butane YAML
-// (variant fcos, version 1.0.0 to 1.6.0), plain or gzip'd. Input whose first non-blank
+// Parse decodes raw user data: Ignition JSON of spec version 3.0 to 3.6, or Butane YAML
+// (variant fcos 1.0.0 to 1.7.0, flatcar 1.0.0 to 1.1.0), plain or gzip'd. Input whose first non-blank
 // byte is "{" is taken as JSON, anything else as Butane. Any error Ignition's validation
 // or the Butane translation reports is returned as an error with its JSON path (YAML
 // path for Butane) and line and column; warnings are kept in Config.Warnings.
 func Parse(raw []byte) (*Config, error) {
+	return ParseWith(raw, Options{})
+}
+
+// ParseWith is Parse with Options: a Butane document's `local` keys are read from
+// o.FilesDir.
+func ParseWith(raw []byte, o Options) (*Config, error) {
 	data, err := gunzipped(raw)
 	if err != nil {
 		return nil, err
@@ -89,13 +95,15 @@ func Parse(raw []byte) (*Config, error) {
 	var warnings []string
 	isButane := trimmed[0] != '{'
 	if isButane {
-		js, warns, err := translateButane(data)
+		js, warns, err := translateButane(data, o)
 		if err != nil {
 			return nil, fmt.Errorf("parse config: %w", err)
 		}
 		data, warnings = js, warns
+	} else if err := checkIgnitionVersion(data); err != nil {
+		return nil, fmt.Errorf("parse config: %w", err)
 	}
-	cfg, rpt, err := v3_5.ParseCompatibleVersion(data)
+	cfg, rpt, err := v3_6.ParseCompatibleVersion(data)
 	strict(&rpt)
 	if isButane {
 		// The translation validated the config already and reported with YAML
@@ -116,12 +124,12 @@ func Parse(raw []byte) (*Config, error) {
 		return nil, fmt.Errorf("parse config: %s", msg)
 	}
 	if !isButane {
-		warnings = reportLines(rpt, report.Warn)
+		warnings = append(warnings, reportLines(rpt, report.Warn)...)
 	}
 	return &Config{Ignition: cfg, Warnings: warnings}, nil
 }
 
-// JSON renders the config as Ignition spec 3.5 JSON.
+// JSON renders the config as Ignition spec 3.6 JSON.
 func (c *Config) JSON() ([]byte, error) {
 	out, err := json.Marshal(c.Ignition)
 	if err != nil {
@@ -130,7 +138,7 @@ func (c *Config) JSON() ([]byte, error) {
 	return out, nil
 }
 
-// Merge returns base with user merged over it by Ignition's rules (v3_5.Merge): lists
+// Merge returns base with user merged over it by Ignition's rules (v3_6.Merge): lists
 // are merged by key (a file path, a unit name, a user name…) with user's entries winning,
 // single values set in user replace base's. Either may be nil. The warnings of both are
 // kept. The result should be validated again.
@@ -144,7 +152,7 @@ func Merge(base, user *Config) *Config {
 		return base
 	}
 	warnings := append(append([]string{}, base.Warnings...), user.Warnings...)
-	return &Config{Ignition: v3_5.Merge(base.Ignition, user.Ignition), Warnings: warnings}
+	return &Config{Ignition: v3_6.Merge(base.Ignition, user.Ignition), Warnings: warnings}
 }
 
 var utf8BOM = []byte{0xef, 0xbb, 0xbf}

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -35,8 +37,7 @@ func TestParse(t *testing.T) {
 		{name: "empty", raw: nil, wantErr: "config is empty"},
 		{name: "blank", raw: []byte(" \n"), wantErr: "config is empty"},
 		{name: "truncated JSON", raw: []byte(`{"ignition":{"version":"3.4.0"}`), wantErr: "parse config"},
-		{name: "spec 2.x", raw: []byte(`{"ignition":{"version":"2.2.0"}}`), wantErr: "unsupported config version"},
-		{name: "experimental spec", raw: []byte(`{"ignition":{"version":"3.6.0-experimental"}}`), wantErr: "unsupported config version"},
+		{name: "experimental spec", raw: []byte(`{"ignition":{"version":"3.6.0-experimental"}}`), wantErr: "ignition.version 3.6.0-experimental is not supported (3.0.0 to 3.6.0)"},
 		{name: "no version", raw: []byte(`{"storage":{}}`), wantErr: "parse config"},
 		{name: "relative file path", raw: []byte(`{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"etc/x"}]}}`),
 			wantErr: "storage.files[0].path: path not absolute"},
@@ -66,7 +67,16 @@ func TestParse(t *testing.T) {
 		{name: "Butane local file", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  files:\n    - path: /etc/a\n      contents: {local: a.txt}\n"), wantErr: "storage.files[0].contents.local"},
 		{name: "Butane YAML syntax", raw: []byte("variant: fcos\nversion: 1.6.0\nstorage: [\n"), wantErr: "line 3"},
 		{name: "Butane other variant", raw: []byte("variant: openshift\nversion: 4.19.0\n"), wantErr: `variant "openshift" is not supported; kiln takes`},
-		{name: "Butane too new", raw: []byte("variant: fcos\nversion: 1.7.0-experimental\n"), wantErr: "version 1.7.0-experimental of variant fcos is not supported"},
+		{name: "Butane too new", raw: []byte("variant: fcos\nversion: 1.8.0-experimental\n"), wantErr: "butane: version 1.8.0-experimental of variant fcos is not supported (1.0.0 to 1.7.0); kiln takes Ignition JSON (spec 3.0.0 to 3.6.0) or Butane YAML (variant: fcos with version: 1.0.0 to 1.7.0, or variant: flatcar with version: 1.0.0 to 1.1.0)"},
+		{name: "Butane fcos 1.7", raw: []byte("variant: fcos\nversion: 1.7.0\nstorage:\n  files:\n    - path: /etc/a\n      contents: {inline: x}\n"), wantFiles: 1},
+		{name: "Butane fcos 1.0", raw: []byte("variant: fcos\nversion: 1.0.0\nstorage:\n  files:\n    - path: /etc/a\n      contents: {inline: x}\n"), wantFiles: 1},
+		{name: "Butane flatcar 1.1", raw: []byte("variant: flatcar\nversion: 1.1.0\nstorage:\n  files:\n    - path: /etc/a\n      contents: {inline: x}\n"), wantFiles: 1},
+		{name: "Butane flatcar too new", raw: []byte("variant: flatcar\nversion: 1.2.0\n"), wantErr: "butane: version 1.2.0 of variant flatcar is not supported (1.0.0 to 1.1.0)"},
+		{name: "Butane other variant", raw: []byte("variant: openshift\nversion: 4.14.0\n"), wantErr: `butane: variant "openshift" is not supported; kiln takes`},
+		{name: "spec 3.6", raw: []byte(strings.Replace(filesCfg, "3.4.0", "3.6.0", 1)), wantFiles: 2},
+		{name: "spec 3.7 experimental", raw: []byte(`{"ignition":{"version":"3.7.0-experimental"}}`), wantErr: "parse config: ignition.version 3.7.0-experimental is not supported (3.0.0 to 3.6.0); kiln takes"},
+		{name: "spec 2.2", raw: []byte(`{"ignition":{"version":"2.2.0"}}`), wantErr: "parse config: ignition.version 2.2.0 is not supported (3.0.0 to 3.6.0)"},
+		{name: "spec not a version", raw: []byte(`{"ignition":{"version":"three"}}`), wantErr: `parse config: ignition.version "three" is not a version like 3.6.0`},
 		{name: "Butane no variant", raw: []byte("version: 1.6.0\n"), wantErr: "butane: variant is not set"},
 		{name: "YAML list", raw: []byte("- a\n- b\n"), wantErr: "neither Ignition JSON nor Butane YAML"},
 	}
@@ -242,6 +252,7 @@ func TestFiles(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
+		spec    string // ignition.version; 3.4.0 when empty
 		file    string
 		want    want
 		wantErr string
@@ -254,8 +265,11 @@ func TestFiles(t *testing.T) {
 			want: want{path: "/etc/systemd/system/a.service", hasContents: true, contents: string(unit)}},
 		{name: "sha256", file: fmt.Sprintf(`{"path":"/a","contents":{"source":%q,"verification":{"hash":"sha256-%s"}}}`, dataurl.EncodeBytes(unit), hex.EncodeToString(s256[:])),
 			want: want{path: "/a", hasContents: true, contents: string(unit)}},
-		{name: "setuid mode", file: `{"path":"/usr/local/bin/x","mode":2541,"contents":{"source":"data:,x"}}`,
+		{name: "setuid mode", spec: "3.6.0", file: `{"path":"/usr/local/bin/x","mode":2541,"contents":{"source":"data:,x"}}`,
 			want: want{path: "/usr/local/bin/x", mode: 0o755 | fs.ModeSetuid, modeSet: true, hasContents: true, contents: "x"}},
+		// Below spec 3.6.0 Ignition masks the special bits out (and Parse warns, TestParseWarnings).
+		{name: "setuid mode before 3.6", file: `{"path":"/usr/local/bin/x","mode":2541,"contents":{"source":"data:,x"}}`,
+			want: want{path: "/usr/local/bin/x", mode: 0o755, modeSet: true, hasContents: true, contents: "x"}},
 		{name: "no contents", file: `{"path":"/etc/empty"}`, want: want{path: "/etc/empty"}},
 		{name: "hash mismatch", file: fmt.Sprintf(`{"path":"/a","contents":{"source":"data:,tampered","verification":{"hash":"sha256-%s"}}}`, hex.EncodeToString(s256[:])),
 			wantErr: "storage.files[0].contents.verification.hash: sha256 mismatch"},
@@ -264,7 +278,11 @@ func TestFiles(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := Parse([]byte(`{"ignition":{"version":"3.4.0"},"storage":{"files":[` + tc.file + `]}}`))
+			spec := tc.spec
+			if spec == "" {
+				spec = "3.4.0"
+			}
+			cfg, err := Parse([]byte(`{"ignition":{"version":"` + spec + `"},"storage":{"files":[` + tc.file + `]}}`))
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -298,7 +316,7 @@ func TestFiles(t *testing.T) {
 
 func TestTranslateButane(t *testing.T) {
 	js, err := TranslateButane([]byte(`variant: fcos
-version: 1.6.0
+version: 1.7.0
 passwd:
   users:
     - name: core
@@ -316,8 +334,8 @@ systemd:
 	if err != nil {
 		t.Fatalf("TranslateButane: %v", err)
 	}
-	if !bytes.HasPrefix(js, []byte(`{"ignition":{"version":"3.5.0"}`)) {
-		t.Errorf("output does not start like Ignition 3.5 JSON: %.80s", js)
+	if !bytes.HasPrefix(js, []byte(`{"ignition":{"version":"3.6.0"}`)) {
+		t.Errorf("output does not start like Ignition 3.6 JSON: %.80s", js)
 	}
 	cfg, err := Parse(js)
 	if err != nil {
@@ -474,4 +492,50 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Butane's sugar for the boot disk is refused by the key the user wrote; local keys read
+// files below Options.FilesDir and nowhere else.
+func TestButaneSugarAndLocal(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "motd"), []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "id.pub"), []byte(edKey+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, yml, filesDir, wantErr string
+	}{
+		{name: "boot_device mirror", yml: "variant: fcos\nversion: 1.7.0\nboot_device:\n  mirror:\n    devices: [/dev/sda, /dev/sdb]\n",
+			wantErr: "butane: boot_device (line 3): not supported: it mirrors or encrypts the boot disk"},
+		{name: "grub users", yml: "variant: fcos\nversion: 1.7.0\ngrub:\n  users:\n    - name: root\n      password_hash: x\n",
+			wantErr: "butane: grub (line 3): not supported"},
+		{name: "local without a files dir", yml: "variant: fcos\nversion: 1.7.0\nstorage:\n  files:\n    - path: /etc/motd\n      contents: {local: motd}\n",
+			wantErr: "storage.files[0].contents.local"},
+		{name: "local outside the files dir", filesDir: dir, yml: "variant: fcos\nversion: 1.7.0\nstorage:\n  files:\n    - path: /etc/motd\n      contents: {local: ../motd}\n",
+			wantErr: "storage.files[0].contents.local"},
+		{name: "local file and ssh keys", filesDir: dir, yml: "variant: fcos\nversion: 1.7.0\nstorage:\n  files:\n    - path: /etc/motd\n      contents: {local: motd}\npasswd:\n  users:\n    - name: core\n      ssh_authorized_keys_local: [id.pub]\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := ParseWith([]byte(tc.yml), Options{FilesDir: tc.filesDir})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("ParseWith error = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			files, err := cfg.Files()
+			if err != nil || len(files) != 1 || string(files[0].Contents) != "hello\n" {
+				t.Errorf("files = %+v, %v; want /etc/motd holding hello", files, err)
+			}
+			if u := cfg.Ignition.Passwd.Users; len(u) != 1 || len(u[0].SSHAuthorizedKeys) != 1 || string(u[0].SSHAuthorizedKeys[0]) != edKey {
+				t.Errorf("users = %+v, want core with the key from id.pub", u)
+			}
+		})
+	}
 }

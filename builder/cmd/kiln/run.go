@@ -32,7 +32,9 @@ console, passes --config to kiln-init through fw_cfg (` + nodeimage.FWCfgName + 
 EBS volumes on EC2: serial vol0123456789abcdef0) or on virtio-scsi (with vendor= and product=, as
 GCE persistent disks: vendor=Google,product=PersistentDisk, the serial the device name).
 Several --config files are checked one by one, merged in the order given (Ignition's rules: a
-later file's entry for the same path or unit wins) and passed as one Ignition config.
+later file's entry for the same path or unit wins) and passed as one Ignition config. Butane's
+local keys (contents.local, ssh_authorized_keys_local, trees) read files below --files-dir, as
+butane -d does.
 
 Networking: the last NIC (enp0s24) is QEMU user networking (DHCP, the host at 10.0.2.2,
 --forward'ed ports); --offline restricts it so the guest reaches neither the host nor the
@@ -85,6 +87,7 @@ type runOptions struct {
 	forwards  []string
 	links     []string
 	configs   []string
+	filesDir  string
 	accel     string
 	timeout   time.Duration
 	untilBoot bool
@@ -115,6 +118,7 @@ func newRunCmd() *cobra.Command {
 }
 
 func (o *runOptions) addFlags(f *pflag.FlagSet) {
+	f.StringVar(&o.filesDir, "files-dir", "", "directory Butane's local keys (contents.local, ssh_authorized_keys_local, trees) are relative to, as butane -d")
 	f.StringArrayVar(&o.configs, "config", nil, "node config (Ignition v3 JSON or Butane YAML, checked here) passed through fw_cfg; repeatable: merged in order, later files win")
 	f.StringArrayVar(&o.disks, "disk", nil, "extra disk NAME=SIZE (created) or NAME=FILE (attached, e.g. a CIDATA ISO)[,bus=virtio|nvme|scsi][,vendor=V][,product=P], repeatable; the guest sees a virtio disk as /dev/disk/by-id/virtio-NAME")
 	f.StringVar(&o.root, "root", "", "the image's bus: virtio (default), nvme or scsi, BUS[,serial=S][,vendor=V][,product=P]; nvme needs a serial")
@@ -166,7 +170,7 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 	}
 	defer os.RemoveAll(tmp)
 	if len(o.configs) > 0 {
-		if cfg.Config, err = nodeConfig(o.configs, tmp); err != nil {
+		if cfg.Config, err = nodeConfig(o.configs, tmp, o.filesDir); err != nil {
 			return err
 		}
 	}
@@ -452,8 +456,10 @@ func parseLink(s string) (vm.Link, error) {
 // nodeConfig checks node configs the way kiln-init will (so mistakes show before a boot) and
 // returns the file to pass through fw_cfg. One Ignition JSON file is passed as is; Butane YAML
 // is translated to Ignition JSON in dir; several files are merged in order (later ones win, by
-// Ignition's rules) into one Ignition JSON file in dir.
-func nodeConfig(paths []string, dir string) (string, error) {
+// Ignition's rules) into one Ignition JSON file in dir. Butane's local keys read files below
+// filesDir.
+func nodeConfig(paths []string, dir, filesDir string) (string, error) {
+	opts := config.Options{FilesDir: filesDir}
 	var merged *config.Config
 	var raw []byte
 	for _, path := range paths {
@@ -461,7 +467,7 @@ func nodeConfig(paths []string, dir string) (string, error) {
 		if raw, err = os.ReadFile(path); err != nil {
 			return "", fmt.Errorf("--config: %w", err)
 		}
-		c, err := config.Parse(raw)
+		c, err := config.ParseWith(raw, opts)
 		if err != nil {
 			return "", fmt.Errorf("--config %s: %w", path, err)
 		}
@@ -488,7 +494,7 @@ func nodeConfig(paths []string, dir string) (string, error) {
 	if len(trimmed) == 0 || trimmed[0] == '{' || bytes.HasPrefix(raw, []byte{0x1f, 0x8b}) {
 		return paths[0], nil // Ignition JSON (or gzip'd): passed as is
 	}
-	ign, err := config.TranslateButane(raw)
+	ign, err := config.TranslateButaneWith(raw, opts)
 	if err != nil {
 		return "", fmt.Errorf("--config %s: %w", paths[0], err)
 	}

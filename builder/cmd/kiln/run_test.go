@@ -112,7 +112,7 @@ storage:
 `)
 	bad := write("bad.bu", "variant: fcos\nversion: 1.6.0\nstorage:\n  filez: []\n")
 
-	out, err := nodeConfig([]string{node, netw}, t.TempDir())
+	out, err := nodeConfig([]string{node, netw}, t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,10 +137,10 @@ storage:
 		t.Errorf("merged files = %q", got)
 	}
 
-	if p, err := nodeConfig([]string{node}, t.TempDir()); err != nil || p != node {
+	if p, err := nodeConfig([]string{node}, t.TempDir(), ""); err != nil || p != node {
 		t.Errorf("one Ignition file: %q, %v; want it passed as is", p, err)
 	}
-	if _, err := nodeConfig([]string{node, bad}, t.TempDir()); err == nil || !strings.Contains(err.Error(), "bad.bu") {
+	if _, err := nodeConfig([]string{node, bad}, t.TempDir(), ""); err == nil || !strings.Contains(err.Error(), "bad.bu") {
 		t.Errorf("merge with a bad file: %v, want an error naming bad.bu", err)
 	}
 }
