@@ -68,6 +68,7 @@ failed and 3 when --timeout passed before the status line appeared (3 too for --
 ` + exitHelp
 
 const runExample = `  kiln run out/qemu-worker.qcow2 --config node.ign
+  kiln run out/qemu-worker.qcow2 --config node.bu --files-dir files/   # contents.local: motd reads files/motd
   kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
   kiln run out/qemu-control-plane.qcow2 --disk etcd-main=2G --forward 6443:6443
   kiln run out/aws-worker.raw --snapshot --root nvme,serial=vol0aaaaaaaaaaaaaaaa --disk vol0123456789abcdef0=1G,bus=nvme
