@@ -47,12 +47,19 @@ func TestWorkerBootsTwice(t *testing.T) {
 	copySparse(t, baked, disk)
 	cfg := filepath.Join(e.dir, "node.ign")
 	const hello = "hello from the first boot\n"
+	// /etc, /usr/local and /opt are writable, as on Fedora CoreOS.
 	if err := os.WriteFile(cfg, []byte(`{"ignition":{"version":"3.4.0"},"storage":{"files":[
-		{"path":"/etc/kiln/hello.txt","mode":384,"contents":{"source":"data:,hello%20from%20the%20first%20boot%0A"}}]}}`), 0o600); err != nil {
+		{"path":"/etc/kiln/hello.txt","mode":384,"contents":{"source":"data:,hello%20from%20the%20first%20boot%0A"}},
+		{"path":"/usr/local/bin/hello","mode":493,"contents":{"source":"data:,%23!/bin/sh%0Aecho%20hello%0A"}},
+		{"path":"/opt/kiln-test/hello.txt","contents":{"source":"data:,opt%0A"}}]}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	threeFiles := regexp.MustCompile(regexp.QuoteMeta(nodeimage.StatusLinePrefix+nodeimage.OutcomeOK) + ` source=fw_cfg files=3|` + firstbootFailed)
 
-	m, _ := e.boot(disk, cfg, firstbootOK, 10*time.Minute)
+	m, line := e.boot(disk, cfg, threeFiles, 10*time.Minute)
+	if firstbootOutcome(line) != nodeimage.OutcomeOK {
+		t.Fatalf("first boot: %s\n%s", line, tail(m.Lines(), 30))
+	}
 	m.Stop() // kiln-init syncs before it prints the line
 	requireTSCClock(t, m.Lines())
 
@@ -60,6 +67,11 @@ func TestWorkerBootsTwice(t *testing.T) {
 	got, err := e.dataFile(disk, "/lib/kiln/etc/upper/kiln/hello.txt")
 	if err != nil || got != hello {
 		t.Fatalf("config file on the data partition = %q, %v; want %q", got, err, hello)
+	}
+	for path, want := range map[string]string{"/lib/kiln/usrlocal/upper/bin/hello": "#!/bin/sh\necho hello\n", "/lib/kiln/opt/upper/kiln-test/hello.txt": "opt\n"} {
+		if got, err := e.dataFile(disk, path); err != nil || got != want {
+			t.Errorf("%s on the data partition = %q, %v; want %q", path, got, err, want)
+		}
 	}
 	raw, err := e.dataFile(disk, "/lib/kiln/status.json")
 	if err != nil {
@@ -69,7 +81,7 @@ func TestWorkerBootsTwice(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &st1); err != nil {
 		t.Fatalf("status.json %q: %v", raw, err)
 	}
-	if st1.State != "ok" || st1.Source != "fw_cfg" || len(st1.Files) != 1 || st1.Files[0].Path != "/etc/kiln/hello.txt" {
+	if st1.State != "ok" || st1.Source != "fw_cfg" || len(st1.Files) != 3 || st1.Files[0].Path != "/etc/kiln/hello.txt" {
 		t.Fatalf("status.json after first boot = %+v", st1)
 	}
 	machineID, err := e.dataFile(disk, "/lib/kiln/etc/upper/machine-id")
@@ -78,7 +90,7 @@ func TestWorkerBootsTwice(t *testing.T) {
 	}
 
 	// Second boot of the same disk, with no config at all: nothing is redone.
-	m, line := e.boot(disk, "", firstbootDone, 10*time.Minute)
+	m, line = e.boot(disk, "", firstbootDone, 10*time.Minute)
 	m.Stop()
 	if firstbootOutcome(line) != nodeimage.OutcomeDone {
 		t.Fatalf("second boot printed %q, want the done-already line", line)

@@ -9,8 +9,8 @@
 //     loop device (package liveroot), and mounts /var from the disk kiln.data.dev= names, a data
 //     disk an earlier live boot made, the first blank disk (which it partitions) or tmpfs.
 //
-// Either way /var is seeded from the root's /var on its first boot, a persistent overlay goes on
-// /sysroot/etc, how it booted is recorded at BootInfoPath, and it switches root to systemd.
+// Either way /var is seeded from the root's /var on its first boot, persistent overlays go on
+// /sysroot/etc, /usr/local and /opt, how it booted is recorded at BootInfoPath, and it switches root to systemd.
 // Every step checks before it acts, so a later boot, or a boot after a power cut half-way, ends in
 // the same state.
 package stage1
@@ -37,8 +37,6 @@ const (
 	SysRoot      = "/sysroot"
 	Init         = "/sbin/init"
 	dataTmp      = "/tmp/kiln-data"
-	etcUpper     = "/var/lib/kiln/etc/upper"
-	etcWork      = "/var/lib/kiln/etc/work"
 	sysBlock     = "/sys/block"
 	devDir       = "/dev"
 	partWait     = 10 * time.Second
@@ -75,7 +73,7 @@ func Run(ctx context.Context, log *slog.Logger, install Installer) error {
 	if err != nil {
 		return err
 	}
-	if err := mountEtcOverlay(log); err != nil {
+	if err := mountOverlays(log); err != nil {
 		return err
 	}
 	if err := writeBootInfo("/", info); err != nil {
@@ -354,19 +352,42 @@ func runInRoot(ctx context.Context, candidates []string, args ...string) (string
 	return strings.TrimSpace(string(out)), err
 }
 
-// mountEtcOverlay puts the persistent overlay (upper and work dirs on the data filesystem) on
-// /sysroot/etc.
-func mountEtcOverlay(log *slog.Logger) error {
-	upper, work := filepath.Join(SysRoot, etcUpper), filepath.Join(SysRoot, etcWork)
-	for _, d := range []string{upper, work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("etc overlay: %w", err)
+// overlays are the read-only root's directories a node may write: each gets a persistent
+// overlay whose upper and work directories are on the data filesystem, below State. /etc must
+// exist; /usr/local and /opt are writable as on Fedora CoreOS (persistent, under /var), but as
+// overlays, so what the bake put there (CNI plugins in /opt/cni/bin, say) stays visible and is
+// replaced by the next image, unless the node wrote over a file.
+var overlays = []struct {
+	Dir, State string
+	Required   bool
+}{
+	{Dir: "/etc", State: "/var/lib/kiln/etc", Required: true},
+	{Dir: "/usr/local", State: "/var/lib/kiln/usrlocal"},
+	{Dir: "/opt", State: "/var/lib/kiln/opt"},
+}
+
+// mountOverlays puts each of overlays on /sysroot; a directory the root does
+// not have (or has as a link) gets none, unless it is required.
+func mountOverlays(log *slog.Logger) error {
+	for _, o := range overlays {
+		lower := filepath.Join(SysRoot, o.Dir)
+		if fi, err := os.Lstat(lower); err != nil || !fi.IsDir() {
+			if o.Required {
+				return fmt.Errorf("%s overlay: the root has no directory %s", o.Dir, o.Dir)
+			}
+			log.Debug("no overlay: not a directory in the root", "dir", o.Dir)
+			continue
 		}
-	}
-	lower := filepath.Join(SysRoot, "etc")
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
-	if err := mount(log, "overlay", lower, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("etc overlay: %w", err)
+		upper, work := filepath.Join(SysRoot, o.State, "upper"), filepath.Join(SysRoot, o.State, "work")
+		for _, d := range []string{upper, work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("%s overlay: %w", o.Dir, err)
+			}
+		}
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+		if err := mount(log, "overlay", lower, "overlay", 0, opts); err != nil {
+			return fmt.Errorf("%s overlay: %w", o.Dir, err)
+		}
 	}
 	return nil
 }
