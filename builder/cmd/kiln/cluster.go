@@ -14,11 +14,12 @@ import (
 func newClusterCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cluster",
-		Short: "Generate a cluster's PKI and per-node Ignition configs",
+		Short: "Generate a cluster's configs (init), or run a whole cluster in QEMU (up, status, stop, start, replace, down)",
 		Args:  cobra.NoArgs,
 		RunE:  showHelp,
 	}
-	cmd.AddCommand(newClusterInitCmd())
+	cmd.AddCommand(newClusterInitCmd(), newClusterUpCmd(), newClusterStatusCmd(), newClusterStopCmd(),
+		newClusterStartCmd(), newClusterReplaceCmd(), newClusterDownCmd())
 	return cmd
 }
 

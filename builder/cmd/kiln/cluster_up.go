@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/builder/qemucluster"
+	"github.com/kilnproject/kiln/builder/vm"
+)
+
+func newClusterUpCmd() *cobra.Command {
+	var (
+		o       qemucluster.Options
+		accel   string
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "up --name NAME [--control-planes 1|3] [--workers N] [--image-dir out]",
+		Short: "Boot a whole cluster of baked images in QEMU in the background and wait until every node is Ready",
+		Long: `Up runs a cluster on this host as kind or talosctl cluster create do: it bakes nothing but
+takes the baked images DIR/<image>-control-plane.qcow2 (or .raw) and DIR/<image>-worker.qcow2,
+runs cluster init (nodes NAME-cp-1..3 with etcd members a, b, c, NAME-worker-1..N, the API at
+api.internal.NAME.ZONE), gives each node a copy-on-write disk on its image and each control
+plane a blank etcd disk (serial etcd-main), starts every VM in the background (they outlive
+this command; console and pid files in the state directory), forwards each control plane's
+API to a port on 127.0.0.1, writes STATE/admin.conf and waits until every node is Ready.
+Workers start once the control planes are Ready.
+
+Network: one private link between the VMs (QEMU socket networking as kiln run --link: no
+root, no bridge) with fixed addresses, 192.168.100.11-13 for the control planes and
+192.168.100.101.. for the workers; the guests are offline.
+
+DNS: the hosts provider. Every node's config seeds /etc/hosts with every name of the cluster
+(each node, etcd-<member>.internal.NAME.ZONE, and api.internal.NAME.ZONE once per control
+plane). The addresses are fixed before the first boot, so every name is known in advance;
+a BIND on the host would need the host's port 53 to be reachable from offline guests.
+
+The state directory (default ` + qemucluster.DefaultStateDir("NAME") + `) holds cluster.json,
+admin.conf, init/ (cluster init's output), and nodes/<node>/ with disk.qcow2, etcd.qcow2,
+config.ign, console.log, qemu.log and qemu.pid. A second up of a cluster that exists is
+refused. When the wait times out the nodes keep running: kiln cluster status shows them.`,
+		Example: `  # three control planes and a worker from out/, under TCG, 1 vCPU each
+  kiln cluster up --name demo --control-planes 3 --workers 1 --image-dir out --accel tcg \
+      --cp-cpus 1 --worker-cpus 1 --slow-control-plane --timeout 90m
+  KUBECONFIG=~/.local/state/kiln/clusters/demo/admin.conf kubectl get nodes
+
+  # one control plane and one worker, state in ./demo
+  kiln cluster up --name demo --state-dir demo --image-dir out
+  kiln cluster status --state-dir demo
+  kiln cluster down --state-dir demo`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			var err error
+			if o.Accel, err = clusterAccel(ctx, accel, o); err != nil {
+				return err
+			}
+			s, err := qemucluster.Create(ctx, o, time.Now())
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "cluster %s in %s (accel %s, API %s)\n", s.Name, s.Dir, s.Accel, s.APIEndpoint())
+			var names []string
+			for _, n := range s.Nodes {
+				names = append(names, n.Name)
+			}
+			p := newProgressPrinter(w, names)
+			start := time.Now()
+			if err := s.StartAll(ctx, timeout, p.report); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "every node Ready after %s\n  export KUBECONFIG=%s\n", time.Since(start).Round(time.Second), s.Kubeconfig())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Name, "name", "", "cluster name (an RFC 1123 label)")
+	f.StringVar(&o.Zone, "dns-zone", qemucluster.DefaultZone, "DNS zone of the cluster's names")
+	f.IntVar(&o.ControlPlanes, "control-planes", 1, "control planes: 1 or 3")
+	f.IntVar(&o.Workers, "workers", 1, "workers")
+	f.StringVar(&o.ImageDir, "image-dir", "out", "directory of the baked images")
+	f.StringVar(&o.Image, "image", "qemu", "image name: the disks are <image>-control-plane and <image>-worker")
+	f.StringVar(&o.StateDir, "state-dir", "", "state directory (default "+qemucluster.DefaultStateDir("NAME")+")")
+	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL, else auto: KVM if a test boot works)")
+	f.IntVar(&o.ControlPlane.CPUs, "cp-cpus", 2, "vCPUs per control plane")
+	f.IntVar(&o.ControlPlane.MemoryMB, "cp-memory", 3072, "MiB per control plane")
+	f.IntVar(&o.Worker.CPUs, "worker-cpus", 1, "vCPUs per worker")
+	f.IntVar(&o.Worker.MemoryMB, "worker-memory", 2048, "MiB per worker")
+	f.IntVar(&o.WorkerNice, "worker-nice", 10, "host CPU priority of the workers' QEMU (nice 0..19): the control planes get the CPU first")
+	f.StringVar(&o.EtcdDiskSize, "etcd-disk-size", "2G", "size of each control plane's etcd disk (sparse)")
+	f.IntVar(&o.APIPort, "api-port", 0, "host port of the first control plane's API, the next ones on the following ports (default: free ports)")
+	f.BoolVar(&o.SlowCP, "slow-control-plane", false, "longer leader-election timings, for emulated (TCG) or shared CPUs")
+	f.DurationVar(&timeout, "timeout", 60*time.Minute, "how long to wait for every node to be Ready")
+	cmd.MarkFlagRequired("name")
+	return cmd
+}
+
+// clusterAccel resolves --accel; auto boots the control-plane image's kernel under KVM.
+func clusterAccel(ctx context.Context, want string, o qemucluster.Options) (string, error) {
+	if want == "" {
+		want = os.Getenv("KILN_ACCEL")
+	}
+	if want == "kvm" || want == "tcg" {
+		return want, nil
+	}
+	if want != "" && want != "auto" {
+		return "", fmt.Errorf("--accel %q: want auto, kvm or tcg", want)
+	}
+	image := filepath.Join(orDefault(o.ImageDir, "out"), orDefault(o.Image, "qemu")+"-control-plane.qcow2")
+	if _, err := os.Stat(image); err != nil {
+		image = filepath.Join(orDefault(o.ImageDir, "out"), orDefault(o.Image, "qemu")+"-control-plane.raw")
+	}
+	tmp, err := os.MkdirTemp("", "kiln-accel-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	bf, err := vm.ExtractBoot(ctx, image, tmp)
+	if err != nil {
+		return "", fmt.Errorf("--accel auto: read the control-plane image's kernel: %w", err)
+	}
+	a, _, err := vm.ChooseAccel(ctx, "auto", bf.Kernel)
+	return a, err
+}

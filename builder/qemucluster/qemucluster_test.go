@@ -1,0 +1,341 @@
+package qemucluster
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kilnproject/kiln/initd/config"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func testOptions(cps, workers int) Options {
+	o, err := Options{Name: "demo", ControlPlanes: cps, Workers: workers, StateDir: "/state"}.withDefaults()
+	if err != nil {
+		panic(err)
+	}
+	return o
+}
+
+func TestPlan(t *testing.T) {
+	tests := []struct {
+		name          string
+		cps, workers  int
+		wantNames     []string
+		wantAddresses []string
+		wantMembers   []string
+	}{
+		{"one control plane, one worker", 1, 1,
+			[]string{"demo-cp-1", "demo-worker-1"}, []string{"192.168.100.11", "192.168.100.101"}, []string{"a", ""}},
+		{"three control planes, two workers", 3, 2,
+			[]string{"demo-cp-1", "demo-cp-2", "demo-cp-3", "demo-worker-1", "demo-worker-2"},
+			[]string{"192.168.100.11", "192.168.100.12", "192.168.100.13", "192.168.100.101", "192.168.100.102"},
+			[]string{"a", "b", "c", "", ""}},
+		{"control planes only", 3, 0,
+			[]string{"demo-cp-1", "demo-cp-2", "demo-cp-3"}, []string{"192.168.100.11", "192.168.100.12", "192.168.100.13"}, []string{"a", "b", "c"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nodes := plan(testOptions(tt.cps, tt.workers), []int{16443, 16444, 16445})
+			if len(nodes) != len(tt.wantNames) {
+				t.Fatalf("%d nodes, want %d", len(nodes), len(tt.wantNames))
+			}
+			macs := map[string]bool{}
+			for i, n := range nodes {
+				if n.Name != tt.wantNames[i] || n.Address != tt.wantAddresses[i] || n.EtcdMember != tt.wantMembers[i] {
+					t.Errorf("node %d = %s %s %q, want %s %s %q", i, n.Name, n.Address, n.EtcdMember, tt.wantNames[i], tt.wantAddresses[i], tt.wantMembers[i])
+				}
+				if macs[n.MAC] {
+					t.Errorf("MAC %s given twice", n.MAC)
+				}
+				macs[n.MAC] = true
+				if !strings.HasPrefix(n.MAC, "02:6b:") {
+					t.Errorf("%s: MAC %s is not locally administered 02:6b:…", n.Name, n.MAC)
+				}
+				if (n.Role == RoleControlPlane) != (n.APIPort != 0) {
+					t.Errorf("%s (%s): API port %d", n.Name, n.Role, n.APIPort)
+				}
+			}
+		})
+	}
+	// Two clusters' MACs differ, one cluster's are the same on every plan.
+	a, b := nodeMAC("one", "192.168.100.11"), nodeMAC("two", "192.168.100.11")
+	if a == b || a != nodeMAC("one", "192.168.100.11") {
+		t.Errorf("MACs: one %s, two %s", a, b)
+	}
+}
+
+func TestOptionsRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		o    Options
+		want string
+	}{
+		{"no name", Options{ControlPlanes: 1}, "--name"},
+		{"bad name", Options{Name: "Demo_1", ControlPlanes: 1}, "--name"},
+		{"two control planes", Options{Name: "demo", ControlPlanes: 2}, "--control-planes 2"},
+		{"too many workers", Options{Name: "demo", ControlPlanes: 1, Workers: MaxWorkers + 1}, "--workers"},
+		{"small memory", Options{Name: "demo", ControlPlanes: 1, Worker: Size{MemoryMB: 512}}, "--worker-memory 512"},
+		{"zero cpus stays default, negative refused", Options{Name: "demo", ControlPlanes: 1, ControlPlane: Size{CPUs: -1}}, "--cp-cpus -1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.o.withDefaults()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestHostsFile(t *testing.T) {
+	o := testOptions(3, 1)
+	s := &State{Name: o.Name, Zone: o.Zone, Nodes: plan(o, []int{1, 2, 3})}
+	got := s.HostsFile()
+	golden := filepath.Join("testdata", "hosts-3cp-1w.golden")
+	if *update {
+		os.WriteFile(golden, []byte(got), 0o644)
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Errorf("hosts file:\n%s\nwant (%s):\n%s", got, golden, want)
+	}
+	// The API name has one address per control plane, the etcd names one each.
+	names := s.Names()
+	if api := names["api.internal.demo.kiln.test"]; len(api) != 3 {
+		t.Errorf("api name has %v, want three addresses", api)
+	}
+	if e := names["etcd-b.internal.demo.kiln.test"]; len(e) != 1 || e[0] != "192.168.100.12" {
+		t.Errorf("etcd-b has %v, want 192.168.100.12", e)
+	}
+}
+
+// fakeImages writes small qcow2 images (real qemu-img) as a bake's output would hold them.
+func fakeImages(t *testing.T, roles ...string) string {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed")
+	}
+	dir := t.TempDir()
+	for _, r := range roles {
+		if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", filepath.Join(dir, "qemu-"+r+".qcow2"), "64M").CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img: %v: %s", err, out)
+		}
+	}
+	return dir
+}
+
+func TestCreateLayout(t *testing.T) {
+	images := fakeImages(t, RoleControlPlane, RoleWorker)
+	state := filepath.Join(t.TempDir(), "demo")
+	o := Options{Name: "demo", ControlPlanes: 3, Workers: 1, ImageDir: images, StateDir: state, Accel: "tcg", APIPort: 20443}
+	s, err := Create(context.Background(), o, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []struct {
+		path string
+		mode os.FileMode
+	}{
+		{".", 0o700 | os.ModeDir},
+		{"cluster.json", 0o600},
+		{"admin.conf", 0o600},
+		{"init/pki/ca.key", 0o600},
+		{"nodes/demo-cp-1/config.ign", 0o600},
+		{"nodes/demo-cp-1/disk.qcow2", 0},
+		{"nodes/demo-cp-1/etcd.qcow2", 0},
+		{"nodes/demo-cp-3/etcd.qcow2", 0},
+		{"nodes/demo-worker-1/config.ign", 0o600},
+		{"nodes/demo-worker-1/disk.qcow2", 0},
+	} {
+		fi, err := os.Stat(filepath.Join(state, f.path))
+		if err != nil {
+			t.Errorf("%s: %v", f.path, err)
+			continue
+		}
+		if f.mode != 0 && fi.Mode()&(os.ModeDir|os.ModePerm) != f.mode {
+			t.Errorf("%s: mode %v, want %v", f.path, fi.Mode(), f.mode)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(state, "nodes/demo-worker-1/etcd.qcow2")); err == nil {
+		t.Error("the worker has an etcd disk")
+	}
+	// The node's disk is an overlay on the baked image, not a copy.
+	out, err := exec.Command("qemu-img", "info", "--output=json", filepath.Join(state, "nodes/demo-cp-2/disk.qcow2")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Backing string `json:"full-backing-filename"`
+	}
+	json.Unmarshal(out, &info)
+	if want := filepath.Join(images, "qemu-control-plane.qcow2"); info.Backing != want {
+		t.Errorf("cp-2's disk is backed by %q, want %s", info.Backing, want)
+	}
+	// The config carries the cluster's names, its address, and cluster init's node.yaml.
+	raw, _ := os.ReadFile(filepath.Join(state, "nodes/demo-cp-2/config.ign"))
+	c, err := config.Parse(raw)
+	if err != nil {
+		t.Fatalf("config.ign: %v", err)
+	}
+	files := map[string]string{}
+	for _, f := range c.Ignition.Storage.Files {
+		if f.Contents.Source != nil {
+			files[f.Path] = *f.Contents.Source
+		}
+	}
+	for _, p := range []string{"/etc/hosts", "/etc/systemd/network/10-kiln-cluster.network", "/etc/kiln/node.yaml"} {
+		if _, ok := files[p]; !ok {
+			t.Errorf("config.ign of cp-2 writes no %s (files: %v)", p, keys(files))
+		}
+	}
+	// admin.conf points at cp-1's forwarded port.
+	admin, _ := os.ReadFile(s.Kubeconfig())
+	if !strings.Contains(string(admin), "https://127.0.0.1:20443") || !strings.Contains(string(admin), "tls-server-name: kubernetes") {
+		t.Errorf("admin.conf:\n%s", admin)
+	}
+	// Load reads back what Create wrote.
+	l, err := Load(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Nodes) != 4 || l.Nodes[2].APIPort != 20445 || l.Link != "kiln-cluster-demo" {
+		t.Errorf("loaded %+v", l)
+	}
+}
+
+func keys(m map[string]string) []string {
+	var k []string
+	for p := range m {
+		k = append(k, p)
+	}
+	return k
+}
+
+func TestCreateRefuses(t *testing.T) {
+	images := fakeImages(t, RoleControlPlane)
+	existing := filepath.Join(t.TempDir(), "demo")
+	if _, err := Create(context.Background(), Options{Name: "demo", ControlPlanes: 1, ImageDir: images, StateDir: existing, Accel: "tcg"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	other := t.TempDir()
+	os.WriteFile(filepath.Join(other, "notes"), []byte("mine"), 0o644)
+	tests := []struct {
+		name string
+		o    Options
+		want []string
+	}{
+		{"a second up of the same cluster", Options{Name: "demo", ControlPlanes: 1, ImageDir: images, StateDir: existing},
+			[]string{"already exists", "kiln cluster down --name demo"}},
+		{"a directory holding something else", Options{Name: "demo", ControlPlanes: 1, ImageDir: images, StateDir: other},
+			[]string{"not empty"}},
+		{"no worker image", Options{Name: "demo", ControlPlanes: 1, Workers: 1, ImageDir: images, StateDir: filepath.Join(t.TempDir(), "x")},
+			[]string{"no worker image", "qemu-worker.qcow2", "kiln bake"}},
+		{"no image directory", Options{Name: "demo", ControlPlanes: 1, ImageDir: "/nonexistent", StateDir: filepath.Join(t.TempDir(), "x")},
+			[]string{"no control-plane image", "--image-dir"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Create(context.Background(), tt.o, time.Now())
+			for _, w := range tt.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %v, want it to say %q", err, w)
+				}
+			}
+		})
+	}
+	// The refused directory is untouched.
+	if b, _ := os.ReadFile(filepath.Join(other, "notes")); string(b) != "mine" {
+		t.Error("a refused state directory was changed")
+	}
+	if _, err := os.Stat(filepath.Join(existing, "cluster.json")); err != nil {
+		t.Errorf("the existing cluster lost its state: %v", err)
+	}
+}
+
+// A real process stands in for QEMU: its command line names the node directory, as QEMU's
+// names the node's disks.
+func TestPidHandling(t *testing.T) {
+	dir := t.TempDir()
+	s := &State{Name: "demo", Dir: dir, Nodes: []Node{{Name: "demo-cp-1", Role: RoleControlPlane}}}
+	node := "demo-cp-1"
+	os.MkdirAll(s.nodeDir(node), 0o700)
+	if pid := s.Running(node); pid != 0 {
+		t.Fatalf("no pid file: Running = %d", pid)
+	}
+	pid, err := startDetached([]string{"/bin/sh", "-c", "sleep 60; true", s.nodeDir(node)}, s.nodeFile(node, qemuLogFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopProcess(pid, s.nodeDir(node), time.Second) })
+	os.WriteFile(s.pidFile(node), []byte(strconv.Itoa(pid)+"\n"), 0o644)
+	if got := s.Running(node); got != pid {
+		t.Fatalf("Running = %d, want %d", got, pid)
+	}
+	if err := s.StopNode(node, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Running(node); got != 0 {
+		t.Errorf("after stop: Running = %d", got)
+	}
+	if _, err := os.Stat(s.pidFile(node)); err == nil {
+		t.Error("stop left the pid file")
+	}
+	// A pid file naming a process that is something else (a reused pid) or gone.
+	os.WriteFile(s.pidFile(node), []byte(strconv.Itoa(os.Getpid())), 0o644)
+	if got := s.Running(node); got != 0 {
+		t.Errorf("pid of another program: Running = %d", got)
+	}
+	os.WriteFile(s.pidFile(node), []byte(strconv.Itoa(pid)), 0o644)
+	if got := s.Running(node); got != 0 {
+		t.Errorf("pid of an ended process: Running = %d", got)
+	}
+	// Stopping a stopped node, or one that does not exist.
+	if err := s.StopNode(node, time.Second); err != nil {
+		t.Errorf("stop a stopped node: %v", err)
+	}
+	if err := s.StopNode("demo-cp-9", time.Second); err == nil || !strings.Contains(err.Error(), "demo-cp-1") {
+		t.Errorf("stop an unknown node: %v, want the list of nodes", err)
+	}
+}
+
+func TestSerialArgs(t *testing.T) {
+	got, err := serialArgs([]string{"-m", "2048", "-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"}, "/s/a,b/console.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[3] != "file,id=serial0,append=on,path=/s/a,,b/console.log" {
+		t.Errorf("chardev %q", got[3])
+	}
+	if _, err := serialArgs([]string{"-m", "1"}, "x"); err == nil {
+		t.Error("no serial console: no error")
+	}
+}
+
+func TestFirstBootAndUsage(t *testing.T) {
+	dir := t.TempDir()
+	s := &State{Name: "demo", Dir: dir, Nodes: []Node{{Name: "n"}}}
+	os.MkdirAll(s.nodeDir("n"), 0o700)
+	if got := s.firstBoot("n"); got != "" {
+		t.Errorf("no console: %q", got)
+	}
+	os.WriteFile(s.ConsoleLog("n"), []byte("[ 1.0] booting\n[ 30.1] kiln-init: firstboot ok source=fw_cfg files=2 duration=1s\n[ 2.0] rebooted\n[ 9.5] kiln-init: firstboot done already (2026-12-04T12:00:00Z)\n"), 0o644)
+	if got := s.firstBoot("n"); got != "done already 2026-12-04T12:00:00Z" {
+		t.Errorf("firstBoot = %q", got)
+	}
+	rss, cpu := procUsage(os.Getpid())
+	if rss <= 0 || cpu < 0 {
+		t.Errorf("own usage: %d MiB, %.2f s", rss, cpu)
+	}
+}

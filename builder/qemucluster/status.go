@@ -1,0 +1,122 @@
+package qemucluster
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// NodeStatus is one node as `kiln cluster status` shows it.
+type NodeStatus struct {
+	Name    string `json:"name"`
+	Role    string `json:"role"`
+	Running bool   `json:"running"`
+	PID     int    `json:"pid,omitempty"`
+	Address string `json:"address"`
+	APIPort int    `json:"apiPort,omitempty"`
+	// FirstBoot is the last first-boot status line's outcome and detail, "" before one.
+	FirstBoot string `json:"firstBoot"`
+	// Ready is the node's Ready condition, "" when the API does not answer or lacks the node.
+	Ready string `json:"ready"`
+	// RSSMiB and CPUSeconds are the QEMU process's resident memory and CPU time so far.
+	RSSMiB     int64   `json:"rssMiB,omitempty"`
+	CPUSeconds float64 `json:"cpuSeconds,omitempty"`
+	Console    string  `json:"console"`
+}
+
+// Status is the cluster's nodes; APIError says why Ready is unknown.
+type Status struct {
+	Name       string       `json:"name"`
+	StateDir   string       `json:"stateDir"`
+	Kubeconfig string       `json:"kubeconfig"`
+	Nodes      []NodeStatus `json:"nodes"`
+	APIError   string       `json:"apiError,omitempty"`
+}
+
+// Status looks at every node: its QEMU, its console and, through the API, its Ready.
+func (s *State) Status(ctx context.Context) Status {
+	st := Status{Name: s.Name, StateDir: s.Dir, Kubeconfig: s.Kubeconfig()}
+	var ready map[string]string
+	if api, err := s.apiClient(); err != nil {
+		st.APIError = err.Error()
+	} else {
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		ready, err = api.nodeReady(rctx)
+		cancel()
+		if err != nil {
+			st.APIError = err.Error()
+		}
+	}
+	for _, n := range s.Nodes {
+		ns := NodeStatus{Name: n.Name, Role: n.Role, Address: n.Address, APIPort: n.APIPort,
+			FirstBoot: s.firstBoot(n.Name), Ready: ready[n.Name], Console: s.ConsoleLog(n.Name)}
+		if pid := s.Running(n.Name); pid != 0 {
+			ns.Running, ns.PID = true, pid
+			ns.RSSMiB, ns.CPUSeconds = procUsage(pid)
+		}
+		st.Nodes = append(st.Nodes, ns)
+	}
+	return st
+}
+
+// firstBoot is the outcome (and detail) of the console's last first-boot status line.
+func (s *State) firstBoot(node string) string {
+	f, err := os.Open(s.ConsoleLog(node))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	last := ""
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if l, ok := nodeimage.ParseStatusLine(sc.Text()); ok {
+			last = strings.TrimSpace(l.Outcome + " " + l.Detail)
+		}
+	}
+	return last
+}
+
+func (s *State) consoleTail(node string, n int) string {
+	data, err := os.ReadFile(s.ConsoleLog(node))
+	if err != nil {
+		return "(no console: " + err.Error() + ")"
+	}
+	return lastLines(string(data), n)
+}
+
+// procUsage is a process's resident memory (MiB) and CPU time (user+system, seconds) from
+// /proc; zeros when unreadable.
+func procUsage(pid int) (int64, float64) {
+	var rss int64
+	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, l := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				rss = kb >> 10
+			}
+		}
+	}
+	var cpu float64
+	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		if i := strings.LastIndexByte(string(data), ')'); i > 0 {
+			f := strings.Fields(string(data)[i+1:])
+			// After the command: state is field 0, utime 11, stime 12 (clock ticks).
+			if len(f) > 12 {
+				ut, _ := strconv.ParseFloat(f[11], 64)
+				stime, _ := strconv.ParseFloat(f[12], 64)
+				cpu = (ut + stime) / clockTicks
+			}
+		}
+	}
+	return rss, cpu
+}
+
+// clockTicks is USER_HZ, 100 on Linux.
+const clockTicks = 100

@@ -1,0 +1,305 @@
+package qemucluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/cluster"
+	"github.com/kilnproject/kiln/internal/atomicfile"
+)
+
+// Create lays out a new cluster in o.StateDir: cluster init, a copy-on-write disk per
+// node, an etcd disk per control plane, each node's config, admin.conf and cluster.json.
+// It starts nothing. A state directory that holds a cluster, or anything, is refused; one
+// that Create made is removed again when Create fails.
+func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := refuseExisting(o.StateDir, o.Name); err != nil {
+		return nil, err
+	}
+	cpImage, err := findImage(o.ImageDir, o.Image, RoleControlPlane)
+	if err != nil {
+		return nil, err
+	}
+	workerImage := ""
+	if o.Workers > 0 {
+		if workerImage, err = findImage(o.ImageDir, o.Image, RoleWorker); err != nil {
+			return nil, err
+		}
+	}
+	ports, err := apiPorts(o.APIPort, o.ControlPlanes)
+	if err != nil {
+		return nil, err
+	}
+	s := &State{Name: o.Name, Zone: o.Zone, Accel: o.Accel, Link: linkName(o.Name), EtcdDiskSize: o.EtcdDiskSize,
+		Nodes: plan(o, ports), Dir: o.StateDir}
+	s.Images.ControlPlane, s.Images.Worker = cpImage, workerImage
+
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	if err := s.create(ctx, o, now); err != nil {
+		// The directory was absent or empty: nothing of anyone else's is lost.
+		os.RemoveAll(o.StateDir)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *State) create(ctx context.Context, o Options, now time.Time) error {
+	spec := cluster.Spec{Name: o.Name, DNSZone: o.Zone, ControlPlanes: o.ControlPlanes, Workers: o.Workers,
+		EtcdDiskSerial: EtcdDiskSerial, SlowControlPlane: o.SlowCP,
+		AdminServer: fmt.Sprintf("https://127.0.0.1:%d", s.Nodes[0].APIPort), AdminTLSServerName: apiTLSName}
+	c, err := cluster.Init(s.initDir(), spec, false, now)
+	if err != nil {
+		return fmt.Errorf("cluster init: %w", err)
+	}
+	if len(c.Nodes) != len(s.Nodes) {
+		return fmt.Errorf("cluster init made %d nodes, the plan has %d", len(c.Nodes), len(s.Nodes))
+	}
+	for i := range s.Nodes {
+		n := &s.Nodes[i]
+		if c.Nodes[i].Name != n.Name || c.Nodes[i].EtcdMember != n.EtcdMember {
+			return fmt.Errorf("cluster init's node %d is %s (member %q), the plan's %s", i, c.Nodes[i].Name, c.Nodes[i].EtcdMember, n.Name)
+		}
+		if err := os.MkdirAll(s.nodeDir(n.Name), 0o700); err != nil {
+			return err
+		}
+		if err := s.writeNodeConfig(n, filepath.Join(s.initDir(), c.Nodes[i].Ignition)); err != nil {
+			return err
+		}
+		if err := s.freshDisks(ctx, n); err != nil {
+			return err
+		}
+	}
+	admin, err := os.ReadFile(filepath.Join(s.initDir(), cluster.AdminKubeconfigFile))
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(s.Kubeconfig(), admin, atomicfile.Options{Mode: 0o600}); err != nil {
+		return err
+	}
+	return s.save()
+}
+
+// freshDisks (re)creates node n's root disk as a copy-on-write overlay on its baked image
+// and, on a control plane, a blank sparse etcd disk.
+func (s *State) freshDisks(ctx context.Context, n *Node) error {
+	image := s.Images.ControlPlane
+	if n.Role == RoleWorker {
+		image = s.Images.Worker
+	}
+	format := "raw"
+	if strings.HasSuffix(image, ".qcow2") {
+		format = "qcow2"
+	}
+	disk := s.nodeFile(n.Name, diskFile)
+	os.Remove(disk)
+	if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", format, "-b", image, disk); err != nil {
+		return fmt.Errorf("node %s: disk: %w", n.Name, err)
+	}
+	if n.Role == RoleControlPlane {
+		etcd := s.EtcdDisk(n.Name)
+		os.Remove(etcd)
+		if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", etcd, s.EtcdDiskSize); err != nil {
+			return fmt.Errorf("node %s: etcd disk: %w", n.Name, err)
+		}
+	}
+	// A fresh machine has fresh UEFI variables and an empty console.
+	os.Remove(s.nodeFile(n.Name, "OVMF_VARS.fd"))
+	return nil
+}
+
+func qemuImg(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// findImage is dir/<stem>-<role>.qcow2 (or .raw), as an absolute path.
+func findImage(dir, stem, role string) (string, error) {
+	if dir == "" {
+		dir = "out"
+	}
+	var tried []string
+	for _, ext := range []string{".qcow2", ".raw"} {
+		p := filepath.Join(dir, stem+"-"+role+ext)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return filepath.Abs(p)
+		}
+		tried = append(tried, p)
+	}
+	return "", fmt.Errorf("no %s image: none of %s (bake one: kiln bake images/%s.yaml --role %s -o %s; or name the directory with --image-dir)",
+		role, strings.Join(tried, ", "), stem, role, dir)
+}
+
+// apiPorts are n host ports from first on, or n free ones when first is 0.
+func apiPorts(first, n int) ([]int, error) {
+	var ports []int
+	if first != 0 {
+		for i := range n {
+			ports = append(ports, first+i)
+		}
+		return ports, nil
+	}
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("pick an API port: %w", err)
+		}
+		defer l.Close() // held until all are picked, so they differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// Progress is told each node's phase as it changes: started, first boot ok|failed|done
+// already, registered (the API knows the node), Ready, NotReady.
+type Progress func(node, phase string)
+
+// StartAll starts every stopped node: the control planes first, the workers once every
+// control plane is Ready (as a worker of a real cluster joins one that serves; on a host
+// with few cores a worker's boot would take the CPU the control planes need to start).
+func (s *State) StartAll(ctx context.Context, timeout time.Duration, progress Progress) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var cps, workers []string
+	for _, n := range s.Nodes {
+		if n.Role == RoleControlPlane {
+			cps = append(cps, n.Name)
+		} else {
+			workers = append(workers, n.Name)
+		}
+	}
+	for _, group := range [][]string{cps, workers} {
+		for _, n := range group {
+			if err := s.StartNode(ctx, n); err != nil {
+				return err
+			}
+			progress(n, "started")
+		}
+		if err := s.WaitReady(ctx, group, progress); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitReady waits until every node in names is Ready, reporting phases, or ctx ends. A
+// node whose QEMU exits or whose first boot fails ends the wait with its console's tail.
+func (s *State) WaitReady(ctx context.Context, names []string, progress Progress) error {
+	phase := map[string]string{}
+	set := func(n, p string) {
+		if phase[n] != p {
+			phase[n] = p
+			progress(n, p)
+		}
+	}
+	for {
+		api, err := s.apiClient()
+		if err != nil {
+			return err
+		}
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		ready, apiErr := api.nodeReady(rctx)
+		cancel()
+		done := true
+		for _, n := range names {
+			if s.Running(n) == 0 {
+				return fmt.Errorf("node %s: QEMU is not running; its console:\n%s", n, s.consoleTail(n, 20))
+			}
+			st := s.firstBoot(n)
+			if strings.HasPrefix(st, "failed") {
+				return fmt.Errorf("node %s: first boot %s; console %s:\n%s", n, st, s.ConsoleLog(n), s.consoleTail(n, 20))
+			}
+			switch r, ok := ready[n]; {
+			case ok && r == "True":
+				set(n, "Ready")
+				continue
+			case ok:
+				set(n, "registered, not Ready")
+			case st != "":
+				set(n, "first boot "+st)
+			}
+			done = false
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			var waiting []string
+			for _, n := range names {
+				if phase[n] != "Ready" {
+					waiting = append(waiting, fmt.Sprintf("%s (%s)", n, or(phase[n], "booting")))
+				}
+			}
+			msg := fmt.Sprintf("not Ready in time: %s", strings.Join(waiting, ", "))
+			if apiErr != nil {
+				msg += fmt.Sprintf("; the API: %v", apiErr)
+			}
+			return errors.New(msg + " (the nodes keep running: kiln cluster status; consoles in " + filepath.Join(s.Dir, "nodes") + ")")
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// ReplaceNode stops node and gives it a fresh root disk (the baked image again), a blank
+// etcd disk on a control plane, and fresh UEFI variables: a new machine with the same name,
+// address and config. It does not start it.
+func (s *State) ReplaceNode(ctx context.Context, name string) error {
+	n, err := s.Node(name)
+	if err != nil {
+		return err
+	}
+	if err := s.StopNode(name, 30*time.Second); err != nil {
+		return err
+	}
+	return s.freshDisks(ctx, n)
+}
+
+// Down stops every node and, unless keep, removes the state directory.
+func (s *State) Down(keep bool) error {
+	var errs []error
+	for _, n := range s.Nodes {
+		if err := s.StopNode(n.Name, 30*time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if keep {
+		return nil
+	}
+	if err := os.RemoveAll(s.Dir); err != nil {
+		return fmt.Errorf("remove %s: %w", s.Dir, err)
+	}
+	return nil
+}
+
+// WaitReadyFor is WaitReady bounded by timeout.
+func (s *State) WaitReadyFor(ctx context.Context, names []string, timeout time.Duration, progress Progress) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return s.WaitReady(ctx, names, progress)
+}
