@@ -80,42 +80,7 @@ const registryMirror = `server = "https://registry.k8s.io"
 
 func runE2ECluster(t *testing.T, pull bool) {
 	e := newRepoEnv(t)
-	root := repoRoot(t)
-	cache := e2eCacheDir()
-	bin := filepath.Join(cache, "bin")
-	e.environ = append(e.environ, "KILN_E2E_CACHE="+cache)
-
-	e2eStep(t, "components built from source", func() {
-		e.run(root, "bash", "qemu-tests/e2e/build-components.sh")
-	})
-
-	overlay := filepath.Join(e.dir, "e2e-overlay.yaml")
-	e2eStep(t, "images pushed to the local registry, artifacts packed and served", func() {
-		e.run(root, "bash", "qemu-tests/e2e/registry.sh", "start")
-		dir := filepath.Join(e.dir, "artifacts")
-		url := serveDir(t, dir)
-		e.run(root, "go", "run", "./qemu-tests/e2e/images", "-bin", bin,
-			"-iptables", filepath.Join(cache, "rootfs", "iptables"), "-registry", "127.0.0.1:5000",
-			"-artifacts", dir, "-overlay", overlay, "-artifact-url", url)
-	})
-
-	out := filepath.Join(e.dir, "out")
-	bakeArgs := []string{"--profile-overlay", overlay, "-o", out}
-	if pull {
-		bakeArgs = append(bakeArgs, "--without-images")
-	}
-	e2eStep(t, "control-plane and worker images baked", func() {
-		e.run(e.repo, e.kiln, "lock", "images/qemu.yaml", "--profile-overlay", overlay)
-		for _, role := range []string{"control-plane", "worker"} {
-			start := time.Now()
-			e.run(e.repo, e.kiln, append([]string{"bake", "images/qemu.yaml", "--role", role}, bakeArgs...)...)
-			t.Logf("e2e: baked %s in %s", role, time.Since(start).Round(100*time.Millisecond))
-		}
-	})
-	for _, role := range []string{"control-plane", "worker"} {
-		logImageSize(t, filepath.Join(out, "qemu-"+role))
-		scanImageForSecrets(t, filepath.Join(out, "qemu-"+role+".raw"))
-	}
+	out, bin := bakeE2EImages(t, e, pull)
 
 	clusterDir := filepath.Join(e.dir, "cluster")
 	e2eStep(t, "cluster config written", func() {
@@ -393,4 +358,47 @@ func scanImageForSecrets(t *testing.T, raw string) {
 	}
 	t.Logf("e2e: %s: no private key or token in the root filesystem", filepath.Base(raw))
 	os.RemoveAll(tree)
+}
+
+// bakeE2EImages builds the components from source (cached), serves them and bakes the
+// control-plane and worker images into e.dir/out; it returns that directory and the
+// directory of the built binaries (kubectl among them).
+func bakeE2EImages(t *testing.T, e *env, pull bool) (out, bin string) {
+	t.Helper()
+	root := repoRoot(t)
+	cache := e2eCacheDir()
+	bin = filepath.Join(cache, "bin")
+	e.environ = append(e.environ, "KILN_E2E_CACHE="+cache)
+	e2eStep(t, "components built from source", func() {
+		e.run(root, "bash", "qemu-tests/e2e/build-components.sh")
+	})
+
+	overlay := filepath.Join(e.dir, "e2e-overlay.yaml")
+	e2eStep(t, "images pushed to the local registry, artifacts packed and served", func() {
+		e.run(root, "bash", "qemu-tests/e2e/registry.sh", "start")
+		dir := filepath.Join(e.dir, "artifacts")
+		url := serveDir(t, dir)
+		e.run(root, "go", "run", "./qemu-tests/e2e/images", "-bin", bin,
+			"-iptables", filepath.Join(cache, "rootfs", "iptables"), "-registry", "127.0.0.1:5000",
+			"-artifacts", dir, "-overlay", overlay, "-artifact-url", url)
+	})
+
+	out = filepath.Join(e.dir, "out")
+	bakeArgs := []string{"--profile-overlay", overlay, "-o", out}
+	if pull {
+		bakeArgs = append(bakeArgs, "--without-images")
+	}
+	e2eStep(t, "control-plane and worker images baked", func() {
+		e.run(e.repo, e.kiln, "lock", "images/qemu.yaml", "--profile-overlay", overlay)
+		for _, role := range []string{"control-plane", "worker"} {
+			start := time.Now()
+			e.run(e.repo, e.kiln, append([]string{"bake", "images/qemu.yaml", "--role", role}, bakeArgs...)...)
+			t.Logf("e2e: baked %s in %s", role, time.Since(start).Round(100*time.Millisecond))
+		}
+	})
+	for _, role := range []string{"control-plane", "worker"} {
+		logImageSize(t, filepath.Join(out, "qemu-"+role))
+		scanImageForSecrets(t, filepath.Join(out, "qemu-"+role+".raw"))
+	}
+	return out, bin
 }
