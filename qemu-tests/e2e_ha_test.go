@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -161,10 +162,29 @@ func TestE2EHA(t *testing.T) {
 	h.logUsage("after up")
 	reportRestarts(t, h.kubectl)
 
-	waitFor(t, "etcd lists three started members", 10*time.Minute, func() (bool, string) {
+	// The member names are recorded once; every later check wants the same three started
+	// (a member that rejoins keeps its name).
+	var memberNames []string
+	threeStarted := func() (bool, string) {
 		m, out, err := h.etcdMembers(0, cps[0])
-		return err == nil && len(m) == 3 && m["a"] && m["b"] && m["c"], out
-	})
+		if err != nil || len(m) != 3 {
+			return false, out
+		}
+		for name, started := range m {
+			if !started || (memberNames != nil && !slices.Contains(memberNames, name)) {
+				return false, out
+			}
+		}
+		if memberNames == nil {
+			for name := range m {
+				memberNames = append(memberNames, name)
+			}
+			slices.Sort(memberNames)
+			t.Logf("e2e-ha: etcd members %v, all started", memberNames)
+		}
+		return true, out
+	}
+	waitFor(t, "etcd lists three started members", 10*time.Minute, threeStarted)
 
 	// A Deployment of three replicas runs (on whatever nodes take pods).
 	deploy := `{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"ha-pause","namespace":"default"},
@@ -223,10 +243,7 @@ func TestE2EHA(t *testing.T) {
 
 	e2eStep(t, "the stopped control plane started again: it rejoins, its etcd disk not reformatted", func() {
 		h.kiln("start", down, "--wait", "--timeout", "40m")
-		waitFor(t, "etcd lists three started members", 15*time.Minute, func() (bool, string) {
-			m, out, err := h.etcdMembers(0, cps[0])
-			return err == nil && len(m) == 3 && m["a"] && m["b"] && m["c"], out
-		})
+		waitFor(t, "etcd lists three started members", 15*time.Minute, threeStarted)
 		h.kiln("stop", down)
 		if after := h.etcdUUID(down); after != uuidBefore {
 			t.Errorf("%s's etcd disk was reformatted: ext4 UUID %s, was %s", down, after, uuidBefore)
@@ -238,10 +255,7 @@ func TestE2EHA(t *testing.T) {
 		replaced := cps[1]
 		h.kiln("replace", replaced)
 		h.kiln("start", replaced, "--wait", "--timeout", "40m")
-		waitFor(t, "etcd lists three started members, b among them", 20*time.Minute, func() (bool, string) {
-			m, out, err := h.etcdMembers(0, cps[0])
-			return err == nil && len(m) == 3 && m["a"] && m["b"] && m["c"], out
-		})
+		waitFor(t, "etcd lists three started members (the same names)", 20*time.Minute, threeStarted)
 	})
 
 	e2eStep(t, "every node rebooted: the cluster comes back with what it held", func() {
@@ -253,10 +267,7 @@ func TestE2EHA(t *testing.T) {
 			out, err := h.kubectl("get", "configmap", "ha-before", "-o", "jsonpath={.data.written}")
 			return err == nil && out == "before", out
 		})
-		waitFor(t, "etcd lists three started members", 15*time.Minute, func() (bool, string) {
-			m, out, err := h.etcdMembers(0, cps[0])
-			return err == nil && len(m) == 3 && m["a"] && m["b"] && m["c"], out
-		})
+		waitFor(t, "etcd lists three started members", 15*time.Minute, threeStarted)
 	})
 	h.logUsage("at the end")
 	reportRestarts(t, h.kubectl)

@@ -105,6 +105,11 @@ func (s *State) StartNode(ctx context.Context, name string) error {
 	if err != nil {
 		return errors.New("qemu-system-x86_64 not found: install the Debian package qemu-system-x86")
 	}
+	// A marker line in the console log starts each boot: first-boot lines before it are
+	// an earlier boot's.
+	if err := appendLine(s.ConsoleLog(name), fmt.Sprintf("%s%s", bootMarker, time.Now().UTC().Format(time.RFC3339))); err != nil {
+		return fmt.Errorf("node %s: %w", name, err)
+	}
 	argv := append([]string{bin}, args...)
 	if n.Nice > 0 {
 		argv = append([]string{"nice", "-n", strconv.Itoa(n.Nice)}, argv...)
@@ -140,17 +145,15 @@ func startDetached(argv []string, logPath string) (int, error) {
 		return 0, err
 	}
 	defer null.Close()
-	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return 0, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	p, err := os.StartProcess(path, argv, &os.ProcAttr{
 		Files: []*os.File{null, logf, logf},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})
 	if err != nil {
-		if len(argv) > 0 && !strings.Contains(argv[0], "/") {
-			if path, lerr := exec.LookPath(argv[0]); lerr == nil {
-				argv[0] = path
-				return startDetached(argv, logPath)
-			}
-		}
 		return 0, fmt.Errorf("start %s: %w", argv[0], err)
 	}
 	pid := p.Pid
@@ -200,4 +203,19 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// bootMarker starts the line StartNode appends to the console log before each boot.
+const bootMarker = "=== kiln cluster: VM started "
+
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintln(f, line); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -334,6 +334,12 @@ func TestFirstBootAndUsage(t *testing.T) {
 	if got := s.firstBoot("n"); got != "done already 2026-12-04T12:00:00Z" {
 		t.Errorf("firstBoot = %q", got)
 	}
+	// A new boot has printed nothing yet: an earlier boot's failure is not its.
+	appendLine(s.ConsoleLog("n"), "[ 3.0] kiln-init: firstboot failed: etcd disk not found")
+	appendLine(s.ConsoleLog("n"), bootMarker+"2026-12-04T13:00:00Z")
+	if got := s.firstBoot("n"); got != "" {
+		t.Errorf("firstBoot after a new boot's marker = %q", got)
+	}
 	rss, cpu := procUsage(os.Getpid())
 	if rss <= 0 || cpu < 0 {
 		t.Errorf("own usage: %d MiB, %.2f s", rss, cpu)

@@ -65,7 +65,8 @@ func (s *State) Status(ctx context.Context) Status {
 	return st
 }
 
-// firstBoot is the outcome (and detail) of the console's last first-boot status line.
+// firstBoot is the outcome (and detail) of the first-boot status line of the node's
+// latest boot, "" before it prints one.
 func (s *State) firstBoot(node string) string {
 	f, err := os.Open(s.ConsoleLog(node))
 	if err != nil {
@@ -76,6 +77,9 @@ func (s *State) firstBoot(node string) string {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), bootMarker) {
+			last = ""
+		}
 		if l, ok := nodeimage.ParseStatusLine(sc.Text()); ok {
 			last = strings.TrimSpace(l.Outcome + " " + l.Detail)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/cluster"
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
 // Create lays out a new cluster in o.StateDir: cluster init, a copy-on-write disk per
@@ -22,7 +23,7 @@ import (
 func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
 	o, err := o.withDefaults()
 	if err != nil {
-		return nil, err
+		return nil, exitcode.Usage(err)
 	}
 	if err := refuseExisting(o.StateDir, o.Name); err != nil {
 		return nil, err
@@ -250,7 +251,7 @@ func (s *State) WaitReady(ctx context.Context, names []string, progress Progress
 			if apiErr != nil {
 				msg += fmt.Sprintf("; the API: %v", apiErr)
 			}
-			return errors.New(msg + " (the nodes keep running: kiln cluster status; consoles in " + filepath.Join(s.Dir, "nodes") + ")")
+			return exitcode.Timeout(errors.New(msg + " (the nodes keep running: kiln cluster status; consoles in " + filepath.Join(s.Dir, "nodes") + ")"))
 		case <-time.After(5 * time.Second):
 		}
 	}

@@ -44,7 +44,8 @@ func newClusterStartCmd() *cobra.Command {
 		Short: "Boot stopped nodes again from their own disks (all stopped nodes without NODE)",
 		Long: `Start boots each named node (every node when none is named) from the disks it had: a control
 plane keeps its etcd disk and rejoins as the member it was. Running nodes are left alone.
-With --wait it waits until the nodes are Ready.`,
+With --wait it waits until the nodes are Ready; starting every node with --wait starts the
+control planes first and the workers once the control planes are Ready, as up does.`,
 		Example: `  kiln cluster start demo-cp-2 --name demo --wait
   kiln cluster start --name demo     # every stopped node`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -53,9 +54,15 @@ With --wait it waits until the nodes are Ready.`,
 				return err
 			}
 			if len(args) == 0 {
+				var all []string
 				for _, n := range s.Nodes {
-					args = append(args, n.Name)
+					all = append(all, n.Name)
 				}
+				if wait {
+					// As up: control planes first, workers once they are Ready.
+					return s.StartAll(cmd.Context(), timeout, newProgressPrinter(cmd.OutOrStdout(), all).report)
+				}
+				args = all
 			}
 			for _, n := range args {
 				if _, err := s.Node(n); err != nil {
