@@ -84,8 +84,15 @@ func (c *apiClient) get(ctx context.Context, path string, v any) error {
 	return errors.Join(errs...)
 }
 
+// readyCondition is a node's Ready condition: its status and when its kubelet last
+// reported it.
+type readyCondition struct {
+	Status    string
+	Heartbeat time.Time
+}
+
 // nodeReady is each registered node's Ready condition ("True", "False", "Unknown").
-func (c *apiClient) nodeReady(ctx context.Context) (map[string]string, error) {
+func (c *apiClient) nodeReady(ctx context.Context) (map[string]readyCondition, error) {
 	var list struct {
 		Items []struct {
 			Metadata struct {
@@ -93,8 +100,9 @@ func (c *apiClient) nodeReady(ctx context.Context) (map[string]string, error) {
 			} `json:"metadata"`
 			Status struct {
 				Conditions []struct {
-					Type   string `json:"type"`
-					Status string `json:"status"`
+					Type          string    `json:"type"`
+					Status        string    `json:"status"`
+					LastHeartbeat time.Time `json:"lastHeartbeatTime"`
 				} `json:"conditions"`
 			} `json:"status"`
 		} `json:"items"`
@@ -102,12 +110,12 @@ func (c *apiClient) nodeReady(ctx context.Context) (map[string]string, error) {
 	if err := c.get(ctx, "/api/v1/nodes", &list); err != nil {
 		return nil, err
 	}
-	ready := map[string]string{}
+	ready := map[string]readyCondition{}
 	for _, it := range list.Items {
-		ready[it.Metadata.Name] = "Unknown"
+		ready[it.Metadata.Name] = readyCondition{Status: "Unknown"}
 		for _, cond := range it.Status.Conditions {
 			if cond.Type == "Ready" {
-				ready[it.Metadata.Name] = cond.Status
+				ready[it.Metadata.Name] = readyCondition{Status: cond.Status, Heartbeat: cond.LastHeartbeat}
 			}
 		}
 	}

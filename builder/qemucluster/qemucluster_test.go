@@ -345,3 +345,27 @@ func TestFirstBootAndUsage(t *testing.T) {
 		t.Errorf("own usage: %d MiB, %.2f s", rss, cpu)
 	}
 }
+
+// A node restarted after being Ready keeps its old Ready condition until its kubelet reports
+// again: the wait must not take that for the new boot's.
+func TestReadySince(t *testing.T) {
+	started := time.Date(2026, 12, 4, 13, 10, 45, 0, time.UTC)
+	tests := []struct {
+		name string
+		cond readyCondition
+		want bool
+	}{
+		{"reported Ready after the start", readyCondition{"True", started.Add(90 * time.Second)}, true},
+		{"reported Ready the second it started", readyCondition{"True", started}, true},
+		{"Ready from before the restart", readyCondition{"True", started.Add(-4 * time.Minute)}, false},
+		{"NotReady after the start", readyCondition{"False", started.Add(time.Minute)}, false},
+		{"Unknown", readyCondition{Status: "Unknown"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.cond.readySince(started); got != tt.want {
+				t.Errorf("readySince = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

@@ -42,7 +42,7 @@ type Status struct {
 // Status looks at every node: its QEMU, its console and, through the API, its Ready.
 func (s *State) Status(ctx context.Context) Status {
 	st := Status{Name: s.Name, StateDir: s.Dir, Kubeconfig: s.Kubeconfig()}
-	var ready map[string]string
+	var ready map[string]readyCondition
 	if api, err := s.apiClient(); err != nil {
 		st.APIError = err.Error()
 	} else {
@@ -55,7 +55,7 @@ func (s *State) Status(ctx context.Context) Status {
 	}
 	for _, n := range s.Nodes {
 		ns := NodeStatus{Name: n.Name, Role: n.Role, Address: n.Address, APIPort: n.APIPort,
-			FirstBoot: s.firstBoot(n.Name), Ready: ready[n.Name], Console: s.ConsoleLog(n.Name)}
+			FirstBoot: s.firstBoot(n.Name), Ready: ready[n.Name].Status, Console: s.ConsoleLog(n.Name)}
 		if pid := s.Running(n.Name); pid != 0 {
 			ns.Running, ns.PID = true, pid
 			ns.RSSMiB, ns.CPUSeconds = procUsage(pid)

@@ -225,8 +225,10 @@ func (s *State) WaitReady(ctx context.Context, names []string, progress Progress
 			if strings.HasPrefix(st, "failed") {
 				return fmt.Errorf("node %s: first boot %s; console %s:\n%s", n, st, s.ConsoleLog(n), s.consoleTail(n, 20))
 			}
+			// A node that was Ready before this boot still shows its old condition until its
+			// kubelet reports again: only a report since the VM started counts.
 			switch r, ok := ready[n]; {
-			case ok && r == "True":
+			case ok && r.readySince(s.startedAt(n)):
 				set(n, "Ready")
 				continue
 			case ok:
@@ -303,4 +305,19 @@ func (s *State) WaitReadyFor(ctx context.Context, names []string, timeout time.D
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return s.WaitReady(ctx, names, progress)
+}
+
+// startedAt is when node's VM was started (its pid file written); the zero time when unknown.
+func (s *State) startedAt(node string) time.Time {
+	fi, err := os.Stat(s.pidFile(node))
+	if err != nil {
+		return time.Time{}
+	}
+	// The API's times have whole seconds.
+	return fi.ModTime().Truncate(time.Second)
+}
+
+// readySince reports whether the condition says Ready in a report made at or after started.
+func (r readyCondition) readySince(started time.Time) bool {
+	return r.Status == "True" && !r.Heartbeat.Before(started)
 }
