@@ -237,7 +237,7 @@ func TestCreateRefuses(t *testing.T) {
 		want []string
 	}{
 		{"a second up of the same cluster", Options{Name: "demo", ControlPlanes: 1, ImageDir: images, StateDir: existing},
-			[]string{"already exists", "kiln cluster down --name demo"}},
+			[]string{"already exists", "kiln cluster down --state-dir " + existing}},
 		{"a directory holding something else", Options{Name: "demo", ControlPlanes: 1, ImageDir: images, StateDir: other},
 			[]string{"not empty"}},
 		{"no worker image", Options{Name: "demo", ControlPlanes: 1, Workers: 1, ImageDir: images, StateDir: filepath.Join(t.TempDir(), "x")},

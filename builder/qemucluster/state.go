@@ -44,7 +44,11 @@ func (s *State) save() error {
 // refuseExisting refuses a state directory that holds a cluster or anything else.
 func refuseExisting(dir, name string) error {
 	if _, err := os.Stat(filepath.Join(dir, stateFile)); err == nil {
-		return fmt.Errorf("cluster %s already exists in %s: `kiln cluster status --name %s` shows it, `kiln cluster start` starts stopped nodes, `kiln cluster down --name %s` removes it", name, dir, name, name)
+		ref := "--name " + name
+		if filepath.Clean(dir) != DefaultStateDir(name) {
+			ref = "--state-dir " + dir
+		}
+		return fmt.Errorf("cluster %s already exists in %s: `kiln cluster status %s` shows it, `kiln cluster start %s` starts its stopped nodes, `kiln cluster down %s` removes it", name, dir, ref, ref, ref)
 	}
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
