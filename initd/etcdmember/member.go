@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -146,14 +147,17 @@ func Rejoin(ctx context.Context, o Options) (Plan, error) {
 		if !o.isSelf(m) {
 			continue
 		}
-		if m.Name == "" && slices.Contains(m.PeerURLs, o.PeerURL) {
-			found = true // added and not started yet: this member's place
+		if len(m.ClientURLs) == 0 && slices.Contains(m.PeerURLs, o.PeerURL) {
+			// Not started yet (a started member publishes its client URLs): this member's
+			// place, from the static cluster or added by an earlier run.
+			found = true
 			continue
 		}
 		o.Log.Info("removing the stale etcd member", "name", m.Name, "id", fmt.Sprintf("%x", m.ID), "peerURLs", m.PeerURLs)
-		rctx, cancel := context.WithTimeout(ctx, o.Timeout)
-		_, err := c.MemberRemove(rctx, m.ID)
-		cancel()
+		err := o.retryUnhealthy(ctx, func(ctx context.Context) error {
+			_, err := c.MemberRemove(ctx, m.ID)
+			return err
+		})
 		if err != nil {
 			return Plan{}, fmt.Errorf("remove stale etcd member %s (%x): %w", m.Name, m.ID, err)
 		}
@@ -161,9 +165,10 @@ func Rejoin(ctx context.Context, o Options) (Plan, error) {
 	}
 	if !found {
 		o.Log.Info("adding this etcd member", "name", o.Name, "peerURL", o.PeerURL)
-		actx, cancel := context.WithTimeout(ctx, o.Timeout)
-		_, err := c.MemberAdd(actx, []string{o.PeerURL})
-		cancel()
+		err := o.retryUnhealthy(ctx, func(ctx context.Context) error {
+			_, err := c.MemberAdd(ctx, []string{o.PeerURL})
+			return err
+		})
 		if err != nil {
 			return Plan{}, fmt.Errorf("add etcd member %s (%s): %w", o.Name, o.PeerURL, err)
 		}
@@ -183,6 +188,27 @@ func Rejoin(ctx context.Context, o Options) (Plan, error) {
 	return p, nil
 }
 
+// retryUnhealthy runs a membership change until etcd takes it: etcd refuses one (as
+// "unhealthy cluster") until its leader has been connected to a quorum for 5 seconds, as it
+// has not right after the previous change. Each try is bounded by o.Timeout, all of them by
+// six times that.
+func (o Options) retryUnhealthy(ctx context.Context, f func(context.Context) error) error {
+	deadline := time.Now().Add(6 * o.Timeout)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, o.Timeout)
+		err := f(tctx)
+		cancel()
+		if err == nil || !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 func (o Options) withDefaults() Options {
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Second
@@ -193,7 +219,8 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// isSelf reports whether m is this member: the same name, or the same peer URL.
+// isSelf reports whether m is this member: the same name, or the same peer URL. (A member
+// not started yet has no client URLs; the static cluster names it, MemberAdd does not.)
 func (o Options) isSelf(m *etcdserverpb.Member) bool {
 	return (m.Name != "" && m.Name == o.Name) || slices.Contains(m.PeerURLs, o.PeerURL)
 }

@@ -2,14 +2,18 @@ package firstboot
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/etcdmember"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/initd/volume"
 )
@@ -26,8 +30,67 @@ const (
 func (p *plan) etcdTasks() []task.Task {
 	return []task.Task{
 		task.Converge("etcd-volume", []string{"preflight"}, p.prepareEtcdVolume),
+		task.Converge("etcd-join", []string{"pki", "etcd-volume"}, p.joinEtcd),
 		task.Converge("etcd-manifest", []string{"render", "etcd-volume"}, p.placeEtcdManifest),
 	}
+}
+
+// etcdMembers is the static cluster of node n: every member by its DNS name,
+// https://etcd-<member>.internal.<cluster>.<zone>:2380.
+func etcdMembers(n *config.Node) []etcdmember.Member {
+	var out []etcdmember.Member
+	for _, m := range n.Etcd.Members {
+		out = append(out, etcdmember.Member{Name: m, PeerURL: "https://" + net.JoinHostPort(n.InternalName("etcd-"+m), "2380")})
+	}
+	return out
+}
+
+// etcdClientCert and etcdCA are what kiln-init asks the other members with: the API
+// server's etcd client certificate, which the pki task made.
+const (
+	etcdClientCert = "/etc/kubernetes/pki/apiserver-etcd-client"
+	etcdCA         = "/etc/kubernetes/pki/etcd/ca.crt"
+)
+
+// joinEtcd decides, before the etcd manifest is rendered, how this member starts: a member
+// of several with an empty data directory asks the others; in a cluster that already runs
+// it replaces its stale self (etcdmember.Decide) and starts as "existing". A data
+// directory with data is never touched. A single member, or a node without the client
+// certificate (a dedicated etcd node), starts from the static cluster.
+func (p *plan) joinEtcd(ctx context.Context) (bool, error) {
+	if !p.etcdMember() || p.node.Cluster.DNSZone == "" || len(p.node.Etcd.Members) < 2 || p.opts.Root != "/" {
+		return false, nil
+	}
+	cert, err := tls.LoadX509KeyPair(etcdClientCert+".crt", etcdClientCert+".key")
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("etcd client certificate: %w", err)
+	}
+	caPEM, err := os.ReadFile(etcdCA)
+	if err != nil {
+		return false, fmt.Errorf("etcd CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return false, fmt.Errorf("etcd CA %s: no certificate", etcdCA)
+	}
+	members := etcdMembers(p.node)
+	self := p.node.InternalName("etcd-" + p.node.Etcd.Member)
+	dataDir := "/var/lib/etcd"
+	if p.node.Etcd.Volume != nil {
+		dataDir = p.node.Etcd.Volume.MountPath
+	}
+	plan, err := etcdmember.Decide(ctx, etcdmember.Options{Name: p.node.Etcd.Member,
+		PeerURL: "https://" + net.JoinHostPort(self, "2380"), DataDir: dataDir, Members: members,
+		TLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, Log: p.opts.Log})
+	if err != nil {
+		return false, fmt.Errorf("etcd membership: %w", err)
+	}
+	p.opts.Log.Info("etcd member start", "state", plan.State, "why", plan.Why)
+	p.etcdPlan = &plan
+	return plan.Changed, nil
 }
 
 // etcdMember reports whether this node runs an etcd member (and so may have a volume).

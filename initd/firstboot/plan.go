@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/etcdmember"
 	"github.com/kilnproject/kiln/initd/facts"
 	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/pki"
@@ -30,9 +31,10 @@ import (
 //	                               ├─► network ─────┐
 //	                               └─► node-config ─┴─► facts ─► hostname ─► preflight
 //
-//	preflight ─┬─► render ──────┬─► etcd-manifest ─┬─► kubelet
-//	           ├─► etcd-volume ─┘                  │
-//	           └─► pki ────────────────────────────┘
+//	preflight ─┬─► pki ─────────┬─► etcd-join ─► render ─┬─► etcd-manifest ─► kubelet
+//	           └─► etcd-volume ─┘                        │
+//	                                                      (etcd-manifest also on etcd-volume;
+//	                                                       kubelet also on render and pki)
 //
 // Some tasks also declare a dependency an arrow path already gives them: files on users,
 // units on files, render on node-config, kubelet on render.
@@ -52,6 +54,8 @@ type plan struct {
 	node  *config.Node
 	facts *facts.Facts
 	pre   *preflight.Report
+
+	etcdPlan *etcdmember.Plan // how this etcd member starts, when etcd-join asked the others
 
 	rerun          bool     // an earlier first boot ran here (its own manifests may be present)
 	reload         bool     // units changed: systemd must re-read them
@@ -116,7 +120,7 @@ func (p *plan) nodeTasks() []task.Task {
 func (p *plan) kubeConfigTasks() []task.Task {
 	return []task.Task{
 		task.Converge("preflight", []string{"facts", "hostname"}, p.preflight),
-		task.Converge("render", []string{"preflight", "node-config"}, p.render),
+		task.Converge("render", []string{"preflight", "node-config", "etcd-join"}, p.render),
 	}
 }
 
@@ -385,6 +389,13 @@ func (p *plan) render(context.Context) (bool, error) {
 		return false, nil
 	}
 	d := renderData(p.node, p.facts)
+	if ep := p.etcdPlan; ep != nil {
+		d.Node.Etcd.ClusterState = ep.State
+		d.Node.Etcd.Members = nil
+		for _, m := range ep.Members {
+			d.Node.Etcd.Members = append(d.Node.Etcd.Members, render.Member(m))
+		}
+	}
 	d.Nameservers = kube.Nameservers(p.opts.Root)
 	changed, err := render.Render(src, p.opts.Root, d)
 	if err != nil && p.facts.IPv4 == "" && p.facts.IPv6 == "" {
@@ -415,6 +426,15 @@ func renderData(n *config.Node, f *facts.Facts) render.Data {
 		d.Node.Etcd.Name = n.Etcd.Member
 		if n.Etcd.Volume != nil {
 			d.Node.Etcd.DataDir = n.Etcd.Volume.MountPath
+		}
+		if n.Cluster.DNSZone != "" && len(n.Etcd.Members) > 1 {
+			// Several members find each other by their DNS names (kiln-dns registers them).
+			for _, m := range etcdMembers(n) {
+				d.Node.Etcd.Members = append(d.Node.Etcd.Members, render.Member(m))
+				if m.Name == n.Etcd.Member {
+					d.Node.Etcd.PeerURL = m.PeerURL
+				}
+			}
 		}
 	}
 	return d

@@ -85,6 +85,10 @@ type Etcd struct {
 	// Members is the initial cluster; default this node alone (Name at
 	// https://<Facts.IPv4>:2380).
 	Members []Member
+	// PeerURL is this member's advertised peer URL (--initial-advertise-peer-urls); default
+	// https://<Facts.IPv4>:2380. In a cluster of several members it is its DNS name,
+	// https://etcd-<member>.internal.<cluster>.<zone>:2380, as in Members.
+	PeerURL string
 	// ClusterState is "new" or "existing" (joining a running cluster); default "new".
 	ClusterState string
 	// Servers are the client URLs kube-apiserver uses; default
@@ -158,8 +162,9 @@ func (d Data) withDefaults() Data {
 	str(&e.Version, defaultEtcdVersion)
 	str(&e.Name, d.Facts.Hostname)
 	str(&e.DataDir, "/var/lib/etcd")
+	str(&e.PeerURL, "https://"+hostPort(d.NodeIP(), "2380"))
 	if len(e.Members) == 0 {
-		e.Members = []Member{{Name: e.Name, PeerURL: "https://" + hostPort(d.NodeIP(), "2380")}}
+		e.Members = []Member{{Name: e.Name, PeerURL: e.PeerURL}}
 	} else {
 		e.Members = slices.Clone(e.Members)
 	}
