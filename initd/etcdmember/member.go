@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/config"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -294,4 +295,18 @@ func (o Options) memberList(ctx context.Context, c *clientv3.Client) ([]*etcdser
 		return nil, fmt.Errorf("etcd member list from %s: %w", strings.Join(c.Endpoints(), ", "), err)
 	}
 	return r.Members, nil
+}
+
+// StaticCluster is the static cluster node n names: every member of etcd.members at its DNS
+// name, https://etcd-<member>.internal.<cluster>.<zone>:2380; nil for a node without etcd
+// or DNS zone.
+func StaticCluster(n *config.Node) []Member {
+	if n.Etcd == nil || n.Cluster.DNSZone == "" {
+		return nil
+	}
+	var out []Member
+	for _, m := range n.Etcd.Members {
+		out = append(out, Member{Name: m, PeerURL: "https://" + net.JoinHostPort(n.InternalName("etcd-"+m), "2380")})
+	}
+	return out
 }

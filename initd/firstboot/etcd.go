@@ -35,16 +35,6 @@ func (p *plan) etcdTasks() []task.Task {
 	}
 }
 
-// etcdMembers is the static cluster of node n: every member by its DNS name,
-// https://etcd-<member>.internal.<cluster>.<zone>:2380.
-func etcdMembers(n *config.Node) []etcdmember.Member {
-	var out []etcdmember.Member
-	for _, m := range n.Etcd.Members {
-		out = append(out, etcdmember.Member{Name: m, PeerURL: "https://" + net.JoinHostPort(n.InternalName("etcd-"+m), "2380")})
-	}
-	return out
-}
-
 // etcdClientCert and etcdCA are what kiln-init asks the other members with: the API
 // server's etcd client certificate, which the pki task made.
 const (
@@ -76,7 +66,7 @@ func (p *plan) joinEtcd(ctx context.Context) (bool, error) {
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return false, fmt.Errorf("etcd CA %s: no certificate", etcdCA)
 	}
-	members := etcdMembers(p.node)
+	members := etcdmember.StaticCluster(p.node)
 	self := p.node.InternalName("etcd-" + p.node.Etcd.Member)
 	dataDir := "/var/lib/etcd"
 	if p.node.Etcd.Volume != nil {

@@ -429,7 +429,7 @@ func renderData(n *config.Node, f *facts.Facts) render.Data {
 		}
 		if n.Cluster.DNSZone != "" && len(n.Etcd.Members) > 1 {
 			// Several members find each other by their DNS names (kiln-dns registers them).
-			for _, m := range etcdMembers(n) {
+			for _, m := range etcdmember.StaticCluster(n) {
 				d.Node.Etcd.Members = append(d.Node.Etcd.Members, render.Member(m))
 				if m.Name == n.Etcd.Member {
 					d.Node.Etcd.PeerURL = m.PeerURL

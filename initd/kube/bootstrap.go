@@ -67,6 +67,9 @@ type BootstrapOptions struct {
 	Interval time.Duration
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
+	// Waiting, when set, says what the API server waits for (an HA control plane: how many
+	// etcd members answer); it is logged with each change while the API is not ready.
+	Waiting func(context.Context) string
 	// Now is the clock (token expiry); nil means time.Now.
 	Now func() time.Time
 }
@@ -203,7 +206,11 @@ func (b *bootstrap) waitAPI(ctx context.Context) error {
 		defer cancel()
 		err := c.Ready(rctx)
 		if err != nil {
-			note(b.o.Log, &last, "API server "+c.Server+"/readyz", err)
+			what := "API server " + c.Server + "/readyz"
+			if b.o.Waiting != nil {
+				what += "; " + b.o.Waiting(ctx)
+			}
+			note(b.o.Log, &last, what, err)
 		}
 		return err == nil, err
 	})

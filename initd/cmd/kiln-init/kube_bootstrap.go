@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/etcdmember"
 	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/task"
 )
@@ -34,10 +36,14 @@ server or the node did not come in time.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Root, "root", "/", "root of the node's filesystem")
 	f.BoolVar(&force, "force", false, "run every step again even if the bootstrap succeeded (changes nothing on a bootstrapped cluster)")
-	f.DurationVar(&o.APIWait, "api-wait", 20*time.Minute, "how long to wait for the API server")
+	f.DurationVar(&o.APIWait, "api-wait", 20*time.Minute, "how long to wait for the API server (an hour when node.yaml names several etcd members, unless set)")
 	f.DurationVar(&o.NodeWait, "node-wait", 10*time.Minute, "how long to wait for kubelet to register the node")
 	return cmd
 }
+
+// haAPIWait is how long the API server of a control plane with several etcd members is
+// waited for unless --api-wait says otherwise: its peers may boot much later.
+const haAPIWait = time.Hour
 
 // bootstrap runs the control-plane stage and prints how long the control plane took to
 // become ready.
@@ -58,6 +64,14 @@ func bootstrap(cmd *cobra.Command, o kube.BootstrapOptions, force bool) error {
 		return err
 	}
 	o.APIEndpoint = n.APIEndpoint
+	if members := etcdmember.StaticCluster(n); len(members) > 1 {
+		// An API server of several etcd members waits for a quorum: the other control
+		// planes may boot much later. Say what it waits for, and wait longer.
+		o.Waiting = func(ctx context.Context) string { return etcdmember.Probe(ctx, members, 2*time.Second).String() }
+		if !cmd.Flags().Changed("api-wait") {
+			o.APIWait = haAPIWait
+		}
+	}
 	tasks, err := kube.BootstrapTasks(o)
 	if err != nil {
 		return err
