@@ -43,6 +43,16 @@ func fixedData(role string) Data {
 	d.Node.Kubernetes.NodeLabels = map[string]string{"example.com/pool": "general"}
 	d.Node.Kubernetes.FeatureGates = map[string]bool{"UserNamespacesSupport": true}
 	d.Node.Kubernetes.LeaderElection = LeaderElection{LeaseDuration: "60s", RenewDeadline: "40s", RetryPeriod: "5s"}
+	if role == "control-plane" {
+		// Three stacked members found by their DNS names, as kiln cluster init
+		// --control-planes 3 makes them.
+		d.Node.Etcd.Name = "a"
+		for _, m := range []string{"a", "b", "c"} {
+			d.Node.Etcd.Members = append(d.Node.Etcd.Members,
+				Member{Name: m, PeerURL: "https://etcd-" + m + ".internal.demo.example.test:2380"})
+		}
+		d.Node.Etcd.PeerURL = d.Node.Etcd.Members[0].PeerURL
+	}
 	if role == "etcd" {
 		d.Node.Etcd.Members = []Member{
 			{Name: "node-1", PeerURL: "https://10.0.0.11:2380"},
