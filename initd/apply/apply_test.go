@@ -186,7 +186,7 @@ func checkFiles(t *testing.T, tc filesCase) {
 	if tc.setup != nil {
 		tc.setup(t, root)
 	}
-	cfg := parse(t, `{"ignition":{"version":"3.5.0"},"storage":{"files":`+tc.entries+`}}`)
+	cfg := parse(t, `{"ignition":{"version":"3.6.0"},"storage":{"files":`+tc.entries+`}}`)
 	before := testkit.Snapshot(t, root)
 	changed, err := Files(context.Background(), root, files(t, cfg), nil)
 	if tc.wantErr != "" {
