@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path"
@@ -257,51 +256,9 @@ func (c *Cluster) ignition(n Node) ([]byte, error) {
 		add(bootstrapKubeconfig, data, pki.ModeSecret)
 	}
 	cfg := types.Config{Ignition: types.Ignition{Version: "3.4.0"}, Storage: types.Storage{Files: files}}
-	out, err := compactJSON(cfg)
+	out, err := config.CompactJSON(cfg, "  ")
 	if err != nil {
 		return nil, fmt.Errorf("ignition config of %s: %w", n.Name, err)
 	}
-	return out, nil
-}
-
-// compactJSON renders v as indented JSON without the empty objects, lists and nulls
-// Ignition's types leave behind ("proxy": {}, "user": {} …).
-func compactJSON(v any) ([]byte, error) {
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	var tree any
-	if err := json.Unmarshal(raw, &tree); err != nil {
-		return nil, err
-	}
-	out, err := json.MarshalIndent(dropEmpty(tree), "", "  ")
-	if err != nil {
-		return nil, err
-	}
 	return append(out, '\n'), nil
-}
-
-func dropEmpty(v any) any {
-	switch t := v.(type) {
-	case map[string]any:
-		for k, e := range t {
-			if e = dropEmpty(e); e == nil {
-				delete(t, k)
-			} else {
-				t[k] = e
-			}
-		}
-		if len(t) == 0 {
-			return nil
-		}
-	case []any:
-		for i := range t {
-			t[i] = dropEmpty(t[i])
-		}
-		if len(t) == 0 {
-			return nil
-		}
-	}
-	return v
 }

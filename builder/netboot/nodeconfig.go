@@ -2,7 +2,6 @@ package netboot
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -78,7 +77,7 @@ func render(gc *groupConfig, m *Machine) ([]byte, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config of machine %s: %w", m.ID, err)
 	}
-	js, err := compactJSON(cfg)
+	js, err := config.CompactJSON(cfg.Ignition, "")
 	if err != nil {
 		return nil, err
 	}
@@ -196,46 +195,4 @@ func setKey(n *yaml.Node, key, value string) {
 	n.Content = append(n.Content,
 		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key},
 		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value})
-}
-
-// compactJSON renders cfg as Ignition JSON without the empty objects and nulls Ignition's
-// types leave behind ("proxy": {}, "user": {}…).
-func compactJSON(cfg *config.Config) ([]byte, error) {
-	raw, err := cfg.JSON()
-	if err != nil {
-		return nil, err
-	}
-	var tree any
-	if err := json.Unmarshal(raw, &tree); err != nil {
-		return nil, err
-	}
-	return json.Marshal(dropEmpty(tree))
-}
-
-// dropEmpty removes empty objects, empty lists and nulls from a decoded JSON tree; nil
-// when v itself is empty.
-func dropEmpty(v any) any {
-	switch t := v.(type) {
-	case map[string]any:
-		for k, e := range t {
-			if e = dropEmpty(e); e == nil {
-				delete(t, k)
-			} else {
-				t[k] = e
-			}
-		}
-		if len(t) == 0 {
-			return nil
-		}
-	case []any:
-		if len(t) == 0 {
-			return nil
-		}
-		for i := range t {
-			if t[i] = dropEmpty(t[i]); t[i] == nil {
-				t[i] = map[string]any{}
-			}
-		}
-	}
-	return v
 }
