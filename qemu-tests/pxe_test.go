@@ -1,8 +1,6 @@
 package qemutests
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/internal/nodeimage"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // The machines of the PXE boots, told apart by kiln serve through their MACs.
@@ -434,14 +433,14 @@ func testPXERefusal(t *testing.T, e *env, srv *pxeServer) {
 		t.Fatal(err)
 	}
 	e.run(e.dir, "debugfs", "-w", "-R", "write "+precious+" /precious.txt", disk)
-	before := fileSHA256(t, disk)
+	before := testkit.FileSHA256(t, disk)
 	m, line := e.bootWith(vm.Config{Image: disk, Root: vm.Disk{Name: "olddata"}, NetBoot: &vm.NetBoot{BootFile: srv.bootURL, MAC: macRefuse}},
 		regexp.MustCompile(pxeDone.String()+"|"+installLine.String()), 15*time.Minute)
 	m.Stop()
 	if !installRefused.MatchString(line) || !strings.Contains(line, "ext4") {
 		t.Errorf("install onto a disk holding ext4: %q, want a refusal that names the filesystem\n%s", line, tail(m.Lines(), 40))
 	}
-	if after := fileSHA256(t, disk); after != before {
+	if after := testkit.FileSHA256(t, disk); after != before {
 		t.Errorf("the refused disk changed: sha256 %s -> %s", before, after)
 	}
 	if out, _ := exec.Command("debugfs", "-R", "cat /precious.txt", disk).Output(); string(out) != "a year of measurements\n" {
@@ -481,19 +480,4 @@ func testPXEControlPlane(t *testing.T, e *env, srv *pxeServer, figs *pxeFigures)
 	if out, err := exec.Command("debugfs", "-R", "stat /manifests/etcd.manifest", etcd).CombinedOutput(); err != nil || strings.Contains(string(out), "not found") {
 		t.Errorf("no etcd manifest on the etcd disk: %v %s", err, out)
 	}
-}
-
-// fileSHA256 is the hex sha256 of a file's bytes.
-func fileSHA256(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }

@@ -1,8 +1,6 @@
 package stage1
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"io"
 	"os"
@@ -97,18 +95,6 @@ func copyInto(t *testing.T, src, dst string, off int64) {
 	}
 }
 
-func fileSHA(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	io.Copy(h, f)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
 func TestChooseVar(t *testing.T) {
 	testkit.Tools(t, "sgdisk", "mkfs.ext4")
 	tests := []struct {
@@ -179,7 +165,7 @@ func TestChooseVar(t *testing.T) {
 			}
 			before := map[string]string{}
 			for name, img := range imgs {
-				before[name] = fileSHA(t, img)
+				before[name] = testkit.FileSHA256(t, img)
 			}
 			got, err := chooseVar(sysBlock, dev, "")
 			if err != nil {
@@ -201,7 +187,7 @@ func TestChooseVar(t *testing.T) {
 				t.Errorf("loop0 was considered: %s", skipped)
 			}
 			for name, img := range imgs {
-				if fileSHA(t, img) != before[name] {
+				if testkit.FileSHA256(t, img) != before[name] {
 					t.Errorf("choosing changed %s", name)
 				}
 			}

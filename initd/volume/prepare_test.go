@@ -2,10 +2,7 @@ package volume
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,20 +35,6 @@ func madeBy(mib int64, cmds ...[]string) func(t *testing.T) string {
 		}
 		return dev
 	}
-}
-
-func hashFile(t *testing.T, p string) string {
-	t.Helper()
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // blkidOf is what blkid reports about dev, as KEY=VALUE lines ("" when blank).
@@ -281,7 +264,7 @@ func TestPrepare(t *testing.T) {
 func checkPrepare(t *testing.T, tt prepareCase) {
 	ctx := context.Background()
 	dev := tt.setup(t)
-	before := hashFile(t, dev)
+	before := testkit.FileSHA256(t, dev)
 	res, err := Prepare(ctx, dev, tt.want)
 	if tt.refused != "" {
 		var refused *refusedError
@@ -291,7 +274,7 @@ func checkPrepare(t *testing.T, tt prepareCase) {
 		if !strings.Contains(err.Error(), tt.refused) || !strings.Contains(err.Error(), dev) {
 			t.Errorf("error %q does not name the device and %q", err, tt.refused)
 		}
-		if after := hashFile(t, dev); after != before {
+		if after := testkit.FileSHA256(t, dev); after != before {
 			t.Errorf("a refused device was modified")
 		}
 		return
@@ -474,8 +457,8 @@ func TestPrepareMinSize(t *testing.T) {
 			// A blank sparse disk stays without a written block; one with data stays byte for byte.
 			unchanged := func() bool { return allocated(t, dev) == 0 }
 			if allocated(t, dev) != 0 {
-				before := hashFile(t, dev)
-				unchanged = func() bool { return hashFile(t, dev) == before }
+				before := testkit.FileSHA256(t, dev)
+				unchanged = func() bool { return testkit.FileSHA256(t, dev) == before }
 			}
 			sig := blkidOf(t, dev)
 			res, err := Prepare(ctx, dev, Want{FSType: "ext4", Label: "etcd", MinSize: tc.min})
