@@ -2,11 +2,7 @@ package bake
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -43,11 +39,11 @@ func (b *baker) writeMetadata(files []string, md *nodeimage.Metadata) (string, e
 			}
 			continue
 		}
-		sum, err := sha256File(f)
+		sum, size, err := output.HashFile(f)
 		if err != nil {
 			return "", err
 		}
-		md.Outputs = append(md.Outputs, nodeimage.OutputInfo{Format: output.OfFile(f), File: filepath.Base(f), Size: fileSize(f), Allocated: allocated(f), SHA256: sum})
+		md.Outputs = append(md.Outputs, nodeimage.OutputInfo{Format: output.OfFile(f), File: filepath.Base(f), Size: size, Allocated: allocated(f), SHA256: sum})
 	}
 	data, err := marshalMetadata(md)
 	if err != nil {
@@ -71,26 +67,11 @@ func marshalMetadata(md *nodeimage.Metadata) ([]byte, error) {
 
 // fileSHA256 is the hex SHA-256 of the file p, "" if it cannot be read.
 func fileSHA256(p string) string {
-	sum, err := sha256File(p)
+	sum, _, err := output.HashFile(p)
 	if err != nil {
 		return ""
 	}
 	return sum
-}
-
-// sha256File is the hex SHA-256 of the file p: what kiln publish and a PXE client check the
-// output against.
-func sha256File(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hash %s: %w", p, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // fileSize is the size of the file p, 0 if it cannot be stat'ed.

@@ -166,15 +166,16 @@ func linkOrCopy(src, dst string) error {
 
 // describe is the name, digest and size of the file p.
 func describe(p, name string) (nodeimage.PXEFile, error) {
-	sum, size, err := hashFile(p)
+	sum, size, err := HashFile(p)
 	if err != nil {
 		return nodeimage.PXEFile{}, err
 	}
 	return nodeimage.PXEFile{File: name, SHA256: sum, Size: size}, nil
 }
 
-// hashFile is the hex SHA-256 and the size of the file p.
-func hashFile(p string) (string, int64, error) {
+// HashFile is the hex SHA-256 and the size of the file p: what the image metadata records
+// for every output and what kiln publish and a PXE client check it against.
+func HashFile(p string) (string, int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return "", 0, err
@@ -224,7 +225,7 @@ func checkPXEFile(dir string, want nodeimage.PXEFile) PXECheck {
 		c.Problem = fmt.Sprintf("recorded file name %q is not a name inside the directory", want.File)
 		return c
 	}
-	sum, size, err := hashFile(c.Path)
+	sum, size, err := HashFile(c.Path)
 	if err != nil {
 		c.Problem = fmt.Sprintf("%s: %v", want.File, err)
 		return c
