@@ -199,13 +199,36 @@ func (c *Client) Get(ctx context.Context, path string, out any) error {
 }
 
 // Ready asks /readyz; nil means the API server says it is ready.
-func (c *Client) Ready(ctx context.Context) error {
+func (c *Client) Ready(ctx context.Context) error { return c.Check(ctx, "/readyz") }
+
+// Check asks one of the API server's health endpoints (/healthz, /readyz, /livez); nil
+// means it answered "ok". When it does not, the error names the checks that failed (the
+// "[-]" lines of the answer) rather than every check.
+func (c *Client) Check(ctx context.Context, path string) error {
 	var body string
-	if err := c.Get(ctx, "/readyz", &body); err != nil {
+	err := c.Get(ctx, path, &body)
+	var ae *APIError
+	if errors.As(err, &ae) {
+		if failed := failedChecks(ae.Message); failed != "" {
+			return fmt.Errorf("GET %s: %d: %s", path, ae.Code, failed)
+		}
+	}
+	if err != nil {
 		return err
 	}
 	if strings.TrimSpace(body) != "ok" {
-		return fmt.Errorf("GET /readyz: %q", strings.TrimSpace(body))
+		return fmt.Errorf("GET %s: %q", path, strings.TrimSpace(body))
 	}
 	return nil
+}
+
+// failedChecks joins the "[-]name failed: reason" lines of a health endpoint's answer.
+func failedChecks(answer string) string {
+	var failed []string
+	for _, l := range strings.Split(answer, "\n") {
+		if name, ok := strings.CutPrefix(strings.TrimSpace(l), "[-]"); ok {
+			failed = append(failed, name)
+		}
+	}
+	return strings.Join(failed, "; ")
 }

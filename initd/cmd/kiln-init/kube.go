@@ -17,17 +17,19 @@ import (
 
 func newKubeCmd(log *slog.Logger) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "kube images|cni|bootstrap",
+		Use:   "kube images|cni|bootstrap|wait-api",
 		Short: "The Kubernetes steps after first boot (kiln-images, kiln-cni, kiln-control-plane)",
 		Long: `The Kubernetes steps after first boot, each run by its own unit. Each records a stage
-(/var/lib/kiln/kube/<stage>.json) that kiln-init status shows, task by task.`,
+(/var/lib/kiln/kube/<stage>.json) that kiln-init status shows, task by task. wait-api is
+the controller-manager static pod's init container.`,
 		Example: `  kiln-init kube images --for-kubelet
   kiln-init kube cni
-  kiln-init kube bootstrap`,
+  kiln-init kube bootstrap
+  kiln-init kube wait-api --kubeconfig /etc/kubernetes/controller-manager.conf`,
 		Args: cobra.ArbitraryArgs,
 		RunE: needVerb,
 	}
-	cmd.AddCommand(newKubeImagesCmd(log), newKubeCNICmd(log), newKubeBootstrapCmd(log))
+	cmd.AddCommand(newKubeImagesCmd(log), newKubeCNICmd(log), newKubeBootstrapCmd(log), newKubeWaitAPICmd(log))
 	return cmd
 }
 
