@@ -456,3 +456,35 @@ func TestRenderDataLeaderElection(t *testing.T) {
 		}
 	}
 }
+
+// Several etcd members find each other by their DNS names: every member's manifest gets the
+// same --initial-cluster of etcd-<member>.internal.<cluster>.<zone> peer URLs, in the order
+// node.yaml lists them, and its own peer URL among them. One member gets neither here (its
+// peer URL is its address, added once the address is known).
+func TestRenderDataEtcdMembers(t *testing.T) {
+	const three = "a=https://etcd-a.internal.demo.kiln.test:2380,b=https://etcd-b.internal.demo.kiln.test:2380," +
+		"c=https://etcd-c.internal.demo.kiln.test:2380"
+	for _, tc := range []struct {
+		name, etcd      string
+		initialCluster  string
+		peerURL, member string
+	}{
+		{"first of three", "{member: a, members: [a, b, c]}", three, "https://etcd-a.internal.demo.kiln.test:2380", "a"},
+		{"last of three", "{member: c, members: [a, b, c]}", three, "https://etcd-c.internal.demo.kiln.test:2380", "c"},
+		{"one member", "{member: a, members: [a]}", "", "", "a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, err := config.ParseNode([]byte("cluster: {name: demo, dnsZone: kiln.test}\nrole: control-plane\netcd: "+tc.etcd+"\n"), "node.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := renderData(n, &facts.Facts{IPv4: "10.0.0.1"}).Node.Etcd
+			if got := e.InitialCluster(); got != tc.initialCluster {
+				t.Errorf("--initial-cluster=%s\nwant %s", got, tc.initialCluster)
+			}
+			if e.PeerURL != tc.peerURL || e.Name != tc.member {
+				t.Errorf("member %q peer URL %q, want %q %q", e.Name, e.PeerURL, tc.member, tc.peerURL)
+			}
+		})
+	}
+}

@@ -208,7 +208,9 @@ func (b *bootstrap) waitAPI(ctx context.Context) error {
 		if err != nil {
 			what := "API server " + c.Server + "/readyz"
 			if b.o.Waiting != nil {
-				what += "; " + b.o.Waiting(ctx)
+				w := b.o.Waiting(ctx)
+				what += "; " + w
+				ReportDetail(ctx, w)
 			}
 			note(b.o.Log, &last, what, err)
 		}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -261,18 +262,44 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 		}
 	}
 	save()
+	var mu sync.Mutex
+	current := "" // the runner's progress, which a task's detail is added to
+	done := false
+	progress := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if done || s == st.Progress {
+			return
+		}
+		st.Progress = s
+		save()
+		if o.Notify != nil {
+			o.Notify(name + ": " + s)
+		}
+	}
+	ctx = context.WithValue(ctx, detailKey{}, func(d string) {
+		mu.Lock()
+		p := current
+		mu.Unlock()
+		if d != "" {
+			p += ": " + d
+		}
+		progress(p)
+	})
 	rep, err := task.Run(ctx, tasks, task.Options{
 		TaskTimeout: o.TaskTimeout,
 		Log:         o.Log,
 		Now:         o.Now,
 		Notify: func(s string) {
-			st.Progress = s
-			save()
-			if o.Notify != nil {
-				o.Notify(name + ": " + s)
-			}
+			mu.Lock()
+			current = s
+			mu.Unlock()
+			progress(s)
 		},
 	})
+	mu.Lock()
+	done = true
+	mu.Unlock()
 	st.Finished = o.Now().UTC()
 	st.DurationMS = st.Finished.Sub(st.Started).Milliseconds()
 	st.Progress = ""
@@ -292,6 +319,17 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 		}
 	}
 	return st, err
+}
+
+type detailKey struct{}
+
+// ReportDetail adds what a running task of a stage waits for to the stage's progress (so
+// `kiln-init status` shows "task 1/9: api-ready: etcd: waiting for quorum: 1 of 3 …");
+// outside RunStage it does nothing.
+func ReportDetail(ctx context.Context, detail string) {
+	if f, ok := ctx.Value(detailKey{}).(func(string)); ok {
+		f(detail)
+	}
 }
 
 // ConvergeWithTimeout is task.Converge with its own per-attempt deadline d, for a step
