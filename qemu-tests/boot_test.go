@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -47,18 +49,28 @@ func TestWorkerBootsTwice(t *testing.T) {
 	copySparse(t, baked, disk)
 	cfg := filepath.Join(e.dir, "node.ign")
 	const hello = "hello from the first boot\n"
-	// /etc, /usr/local and /opt are writable, as on Fedora CoreOS.
+	ssh := newSSHClient(t, e.dir)
+	// /etc, /usr/local and /opt are writable, as on Fedora CoreOS; a user in the groups FCOS
+	// configs name logs in over ssh with its key.
 	if err := os.WriteFile(cfg, []byte(`{"ignition":{"version":"3.4.0"},"storage":{"files":[
 		{"path":"/etc/kiln/hello.txt","mode":384,"contents":{"source":"data:,hello%20from%20the%20first%20boot%0A"}},
 		{"path":"/usr/local/bin/hello","mode":493,"contents":{"source":"data:,%23!/bin/sh%0Aecho%20hello%0A"}},
-		{"path":"/opt/kiln-test/hello.txt","contents":{"source":"data:,opt%0A"}}]}}`), 0o600); err != nil {
+		{"path":"/opt/kiln-test/hello.txt","contents":{"source":"data:,opt%0A"}}]},
+		"passwd":{"users":[{"name":"core","groups":["wheel","sudo"],"sshAuthorizedKeys":[`+strconv.Quote(ssh.publicKey)+`]}]},
+		"systemd":{"units":[{"name":"ssh.service","enabled":true}]}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	threeFiles := regexp.MustCompile(regexp.QuoteMeta(nodeimage.StatusLinePrefix+nodeimage.OutcomeOK) + ` source=fw_cfg files=3|` + firstbootFailed)
 
-	m, line := e.boot(disk, cfg, threeFiles, 10*time.Minute)
+	m, line := e.bootWith(vm.Config{Image: disk, Config: cfg, Forward: map[string]int{ssh.addr(): 22}}, threeFiles, 10*time.Minute)
 	if firstbootOutcome(line) != nodeimage.OutcomeOK {
 		t.Fatalf("first boot: %s\n%s", line, tail(m.Lines(), 30))
+	}
+	// The host key is the node's own, made at first boot: accepted here, required unchanged
+	// on the second boot.
+	if out := ssh.run(t, "accept-new", 3*time.Minute, "id -nG; ls /etc/ssh/"); !strings.Contains(out, "wheel") || !strings.Contains(out, "sudo") ||
+		!strings.Contains(out, "ssh_host_ed25519_key") {
+		t.Errorf("ssh core@node 'id -nG; ls /etc/ssh': %q; want the groups wheel and sudo and the node's host keys", out)
 	}
 	m.Stop() // kiln-init syncs before it prints the line
 	requireTSCClock(t, m.Lines())
@@ -90,7 +102,8 @@ func TestWorkerBootsTwice(t *testing.T) {
 	}
 
 	// Second boot of the same disk, with no config at all: nothing is redone.
-	m, line = e.boot(disk, "", firstbootDone, 10*time.Minute)
+	m, line = e.bootWith(vm.Config{Image: disk, Forward: map[string]int{ssh.addr(): 22}}, firstbootDone, 10*time.Minute)
+	ssh.run(t, "yes", 3*time.Minute, "true") // the same host key, or ssh refuses
 	m.Stop()
 	if firstbootOutcome(line) != nodeimage.OutcomeDone {
 		t.Fatalf("second boot printed %q, want the done-already line", line)

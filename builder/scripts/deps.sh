@@ -40,6 +40,8 @@ if [ "${1:-}" = test ]; then
   need[strace]=strace
   need[systemd-escape]=systemd
   need[useradd]=passwd
+  need[ssh]=openssh-client
+  need[ssh-keygen]=openssh-client
 fi
 if [ "${1:-}" = e2e ]; then
   need[/usr/bin/docker-registry]=docker-registry

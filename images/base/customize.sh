@@ -24,3 +24,11 @@ rmdir "$root/home" 2>/dev/null || mv "$root/home"/* "$root/var/home"/ 2>/dev/nul
 ln -s var/home "$root/home"
 mv "$root/root" "$root/var/roothome"
 ln -s var/roothome "$root/root"
+# The ssh server's host keys identify one machine: never baked (the bake's secret guard refuses
+# them); ssh.service makes them at its first start (overlays/base). It is not enabled here: a
+# node config or a profile enables ssh.service.
+rm -f "$root"/etc/ssh/ssh_host_*
+rm -f "$root"/etc/systemd/system/multi-user.target.wants/ssh.service "$root"/etc/systemd/system/sshd.service \
+  "$root"/etc/systemd/system/sockets.target.wants/ssh.socket
+# Groups that configs written for Fedora CoreOS and Flatcar add their users to (sudo is Debian's).
+grep -q '^wheel:' "$root/etc/group" || chroot "$root" groupadd --system wheel

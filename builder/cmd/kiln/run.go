@@ -18,6 +18,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/coreos/ignition/v2/config/v3_6/types"
+
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/internal/exitcode"
@@ -62,6 +64,10 @@ NIC's MAC and the SMBIOS UUID that kiln serve's machines.yaml matches (QEMU's de
 52:54:00:12:34:56 and all zeros). Under --accel auto a network boot without a kernel on IMAGE
 runs under TCG (there is no kernel to test KVM with): give --accel kvm to use KVM.
 
+--ssh PORT forwards 127.0.0.1:PORT to the guest's ssh server (port 22), enables ssh.service
+(shipped disabled in the default base) in the config it passes and logs how to connect; a
+--config without a user that has ssh keys, or one that disables ssh.service, is refused.
+
 With --until-firstboot, kiln run exits 0 once first boot succeeded (or had already), 1 when it
 failed and 3 when --timeout passed before the status line appeared (3 too for --until).
 
@@ -71,6 +77,7 @@ const runExample = `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run out/qemu-worker.qcow2 --config node.bu --files-dir files/   # contents.local: motd reads files/motd
   kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
   kiln run out/qemu-control-plane.qcow2 --disk etcd-main=2G --forward 6443:6443
+  kiln run out/qemu-worker.qcow2 --snapshot --config keys.bu --ssh 2222   # then: ssh -p 2222 core@127.0.0.1
   kiln run out/aws-worker.raw --snapshot --root nvme,serial=vol0aaaaaaaaaaaaaaaa --disk vol0123456789abcdef0=1G,bus=nvme
   kiln run out/gce-worker.raw --snapshot --root scsi,serial=persistent-disk-0,vendor=Google,product=PersistentDisk
   kiln run out/qemu-worker.qcow2 --snapshot --append 'kiln.config.url=http://10.0.2.2:8080/node.ign'
@@ -96,6 +103,7 @@ type runOptions struct {
 	netboot   string
 	mac       string
 	blank     string
+	ssh       int
 }
 
 func newRunCmd() *cobra.Command {
@@ -140,6 +148,7 @@ func (o *runOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.mac, "mac", "", "with --netboot: the booting NIC's MAC address, e.g. 02:00:00:00:01:01")
 	f.StringVar(&o.cfg.UUID, "uuid", "", "the machine's SMBIOS UUID (iPXE's ${uuid})")
 	f.StringVar(&o.blank, "blank", "", "with --netboot: create IMAGE as a blank raw disk of this size (e.g. 8G) when it does not exist")
+	f.IntVar(&o.ssh, "ssh", 0, "forward 127.0.0.1:PORT to the guest's ssh server, enable ssh.service in --config and print how to connect (a --config user needs sshAuthorizedKeys)")
 	f.StringVar(&o.cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
 }
 
@@ -148,6 +157,12 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 	cfg := o.cfg
 	cfg.Image = image
 	cfg.Serial = serial
+	if o.ssh != 0 {
+		if o.ssh < 1 || o.ssh > 65535 {
+			return exitcode.Usage(fmt.Errorf("--ssh %d: a TCP port, 1-65535", o.ssh))
+		}
+		o.forwards = append(o.forwards, fmt.Sprintf("127.0.0.1:%d:22", o.ssh))
+	}
 	if err := o.parseNetwork(&cfg); err != nil {
 		return exitcode.Usage(err)
 	}
@@ -170,8 +185,16 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 		return err
 	}
 	defer os.RemoveAll(tmp)
+	var sshUsers []string
+	var edit func(*config.Config) error
+	if o.ssh != 0 {
+		edit = func(c *config.Config) (err error) {
+			sshUsers, err = enableSSH(c)
+			return err
+		}
+	}
 	if len(o.configs) > 0 {
-		if cfg.Config, err = nodeConfig(o.configs, tmp, o.filesDir); err != nil {
+		if cfg.Config, err = nodeConfig(o.configs, tmp, o.filesDir, imageCheck(image), edit); err != nil {
 			return err
 		}
 	}
@@ -194,6 +217,12 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 	m, err := vm.Start(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	if o.ssh != 0 {
+		if len(o.configs) == 0 {
+			slog.Warn("--ssh without --config: the node's own config must enable ssh.service and give a user ssh keys")
+		}
+		logSSH(o.ssh, sshUsers)
 	}
 	defer m.Stop()
 	return o.wait(ctx, m, untilRE, timeout)
@@ -458,29 +487,27 @@ func parseLink(s string) (vm.Link, error) {
 // returns the file to pass through fw_cfg. One Ignition JSON file is passed as is; Butane YAML
 // is translated to Ignition JSON in dir; several files are merged in order (later ones win, by
 // Ignition's rules) into one Ignition JSON file in dir. Butane's local keys read files below
-// filesDir.
-func nodeConfig(paths []string, dir, filesDir string) (string, error) {
-	opts := config.Options{FilesDir: filesDir}
-	var merged *config.Config
-	var raw []byte
-	for _, path := range paths {
-		var err error
-		if raw, err = os.ReadFile(path); err != nil {
-			return "", fmt.Errorf("--config: %w", err)
+// filesDir. check, when set, is given the merged config first (kiln run checks it against the
+// image); edit, when set, changes it, and the result is passed as Ignition JSON.
+func nodeConfig(paths []string, dir, filesDir string, check, edit func(*config.Config) error) (string, error) {
+	merged, err := loadConfigs(paths, filesDir)
+	if err != nil {
+		return "", fmt.Errorf("--config %w", err)
+	}
+	if check != nil {
+		if err := check(merged); err != nil {
+			return "", fmt.Errorf("--config %s %w", strings.Join(paths, " + "), err)
 		}
-		c, err := config.ParseWith(raw, opts)
-		if err != nil {
-			return "", fmt.Errorf("--config %s: %w", path, err)
-		}
-		if err := c.Validate(); err != nil {
-			return "", fmt.Errorf("--config %s: %w", path, err)
-		}
-		merged = config.Merge(merged, c)
 	}
 	out := filepath.Join(dir, "config.ign")
-	if len(paths) > 1 {
+	if edit != nil {
+		if err := edit(merged); err != nil {
+			return "", fmt.Errorf("--config %s: %w", strings.Join(paths, " + "), err)
+		}
+	}
+	if len(paths) > 1 || edit != nil {
 		if err := merged.Validate(); err != nil {
-			return "", fmt.Errorf("--config %s merged: %w", strings.Join(paths, " + "), err)
+			return "", fmt.Errorf("--config %s: %w", strings.Join(paths, " + "), err)
 		}
 		js, err := merged.JSON()
 		if err != nil {
@@ -491,11 +518,15 @@ func nodeConfig(paths []string, dir, filesDir string) (string, error) {
 		}
 		return out, nil
 	}
+	raw, err := readConfigFile(paths[0])
+	if err != nil {
+		return "", err
+	}
 	trimmed := bytes.TrimSpace(raw)
 	if len(trimmed) == 0 || trimmed[0] == '{' || bytes.HasPrefix(raw, []byte{0x1f, 0x8b}) {
 		return paths[0], nil // Ignition JSON (or gzip'd): passed as is
 	}
-	ign, err := config.TranslateButaneWith(raw, opts)
+	ign, err := config.TranslateButaneWith(raw, config.Options{FilesDir: filesDir})
 	if err != nil {
 		return "", fmt.Errorf("--config %s: %w", paths[0], err)
 	}
@@ -503,4 +534,77 @@ func nodeConfig(paths []string, dir, filesDir string) (string, error) {
 		return "", err
 	}
 	return out, nil
+}
+
+// readConfigFile reads a config named on the command line; the error names the file.
+func readConfigFile(path string) ([]byte, error) { return os.ReadFile(path) }
+
+// enableSSH enables ssh.service in c (the image ships it disabled) and returns the users c
+// gives ssh keys, for kiln run --ssh. A config without such a user, or one that disables or
+// masks ssh.service, is refused: the forwarded port would lead nowhere.
+func enableSSH(c *config.Config) ([]string, error) {
+	var users []string
+	for _, u := range c.Ignition.Passwd.Users {
+		if len(u.SSHAuthorizedKeys) > 0 {
+			users = append(users, u.Name)
+		}
+	}
+	if len(users) == 0 {
+		return nil, errors.New("--ssh: no user in the config has sshAuthorizedKeys (passwd.users[].sshAuthorizedKeys; Butane: ssh_authorized_keys)")
+	}
+	units := c.Ignition.Systemd.Units
+	for i, u := range units {
+		if u.Name != sshUnit {
+			continue
+		}
+		if u.Mask != nil && *u.Mask {
+			return nil, fmt.Errorf("--ssh: systemd.units[%d] masks %s", i, sshUnit)
+		}
+		if u.Enabled != nil && !*u.Enabled {
+			return nil, fmt.Errorf("--ssh: systemd.units[%d] disables %s", i, sshUnit)
+		}
+		on := true
+		units[i].Enabled = &on
+		return users, nil
+	}
+	on := true
+	c.Ignition.Systemd.Units = append(units, types.Unit{Name: sshUnit, Enabled: &on})
+	return users, nil
+}
+
+// sshUnit is the ssh server's unit in the default base (Debian's openssh-server).
+const sshUnit = "ssh.service"
+
+// logSSH says how to reach the guest's ssh server through the forwarded port. The host key
+// is new on every fresh node, so the command does not record it.
+func logSSH(port int, users []string) {
+	user := "USER"
+	if len(users) > 0 {
+		user = users[0]
+	}
+	slog.Info("ssh", "connect", fmt.Sprintf("ssh -p %d -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null %s@127.0.0.1", port, user),
+		"users", strings.Join(users, ","), "note", "answers once the node has booted")
+}
+
+// imageCheck checks a config against what the image holds, as kiln check-config does, when
+// the bake's metadata is beside image; otherwise it says why the config is not checked.
+func imageCheck(image string) func(*config.Config) error {
+	if image == "" {
+		return nil
+	}
+	md, mdFile, err := imageMetadata(image)
+	switch {
+	case err != nil:
+		slog.Warn("--config not checked against the image", "reason", err)
+		return nil
+	case md.Contents == nil:
+		slog.Warn("--config not checked against the image", "reason", mdFile+" records no contents (an image baked by an older kiln)")
+		return nil
+	}
+	return func(c *config.Config) error {
+		if err := c.CheckImage(md.Contents); err != nil {
+			return fmt.Errorf("against %s:\n%w", mdFile, err)
+		}
+		return nil
+	}
 }

@@ -112,7 +112,7 @@ storage:
 `)
 	bad := write("bad.bu", "variant: fcos\nversion: 1.6.0\nstorage:\n  filez: []\n")
 
-	out, err := nodeConfig([]string{node, netw}, t.TempDir(), "")
+	out, err := nodeConfig([]string{node, netw}, t.TempDir(), "", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,10 +137,10 @@ storage:
 		t.Errorf("merged files = %q", got)
 	}
 
-	if p, err := nodeConfig([]string{node}, t.TempDir(), ""); err != nil || p != node {
+	if p, err := nodeConfig([]string{node}, t.TempDir(), "", nil, nil); err != nil || p != node {
 		t.Errorf("one Ignition file: %q, %v; want it passed as is", p, err)
 	}
-	if _, err := nodeConfig([]string{node, bad}, t.TempDir(), ""); err == nil || !strings.Contains(err.Error(), "bad.bu") {
+	if _, err := nodeConfig([]string{node, bad}, t.TempDir(), "", nil, nil); err == nil || !strings.Contains(err.Error(), "bad.bu") {
 		t.Errorf("merge with a bad file: %v, want an error naming bad.bu", err)
 	}
 }
@@ -165,6 +165,8 @@ func TestRunFlagErrors(t *testing.T) {
 		{[]string{"--disk", "d=1G,bus=nvme,serial=x"}, `unknown option "serial=x"`},
 		{[]string{"--disk", "d=1G,vendor=Google"}, "disk d: vendor and product need bus scsi"},
 		{[]string{"--disk", "d=1G,bus="}, `option "bus=" has no value`},
+		{[]string{"--ssh", "70000"}, "--ssh 70000: a TCP port, 1-65535"},
+		{[]string{"--ssh", "2222", "--forward", "2222:80"}, "forwarded twice"},
 	} {
 		args := append([]string{"run", img, "--accel", "tcg", "--offline"}, tc.args...)
 		_, err := kiln(t, args...)
@@ -234,5 +236,64 @@ func TestRunBlankDisk(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(img); string(b) != "installed" {
 		t.Errorf("an existing disk was replaced: %q", b)
+	}
+}
+
+// kiln run --ssh enables the image's ssh server in the config it passes, and refuses a config
+// whose users have no key or that turns the server off: the port would lead nowhere.
+func TestRunSSHConfig(t *testing.T) {
+	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIO3StSM+Z0fcvKzvDFRc5J42hHUIvqb34l+kqVYzwQ6k test@kiln"
+	for _, tc := range []struct {
+		name, bu string
+		users    string // the users kiln run prints; "" when refused
+		wantErr  string
+	}{
+		{"keys", "passwd:\n  users:\n    - name: core\n      ssh_authorized_keys: [\"" + key + "\"]\n", "core", ""},
+		{"keys and ssh enabled already", "passwd:\n  users:\n    - name: ops\n      ssh_authorized_keys: [\"" + key + "\"]\n" +
+			"systemd:\n  units:\n    - name: ssh.service\n      enabled: true\n", "ops", ""},
+		{"no keys", "passwd:\n  users:\n    - name: core\n", "", "--ssh: no user in the config has sshAuthorizedKeys"},
+		{"ssh disabled", "passwd:\n  users:\n    - name: core\n      ssh_authorized_keys: [\"" + key + "\"]\n" +
+			"systemd:\n  units:\n    - name: ssh.service\n      enabled: false\n", "", "--ssh: systemd.units[0] disables ssh.service"},
+		{"ssh masked", "passwd:\n  users:\n    - name: core\n      ssh_authorized_keys: [\"" + key + "\"]\n" +
+			"systemd:\n  units:\n    - name: ssh.service\n      mask: true\n", "", "--ssh: systemd.units[0] masks ssh.service"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "node.bu")
+			os.WriteFile(p, []byte("variant: fcos\nversion: 1.7.0\n"+tc.bu), 0o644)
+			var users []string
+			out, err := nodeConfig([]string{p}, t.TempDir(), "", nil, func(c *config.Config) (err error) {
+				users, err = enableSSH(c)
+				return err
+			})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "node.bu") {
+					t.Fatalf("err = %v, want %q naming node.bu", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, _ := os.ReadFile(out)
+			c, err := config.Parse(raw)
+			if err != nil {
+				t.Fatalf("passed config does not parse: %v\n%s", err, raw)
+			}
+			n := 0
+			for _, u := range c.Ignition.Systemd.Units {
+				if u.Name == "ssh.service" {
+					n++
+					if u.Enabled == nil || !*u.Enabled {
+						t.Errorf("ssh.service in the passed config: enabled %v", u.Enabled)
+					}
+				}
+			}
+			if n != 1 {
+				t.Errorf("ssh.service appears %d times in the passed config:\n%s", n, raw)
+			}
+			if strings.Join(users, ",") != tc.users {
+				t.Errorf("users with keys %q, want %q", users, tc.users)
+			}
+		})
 	}
 }
