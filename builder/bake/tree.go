@@ -17,8 +17,9 @@ import (
 // layTree lays onto the base, in order: the profile's artifacts (blobs, from fetch), the
 // definition's and then the profile's overlays, the profile's templates, kiln-init, what the
 // profile's Kubernetes release needs (images, from fetch) and the units the profile enables,
-// disables or masks; last, /etc/kiln/image.json. It records the artifacts and Kubernetes in md
-// and returns image.json, which the ESP carries too.
+// disables or masks; last, /etc/kiln/image.json. It records the artifacts, Kubernetes and
+// what a node config may rely on (nodeimage.Contents) in md and returns image.json, which the
+// ESP carries too.
 func (b *baker) layTree(tree *rootfs.Tree, blobs []string, images []*artifact.CachedImage, md *nodeimage.Metadata) ([]byte, error) {
 	t := time.Now()
 	prof := b.prof
@@ -51,6 +52,11 @@ func (b *baker) layTree(tree *rootfs.Tree, blobs []string, images []*artifact.Ca
 	if err := setUnits(tree.Dir, prof); err != nil {
 		return nil, err
 	}
+	contents, err := imageContents(tree.Dir)
+	if err != nil {
+		return nil, err
+	}
+	md.Contents = contents
 	imageJSON, err := writeImageJSON(tree, md)
 	if err != nil {
 		return nil, err

@@ -352,24 +352,16 @@ func runInRoot(ctx context.Context, candidates []string, args ...string) (string
 	return strings.TrimSpace(string(out)), err
 }
 
-// overlays are the read-only root's directories a node may write: each gets a persistent
-// overlay whose upper and work directories are on the data filesystem, below State. /etc must
-// exist; /usr/local and /opt are writable as on Fedora CoreOS (persistent, under /var), but as
-// overlays, so what the bake put there (CNI plugins in /opt/cni/bin, say) stays visible and is
-// replaced by the next image, unless the node wrote over a file.
-var overlays = []struct {
-	Dir, State string
-	Required   bool
-}{
-	{Dir: "/etc", State: "/var/lib/kiln/etc", Required: true},
-	{Dir: "/usr/local", State: "/var/lib/kiln/usrlocal"},
-	{Dir: "/opt", State: "/var/lib/kiln/opt"},
-}
+// The read-only root's directories a node may write are nodeimage.Overlays: each gets a
+// persistent overlay whose upper and work directories are on the data filesystem, below its
+// State. /etc must exist; /usr/local and /opt are writable as on Fedora CoreOS (persistent,
+// under /var), but as overlays, so what the bake put there (CNI plugins in /opt/cni/bin, say)
+// stays visible and is replaced by the next image, unless the node wrote over a file.
 
-// mountOverlays puts each of overlays on /sysroot; a directory the root does
+// mountOverlays puts each of nodeimage.Overlays on /sysroot; a directory the root does
 // not have (or has as a link) gets none, unless it is required.
 func mountOverlays(log *slog.Logger) error {
-	for _, o := range overlays {
+	for _, o := range nodeimage.Overlays() {
 		lower := filepath.Join(SysRoot, o.Dir)
 		if fi, err := os.Lstat(lower); err != nil || !fi.IsDir() {
 			if o.Required {

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"slices"
@@ -568,4 +569,39 @@ func checkName(unit string) error {
 		return fmt.Errorf("unit name %q has no unit type suffix such as .service", unit)
 	}
 	return nil
+}
+
+// unitSuffixes are the unit types a unit file name ends with.
+var unitSuffixes = []string{".service", ".socket", ".target", ".timer", ".mount", ".automount", ".swap", ".path", ".slice", ".scope", ".device"}
+
+// UnitFiles lists the unit files under root: the names in every unit directory that end in
+// a unit type (regular files and links, such as aliases; templates as "name@.service"),
+// sorted and without duplicates. Masked units (links to /dev/null) are left out.
+func UnitFiles(root string) ([]string, error) {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	seen := map[string]bool{}
+	for _, d := range unitDirs() {
+		if fi, err := r.Lstat(d); err != nil || !fi.IsDir() {
+			continue // absent, or /lib linking to /usr/lib
+		}
+		es, err := readDir(r, d)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range es {
+			name := e.Name()
+			if e.IsDir() || !slices.ContainsFunc(unitSuffixes, func(s string) bool { return strings.HasSuffix(name, s) }) {
+				continue
+			}
+			if t, err := r.Readlink(path.Join(d, name)); err == nil && t == os.DevNull {
+				continue
+			}
+			seen[name] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen)), nil
 }

@@ -24,6 +24,9 @@ type Metadata struct {
 	PXE *PXEInfo `json:"pxe,omitempty"`
 	// Kubernetes is set when the role's profile has a kubernetes section.
 	Kubernetes *KubernetesInfo `json:"kubernetes,omitempty"`
+	// Contents is what a node config may rely on in the image (writable locations, users,
+	// groups, unit files). Images baked before kiln recorded it lack it.
+	Contents *Contents `json:"contents,omitempty"`
 }
 
 // KubernetesInfo is what the image carries to run Kubernetes: the release (kubelet's own

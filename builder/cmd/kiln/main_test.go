@@ -49,7 +49,7 @@ func TestCommandLineErrors(t *testing.T) {
 
 // Every verb documents itself with examples.
 func TestHelpHasExamples(t *testing.T) {
-	for _, verb := range []string{"bake", "lock", "run", "inspect", "base", "serve"} {
+	for _, verb := range []string{"bake", "lock", "run", "inspect", "base", "serve", "check-config"} {
 		out, err := kiln(t, verb, "--help")
 		if err != nil {
 			t.Fatal(err)

@@ -1,0 +1,74 @@
+package bake
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnproject/kiln/initd/systemd"
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// imageContents records what a node config may rely on in the tree at root (see
+// nodeimage.Contents): the locations a node writes, the users and groups, the unit files.
+func imageContents(root string) (*nodeimage.Contents, error) {
+	c := &nodeimage.Contents{}
+	// Stage 1 puts a persistent overlay on each of these that is a directory in the root.
+	for _, o := range nodeimage.Overlays() {
+		if fi, err := os.Lstat(filepath.Join(root, o.Dir)); err == nil && fi.IsDir() {
+			c.Writable = append(c.Writable, o.Dir)
+		}
+	}
+	c.Writable = append(c.Writable, "/var")
+	// /home and /root are writable where they link into /var, as the default base has them.
+	for _, d := range []string{"/home", "/root"} {
+		t, err := os.Readlink(filepath.Join(root, d))
+		if err != nil {
+			continue
+		}
+		if !filepath.IsAbs(t) {
+			t = filepath.Join("/", t)
+		}
+		if t == "/var" || strings.HasPrefix(filepath.Clean(t), "/var/") {
+			c.Writable = append(c.Writable, d)
+		}
+	}
+	var err error
+	if c.Users, err = names(filepath.Join(root, "etc/passwd")); err != nil {
+		return nil, err
+	}
+	if c.Groups, err = names(filepath.Join(root, "etc/group")); err != nil {
+		return nil, err
+	}
+	if c.Units, err = systemd.UnitFiles(root); err != nil {
+		return nil, fmt.Errorf("unit files: %w", err)
+	}
+	return c, nil
+}
+
+// names are the first fields of a passwd or group file; none when the file is absent.
+func names(file string) ([]string, error) {
+	f, err := os.Open(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return []string{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := []string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if name, _, ok := strings.Cut(sc.Text(), ":"); ok && name != "" && !strings.HasPrefix(name, "#") {
+			out = append(out, name)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", file, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/builder/output"
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/exitcode"
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+const checkConfigLong = `Check-config checks node configs (Ignition v3 JSON or Butane YAML) the way a node's first boot
+will take them, and against the image they are for: every field kiln applies and nothing else,
+then what the image holds, as its bake recorded it in <image>-<role>.json ("contents"):
+
+  - files, directories and links only where a node writes (/etc, /var, and /usr/local, /opt,
+    /home, /root as the image makes them writable; the rest is the read-only root);
+  - users' groups, primary groups and file owners that the image or the config has;
+  - units enabled or given drop-ins that the image ships or the config writes.
+
+Several configs are checked one by one and merged in order, as kiln run --config merges them.
+Every finding names the config and the JSON path; check-config exits 1 when there is any, so
+it fits in CI before configs are published. IMAGE is the bake's <image>-<role>.json or any of
+its outputs (the .json beside it is read).
+
+` + exitHelp
+
+const checkConfigExample = `  kiln check-config node.bu --image out/qemu-worker.json
+  kiln check-config base.ign site.bu --image out/aws-worker.raw
+  kiln check-config node.bu --files-dir files/ --image out/qemu-control-plane.qcow2`
+
+func newCheckConfigCmd() *cobra.Command {
+	var image, filesDir string
+	cmd := &cobra.Command{
+		Use:     "check-config CONFIG... --image IMAGE",
+		Short:   "Check node configs against an image before any node boots",
+		Long:    checkConfigLong,
+		Example: checkConfigExample,
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if image == "" {
+				return exitcode.Usage(fmt.Errorf("--image: name the image the configs are for"))
+			}
+			return checkConfig(cmd.OutOrStdout(), args, image, filesDir)
+		},
+	}
+	cmd.Flags().StringVar(&image, "image", "", "the image: its <image>-<role>.json or an output beside it (required)")
+	cmd.Flags().StringVar(&filesDir, "files-dir", "", "directory Butane's local keys are relative to, as butane -d")
+	return cmd
+}
+
+func checkConfig(w io.Writer, paths []string, image, filesDir string) error {
+	md, mdFile, err := imageMetadata(image)
+	if err != nil {
+		return err
+	}
+	if md.Contents == nil {
+		return fmt.Errorf("%s: no contents recorded: the image was baked by a kiln that did not record them; bake it again", mdFile)
+	}
+	merged, err := loadConfigs(paths, filesDir)
+	if err != nil {
+		return err
+	}
+	if err := merged.CheckImage(md.Contents); err != nil {
+		return fmt.Errorf("%s against %s:\n%w", strings.Join(paths, " + "), mdFile, err)
+	}
+	fmt.Fprintf(w, "%s: ok for %s (%s, role %s)\n", strings.Join(paths, " + "), filepath.Base(mdFile), md.Name, md.Role)
+	return nil
+}
+
+// imageMetadata reads the bake's metadata of image: the <image>-<role>.json itself, the one
+// beside a pxe directory, or the one beside any other output (same stem).
+func imageMetadata(image string) (*nodeimage.Metadata, string, error) {
+	file, err := metadataFileOf(image)
+	if err != nil {
+		f := output.OfFile(image)
+		if f == "" || f == "pxe" {
+			return nil, "", fmt.Errorf("%s: not an image output (.raw, .qcow2, .vmdk, .vhd, .tar.gz, a pxe directory) nor its .json", image)
+		}
+		fm, _ := output.Lookup(f)
+		file = strings.TrimSuffix(image, fm.Suffix) + ".json"
+	}
+	md, err := readMetadata(file)
+	return md, file, err
+}
+
+// loadConfigs parses and validates each config as a node does and merges them in order
+// (Ignition's rules: later entries win); errors name the file.
+func loadConfigs(paths []string, filesDir string) (*config.Config, error) {
+	opts := config.Options{FilesDir: filesDir}
+	var merged *config.Config
+	for _, path := range paths {
+		raw, err := readConfigFile(path)
+		if err != nil {
+			return nil, err
+		}
+		c, err := config.ParseWith(raw, opts)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		merged = config.Merge(merged, c)
+	}
+	if len(paths) > 1 {
+		if err := merged.Validate(); err != nil {
+			return nil, fmt.Errorf("%s merged: %w", strings.Join(paths, " + "), err)
+		}
+	}
+	return merged, nil
+}

@@ -1,0 +1,107 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/coreos/ignition/v2/config/v3_6/types"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// CheckImage refuses what the config asks of a node that the image, described by img, cannot
+// give, so that a config that would fail at first boot fails before any node boots (kiln
+// check-config, kiln run --config): files, directories and links on the read-only root (and
+// home directories there), groups and owners that neither the image nor the config has, and
+// units enabled or given drop-ins that neither the image ships nor the config writes. Every
+// finding is a FieldError naming the JSON path; all are returned together.
+func (c *Config) CheckImage(img *nodeimage.Contents) error {
+	ign := c.Ignition
+	var errs []error
+	where := strings.Join(img.Writable, ", ")
+	writable := func(field, p string) {
+		if !img.IsWritable(p) {
+			errs = append(errs, &FieldError{Path: field, Err: fmt.Errorf("%s is on the image's read-only root; a node writes only below %s", p, where)})
+		}
+	}
+	users := slices.Clone(img.Users)
+	groups := slices.Clone(img.Groups)
+	for _, g := range ign.Passwd.Groups {
+		groups = append(groups, g.Name)
+	}
+	for _, u := range ign.Passwd.Users {
+		users = append(users, u.Name)
+		if u.NoUserGroup == nil || !*u.NoUserGroup {
+			groups = append(groups, u.Name) // useradd makes the user's own group
+		}
+	}
+	group := func(field, name string) {
+		if name != "" && !slices.Contains(groups, name) {
+			errs = append(errs, &FieldError{Path: field, Err: fmt.Errorf("group %q is neither in the image nor in passwd.groups", name)})
+		}
+	}
+	owner := func(field string, n types.Node) {
+		if name := deref(n.User.Name); name != "" && !slices.Contains(users, name) {
+			errs = append(errs, &FieldError{Path: field + ".user.name", Err: fmt.Errorf("user %q is neither in the image nor in passwd.users", name)})
+		}
+		group(field+".group.name", deref(n.Group.Name))
+	}
+
+	// Unit files the config writes itself count as shipped.
+	written := map[string]bool{}
+	for i, f := range ign.Storage.Files {
+		field := fmt.Sprintf("storage.files[%d]", i)
+		writable(field+".path", f.Path)
+		owner(field, f.Node)
+		if dir, name := path.Split(path.Clean(f.Path)); dir == "/etc/systemd/system/" {
+			written[name] = true
+		}
+	}
+	for i, d := range ign.Storage.Directories {
+		field := fmt.Sprintf("storage.directories[%d]", i)
+		writable(field+".path", d.Path)
+		owner(field, d.Node)
+	}
+	for i, l := range ign.Storage.Links {
+		field := fmt.Sprintf("storage.links[%d]", i)
+		writable(field+".path", l.Path)
+		owner(field, l.Node)
+		if dir, name := path.Split(path.Clean(l.Path)); dir == "/etc/systemd/system/" {
+			written[name] = true
+		}
+	}
+	for i, u := range ign.Passwd.Users {
+		field := fmt.Sprintf("passwd.users[%d]", i)
+		if u.PrimaryGroup != nil {
+			group(field+".primaryGroup", *u.PrimaryGroup)
+		}
+		for j, g := range u.Groups {
+			group(fmt.Sprintf("%s.groups[%d]", field, j), string(g))
+		}
+		if u.NoCreateHome == nil || !*u.NoCreateHome {
+			home := deref(u.HomeDir)
+			if home == "" {
+				home = "/home/" + u.Name
+			}
+			if !img.IsWritable(home) && !slices.Contains(img.Users, u.Name) {
+				errs = append(errs, &FieldError{Path: field + ".homeDir", Err: fmt.Errorf("home directory %s is on the image's read-only root; a node writes only below %s", home, where)})
+			}
+		}
+	}
+	for i, u := range ign.Systemd.Units {
+		field := fmt.Sprintf("systemd.units[%d]", i)
+		if u.Contents != nil || written[u.Name] || img.HasUnit(u.Name) || (u.Mask != nil && *u.Mask) {
+			continue
+		}
+		switch {
+		case u.Enabled != nil && *u.Enabled:
+			errs = append(errs, &FieldError{Path: field + ".enabled", Err: fmt.Errorf("%s is not a unit the image ships and the config gives it no contents", u.Name)})
+		case len(u.Dropins) > 0:
+			errs = append(errs, &FieldError{Path: field + ".dropins", Err: fmt.Errorf("drop-ins for %s, which is not a unit the image ships and the config gives no contents", u.Name)})
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,135 @@
+package config
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// The default base's contents, as the bake records them (abridged).
+var testImage = nodeimage.Contents{
+	Writable: []string{"/etc", "/var", "/usr/local", "/opt", "/home", "/root"},
+	Users:    []string{"root", "daemon", "nobody", "sshd"},
+	Groups:   []string{"root", "adm", "sudo", "wheel", "users", "systemd-journal"},
+	Units:    []string{"containerd.service", "getty@.service", "kubelet.service", "ssh.service", "systemd-networkd.service"},
+}
+
+// A config that would fail at first boot on the image fails the check, naming each field;
+// one the image can take passes.
+func TestCheckImage(t *testing.T) {
+	for _, tc := range []struct {
+		name, bu string
+		want     []string // one per finding; none means the config passes
+	}{
+		{"what FCOS docs write", `passwd:
+  users:
+    - name: core
+      groups: [wheel, sudo]
+      ssh_authorized_keys: ["` + edKey + `"]
+storage:
+  files:
+    - path: /etc/sysctl.d/90-vm.conf
+      contents: {inline: "vm.swappiness=10\n"}
+    - path: /usr/local/bin/hello
+      mode: 0755
+      contents: {inline: "#!/bin/sh\necho hello\n"}
+    - path: /opt/tools/README
+      contents: {inline: "tools\n"}
+    - path: /etc/systemd/system/hello.service
+      contents: {inline: "[Service]\nExecStart=/usr/local/bin/hello\n[Install]\nWantedBy=multi-user.target\n"}
+  directories:
+    - path: /var/lib/app
+      user: {name: core}
+systemd:
+  units:
+    - name: hello.service
+      enabled: true
+    - name: ssh.service
+      enabled: true
+    - name: getty@ttyS1.service
+      enabled: true
+    - name: kubelet.service
+      dropins:
+        - name: 10-extra.conf
+          contents: "[Service]\nEnvironment=X=1\n"
+    - name: podman.service
+      mask: true
+`, nil},
+		{"read-only root", `storage:
+  files:
+    - path: /usr/bin/tool
+      contents: {inline: x}
+  directories:
+    - path: /srv/data
+  links:
+    - path: /bin/python
+      target: /usr/bin/python3
+`, []string{
+			"storage.files[0].path: /usr/bin/tool is on the image's read-only root; a node writes only below /etc, /var, /usr/local, /opt, /home, /root",
+			"storage.directories[0].path: /srv/data is on the image's read-only root",
+			"storage.links[0].path: /bin/python is on the image's read-only root",
+		}},
+		{"groups and owners", `passwd:
+  groups:
+    - name: app
+  users:
+    - name: ops
+      primary_group: app
+      groups: [wheel, docker]
+    - name: svc
+      home_dir: /srv/svc
+storage:
+  files:
+    - path: /etc/app.conf
+      contents: {inline: x}
+      user: {name: www-data}
+      group: {name: www-data}
+`, []string{
+			`storage.files[0].user.name: user "www-data" is neither in the image nor in passwd.users`,
+			`storage.files[0].group.name: group "www-data" is neither in the image nor in passwd.groups`,
+			`passwd.users[0].groups[1]: group "docker" is neither in the image nor in passwd.groups`,
+			"passwd.users[1].homeDir: home directory /srv/svc is on the image's read-only root",
+		}},
+		{"units the image lacks", `systemd:
+  units:
+    - name: podman-auto-update.timer
+      enabled: true
+    - name: docker.service
+      dropins:
+        - name: 10-opts.conf
+          contents: "[Service]\n"
+    - name: zincati.service
+      enabled: false
+`, []string{
+			"systemd.units[0].enabled: podman-auto-update.timer is not a unit the image ships and the config gives it no contents",
+			"systemd.units[1].dropins: drop-ins for docker.service, which is not a unit the image ships and the config gives no contents",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte("variant: fcos\nversion: 1.7.0\n" + tc.bu))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = c.CheckImage(&testImage)
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("CheckImage: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("CheckImage passed; want %d findings", len(tc.want))
+			}
+			got := strings.Split(err.Error(), "\n")
+			if len(got) != len(tc.want) {
+				t.Fatalf("findings:\n%s\nwant %d:\n%s", err, len(tc.want), strings.Join(tc.want, "\n"))
+			}
+			for i, w := range tc.want {
+				if !strings.HasPrefix(got[i], w) {
+					t.Errorf("finding %d: %s\nwant %s", i, got[i], w)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,67 @@
+package nodeimage
+
+import (
+	"path"
+	"slices"
+	"strings"
+)
+
+// Contents is what a node config may rely on in an image, recorded at bake so that a config
+// can be checked against the image before any node boots (kiln check-config, kiln run
+// --config): where a node can write, the users and groups the image has, and its unit files.
+type Contents struct {
+	// Writable are the directories a node writes below, persistently: /var, each of
+	// Overlays the image has as a directory (/etc always, /usr/local, /opt), /home and /root
+	// when they are links into /var. Everything else is the read-only root.
+	Writable []string `json:"writable"`
+	// Users and Groups are the names in the image's /etc/passwd and /etc/group.
+	Users  []string `json:"users"`
+	Groups []string `json:"groups"`
+	// Units are the unit file names the image ships (/usr/lib/systemd/system,
+	// /etc/systemd/system), templates as "name@.service".
+	Units []string `json:"units"`
+}
+
+// Overlay is a directory of the read-only root that stage 1 makes writable and persistent:
+// an overlay whose upper and work directories are below State on the data filesystem.
+type Overlay struct {
+	Dir, State string
+	// Required: the root must have Dir; the others get no overlay when the root lacks them.
+	Required bool
+}
+
+// Overlays are the read-only root's writable directories, in mount order. The bake records
+// those its tree has in Contents.Writable.
+func Overlays() []Overlay {
+	return []Overlay{
+		{Dir: "/etc", State: "/var/lib/kiln/etc", Required: true},
+		{Dir: "/usr/local", State: "/var/lib/kiln/usrlocal"},
+		{Dir: "/opt", State: "/var/lib/kiln/opt"},
+	}
+}
+
+// IsWritable reports whether a node can write the absolute path p: it is one of Writable or
+// below one.
+func (c *Contents) IsWritable(p string) bool {
+	p = path.Clean(p)
+	for _, w := range c.Writable {
+		if p == w || strings.HasPrefix(p, w+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// HasUnit reports whether the image ships the unit name, or the template an instance
+// ("getty@tty1.service") is made from.
+func (c *Contents) HasUnit(name string) bool {
+	if slices.Contains(c.Units, name) {
+		return true
+	}
+	if at := strings.IndexByte(name, '@'); at > 0 {
+		if dot := strings.LastIndexByte(name, '.'); dot > at {
+			return slices.Contains(c.Units, name[:at+1]+name[dot:])
+		}
+	}
+	return false
+}
