@@ -571,7 +571,7 @@ func Read(name string) (*Result, *ESPInfo, error) {
 		return res, info, fmt.Errorf("%s: list ESP: %w", name, err)
 	}
 	readText := func(p string) (string, error) {
-		b, err := fs.ReadFile(p)
+		b, err := readESPFile(fs, p)
 		if err != nil {
 			return "", fmt.Errorf("%s: ESP %s: %w", name, p, err)
 		}
@@ -588,10 +588,30 @@ func Read(name string) (*Result, *ESPInfo, error) {
 		return res, info, err
 	}
 	res.Cmdline = confValue(info.Entry, "options")
-	if info.ImageJSON, err = fs.ReadFile(nodeimage.ESPImageJSONPath); err != nil {
+	if info.ImageJSON, err = readESPFile(fs, nodeimage.ESPImageJSONPath); err != nil {
 		return res, info, fmt.Errorf("%s: ESP %s: %w", name, nodeimage.ESPImageJSONPath, err)
 	}
 	return res, info, nil
+}
+
+// readESPFile reads the file p of the ESP in one read of exactly its size: go-diskfs's FAT
+// reader returns bytes past the end of a file when a read starts inside a cluster, which
+// io.ReadAll's growing reads do for any file over 512 bytes.
+func readESPFile(fs filesystem.FileSystem, p string) ([]byte, error) {
+	f, err := fs.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 func walkESP(fs filesystem.FileSystem, dir string, info *ESPInfo) error {

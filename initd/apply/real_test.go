@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"net/url"
@@ -18,6 +19,7 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_6/types"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -29,7 +31,9 @@ var realDir = filepath.Join("..", "config", "testdata", "real")
 type realCase struct {
 	name, file string
 	// outcome is "applied", "refused" (by Parse or Validate, as kiln run --config and
-	// first boot refuse it) or "fails at first boot" (accepted, then an applier fails).
+	// first boot refuse it), "refused against the image" (by the check of kiln check-config
+	// and kiln run --config against the default image's recorded contents) or "fails at
+	// first boot" (accepted, then an applier fails).
 	outcome string
 	// message is the exact error of a refusal or a failure.
 	message string
@@ -39,6 +43,7 @@ type realCase struct {
 const (
 	outcomeApplied = "applied"
 	outcomeRefused = "refused"
+	outcomeImage   = "refused against the image"
 	outcomeFails   = "fails at first boot"
 )
 
@@ -72,12 +77,12 @@ func loadRealCases(t *testing.T) []realCase {
 			if c.message != "" {
 				t.Fatalf("%s: %q takes no message", wantFile, c.outcome)
 			}
-		case outcomeRefused, outcomeFails:
+		case outcomeRefused, outcomeImage, outcomeFails:
 			if c.message == "" {
 				t.Fatalf("%s: %q needs the exact message", wantFile, c.outcome)
 			}
 		default:
-			t.Fatalf("%s: want %q is none of %q, %q, %q", wantFile, want, outcomeApplied, outcomeRefused+": …", outcomeFails+": …")
+			t.Fatalf("%s: want %q is none of %q, %q, %q, %q", wantFile, want, outcomeApplied, outcomeRefused+": …", outcomeImage+": …", outcomeFails+": …")
 		}
 		cases = append(cases, c)
 	}
@@ -140,6 +145,12 @@ func checkRealCase(t *testing.T, c realCase) {
 		}
 		return
 	}
+	if err := cfg.CheckImage(imageContents(t)); err != nil || c.outcome == outcomeImage {
+		if err == nil || c.outcome != outcomeImage || err.Error() != c.message {
+			t.Fatalf("CheckImage: %v\nwant %s: %s", err, c.outcome, c.message)
+		}
+		return
+	}
 	requireShadowTools(t)
 	root := newNodeRoot(t)
 	before := testkit.Snapshot(t, root)
@@ -159,6 +170,21 @@ func checkRealCase(t *testing.T, c realCase) {
 	if d := after.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
 		t.Errorf("second run changed the root: %q", d)
 	}
+}
+
+// imageContents is what the bake recorded of the default worker image (contents in
+// qemu-worker.json), against which kiln check-config and kiln run --config check a config.
+func imageContents(t *testing.T) *nodeimage.Contents {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(realDir, "base", "contents.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c nodeimage.Contents
+	if err := json.Unmarshal(data, &c); err != nil {
+		t.Fatalf("base/contents.json: %v", err)
+	}
+	return &c
 }
 
 // newNodeRoot lays out a root as a kiln node has it: the base image's account databases,

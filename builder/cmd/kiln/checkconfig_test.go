@@ -52,7 +52,7 @@ func TestCheckConfig(t *testing.T) {
 		}
 	}
 	// Merged in order, as kiln run merges them: the second file's error is the merged config's.
-	if _, err := kiln(t, "check-config", good, bad, "--image", img); err == nil || !strings.Contains(err.Error(), "good.bu + bad.bu against") {
+	if _, err := kiln(t, "check-config", good, bad, "--image", img); err == nil || !strings.Contains(err.Error(), good+" + "+bad+" against") {
 		t.Errorf("check-config good.bu bad.bu: %v", err)
 	}
 	for _, tc := range []struct {

@@ -161,6 +161,11 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 		if o.ssh < 1 || o.ssh > 65535 {
 			return exitcode.Usage(fmt.Errorf("--ssh %d: a TCP port, 1-65535", o.ssh))
 		}
+		for _, f := range o.forwards {
+			if host, _, err := parseForward(f); err == nil && (host == strconv.Itoa(o.ssh) || host == "127.0.0.1:"+strconv.Itoa(o.ssh)) {
+				return exitcode.Usage(fmt.Errorf("--ssh %d: host port %d is --forward %q's already", o.ssh, o.ssh, f))
+			}
+		}
 		o.forwards = append(o.forwards, fmt.Sprintf("127.0.0.1:%d:22", o.ssh))
 	}
 	if err := o.parseNetwork(&cfg); err != nil {

@@ -166,7 +166,7 @@ func TestRunFlagErrors(t *testing.T) {
 		{[]string{"--disk", "d=1G,vendor=Google"}, "disk d: vendor and product need bus scsi"},
 		{[]string{"--disk", "d=1G,bus="}, `option "bus=" has no value`},
 		{[]string{"--ssh", "70000"}, "--ssh 70000: a TCP port, 1-65535"},
-		{[]string{"--ssh", "2222", "--forward", "2222:80"}, "forwarded twice"},
+		{[]string{"--ssh", "2222", "--forward", "2222:80"}, `--ssh 2222: host port 2222 is --forward "2222:80"'s already`},
 	} {
 		args := append([]string{"run", img, "--accel", "tcg", "--offline"}, tc.args...)
 		_, err := kiln(t, args...)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 )
 
@@ -15,8 +16,7 @@ import (
 var version = "dev"
 
 func main() {
-	// PID 1 is the initramfs' /init: stage 1, whatever the arguments.
-	if os.Getpid() == 1 {
+	if isStage1(os.Getpid(), os.Args[0]) {
 		runStage1()
 		return
 	}
@@ -24,4 +24,12 @@ func main() {
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// isStage1 reports whether kiln-init runs as the initramfs' /init: PID 1 started as /init
+// (the kernel's argv[0]), whatever the other arguments (the kernel passes unknown command-line
+// words on). PID 1 alone is not enough: a container runs kiln-init as its PID 1 too, as the
+// controller-manager's init container does with "kube wait-api".
+func isStage1(pid int, argv0 string) bool {
+	return pid == 1 && filepath.Base(argv0) == "init"
 }
