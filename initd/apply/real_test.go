@@ -151,6 +151,8 @@ func checkRealCase(t *testing.T, c realCase) {
 		}
 		return
 	}
+	// First boot enables the image's ssh server for a config that gives users keys.
+	cfg.EnableSSHForKeys(imageContents(t).HasUnit(config.SSHUnit))
 	requireShadowTools(t)
 	root := newNodeRoot(t)
 	before := testkit.Snapshot(t, root)
@@ -212,6 +214,7 @@ func newNodeRoot(t *testing.T) string {
 	}
 	writeHost(t, root+"/usr/lib/systemd/system/serial-getty@.service", "[Service]\nExecStart=-/sbin/agetty -o '-p -- \\\\u' --keep-baud 115200,57600,38400,9600 - $TERM\n", 0o644)
 	writeHost(t, root+"/usr/share/zoneinfo/America/New_York", "TZif", 0o644)
+	writeHost(t, root+"/usr/lib/systemd/system/ssh.service", "[Service]\nExecStart=/usr/sbin/sshd -D\n[Install]\nWantedBy=multi-user.target\nAlias=sshd.service\n", 0o644)
 	for link, target := range map[string]string{"home": "var/home", "root": "var/roothome", "lib": "usr/lib", "bin": "usr/bin", "sbin": "usr/sbin"} {
 		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
 			t.Fatal(err)

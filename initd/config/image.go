@@ -38,14 +38,26 @@ func (c *Config) CheckImage(img *nodeimage.Contents) error {
 			groups = append(groups, u.Name) // useradd makes the user's own group
 		}
 	}
+	// A missing user or group is named once, at its first use, with how many more use it.
+	missing := map[string]*missingName{}
+	note := func(kind, field, name string) {
+		key := kind + " " + name
+		if m := missing[key]; m != nil {
+			m.more++
+			return
+		}
+		m := &missingName{kind: kind, name: name, err: &FieldError{Path: field}}
+		missing[key] = m
+		errs = append(errs, m.err)
+	}
 	group := func(field, name string) {
 		if name != "" && !slices.Contains(groups, name) {
-			errs = append(errs, &FieldError{Path: field, Err: fmt.Errorf("group %q is neither in the image nor in passwd.groups", name)})
+			note("group", field, name)
 		}
 	}
 	owner := func(field string, n types.Node) {
 		if name := deref(n.User.Name); name != "" && !slices.Contains(users, name) {
-			errs = append(errs, &FieldError{Path: field + ".user.name", Err: fmt.Errorf("user %q is neither in the image nor in passwd.users", name)})
+			note("user", field+".user.name", name)
 		}
 		group(field+".group.name", deref(n.Group.Name))
 	}
@@ -103,5 +115,45 @@ func (c *Config) CheckImage(img *nodeimage.Contents) error {
 			errs = append(errs, &FieldError{Path: field + ".dropins", Err: fmt.Errorf("drop-ins for %s, which is not a unit the image ships and the config gives no contents", u.Name)})
 		}
 	}
+	for _, m := range missing {
+		m.err.Err = m.error()
+	}
 	return errors.Join(errs...)
+}
+
+// missingName is a user or group a config names that neither the image nor the config has.
+type missingName struct {
+	kind, name string
+	more       int // later fields that name it too
+	err        *FieldError
+}
+
+func (m *missingName) error() error {
+	msg := fmt.Sprintf("%s %q is neither in the image nor in passwd.%ss", m.kind, m.name, m.kind)
+	if m.more > 0 {
+		msg += fmt.Sprintf(" (%d more fields name it too)", m.more)
+	}
+	return errors.New(msg)
+}
+
+// SSHUnit is the ssh server's unit in the default base (Debian's openssh-server), shipped
+// disabled.
+const SSHUnit = "ssh.service"
+
+// EnableSSHForKeys enables SSHUnit when a user of the config has ssh keys, the config says
+// nothing about the unit itself and the image ships it: a config that authorizes keys asks for
+// ssh access, as on Fedora CoreOS, where sshd always runs. A config that does not want the
+// server while giving keys says `enabled: false` for it. It reports whether it enabled it.
+func (c *Config) EnableSSHForKeys(shipped bool) bool {
+	if !shipped {
+		return false
+	}
+	keys := slices.ContainsFunc(c.Ignition.Passwd.Users, func(u types.PasswdUser) bool { return len(u.SSHAuthorizedKeys) > 0 })
+	named := slices.ContainsFunc(c.Ignition.Systemd.Units, func(u types.Unit) bool { return u.Name == SSHUnit })
+	if !keys || named {
+		return false
+	}
+	on := true
+	c.Ignition.Systemd.Units = append(c.Ignition.Systemd.Units, types.Unit{Name: SSHUnit, Enabled: &on})
+	return true
 }

@@ -133,3 +133,45 @@ storage:
 		})
 	}
 }
+
+// A config that gives a user ssh keys gets the image's ssh server enabled, unless it says
+// something about the unit itself or the image does not ship it.
+func TestEnableSSHForKeys(t *testing.T) {
+	keys := "passwd:\n  users:\n    - name: core\n      ssh_authorized_keys: [\"" + edKey + "\"]\n"
+	for _, tc := range []struct {
+		name, bu string
+		shipped  bool
+		want     bool  // enabled by EnableSSHForKeys
+		enabled  *bool // ssh.service's enabled afterwards; nil: no entry
+	}{
+		{"keys", keys, true, true, ptr(true)},
+		{"keys, image without ssh", keys, false, false, nil},
+		{"no keys", "passwd:\n  users:\n    - name: core\n", true, false, nil},
+		{"keys, ssh disabled by the config", keys + "systemd:\n  units:\n    - name: ssh.service\n      enabled: false\n", true, false, ptr(false)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte("variant: fcos\nversion: 1.7.0\n" + tc.bu))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.EnableSSHForKeys(tc.shipped); got != tc.want {
+				t.Errorf("EnableSSHForKeys = %v, want %v", got, tc.want)
+			}
+			var enabled *bool
+			n := 0
+			for _, u := range c.Ignition.Systemd.Units {
+				if u.Name == SSHUnit {
+					enabled, n = u.Enabled, n+1
+				}
+			}
+			if n > 1 || (enabled == nil) != (tc.enabled == nil) || (enabled != nil && *enabled != *tc.enabled) {
+				t.Errorf("%d ssh.service entries, enabled %v; want %v", n, enabled, tc.enabled)
+			}
+			if err := c.Validate(); err != nil {
+				t.Errorf("the config no longer validates: %v", err)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/systemd"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/cmdline"
 	"github.com/kilnproject/kiln/internal/nodeimage"
@@ -231,6 +232,9 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 	cfg, err := loadConfig(ctx, opts, kernelLine, platform, st)
 	if err != nil {
 		return err
+	}
+	if _, err := systemd.Find(opts.Root, config.SSHUnit); cfg.EnableSSHForKeys(err == nil) {
+		opts.Log.Info("enabling the ssh server: the config gives users ssh keys", "unit", config.SSHUnit)
 	}
 	plan := newPlan(opts, cfg, img.Role)
 	plan.rerun, plan.platform = rerun, platform
