@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -204,6 +206,21 @@ func TestCreateLayout(t *testing.T) {
 	admin, _ := os.ReadFile(s.Kubeconfig())
 	if !strings.Contains(string(admin), "https://127.0.0.1:20443") || !strings.Contains(string(admin), "tls-server-name: kubernetes") {
 		t.Errorf("admin.conf:\n%s", admin)
+	}
+	// ... and has a context per control plane, for when cp-1 is down.
+	kf, err := kubeconfig.Decode(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range s.Nodes {
+		if n.Role != RoleControlPlane {
+			continue
+		}
+		kf.CurrentContext = n.Name
+		kc, err := kf.Resolve(nil)
+		if err != nil || kc.Server != fmt.Sprintf("https://127.0.0.1:%d", n.APIPort) || kc.TLSServerName != "kubernetes" || len(kc.CertPEM) == 0 {
+			t.Errorf("admin.conf context %s: %+v, %v", n.Name, kc, err)
+		}
 	}
 	// Load reads back what Create wrote.
 	l, err := Load(state)

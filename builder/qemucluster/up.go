@@ -14,6 +14,7 @@ import (
 	"github.com/kilnproject/kiln/builder/cluster"
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/exitcode"
+	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
 // Create lays out a new cluster in o.StateDir: cluster init, a copy-on-write disk per
@@ -86,6 +87,9 @@ func (s *State) create(ctx context.Context, o Options, now time.Time) error {
 	admin, err := os.ReadFile(filepath.Join(s.initDir(), cluster.AdminKubeconfigFile))
 	if err != nil {
 		return err
+	}
+	if admin, err = s.contextPerControlPlane(admin); err != nil {
+		return fmt.Errorf("%s: %w", cluster.AdminKubeconfigFile, err)
 	}
 	if err := atomicfile.Write(s.Kubeconfig(), admin, atomicfile.Options{Mode: 0o600}); err != nil {
 		return err
@@ -320,4 +324,39 @@ func (s *State) startedAt(node string) time.Time {
 // readySince reports whether the condition says Ready in a report made at or after started.
 func (r readyCondition) readySince(started time.Time) bool {
 	return r.Status == "True" && !r.Heartbeat.Before(started)
+}
+
+// contextPerControlPlane adds to admin.conf one context per control plane, named after the
+// node, whose server is that node's forwarded API port: the current context reaches the
+// first control plane, and `kubectl --context <cluster>-cp-2` another while it is down.
+func (s *State) contextPerControlPlane(admin []byte) ([]byte, error) {
+	f, err := kubeconfig.Decode(admin)
+	if err != nil {
+		return nil, err
+	}
+	var cur kubeconfig.NamedContext
+	for _, c := range f.Contexts {
+		if c.Name == f.CurrentContext {
+			cur = c
+		}
+	}
+	var base *kubeconfig.Cluster
+	for i := range f.Clusters {
+		if f.Clusters[i].Name == cur.Context.Cluster {
+			base = &f.Clusters[i].Cluster
+		}
+	}
+	if base == nil {
+		return nil, fmt.Errorf("current context %q names no cluster", f.CurrentContext)
+	}
+	for _, n := range s.Nodes {
+		if n.Role != RoleControlPlane {
+			continue
+		}
+		c := *base
+		c.Server = fmt.Sprintf("https://127.0.0.1:%d", n.APIPort)
+		f.Clusters = append(f.Clusters, kubeconfig.NamedCluster{Name: n.Name, Cluster: c})
+		f.Contexts = append(f.Contexts, kubeconfig.NamedContext{Name: n.Name, Context: kubeconfig.Context{Cluster: n.Name, User: cur.Context.User}})
+	}
+	return f.Encode()
 }

@@ -29,7 +29,9 @@ api.internal.NAME.ZONE), gives each node a copy-on-write disk on its image and e
 plane a blank etcd disk (serial etcd-main), starts every VM in the background (they outlive
 this command; console and pid files in the state directory), forwards each control plane's
 API to a port on 127.0.0.1, writes STATE/admin.conf and waits until every node is Ready.
-Workers start once the control planes are Ready.
+Workers start once the control planes are Ready. admin.conf's current context reaches the
+first control plane; it has one context per control plane too (kubectl --context NAME-cp-2),
+for when the first is down.
 
 Network: one private link between the VMs (QEMU socket networking as kiln run --link: no
 root, no bridge) with fixed addresses, 192.168.100.11-13 for the control planes and
@@ -48,6 +50,7 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
   kiln cluster up --name demo --control-planes 3 --workers 1 --image-dir out --accel tcg \
       --cp-cpus 1 --worker-cpus 1 --slow-control-plane --timeout 90m
   KUBECONFIG=~/.local/state/kiln/clusters/demo/admin.conf kubectl get nodes
+  KUBECONFIG=~/.local/state/kiln/clusters/demo/admin.conf kubectl --context demo-cp-2 get nodes
 
   # one control plane and one worker, state in ./demo
   kiln cluster up --name demo --state-dir demo --image-dir out
