@@ -61,7 +61,8 @@ type initCase struct {
 var initCases = []initCase{
 	{"defaults", Spec{Name: "demo", DNSZone: "k8s.example.com.", ControlPlanes: 1, Workers: 1, EtcdDiskSerial: "etcd-main"},
 		[]string{"demo-cp-1", "demo-worker-1"}, []string{"a"}, "api.internal.demo.k8s.example.com:6443", "etcd-main", "https://api.internal.demo.k8s.example.com:6443"},
-	{"three control planes", Spec{Name: "prod", DNSZone: "example.org", ControlPlanes: 3, Workers: 2, APIEndpoint: "10.0.0.10:443", SlowControlPlane: true},
+	{"three control planes", Spec{Name: "prod", DNSZone: "example.org", ControlPlanes: 3, Workers: 2, APIEndpoint: "10.0.0.10:443", SlowControlPlane: true,
+		ControlPlanePreflightIgnore: []string{"cpus"}},
 		[]string{"prod-cp-1", "prod-cp-2", "prod-cp-3", "prod-worker-1", "prod-worker-2"}, []string{"a", "b", "c"}, "10.0.0.10:443", "", "https://10.0.0.10:443"},
 	{"no workers, forwarded admin port", Spec{Name: "e2e", DNSZone: "test", ControlPlanes: 1, APIEndpoint: "192.168.100.11:6443", AdminServer: "https://127.0.0.1:16443", AdminTLSServerName: "kubernetes"},
 		[]string{"e2e-cp-1"}, []string{"a"}, "192.168.100.11:6443", "", "https://127.0.0.1:16443"},
@@ -228,6 +229,9 @@ func checkControlPlaneNode(t *testing.T, dir string, n Node, nc *config.Node, fi
 	}
 	if nc.Kubernetes.LeaderElection != wantLE {
 		t.Errorf("leader election %+v, want %+v", nc.Kubernetes.LeaderElection, wantLE)
+	}
+	if !slices.Equal(nc.Preflight.Ignore, tc.spec.ControlPlanePreflightIgnore) {
+		t.Errorf("preflight.ignore %v, want %v", nc.Preflight.Ignore, tc.spec.ControlPlanePreflightIgnore)
 	}
 	if nc.Etcd == nil || !slices.Equal(nc.Etcd.Members, tc.members) || nc.Etcd.Member != n.EtcdMember {
 		t.Errorf("etcd %+v, want members %v", nc.Etcd, tc.members)

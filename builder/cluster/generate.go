@@ -151,6 +151,7 @@ func (c *Cluster) nodeConfig(n Node) config.Node {
 		if s.SlowControlPlane {
 			nc.Kubernetes.LeaderElection = slowLeaderElection
 		}
+		nc.Preflight.Ignore = s.ControlPlanePreflightIgnore
 		nc.Etcd = &config.Etcd{Member: n.EtcdMember, Members: etcdMembers[:s.ControlPlanes]}
 		if s.EtcdDiskSerial != "" {
 			nc.Etcd.Volume = &config.Volume{Serial: s.EtcdDiskSerial}

@@ -41,6 +41,10 @@ type Spec struct {
 	// slowLeaderElection: for emulated or shared CPUs, where the API server can stall longer
 	// than the default 10 s renew deadline and a leader that misses it exits.
 	SlowControlPlane bool `yaml:"slowControlPlane,omitempty"`
+	// ControlPlanePreflightIgnore names preflight checks whose failure does not stop a
+	// control plane's first boot (node.yaml preflight.ignore), e.g. cpus for control planes
+	// given one vCPU.
+	ControlPlanePreflightIgnore []string `yaml:"controlPlanePreflightIgnore,omitempty"`
 }
 
 // slowLeaderElection are the lease timings of a SlowControlPlane: a lease request may take

@@ -30,8 +30,17 @@ type Node struct {
 	Etcd        *Etcd      `yaml:"etcd"`
 	APIEndpoint string     `yaml:"apiEndpoint"`
 	Kubernetes  Kubernetes `yaml:"kubernetes"`
+	Preflight   Preflight  `yaml:"preflight,omitempty"`
 	AWS         AWS        `yaml:"aws"`
 	GCE         GCE        `yaml:"gce"`
+}
+
+// Preflight tunes first boot's preflight checks (kubeadm's). Ignore names checks whose
+// failure is reported (kiln-init status, the log) but does not stop the Kubernetes tasks, as
+// kubeadm's --ignore-preflight-errors: e.g. cpus for an emulated control plane with one vCPU.
+// "all" ignores every check.
+type Preflight struct {
+	Ignore []string `yaml:"ignore,omitempty"`
 }
 
 // Cluster names the cluster. Its DNS names are <host>.internal.<name>.<dnsZone>.
@@ -492,6 +501,11 @@ func (n *Node) checkKubernetes(d *strictyaml.Doc) {
 		}
 	}
 	n.checkLeaderElection(d)
+	for i, name := range n.Preflight.Ignore {
+		if !isDNSLabel(name) {
+			d.Failf(fmt.Sprintf("preflight.ignore[%d]", i), "%q is not a check name (cpus, memory, swap, port-6443, …, or all)", name)
+		}
+	}
 	for flag, val := range k.KubeletExtraArgs {
 		field := strictyaml.MapKey("kubernetes.kubeletExtraArgs", flag)
 		switch {

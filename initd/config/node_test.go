@@ -249,6 +249,8 @@ func nodeErrorCases() []nodeErrorCase {
 			`node.yaml:13: kubernetes.kubeletExtraArgs["--max-pods"]: write the flag name without leading dashes (max-pods)`}},
 		{"leader election", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 2s\n    retryPeriod: soon\n", []string{
 			`node.yaml:8: kubernetes.leaderElection.retryPeriod: "soon" is not a positive duration like 15s`}},
+		{"preflight ignore", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\npreflight:\n  ignore:\n    - cpus\n    - Memory\n", []string{
+			`node.yaml:7: preflight.ignore[1]: "Memory" is not a check name (cpus, memory, swap, port-6443, …, or all)`}},
 		{"leader election order", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 20s\n    retryPeriod: 18s\n", []string{
 			"node.yaml:6: kubernetes.leaderElection.leaseDuration: 10s must be longer than renewDeadline (20s)",
 			"node.yaml:7: kubernetes.leaderElection.renewDeadline: 20s must be longer than 1.2 × retryPeriod (18s)"}},

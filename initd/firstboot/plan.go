@@ -357,7 +357,7 @@ func (p *plan) preflight(ctx context.Context) (bool, error) {
 	if role == "" {
 		return false, nil // an image without a role: nothing Kubernetes to check
 	}
-	ignore := p.opts.PreflightIgnore
+	ignore := slices.Concat(p.opts.PreflightIgnore, p.node.Preflight.Ignore)
 	if p.rerun {
 		// The manifests and etcd data an earlier run left are kiln's own.
 		ignore = append(append([]string{}, ignore...), "manifests-dir", "etcd-data-dir")

@@ -91,7 +91,7 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 	f.StringVar(&o.Image, "image", "qemu", "image name: the disks are <image>-control-plane and <image>-worker")
 	f.StringVar(&o.StateDir, "state-dir", "", "state directory (default "+qemucluster.DefaultStateDir("NAME")+")")
 	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL, else auto: KVM if a test boot works)")
-	f.IntVar(&o.ControlPlane.CPUs, "cp-cpus", 2, "vCPUs per control plane")
+	f.IntVar(&o.ControlPlane.CPUs, "cp-cpus", 2, "vCPUs per control plane (with 1, the control planes' preflight ignores kubeadm's 2-CPU check: node.yaml preflight.ignore [cpus])")
 	f.IntVar(&o.ControlPlane.MemoryMB, "cp-memory", 3072, "MiB per control plane")
 	f.IntVar(&o.Worker.CPUs, "worker-cpus", 1, "vCPUs per worker")
 	f.IntVar(&o.Worker.MemoryMB, "worker-memory", 2048, "MiB per worker")
