@@ -62,26 +62,27 @@ func (c *Config) CheckImage(img *nodeimage.Contents) error {
 		group(field+".group.name", deref(n.Group.Name))
 	}
 
-	// Unit files the config writes itself count as shipped.
-	written := map[string]bool{}
+	// Every file, directory and link is written below a writable location with owners that
+	// exist; unit files the config writes itself count as shipped.
+	type entry struct {
+		field string
+		node  types.Node
+	}
+	var entries []entry
 	for i, f := range ign.Storage.Files {
-		field := fmt.Sprintf("storage.files[%d]", i)
-		writable(field+".path", f.Path)
-		owner(field, f.Node)
-		if dir, name := path.Split(path.Clean(f.Path)); dir == "/etc/systemd/system/" {
-			written[name] = true
-		}
+		entries = append(entries, entry{fmt.Sprintf("storage.files[%d]", i), f.Node})
 	}
 	for i, d := range ign.Storage.Directories {
-		field := fmt.Sprintf("storage.directories[%d]", i)
-		writable(field+".path", d.Path)
-		owner(field, d.Node)
+		entries = append(entries, entry{fmt.Sprintf("storage.directories[%d]", i), d.Node})
 	}
 	for i, l := range ign.Storage.Links {
-		field := fmt.Sprintf("storage.links[%d]", i)
-		writable(field+".path", l.Path)
-		owner(field, l.Node)
-		if dir, name := path.Split(path.Clean(l.Path)); dir == "/etc/systemd/system/" {
+		entries = append(entries, entry{fmt.Sprintf("storage.links[%d]", i), l.Node})
+	}
+	written := map[string]bool{}
+	for _, e := range entries {
+		writable(e.field+".path", e.node.Path)
+		owner(e.field, e.node)
+		if dir, name := path.Split(path.Clean(e.node.Path)); dir == "/etc/systemd/system/" {
 			written[name] = true
 		}
 	}
