@@ -334,29 +334,13 @@ func (s *State) contextPerControlPlane(admin []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var cur kubeconfig.NamedContext
-	for _, c := range f.Contexts {
-		if c.Name == f.CurrentContext {
-			cur = c
-		}
-	}
-	var base *kubeconfig.Cluster
-	for i := range f.Clusters {
-		if f.Clusters[i].Name == cur.Context.Cluster {
-			base = &f.Clusters[i].Cluster
-		}
-	}
-	if base == nil {
-		return nil, fmt.Errorf("current context %q names no cluster", f.CurrentContext)
-	}
 	for _, n := range s.Nodes {
 		if n.Role != RoleControlPlane {
 			continue
 		}
-		c := *base
-		c.Server = fmt.Sprintf("https://127.0.0.1:%d", n.APIPort)
-		f.Clusters = append(f.Clusters, kubeconfig.NamedCluster{Name: n.Name, Cluster: c})
-		f.Contexts = append(f.Contexts, kubeconfig.NamedContext{Name: n.Name, Context: kubeconfig.Context{Cluster: n.Name, User: cur.Context.User}})
+		if err := f.AddServerContext(n.Name, fmt.Sprintf("https://127.0.0.1:%d", n.APIPort)); err != nil {
+			return nil, err
+		}
 	}
 	return f.Encode()
 }

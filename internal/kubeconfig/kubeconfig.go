@@ -148,6 +148,25 @@ func (f File) Resolve(read ReadFunc) (Config, error) {
 	return c, nil
 }
 
+// AddServerContext adds a context name that reaches server as the current context reaches its
+// own: the current context's cluster (CA, tls-server-name) under name with server instead, and
+// the current context's user.
+func (f *File) AddServerContext(name, server string) error {
+	ctx, err := f.current()
+	if err != nil {
+		return err
+	}
+	cl, _, err := f.pair(ctx)
+	if err != nil {
+		return err
+	}
+	c := *cl
+	c.Server = server
+	f.Clusters = append(f.Clusters, NamedCluster{Name: name, Cluster: c})
+	f.Contexts = append(f.Contexts, NamedContext{Name: name, Context: Context{Cluster: name, User: ctx.Context.User}})
+	return nil
+}
+
 // pair finds the cluster and the user ctx names.
 func (f File) pair(ctx NamedContext) (*Cluster, *User, error) {
 	var cl *Cluster

@@ -148,3 +148,33 @@ func TestNewEncodesEmptyLists(t *testing.T) {
 		t.Errorf("Encode:\n%s\nwant:\n%s", data, want)
 	}
 }
+
+// A context added for another server trusts and authenticates as the current one does, and
+// leaves the current context as it was.
+func TestAddServerContext(t *testing.T) {
+	f, err := Decode([]byte(embedded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.AddServerContext("cp-2", "https://127.0.0.1:20444"); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := f.Resolve(nil)
+	if err != nil || cur.Server != "https://10.0.0.1:6443" {
+		t.Errorf("current context after the add: %+v, %v", cur, err)
+	}
+	f.CurrentContext = "cp-2"
+	got, err := f.Resolve(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := cur
+	want.Cluster, want.Server = "cp-2", "https://127.0.0.1:20444"
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("context cp-2: %+v\nwant %+v", got, want)
+	}
+	f.CurrentContext = "missing"
+	if err := f.AddServerContext("x", "https://127.0.0.1:1"); err == nil {
+		t.Error("AddServerContext without a current context succeeded")
+	}
+}
