@@ -149,12 +149,22 @@ func (c *Config) EnableSSHForKeys(shipped bool) bool {
 	if !shipped {
 		return false
 	}
-	keys := slices.ContainsFunc(c.Ignition.Passwd.Users, func(u types.PasswdUser) bool { return len(u.SSHAuthorizedKeys) > 0 })
 	named := slices.ContainsFunc(c.Ignition.Systemd.Units, func(u types.Unit) bool { return u.Name == SSHUnit })
-	if !keys || named {
+	if len(c.SSHUsers()) == 0 || named {
 		return false
 	}
 	on := true
 	c.Ignition.Systemd.Units = append(c.Ignition.Systemd.Units, types.Unit{Name: SSHUnit, Enabled: &on})
 	return true
+}
+
+// SSHUsers names the config's users that have ssh keys, in order.
+func (c *Config) SSHUsers() []string {
+	var users []string
+	for _, u := range c.Ignition.Passwd.Users {
+		if len(u.SSHAuthorizedKeys) > 0 {
+			users = append(users, u.Name)
+		}
+	}
+	return users
 }

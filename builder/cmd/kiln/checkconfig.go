@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -95,7 +96,7 @@ func loadConfigs(paths []string, filesDir string) (*config.Config, error) {
 	opts := config.Options{FilesDir: filesDir}
 	var merged *config.Config
 	for _, path := range paths {
-		raw, err := readConfigFile(path)
+		raw, err := os.ReadFile(path)
 		if err != nil {
 			return nil, err
 		}

@@ -523,7 +523,7 @@ func nodeConfig(paths []string, dir, filesDir string, check, edit func(*config.C
 		}
 		return out, nil
 	}
-	raw, err := readConfigFile(paths[0])
+	raw, err := os.ReadFile(paths[0])
 	if err != nil {
 		return "", err
 	}
@@ -541,44 +541,32 @@ func nodeConfig(paths []string, dir, filesDir string, check, edit func(*config.C
 	return out, nil
 }
 
-// readConfigFile reads a config named on the command line; the error names the file.
-func readConfigFile(path string) ([]byte, error) { return os.ReadFile(path) }
-
 // enableSSH enables ssh.service in c (the image ships it disabled) and returns the users c
 // gives ssh keys, for kiln run --ssh. A config without such a user, or one that disables or
 // masks ssh.service, is refused: the forwarded port would lead nowhere.
 func enableSSH(c *config.Config) ([]string, error) {
-	var users []string
-	for _, u := range c.Ignition.Passwd.Users {
-		if len(u.SSHAuthorizedKeys) > 0 {
-			users = append(users, u.Name)
-		}
-	}
+	users := c.SSHUsers()
 	if len(users) == 0 {
 		return nil, errors.New("--ssh: no user in the config has sshAuthorizedKeys (passwd.users[].sshAuthorizedKeys; Butane: ssh_authorized_keys)")
 	}
+	on := true
 	units := c.Ignition.Systemd.Units
 	for i, u := range units {
-		if u.Name != sshUnit {
+		if u.Name != config.SSHUnit {
 			continue
 		}
 		if u.Mask != nil && *u.Mask {
-			return nil, fmt.Errorf("--ssh: systemd.units[%d] masks %s", i, sshUnit)
+			return nil, fmt.Errorf("--ssh: systemd.units[%d] masks %s", i, config.SSHUnit)
 		}
 		if u.Enabled != nil && !*u.Enabled {
-			return nil, fmt.Errorf("--ssh: systemd.units[%d] disables %s", i, sshUnit)
+			return nil, fmt.Errorf("--ssh: systemd.units[%d] disables %s", i, config.SSHUnit)
 		}
-		on := true
 		units[i].Enabled = &on
 		return users, nil
 	}
-	on := true
-	c.Ignition.Systemd.Units = append(units, types.Unit{Name: sshUnit, Enabled: &on})
+	c.Ignition.Systemd.Units = append(units, types.Unit{Name: config.SSHUnit, Enabled: &on})
 	return users, nil
 }
-
-// sshUnit is the ssh server's unit in the default base (Debian's openssh-server).
-const sshUnit = "ssh.service"
 
 // logSSH says how to reach the guest's ssh server through the forwarded port. The host key
 // is new on every fresh node, so the command does not record it.
