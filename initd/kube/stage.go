@@ -262,29 +262,28 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 		}
 	}
 	save()
+	// The runner's progress and a running task's detail (ReportDetail) make st.Progress
+	// together, under one lock: tasks report from their own goroutines.
 	var mu sync.Mutex
-	current := "" // the runner's progress, which a task's detail is added to
-	done := false
-	progress := func(s string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if done || s == st.Progress {
+	current, done := "", false
+	show := func(p string) { // mu held
+		if done || p == st.Progress {
 			return
 		}
-		st.Progress = s
+		st.Progress = p
 		save()
 		if o.Notify != nil {
-			o.Notify(name + ": " + s)
+			o.Notify(name + ": " + p)
 		}
 	}
 	ctx = context.WithValue(ctx, detailKey{}, func(d string) {
 		mu.Lock()
+		defer mu.Unlock()
 		p := current
-		mu.Unlock()
 		if d != "" {
 			p += ": " + d
 		}
-		progress(p)
+		show(p)
 	})
 	rep, err := task.Run(ctx, tasks, task.Options{
 		TaskTimeout: o.TaskTimeout,
@@ -292,9 +291,9 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 		Now:         o.Now,
 		Notify: func(s string) {
 			mu.Lock()
+			defer mu.Unlock()
 			current = s
-			mu.Unlock()
-			progress(s)
+			show(s)
 		},
 	})
 	mu.Lock()
