@@ -38,10 +38,10 @@ func imageContents(root string) (*nodeimage.Contents, error) {
 		}
 	}
 	var err error
-	if c.Users, err = names(filepath.Join(root, "etc/passwd")); err != nil {
+	if c.Users, err = names(root, "etc/passwd"); err != nil {
 		return nil, err
 	}
-	if c.Groups, err = names(filepath.Join(root, "etc/group")); err != nil {
+	if c.Groups, err = names(root, "etc/group"); err != nil {
 		return nil, err
 	}
 	if c.Units, err = systemd.UnitFiles(root); err != nil {
@@ -50,14 +50,20 @@ func imageContents(root string) (*nodeimage.Contents, error) {
 	return c, nil
 }
 
-// names are the first fields of a passwd or group file; none when the file is absent.
-func names(file string) ([]string, error) {
-	f, err := os.Open(file)
+// names are the first fields of the passwd or group file p of the tree at root, read below
+// root only (a link out of the tree is an error, not the host's file); none when it is absent.
+func names(root, p string) ([]string, error) {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	f, err := r.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return []string{}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read /%s: %w", p, err)
 	}
 	defer f.Close()
 	out := []string{}
@@ -68,7 +74,7 @@ func names(file string) ([]string, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", file, err)
+		return nil, fmt.Errorf("read /%s: %w", p, err)
 	}
 	return out, nil
 }

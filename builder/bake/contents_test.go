@@ -60,3 +60,13 @@ func mkdirs(t *testing.T, root string, dirs ...string) {
 		}
 	}
 }
+
+// A tree whose /etc/passwd links out of it is refused rather than read from the host.
+func TestImageContentsStaysInTheTree(t *testing.T) {
+	root := t.TempDir()
+	mkdirs(t, root, "etc")
+	os.Symlink("/etc/passwd", filepath.Join(root, "etc/passwd"))
+	if c, err := imageContents(root); err == nil {
+		t.Fatalf("imageContents followed /etc/passwd out of the tree: users %v", c.Users)
+	}
+}
