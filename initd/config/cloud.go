@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"net/url"
 	"regexp"
@@ -118,7 +119,8 @@ func checkEndpoint(s string) error {
 
 // checkGCELabels validates etcd.volume.gceLabels: GCE label keys and values.
 func checkGCELabels(d *strictyaml.Doc, labels map[string]string) {
-	for k, v := range labels {
+	for _, k := range slices.Sorted(maps.Keys(labels)) { // one order of findings, every run
+		v := labels[k]
 		field := strictyaml.MapKey("etcd.volume.gceLabels", k)
 		switch {
 		case !gceLabelKey.MatchString(k):
