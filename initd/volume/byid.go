@@ -158,3 +158,20 @@ func isPartLink(name string) bool {
 	}
 	return true
 }
+
+// Present returns the device the selector leads to now, without waiting and without the
+// checks Find makes, or "" when no link matches yet: for telling whether another part of
+// the node's storage is about to take the volume's disk.
+func (b ByID) Present() (string, error) {
+	dir := b.DevDir
+	if dir == "" {
+		dir = defaultDevDir
+	}
+	if (b.Serial == "") == (b.ID == "") {
+		return "", errors.New("by-id volume: set exactly one of serial and id")
+	}
+	if b.ID != "" {
+		b.ID = strings.TrimPrefix(b.ID, defaultDevDir+"/")
+	}
+	return b.lookup(dir)
+}

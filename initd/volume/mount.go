@@ -3,6 +3,7 @@ package volume
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io/fs"
 	"os"
@@ -21,7 +22,13 @@ const mountInfoPath = "/proc/self/mountinfo"
 // unitName is the systemd mount unit name for mount point where, as
 // `systemd-escape --path --suffix=mount` makes it: /var/lib/etcd/my-cluster gives
 // var-lib-etcd-my\x2dcluster.mount. where must be absolute.
-func unitName(where string) (string, error) {
+func unitName(where string) (string, error) { return UnitName(where, "mount") }
+
+// UnitName is the name of the systemd unit of type suffix ("mount", "swap") for the path
+// p, as `systemd-escape --path --suffix=SUFFIX` makes it. p must be absolute and
+// normalized (no . or .. components).
+func UnitName(p, suffix string) (string, error) {
+	where := p
 	if !path.IsAbs(where) {
 		return "", fmt.Errorf("mount point %q is not an absolute path", where)
 	}
@@ -30,9 +37,9 @@ func unitName(where string) (string, error) {
 			return "", fmt.Errorf("mount point %q is not a normalized path (it has a %q component)", where, c)
 		}
 	}
-	p := strings.Trim(path.Clean(where), "/")
+	p = strings.Trim(path.Clean(where), "/")
 	if p == "" {
-		return "-.mount", nil
+		return "-." + suffix, nil
 	}
 	var b strings.Builder
 	for i := 0; i < len(p); i++ {
@@ -49,7 +56,7 @@ func unitName(where string) (string, error) {
 			fmt.Fprintf(&b, `\x%02x`, c)
 		}
 	}
-	return b.String() + ".mount", nil
+	return b.String() + "." + suffix, nil
 }
 
 // ByUUIDPath is the stable /dev/disk/by-uuid name of the filesystem with uuid.
@@ -89,19 +96,30 @@ Options=noatime,nofail
 [Install]
 WantedBy=local-fs.target
 `, what, path.Clean(where), fstype)
+	changed, err = WriteUnit(root, name, []byte(unit))
+	if err != nil {
+		return changed, fmt.Errorf("mount unit %s: %w", name, err)
+	}
+	return changed, nil
+}
+
+// WriteUnit writes unit (a complete unit file) to /etc/systemd/system/<name> in root,
+// unless it holds exactly that already, and enables it. It reports whether anything
+// changed.
+func WriteUnit(root, name string, unit []byte) (changed bool, err error) {
 	r, err := os.OpenRoot(root)
 	if err != nil {
-		return false, fmt.Errorf("mount unit %s: %w", name, err)
+		return false, err
 	}
 	defer r.Close()
 	rel := path.Join(systemd.ConfigDir, name)
-	changed, err = writeIfChanged(r, rel, []byte(unit), 0o644)
+	changed, err = writeIfChanged(r, rel, unit, 0o644)
 	if err != nil {
-		return false, fmt.Errorf("mount unit %s: %w", name, err)
+		return false, err
 	}
 	enabled, err := systemd.Enable(root, name)
 	if err != nil {
-		return changed, fmt.Errorf("mount unit %s: %w", name, err)
+		return changed, err
 	}
 	return changed || enabled, nil
 }
@@ -127,6 +145,13 @@ func writeIfChanged(r *os.Root, rel string, data []byte, mode fs.FileMode) (bool
 // the live system. It does nothing when dev is already mounted there, and fails when
 // something else is.
 func Mount(dev, where, fstype string) error {
+	return MountOptions(context.Background(), dev, where, fstype, "")
+}
+
+// MountOptions is Mount with mount(8) options (e.g. "noatime,discard"); empty options
+// mean noatime. Options are handed to mount(8), which knows which of them are flags and
+// which the filesystem's.
+func MountOptions(ctx context.Context, dev, where, fstype, options string) error {
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil {
 		return fmt.Errorf("mount %s on %s: %w", dev, where, err)
@@ -148,6 +173,12 @@ func Mount(dev, where, fstype string) error {
 	}
 	if err := os.MkdirAll(where, 0o700); err != nil {
 		return fmt.Errorf("mount %s on %s: %w", dev, where, err)
+	}
+	if options != "" {
+		if _, err := run(ctx, "mount", "-t", fstype, "-o", options, "--", dev, where); err != nil {
+			return fmt.Errorf("mount %s on %s (%s): %w", dev, where, fstype, err)
+		}
+		return nil
 	}
 	if err := unix.Mount(dev, where, fstype, unix.MS_NOATIME, ""); err != nil {
 		return fmt.Errorf("mount %s on %s (%s): %w", dev, where, fstype, err)

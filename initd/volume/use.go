@@ -1,0 +1,155 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+// BootMounts are the mount points whose disks are the boot disk: the root, /usr, the data
+// partition on /var and the ESP. DeviceUse refuses any device on the disks under them.
+var BootMounts = []string{"/", "/usr", "/var", "/boot", "/boot/efi", "/efi"}
+
+// DeviceUse describes why the block device dev must not be written to, or returns "" when
+// it may be: it is on the boot disk (a disk under one of bootMounts, BootMounts when nil,
+// itself or through device-mapper or RAID), or it is in use — mounted anywhere but
+// mountPath (when set), swapped on, or held by device-mapper or RAID; for a whole disk,
+// also any of its partitions. Unlike the etcd volume's check, a partition, a RAID array or
+// a device-mapper device may be used. sysDir is where sysfs is mounted ("" for /sys).
+// A regular file (a disk image) is not a block device and has no use to report.
+func DeviceUse(sysDir, dev, mountPath string, bootMounts []string) (string, error) {
+	sys := sysfsAt(sysDir)
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", dev, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return "", nil
+	case unix.S_IFBLK:
+	default:
+		return "is not a block device", nil
+	}
+	if why, err := OnBootDisk(sysDir, dev, bootMounts); why != "" || err != nil {
+		return why, err
+	}
+	id := majMin(st.Rdev)
+	dir, err := sys.blockDir(id)
+	if err != nil {
+		return "", err
+	}
+	mounts, err := readMountInfo(mountInfoPath)
+	if err != nil {
+		return "", err
+	}
+	swaps, err := swapDevices()
+	if err != nil {
+		return "", err
+	}
+	if why := sys.usedBy(dir, id, mounts, swaps, mountPath); why != "" {
+		return why, nil
+	}
+	if isPartition(dir) {
+		return "", nil
+	}
+	parts, err := partitions(dir)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range parts {
+		pid, err := readTrim(filepath.Join(dir, p, "dev"))
+		if err != nil {
+			return "", err
+		}
+		if why := sys.usedBy(filepath.Join(dir, p), pid, mounts, swaps, ""); why != "" {
+			return fmt.Sprintf("has partition %s, which %s", p, why), nil
+		}
+	}
+	return "", nil
+}
+
+// OnBootDisk is DeviceUse's boot-disk rule alone: it describes the boot disk dev is on,
+// or returns "" when it is on another disk. Unlike DeviceUse it does not mind a device in
+// use, so it holds for devices kept as they are (a filesystem mounted by an earlier boot).
+func OnBootDisk(sysDir, dev string, bootMounts []string) (string, error) {
+	sys := sysfsAt(sysDir)
+	if bootMounts == nil {
+		bootMounts = BootMounts
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", dev, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return "", nil
+	}
+	mounts, err := readMountInfo(mountInfoPath)
+	if err != nil {
+		return "", err
+	}
+	mine := sys.underlyingDisks(majMin(st.Rdev))
+	for _, bm := range bootMounts {
+		m, ok := mountedAt(mounts, filepath.Clean(bm))
+		if !ok {
+			continue
+		}
+		for _, d := range sys.underlyingDisks(m.majMin) {
+			if slices.Contains(mine, d) {
+				return fmt.Sprintf("is on the boot disk %s (it holds %s, %s)", d, m.mountPoint, m.source), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// Signature is what blkid finds on a device.
+type Signature struct {
+	// Blank: blkid found nothing. Ambiguous: it found conflicting signatures.
+	Blank, Ambiguous bool
+	// Type is the filesystem (or other content: crypto_LUKS, linux_raid_member, swap);
+	// PTType a partition table's type.
+	Type, PTType, Label, UUID string
+}
+
+// String describes the signature as an error message names it: `an ext4 filesystem
+// (label "data", UUID …)`, `a partition table (gpt)`, `nothing`.
+func (s Signature) String() string {
+	switch {
+	case s.Blank:
+		return "nothing"
+	case s.Ambiguous:
+		return "conflicting signatures (blkid -p reports an ambivalent result)"
+	case s.PTType != "" && s.Type == "":
+		return fmt.Sprintf("a partition table (%s)", s.PTType)
+	case s.Type == "":
+		return "an unrecognised signature"
+	}
+	what := "filesystem"
+	switch s.Type {
+	case "crypto_LUKS":
+		what = "volume"
+	case "linux_raid_member":
+		what = "signature"
+	case "swap":
+		what = "area"
+	}
+	return article(s.Type) + " " + s.Type + " " + what + describe(signature{Label: s.Label, UUID: s.UUID})
+}
+
+// Probe asks blkid, in low-level probing mode (no cache), what dev carries.
+func Probe(ctx context.Context, dev string) (Signature, error) {
+	s, err := probe(ctx, dev)
+	if err != nil {
+		return Signature{}, err
+	}
+	return Signature{Blank: s.blank, Ambiguous: s.ambiguous, Type: s.Type, PTType: s.PTType, Label: s.Label, UUID: s.UUID}, nil
+}
+
+// RunTool runs a tool with LC_ALL=C and returns its standard output. A failure includes
+// the tool's standard error; an *exec.ExitError stays reachable through errors.As.
+func RunTool(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return run(ctx, name, args...)
+}
