@@ -140,11 +140,35 @@ var validateCases = []validateCase{
 		"passwd":{"users":[{"name":"core","uid":1000,"gecos":"Core","homeDir":"/home/core","shell":"/bin/bash","primaryGroup":"core","groups":["sudo","ops"],
 			"passwordHash":"$y$j9T$abc$def","sshAuthorizedKeys":["` + edKey + `","` + ecKey + `"],"system":false,"noCreateHome":false,"noUserGroup":false}],
 			"groups":[{"name":"ops","gid":2000,"system":true}]}`},
-	{name: "disks", body: `"storage":{"disks":[{"device":"/dev/vdb"}]}`, wantUnsupported: true,
-		want: []string{"storage.disks: disks are set up by the etcd volume logic, not supported yet"}},
-	{name: "filesystems, luks, raid", body: `"storage":{"filesystems":[{"device":"/dev/vdb","format":"ext4"}],"luks":[{"name":"x","device":"/dev/vdc"}],"raid":[{"name":"md0","level":"raid1","devices":["/dev/vdd","/dev/vde"]}]}`,
+	{name: "storage kiln applies", body: `"storage":{
+		"disks":[{"device":"/dev/disk/by-id/virtio-data","wipeTable":false,"partitions":[
+			{"number":1,"label":"data","sizeMiB":1024,"startMiB":0,"typeGuid":"0FC63DAF-8483-4772-8E79-3D69D8477DE4","guid":"8D7B1A34-4F9D-4C3B-9E5F-0C7D2C3B1A01","wipePartitionEntry":true,"shouldExist":true},
+			{"number":9,"shouldExist":false}]}],
+		"raid":[{"name":"data","level":"raid1","devices":["/dev/vdc","/dev/vdd"],"spares":0,"options":["--metadata=1.2"]}],
+		"luks":[{"name":"secret","device":"/dev/md/data","keyFile":{"source":"data:,k"},"label":"secret","uuid":"2b0a6c8e-1bcb-4c4e-8e0b-7f5f2a4d3c11","options":["--cipher","aes-xts-plain64"],"wipeVolume":false,"discard":true,"openOptions":["--perf-no_read_workqueue"]}],
+		"filesystems":[{"device":"/dev/mapper/secret","format":"xfs","wipeFilesystem":false,"label":"data","uuid":"4c9e2b5a-8f3d-4e1b-9a6c-2d7f0e5b1c33","options":["-m","reflink=1"],"mountOptions":["noatime","discard"],"path":"/var/lib/containerd"},
+			{"device":"/dev/vde","format":"vfat","uuid":"1234-ABCD","path":"/srv/fat"},{"device":"/dev/vdf","format":"swap"}]}`},
+	{name: "raid5, btrfs, clevis, resize", body: `"storage":{
+		"disks":[{"device":"/dev/vdb","partitions":[{"number":1,"resize":true}]}],
+		"raid":[{"name":"r","level":"raid5","devices":["/dev/vdc","/dev/vdd","/dev/vde"]}],
+		"luks":[{"name":"x","device":"/dev/vdf","clevis":{"tpm2":true}}],
+		"filesystems":[{"device":"/dev/vdg","format":"btrfs"}]}`,
 		wantUnsupported: true,
-		want:            []string{"storage.filesystems: filesystems are set up by the etcd volume logic", "storage.luks: encrypted volumes are set up by the etcd volume logic", "storage.raid: RAID arrays are set up"}},
+		want: []string{"storage.disks[0].partitions[0].resize: resize is not supported: kiln never changes the size of an existing partition",
+			`storage.raid[0].level: level "raid5" is not supported (raid0, raid1, raid10 are)`,
+			"storage.luks[0].clevis: clevis (tang, tpm2) is not supported: give a keyFile",
+			`storage.filesystems[0].format: format "btrfs" is not supported (ext4, xfs, vfat, swap are)`}},
+	{name: "storage values kiln cannot honour", body: `"storage":{
+		"luks":[{"name":"x","device":"/dev/vdb","keyFile":{"source":"https://example.com/k"},"openOptions":["--key-slot=1"]}],
+		"filesystems":[{"device":"/dev/vdc","format":"ext4","path":"/var"},{"device":"/dev/vdd","format":"swap","path":"/swap"},
+			{"device":"/dev/vde","format":"ext4","path":"/data","mountOptions":["ro,exec"]},{"device":"/dev/vdf","format":"vfat","uuid":"not-a-volid"}]}`,
+		wantUnsupported: true, // the open option
+		want: []string{"storage.luks[0].keyFile.verification.hash: required for an http(s) source",
+			`storage.luks[0].openOptions[0]: "--key-slot=1" is not supported: later boots open the volume through /etc/crypttab`,
+			"storage.filesystems[0].path: /var is one of the node's own filesystems",
+			"storage.filesystems[1].path: a swap area is not mounted",
+			`storage.filesystems[2].mountOptions[0]: "ro,exec": one option per entry`,
+			`storage.filesystems[3].uuid: "not-a-volid" is not a FAT volume id`}},
 	{name: "kernel arguments", body: `"kernelArguments":{"shouldExist":["quiet"]}`, wantUnsupported: true,
 		want: []string{"kernelArguments.shouldExist is not supported by kiln yet"}},
 	{name: "append", body: `"storage":{"files":[{"path":"/etc/a"},{"path":"/etc/b","append":[{"source":"data:,x"}]}]}`, wantUnsupported: true,
@@ -179,8 +203,8 @@ var validateCases = []validateCase{
 		want: []string{"passwd.users[0].shouldExist is not supported by kiln yet"}},
 	{name: "group password", body: `"passwd":{"groups":[{"name":"ops","passwordHash":"$6$a$b"}]}`, wantUnsupported: true,
 		want: []string{"passwd.groups[0].passwordHash is not supported by kiln yet"}},
-	{name: "several at once", body: `"passwd":{"users":[{"name":"core","noLogInit":true}]},"storage":{"disks":[{"device":"/dev/vdb"}]}`, wantUnsupported: true,
-		want: []string{"passwd.users[0].noLogInit", "storage.disks"}},
+	{name: "several at once", body: `"passwd":{"users":[{"name":"core","noLogInit":true}]},"storage":{"raid":[{"name":"r","level":"raid6","devices":["/dev/vdb"]}]}`, wantUnsupported: true,
+		want: []string{"passwd.users[0].noLogInit", "storage.raid[0].level"}},
 }
 
 func TestValidate(t *testing.T) {
@@ -537,5 +561,37 @@ func TestButaneSugarAndLocal(t *testing.T) {
 				t.Errorf("users = %+v, want core with the key from id.pub", u)
 			}
 		})
+	}
+}
+
+// A swap area is refused on every node that runs kubelet, and only there.
+func TestCheckRoleSwap(t *testing.T) {
+	cfg, err := Parse([]byte(`{"ignition":{"version":"3.5.0"},"storage":{"filesystems":[
+		{"device":"/dev/vdb","format":"ext4","path":"/srv"},{"device":"/dev/vdc","format":"swap"}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	for _, tc := range []struct {
+		role Role
+		want string
+	}{
+		{RoleWorker, "storage.filesystems[1].format: swap is refused on this worker node: kubelet runs there and refuses to start while swap is on (failSwapOn)"},
+		{RoleControlPlane, "storage.filesystems[1].format: swap is refused on this control-plane node"},
+		{RoleEtcd, "storage.filesystems[1].format: swap is refused on this etcd node"},
+		{"bastion", ""},
+	} {
+		err := cfg.CheckRole(tc.role)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("CheckRole(%s) = %v, want nil", tc.role, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckRole(%s) = %v, want %q", tc.role, err, tc.want)
+		}
 	}
 }

@@ -80,18 +80,54 @@ var supported = []string{
 	"passwd.users[].noCreateHome",
 	"passwd.users[].noUserGroup",
 
+	"storage.disks[].device",
+	"storage.disks[].wipeTable",
+	"storage.disks[].partitions[].number",
+	"storage.disks[].partitions[].label",
+	"storage.disks[].partitions[].sizeMiB",
+	"storage.disks[].partitions[].startMiB",
+	"storage.disks[].partitions[].typeGuid",
+	"storage.disks[].partitions[].guid",
+	"storage.disks[].partitions[].wipePartitionEntry",
+	"storage.disks[].partitions[].shouldExist",
+
+	"storage.raid[].name",
+	"storage.raid[].level",
+	"storage.raid[].devices",
+	"storage.raid[].spares",
+	"storage.raid[].options",
+
+	"storage.luks[].name",
+	"storage.luks[].device",
+	"storage.luks[].keyFile.source",
+	"storage.luks[].keyFile.verification.hash",
+	"storage.luks[].label",
+	"storage.luks[].uuid",
+	"storage.luks[].options",
+	"storage.luks[].wipeVolume",
+	"storage.luks[].discard",
+	"storage.luks[].openOptions",
+
+	"storage.filesystems[].device",
+	"storage.filesystems[].format",
+	"storage.filesystems[].wipeFilesystem",
+	"storage.filesystems[].label",
+	"storage.filesystems[].uuid",
+	"storage.filesystems[].options",
+	"storage.filesystems[].mountOptions",
+	"storage.filesystems[].path",
+
 	"passwd.groups[].name",
 	"passwd.groups[].gid",
 	"passwd.groups[].system",
 }
 
-// refused are sections kiln deliberately leaves to other parts of kiln, with the reason
-// given instead of the generic "not supported".
+// refused are fields kiln deliberately does not apply, with the reason given instead of
+// the generic "not supported".
 var refused = map[string]string{
-	"storage.disks":       "disks are set up by the etcd volume logic, not supported yet",
-	"storage.filesystems": "filesystems are set up by the etcd volume logic, not supported yet",
-	"storage.luks":        "encrypted volumes are set up by the etcd volume logic, not supported yet",
-	"storage.raid":        "RAID arrays are set up by the etcd volume logic, not supported yet",
+	"storage.disks[].partitions[].resize": "resize is not supported: kiln never changes the size of an existing partition",
+	"storage.luks[].clevis":               "clevis (tang, tpm2) is not supported: give a keyFile",
+	"storage.luks[].cex":                  "cex (IBM Crypto Express keys) is not supported: give a keyFile",
 }
 
 // unsupported is an errUnsupported with a specific message.
@@ -102,7 +138,7 @@ func (u unsupported) Is(target error) bool { return target == errUnsupported }
 
 // Validate refuses everything in the config that kiln does not apply, and values kiln
 // cannot honour. The error lists every problem by JSON path, e.g.
-// "storage.disks: disks are set up by the etcd volume logic, not supported yet" or
+// "storage.raid[0].level: level \"raid5\" is not supported (raid0, raid1, raid10 are)" or
 // "passwd.users[0].sshAuthorizedKeys[1]: not an SSH public key: …"; errors.As finds
 // the *FieldError values and errors.Is(err, errUnsupported) tells unsupported features
 // from bad values.
@@ -118,6 +154,18 @@ func (c *Config) Validate() error {
 	}
 	for i, l := range ign.Storage.Links {
 		errs = append(errs, checkLink(fmt.Sprintf("storage.links[%d]", i), l)...)
+	}
+	for i, d := range ign.Storage.Disks {
+		errs = append(errs, checkDisk(fmt.Sprintf("storage.disks[%d]", i), d)...)
+	}
+	for i, r := range ign.Storage.Raid {
+		errs = append(errs, checkRaid(fmt.Sprintf("storage.raid[%d]", i), r)...)
+	}
+	for i, l := range ign.Storage.Luks {
+		errs = append(errs, checkLuks(fmt.Sprintf("storage.luks[%d]", i), l)...)
+	}
+	for i, f := range ign.Storage.Filesystems {
+		errs = append(errs, checkFilesystem(fmt.Sprintf("storage.filesystems[%d]", i), f)...)
 	}
 	for i, u := range ign.Systemd.Units {
 		errs = append(errs, checkUnit(fmt.Sprintf("systemd.units[%d]", i), u)...)

@@ -1,0 +1,165 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/coreos/ignition/v2/config/v3_6/types"
+)
+
+// The checks below cover storage.disks, raid, luks and filesystems: what kiln can honour
+// beyond what Ignition's own validation (run by Parse) checked — absolute device paths,
+// partition numbers and labels, known RAID levels and filesystem formats, unique names.
+// Package initd/storage applies them.
+
+// RaidLevels are the md levels kiln creates.
+var RaidLevels = []string{"raid0", "raid1", "raid10"}
+
+// FilesystemFormats are the formats kiln makes.
+var FilesystemFormats = []string{"ext4", "xfs", "vfat", "swap"}
+
+// LuksOpenOptions are the cryptsetup open options kiln takes in storage.luks[].openOptions,
+// each with the /etc/crypttab option that gives it on later boots.
+var LuksOpenOptions = map[string]string{
+	"--allow-discards":              "discard",
+	"--perf-no_read_workqueue":      "no-read-workqueue",
+	"--perf-no_write_workqueue":     "no-write-workqueue",
+	"--perf-same_cpu_crypt":         "same-cpu-crypt",
+	"--perf-submit_from_crypt_cpus": "submit-from-crypt-cpus",
+}
+
+// reservedMounts are mount points a storage.filesystems path may not be: the node's own
+// filesystems, which stage 1 mounted before first boot ran.
+var reservedMounts = []string{"/", "/usr", "/etc", "/var", "/boot", "/boot/efi", "/efi", "/run", "/proc", "/sys", "/dev", "/tmp"}
+
+// vfatUUID is a FAT volume id as blkid shows it (and Ignition takes it).
+var vfatUUID = regexp.MustCompile(`^[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}$`)
+
+func checkDisk(field string, d types.Disk) []error {
+	var errs []error
+	errs = append(errs, checkDevice(field+".device", d.Device)...)
+	for i, p := range d.Partitions {
+		pf := fmt.Sprintf("%s.partitions[%d]", field, i)
+		if p.ShouldExist != nil && !*p.ShouldExist && p.Number == 0 {
+			errs = append(errs, &FieldError{Path: pf + ".number", Err: errors.New("required when shouldExist is false")})
+		}
+	}
+	return errs
+}
+
+func checkRaid(field string, r types.Raid) []error {
+	var errs []error
+	if l := deref(r.Level); !containsString(RaidLevels, l) {
+		errs = append(errs, &FieldError{Path: field + ".level",
+			Err: unsupported(fmt.Sprintf("level %q is not supported (%s are)", l, strings.Join(RaidLevels, ", ")))})
+	}
+	for i, d := range r.Devices {
+		errs = append(errs, checkDevice(fmt.Sprintf("%s.devices[%d]", field, i), string(d))...)
+	}
+	if r.Spares != nil && *r.Spares > 0 && deref(r.Level) == "raid0" {
+		errs = append(errs, &FieldError{Path: field + ".spares", Err: errors.New("raid0 has no redundancy and takes no spares")})
+	}
+	return errs
+}
+
+func checkLuks(field string, l types.Luks) []error {
+	var errs []error
+	if l.Device == nil || *l.Device == "" {
+		errs = append(errs, &FieldError{Path: field + ".device", Err: errors.New("is required")})
+	} else {
+		errs = append(errs, checkDevice(field+".device", *l.Device)...)
+	}
+	if src := deref(l.KeyFile.Source); src != "" {
+		lower := strings.ToLower(src)
+		switch {
+		case strings.HasPrefix(lower, "data:"):
+		case strings.HasPrefix(lower, "http://"), strings.HasPrefix(lower, "https://"):
+			if deref(l.KeyFile.Verification.Hash) == "" {
+				errs = append(errs, &FieldError{Path: field + ".keyFile.verification.hash",
+					Err: errors.New("required for an http(s) source: kiln verifies every downloaded byte (give sha256-<hex> or sha512-<hex>)")})
+			}
+		default:
+			errs = append(errs, &FieldError{Path: field + ".keyFile.source", Err: unsupported("only data:, http: and https: URLs are supported")})
+		}
+	}
+	for i, o := range l.OpenOptions {
+		if _, ok := LuksOpenOptions[string(o)]; !ok {
+			errs = append(errs, &FieldError{Path: fmt.Sprintf("%s.openOptions[%d]", field, i),
+				Err: unsupported(fmt.Sprintf("%q is not supported: later boots open the volume through /etc/crypttab, which takes %s", o, openOptionList()))})
+		}
+	}
+	return errs
+}
+
+func openOptionList() string {
+	names := make([]string, 0, len(LuksOpenOptions))
+	for o := range LuksOpenOptions {
+		names = append(names, o)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+func checkFilesystem(field string, f types.Filesystem) []error {
+	var errs []error
+	errs = append(errs, checkDevice(field+".device", f.Device)...)
+	format := deref(f.Format)
+	if !containsString(FilesystemFormats, format) {
+		errs = append(errs, &FieldError{Path: field + ".format",
+			Err: unsupported(fmt.Sprintf("format %q is not supported (%s are)", format, strings.Join(FilesystemFormats, ", ")))})
+	}
+	if u := deref(f.UUID); u != "" && format == "vfat" && !vfatUUID.MatchString(u) {
+		errs = append(errs, &FieldError{Path: field + ".uuid", Err: fmt.Errorf("%q is not a FAT volume id (XXXX-XXXX, hexadecimal)", u)})
+	}
+	if p := deref(f.Path); p != "" {
+		clean := path.Clean(p)
+		switch {
+		case format == "swap":
+			errs = append(errs, &FieldError{Path: field + ".path", Err: errors.New("a swap area is not mounted: leave path out")})
+		case !path.IsAbs(p):
+			errs = append(errs, &FieldError{Path: field + ".path", Err: fmt.Errorf("%q is not an absolute path", p)})
+		case containsString(reservedMounts, clean) || clean == "/usr" || strings.HasPrefix(clean, "/usr/"):
+			errs = append(errs, &FieldError{Path: field + ".path",
+				Err: fmt.Errorf("%s is one of the node's own filesystems, mounted before first boot runs; mount below /var or elsewhere", clean)})
+		}
+	}
+	for i, o := range f.MountOptions {
+		if strings.ContainsAny(string(o), " \t\n,\\") || o == "" {
+			errs = append(errs, &FieldError{Path: fmt.Sprintf("%s.mountOptions[%d]", field, i),
+				Err: fmt.Errorf("%q: one option per entry, without blanks, commas or backslashes", o)})
+		}
+	}
+	return errs
+}
+
+// checkDevice checks a device path: absolute, and under /dev.
+func checkDevice(field, dev string) []error {
+	if !strings.HasPrefix(path.Clean(dev), "/dev/") {
+		return []error{&FieldError{Path: field, Err: fmt.Errorf("%q is not a device under /dev", dev)}}
+	}
+	return nil
+}
+
+func containsString(list []string, s string) bool { return slices.Contains(list, s) }
+
+// CheckRole refuses what the config asks that a node of role cannot have: a swap area on a
+// node that runs kubelet (every Kubernetes role: worker, control-plane, etcd, whose etcd
+// kubelet runs as a static pod), since kubelet refuses to start while swap is on unless
+// told otherwise (failSwapOn). Each problem is a *FieldError naming its JSON path.
+func (c *Config) CheckRole(role Role) error {
+	if !role.Known() {
+		return nil
+	}
+	var errs []error
+	for i, f := range c.Ignition.Storage.Filesystems {
+		if deref(f.Format) == "swap" {
+			errs = append(errs, &FieldError{Path: fmt.Sprintf("storage.filesystems[%d].format", i),
+				Err: fmt.Errorf("swap is refused on this %s node: kubelet runs there and refuses to start while swap is on (failSwapOn)", role)})
+		}
+	}
+	return errors.Join(errs...)
+}
