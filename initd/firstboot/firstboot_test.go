@@ -248,8 +248,8 @@ func TestRunFailures(t *testing.T) {
 		},
 		{
 			name:    "unsupported section",
-			config:  `{"ignition":{"version":"3.4.0"},"storage":{"disks":[{"device":"/dev/vdb"}],"files":[{"path":"/etc/a","contents":{"source":"data:,a"}}]}}`,
-			wantErr: "config from fw_cfg: storage.disks: disks are set up by the etcd volume logic, not supported yet",
+			config:  `{"ignition":{"version":"3.4.0"},"storage":{"luks":[{"name":"x","device":"/dev/vdb","clevis":{"tpm2":true}}],"files":[{"path":"/etc/a","contents":{"source":"data:,a"}}]}}`,
+			wantErr: "config from fw_cfg: storage.luks[0].clevis: clevis (tang, tpm2) is not supported: give a keyFile",
 			absent:  []string{"etc/a"},
 		},
 		{

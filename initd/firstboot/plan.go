@@ -27,16 +27,19 @@ import (
 // plan is one first boot's task graph and what its tasks learn on the way. Its tasks, each
 // arrow a dependency the task declares:
 //
-//	users ─► directories ─► files ─┬─► links ─► units ─► systemd
-//	                               ├─► network ─────┐
-//	                               └─► node-config ─┴─► facts ─► hostname ─► preflight
+//	storage ─► users ─► directories ─► files ─┬─► links ─► units ─► systemd
+//	                                          ├─► network ─────┐
+//	                                          └─► node-config ─┴─► facts ─► hostname ─► preflight
 //
 //	preflight ─┬─► pki ─────────┬─► etcd-join ─► render ─┬─► etcd-manifest ─► kubelet
 //	           └─► etcd-volume ─┘                        │
 //	                                                      (etcd-manifest also on etcd-volume;
 //	                                                       kubelet also on render and pki)
 //
-// Some tasks also declare a dependency an arrow path already gives them: files on users,
+// storage (the config's disks, arrays, LUKS volumes and filesystems) comes first, so that
+// homes, directories and files may land on the filesystems it mounts.
+//
+// Some tasks also declare a dependency an arrow path already gives them: files on users and storage,
 // units on files, render on node-config, kubelet on render.
 //
 // kubelet hands over to the units that run after first boot: containerd, kiln-images,
@@ -95,9 +98,10 @@ func (p *plan) runsKubernetes() bool {
 // running networkd and systemd must learn of it.
 func (p *plan) ignitionTasks() []task.Task {
 	return []task.Task{
-		task.Converge("users", nil, p.applyUsers),
+		task.Converge("storage", nil, p.applyStorage),
+		task.Converge("users", []string{"storage"}, p.applyUsers),
 		task.Converge("directories", []string{"users"}, p.applyDirectories),
-		task.Converge("files", []string{"users", "directories"}, p.applyFiles),
+		task.Converge("files", []string{"storage", "users", "directories"}, p.applyFiles),
 		task.Converge("network", []string{"files"}, p.reloadNetwork),
 		task.Converge("links", []string{"files"}, p.applyLinks),
 		task.Converge("units", []string{"files", "links"}, p.applyUnits),

@@ -25,7 +25,7 @@ func TestCommandLineErrors(t *testing.T) {
 	img := filepath.Join(dir, "node.raw")
 	os.WriteFile(img, make([]byte, 4096), 0o644)
 	bu := filepath.Join(dir, "node.bu")
-	os.WriteFile(bu, []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  disks:\n    - device: /dev/vdb\n"), 0o644)
+	os.WriteFile(bu, []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  luks:\n    - name: x\n      device: /dev/vdb\n      clevis:\n        tpm2: true\n"), 0o644)
 	bad := filepath.Join(dir, "bad.bu")
 	os.WriteFile(bad, []byte("variant: fcos\nversion: 1.6.0\nstorage:\n  filez: []\n"), 0o644)
 	for _, tc := range []struct {
@@ -34,7 +34,7 @@ func TestCommandLineErrors(t *testing.T) {
 	}{
 		{[]string{"bake", "images/qemu.yaml"}, `required flag(s) "role" not set`},
 		{[]string{"run", img, "--disk", "etcd-main"}, "want NAME=SIZE or NAME=FILE"},
-		{[]string{"run", img, "--config", bu, "--accel", "tcg"}, "storage.disks: disks are set up by the etcd volume logic"},
+		{[]string{"run", img, "--config", bu, "--accel", "tcg"}, "storage.luks[0].clevis: clevis (tang, tpm2) is not supported: give a keyFile"},
 		{[]string{"run", img, "--config", bad, "--accel", "tcg"}, "filez"},
 		{[]string{"run", img, "--accel", "xen"}, `accelerator "xen"`},
 		{[]string{"run", img, "--until", "(", "--accel", "tcg"}, "--until"},

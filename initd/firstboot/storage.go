@@ -1,0 +1,94 @@
+package firstboot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"path/filepath"
+	"slices"
+
+	"github.com/kilnproject/kiln/initd/apply"
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/storage"
+	"github.com/kilnproject/kiln/initd/volume"
+)
+
+// hasStorage reports whether the config sets up disks, arrays, LUKS volumes or filesystems.
+func (p *plan) hasStorage() bool {
+	s := p.cfg.Ignition.Storage
+	return len(s.Disks)+len(s.Raid)+len(s.Luks)+len(s.Filesystems) > 0
+}
+
+// applyStorage sets up the config's storage.disks, raid, luks and filesystems (package
+// initd/storage) before anything else is written, so that users, directories and files
+// may land on the new filesystems. It refuses, before touching anything, a swap area on a
+// node that runs kubelet, and any device on the disk node.yaml's etcd volume selects: the
+// etcd volume belongs to node.yaml, which formats and mounts it itself.
+func (p *plan) applyStorage(ctx context.Context) (bool, error) {
+	if !p.hasStorage() {
+		return false, nil
+	}
+	node, err := p.configuredNode()
+	if err != nil {
+		return false, err
+	}
+	role := config.Role(p.imageRole)
+	if node != nil && node.Role != "" {
+		role = node.Role
+	}
+	if err := p.cfg.CheckRole(role); err != nil {
+		return false, err
+	}
+	forbidden := map[string]string{}
+	if node != nil && node.Etcd != nil && node.Etcd.Volume != nil {
+		v := node.Etcd.Volume
+		if v.Serial != "" || v.ByID != "" {
+			dev, err := volume.ByID{Serial: v.Serial, ID: v.ByID}.Present()
+			if err == nil && dev != "" {
+				forbidden[dev] = fmt.Sprintf("is the etcd volume %s selects (etcd.volume.%s); node.yaml's etcd volume wins", config.NodePath, etcdSelector(v))
+			}
+		}
+		if v.GCEName != "" {
+			forbidden["/dev/disk/by-id/google-"+v.GCEName] = fmt.Sprintf("is the etcd volume %s selects (etcd.volume.gceName %s); node.yaml's etcd volume wins", config.NodePath, v.GCEName)
+		}
+	}
+	changed, err := storage.Apply(ctx, p.cfg.Ignition.Storage, storage.Options{Root: p.opts.Root, Live: p.opts.Root == "/",
+		Forbidden: forbidden, Get: apply.HTTPGetter(http.DefaultClient), Log: p.opts.Log})
+	if err != nil {
+		return len(changed) > 0, fmt.Errorf("storage: %w", err)
+	}
+	p.reload = p.reload || len(changed) > 0
+	return len(changed) > 0, nil
+}
+
+func etcdSelector(v *config.Volume) string {
+	if v.Serial != "" {
+		return "serial " + v.Serial
+	}
+	return "byId " + v.ByID
+}
+
+// configuredNode is the node config as it will be once the files are written: the one the
+// config writes, else the one on the node; nil when there is none.
+func (p *plan) configuredNode() (*config.Node, error) {
+	files, err := p.cfg.Files()
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range slices.Backward(files) {
+		if f.Path == config.NodePath && f.HasContents && !f.Remote() {
+			n, err := config.ParseNode(f.Contents, config.NodePath)
+			if err != nil {
+				return nil, fmt.Errorf("%s (%s): %w", f.Field, config.NodePath, err)
+			}
+			return n, nil
+		}
+	}
+	n, err := config.LoadNode(filepath.Join(p.opts.Root, config.NodePath))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return n, err
+}
