@@ -42,6 +42,9 @@ if [ "${1:-}" = test ]; then
   need[useradd]=passwd
   need[ssh]=openssh-client
   need[ssh-keygen]=openssh-client
+  need[mdadm]=mdadm
+  need[cryptsetup]=cryptsetup-bin
+  need[sgdisk]=gdisk
 fi
 if [ "${1:-}" = e2e ]; then
   need[/usr/bin/docker-registry]=docker-registry
