@@ -231,7 +231,7 @@ systemd:
 
 // plainTasks are a plain node's first boot: the Ignition config and the node's facts and
 // hostname, no Kubernetes task.
-var plainTasks = []string{"users", "directories", "files", "network", "links", "units", "systemd", "node-config", "facts", "hostname"}
+var plainTasks = []string{"storage", "users", "directories", "files", "network", "links", "units", "systemd", "node-config", "facts", "hostname"}
 
 // An image baked for a role that is not Kubernetes' (any profile name but worker,
 // control-plane and etcd) is a plain node: first boot applies its config and runs no
@@ -358,9 +358,10 @@ func TestPlanGraph(t *testing.T) {
 		name string
 		deps []string
 	}{
-		{"users", nil},
+		{"storage", nil},
+		{"users", []string{"storage"}},
 		{"directories", []string{"users"}},
-		{"files", []string{"users", "directories"}},
+		{"files", []string{"storage", "users", "directories"}},
 		{"network", []string{"files"}},
 		{"links", []string{"files"}},
 		{"units", []string{"files", "links"}},

@@ -205,7 +205,7 @@ func newPartitionArgs(n int, p types.Partition, ss int) []string {
 		start = strconv.Itoa(s * perMiB)
 	}
 	if s := deref(p.SizeMiB); s != 0 {
-		end = "+" + strconv.Itoa(s*perMiB-1)
+		end = "+" + strconv.Itoa(s*perMiB)
 	}
 	args := []string{fmt.Sprintf("--new=%d:%s:%s", n, start, end)}
 	if l := deref(p.Label); l != "" {

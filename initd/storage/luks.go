@@ -58,9 +58,13 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 	}
 	keyPath := path.Join(luksKeyDir, l.Name)
 	hostKey := filepath.Join(a.o.Root, keyPath)
-	if err := a.storeKey(ctx, field, l, hostKey); err != nil {
+	// The key is written beside the stored one and takes its place only once it opened the
+	// volume or formatted it: a config with another key must not lose the one that opens it.
+	newKey := hostKey + ".new"
+	if err := a.candidateKey(ctx, field, l, hostKey, newKey); err != nil {
 		return err
 	}
+	defer os.Remove(newKey)
 	sig, err := volume.Probe(ctx, real)
 	if err != nil {
 		return fieldErr(field+".device", "%s: %w", dev, err)
@@ -86,7 +90,7 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 		return fieldErr(field+".device", "%s %s; refusing to format it (wipeVolume: true erases it)", describeDev(dev, real), mismatch)
 	}
 	if !format {
-		if _, err := run(ctx, "cryptsetup", "open", "--test-passphrase", "--key-file", hostKey, "--", real); err != nil {
+		if _, err := run(ctx, "cryptsetup", "open", "--test-passphrase", "--key-file", newKey, "--", real); err != nil {
 			return fieldErr(field+".keyFile", "the key does not open the LUKS volume on %s, which is kept (wipeVolume: true formats it anew): %w", dev, err)
 		}
 	} else {
@@ -98,7 +102,7 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 				return fieldErr(field+".wipeVolume", "%w", err)
 			}
 		}
-		args := []string{"luksFormat", "--type", "luks2", "--batch-mode", "--key-file", hostKey}
+		args := []string{"luksFormat", "--type", "luks2", "--batch-mode", "--key-file", newKey}
 		if v := deref(l.Label); v != "" {
 			args = append(args, "--label", v)
 		}
@@ -122,6 +126,9 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 			return fieldErr(field, "%w", err)
 		}
 		a.note(field, "formatted %s as LUKS volume %s (UUID %s)", dev, l.Name, sig.UUID)
+	}
+	if err := a.storeKey(field, l.Name, hostKey, newKey); err != nil {
+		return err
 	}
 	if err := a.writeCrypttab(field, l, sig.UUID, keyPath); err != nil {
 		return err
@@ -148,9 +155,9 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 	return err
 }
 
-// storeKey writes the volume's key to hostKey (0600): the keyFile's contents, or the key
-// stored there already, or a new random one.
-func (a *applier) storeKey(ctx context.Context, field string, l types.Luks, hostKey string) error {
+// candidateKey writes the volume's key to newKey (0600): the keyFile's contents, or the
+// key stored in hostKey already, or a new random one.
+func (a *applier) candidateKey(ctx context.Context, field string, l types.Luks, hostKey, newKey string) error {
 	old, err := os.ReadFile(hostKey)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fieldErr(field, "read key: %w", err)
@@ -188,15 +195,28 @@ func (a *applier) storeKey(ctx context.Context, field string, l types.Luks, host
 	if len(key) == 0 {
 		return fieldErr(field+".keyFile.source", "the key is empty")
 	}
-	if old != nil && bytes.Equal(old, key) {
+	if err := atomicfile.Write(newKey, key, atomicfile.Options{Mode: 0o600, DirMode: 0o700}); err != nil {
+		return fieldErr(field, "store key: %w", err)
+	}
+	return nil
+}
+
+// storeKey moves newKey, which opened or formatted the volume, to hostKey, unless hostKey
+// holds the same key already.
+func (a *applier) storeKey(field, name, hostKey, newKey string) error {
+	key, err := os.ReadFile(newKey)
+	if err != nil {
+		return fieldErr(field, "store key: %w", err)
+	}
+	if old, err := os.ReadFile(hostKey); err == nil && bytes.Equal(old, key) {
 		if fi, err := os.Stat(hostKey); err == nil && fi.Mode().Perm() == 0o600 {
 			return nil
 		}
 	}
-	if err := atomicfile.Write(hostKey, key, atomicfile.Options{Mode: 0o600, DirMode: 0o700}); err != nil {
+	if err := os.Rename(newKey, hostKey); err != nil {
 		return fieldErr(field, "store key: %w", err)
 	}
-	a.note(field, "stored the key in %s", path.Join(luksKeyDir, l.Name))
+	a.note(field, "stored the key in %s", path.Join(luksKeyDir, name))
 	return nil
 }
 

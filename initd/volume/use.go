@@ -136,16 +136,19 @@ func (s Signature) String() string {
 	case "swap":
 		what = "area"
 	}
-	return article(s.Type) + " " + s.Type + " " + what + describe(signature{Label: s.Label, UUID: s.UUID})
+	return article(s.Type) + " " + what + describe(signature{Label: s.Label, UUID: s.UUID})
 }
 
-// Probe asks blkid, in low-level probing mode (no cache), what dev carries.
+// Probe asks blkid, in low-level probing mode (no cache), what dev carries. A partition
+// whose only finding is its own partition entry (blkid -p reports PART_ENTRY_* and exits
+// 0) is blank.
 func Probe(ctx context.Context, dev string) (Signature, error) {
 	s, err := probe(ctx, dev)
 	if err != nil {
 		return Signature{}, err
 	}
-	return Signature{Blank: s.blank, Ambiguous: s.ambiguous, Type: s.Type, PTType: s.PTType, Label: s.Label, UUID: s.UUID}, nil
+	blank := s.blank || !s.ambiguous && s.Type == "" && s.PTType == "" && s.Label == "" && s.UUID == ""
+	return Signature{Blank: blank, Ambiguous: s.ambiguous, Type: s.Type, PTType: s.PTType, Label: s.Label, UUID: s.UUID}, nil
 }
 
 // RunTool runs a tool with LC_ALL=C and returns its standard output. A failure includes
