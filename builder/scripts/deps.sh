@@ -44,7 +44,6 @@ if [ "${1:-}" = test ]; then
   need[ssh-keygen]=openssh-client
   need[mdadm]=mdadm
   need[cryptsetup]=cryptsetup-bin
-  need[sgdisk]=gdisk
 fi
 if [ "${1:-}" = e2e ]; then
   need[/usr/bin/docker-registry]=docker-registry
