@@ -105,6 +105,9 @@ func (p *plan) prepareEtcdVolume(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("etcd volume: %w", err)
 	}
 	p.opts.Log.Info("etcd volume found", "device", dev)
+	if err := p.storageOnDisk(dev); err != nil {
+		return false, err
+	}
 	res, err := volume.Prepare(ctx, dev, volume.Want{FSType: v.FSType, Label: v.Label, Wipe: v.Wipe, MinSize: v.MinBytes})
 	if errors.Is(err, volume.ErrTooSmall) {
 		return false, fmt.Errorf("etcd volume: %w (etcd.volume.minSize in node.yaml sets the minimum, %s by default)", err, config.DefaultEtcdMinSizeText)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -91,4 +92,49 @@ func (p *plan) configuredNode() (*config.Node, error) {
 		return nil, nil
 	}
 	return n, err
+}
+
+// storageDevices lists the devices the config's storage section names, with their JSON paths.
+func (p *plan) storageDevices() map[string]string {
+	s := p.cfg.Ignition.Storage
+	out := map[string]string{}
+	for i, d := range s.Disks {
+		out[fmt.Sprintf("storage.disks[%d].device", i)] = d.Device
+	}
+	for i, r := range s.Raid {
+		for j, d := range r.Devices {
+			out[fmt.Sprintf("storage.raid[%d].devices[%d]", i, j)] = string(d)
+		}
+	}
+	for i, l := range s.Luks {
+		if l.Device != nil {
+			out[fmt.Sprintf("storage.luks[%d].device", i)] = *l.Device
+		}
+	}
+	for i, f := range s.Filesystems {
+		out[fmt.Sprintf("storage.filesystems[%d].device", i)] = f.Device
+	}
+	return out
+}
+
+// storageOnDisk refuses the etcd volume dev when the config's storage section uses its disk:
+// the etcd volume is node.yaml's, and a disk both would set up is refused, naming both. The
+// storage task refuses the same before it acts when it can tell the volume's disk then (a
+// serial, byId or gceName selector with the disk attached); a disk attached later (awsTags,
+// gceLabels) is caught here.
+func (p *plan) storageOnDisk(dev string) error {
+	etcd := volume.DisksUnder("", dev)
+	if len(etcd) == 0 {
+		return nil
+	}
+	devs := p.storageDevices()
+	fields := slices.Sorted(maps.Keys(devs))
+	for _, field := range fields {
+		for _, d := range volume.DisksUnder("", devs[field]) {
+			if slices.Contains(etcd, d) {
+				return fmt.Errorf("etcd volume %s: %s (%s) is on the same disk %s; node.yaml's etcd volume and the config's storage may not share a disk (leave the disk out of the config's storage)", dev, field, devs[field], d)
+			}
+		}
+	}
+	return nil
 }

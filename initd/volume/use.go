@@ -156,3 +156,14 @@ func Probe(ctx context.Context, dev string) (Signature, error) {
 func RunTool(ctx context.Context, name string, args ...string) ([]byte, error) {
 	return run(ctx, name, args...)
 }
+
+// DisksUnder names the whole disks under block device dev (itself, the disk of a
+// partition, the disks under a RAID array or device-mapper device), e.g. [vdb vdc]; none
+// when dev is not a block device. sysDir is where sysfs is mounted ("" for /sys).
+func DisksUnder(sysDir, dev string) []string {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return nil
+	}
+	return sysfsAt(sysDir).underlyingDisks(majMin(st.Rdev))
+}
