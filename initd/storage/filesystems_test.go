@@ -1,12 +1,16 @@
 package storage
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kilnproject/kiln/internal/testkit"
+	"golang.org/x/sys/unix"
 )
 
 const fsUUID = "4c9e2b5a-8f3d-4e1b-9a6c-2d7f0e5b1c33"
@@ -153,6 +157,7 @@ func TestRefusesBootDiskAndMounted(t *testing.T) {
 	testkit.Run(t, "mkfs.ext4", "-q", "-L", "busy", other)
 	busy := t.TempDir()
 	mountT(t, other, busy)
+	etcd := loopDisk(t, 64)
 	tests := []struct{ name, storage, wantErr string }{
 		{"boot disk, partitioned", `{"disks":[{"device":"BOOT","wipeTable":true,"partitions":[{"number":3}]}]}`,
 			"storage.disks[0].device: BOOT is on the boot disk " + filepath.Base(boot) + " (it holds " + root},
@@ -162,13 +167,16 @@ func TestRefusesBootDiskAndMounted(t *testing.T) {
 			"storage.luks[0].device: BOOT2 is on the boot disk"},
 		{"mounted device, wiped", `{"filesystems":[{"device":"OTHER","format":"xfs","wipeFilesystem":true}]}`,
 			"storage.filesystems[0].device: OTHER is mounted at " + busy + "; refusing to change it"},
+		{"the etcd volume's disk", `{"disks":[{"device":"ETCD","partitions":[{"number":1}]}]}`,
+			"storage.disks[0].device: ETCD is on ETCD (disk " + filepath.Base(etcd) + "), which is the etcd volume; the config's storage may not touch it"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r := strings.NewReplacer("BOOT2", partDev(boot, 2), "BOOT", boot, "OTHER", other)
-			before := []string{probe(t, boot).PTType, probe(t, partDev(boot, 2)).Type, probe(t, other).UUID}
+			r := strings.NewReplacer("BOOT2", partDev(boot, 2), "BOOT", boot, "OTHER", other, "ETCD", etcd)
+			before := []string{probe(t, boot).PTType, probe(t, partDev(boot, 2)).Type, probe(t, other).UUID, probe(t, etcd).String()}
 			o := testOptions(t)
 			o.BootMounts = []string{root}
+			o.Forbidden = map[string]string{etcd: "is the etcd volume"}
 			changed, err := applyCfg(t, storageOf(t, r.Replace(tc.storage)), o)
 			if want := r.Replace(tc.wantErr); err == nil || !strings.Contains(err.Error(), want) {
 				t.Fatalf("Apply = %v, want an error with %q", err, want)
@@ -176,7 +184,7 @@ func TestRefusesBootDiskAndMounted(t *testing.T) {
 			if len(changed) > 0 {
 				t.Errorf("refused, yet changed %q", changed)
 			}
-			after := []string{probe(t, boot).PTType, probe(t, partDev(boot, 2)).Type, probe(t, other).UUID}
+			after := []string{probe(t, boot).PTType, probe(t, partDev(boot, 2)).Type, probe(t, other).UUID, probe(t, etcd).String()}
 			if strings.Join(before, " ") != strings.Join(after, " ") {
 				t.Errorf("devices changed: %q, then %q", before, after)
 			}
@@ -188,4 +196,29 @@ func mountT(t *testing.T, dev, dir string) {
 	t.Helper()
 	testkit.Run(t, "mount", dev, dir)
 	t.Cleanup(func() { testkit.Run(t, "umount", dir) })
+}
+
+// The disk this machine's / is on is refused by the read-only check every device passes
+// first (nothing in this test writes).
+func TestRealBootDiskRefused(t *testing.T) {
+	var st unix.Stat_t
+	if err := unix.Stat("/", &st); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := filepath.EvalSymlinks(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)))
+	if err != nil {
+		t.Skipf("/ is not on a block device (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "partition")); err == nil {
+		dir = filepath.Dir(dir)
+	}
+	dev := "/dev/" + filepath.Base(dir)
+	if _, err := os.Stat(dev); err != nil {
+		t.Skipf("no device node for the root disk: %v", err)
+	}
+	a := &applier{o: Options{Settle: time.Second}}
+	_, err = a.device(context.Background(), "storage.disks[0].device", dev)
+	if want := "storage.disks[0].device: " + dev + " is on the boot disk " + filepath.Base(dir) + " (it holds /,"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("device(%s) = %v, want %q", dev, err, want)
+	}
 }

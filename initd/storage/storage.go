@@ -26,9 +26,9 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -135,13 +135,12 @@ func (a *applier) device(ctx context.Context, field, dev string) (string, error)
 	if why != "" {
 		return "", fieldErr(field, "%s %s; kiln never touches the boot disk", describeDev(dev, real), why)
 	}
+	mine := volume.DisksUnder(a.o.SysDir, real)
 	for f, reason := range a.o.Forbidden {
-		fr, err := filepath.EvalSymlinks(f)
-		if err != nil {
-			continue
-		}
-		if fr == real || a.diskOf(real) == a.diskOf(fr) {
-			return "", fieldErr(field, "%s is on %s, which %s; the config's storage may not touch it", describeDev(dev, real), f, reason)
+		for _, d := range volume.DisksUnder(a.o.SysDir, f) {
+			if slices.Contains(mine, d) {
+				return "", fieldErr(field, "%s is on %s (disk %s), which %s; the config's storage may not touch it", describeDev(dev, real), f, d, reason)
+			}
 		}
 	}
 	return real, nil
@@ -183,19 +182,6 @@ func (a *applier) sysBlock(real string) (string, error) {
 	}
 	id := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
 	return filepath.EvalSymlinks(filepath.Join(sys, "dev/block", id))
-}
-
-// diskOf is the kernel name of the whole disk real is, or is a partition of; "" when
-// unknown.
-func (a *applier) diskOf(real string) string {
-	dir, err := a.sysBlock(real)
-	if err != nil {
-		return ""
-	}
-	if _, err := os.Stat(filepath.Join(dir, "partition")); err == nil {
-		return filepath.Base(filepath.Dir(dir))
-	}
-	return filepath.Base(dir)
 }
 
 // run runs a tool; see volume.RunTool.
