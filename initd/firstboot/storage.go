@@ -55,7 +55,7 @@ func (p *plan) applyStorage(ctx context.Context) (bool, error) {
 			forbidden["/dev/disk/by-id/google-"+v.GCEName] = fmt.Sprintf("is the etcd volume %s selects (etcd.volume.gceName %s); node.yaml's etcd volume wins", config.NodePath, v.GCEName)
 		}
 	}
-	changed, err := storage.Apply(ctx, p.cfg.Ignition.Storage, storage.Options{Root: p.opts.Root, Live: p.opts.Root == "/",
+	changed, err := storage.Apply(ctx, p.cfg.Ignition, storage.Options{Root: p.opts.Root, Live: p.opts.Root == "/",
 		Forbidden: forbidden, Get: apply.HTTPGetter(http.DefaultClient), Log: p.opts.Log})
 	if err != nil {
 		return len(changed) > 0, fmt.Errorf("storage: %w", err)

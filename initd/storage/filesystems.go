@@ -24,6 +24,7 @@ import (
 //
 // A filesystem with a path gets a mount unit (/etc/systemd/system/<path>.mount, What= its
 // /dev/disk/by-uuid name, wanted by local-fs.target and before containerd and kubelet),
+// unless the config writes that unit itself (Butane's with_mount_unit),
 // and with Options.Live it is mounted now, so that the config's files may be written onto
 // it. A swap area gets a swap unit and, with Options.Live, is turned on.
 func (a *applier) filesystems(ctx context.Context, st types.Storage) error {
@@ -132,12 +133,14 @@ Options=%[5]s
 [Install]
 WantedBy=local-fs.target
 `, field, what, where, format, options)
-	changed, err := volume.WriteUnit(a.o.Root, name, []byte(unit))
-	if err != nil {
-		return fieldErr(field+".path", "mount unit %s: %w", name, err)
-	}
-	if changed {
-		a.note(field, "%s mounts %s on %s at boot", name, f.Device, where)
+	if !a.configUnits[name] {
+		changed, err := volume.WriteUnit(a.o.Root, name, []byte(unit))
+		if err != nil {
+			return fieldErr(field+".path", "mount unit %s: %w", name, err)
+		}
+		if changed {
+			a.note(field, "%s mounts %s on %s at boot", name, f.Device, where)
+		}
 	}
 	if !a.o.Live {
 		return nil

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -160,5 +161,39 @@ func TestRaid0(t *testing.T) {
 	}
 	if got := probe(t, a).UUID; got != member {
 		t.Errorf("array UUID %s, then %s: created again", member, got)
+	}
+}
+
+// Butane's with_mount_unit writes the mount unit into the config's systemd.units: the
+// storage stage mounts the filesystem and leaves the unit to the config (the units task
+// writes it), so the two never write the same file in turn.
+func TestButaneMountUnit(t *testing.T) {
+	needTools(t)
+	dev := loopDisk(t, 64)
+	cfg, err := config.Parse([]byte("variant: fcos\nversion: 1.5.0\nstorage:\n  filesystems:\n    - device: " + dev +
+		"\n      format: ext4\n      label: data\n      path: /srv/data\n      with_mount_unit: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if units := cfg.Ignition.Systemd.Units; len(units) != 1 || units[0].Name != "srv-data.mount" {
+		t.Fatalf("Butane made units %+v, want srv-data.mount", units)
+	}
+	o := testOptions(t)
+	o.Live = true
+	t.Cleanup(func() { testkitUmount(t, filepath.Join(o.Root, "srv/data")) })
+	if _, err := applyCfg(t, cfg, o); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if !mounted(t, filepath.Join(o.Root, "srv/data")) {
+		t.Error("/srv/data is not mounted")
+	}
+	if _, err := os.Stat(filepath.Join(o.Root, "etc/systemd/system/srv-data.mount")); err == nil {
+		t.Error("the storage stage wrote srv-data.mount, which the config writes")
+	}
+	if again, err := applyCfg(t, cfg, o); err != nil || len(again) > 0 {
+		t.Errorf("second Apply = %q, %v; want no change", again, err)
 	}
 }

@@ -71,10 +71,12 @@ type Options struct {
 	cheapKDF bool
 }
 
-// Apply sets up st on the node and reports what it changed, one line each
-// ("storage.disks[0]: created partition 1 (data) on /dev/vdb"). It stops at the first
-// error, which names the JSON path.
-func Apply(ctx context.Context, st types.Storage, o Options) ([]string, error) {
+// Apply sets up the config's storage section on the node and reports what it changed, one
+// line each ("storage.disks[0]: created partition 1 (data) on /dev/vdb"). It stops at the
+// first error, which names the JSON path. A filesystem whose mount unit the config writes
+// itself (Butane's with_mount_unit) is mounted, and its unit left to the config.
+func Apply(ctx context.Context, cfg types.Config, o Options) ([]string, error) {
+	st := cfg.Storage
 	if o.Root == "" {
 		o.Root = "/"
 	}
@@ -84,7 +86,10 @@ func Apply(ctx context.Context, st types.Storage, o Options) ([]string, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &applier{o: o}
+	a := &applier{o: o, configUnits: map[string]bool{}}
+	for _, u := range cfg.Systemd.Units {
+		a.configUnits[u.Name] = true
+	}
 	steps := []func(context.Context, types.Storage) error{a.disks, a.raids, a.luksVolumes, a.filesystems}
 	for _, step := range steps {
 		if err := step(ctx, st); err != nil {
@@ -98,6 +103,8 @@ func Apply(ctx context.Context, st types.Storage, o Options) ([]string, error) {
 type applier struct {
 	o       Options
 	changed []string
+	// configUnits are the units the config writes itself.
+	configUnits map[string]bool
 }
 
 func (a *applier) note(field, format string, args ...any) {

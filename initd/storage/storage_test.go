@@ -74,7 +74,7 @@ func applyCfg(t *testing.T, cfg *config.Config, o Options) ([]string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	return Apply(ctx, cfg.Ignition.Storage, o)
+	return Apply(ctx, cfg.Ignition, o)
 }
 
 func probe(t *testing.T, dev string) volume.Signature {
