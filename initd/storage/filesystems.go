@@ -119,22 +119,9 @@ func (a *applier) filesystem(ctx context.Context, field string, f types.Filesyst
 	if options == "" {
 		options = "defaults"
 	}
-	unit := fmt.Sprintf(`# Written by kiln-init from the node config's %[1]s.
-[Unit]
-Description=%[2]s on %[3]s
-Before=local-fs.target containerd.service kubelet.service
-
-[Mount]
-What=%[2]s
-Where=%[3]s
-Type=%[4]s
-Options=%[5]s
-
-[Install]
-WantedBy=local-fs.target
-`, field, what, where, format, options)
+	unit := mountUnit(field, what, where, format, options)
 	if !a.configUnits[name] {
-		changed, err := volume.WriteUnit(a.o.Root, name, []byte(unit))
+		changed, err := volume.WriteUnit(a.o.Root, name, unit)
 		if err != nil {
 			return fieldErr(field+".path", "mount unit %s: %w", name, err)
 		}
@@ -198,17 +185,8 @@ func (a *applier) swap(ctx context.Context, field, what, real string) error {
 	if err != nil {
 		return fieldErr(field, "%w", err)
 	}
-	unit := fmt.Sprintf(`# Written by kiln-init from the node config's %[1]s.
-[Unit]
-Description=swap on %[2]s
-
-[Swap]
-What=%[2]s
-
-[Install]
-WantedBy=swap.target
-`, field, what)
-	changed, err := volume.WriteUnit(a.o.Root, name, []byte(unit))
+	unit := swapUnit(field, what)
+	changed, err := volume.WriteUnit(a.o.Root, name, unit)
 	if err != nil {
 		return fieldErr(field, "swap unit %s: %w", name, err)
 	}
@@ -242,4 +220,37 @@ func swapOn(real string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// mountUnit is the mount unit of the filesystem of config entry field: what (its
+// /dev/disk/by-uuid name) on where, of type format, with mount options.
+func mountUnit(field, what, where, format, options string) []byte {
+	return fmt.Appendf(nil, `# Written by kiln-init from the node config's %[1]s.
+[Unit]
+Description=%[2]s on %[3]s
+Before=local-fs.target containerd.service kubelet.service
+
+[Mount]
+What=%[2]s
+Where=%[3]s
+Type=%[4]s
+Options=%[5]s
+
+[Install]
+WantedBy=local-fs.target
+`, field, what, where, format, options)
+}
+
+// swapUnit is the swap unit of the swap area of config entry field, what.
+func swapUnit(field, what string) []byte {
+	return fmt.Appendf(nil, `# Written by kiln-init from the node config's %[1]s.
+[Unit]
+Description=swap on %[2]s
+
+[Swap]
+What=%[2]s
+
+[Install]
+WantedBy=swap.target
+`, field, what)
 }
