@@ -10,7 +10,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/golden from the code")
 
-// The units and the crypttab line later boots read, as kiln writes them.
+// The mount and swap units later boots read, as kiln writes them.
 func TestUnitsGolden(t *testing.T) {
 	for _, tc := range []struct {
 		name string
