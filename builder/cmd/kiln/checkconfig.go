@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -67,7 +68,7 @@ func checkConfig(w io.Writer, paths []string, image, filesDir string) error {
 	if err != nil {
 		return err
 	}
-	if err := merged.CheckImage(md.Contents); err != nil {
+	if err := errors.Join(merged.CheckImage(md.Contents), merged.CheckRole(config.Role(md.Role))); err != nil {
 		return fmt.Errorf("%s against %s:\n%w", strings.Join(paths, " + "), mdFile, err)
 	}
 	fmt.Fprintf(w, "%s: ok for %s (%s, role %s)\n", strings.Join(paths, " + "), filepath.Base(mdFile), md.Name, md.Role)

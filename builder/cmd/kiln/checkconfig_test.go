@@ -34,7 +34,8 @@ func TestCheckConfig(t *testing.T) {
 		"storage:\n  files:\n    - path: /opt/app/conf\n      contents: {inline: x}\nsystemd:\n  units:\n    - name: ssh.service\n      enabled: true\n"), 0o644)
 	bad := filepath.Join(dir, "bad.bu")
 	os.WriteFile(bad, []byte("variant: fcos\nversion: 1.7.0\npasswd:\n  users:\n    - name: core\n      groups: [docker]\n"+
-		"storage:\n  files:\n    - path: /usr/lib/app.conf\n      contents: {inline: x}\nsystemd:\n  units:\n    - name: podman.service\n      enabled: true\n"), 0o644)
+		"storage:\n  files:\n    - path: /usr/lib/app.conf\n      contents: {inline: x}\n  filesystems:\n    - device: /dev/vdc\n      format: swap\n"+
+		"systemd:\n  units:\n    - name: podman.service\n      enabled: true\n"), 0o644)
 
 	for _, image := range []string{mdFile, img} {
 		out, err := kiln(t, "check-config", good, "--image", image)
@@ -46,7 +47,8 @@ func TestCheckConfig(t *testing.T) {
 	for _, want := range []string{"bad.bu against " + mdFile,
 		`passwd.users[0].groups[0]: group "docker" is neither in the image nor in passwd.groups`,
 		"storage.files[0].path: /usr/lib/app.conf is on the image's read-only root",
-		"systemd.units[0].enabled: podman.service is not a unit the image ships"} {
+		"systemd.units[0].enabled: podman.service is not a unit the image ships",
+		"storage.filesystems[0].format: swap is refused on this worker node: kubelet runs there"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("check-config bad.bu: %v\nwant it to say %q", err, want)
 		}

@@ -591,11 +591,14 @@ func imageCheck(image string) func(*config.Config) error {
 		slog.Warn("--config not checked against the image", "reason", err)
 		return nil
 	case md.Contents == nil:
-		slog.Warn("--config not checked against the image", "reason", mdFile+" records no contents (an image baked by an older kiln)")
-		return nil
+		slog.Warn("--config not checked against the image's contents", "reason", mdFile+" records no contents (an image baked by an older kiln)")
 	}
 	return func(c *config.Config) error {
-		if err := c.CheckImage(md.Contents); err != nil {
+		err := c.CheckRole(config.Role(md.Role))
+		if md.Contents != nil {
+			err = errors.Join(c.CheckImage(md.Contents), err)
+		}
+		if err != nil {
 			return fmt.Errorf("against %s:\n%w", mdFile, err)
 		}
 		return nil
