@@ -148,6 +148,9 @@ var validateCases = []validateCase{
 		"luks":[{"name":"secret","device":"/dev/md/data","keyFile":{"source":"data:,k"},"label":"secret","uuid":"2b0a6c8e-1bcb-4c4e-8e0b-7f5f2a4d3c11","options":["--cipher","aes-xts-plain64"],"wipeVolume":false,"discard":true,"openOptions":["--perf-no_read_workqueue"]}],
 		"filesystems":[{"device":"/dev/mapper/secret","format":"xfs","wipeFilesystem":false,"label":"data","uuid":"4c9e2b5a-8f3d-4e1b-9a6c-2d7f0e5b1c33","options":["-m","reflink=1"],"mountOptions":["noatime","discard"],"path":"/var/lib/containerd"},
 			{"device":"/dev/vde","format":"vfat","uuid":"1234-ABCD","path":"/srv/fat"},{"device":"/dev/vdf","format":"swap"}]}`},
+	{name: "raid levels by their other names", body: `"storage":{"raid":[
+		{"name":"a","level":"stripe","devices":["/dev/vdc","/dev/vdd"]},{"name":"b","level":"mirror","devices":["/dev/vde","/dev/vdf"]},
+		{"name":"c","level":"0","devices":["/dev/vdg","/dev/vdh"]},{"name":"d","level":"10","devices":["/dev/vdi","/dev/vdj","/dev/vdk","/dev/vdl"]}]}`},
 	{name: "raid5, btrfs, clevis, resize", body: `"storage":{
 		"disks":[{"device":"/dev/vdb","partitions":[{"number":1,"resize":true}]}],
 		"raid":[{"name":"r","level":"raid5","devices":["/dev/vdc","/dev/vdd","/dev/vde"]}],
@@ -155,7 +158,7 @@ var validateCases = []validateCase{
 		"filesystems":[{"device":"/dev/vdg","format":"btrfs"}]}`,
 		wantUnsupported: true,
 		want: []string{"storage.disks[0].partitions[0].resize: resize is not supported: kiln never changes the size of an existing partition",
-			`storage.raid[0].level: level "raid5" is not supported (raid0, raid1, raid10 are)`,
+			`storage.raid[0].level: level "raid5" is not supported (raid0, raid1, raid10 are, and their other names stripe, mirror, 0, 1 and 10)`,
 			"storage.luks[0].clevis: clevis (tang, tpm2) is not supported: give a keyFile",
 			`storage.filesystems[0].format: format "btrfs" is not supported (ext4, xfs, vfat, swap are)`}},
 	{name: "storage values kiln cannot honour", body: `"storage":{

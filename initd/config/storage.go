@@ -19,6 +19,18 @@ import (
 // RaidLevels are the md levels kiln creates.
 var RaidLevels = []string{"raid0", "raid1", "raid10"}
 
+// raidAliases are the other names Ignition and mdadm take for them.
+var raidAliases = map[string]string{"0": "raid0", "stripe": "raid0", "1": "raid1", "mirror": "raid1", "10": "raid10"}
+
+// RaidLevel is the md level a storage.raid[].level names, "stripe" and "0" as raid0,
+// "mirror" and "1" as raid1, "10" as raid10; false when kiln does not create it.
+func RaidLevel(level string) (string, bool) {
+	if l, ok := raidAliases[level]; ok {
+		return l, true
+	}
+	return level, containsString(RaidLevels, level)
+}
+
 // FilesystemFormats are the formats kiln makes.
 var FilesystemFormats = []string{"ext4", "xfs", "vfat", "swap"}
 
@@ -53,14 +65,15 @@ func checkDisk(field string, d types.Disk) []error {
 
 func checkRaid(field string, r types.Raid) []error {
 	var errs []error
-	if l := deref(r.Level); !containsString(RaidLevels, l) {
+	level, ok := RaidLevel(deref(r.Level))
+	if !ok {
 		errs = append(errs, &FieldError{Path: field + ".level",
-			Err: unsupported(fmt.Sprintf("level %q is not supported (%s are)", l, strings.Join(RaidLevels, ", ")))})
+			Err: unsupported(fmt.Sprintf("level %q is not supported (%s are, and their other names stripe, mirror, 0, 1 and 10)", level, strings.Join(RaidLevels, ", ")))})
 	}
 	for i, d := range r.Devices {
 		errs = append(errs, checkDevice(fmt.Sprintf("%s.devices[%d]", field, i), string(d))...)
 	}
-	if r.Spares != nil && *r.Spares > 0 && deref(r.Level) == "raid0" {
+	if r.Spares != nil && *r.Spares > 0 && level == "raid0" {
 		errs = append(errs, &FieldError{Path: field + ".spares", Err: errors.New("raid0 has no redundancy and takes no spares")})
 	}
 	return errs

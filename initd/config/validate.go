@@ -138,7 +138,7 @@ func (u unsupported) Is(target error) bool { return target == errUnsupported }
 
 // Validate refuses everything in the config that kiln does not apply, and values kiln
 // cannot honour. The error lists every problem by JSON path, e.g.
-// "storage.raid[0].level: level \"raid5\" is not supported (raid0, raid1, raid10 are)" or
+// "storage.raid[0].level: level \"raid5\" is not supported (raid0, raid1, raid10 are, and their other names stripe, mirror, 0, 1 and 10)" or
 // "passwd.users[0].sshAuthorizedKeys[1]: not an SSH public key: …"; errors.As finds
 // the *FieldError values and errors.Is(err, errUnsupported) tells unsupported features
 // from bad values.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coreos/ignition/v2/config/v3_6/types"
 
+	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/volume"
 )
 
@@ -72,7 +73,7 @@ func mdName(s string) string {
 }
 
 func (a *applier) raid(ctx context.Context, field string, r types.Raid) error {
-	level := deref(r.Level)
+	level, _ := config.RaidLevel(deref(r.Level)) // validated
 	type member struct{ dev, real, field string }
 	var members []member
 	for i, d := range r.Devices {
