@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
@@ -145,7 +146,8 @@ func checkRealCase(t *testing.T, c realCase) {
 		}
 		return
 	}
-	if err := cfg.CheckImage(imageContents(t)); err != nil || c.outcome == outcomeImage {
+	// As kiln check-config against the default worker image: its contents and its role.
+	if err := errors.Join(cfg.CheckImage(imageContents(t)), cfg.CheckRole(config.RoleWorker)); err != nil || c.outcome == outcomeImage {
 		if err == nil || c.outcome != outcomeImage || err.Error() != c.message {
 			t.Fatalf("CheckImage: %v\nwant %s: %s", err, c.outcome, c.message)
 		}
@@ -437,8 +439,9 @@ func checkAppliedUnits(t *testing.T, root string, units []types.Unit) {
 		}
 		if u.Enabled != nil && *u.Enabled {
 			wants, _ := filepath.Glob(filepath.Join(dir, "*.wants", u.Name))
-			if len(wants) == 0 {
-				t.Errorf("unit %s is not enabled: no *.wants/%s", u.Name, u.Name)
+			requires, _ := filepath.Glob(filepath.Join(dir, "*.requires", u.Name))
+			if len(wants)+len(requires) == 0 {
+				t.Errorf("unit %s is not enabled: no *.wants/%s or *.requires/%s", u.Name, u.Name, u.Name)
 			}
 		}
 	}
