@@ -230,6 +230,9 @@ func checkControlPlaneNode(t *testing.T, dir string, n Node, nc *config.Node, fi
 	if nc.Kubernetes.LeaderElection != wantLE {
 		t.Errorf("leader election %+v, want %+v", nc.Kubernetes.LeaderElection, wantLE)
 	}
+	if hb, el := nc.Etcd.EtcdTimings(); tc.spec.SlowControlPlane != (hb == 500 && el == 5000) || (!tc.spec.SlowControlPlane && hb+el != 0) {
+		t.Errorf("etcd heartbeat %dms, election %dms; slow control plane %v", hb, el, tc.spec.SlowControlPlane)
+	}
 	if !slices.Equal(nc.Preflight.Ignore, tc.spec.ControlPlanePreflightIgnore) {
 		t.Errorf("preflight.ignore %v, want %v", nc.Preflight.Ignore, tc.spec.ControlPlanePreflightIgnore)
 	}

@@ -153,6 +153,9 @@ func (c *Cluster) nodeConfig(n Node) config.Node {
 		}
 		nc.Preflight.Ignore = s.ControlPlanePreflightIgnore
 		nc.Etcd = &config.Etcd{Member: n.EtcdMember, Members: etcdMembers[:s.ControlPlanes]}
+		if s.SlowControlPlane {
+			nc.Etcd.HeartbeatInterval, nc.Etcd.ElectionTimeout = slowEtcdHeartbeat, slowEtcdElection
+		}
 		if s.EtcdDiskSerial != "" {
 			nc.Etcd.Volume = &config.Volume{Serial: s.EtcdDiskSerial}
 		}

@@ -38,8 +38,10 @@ type Spec struct {
 	// host is not in the API server's certificate).
 	AdminTLSServerName string `yaml:"adminTLSServerName,omitempty"`
 	// SlowControlPlane gives the control planes' controller-manager and scheduler
-	// slowLeaderElection: for emulated or shared CPUs, where the API server can stall longer
-	// than the default 10 s renew deadline and a leader that misses it exits.
+	// slowLeaderElection and their etcd members slowEtcdHeartbeat and slowEtcdElection: for
+	// emulated or shared CPUs, where the API server can stall longer than the default 10 s
+	// renew deadline (a leader that misses it exits) and an etcd member longer than etcd's
+	// 1 s election timeout (its peers elect another leader).
 	SlowControlPlane bool `yaml:"slowControlPlane,omitempty"`
 	// ControlPlanePreflightIgnore names preflight checks whose failure does not stop a
 	// control plane's first boot (node.yaml preflight.ignore), e.g. cpus for control planes
@@ -50,6 +52,13 @@ type Spec struct {
 // slowLeaderElection are the lease timings of a SlowControlPlane: a lease request may take
 // 20 s (half the renew deadline) instead of 5 s; failover takes up to a minute.
 var slowLeaderElection = config.LeaderElection{LeaseDuration: "60s", RenewDeadline: "40s", RetryPeriod: "5s"}
+
+// slowEtcdHeartbeat and slowEtcdElection are the Raft timings of a SlowControlPlane's etcd
+// members: a member that stalls for up to 5 s keeps its leader (etcd's own: 100ms, 1s).
+const (
+	slowEtcdHeartbeat = "500ms"
+	slowEtcdElection  = "5s"
+)
 
 // Role names in the node list.
 const (

@@ -96,6 +96,27 @@ type Etcd struct {
 	Member  string   `yaml:"member"`
 	Members []string `yaml:"members"`
 	Volume  *Volume  `yaml:"volume"`
+	// HeartbeatInterval and ElectionTimeout are etcd's Raft timings, as Go durations
+	// ("500ms", "5s"); unset keeps etcd's (100ms, 1s). Members whose CPUs stall (emulated,
+	// shared or overloaded) call elections without them; every member needs the same.
+	HeartbeatInterval string `yaml:"heartbeatInterval"`
+	ElectionTimeout   string `yaml:"electionTimeout"`
+}
+
+// etcd's own Raft timings, and the longest election timeout it takes.
+const (
+	defaultEtcdHeartbeat = 100 * time.Millisecond
+	defaultEtcdElection  = time.Second
+	maxEtcdElection      = 50 * time.Second
+)
+
+// EtcdTimings are the etcd flags' values in milliseconds (0 when unset). Valid after Check.
+func (e *Etcd) EtcdTimings() (heartbeatMS, electionMS int64) {
+	ms := func(s string) int64 {
+		d, _ := time.ParseDuration(s)
+		return d.Milliseconds()
+	}
+	return ms(e.HeartbeatInterval), ms(e.ElectionTimeout)
 }
 
 // Volume selects and prepares the disk that holds etcd's data. Exactly one of Serial,
@@ -331,6 +352,35 @@ func (n *Node) checkEtcd(d *strictyaml.Doc) {
 	}
 	if e.Volume != nil {
 		n.checkVolume(d, e.Volume)
+	}
+	n.checkEtcdTimings(d)
+}
+
+// checkEtcdTimings checks the Raft timings as etcd does at start: whole milliseconds, the
+// election timeout at least five heartbeats and at most 50 s.
+func (n *Node) checkEtcdTimings(d *strictyaml.Doc) {
+	e := n.Etcd
+	value := func(field, s string, def time.Duration) (time.Duration, bool) {
+		if s == "" {
+			return def, true
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil || v < time.Millisecond || v%time.Millisecond != 0 {
+			d.Failf("etcd."+field, "%q is not a duration of whole milliseconds like 500ms", s)
+			return 0, false
+		}
+		return v, true
+	}
+	hb, ok1 := value("heartbeatInterval", e.HeartbeatInterval, defaultEtcdHeartbeat)
+	el, ok2 := value("electionTimeout", e.ElectionTimeout, defaultEtcdElection)
+	if !ok1 || !ok2 {
+		return
+	}
+	switch {
+	case el < 5*hb:
+		d.Failf("etcd.electionTimeout", "%s must be at least 5 × heartbeatInterval (%s)", el, hb)
+	case el > maxEtcdElection:
+		d.Failf("etcd.electionTimeout", "%s is longer than etcd takes (%s)", el, maxEtcdElection)
 	}
 }
 

@@ -251,6 +251,12 @@ func nodeErrorCases() []nodeErrorCase {
 			`node.yaml:8: kubernetes.leaderElection.retryPeriod: "soon" is not a positive duration like 15s`}},
 		{"preflight ignore", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\npreflight:\n  ignore:\n    - cpus\n    - Memory\n", []string{
 			`node.yaml:7: preflight.ignore[1]: "Memory" is not a check name (cpus, memory, swap, port-6443, …, or all)`}},
+		{"etcd timings", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd:\n  member: a\n  members: [a]\n  heartbeatInterval: 0.5ms\n  electionTimeout: 5s\n", []string{
+			`node.yaml:6: etcd.heartbeatInterval: "0.5ms" is not a duration of whole milliseconds like 500ms`}},
+		{"etcd election shorter than 5 heartbeats", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd:\n  member: a\n  members: [a]\n  heartbeatInterval: 500ms\n  electionTimeout: 2s\n", []string{
+			"node.yaml:7: etcd.electionTimeout: 2s must be at least 5 × heartbeatInterval (500ms)"}},
+		{"etcd election too long", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd:\n  member: a\n  members: [a]\n  electionTimeout: 1m\n", []string{
+			"node.yaml:6: etcd.electionTimeout: 1m0s is longer than etcd takes (50s)"}},
 		{"leader election order", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {member: a, members: [a]}\nkubernetes:\n  leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 20s\n    retryPeriod: 18s\n", []string{
 			"node.yaml:6: kubernetes.leaderElection.leaseDuration: 10s must be longer than renewDeadline (20s)",
 			"node.yaml:7: kubernetes.leaderElection.renewDeadline: 20s must be longer than 1.2 × retryPeriod (18s)"}},

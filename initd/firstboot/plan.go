@@ -428,6 +428,7 @@ func renderData(n *config.Node, f *facts.Facts) render.Data {
 	}
 	if n.Etcd != nil {
 		d.Node.Etcd.Name = n.Etcd.Member
+		d.Node.Etcd.HeartbeatMS, d.Node.Etcd.ElectionMS = n.Etcd.EtcdTimings()
 		if n.Etcd.Volume != nil {
 			d.Node.Etcd.DataDir = n.Etcd.Volume.MountPath
 		}

@@ -94,6 +94,9 @@ type Etcd struct {
 	// Servers are the client URLs kube-apiserver uses; default
 	// ["https://127.0.0.1:2379"] (the local, stacked member).
 	Servers []string
+	// HeartbeatMS and ElectionMS are --heartbeat-interval and --election-timeout in
+	// milliseconds; 0 leaves etcd's own.
+	HeartbeatMS, ElectionMS int64
 }
 
 // Member is one etcd member of the initial cluster.

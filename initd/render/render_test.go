@@ -52,6 +52,8 @@ func fixedData(role string) Data {
 				Member{Name: m, PeerURL: "https://etcd-" + m + ".internal.demo.example.test:2380"})
 		}
 		d.Node.Etcd.PeerURL = d.Node.Etcd.Members[0].PeerURL
+		// The Raft timings of kiln cluster init --slow-control-plane; the etcd role keeps etcd's.
+		d.Node.Etcd.HeartbeatMS, d.Node.Etcd.ElectionMS = 500, 5000
 	}
 	if role == "etcd" {
 		d.Node.Etcd.Members = []Member{

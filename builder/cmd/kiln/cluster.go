@@ -87,7 +87,7 @@ an existing non-empty DIR is refused unless --force.`,
 	f.StringVar(&s.ServiceCIDR, "service-cidr", config.DefaultServiceCIDR, `service range ("v4,v6" for dual stack)`)
 	f.StringVar(&s.AdminServer, "admin-server", "", "server URL in admin.conf (default https://<api-endpoint>)")
 	f.StringVar(&s.AdminTLSServerName, "admin-tls-server-name", "", "tls-server-name in admin.conf, for an --admin-server whose host the API certificate does not name")
-	f.BoolVar(&s.SlowControlPlane, "slow-control-plane", false, "longer leader-election timings (60s/40s/5s) for control planes on slow or shared CPUs, e.g. QEMU without KVM")
+	f.BoolVar(&s.SlowControlPlane, "slow-control-plane", false, "longer leader-election timings (60s/40s/5s) and etcd Raft timings (heartbeat 500ms, election 5s) for control planes on slow or shared CPUs, e.g. QEMU without KVM")
 	f.StringSliceVar(&s.ControlPlanePreflightIgnore, "cp-ignore-preflight", nil, "preflight checks whose failure does not stop a control plane's first boot (node.yaml preflight.ignore), e.g. cpus for one vCPU")
 	f.StringVarP(&out, "output", "o", "", "output directory (created; must be empty or absent unless --force)")
 	f.BoolVar(&force, "force", false, "replace a non-empty output directory")

@@ -98,7 +98,7 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 	f.IntVar(&o.WorkerNice, "worker-nice", 10, "host CPU priority of the workers' QEMU (nice 0..19): the control planes get the CPU first")
 	f.StringVar(&o.EtcdDiskSize, "etcd-disk-size", "2G", "size of each control plane's etcd disk (sparse)")
 	f.IntVar(&o.APIPort, "api-port", 0, "host port of the first control plane's API, the next ones on the following ports (default: free ports)")
-	f.BoolVar(&o.SlowCP, "slow-control-plane", false, "longer leader-election timings, for emulated (TCG) or shared CPUs")
+	f.BoolVar(&o.SlowCP, "slow-control-plane", false, "longer leader-election and etcd Raft timings, for emulated (TCG) or shared CPUs (as cluster init --slow-control-plane)")
 	f.DurationVar(&timeout, "timeout", 60*time.Minute, "how long to wait for every node to be Ready")
 	cmd.MarkFlagRequired("name")
 	return cmd
