@@ -174,9 +174,17 @@ func apiPorts(first, n int) ([]int, error) {
 // already, registered (the API knows the node), Ready, NotReady.
 type Progress func(node, phase string)
 
-// StartAll starts every stopped node: the control planes first, the workers once every
-// control plane is Ready (as a worker of a real cluster joins one that serves; on a host
-// with few cores a worker's boot would take the CPU the control planes need to start).
+// StartAll starts every stopped node: the control planes one after another, the workers once
+// every control plane is Ready (as a worker of a real cluster joins one that serves).
+//
+// Of several control planes, the first ones that make an etcd quorum start each once the
+// previous one's first boot is done (it prints its status line), and the others each once
+// the control planes before it are Ready: a control plane's first minutes (unpacking its
+// images, etcd and the API server starting, the API server's bootstrap) take more CPU than
+// the rest of its life, and on a host with few cores three of them at once starved each
+// other until etcd and the API servers timed each other out. Every member still starts
+// from the same static --initial-cluster; a member that starts after the cluster formed
+// joins it as the member the cluster already lists.
 func (s *State) StartAll(ctx context.Context, timeout time.Duration, progress Progress) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -188,23 +196,64 @@ func (s *State) StartAll(ctx context.Context, timeout time.Duration, progress Pr
 			workers = append(workers, n.Name)
 		}
 	}
-	for _, group := range [][]string{cps, workers} {
-		for _, n := range group {
-			if err := s.StartNode(ctx, n); err != nil {
-				return err
-			}
-			progress(n, "started")
-		}
-		if err := s.WaitReady(ctx, group, progress); err != nil {
+	quorum := len(cps)/2 + 1
+	for i, n := range cps {
+		if err := s.startReported(ctx, n, progress); err != nil {
 			return err
 		}
+		switch {
+		case i+1 == len(cps):
+		case i+1 < quorum:
+			if err := s.wait(ctx, []string{n}, untilFirstBoot, progress); err != nil {
+				return err
+			}
+		default:
+			if err := s.wait(ctx, cps[:i+1], untilReady, progress); err != nil {
+				return err
+			}
+		}
+	}
+	if err := s.wait(ctx, cps, untilReady, progress); err != nil {
+		return err
+	}
+	for _, n := range workers {
+		if err := s.startReported(ctx, n, progress); err != nil {
+			return err
+		}
+	}
+	return s.wait(ctx, workers, untilReady, progress)
+}
+
+// startReported starts node (left alone when it runs) and reports it.
+func (s *State) startReported(ctx context.Context, node string, progress Progress) error {
+	running := s.Running(node) != 0
+	if err := s.StartNode(ctx, node); err != nil {
+		return err
+	}
+	if running {
+		progress(node, "running")
+	} else {
+		progress(node, "started")
 	}
 	return nil
 }
 
+// What a wait waits for.
+type until int
+
+const (
+	untilReady     until = iota // the node is Ready since its VM started
+	untilFirstBoot              // the node's latest boot printed its first-boot status line
+)
+
 // WaitReady waits until every node in names is Ready, reporting phases, or ctx ends. A
 // node whose QEMU exits or whose first boot fails ends the wait with its console's tail.
 func (s *State) WaitReady(ctx context.Context, names []string, progress Progress) error {
+	return s.wait(ctx, names, untilReady, progress)
+}
+
+// wait waits until every node in names has reached goal, reporting phases, or ctx ends.
+func (s *State) wait(ctx context.Context, names []string, goal until, progress Progress) error {
 	phase := map[string]string{}
 	set := func(n, p string) {
 		if phase[n] != p {
@@ -240,6 +289,9 @@ func (s *State) WaitReady(ctx context.Context, names []string, progress Progress
 			case st != "":
 				set(n, "first boot "+st)
 			}
+			if goal == untilFirstBoot && st != "" {
+				continue
+			}
 			done = false
 		}
 		if done {
@@ -253,7 +305,11 @@ func (s *State) WaitReady(ctx context.Context, names []string, progress Progress
 					waiting = append(waiting, fmt.Sprintf("%s (%s)", n, or(phase[n], "booting")))
 				}
 			}
-			msg := fmt.Sprintf("not Ready in time: %s", strings.Join(waiting, ", "))
+			what := "not Ready in time"
+			if goal == untilFirstBoot {
+				what = "first boot not done in time"
+			}
+			msg := fmt.Sprintf("%s: %s", what, strings.Join(waiting, ", "))
 			if apiErr != nil {
 				msg += fmt.Sprintf("; the API: %v", apiErr)
 			}

@@ -45,7 +45,8 @@ func newClusterStartCmd() *cobra.Command {
 		Long: `Start boots each named node (every node when none is named) from the disks it had: a control
 plane keeps its etcd disk and rejoins as the member it was. Running nodes are left alone.
 With --wait it waits until the nodes are Ready; starting every node with --wait starts the
-control planes first and the workers once the control planes are Ready, as up does.`,
+control planes one after another and the workers once the control planes are Ready, as up
+does.`,
 		Example: `  kiln cluster start demo-cp-2 --name demo --wait
   kiln cluster start --name demo     # every stopped node`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -59,7 +60,7 @@ control planes first and the workers once the control planes are Ready, as up do
 					all = append(all, n.Name)
 				}
 				if wait {
-					// As up: control planes first, workers once they are Ready.
+					// As up: control planes one after another, workers once they are Ready.
 					return s.StartAll(cmd.Context(), timeout, newProgressPrinter(cmd.OutOrStdout(), all).report)
 				}
 				args = all

@@ -29,7 +29,10 @@ api.internal.NAME.ZONE), gives each node a copy-on-write disk on its image and e
 plane a blank etcd disk (serial etcd-main), starts every VM in the background (they outlive
 this command; console and pid files in the state directory), forwards each control plane's
 API to a port on 127.0.0.1, writes STATE/admin.conf and waits until every node is Ready.
-Workers start once the control planes are Ready. admin.conf's current context reaches the
+The control planes start one after another: of three, the second once the first one's first
+boot is done, the third once the first two are Ready (a control plane's first minutes take
+most of a core; three at once on a small host time each other out). Workers start once the
+control planes are Ready. admin.conf's current context reaches the
 first control plane; it has one context per control plane too (kubectl --context NAME-cp-2),
 for when the first is down.
 
