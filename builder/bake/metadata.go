@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
@@ -30,6 +31,7 @@ func writeImageJSON(tree *rootfs.Tree, md *nodeimage.Metadata) ([]byte, error) {
 // as <stem>.json in the work directory. It returns that file's path. The pxe directory has one
 // entry per file, named <dir>/<file>.
 func (b *baker) writeMetadata(files []string, md *nodeimage.Metadata) (string, error) {
+	defer b.step("outputs hashed", time.Now())
 	for _, f := range files {
 		if md.PXE != nil && filepath.Base(f) == md.PXE.Dir {
 			for _, pf := range md.PXE.Files() {

@@ -1,8 +1,6 @@
 package output
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -171,22 +169,6 @@ func describe(p, name string) (nodeimage.PXEFile, error) {
 		return nodeimage.PXEFile{}, err
 	}
 	return nodeimage.PXEFile{File: name, SHA256: sum, Size: size}, nil
-}
-
-// HashFile is the hex SHA-256 and the size of the file p: what the image metadata records
-// for every output and what kiln publish and a PXE client check it against.
-func HashFile(p string) (string, int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, fmt.Errorf("hash %s: %w", p, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
 // PXECheck is one file of a pxe directory compared with what the metadata records.
