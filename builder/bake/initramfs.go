@@ -25,7 +25,8 @@ var defaultModules = []string{
 }
 
 // writeInitramfs writes the initramfs to the work directory: kiln-init as its init and the
-// tree's modules for md's kernel, the default ones and the definition's. It returns its path
+// tree's modules for md's kernel, the default ones and the definition's, compressed or, when
+// the cache holds the same archive, copied from the cache's initramfs/. It returns its path
 // and records its digest and modules in md.
 func (b *baker) writeInitramfs(tree *rootfs.Tree, md *nodeimage.Metadata) (string, error) {
 	t := time.Now()
@@ -34,10 +35,16 @@ func (b *baker) writeInitramfs(tree *rootfs.Tree, md *nodeimage.Metadata) (strin
 	if err != nil {
 		return "", err
 	}
-	man, err := initramfs.Write(f, initramfs.Spec{
+	spec := initramfs.Spec{
 		Root: tree.Dir, KernelVersion: md.Kernel.Version, Init: b.o.KilnInit,
 		Modules: slices.Concat(defaultModules, b.def.Kernel.Modules),
-	})
+	}
+	if b.o.Cache != nil {
+		// Compressing is most of the work; the archive of the same kiln-init and modules is
+		// taken from the cache.
+		spec.CacheDir = filepath.Join(b.o.Cache.Root, "initramfs")
+	}
+	man, err := initramfs.Write(f, spec)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -12,12 +12,15 @@ package initramfs
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -25,6 +28,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/u-root/u-root/pkg/cpio"
 
+	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/decompress"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -53,6 +57,11 @@ type Spec struct {
 	Init string
 	// Compression is Zstd (when empty), Gzip or None.
 	Compression string
+	// CacheDir, when set, keeps each compressed archive as <sha256 of its uncompressed cpio
+	// stream>.<compression>: an archive of the same records is copied from there instead of
+	// compressed again (the slow part of Write). An entry is used only after it decompresses
+	// to the stream its name says.
+	CacheDir string
 }
 
 // entry is one record of the archive.
@@ -128,10 +137,59 @@ func Write(w io.Writer, s Spec) (*Manifest, error) {
 	}
 	files.addDevicesAndDirs()
 	man := &Manifest{KernelVersion: s.KernelVersion, Compression: comp, Modules: load}
-	if err := files.write(w, comp, man); err != nil {
+	if s.CacheDir == "" || comp == None {
+		if err := files.write(w, comp, man); err != nil {
+			return nil, err
+		}
+		return man, nil
+	}
+	if err := files.writeCached(w, comp, man, s.CacheDir); err != nil {
 		return nil, err
 	}
 	return man, nil
+}
+
+// writeCached writes the archive compressed with comp to w, from dir when dir holds it (see
+// Spec.CacheDir), else compressed now and kept in dir.
+func (f records) writeCached(w io.Writer, comp string, man *Manifest, dir string) error {
+	h := sha256.New()
+	if err := f.write(h, None, man); err != nil {
+		return err
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	entry := filepath.Join(dir, sum+"."+comp)
+	if data, err := os.ReadFile(entry); err == nil && holdsStream(data, sum) {
+		if _, err := w.Write(data); err != nil {
+			return fmt.Errorf("write initramfs: %w", err)
+		}
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := f.write(&buf, comp, &Manifest{}); err != nil {
+		return err
+	}
+	if err := atomicfile.Write(entry, buf.Bytes(), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
+		return fmt.Errorf("initramfs cache: %w", err)
+	}
+	if _, err := w.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("write initramfs: %w", err)
+	}
+	return nil
+}
+
+// holdsStream reports whether the compressed archive data decompresses to a cpio stream
+// whose SHA-256 is sum.
+func holdsStream(data []byte, sum string) bool {
+	rc, err := openArchive(bytes.NewReader(data))
+	if err != nil {
+		return false
+	}
+	defer rc.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, rc); err != nil {
+		return false
+	}
+	return hex.EncodeToString(h.Sum(nil)) == sum
 }
 
 // records are the archive's records by name (relative, e.g. "etc/kiln/modules.load").

@@ -46,7 +46,7 @@ func elfModule(modinfo ...string) []byte {
 
 // fakeModulesDir lays out a kernel module directory like depmod leaves it,
 // every module file a small ELF object.
-func fakeModulesDir(t *testing.T, root, kver string) string {
+func fakeModulesDir(t testing.TB, root, kver string) string {
 	t.Helper()
 	dir := filepath.Join(root, "usr/lib/modules", kver)
 	dep := strings.Join([]string{
@@ -86,7 +86,7 @@ func fakeModulesDir(t *testing.T, root, kver string) string {
 	return dir
 }
 
-func write(t *testing.T, name, content string) {
+func write(t testing.TB, name, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
 		t.Fatal(err)
