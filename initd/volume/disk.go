@@ -117,6 +117,12 @@ func (sys sysfs) diskUse(dev, mountPath string) (string, error) {
 	if why := sys.usedBy(dir, id, mounts, swaps, mountPath); why != "" {
 		return why, nil
 	}
+	return sys.partitionUse(dir, mounts, swaps)
+}
+
+// partitionUse describes how a partition of the disk in sysfs directory dir is in use
+// (see usedBy), or returns "" when none is.
+func (sys sysfs) partitionUse(dir string, mounts []mountEntry, swaps map[string]string) (string, error) {
 	parts, err := partitions(dir)
 	if err != nil {
 		return "", err

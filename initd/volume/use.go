@@ -55,20 +55,7 @@ func DeviceUse(sysDir, dev, mountPath string, bootMounts []string) (string, erro
 	if isPartition(dir) {
 		return "", nil
 	}
-	parts, err := partitions(dir)
-	if err != nil {
-		return "", err
-	}
-	for _, p := range parts {
-		pid, err := readTrim(filepath.Join(dir, p, "dev"))
-		if err != nil {
-			return "", err
-		}
-		if why := sys.usedBy(filepath.Join(dir, p), pid, mounts, swaps, ""); why != "" {
-			return fmt.Sprintf("has partition %s, which %s", p, why), nil
-		}
-	}
-	return "", nil
+	return sys.partitionUse(dir, mounts, swaps)
 }
 
 // OnBootDisk is DeviceUse's boot-disk rule alone: it describes the boot disk dev is on,
