@@ -73,14 +73,8 @@ func TestFilesystems(t *testing.T) {
 			before := probe(t, dev)
 			o := testOptions(t)
 			cfg := storageOf(t, `{"filesystems":[`+strings.ReplaceAll(tc.fs, "DEV", dev)+`]}`)
-			changed, err := applyCfg(t, cfg, o)
 			wantErr := strings.ReplaceAll(tc.wantErr, "DEV", dev)
-			switch {
-			case wantErr == "" && err != nil:
-				t.Fatalf("Apply: %v", err)
-			case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
-				t.Fatalf("Apply = %v, want an error with %q", err, wantErr)
-			}
+			changed := applyWant(t, cfg, o, wantErr)
 			after := probe(t, dev)
 			if tc.wantType != "" && (after.Type != tc.wantType || after.Label != tc.wantLabel) {
 				t.Errorf("device holds %s, want %s labelled %q", after, tc.wantType, tc.wantLabel)

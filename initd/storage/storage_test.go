@@ -77,6 +77,20 @@ func applyCfg(t *testing.T, cfg *config.Config, o Options) ([]string, error) {
 	return Apply(ctx, cfg.Ignition, o)
 }
 
+// applyWant applies cfg and fails the test unless it fails with an error containing wantErr
+// ("" wants none). It returns what Apply changed.
+func applyWant(t *testing.T, cfg *config.Config, o Options, wantErr string) []string {
+	t.Helper()
+	changed, err := applyCfg(t, cfg, o)
+	switch {
+	case wantErr == "" && err != nil:
+		t.Fatalf("Apply: %v", err)
+	case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+		t.Fatalf("Apply = %v, want an error with %q", err, wantErr)
+	}
+	return changed
+}
+
 func probe(t *testing.T, dev string) volume.Signature {
 	t.Helper()
 	sig, err := volume.Probe(context.Background(), dev)
@@ -153,14 +167,8 @@ func TestDisks(t *testing.T) {
 			}
 			cfg := storageOf(t, `{"disks":[`+strings.ReplaceAll(tc.disk, "DEV", dev)+`]}`)
 			o := testOptions(t)
-			changed, err := applyCfg(t, cfg, o)
 			wantErr := strings.ReplaceAll(tc.wantErr, "DEV", dev)
-			switch {
-			case wantErr == "" && err != nil:
-				t.Fatalf("Apply: %v", err)
-			case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
-				t.Fatalf("Apply = %v, want an error with %q", err, wantErr)
-			}
+			changed := applyWant(t, cfg, o, wantErr)
 			if wantErr != "" && len(changed) > 0 {
 				t.Errorf("a refused run changed %q", changed)
 			}
