@@ -123,17 +123,10 @@ func (p *plan) storageDevices() map[string]string {
 // serial, byId or gceName selector with the disk attached); a disk attached later (awsTags,
 // gceLabels) is caught here.
 func (p *plan) storageOnDisk(dev string) error {
-	etcd := volume.DisksUnder("", dev)
-	if len(etcd) == 0 {
-		return nil
-	}
 	devs := p.storageDevices()
-	fields := slices.Sorted(maps.Keys(devs))
-	for _, field := range fields {
-		for _, d := range volume.DisksUnder("", devs[field]) {
-			if slices.Contains(etcd, d) {
-				return fmt.Errorf("etcd volume %s: %s (%s) is on the same disk %s; node.yaml's etcd volume and the config's storage may not share a disk (leave the disk out of the config's storage)", dev, field, devs[field], d)
-			}
+	for _, field := range slices.Sorted(maps.Keys(devs)) {
+		if d := volume.SharedDisk("", dev, devs[field]); d != "" {
+			return fmt.Errorf("etcd volume %s: %s (%s) is on the same disk %s; node.yaml's etcd volume and the config's storage may not share a disk (leave the disk out of the config's storage)", dev, field, devs[field], d)
 		}
 	}
 	return nil

@@ -222,7 +222,7 @@ func newPartitionArgs(n int, p types.Partition, ss int) []string {
 
 // sectorSize is the logical sector size of block device real (512 when sysfs does not say).
 func (a *applier) sectorSize(real string) int {
-	dir, err := a.sysBlock(real)
+	dir, err := volume.BlockDir(a.o.SysDir, real)
 	if err != nil {
 		return 512
 	}
@@ -245,7 +245,7 @@ func (a *applier) rereadPartitions(ctx context.Context, field, real string) erro
 	if _, err := run(ctx, "partx", "-u", "--", real); err != nil {
 		a.o.Log.Warn("partx -u", "device", real, "error", err)
 	}
-	dir, err := a.sysBlock(real)
+	dir, err := volume.BlockDir(a.o.SysDir, real)
 	if err != nil {
 		return fieldErr(field, "%w", err)
 	}
@@ -288,7 +288,7 @@ func (a *applier) waitPartitions(ctx context.Context, field, real string, nums [
 	if len(nums) == 0 {
 		return nil
 	}
-	dir, err := a.sysBlock(real)
+	dir, err := volume.BlockDir(a.o.SysDir, real)
 	if err != nil {
 		return fieldErr(field, "%w", err)
 	}

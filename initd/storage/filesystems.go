@@ -3,7 +3,6 @@ package storage
 import (
 	"context"
 	"fmt"
-	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -196,7 +195,7 @@ func (a *applier) swap(ctx context.Context, field, what, real string) error {
 	if !a.o.Live {
 		return nil
 	}
-	if on, _ := swapOn(real); on {
+	if on, _ := volume.SwapOn(real); on {
 		return nil
 	}
 	if _, err := run(ctx, "swapon", "--", real); err != nil {
@@ -204,22 +203,6 @@ func (a *applier) swap(ctx context.Context, field, what, real string) error {
 	}
 	a.note(field, "turned swap on (%s)", real)
 	return nil
-}
-
-// swapOn reports whether block device real is an active swap area (/proc/swaps).
-func swapOn(real string) (bool, error) {
-	data, err := os.ReadFile("/proc/swaps")
-	if err != nil {
-		return false, err
-	}
-	for _, line := range strings.Split(string(data), "\n")[1:] {
-		if f := strings.Fields(line); len(f) > 0 {
-			if r, err := filepath.EvalSymlinks(f[0]); err == nil && r == real {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
 }
 
 // mountUnit is the mount unit of the filesystem of config entry field: what (its

@@ -28,7 +28,6 @@ import (
 	"log/slog"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -37,7 +36,6 @@ import (
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/poll"
-	"golang.org/x/sys/unix"
 )
 
 // Options say where and how Apply works.
@@ -142,12 +140,9 @@ func (a *applier) device(ctx context.Context, field, dev string) (string, error)
 	if why != "" {
 		return "", fieldErr(field, "%s %s; kiln never touches the boot disk", describeDev(dev, real), why)
 	}
-	mine := volume.DisksUnder(a.o.SysDir, real)
 	for f, reason := range a.o.Forbidden {
-		for _, d := range volume.DisksUnder(a.o.SysDir, f) {
-			if slices.Contains(mine, d) {
-				return "", fieldErr(field, "%s is on %s (disk %s), which %s; the config's storage may not touch it", describeDev(dev, real), f, d, reason)
-			}
+		if d := volume.SharedDisk(a.o.SysDir, real, f); d != "" {
+			return "", fieldErr(field, "%s is on %s (disk %s), which %s; the config's storage may not touch it", describeDev(dev, real), f, d, reason)
 		}
 	}
 	return real, nil
@@ -172,23 +167,6 @@ func describeDev(dev, real string) string {
 		return dev
 	}
 	return fmt.Sprintf("%s (%s)", dev, real)
-}
-
-// sysBlock is the sysfs directory of block device real, e.g. /sys/devices/…/block/vdb/vdb1.
-func (a *applier) sysBlock(real string) (string, error) {
-	sys := a.o.SysDir
-	if sys == "" {
-		sys = "/sys"
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(real, &st); err != nil {
-		return "", err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return "", fmt.Errorf("%s is not a block device", real)
-	}
-	id := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	return filepath.EvalSymlinks(filepath.Join(sys, "dev/block", id))
 }
 
 // run runs a tool; see volume.RunTool.

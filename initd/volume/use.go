@@ -154,3 +154,42 @@ func DisksUnder(sysDir, dev string) []string {
 	}
 	return sysfsAt(sysDir).underlyingDisks(majMin(st.Rdev))
 }
+
+// SharedDisk is a whole disk both block devices a and b are on (through partitions, RAID
+// arrays and device-mapper devices), "" when they share none.
+func SharedDisk(sysDir, a, b string) string {
+	under := DisksUnder(sysDir, a)
+	for _, d := range DisksUnder(sysDir, b) {
+		if slices.Contains(under, d) {
+			return d
+		}
+	}
+	return ""
+}
+
+// BlockDir is the sysfs directory of block device dev, e.g. /sys/devices/…/block/vdb/vdb1
+// for a partition. sysDir is where sysfs is mounted ("" for /sys).
+func BlockDir(sysDir, dev string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return "", err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return "", fmt.Errorf("%s is not a block device", dev)
+	}
+	return sysfsAt(sysDir).blockDir(majMin(st.Rdev))
+}
+
+// SwapOn reports whether block device dev is an active swap area (/proc/swaps).
+func SwapOn(dev string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return false, err
+	}
+	swaps, err := swapDevices()
+	if err != nil {
+		return false, err
+	}
+	_, on := swaps[majMin(st.Rdev)]
+	return on, nil
+}
