@@ -360,19 +360,10 @@ func (n *Node) checkEtcd(d *strictyaml.Doc) {
 // election timeout at least five heartbeats and at most 50 s.
 func (n *Node) checkEtcdTimings(d *strictyaml.Doc) {
 	e := n.Etcd
-	value := func(field, s string, def time.Duration) (time.Duration, bool) {
-		if s == "" {
-			return def, true
-		}
-		v, err := time.ParseDuration(s)
-		if err != nil || v < time.Millisecond || v%time.Millisecond != 0 {
-			d.Failf("etcd."+field, "%q is not a duration of whole milliseconds like 500ms", s)
-			return 0, false
-		}
-		return v, true
-	}
-	hb, ok1 := value("heartbeatInterval", e.HeartbeatInterval, defaultEtcdHeartbeat)
-	el, ok2 := value("electionTimeout", e.ElectionTimeout, defaultEtcdElection)
+	wholeMS := func(v time.Duration) bool { return v >= time.Millisecond && v%time.Millisecond == 0 }
+	const want = "a duration of whole milliseconds like 500ms"
+	hb, ok1 := durationField(d, "etcd.heartbeatInterval", e.HeartbeatInterval, defaultEtcdHeartbeat, wholeMS, want)
+	el, ok2 := durationField(d, "etcd.electionTimeout", e.ElectionTimeout, defaultEtcdElection, wholeMS, want)
 	if !ok1 || !ok2 {
 		return
 	}
@@ -681,24 +672,29 @@ func checkLabel(key, val string) error {
 	return nil
 }
 
+// durationField is the Go duration s of field, def when s is empty. One that does not parse
+// or that valid refuses fails the field ("<s> is not <want>") and returns false.
+func durationField(d *strictyaml.Doc, field, s string, def time.Duration, valid func(time.Duration) bool, want string) (time.Duration, bool) {
+	if s == "" {
+		return def, true
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || !valid(v) {
+		d.Failf(field, "%q is not %s", s, want)
+		return 0, false
+	}
+	return v, true
+}
+
 // checkLeaderElection checks the lease timings as the components do at start: each a positive
 // duration, leaseDuration > renewDeadline > 1.2 × retryPeriod (the retries' jitter).
 func (n *Node) checkLeaderElection(d *strictyaml.Doc) {
 	le := n.Kubernetes.LeaderElection
-	value := func(field, s string, def time.Duration) (time.Duration, bool) {
-		if s == "" {
-			return def, true
-		}
-		v, err := time.ParseDuration(s)
-		if err != nil || v <= 0 {
-			d.Failf("kubernetes.leaderElection."+field, "%q is not a positive duration like 15s", s)
-			return 0, false
-		}
-		return v, true
-	}
-	lease, ok1 := value("leaseDuration", le.LeaseDuration, defaultLeaseDuration)
-	renew, ok2 := value("renewDeadline", le.RenewDeadline, defaultRenewDeadline)
-	retry, ok3 := value("retryPeriod", le.RetryPeriod, defaultRetryPeriod)
+	positive := func(v time.Duration) bool { return v > 0 }
+	const want = "a positive duration like 15s"
+	lease, ok1 := durationField(d, "kubernetes.leaderElection.leaseDuration", le.LeaseDuration, defaultLeaseDuration, positive, want)
+	renew, ok2 := durationField(d, "kubernetes.leaderElection.renewDeadline", le.RenewDeadline, defaultRenewDeadline, positive, want)
+	retry, ok3 := durationField(d, "kubernetes.leaderElection.retryPeriod", le.RetryPeriod, defaultRetryPeriod, positive, want)
 	if !ok1 || !ok2 || !ok3 {
 		return
 	}
