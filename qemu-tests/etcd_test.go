@@ -105,7 +105,7 @@ func TestControlPlanesEtcdDisksAndDNS(t *testing.T) {
 			if out, err := exec.Command("debugfs", "-R", "stat /manifests/etcd.manifest", n.etcd).CombinedOutput(); err != nil || strings.Contains(string(out), "not found") {
 				t.Errorf("no etcd manifest on the etcd disk: %v %s", err, out)
 			}
-			part, err := extractPartition(n.disk, nodeimage.DataName, t.TempDir())
+			part, err := extractData(n.disk, t.TempDir())
 			if err != nil {
 				t.Fatal(err)
 			}
