@@ -141,3 +141,49 @@ func (t *Tree) symlink(target, rel string) error {
 	t.changed() // the new link may redirect paths already resolved
 	return root.Symlink(target, dst)
 }
+
+// Adopt moves the tree sub, built elsewhere on the same filesystem, to rel (slash separated,
+// relative to the root), which must not be a directory yet, and takes over the owners sub
+// recorded. sub is not usable afterwards.
+func (t *Tree) Adopt(rel string, sub *Tree) error {
+	rel = cleanPath(rel)
+	if rel == "" {
+		return fmt.Errorf("adopt %s: no place given", sub.Dir)
+	}
+	_, dst, err := t.place("adopt", rel)
+	if err != nil {
+		return err
+	}
+	sub.closeRoots()
+	if sub.root != nil {
+		sub.root.Close()
+		sub.root = nil
+	}
+	if err := os.Rename(sub.Dir, filepath.Join(t.Dir, filepath.FromSlash(dst))); err != nil {
+		return fmt.Errorf("adopt /%s: %w", rel, err)
+	}
+	for p, o := range sub.Owners {
+		t.Owners[dst+"/"+p] = o
+	}
+	sub.Dir, sub.Owners = "", nil
+	return nil
+}
+
+// RestrictDir gives the directory rel, which must exist, the mode perm in the image (owned by
+// root), whatever its mode on the host.
+func (t *Tree) RestrictDir(rel string, perm os.FileMode) error {
+	rel = cleanPath(rel)
+	p, err := t.resolveDir(rel, false)
+	if err != nil {
+		return fmt.Errorf("restrict /%s: %w", rel, err)
+	}
+	root, err := t.openRoot()
+	if err != nil {
+		return err
+	}
+	if fi, err := root.Lstat(p); err != nil || !fi.IsDir() {
+		return fmt.Errorf("restrict /%s: not a directory (%v)", rel, err)
+	}
+	t.Owners[p] = Owner{Mode: perm.Perm()}
+	return nil
+}

@@ -3,6 +3,8 @@ package rootfs
 import (
 	"archive/tar"
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -47,6 +49,8 @@ type Tree struct {
 	// already made.
 	dirs  map[string]string
 	roots map[string]*os.Root
+	// exact is FlattenOptions.Exact while layers are applied.
+	exact bool
 }
 
 // maxRoots bounds the directories kept open at once.
@@ -93,6 +97,25 @@ type FlattenOptions struct {
 	// the sum of its file sizes (sparse files count their holes). Zero means
 	// artifact.MaxUnpacked.
 	MaxUnpacked int64
+	// DiffIDs, when set, are the layers' uncompressed digests, lowest first (an image config's
+	// rootfs.diff_ids, which a container runtime keys its unpacked layers by): each layer's
+	// decompressed tar stream must hash to its entry.
+	DiffIDs []v1.Hash
+	// Exact refuses, with an *InexactError, entries the tree cannot reproduce as the layer
+	// says — extended attributes (file capabilities, say), device nodes and FIFOs — which
+	// Flatten otherwise leaves out (a root filesystem gets /dev from devtmpfs at boot).
+	Exact bool
+}
+
+// InexactError is FlattenWith's refusal, with FlattenOptions.Exact, of an entry it cannot
+// reproduce.
+type InexactError struct {
+	Entry string // the tar entry's name
+	What  string // what it carries
+}
+
+func (e *InexactError) Error() string {
+	return fmt.Sprintf("%s: %s cannot be reproduced in the tree", e.Entry, e.What)
 }
 
 // Flatten extracts the layers of img, lowest first, into dir, honouring OCI whiteouts. It is
@@ -114,7 +137,11 @@ func FlattenWith(img v1.Image, dir string, o FlattenOptions) (*Tree, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	t := &Tree{Dir: dir, Owners: map[string]Owner{}}
+	if o.DiffIDs != nil && len(o.DiffIDs) != len(layers) {
+		return nil, fmt.Errorf("%d layers, but %d diff IDs", len(layers), len(o.DiffIDs))
+	}
+	t := &Tree{Dir: dir, Owners: map[string]Owner{}, exact: o.Exact}
+	defer func() { t.exact = false }()
 	if _, err := t.openRoot(); err != nil {
 		return nil, err
 	}
@@ -136,7 +163,11 @@ func FlattenWith(img v1.Image, dir string, o FlattenOptions) (*Tree, error) {
 		if err != nil {
 			return nil, fmt.Errorf("layer %d: digest: %w", i, err)
 		}
-		if err := t.applyLayer(img, l, d, spool, max); err != nil {
+		var diffID v1.Hash
+		if o.DiffIDs != nil {
+			diffID = o.DiffIDs[i]
+		}
+		if err := t.applyLayer(img, l, d, diffID, spool, max); err != nil {
 			t.closeRoots()
 			return nil, fmt.Errorf("layer %d (%s): %w", i, d, err)
 		}
@@ -192,7 +223,9 @@ func layerBlob(img v1.Image, l v1.Layer, want v1.Hash, c *artifact.Cache) (strin
 	return r.fetchLayer(c, v1.Descriptor{Digest: want, Size: size})
 }
 
-func (t *Tree) applyLayer(img v1.Image, l v1.Layer, want v1.Hash, c *artifact.Cache, max int64) error {
+// applyLayer applies the layer whose compressed blob is want; a non-zero diffID is what its
+// decompressed stream must hash to.
+func (t *Tree) applyLayer(img v1.Image, l v1.Layer, want, diffID v1.Hash, c *artifact.Cache, max int64) error {
 	mt, err := l.MediaType()
 	if err != nil {
 		return err
@@ -218,7 +251,25 @@ func (t *Tree) applyLayer(img v1.Image, l v1.Layer, want v1.Hash, c *artifact.Ca
 		return fmt.Errorf("%s: %w", kind, err)
 	}
 	defer r.Close()
-	return t.applyTar(artifact.LimitUnpacked(r, max))
+	if diffID == (v1.Hash{}) {
+		return t.applyTar(artifact.LimitUnpacked(r, max))
+	}
+	if diffID.Algorithm != "sha256" {
+		return fmt.Errorf("diff ID %s is not sha256", diffID)
+	}
+	sum := sha256.New()
+	u := artifact.LimitUnpacked(io.TeeReader(r, sum), max)
+	if err := t.applyTar(u); err != nil {
+		return err
+	}
+	// The tar reader stops at the end-of-archive marker; the digest covers the whole stream.
+	if _, err := io.Copy(io.Discard, u); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(sum.Sum(nil)); got != diffID.Hex {
+		return fmt.Errorf("uncompressed layer is sha256:%s, the image config says %s", got, diffID)
+	}
+	return nil
 }
 
 // applyTar writes the entries of one layer into the tree.
@@ -263,6 +314,11 @@ func (t *Tree) applyTar(r *artifact.Unpacked) error {
 			}
 			continue
 		}
+		if t.exact {
+			if err := exactEntry(hdr); err != nil {
+				return err
+			}
+		}
 		p, err := t.writeEntry(rel, hdr, tr)
 		if err != nil {
 			return fmt.Errorf("%s: %w", hdr.Name, err)
@@ -279,6 +335,22 @@ func (t *Tree) applyTar(r *artifact.Unpacked) error {
 		}
 		if err := t.root.Chtimes(d.path, d.t, d.t); err != nil {
 			return fmt.Errorf("set time of /%s: %w", d.path, err)
+		}
+	}
+	return nil
+}
+
+// exactEntry refuses an entry the tree would not reproduce as the layer says.
+func exactEntry(hdr *tar.Header) error {
+	switch hdr.Typeflag {
+	case tar.TypeChar, tar.TypeBlock:
+		return &InexactError{Entry: hdr.Name, What: "a device node"}
+	case tar.TypeFifo:
+		return &InexactError{Entry: hdr.Name, What: "a FIFO"}
+	}
+	for k := range hdr.PAXRecords {
+		if name, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
+			return &InexactError{Entry: hdr.Name, What: "the extended attribute " + name}
 		}
 	}
 	return nil

@@ -23,6 +23,8 @@ type Entry struct {
 	Mode             int64 // 0: 0644, or 0755 for a directory
 	UID, GID         int
 	ModTime          time.Time // zero: a fixed time, so that archives are reproducible
+	// Xattrs are extended attributes, as PAX records (security.capability, say).
+	Xattrs map[string]string
 }
 
 // epoch is the modification time an Entry without one gets.
@@ -55,6 +57,13 @@ func (e Entry) Header() *tar.Header {
 	}
 	if h.ModTime.IsZero() {
 		h.ModTime = epoch
+	}
+	for k, v := range e.Xattrs {
+		if h.PAXRecords == nil {
+			h.PAXRecords = map[string]string{}
+		}
+		h.PAXRecords["SCHILY.xattr."+k] = v
+		h.Format = tar.FormatPAX
 	}
 	return h
 }
