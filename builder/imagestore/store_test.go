@@ -1,0 +1,294 @@
+package imagestore
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/metadata"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/plugins/content/local"
+	"github.com/containerd/containerd/v2/plugins/snapshots/overlay"
+	"github.com/containerd/platforms"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kilnproject/kiln/builder/rootfs"
+)
+
+type entry struct {
+	name, body string
+	dir        bool
+}
+
+func layer(t *testing.T, entries ...entry) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.body)), Typeflag: tar.TypeReg, ModTime: time.Unix(1e9, 0)}
+		if e.dir {
+			h = &tar.Header{Name: e.name, Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(1e9, 0)}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(e.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// fixture is two images sharing a base layer, the second deleting a file of it, with their
+// blobs in a directory as in an OCI layout.
+type fixture struct {
+	blobs string
+	imgs  map[string]v1.Image
+}
+
+func newFixture(t *testing.T) fixture {
+	t.Helper()
+	base := layer(t, entry{name: "etc/", dir: true}, entry{name: "etc/os-release", body: "ID=test\n"}, entry{name: "etc/motd", body: "base\n"})
+	f := fixture{blobs: t.TempDir(), imgs: map[string]v1.Image{}}
+	for name, top := range map[string]v1.Layer{
+		"registry.test/one:1": layer(t, entry{name: "bin/", dir: true}, entry{name: "bin/one", body: "#!/bin/sh\necho one\n"}),
+		"registry.test/two:2": layer(t, entry{name: "etc/.wh.motd"}, entry{name: "etc/two.conf", body: "two\n"}),
+	} {
+		img, err := mutate.AppendLayers(empty.Image, base, top)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.imgs[name] = img
+		put := func(h v1.Hash, r io.Reader) {
+			data, err := io.ReadAll(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(f.blobs, h.Hex), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m, _ := img.RawManifest()
+		md, _ := img.Digest()
+		put(md, bytes.NewReader(m))
+		c, _ := img.RawConfigFile()
+		cd, _ := img.ConfigName()
+		put(cd, bytes.NewReader(c))
+		ls, _ := img.Layers()
+		for _, l := range ls {
+			d, _ := l.Digest()
+			rc, err := l.Compressed()
+			if err != nil {
+				t.Fatal(err)
+			}
+			put(d, rc)
+			rc.Close()
+		}
+	}
+	return f
+}
+
+func desc(t *testing.T, mt string, d v1.Hash, size int64) ocispec.Descriptor {
+	t.Helper()
+	return ocispec.Descriptor{MediaType: mt, Digest: digest.Digest(d.String()), Size: size}
+}
+
+// write flattens the fixture's images into work and lays the store in work/store, its trees in
+// work/trees.
+func (f fixture) write(t *testing.T, work string) Options {
+	t.Helper()
+	var imgs []Image
+	for _, name := range slices.Sorted(func(yield func(string) bool) {
+		for k := range f.imgs {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		img := f.imgs[name]
+		cf, err := img.ConfigFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tree, err := rootfs.FlattenWith(img, filepath.Join(work, "flat", filepath.Base(name)), rootfs.FlattenOptions{DiffIDs: cf.RootFS.DiffIDs, Exact: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := img.Manifest()
+		md, _ := img.Digest()
+		raw, _ := img.RawManifest()
+		im := Image{Name: name, Manifest: desc(t, string(m.MediaType), md, int64(len(raw))), Config: desc(t, string(m.Config.MediaType), m.Config.Digest, m.Config.Size), Tree: tree.Dir}
+		for i, l := range m.Layers {
+			im.Layers = append(im.Layers, desc(t, string(l.MediaType), l.Digest, l.Size))
+			im.DiffIDs = append(im.DiffIDs, digest.Digest(cf.RootFS.DiffIDs[i].String()))
+		}
+		imgs = append(imgs, im)
+	}
+	trees := filepath.Join(work, "trees")
+	host := func(d digest.Digest) string { return filepath.Join(f.blobs, d.Encoded()) }
+	tree := func(c digest.Digest) string { return filepath.Join(trees, c.Encoded()) }
+	o := Options{
+		Dir: filepath.Join(work, "store"), HostBlob: host, NodeBlob: host, TreeDest: tree, NodeTree: tree,
+		Labels: map[string]string{"io.cri-containerd.image": "managed"}, Created: time.Unix(1.7e9, 0),
+	}
+	if err := Write(context.Background(), o, imgs); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// open opens a store the way containerd does at start.
+func open(t *testing.T, root string) (*metadata.DB, snapshots.Snapshotter) {
+	t.Helper()
+	cs, err := local.NewStore(filepath.Join(root, ContentDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := overlay.NewSnapshotter(filepath.Join(root, SnapshotterDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sn.Close() })
+	bdb, err := bolt.Open(filepath.Join(root, MetadataDir, MetadataFile), 0o644, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bdb.Close() })
+	db := metadata.NewDB(bdb, cs, map[string]snapshots.Snapshotter{Snapshotter: sn})
+	if err := db.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return db, sn
+}
+
+// TestStoreAsContainerdSeesIt lays the store and reads it back with containerd's libraries:
+// the images are listed under their names, each is unpacked for the overlayfs snapshotter
+// (the check the CRI makes), its snapshot shows the image's files with the whiteout applied,
+// and containerd's garbage collector removes none of it.
+func TestStoreAsContainerdSeesIt(t *testing.T) {
+	f := newFixture(t)
+	work := t.TempDir()
+	o := f.write(t, work)
+	db, _ := open(t, o.Dir)
+	ctx := namespaces.WithNamespace(context.Background(), Namespace)
+
+	check := func(when string) {
+		t.Helper()
+		list, err := metadata.NewImageStore(db).List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != 2 {
+			t.Fatalf("%s: containerd lists %d images, want 2: %+v", when, len(list), list)
+		}
+		cs := db.ContentStore()
+		sn := db.Snapshotter(Snapshotter)
+		for _, im := range list {
+			want, _ := f.imgs[im.Name].Digest()
+			if im.Target.Digest.String() != want.String() || im.Labels["io.cri-containerd.image"] != "managed" {
+				t.Errorf("%s: image %s = %+v, want target %s and the labels", when, im.Name, im, want)
+			}
+			cfg, err := images.Config(ctx, cs, im.Target, platforms.All)
+			if err != nil {
+				t.Fatalf("%s: %s: config: %v", when, im.Name, err)
+			}
+			diffIDs, err := images.RootFS(ctx, cs, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// containerd's Image.IsUnpacked: the snapshot of the image's chain ID exists.
+			img := Image{DiffIDs: diffIDs}
+			info, err := sn.Stat(ctx, img.ChainID().String())
+			if err != nil || info.Kind != snapshots.KindCommitted {
+				t.Fatalf("%s: %s is not unpacked: %+v %v", when, im.Name, info, err)
+			}
+			// A read-only view, as a container's root would stack on it.
+			key := when + " view " + im.Name
+			mounts, err := sn.View(ctx, key, img.ChainID().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			root := mounts[0].Source
+			motd, motdErr := os.ReadFile(filepath.Join(root, "etc/motd"))
+			osr, _ := os.ReadFile(filepath.Join(root, "etc/os-release"))
+			switch im.Name {
+			case "registry.test/one:1":
+				one, _ := os.ReadFile(filepath.Join(root, "bin/one"))
+				if string(motd) != "base\n" || string(osr) != "ID=test\n" || string(one) != "#!/bin/sh\necho one\n" {
+					t.Errorf("%s: image one's snapshot: motd %q, os-release %q, bin/one %q", when, motd, osr, one)
+				}
+			case "registry.test/two:2":
+				two, _ := os.ReadFile(filepath.Join(root, "etc/two.conf"))
+				if !os.IsNotExist(motdErr) || string(two) != "two\n" || string(osr) != "ID=test\n" {
+					t.Errorf("%s: image two's snapshot: motd %q (%v; deleted by its top layer), two.conf %q", when, motd, motdErr, two)
+				}
+			}
+			if err := sn.Remove(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := content.ReadBlob(ctx, cs, im.Target); err != nil {
+				t.Errorf("%s: %s: manifest: %v", when, im.Name, err)
+			}
+		}
+	}
+	check("laid")
+	if _, err := db.GarbageCollect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("after containerd's garbage collection")
+	// The blobs are not copied: the content store links to the layout.
+	entries, err := os.ReadDir(filepath.Join(o.Dir, ContentDir, "blobs", "sha256"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Type()&os.ModeSymlink == 0 {
+			t.Errorf("content blob %s is a copy, want a symlink into the layout", e.Name())
+		}
+	}
+	if len(entries) != 7 { // 2 manifests, 2 configs, the shared base layer, 2 top layers
+		t.Errorf("%d content blobs, want 7", len(entries))
+	}
+}
+
+// TestStoreReproducible lays the same images twice: the databases are byte for byte the same.
+func TestStoreReproducible(t *testing.T) {
+	f := newFixture(t)
+	a, b := f.write(t, t.TempDir()), f.write(t, t.TempDir())
+	for _, p := range []string{filepath.Join(MetadataDir, MetadataFile), filepath.Join(SnapshotterDir, "metadata.db")} {
+		x, err := os.ReadFile(filepath.Join(a.Dir, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		y, err := os.ReadFile(filepath.Join(b.Dir, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(x, y) {
+			t.Errorf("%s differs between two stores of the same images", p)
+		}
+	}
+}
