@@ -50,6 +50,10 @@ type Options struct {
 	// laid): the node's runtime pulls them at first boot. For measuring what pre-pulling
 	// saves, and for sites that prefer a registry mirror to image size.
 	WithoutImages bool
+	// ImportImages lays the pre-pulled images as the OCI layout only, without containerd's
+	// store: first boot imports and unpacks them (kiln-init kube images), as before the store
+	// was laid at bake. For measuring what laying the store saves.
+	ImportImages bool
 }
 
 // Result names what a bake wrote.

@@ -35,6 +35,9 @@ func (b *baker) addKubernetes(tree *rootfs.Tree, k spec.Kubernetes, images []*ar
 	if info.Images, err = b.layImages(tree, images); err != nil {
 		return nil, err
 	}
+	if err := b.layStore(tree, k, images, info.Images); err != nil {
+		return nil, err
+	}
 	return info, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -139,8 +140,8 @@ func TestBakeKubernetes(t *testing.T) {
 	// image.json's kubernetes section.
 	k := res.Metadata.Kubernetes
 	if k == nil || k.Version != "v1.37.2" || k.Runtime != "containerd" || k.Containerd != "v2.4.2" || len(k.Images) != 2 ||
-		k.Images[0] != (nodeimage.ImageInfo{Name: "registry.k8s.io/pause:3.10.2", Digest: r.digests["registry.k8s.io/pause:3.10.2"]}) ||
-		k.Images[1] != (nodeimage.ImageInfo{Name: "registry.k8s.io/kube-proxy:v1.37.2", Digest: r.digests["registry.k8s.io/kube-proxy:v1.37.2"]}) {
+		k.Images[0] != (nodeimage.ImageInfo{Name: "registry.k8s.io/pause:3.10.2", Digest: r.digests["registry.k8s.io/pause:3.10.2"], Unpacked: true}) ||
+		k.Images[1] != (nodeimage.ImageInfo{Name: "registry.k8s.io/kube-proxy:v1.37.2", Digest: r.digests["registry.k8s.io/kube-proxy:v1.37.2"], Unpacked: true}) {
 		t.Errorf("metadata kubernetes = %+v", k)
 	}
 	raw := filepath.Join(r.out, "test-worker.raw")
@@ -159,6 +160,7 @@ func TestBakeKubernetes(t *testing.T) {
 	}
 
 	checkImagesLayout(t, r, raw, root.Start)
+	checkStore(t, ls)
 
 	// A second bake takes everything from the cache.
 	os.RemoveAll(r.out)
@@ -168,6 +170,45 @@ func TestBakeKubernetes(t *testing.T) {
 	}
 	if n := r.hits.Load() - before; n != 0 {
 		t.Errorf("the second bake made %d registry requests", n)
+	}
+}
+
+// checkStore checks, in the root filesystem's listing ls, containerd's store laid at bake:
+// its metadata, content blobs that link into the layout, two committed snapshots that link to
+// the images' applied layers, both directories closed to all but root.
+func checkStore(t *testing.T, ls string) {
+	t.Helper()
+	var blobLinks, snapLinks, closed int
+	for _, l := range strings.Split(ls, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 {
+			continue
+		}
+		name := f[5]
+		switch {
+		case strings.HasPrefix(name, "squashfs-root/usr/lib/kiln/containerd/io.containerd.content.v1.content/blobs/sha256/") && strings.HasPrefix(f[0], "l"):
+			if len(f) != 8 || !strings.HasPrefix(f[7], "/usr/lib/kiln/images/blobs/sha256/") || path.Base(f[7]) != path.Base(name) {
+				t.Errorf("content blob %s links to %v, want its blob in the layout", name, f[6:])
+			}
+			blobLinks++
+		case strings.HasPrefix(name, "squashfs-root/usr/lib/kiln/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/") && strings.HasSuffix(name, "/fs"):
+			if !strings.HasPrefix(f[0], "l") || len(f) != 8 || !strings.HasPrefix(f[7], "/usr/lib/kiln/snapshots/") {
+				t.Errorf("snapshot %s is %v, want a symlink into /usr/lib/kiln/snapshots", name, f)
+			}
+			snapLinks++
+		case name == "squashfs-root/usr/lib/kiln/snapshots" || name == "squashfs-root/usr/lib/kiln/containerd":
+			if f[0] != "drwx------" || f[1] != "0/0" {
+				t.Errorf("%s is %s %s, want drwx------ 0/0", name, f[0], f[1])
+			}
+			closed++
+		}
+	}
+	// pause and kube-proxy: 2 manifests, 2 configs, 3 layers (one shared).
+	if blobLinks != 7 || snapLinks != 2 || closed != 2 {
+		t.Errorf("store has %d content blob links (want 7), %d snapshots (want 2), %d of its 2 directories listed", blobLinks, snapLinks, closed)
+	}
+	if !strings.Contains(ls, "squashfs-root/usr/lib/kiln/containerd/io.containerd.metadata.v1.bolt/meta.db") {
+		t.Error("the store has no metadata database")
 	}
 }
 

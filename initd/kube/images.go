@@ -33,11 +33,6 @@ const (
 	AnnotationRefName   = "org.opencontainers.image.ref.name" // the tag
 )
 
-// Labels the imported images get: CRI treats them as its own (as if it had pulled them)
-// and pinned, so kubelet's image garbage collection never deletes an image a node without
-// a registry cannot get back.
-var importLabels = []string{"io.cri-containerd.image=managed", "io.cri-containerd.pinned=pinned"}
-
 // LayoutImage is one image of an OCI layout.
 type LayoutImage struct {
 	Name   string // AnnotationImageName
@@ -301,8 +296,9 @@ func (c Ctr) Images(ctx context.Context) (map[string]string, error) {
 // it for the default snapshotter.
 func (c Ctr) Import(ctx context.Context, dir string, keep func(LayoutImage) bool) error {
 	args := []string{"images", "import"}
-	for _, l := range importLabels {
-		args = append(args, "--label", l)
+	labels := nodeimage.RuntimeImageLabels()
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		args = append(args, "--label", k+"="+labels[k])
 	}
 	cmd := c.cmd(ctx, append(args, "-")...)
 	pr, pw := io.Pipe()

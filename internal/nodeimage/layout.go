@@ -59,6 +59,17 @@ const (
 	TemplatesPath = "/usr/lib/kiln/templates"
 	// ImagesPath is the OCI image layout holding the role's pre-pulled container images.
 	ImagesPath = "/usr/lib/kiln/images"
+	// StoreSeedPath is containerd's store for those images, laid at bake (metadata, content
+	// records, committed snapshots): first boot copies it to StoreRoot before containerd first
+	// starts. Its content blobs are symlinks into ImagesPath, its snapshots' fs directories
+	// symlinks into SnapshotsPath.
+	StoreSeedPath = "/usr/lib/kiln/containerd"
+	// SnapshotsPath holds each seeded image's layers applied into one read-only directory,
+	// named by the image's chain ID (the hex of its sha256): the lower directory containerd's
+	// overlay snapshotter stacks each container on.
+	SnapshotsPath = "/usr/lib/kiln/snapshots"
+	// StoreRoot is containerd's root directory on the node (containerd's config.toml root).
+	StoreRoot = "/var/lib/containerd"
 	// EmbeddedConfigPath is the image's default Ignition config; a node's own config is merged
 	// over it.
 	EmbeddedConfigPath = "/usr/lib/kiln/config.ign"
@@ -73,3 +84,11 @@ const (
 	PXERootFSName = "rootfs.img"
 	PXEScriptName = "boot.ipxe"
 )
+
+// RuntimeImageLabels are the labels the pre-pulled images carry in containerd, whether seeded
+// at bake or imported at boot: the CRI treats them as its own (as if it had pulled them) and
+// pinned, so kubelet's image garbage collection never deletes an image a node without a
+// registry cannot get back.
+func RuntimeImageLabels() map[string]string {
+	return map[string]string{"io.cri-containerd.image": "managed", "io.cri-containerd.pinned": "pinned"}
+}

@@ -46,6 +46,11 @@ type KubernetesInfo struct {
 type ImageInfo struct {
 	Name   string `json:"name"`
 	Digest string `json:"digest"`
+	// Unpacked is set when the image is in containerd's store laid at bake (StoreSeedPath), its
+	// layers applied under SnapshotsPath: ready when containerd starts, nothing to import.
+	Unpacked bool `json:"unpacked,omitempty"`
+	// ImportReason says why an image is not Unpacked: first boot imports it.
+	ImportReason string `json:"importReason,omitempty"`
 }
 
 // BaseInfo pins the base OS image.

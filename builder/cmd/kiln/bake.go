@@ -18,7 +18,7 @@ import (
 func newBakeCmd() *cobra.Command {
 	var role, out, kilnInit string
 	var overlays []string
-	var withoutImages bool
+	var withoutImages, importImages bool
 	cmd := &cobra.Command{
 		Use:   "bake DEFINITION --role ROLE",
 		Short: "Bake the image of one role from a definition",
@@ -57,12 +57,22 @@ helpers on PATH; see README "Private registries".
 --without-images bakes the role without its pre-pulled images (image.json says
 "imagesLeftOut": true): containerd pulls them when kubelet first needs them, so the node needs a
 registry (or a mirror in /etc/containerd/certs.d, delivered by its Ignition config). It exists to
-measure what pre-pulling saves and for sites that would rather pull than carry the images.`,
+measure what pre-pulling saves and for sites that would rather pull than carry the images.
+
+The pre-pulled images are laid as an OCI layout (/usr/lib/kiln/images) and as
+containerd's store (/usr/lib/kiln/containerd, its content linking into the layout), each image's
+layers applied into one read-only directory (/usr/lib/kiln/snapshots/<chain ID>). First boot
+copies the store's few small files into /var/lib/containerd before containerd starts: the images
+are ready, nothing is imported or unpacked. An image holding what that directory cannot (file
+capabilities or other extended attributes, device nodes) is imported at first boot instead;
+image.json says which ("unpacked", "importReason"). --import-images lays the layout only, so that
+first boot imports every image, to measure what the store saves.`,
 		Example: `  kiln bake images/qemu.yaml --role worker -o out
   kiln bake images/metal.yaml --role worker -o out   # metal-worker.raw and metal-worker-pxe/
   kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init
   kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml
-  kiln bake images/qemu.yaml --role worker -o out-pull --without-images`,
+  kiln bake images/qemu.yaml --role worker -o out-pull --without-images
+  kiln bake images/qemu.yaml --role worker -o out-import --import-images`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if kilnInit == "" {
@@ -79,7 +89,7 @@ measure what pre-pulling saves and for sites that would rather pull than carry t
 			res, err := bake.Bake(cmd.Context(), bake.Options{
 				Definition: args[0], Role: role, OutDir: out, KilnInit: kilnInit,
 				Cache: cache, Log: slog.Default(), Version: version, Created: created,
-				ProfileOverlays: overlays, WithoutImages: withoutImages,
+				ProfileOverlays: overlays, WithoutImages: withoutImages, ImportImages: importImages,
 				ImageFetch: artifact.ImageFetch{Remote: artifact.RemoteOptions(authn.DefaultKeychain)},
 			})
 			if err != nil {
@@ -96,6 +106,7 @@ measure what pre-pulling saves and for sites that would rather pull than carry t
 	cmd.Flags().StringVar(&kilnInit, "kiln-init", "", "static kiln-init binary to put in the image (default: $KILN_INIT, or kiln-init next to kiln)")
 	cmd.Flags().StringArrayVar(&overlays, "profile-overlay", nil, "YAML document replacing artifact url/path/sha256 and image source/digest by name (repeatable, applied in order)")
 	cmd.Flags().BoolVar(&withoutImages, "without-images", false, "leave the profile's pre-pulled images out: nodes pull them from a registry at first boot")
+	cmd.Flags().BoolVar(&importImages, "import-images", false, "lay the pre-pulled images as an OCI layout only, without containerd's store: first boot imports and unpacks them")
 	_ = cmd.MarkFlagRequired("role")
 	return cmd
 }

@@ -9,6 +9,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	containerdlog "github.com/containerd/log"
+
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/internal/exitcode"
@@ -18,6 +20,10 @@ import (
 var version = "dev"
 
 func main() {
+	// containerd's libraries, with which the bake lays the image store, log through their own
+	// process-wide logger; their warnings (no fs-verity on the bake host's filesystem, say) are
+	// about containerd's runtime, not the bake.
+	_ = containerdlog.SetLevel("error")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := execute(ctx, newRoot(), os.Args[1:], os.Stderr)
 	stop()

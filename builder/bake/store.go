@@ -1,0 +1,150 @@
+package bake
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/builder/imagestore"
+	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// layStore lays containerd's store for the pre-pulled images (imagestore): each image's
+// layers applied into nodeimage.SnapshotsPath/<chain ID> and recorded, with the images and
+// their blobs (symlinks into the layout), in nodeimage.StoreSeedPath, which first boot copies
+// to containerd's root. An image whose layers hold what the applied tree cannot reproduce
+// (extended attributes such as file capabilities, device nodes) is left out of the store and
+// imported at first boot, as is every image with --import-images or another runtime than
+// containerd. infos (the images' records, in images' order) say which is which.
+func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifact.CachedImage, infos []nodeimage.ImageInfo) error {
+	if len(images) == 0 {
+		return nil
+	}
+	switch {
+	case k.Runtime != "containerd":
+		return markImported(infos, "kubernetes.runtime is "+k.Runtime)
+	case b.o.ImportImages:
+		return markImported(infos, "baked with --import-images")
+	}
+	t := time.Now()
+	work, err := os.MkdirTemp(b.work, "store-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	var (
+		store []imagestore.Image
+		index []int // store[i] is images[index[i]]
+		flat  = map[digest.Digest]*rootfs.Tree{}
+	)
+	for i, ci := range images {
+		im, sub, err := b.flattenImage(ci, filepath.Join(work, "flat", ci.Manifest.Digest.Hex))
+		var inexact *rootfs.InexactError
+		if errors.As(err, &inexact) {
+			infos[i].ImportReason = err.Error()
+			b.log.Warn("image left to the import at first boot", "image", ci.Name, "reason", err)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("image %s: %w", ci.Name, err)
+		}
+		if _, dup := flat[im.ChainID()]; dup {
+			infos[i].ImportReason = "another image of the profile has the same layers"
+			continue
+		}
+		flat[im.ChainID()] = sub
+		store = append(store, im)
+		index = append(index, i)
+	}
+	treeDest := func(c digest.Digest) string { return filepath.Join(work, "trees", c.Encoded()) }
+	o := imagestore.Options{
+		Dir: filepath.Join(work, "store"),
+		HostBlob: func(d digest.Digest) string {
+			p, _ := b.o.Cache.Has(d.Encoded())
+			return p
+		},
+		NodeBlob: func(d digest.Digest) string {
+			return path.Join(nodeimage.ImagesPath, "blobs", d.Algorithm().String(), d.Encoded())
+		},
+		TreeDest: treeDest,
+		NodeTree: func(c digest.Digest) string { return path.Join(nodeimage.SnapshotsPath, c.Encoded()) },
+		Labels:   nodeimage.RuntimeImageLabels(),
+		Created:  b.o.Created,
+	}
+	if err := imagestore.Write(b.ctx, o, store); err != nil {
+		return fmt.Errorf("containerd store: %w", err)
+	}
+	for _, im := range store {
+		sub := flat[im.ChainID()]
+		sub.Dir = treeDest(im.ChainID())
+		if err := tree.Adopt(path.Join(nodeimage.SnapshotsPath, im.ChainID().Encoded()), sub); err != nil {
+			return fmt.Errorf("image %s: %w", im.Name, err)
+		}
+	}
+	if err := tree.Adopt(nodeimage.StoreSeedPath, &rootfs.Tree{Dir: o.Dir, Owners: map[string]rootfs.Owner{}}); err != nil {
+		return fmt.Errorf("containerd store: %w", err)
+	}
+	// Only root enters, as containerd's own root: the images' trees hold their setuid
+	// programs, which must not be reachable by the node's users.
+	for _, d := range []string{nodeimage.SnapshotsPath, nodeimage.StoreSeedPath} {
+		if len(store) == 0 && d == nodeimage.SnapshotsPath {
+			continue
+		}
+		if err := tree.RestrictDir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	for _, i := range index {
+		infos[i].Unpacked = true
+	}
+	b.log.Info("containerd store laid", "images", len(store), "of", len(images), "seconds", time.Since(t).Round(time.Millisecond).Seconds())
+	return nil
+}
+
+// markImported records why every image is left to the import at first boot.
+func markImported(infos []nodeimage.ImageInfo, reason string) error {
+	for i := range infos {
+		infos[i].ImportReason = reason
+	}
+	return nil
+}
+
+// flattenImage applies the cached image's layers into dir, checking each layer's uncompressed
+// digest against the config, and describes it for the store.
+func (b *baker) flattenImage(ci *artifact.CachedImage, dir string) (imagestore.Image, *rootfs.Tree, error) {
+	img, err := ci.Image(b.o.Cache)
+	if err != nil {
+		return imagestore.Image{}, nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return imagestore.Image{}, nil, fmt.Errorf("config: %w", err)
+	}
+	if len(cf.RootFS.DiffIDs) != len(ci.Layers) {
+		return imagestore.Image{}, nil, fmt.Errorf("config lists %d diff IDs for %d layers", len(cf.RootFS.DiffIDs), len(ci.Layers))
+	}
+	sub, err := rootfs.FlattenWith(img, dir, rootfs.FlattenOptions{Cache: b.o.Cache, DiffIDs: cf.RootFS.DiffIDs, Exact: true})
+	if err != nil {
+		return imagestore.Image{}, nil, err
+	}
+	im := imagestore.Image{
+		Name:     ci.Name,
+		Manifest: ocispec.Descriptor{MediaType: string(ci.Manifest.MediaType), Digest: digest.Digest(ci.Manifest.Digest.String()), Size: ci.Manifest.Size},
+		Config:   ocispec.Descriptor{MediaType: string(ci.Config.MediaType), Digest: digest.Digest(ci.Config.Digest.String()), Size: ci.Config.Size},
+		Tree:     sub.Dir,
+	}
+	for i, l := range ci.Layers {
+		im.Layers = append(im.Layers, ocispec.Descriptor{MediaType: string(l.MediaType), Digest: digest.Digest(l.Digest.String()), Size: l.Size})
+		im.DiffIDs = append(im.DiffIDs, digest.Digest(cf.RootFS.DiffIDs[i].String()))
+	}
+	return im, sub, nil
+}
