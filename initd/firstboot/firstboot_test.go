@@ -106,7 +106,7 @@ func TestRunAppliesFiles(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if got, want := st.Line(), "kiln-init: firstboot ok source=fw_cfg files=5 tasks=18 applied=1 unchanged=17 failed=0 duration=1.5s"; got != want {
+	if got, want := st.Line(), "kiln-init: firstboot ok source=fw_cfg files=5 tasks=19 applied=1 unchanged=18 failed=0 duration=1.5s"; got != want {
 		t.Errorf("Line = %q, want %q", got, want)
 	}
 
@@ -195,7 +195,7 @@ func TestRunNoConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if got, want := st.Line(), "kiln-init: firstboot ok source=none files=0 tasks=18 applied=1 unchanged=17 failed=0 duration=20ms"; got != want {
+	if got, want := st.Line(), "kiln-init: firstboot ok source=none files=0 tasks=19 applied=1 unchanged=18 failed=0 duration=20ms"; got != want {
 		t.Errorf("Line = %q, want %q", got, want)
 	}
 	if _, stored := readStatusFile(t, root); stored.State != "ok" || stored.Source != "none" || stored.Files == nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/initd/systemd"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // Kubernetes paths first boot writes or checks, relative to the node's root.
@@ -40,7 +41,20 @@ func (p *plan) pkiTasks() []task.Task {
 // kubeletTasks hand over to kubelet once its configuration (render), credentials (pki) and,
 // on an etcd member, etcd's manifest are in place.
 func (p *plan) kubeletTasks() []task.Task {
-	return []task.Task{task.Converge("kubelet", []string{"render", "pki", "etcd-manifest"}, p.handOver)}
+	return []task.Task{
+		task.Converge("containerd-store", []string{"storage"}, p.seedStore),
+		task.Converge("kubelet", []string{"render", "pki", "etcd-manifest", "containerd-store"}, p.handOver),
+	}
+}
+
+// seedStore copies containerd's store laid at bake into containerd's root before containerd
+// first starts (kube.SeedStore): the pre-pulled images are then ready, nothing to import.
+func (p *plan) seedStore(context.Context) (bool, error) {
+	seeded, err := kube.SeedStore(p.opts.Root)
+	if seeded {
+		p.opts.Log.Info("containerd store laid from the image", "root", nodeimage.StoreRoot)
+	}
+	return seeded, err
 }
 
 // writePKI is kubeadm's certs and kubeconfig phases on a control plane: the leaf

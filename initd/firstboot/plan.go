@@ -36,8 +36,10 @@ import (
 //	                                                      (etcd-manifest also on etcd-volume;
 //	                                                       kubelet also on render and pki)
 //
+//	storage ─► containerd-store ─► kubelet
+//
 // storage (the config's disks, arrays, LUKS volumes and filesystems) comes first, so that
-// homes, directories and files may land on the filesystems it mounts.
+// homes, directories, files and containerd's store may land on the filesystems it mounts.
 //
 // Some tasks also declare a dependency an arrow path already gives them: files on users and storage,
 // units on files, render on node-config, kubelet on render.

@@ -375,7 +375,8 @@ func TestPlanGraph(t *testing.T) {
 		{"etcd-join", []string{"pki", "etcd-volume"}},
 		{"etcd-manifest", []string{"render", "etcd-volume"}},
 		{"pki", []string{"preflight"}},
-		{"kubelet", []string{"render", "pki", "etcd-manifest"}},
+		{"containerd-store", []string{"storage"}},
+		{"kubelet", []string{"render", "pki", "etcd-manifest", "containerd-store"}},
 	}
 	got := newPlan(Options{}, &config.Config{}, "").tasks()
 	if len(got) != len(want) {

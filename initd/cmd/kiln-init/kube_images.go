@@ -32,7 +32,13 @@ func newKubeImagesCmd(log *slog.Logger) *cobra.Command {
 		Long: `Images imports the image's pre-pulled images into containerd. With --for-kubelet, only the
 sandbox and static-pod images (kiln-images.service, before kubelet); without, the rest after
 kubelet started (kiln-images-rest.service); --after-api: on a control plane, once its API
-server answers ready.`,
+server answers ready.
+
+Images the bake laid in containerd's store (image.json: "unpacked": true; first boot copies the
+store into /var/lib/containerd before containerd starts) are present already with their digest:
+nothing is imported for them. The others (and any image containerd lacks, or holds with another
+digest) are imported from the layout. It fails when containerd's store has image snapshots laid
+at bake that this root filesystem lacks (a store seeded from another image).`,
 		Example: `  kiln-init kube images --for-kubelet
   kiln-init kube images --after-api --api-wait 30m`,
 		Args: noArgs,
@@ -88,6 +94,9 @@ func importImages(cmd *cobra.Command, o imagesFlags, log *slog.Logger) error {
 // importImages imports the layout's images (only kubelet's with --for-kubelet) and returns
 // how many it considered and how many it imported.
 func (o imagesFlags) importImages(ctx context.Context, log *slog.Logger) (total, imported int, err error) {
+	if err := kube.CheckStore(o.root); err != nil {
+		return 0, 0, err
+	}
 	all, err := kube.ReadLayout(o.layout)
 	if err != nil {
 		return 0, 0, err
