@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -103,7 +104,7 @@ func runE2ECluster(t *testing.T, pull bool) {
 	}
 
 	start := time.Now()
-	e.bootWith(vm.Config{
+	cpVM, _ := e.bootWith(vm.Config{
 		Image: filepath.Join(out, "qemu-control-plane.raw"), Snapshot: true, Config: cpConfig,
 		Disks: []vm.Disk{{Name: "etcd-main", Size: "2G"}}, MemoryMB: 3072, CPUs: 2,
 		Links:   []vm.Link{{Name: e2eLink, MAC: linkMAC(cpAddr)}},
@@ -145,7 +146,7 @@ func runE2ECluster(t *testing.T, pull bool) {
 	logNodeCPU(t, kubectl, cpName)
 	reportRestarts(t, kubectl)
 	workerStart := time.Now()
-	e.bootWith(vm.Config{
+	workerVM, _ := e.bootWith(vm.Config{
 		Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
 		MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(workerAddr)}}, Offline: !pull,
 		Nice: 10,
@@ -205,8 +206,39 @@ func runE2ECluster(t *testing.T, pull bool) {
 		return err == nil && out == "2/2", out
 	})
 	t.Logf("e2e: kube-proxy ready on both nodes %s after the control plane started", time.Since(start).Round(time.Second))
+	if !pull {
+		// The images were ready when containerd first started: laid in its store at bake,
+		// nothing imported at boot.
+		for name, m := range map[string]*vm.Machine{cpName: cpVM, workerName: workerVM} {
+			requireNothingImported(t, name, m.Lines())
+		}
+	}
 	diagnosed = true
 	diagnose(t, kubectl, cpName, workerName)
+}
+
+// imagesLine is kiln-images' (and kiln-images-rest's) summary on the console.
+var imagesLine = regexp.MustCompile(`kiln-init: (images(?:-kubelet)?) ok .* (\d+) images, (\d+) imported`)
+
+// requireNothingImported fails unless the node's console shows both image stages done with
+// nothing imported: containerd found every pre-pulled image in the store laid at bake.
+func requireNothingImported(t *testing.T, node string, console []string) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, l := range console {
+		m := imagesLine.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		seen[m[1]] = true
+		t.Logf("e2e: %s: %s", node, l[strings.Index(l, "kiln-init: "):])
+		if m[3] != "0" {
+			t.Errorf("%s imported %s images at boot; want none (the bake laid them in containerd's store): %s", node, m[3], l)
+		}
+	}
+	if !seen["images-kubelet"] || !seen["images"] {
+		t.Errorf("%s: the console shows no summary of images-kubelet and images (saw %v)", node, seen)
+	}
 }
 
 // lastN keeps the last n lines of s.
