@@ -2,6 +2,8 @@ package bake
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -162,7 +164,9 @@ func TestBakeKubernetes(t *testing.T) {
 	checkImagesLayout(t, r, raw, root.Start)
 	checkStore(t, ls)
 
-	// A second bake takes everything from the cache.
+	// A second bake takes everything from the cache (the images' applied layers too) and
+	// gives the same image.
+	first := fileSum(t, raw)
 	os.RemoveAll(r.out)
 	before := r.hits.Load()
 	if _, err := r.bakeWith(t); err != nil {
@@ -170,6 +174,9 @@ func TestBakeKubernetes(t *testing.T) {
 	}
 	if n := r.hits.Load() - before; n != 0 {
 		t.Errorf("the second bake made %d registry requests", n)
+	}
+	if fileSum(t, raw) != first {
+		t.Error("the second bake, from the cache, gave another raw image")
 	}
 }
 
@@ -402,4 +409,19 @@ func TestBakeKubernetesRefuses(t *testing.T) {
 			r.wantBakeError(t, err, tc.want)
 		})
 	}
+}
+
+// fileSum is the sha256 of the file at p, streamed.
+func fileSum(t *testing.T, p string) string {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

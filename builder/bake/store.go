@@ -119,7 +119,8 @@ func markImported(infos []nodeimage.ImageInfo, reason string) error {
 }
 
 // flattenImage applies the cached image's layers into dir, checking each layer's uncompressed
-// digest against the config, and describes it for the store.
+// digest against the config, and describes it for the store. The applied tree is kept in the
+// cache's trees/ by chain ID: a rebake links it from there instead of applying the layers again.
 func (b *baker) flattenImage(ci *artifact.CachedImage, dir string) (imagestore.Image, *rootfs.Tree, error) {
 	img, err := ci.Image(b.o.Cache)
 	if err != nil {
@@ -132,19 +133,30 @@ func (b *baker) flattenImage(ci *artifact.CachedImage, dir string) (imagestore.I
 	if len(cf.RootFS.DiffIDs) != len(ci.Layers) {
 		return imagestore.Image{}, nil, fmt.Errorf("config lists %d diff IDs for %d layers", len(cf.RootFS.DiffIDs), len(ci.Layers))
 	}
-	sub, err := rootfs.FlattenWith(img, dir, rootfs.FlattenOptions{Cache: b.o.Cache, DiffIDs: cf.RootFS.DiffIDs, Exact: true})
-	if err != nil {
-		return imagestore.Image{}, nil, err
-	}
 	im := imagestore.Image{
 		Name:     ci.Name,
 		Manifest: ocispec.Descriptor{MediaType: string(ci.Manifest.MediaType), Digest: digest.Digest(ci.Manifest.Digest.String()), Size: ci.Manifest.Size},
 		Config:   ocispec.Descriptor{MediaType: string(ci.Config.MediaType), Digest: digest.Digest(ci.Config.Digest.String()), Size: ci.Config.Size},
-		Tree:     sub.Dir,
 	}
 	for i, l := range ci.Layers {
 		im.Layers = append(im.Layers, ocispec.Descriptor{MediaType: string(l.MediaType), Digest: digest.Digest(l.Digest.String()), Size: l.Size})
 		im.DiffIDs = append(im.DiffIDs, digest.Digest(cf.RootFS.DiffIDs[i].String()))
 	}
+	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "trees")}
+	key := im.ChainID().Encoded()
+	sub, ok, err := cache.Load(key, dir)
+	if err != nil {
+		return imagestore.Image{}, nil, err
+	}
+	if !ok {
+		sub, err = rootfs.FlattenWith(img, dir, rootfs.FlattenOptions{Cache: b.o.Cache, DiffIDs: cf.RootFS.DiffIDs, Exact: true})
+		if err != nil {
+			return imagestore.Image{}, nil, err
+		}
+		if err := cache.Store(key, sub); err != nil {
+			b.log.Warn("applied layers not cached: the next bake applies them again", "image", ci.Name, "err", err)
+		}
+	}
+	im.Tree = sub.Dir
 	return im, sub, nil
 }

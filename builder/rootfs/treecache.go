@@ -1,0 +1,213 @@
+package rootfs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"syscall"
+)
+
+// TreeCache keeps flattened trees under a key that names their content (an image's chain ID),
+// so that a rebake takes an unchanged image's applied layers from it instead of decompressing
+// and writing them again. Trees are shared by hard links: a tree loaded from the cache must only
+// be read, moved or removed, never written in place (the bake only reads an image's tree once
+// it has laid it). Each cached tree records its listing (every entry's path, type, mode and
+// size); one that no longer matches it is dropped and flattened again.
+type TreeCache struct {
+	Dir string
+}
+
+// treeRecord is what the cache keeps beside a tree: its owners and its listing.
+type treeRecord struct {
+	Owners  map[string]Owner `json:"owners"`
+	Listing []treeEntry      `json:"listing"`
+}
+
+type treeEntry struct {
+	Path string      `json:"path"`
+	Mode fs.FileMode `json:"mode"`
+	Size int64       `json:"size,omitempty"`
+}
+
+var cacheKeyRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func (c TreeCache) paths(key string) (tree, record string, err error) {
+	if !cacheKeyRE.MatchString(key) {
+		return "", "", fmt.Errorf("tree cache key %q is not a sha256 hex", key)
+	}
+	d := filepath.Join(c.Dir, key)
+	return filepath.Join(d, "tree"), filepath.Join(d, "tree.json"), nil
+}
+
+// Load links the cached tree key into dir, which must not exist, and returns it. It returns
+// false when the cache has no whole tree for key or its listing changed (the entry is then
+// removed).
+func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
+	src, rec, err := c.paths(key)
+	if err != nil {
+		return nil, false, err
+	}
+	data, err := os.ReadFile(rec)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, false, nil
+	} else if err != nil {
+		return nil, false, err
+	}
+	var r treeRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		os.RemoveAll(filepath.Dir(rec))
+		return nil, false, nil
+	}
+	listing, err := listTree(src)
+	if err != nil || !sameListing(listing, r.Listing) {
+		os.RemoveAll(filepath.Dir(rec))
+		return nil, false, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, false, err
+	}
+	if err := linkTree(src, dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, false, fmt.Errorf("link cached tree %s: %w", key, err)
+	}
+	if r.Owners == nil {
+		r.Owners = map[string]Owner{}
+	}
+	return &Tree{Dir: dir, Owners: r.Owners}, true, nil
+}
+
+// Store adds t under key, unless the cache has it already. The cache holds links to t's files.
+func (c TreeCache) Store(key string, t *Tree) error {
+	dst, rec, err := c.paths(key)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(rec); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(c.Dir, ".store-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := linkTree(t.Dir, filepath.Join(tmp, "tree")); err != nil {
+		return fmt.Errorf("cache tree %s: %w", key, err)
+	}
+	listing, err := listTree(filepath.Join(tmp, "tree"))
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(treeRecord{Owners: t.Owners, Listing: listing})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "tree.json"), data, 0o600); err != nil {
+		return err
+	}
+	os.RemoveAll(filepath.Dir(dst)) // a partial entry (no tree.json) left by a crash
+	if err := os.Rename(tmp, filepath.Dir(dst)); err != nil {
+		return fmt.Errorf("cache tree %s: %w", key, err)
+	}
+	return nil
+}
+
+// listTree lists every entry below dir in walk order.
+func listTree(dir string) ([]treeEntry, error) {
+	var out []treeEntry
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		e := treeEntry{Path: filepath.ToSlash(rel), Mode: info.Mode()}
+		if info.Mode().IsRegular() {
+			e.Size = info.Size()
+		}
+		out = append(out, e)
+		return nil
+	})
+	return out, err
+}
+
+func sameListing(a, b []treeEntry) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// linkTree recreates the directory tree src at dst (which must not exist): directories made
+// with their modes, regular files hard-linked (copied when src and dst are on different
+// filesystems), symlinks recreated.
+func linkTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		to := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			if err := os.Mkdir(to, 0o700); err != nil {
+				return err
+			}
+			return os.Chmod(to, info.Mode().Perm()|0o700)
+		case info.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(target, to)
+		case info.Mode().IsRegular():
+			err := os.Link(p, to)
+			var le *os.LinkError
+			if errors.As(err, &le) && errors.Is(le.Err, syscall.EXDEV) {
+				return copyFile(p, to, info.Mode())
+			}
+			return err
+		default:
+			return fmt.Errorf("%s: not a directory, file or symlink", p)
+		}
+	})
+}
+
+func copyFile(src, dst string, mode fs.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Chmod(dst, mode)
+}
