@@ -18,6 +18,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/internal/decompress"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // scanSecrets refuses a tree with secrets in it (ScanSecrets): they come with a node's config
@@ -59,6 +60,22 @@ func (f Finding) String() string {
 // tokenDirs are where a bootstrap token is configuration wherever it stands in a file;
 // elsewhere a token counts only in a token context (search).
 var tokenDirs = []string{"etc/", "usr/lib/kiln/"}
+
+// inTokenDir reports whether p (relative to the root) is in one of tokenDirs. A pre-pulled
+// image's applied layers (nodeimage.SnapshotsPath/<chain ID>/) are a root of their own: there
+// the image's own etc/ is, and the rest of /usr/lib/kiln is not (its programs are the image's).
+func inTokenDir(p string) bool {
+	if rest, ok := strings.CutPrefix(p, strings.TrimPrefix(nodeimage.SnapshotsPath, "/")+"/"); ok {
+		_, inImage, _ := strings.Cut(rest, "/")
+		return strings.HasPrefix(inImage, "etc/")
+	}
+	for _, d := range tokenDirs {
+		if strings.HasPrefix(p, d) {
+			return true
+		}
+	}
+	return false
+}
 
 const (
 	scanChunk = 1 << 20
@@ -104,8 +121,9 @@ var (
 //     20 or more characters); a Secret manifest (YAML or JSON) of type
 //     bootstrap.kubernetes.io/token whose token-id and token-secret are a token;
 //   - Kubernetes bootstrap tokens (<6 of [a-z0-9]>.<16 of [a-z0-9]> as a whole word): anywhere
-//     in /etc and /usr/lib/kiln, elsewhere in a token context — the word "token" or "bearer"
-//     earlier on its line, or a file whose name says token.
+//     in /etc and /usr/lib/kiln (a pre-pulled image's applied layers there count as a root of
+//     their own: anywhere in the image's etc/), elsewhere in a token context — the word "token"
+//     or "bearer" earlier on its line, or a file whose name says token.
 //
 // Only what parses as a key or token is reported: a PEM header in code or documentation, a key
 // shortened with "...", a placeholder, a public key or a certificate is not. cloud-init's
@@ -220,14 +238,11 @@ func scanFile(fsys fs.FS, p string, buf, small []byte, dec *[maxNesting]bytes.Bu
 	if err != nil {
 		return nil, fmt.Errorf("/%s: %w", p, err)
 	}
-	tokens := false
-	for _, d := range tokenDirs {
-		tokens = tokens || strings.HasPrefix(p, d)
-	}
 	s := &fileScan{
 		path: "/" + p, buf: buf, small: small, dec: dec, budget: maxDecompressed, seen: map[string]bool{},
 		tokenName: strings.Contains(strings.ToLower(path.Base(p)), "token"),
 	}
+	tokens := inTokenDir(p)
 	r, ok := f.(io.ReaderAt)
 	if fi.Size() <= maxWhole || !ok {
 		n, err := io.ReadFull(f, small[:cap(small)])

@@ -231,6 +231,8 @@ func secretCorpus(t *testing.T, m *secretMaterial) []corpusCase {
 		{"bootstrap token Secret (JSON List)", "srv/objects.json", m.secretJSON, "Kubernetes bootstrap token Secret (bootstrap-token-abcdef)", "", 19},
 		{"bootstrap token in a command line", "opt/join.sh", []byte("#!/bin/sh\nkubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef \\\n  --discovery-token-unsafe-skip-ca-verification\n"), "Kubernetes bootstrap token", "", 2},
 		{"a key behind ELF magic", "usr/lib/x86_64-linux-gnu/libfake.so", append([]byte("\x7fELF"), m.ecPEM...), "private key (EC PRIVATE KEY)", "", 1},
+		{"bootstrap token in a pre-pulled image's etc", "usr/lib/kiln/snapshots/" + strings.Repeat("5e", 32) + "/etc/app/join.conf", []byte("server 10.0.0.1\njoin abcdef.0123456789abcdef\n"), "Kubernetes bootstrap token", "", 2},
+		{"a key in a pre-pulled image's data", "usr/lib/kiln/snapshots/" + strings.Repeat("5e", 32) + "/srv/tls.key", []byte(m.ecPEM), "private key (EC PRIVATE KEY)", "", 1},
 	}
 }
 
@@ -255,6 +257,8 @@ func secretNearMisses(t *testing.T, m *secretMaterial) []corpusCase {
 		{"a token's shape out of context", "usr/share/app/hosts.txt", []byte("mirror abcdef.0123456789abcdef\n"), "", "", 0},
 		{"a program carrying a key", "usr/lib/x86_64-linux-gnu/libgnutls.so.30", append(program(t), m.ecPEM...), "", "", 0},
 		{"a program compressed (a kernel module)", "usr/lib/modules/6.1.0/kernel/fake.ko.xz", testkit.Compress(t, "xz", tinyELF(t, []byte(m.ecPEM))), "", "", 0},
+		{"a pre-pulled image's program with a token's shape", "usr/lib/kiln/snapshots/" + strings.Repeat("5e", 32) + "/usr/local/bin/kube-apiserver", append(program(t), []byte(" abcdef.0123456789abcdef ")...), "", "", 0},
+		{"a token's shape in a pre-pulled image's data", "usr/lib/kiln/snapshots/" + strings.Repeat("5e", 32) + "/usr/share/app/hosts.txt", []byte("mirror abcdef.0123456789abcdef\n"), "", "", 0},
 		{"corrupt gzip", "usr/share/app/broken.gz", []byte("\x1f\x8b\x08\x00garbage" + m.ecPEM), "", "", 0},
 	}
 }
