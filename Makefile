@@ -8,7 +8,7 @@ DEF ?= images/qemu.yaml
 OUT ?= out
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-pull e2e-ha components local-sources bench bench-serve fuzz vet clean
+.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-import e2e-pull e2e-ha components local-sources bench bench-serve fuzz vet clean
 
 all: build
 
@@ -116,6 +116,14 @@ e2e: deps build base
 	@builder/scripts/deps.sh test
 	@builder/scripts/deps.sh e2e
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E=1 KILN_ACCEL=tcg \
+		$(GO) test -count=1 -v -timeout 75m -run '^TestE2ECluster$$' ./qemu-tests/
+
+# The same cluster baked --import-images: containerd's store is not laid at bake and first boot
+# imports every image from the layout; what laying the store saves (README "End to end").
+e2e-import: deps build base
+	@builder/scripts/deps.sh test
+	@builder/scripts/deps.sh e2e
+	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E=1 KILN_E2E_IMPORT=1 KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 75m -run '^TestE2ECluster$$' ./qemu-tests/
 
 # The same cluster baked --without-images, the nodes pulling every image from the local

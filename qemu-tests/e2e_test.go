@@ -81,7 +81,14 @@ const registryMirror = `server = "https://registry.k8s.io"
 
 func runE2ECluster(t *testing.T, pull bool) {
 	e := newRepoEnv(t)
-	out, bin := bakeE2EImages(t, e, pull)
+	// KILN_E2E_IMPORT=1 (make e2e-import): the images baked as a layout only (--import-images),
+	// imported at first boot, as before the bake laid containerd's store: what the store saves.
+	imported := !pull && os.Getenv("KILN_E2E_IMPORT") == "1"
+	var bakeArgs []string
+	if imported {
+		bakeArgs = []string{"--import-images"}
+	}
+	out, bin := bakeE2EImages(t, e, pull, bakeArgs...)
 
 	clusterDir := filepath.Join(e.dir, "cluster")
 	e2eStep(t, "cluster config written", func() {
@@ -208,9 +215,9 @@ func runE2ECluster(t *testing.T, pull bool) {
 	t.Logf("e2e: kube-proxy ready on both nodes %s after the control plane started", time.Since(start).Round(time.Second))
 	if !pull {
 		// The images were ready when containerd first started: laid in its store at bake,
-		// nothing imported at boot.
+		// nothing imported at boot (or, with --import-images, all of them imported).
 		for name, m := range map[string]*vm.Machine{cpName: cpVM, workerName: workerVM} {
-			requireNothingImported(t, name, m.Lines())
+			requireImports(t, name, m.Lines(), imported)
 		}
 	}
 	diagnosed = true
@@ -220,9 +227,10 @@ func runE2ECluster(t *testing.T, pull bool) {
 // imagesLine is kiln-images' (and kiln-images-rest's) summary on the console.
 var imagesLine = regexp.MustCompile(`kiln-init: (images(?:-kubelet)?) ok .* (\d+) images, (\d+) imported`)
 
-// requireNothingImported fails unless the node's console shows both image stages done with
-// nothing imported: containerd found every pre-pulled image in the store laid at bake.
-func requireNothingImported(t *testing.T, node string, console []string) {
+// requireImports fails unless the node's console shows both image stages done with nothing
+// imported (containerd found every pre-pulled image in the store laid at bake) or, when
+// imported, with images imported.
+func requireImports(t *testing.T, node string, console []string, imported bool) {
 	t.Helper()
 	seen := map[string]bool{}
 	for _, l := range console {
@@ -232,8 +240,11 @@ func requireNothingImported(t *testing.T, node string, console []string) {
 		}
 		seen[m[1]] = true
 		t.Logf("e2e: %s: %s", node, l[strings.Index(l, "kiln-init: "):])
-		if m[3] != "0" {
+		switch {
+		case !imported && m[3] != "0":
 			t.Errorf("%s imported %s images at boot; want none (the bake laid them in containerd's store): %s", node, m[3], l)
+		case imported && m[3] == "0":
+			t.Errorf("%s imported no image at boot, baked --import-images: %s", node, l)
 		}
 	}
 	if !seen["images-kubelet"] || !seen["images"] {
@@ -395,7 +406,7 @@ func scanImageForSecrets(t *testing.T, raw string) {
 // bakeE2EImages builds the components from source (cached), serves them and bakes the
 // control-plane and worker images into e.dir/out; it returns that directory and the
 // directory of the built binaries (kubectl among them).
-func bakeE2EImages(t *testing.T, e *env, pull bool) (out, bin string) {
+func bakeE2EImages(t *testing.T, e *env, pull bool, extra ...string) (out, bin string) {
 	t.Helper()
 	root := repoRoot(t)
 	cache := e2eCacheDir()
@@ -420,6 +431,7 @@ func bakeE2EImages(t *testing.T, e *env, pull bool) (out, bin string) {
 	if pull {
 		bakeArgs = append(bakeArgs, "--without-images")
 	}
+	bakeArgs = append(bakeArgs, extra...)
 	e2eStep(t, "control-plane and worker images baked", func() {
 		e.run(e.repo, e.kiln, "lock", "images/qemu.yaml", "--profile-overlay", overlay)
 		for _, role := range []string{"control-plane", "worker"} {
