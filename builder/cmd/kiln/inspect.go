@@ -112,7 +112,14 @@ func printInspect(w io.Writer, image string, res *disk.Result, esp *disk.ESPInfo
 			}
 			fmt.Fprintf(w, ", %d pre-pulled images\n", len(k.Images))
 			for _, im := range k.Images {
-				fmt.Fprintf(w, "  %s@%s\n", im.Name, im.Digest)
+				switch {
+				case im.Unpacked:
+					fmt.Fprintf(w, "  %s@%s, ready in containerd's store\n", im.Name, im.Digest)
+				case im.ImportReason != "":
+					fmt.Fprintf(w, "  %s@%s, imported at first boot (%s)\n", im.Name, im.Digest, im.ImportReason)
+				default:
+					fmt.Fprintf(w, "  %s@%s\n", im.Name, im.Digest)
+				}
 			}
 		}
 	}

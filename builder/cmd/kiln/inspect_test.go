@@ -56,8 +56,10 @@ func runKiln(t *testing.T, args ...string) (string, int) {
 // as JSON, from a real disk.
 func TestInspect(t *testing.T) {
 	md := nodeimage.Metadata{Name: "qemu", Role: "worker", Platform: "qemu",
-		Kernel:     nodeimage.KernelInfo{Version: "6.1.0-test"},
-		Kubernetes: &nodeimage.KubernetesInfo{Version: "v1.37.2", Runtime: "containerd", Images: []nodeimage.ImageInfo{{Name: "registry.k8s.io/pause:3.10.2", Digest: "sha256:0123"}}}}
+		Kernel: nodeimage.KernelInfo{Version: "6.1.0-test"},
+		Kubernetes: &nodeimage.KubernetesInfo{Version: "v1.37.2", Runtime: "containerd", Images: []nodeimage.ImageInfo{
+			{Name: "registry.k8s.io/pause:3.10.2", Digest: "sha256:0123", Unpacked: true},
+			{Name: "registry.example/tool:1", Digest: "sha256:4567", ImportReason: "layer 1 (sha256:89ab): bin/ping: the extended attribute security.capability cannot be reproduced in the tree"}}}}
 	data, _ := json.Marshal(md)
 	img := inspectImage(t, data)
 
@@ -66,7 +68,8 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("kiln inspect: exit %d\n%s", code, out)
 	}
 	for _, want := range []string{nodeimage.RootAName, nodeimage.RootBName, "role worker", "kernel:  6.1.0-test",
-		"kubernetes: v1.37.2, runtime containerd, 1 pre-pulled images", "registry.k8s.io/pause:3.10.2@sha256:0123", "cmdline: "} {
+		"kubernetes: v1.37.2, runtime containerd, 2 pre-pulled images", "registry.k8s.io/pause:3.10.2@sha256:0123, ready in containerd's store",
+		"registry.example/tool:1@sha256:4567, imported at first boot (layer 1 (sha256:89ab): bin/ping: the extended attribute security.capability", "cmdline: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("kiln inspect output lacks %q:\n%s", want, out)
 		}
