@@ -38,6 +38,19 @@ $KILN bake images/qemu.yaml --role worker "${overlay[@]}" -o "$work/warm" 2> "$w
 t2=$(now)
 cold=$(secs "$t0" "$t1"); warm=$(secs "$t1" "$t2")
 
+# Rebake after one artifact changes: crictl repacked with a later mtime (a new sha256, the same
+# member), as a new release of one tool would arrive, through a second profile overlay.
+crictl_sha=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["artifacts"]["worker/crictl"]["sha256"])' images/qemu.lock)
+mkdir -p "$work/crictl"
+tar -C "$work/crictl" -xzf "$KILN_CACHE/blobs/sha256/$crictl_sha" crictl
+tar -C "$work/crictl" --mtime=@1700000000 --owner=0 --group=0 -czf "$work/crictl-changed.tar.gz" crictl
+printf 'artifacts:\n  - name: crictl\n    path: crictl-changed.tar.gz\n    sha256: %s\n' \
+  "$(sha256sum "$work/crictl-changed.tar.gz" | cut -d' ' -f1)" > "$work/changed.yaml"
+t2=$(now)
+$KILN bake images/qemu.yaml --role worker "${overlay[@]}" --profile-overlay "$work/changed.yaml" -o "$work/rebake" 2> "$work/rebake.log" >/dev/null
+t3=$(now)
+rebake=$(secs "$t2" "$t3")
+
 # The floor: the base layer extracted, then mksquashfs with the bake's options.
 digest=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"]["digest"])' images/qemu.lock)
 manifest=$KILN_CACHE/base/blobs/sha256/${digest#sha256:}
@@ -69,6 +82,10 @@ printf '\nkiln bench (worker image, %s, %s cores)\n' "$(uname -r)" "$(nproc)"
 printf '  bake cold                     %6s s\n' "$cold"
 printf '  bake warm                     %6s s\n' "$warm"
 printf '  mksquashfs alone (floor)      %6s s   warm bake / floor = %s\n' "$floor" "$(awk -v a="$warm" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')"
+printf '  rebake, one artifact changed   %6s s\n' "$rebake"
+grep -h 'seconds=' "$work/rebake.log" | sed -n 's/.*msg="\{0,1\}\([^"=]*\)"\{0,1\} .*seconds=\([0-9.]*\).*/    rebake step: \1 \2 s/p' | grep -v 'root filesystem made.*type' || true
+peak() { sed -n 's/.*peak memory.*kiln_mib=\([0-9]*\).*largest_tool_mib=\([0-9]*\).*/\1 MiB kiln, \2 MiB largest tool/p' "$1" | tail -1; }
+printf '  bake peak RSS                 cold: %s; warm: %s\n' "$(peak "$work/cold.log")" "$(peak "$work/warm.log")"
 grep -h 'seconds=' "$work/warm.log" | sed -n 's/.*msg="\{0,1\}\([^"=]*\)"\{0,1\} .*seconds=\([0-9.]*\).*/    warm step: \1 \2 s/p' | grep -v 'root filesystem made.*type' || true
 printf '  first boot to status line     %6s s wall (guest clock %s s)\n' "$b1" "$g1"
 printf '  second boot to status line    %6s s wall (guest clock %s s)\n' "$b2" "$g2"

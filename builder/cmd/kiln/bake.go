@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -95,6 +96,7 @@ first boot imports every image, to measure what the store saves.`,
 			if err != nil {
 				return err
 			}
+			logPeakMemory(slog.Default())
 			for _, o := range res.Outputs {
 				fmt.Fprintln(cmd.OutOrStdout(), o)
 			}
@@ -133,4 +135,15 @@ func sourceDateEpoch() (time.Time, error) {
 		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH=%q: not a number of seconds", s)
 	}
 	return time.Unix(n, 0).UTC(), nil
+}
+
+// logPeakMemory logs the bake's peak resident memory: kiln's own and that of the largest tool
+// it ran (mksquashfs, mkfs, qemu-img), as getrusage reports them.
+func logPeakMemory(log *slog.Logger) {
+	var self, children syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &self) != nil || syscall.Getrusage(syscall.RUSAGE_CHILDREN, &children) != nil {
+		return
+	}
+	// Linux reports ru_maxrss in KiB.
+	log.Info("peak memory", "kiln_mib", self.Maxrss>>10, "largest_tool_mib", children.Maxrss>>10)
 }
