@@ -40,7 +40,7 @@ cold=$(secs "$t0" "$t1"); warm=$(secs "$t1" "$t2")
 
 # Rebake after one artifact changes: crictl repacked with a later mtime (a new sha256, the same
 # member), as a new release of one tool would arrive, through a second profile overlay.
-crictl_sha=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["artifacts"]["worker/crictl"]["sha256"])' images/qemu.lock)
+crictl_sha=$(python3 -c 'import json,sys; print([a["sha256"] for a in json.load(open(sys.argv[1]))["artifacts"] if a["name"] == "crictl"][0])' "$work/warm/qemu-worker.json")
 mkdir -p "$work/crictl"
 tar -C "$work/crictl" -xzf "$KILN_CACHE/blobs/sha256/$crictl_sha" crictl
 tar -C "$work/crictl" --mtime=@1700000000 --owner=0 --group=0 -czf "$work/crictl-changed.tar.gz" crictl
