@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"syscall"
+
+	"github.com/kilnproject/kiln/internal/fstree"
 )
 
 // TreeCache keeps flattened trees under a key that names their content (an image's chain ID),
@@ -157,57 +158,12 @@ func sameListing(a, b []treeEntry) bool {
 // with their modes, regular files hard-linked (copied when src and dst are on different
 // filesystems), symlinks recreated.
 func linkTree(src, dst string) error {
-	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	return fstree.Recreate(src, dst, 0o700, func(from, to string, mode fs.FileMode) error {
+		err := os.Link(from, to)
+		var le *os.LinkError
+		if errors.As(err, &le) && errors.Is(le.Err, syscall.EXDEV) {
+			return fstree.CopyFile(from, to, mode, false)
 		}
-		rel, _ := filepath.Rel(src, p)
-		to := filepath.Join(dst, rel)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.IsDir():
-			if err := os.Mkdir(to, 0o700); err != nil {
-				return err
-			}
-			return os.Chmod(to, info.Mode().Perm()|0o700)
-		case info.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			return os.Symlink(target, to)
-		case info.Mode().IsRegular():
-			err := os.Link(p, to)
-			var le *os.LinkError
-			if errors.As(err, &le) && errors.Is(le.Err, syscall.EXDEV) {
-				return copyFile(p, to, info.Mode())
-			}
-			return err
-		default:
-			return fmt.Errorf("%s: not a directory, file or symlink", p)
-		}
+		return err
 	})
-}
-
-func copyFile(src, dst string, mode fs.FileMode) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	if err := out.Close(); err != nil {
-		return err
-	}
-	return os.Chmod(dst, mode)
 }

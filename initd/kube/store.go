@@ -3,13 +3,13 @@ package kube
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/kilnproject/kiln/internal/fstree"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -87,53 +87,8 @@ func SeedStore(root string) (bool, error) {
 // copyTree copies the directory src to dst (which must not exist): directories with their
 // modes, regular files synced, symlinks as symlinks.
 func copyTree(src, dst string) error {
-	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		to := filepath.Join(dst, rel)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.IsDir():
-			if err := os.Mkdir(to, info.Mode().Perm()); err != nil {
-				return err
-			}
-			return os.Chmod(to, info.Mode().Perm())
-		case info.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			return os.Symlink(target, to)
-		case info.Mode().IsRegular():
-			in, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer in.Close()
-			out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, info.Mode().Perm())
-			if err != nil {
-				return err
-			}
-			if _, err := io.Copy(out, in); err != nil {
-				out.Close()
-				return err
-			}
-			if err := out.Sync(); err != nil {
-				out.Close()
-				return err
-			}
-			return out.Close()
-		default:
-			return fmt.Errorf("%s: not a directory, file or symlink", p)
-		}
+	return fstree.Recreate(src, dst, 0, func(from, to string, mode fs.FileMode) error {
+		return fstree.CopyFile(from, to, mode, true)
 	})
 }
 

@@ -1,0 +1,81 @@
+// Package fstree recreates a directory tree elsewhere: directories and symlinks as they are,
+// each regular file by a function the caller gives (a hard link, a copy, a synced copy).
+package fstree
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// FileFunc makes the regular file dst from src, whose mode is mode.
+type FileFunc func(src, dst string, mode fs.FileMode) error
+
+// Recreate walks src and recreates it at dst, which must not exist. Directories get their own
+// permission bits or'ed with extraDirPerm (0o700 keeps a tree writable by its owner while it is
+// filled), symlinks are recreated with the same target, regular files are made by file; any
+// other type of entry is an error naming it.
+func Recreate(src, dst string, extraDirPerm fs.FileMode, file FileFunc) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			perm := info.Mode().Perm() | extraDirPerm
+			if err := os.Mkdir(to, perm); err != nil {
+				return err
+			}
+			return os.Chmod(to, perm) // not narrowed by the umask
+		case info.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(target, to)
+		case info.Mode().IsRegular():
+			return file(p, to, info.Mode())
+		default:
+			return fmt.Errorf("%s: not a directory, file or symlink", p)
+		}
+	})
+}
+
+// CopyFile copies src to dst, which must not exist, with mode's permission, setuid, setgid and
+// sticky bits; with sync the data is on disk before it returns.
+func CopyFile(src, dst string, mode fs.FileMode, sync bool) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if sync {
+		if err := out.Sync(); err != nil {
+			out.Close()
+			return err
+		}
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Chmod(dst, mode&(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky))
+}

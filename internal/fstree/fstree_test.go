@@ -1,0 +1,84 @@
+package fstree
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestRecreate copies a tree with a nested directory, a symlink, an executable and a setuid
+// file, and checks what a reader of the copy would see.
+func TestRecreate(t *testing.T) {
+	src := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(src, "a", "b"), 0o750))
+	must(os.Chmod(filepath.Join(src, "a"), 0o750))
+	must(os.WriteFile(filepath.Join(src, "a", "b", "run"), []byte("#!/bin/sh\n"), 0o755))
+	must(os.WriteFile(filepath.Join(src, "su"), []byte("su"), 0o755))
+	must(os.Chmod(filepath.Join(src, "su"), 0o755|fs.ModeSetuid))
+	must(os.Symlink("a/b/run", filepath.Join(src, "link")))
+
+	for _, tc := range []struct {
+		name  string
+		extra fs.FileMode
+		sync  bool
+		dirA  fs.FileMode
+	}{
+		{"exact", 0, true, 0o750},
+		{"writable dirs", 0o700, false, 0o750 | 0o700},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := filepath.Join(t.TempDir(), "copy")
+			err := Recreate(src, dst, tc.extra, func(from, to string, mode fs.FileMode) error {
+				return CopyFile(from, to, mode, tc.sync)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Stat(filepath.Join(dst, "a")); err != nil || fi.Mode().Perm() != tc.dirA {
+				t.Errorf("dir a: %v, %v; want mode %v", fi.Mode(), err, tc.dirA)
+			}
+			if data, err := os.ReadFile(filepath.Join(dst, "a", "b", "run")); err != nil || string(data) != "#!/bin/sh\n" {
+				t.Errorf("a/b/run: %q, %v", data, err)
+			}
+			if fi, err := os.Stat(filepath.Join(dst, "a", "b", "run")); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("a/b/run mode: %v, %v; want 0755", fi.Mode(), err)
+			}
+			if fi, err := os.Stat(filepath.Join(dst, "su")); err != nil || fi.Mode()&fs.ModeSetuid == 0 {
+				t.Errorf("su lost its setuid bit: %v, %v", fi.Mode(), err)
+			}
+			if target, err := os.Readlink(filepath.Join(dst, "link")); err != nil || target != "a/b/run" {
+				t.Errorf("link: %q, %v", target, err)
+			}
+		})
+	}
+}
+
+func TestRecreateRefusesOtherTypes(t *testing.T) {
+	src := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Recreate(src, filepath.Join(t.TempDir(), "copy"), 0, func(from, to string, mode fs.FileMode) error {
+		return CopyFile(from, to, mode, false)
+	})
+	if err == nil || !strings.Contains(err.Error(), "fifo: not a directory, file or symlink") {
+		t.Fatalf("Recreate with a fifo: %v; want an error naming it", err)
+	}
+}
+
+func TestRecreateRefusesExistingDestination(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	err := Recreate(src, dst, 0, func(from, to string, mode fs.FileMode) error { return nil })
+	if err == nil {
+		t.Fatal("Recreate into an existing directory succeeded")
+	}
+}
