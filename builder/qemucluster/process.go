@@ -133,7 +133,8 @@ func (s *State) StartNode(ctx context.Context, name string) error {
 }
 
 // startDetached starts argv in a session of its own with stdin /dev/null and stdout and
-// stderr appended to logPath, and does not wait for it: it outlives this process.
+// stderr appended to logPath, and does not wait for it: it outlives this process. It returns
+// once the process's command line is readable.
 func startDetached(argv []string, logPath string) (int, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -159,6 +160,14 @@ func startDetached(argv []string, logPath string) (int, error) {
 	pid := p.Pid
 	// Reap it if it exits while this process lives; after that, init does.
 	go p.Wait()
+	// The kernel lets this process go on while the child is still inside execve, and its
+	// /proc/<pid>/cmdline reads empty until the new program's arguments are in place: wait
+	// for them (briefly), so that Running sees the process it was just told about.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if c, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || len(c) > 0 {
+			break
+		}
+	}
 	return pid, nil
 }
 
