@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"syscall"
 
+	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/fstree"
 )
 
@@ -162,7 +163,7 @@ func linkTree(src, dst string) error {
 		err := os.Link(from, to)
 		var le *os.LinkError
 		if errors.As(err, &le) && errors.Is(le.Err, syscall.EXDEV) {
-			return fstree.CopyFile(from, to, mode, false)
+			return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode})
 		}
 		return err
 	})

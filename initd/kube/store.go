@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/fstree"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -60,7 +61,7 @@ func SeedStore(root string) (bool, error) {
 		os.RemoveAll(tmp)
 		return false, fmt.Errorf("containerd store: copy %s: %w", nodeimage.StoreSeedPath, err)
 	}
-	if err := writeSynced(marker, nil); err != nil {
+	if err := atomicfile.Write(marker, nil, atomicfile.Options{Mode: 0o600}); err != nil {
 		return false, fmt.Errorf("containerd store: %w", err)
 	}
 	for _, e := range seedEntries {
@@ -85,30 +86,11 @@ func SeedStore(root string) (bool, error) {
 }
 
 // copyTree copies the directory src to dst (which must not exist): directories with their
-// modes, regular files synced, symlinks as symlinks.
+// modes, regular files synced (atomicfile), symlinks as symlinks.
 func copyTree(src, dst string) error {
 	return fstree.Recreate(src, dst, 0, func(from, to string, mode fs.FileMode) error {
-		return fstree.CopyFile(from, to, mode, true)
+		return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode})
 	})
-}
-
-func writeSynced(p string, data []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(p))
 }
 
 func syncDir(dir string) error {

@@ -1,10 +1,9 @@
 // Package fstree recreates a directory tree elsewhere: directories and symlinks as they are,
-// each regular file by a function the caller gives (a hard link, a copy, a synced copy).
+// each regular file by a function the caller gives (a hard link, a copy).
 package fstree
 
 import (
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -50,32 +49,4 @@ func Recreate(src, dst string, extraDirPerm fs.FileMode, file FileFunc) error {
 			return fmt.Errorf("%s: not a directory, file or symlink", p)
 		}
 	})
-}
-
-// CopyFile copies src to dst, which must not exist, with mode's permission, setuid, setgid and
-// sticky bits; with sync the data is on disk before it returns.
-func CopyFile(src, dst string, mode fs.FileMode, sync bool) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	if sync {
-		if err := out.Sync(); err != nil {
-			out.Close()
-			return err
-		}
-	}
-	if err := out.Close(); err != nil {
-		return err
-	}
-	return os.Chmod(dst, mode&(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky))
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // TestRecreate copies a tree with a nested directory, a symlink, an executable and a setuid
@@ -29,16 +31,15 @@ func TestRecreate(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		extra fs.FileMode
-		sync  bool
 		dirA  fs.FileMode
 	}{
-		{"exact", 0, true, 0o750},
-		{"writable dirs", 0o700, false, 0o750 | 0o700},
+		{"exact", 0, 0o750},
+		{"writable dirs", 0o700, 0o750 | 0o700},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "copy")
 			err := Recreate(src, dst, tc.extra, func(from, to string, mode fs.FileMode) error {
-				return CopyFile(from, to, mode, tc.sync)
+				return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode})
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -68,7 +69,7 @@ func TestRecreateRefusesOtherTypes(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := Recreate(src, filepath.Join(t.TempDir(), "copy"), 0, func(from, to string, mode fs.FileMode) error {
-		return CopyFile(from, to, mode, false)
+		return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode})
 	})
 	if err == nil || !strings.Contains(err.Error(), "fifo: not a directory, file or symlink") {
 		t.Fatalf("Recreate with a fifo: %v; want an error naming it", err)
