@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/kilnproject/kiln/initd/systemd"
@@ -14,7 +16,8 @@ import (
 )
 
 // imageContents records what a node config may rely on in the tree at root (see
-// nodeimage.Contents): the locations a node writes, the users and groups, the unit files.
+// nodeimage.Contents): the locations a node writes, the users and groups, the unit files, the
+// programs.
 func imageContents(root string) (*nodeimage.Contents, error) {
 	c := &nodeimage.Contents{}
 	// Stage 1 puts a persistent overlay on each of these that is a directory in the root.
@@ -47,7 +50,73 @@ func imageContents(root string) (*nodeimage.Contents, error) {
 	if c.Units, err = systemd.UnitFiles(root); err != nil {
 		return nil, fmt.Errorf("unit files: %w", err)
 	}
+	if err := programs(root, c); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// programs records in c the programs of the tree at root, read below root only: the
+// executable files and the links in each of nodeimage.ProgramDirList that is a directory (not
+// followed through a link), and the top-level links into /usr by which other paths name them.
+func programs(root string, c *nodeimage.Contents) error {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	c.Links = map[string]string{}
+	tops, err := os.ReadDir(root)
+	if err != nil {
+		return fmt.Errorf("programs: %w", err)
+	}
+	for _, e := range tops {
+		if e.Type()&fs.ModeSymlink == 0 {
+			continue
+		}
+		t, err := r.Readlink(e.Name())
+		if err != nil {
+			return fmt.Errorf("programs: %w", err)
+		}
+		if !path.IsAbs(t) {
+			t = "/" + t
+		}
+		if t = path.Clean(t); strings.HasPrefix(t, "/usr/") {
+			c.Links["/"+e.Name()] = t
+		}
+	}
+	c.ProgramDirs, c.Programs = []string{}, []string{}
+	for _, dir := range nodeimage.ProgramDirList() {
+		rel := strings.TrimPrefix(dir, "/")
+		fi, err := r.Lstat(rel)
+		if errors.Is(err, fs.ErrNotExist) || (err == nil && !fi.IsDir()) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("programs: %w", err)
+		}
+		d, err := r.Open(rel)
+		if err != nil {
+			return fmt.Errorf("programs: %w", err)
+		}
+		names, err := d.Readdirnames(-1)
+		d.Close()
+		if err != nil {
+			return fmt.Errorf("programs: %s: %w", dir, err)
+		}
+		slices.Sort(names)
+		c.ProgramDirs = append(c.ProgramDirs, dir)
+		for _, name := range names {
+			info, err := r.Lstat(path.Join(rel, name))
+			if err != nil {
+				return fmt.Errorf("programs: %w", err)
+			}
+			if info.Mode()&fs.ModeSymlink != 0 || (info.Mode().IsRegular() && info.Mode()&0o111 != 0) {
+				c.Programs = append(c.Programs, path.Join(dir, name))
+			}
+		}
+	}
+	return nil
 }
 
 // names are the first fields of the passwd or group file p of the tree at root, read below

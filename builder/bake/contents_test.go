@@ -1,6 +1,7 @@
 package bake
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +35,14 @@ func TestImageContents(t *testing.T) {
 			}
 			os.Symlink("/usr/lib/systemd/system/ssh.service", filepath.Join(root, "etc/systemd/system/sshd.service"))
 			os.Symlink("/dev/null", filepath.Join(root, "etc/systemd/system/apt-daily.timer"))
+			mkdirs(t, root, "usr/bin", "usr/lib/systemd/system-generators")
+			os.Symlink("usr/bin", filepath.Join(root, "bin"))
+			os.Symlink("usr/lib", filepath.Join(root, "lib"))
+			os.Symlink("/etc", filepath.Join(root, "sbin")) // not into /usr: no alias
+			os.WriteFile(filepath.Join(root, "usr/bin/kubelet"), []byte("ELF"), 0o755)
+			os.WriteFile(filepath.Join(root, "usr/bin/README"), []byte("not a program"), 0o644)
+			os.Symlink("/etc/alternatives/vi", filepath.Join(root, "usr/bin/vi"))
+			os.WriteFile(filepath.Join(root, "usr/lib/systemd/system-generators/systemd-fstab-generator"), []byte("ELF"), 0o755)
 			tc.lay(root)
 			c, err := imageContents(root)
 			if err != nil {
@@ -47,6 +56,21 @@ func TestImageContents(t *testing.T) {
 			}
 			if want := []string{"getty@.service", "ssh.service", "sshd.service", "systemd-networkd.socket"}; !slices.Equal(c.Units, want) {
 				t.Errorf("units %v, want %v", c.Units, want)
+			}
+			if want := []string{"/usr/bin", "/usr/lib/systemd", "/usr/lib/systemd/system-generators"}; !slices.Equal(c.ProgramDirs, want) {
+				t.Errorf("program dirs %v, want %v", c.ProgramDirs, want)
+			}
+			if want := []string{"/usr/bin/kubelet", "/usr/bin/vi", "/usr/lib/systemd/system-generators/systemd-fstab-generator"}; !slices.Equal(c.Programs, want) {
+				t.Errorf("programs %v, want %v", c.Programs, want)
+			}
+			if want := map[string]string{"/bin": "/usr/bin", "/lib": "/usr/lib"}; !maps.Equal(c.Links, want) {
+				t.Errorf("links %v, want %v", c.Links, want)
+			}
+			for p, lacks := range map[string]bool{"/bin/kubelet": false, "/usr/bin/podman": true, "/bin/podman": true,
+				"/usr/lib/systemd/system-generators/podman-system-generator": true, "/opt/bin/tool": false, "/usr/local/bin/podman": false} {
+				if _, got := c.LacksProgram(p); got != lacks {
+					t.Errorf("LacksProgram(%s) = %v, want %v", p, got, lacks)
+				}
 			}
 		})
 	}

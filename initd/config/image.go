@@ -16,7 +16,8 @@ import (
 // give, so that a config that would fail at first boot fails before any node boots (kiln
 // check-config, kiln run --config): files, directories and links on the read-only root (and
 // home directories there), groups and owners that neither the image nor the config has, and
-// units enabled or given drop-ins that neither the image ships nor the config writes. Every
+// units enabled or given drop-ins that neither the image ships nor the config writes, and
+// what the config gives programs the image lacks (checkPrograms). Every
 // finding is a FieldError naming the JSON path; all are returned together.
 func (c *Config) CheckImage(img *nodeimage.Contents) error {
 	ign := c.Ignition
@@ -38,17 +39,26 @@ func (c *Config) CheckImage(img *nodeimage.Contents) error {
 			groups = append(groups, u.Name) // useradd makes the user's own group
 		}
 	}
-	// A missing user or group is named once, at its first use, with how many more use it.
-	missing := map[string]*missingName{}
-	note := func(kind, field, name string) {
-		key := kind + " " + name
-		if m := missing[key]; m != nil {
-			m.more++
+	// A finding that many fields share (a missing user or group, a missing program) is named
+	// once, at its first field, with how many more name it.
+	findings := map[string]*finding{}
+	add := func(key, field string, msg func(more int) string) {
+		if f := findings[key]; f != nil {
+			f.more++
 			return
 		}
-		m := &missingName{kind: kind, name: name, err: &FieldError{Path: field}}
-		missing[key] = m
-		errs = append(errs, m.err)
+		f := &finding{msg: msg, err: &FieldError{Path: field}}
+		findings[key] = f
+		errs = append(errs, f.err)
+	}
+	note := func(kind, field, name string) {
+		add(kind+" "+name, field, func(more int) string {
+			msg := fmt.Sprintf("%s %q is neither in the image nor in passwd.%ss", kind, name, kind)
+			if more > 0 {
+				msg += fmt.Sprintf(" (%d more fields name it too)", more)
+			}
+			return msg
+		})
 	}
 	group := func(field, name string) {
 		if name != "" && !slices.Contains(groups, name) {
@@ -116,25 +126,18 @@ func (c *Config) CheckImage(img *nodeimage.Contents) error {
 			errs = append(errs, &FieldError{Path: field + ".dropins", Err: fmt.Errorf("drop-ins for %s, which is not a unit the image ships and the config gives no contents", u.Name)})
 		}
 	}
-	for _, m := range missing {
-		m.err.Err = m.error()
+	c.checkPrograms(img, add)
+	for _, f := range findings {
+		f.err.Err = errors.New(f.msg(f.more))
 	}
 	return errors.Join(errs...)
 }
 
-// missingName is a user or group a config names that neither the image nor the config has.
-type missingName struct {
-	kind, name string
-	more       int // later fields that name it too
-	err        *FieldError
-}
-
-func (m *missingName) error() error {
-	msg := fmt.Sprintf("%s %q is neither in the image nor in passwd.%ss", m.kind, m.name, m.kind)
-	if m.more > 0 {
-		msg += fmt.Sprintf(" (%d more fields name it too)", m.more)
-	}
-	return errors.New(msg)
+// finding is one reason a config does not fit the image, named at the first field it concerns.
+type finding struct {
+	msg  func(more int) string
+	more int // later fields it concerns too
+	err  *FieldError
 }
 
 // SSHUnit is the ssh server's unit in the default base (Debian's openssh-server), shipped

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,10 +10,14 @@ import (
 
 // The default base's contents, as the bake records them (abridged).
 var testImage = nodeimage.Contents{
-	Writable: []string{"/etc", "/var", "/usr/local", "/opt", "/home", "/root"},
-	Users:    []string{"root", "daemon", "nobody", "sshd"},
-	Groups:   []string{"root", "adm", "sudo", "wheel", "users", "systemd-journal"},
-	Units:    []string{"containerd.service", "getty@.service", "kubelet.service", "ssh.service", "systemd-networkd.service"},
+	Writable:    []string{"/etc", "/var", "/usr/local", "/opt", "/home", "/root"},
+	Users:       []string{"root", "daemon", "nobody", "sshd"},
+	Groups:      []string{"root", "adm", "sudo", "wheel", "users", "systemd-journal"},
+	Units:       []string{"containerd.service", "getty@.service", "kubelet.service", "ssh.service", "systemd-networkd.service"},
+	ProgramDirs: []string{"/usr/bin", "/usr/sbin", "/usr/libexec", "/usr/lib/systemd", "/usr/lib/systemd/system-generators"},
+	Programs: []string{"/usr/bin/containerd", "/usr/bin/kubelet", "/usr/bin/sh", "/usr/sbin/agetty", "/usr/sbin/sshd",
+		"/usr/lib/systemd/systemd-networkd", "/usr/lib/systemd/system-generators/systemd-fstab-generator"},
+	Links: map[string]string{"/bin": "/usr/bin", "/sbin": "/usr/sbin", "/lib": "/usr/lib"},
 }
 
 // A config that would fail at first boot on the image fails the check, naming each field;
@@ -55,7 +60,42 @@ systemd:
           contents: "[Service]\nEnvironment=X=1\n"
     - name: podman.service
       mask: true
+    - name: tool.service
+      contents: |
+        [Service]
+        ExecStartPre=/bin/sh -c 'curl -o /opt/bin/tool https://example.com/tool'
+        ExecStart=/opt/bin/tool --serve
+        ExecStop=%h/bin/stop
 `, nil},
+		{"programs the image lacks", `storage:
+  files:
+    - path: /etc/NetworkManager/system-connections/ens2.nmconnection
+      contents: {inline: x}
+    - path: /etc/NetworkManager/conf.d/dns.conf
+      contents: {inline: x}
+    - path: /etc/containers/systemd/hello.container
+      contents: {inline: x}
+    - path: /etc/systemd/network/10-ens2.network
+      contents: {inline: x}
+systemd:
+  units:
+    - name: hello.service
+      enabled: true
+      contents: |
+        [Service]
+        ExecStartPre=-/bin/podman kill busybox1
+        ExecStartPre=/usr/bin/podman pull busybox
+        ExecStart=/usr/bin/sh -c 'podman run busybox'
+    - name: kubelet.service
+      dropins:
+        - name: 20-wrap.conf
+          contents: "[Service]\nExecStart=\nExecStart=@/usr/libexec/kubelet-wrapper kubelet\n"
+`, []string{
+			"storage.files[0].path: /etc/NetworkManager/system-connections/ens2.nmconnection is read by NetworkManager (/usr/sbin/NetworkManager), which is not in the image: the config would do nothing; the image configures its network with systemd-networkd (.network files in /etc/systemd/network) (1 more fields write there)",
+			"storage.files[2].path: /etc/containers/systemd/hello.container is read by podman's quadlet generator (/usr/lib/systemd/system-generators/podman-system-generator), which is not in the image: the config would do nothing",
+			"systemd.units[0].contents: line 2: ExecStartPre runs /bin/podman (/usr/bin/podman), which is not in the image; /usr/bin is on its read-only root, where a node cannot add it (1 more lines run it)",
+			"systemd.units[1].dropins[0].contents: line 3: ExecStart runs /usr/libexec/kubelet-wrapper, which is not in the image; /usr/libexec is on its read-only root, where a node cannot add it",
+		}},
 		{"read-only root", `storage:
   files:
     - path: /usr/bin/tool
@@ -131,6 +171,42 @@ storage:
 				}
 			}
 		})
+	}
+}
+
+// An image whose metadata records no programs (baked before kiln recorded them) has every
+// program a config names: nothing is refused for want of one.
+func TestCheckImageWithoutPrograms(t *testing.T) {
+	img := testImage
+	img.ProgramDirs, img.Programs, img.Links = nil, nil, nil
+	c, err := Parse([]byte("variant: fcos\nversion: 1.7.0\nsystemd:\n  units:\n    - name: a.service\n      contents: \"[Service]\\nExecStart=/bin/podman run x\\n\"\nstorage:\n  files:\n    - path: /etc/NetworkManager/conf.d/a.conf\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckImage(&img); err != nil {
+		t.Errorf("CheckImage: %v", err)
+	}
+}
+
+// The programs a unit runs, as systemd finds them: after the prefixes, quoted or not, across
+// continuation lines; not those given by name only or through specifiers and variables.
+func TestExecPrograms(t *testing.T) {
+	unit := "[Unit]\nDescription=ExecStart=/not/this\n# ExecStart=/usr/bin/commented\n[Service]\n" +
+		"ExecStart=\n" +
+		"ExecStartPre=-/bin/podman kill x\n" +
+		"ExecStartPre=!!/usr/sbin/setcap x\n" +
+		"ExecStart=\"/opt/my app/run\" --flag\n" +
+		"ExecStartPost=/usr/bin/long \\\n  --arg\n" +
+		"ExecReload = /usr/bin/kill -HUP $MAINPID\n" +
+		"ExecStop=podman stop x\n" +
+		"ExecStopPost=%h/bin/clean\n" +
+		"ExecCondition=${TOOL} check\n" +
+		"Environment=ExecStart=/usr/bin/env\n"
+	got := execPrograms(unit)
+	want := []execLine{{6, "ExecStartPre", "/bin/podman"}, {7, "ExecStartPre", "/usr/sbin/setcap"}, {8, "ExecStart", "/opt/my app/run"},
+		{9, "ExecStartPost", "/usr/bin/long"}, {11, "ExecReload", "/usr/bin/kill"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("execPrograms:\n%v\nwant\n%v", got, want)
 	}
 }
 

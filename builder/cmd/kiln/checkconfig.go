@@ -23,7 +23,10 @@ then what the image holds, as its bake recorded it in <image>-<role>.json ("cont
   - files, directories and links only where a node writes (/etc, /var, and /usr/local, /opt,
     /home, /root as the image makes them writable; the rest is the read-only root);
   - users' groups, primary groups and file owners that the image or the config has;
-  - units enabled or given drop-ins that the image ships or the config writes.
+  - units enabled or given drop-ins that the image ships or the config writes;
+  - programs: a unit's Exec lines may not run a program the read-only root lacks (/bin/podman
+    on an image without podman), and files for a program the image lacks (NetworkManager
+    keyfiles, podman quadlet files, /etc/docker, /etc/crio, /etc/zincati) are refused.
 
 Several configs are checked one by one and merged in order, as kiln run --config merges them.
 Every finding names the config and the JSON path; check-config exits 1 when there is any, so
