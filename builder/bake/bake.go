@@ -19,6 +19,7 @@ package bake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -69,6 +70,9 @@ func Bake(ctx context.Context, o Options) (*Result, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	start := time.Now()
+	if o.WithoutImages && o.ImportImages {
+		return nil, errors.New("--import-images and --without-images together: the first says how the pre-pulled images are laid, the second leaves them out")
+	}
 	def, prof, lock, err := resolve(o.Definition, o.Role, o.ProfileOverlays, log)
 	if err != nil {
 		return nil, err

@@ -274,6 +274,15 @@ func TestBakeKubernetesWithoutImages(t *testing.T) {
 	r := newK8sRepo(t, "")
 	r.lock(t)
 	before := r.hits.Load()
+	// Asked to leave the images out and to lay them for import: refused, nothing written.
+	_, err := Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
+		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), WithoutImages: true, ImportImages: true})
+	if err == nil || !strings.Contains(err.Error(), "--import-images and --without-images together") {
+		t.Errorf("bake --without-images --import-images: %v, want it refused", err)
+	}
+	if entries, _ := os.ReadDir(r.out); len(entries) != 0 {
+		t.Errorf("the refused bake left %d entries in %s", len(entries), r.out)
+	}
 	res, err := Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
 		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), WithoutImages: true})
 	if err != nil {
