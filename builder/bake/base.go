@@ -5,6 +5,10 @@ import (
 	"path/filepath"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
+
 	"github.com/kilnproject/kiln/builder/disk"
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/internal/nodeimage"
@@ -15,7 +19,8 @@ type bootFiles struct {
 	kernel, bootloader string
 }
 
-// openBase opens the base image by its pinned digest and flattens it into the root tree. The
+// openBase opens the base image by its pinned digest and flattens it into the root tree (or
+// links it from the cache of flattened bases). The
 // kernel and systemd-boot are copied out for the ESP: the root tree may shadow them later. They
 // are read through the tree (a symlink leading out of it is an error) and must fit the ESP. It
 // records the base and the kernel in md.
@@ -28,11 +33,15 @@ func (b *baker) openBase(md *nodeimage.Metadata) (*rootfs.Tree, bootFiles, error
 	if err != nil {
 		return nil, bootFiles{}, err
 	}
-	tree, err := rootfs.FlattenWith(img, filepath.Join(b.work, "tree"), rootfs.FlattenOptions{Cache: b.o.Cache})
+	tree, cached, err := b.flattenBase(img, filepath.Join(b.work, "tree"))
 	if err != nil {
 		return nil, bootFiles{}, fmt.Errorf("base %s: %w", src, err)
 	}
-	b.step("base flattened", t)
+	if cached {
+		b.step("base tree linked from the cache", t)
+	} else {
+		b.step("base flattened", t)
+	}
 
 	kernel, err := tree.FindKernel()
 	if err != nil {
@@ -55,4 +64,33 @@ func (b *baker) openBase(md *nodeimage.Metadata) (*rootfs.Tree, bootFiles, error
 	}
 	md.Kernel = nodeimage.KernelInfo{Version: kernel.Version, SHA256: fileSHA256(boot.kernel)}
 	return tree, boot, nil
+}
+
+// flattenBase applies the base's layers into dir, each one's uncompressed bytes checked against
+// the config's diff IDs, and keeps the applied tree in the cache's base-trees/ by chain ID; a
+// later bake of the same base links it from there (it reports cached). This is safe because
+// every later write to the tree replaces an entry (a new file, link or directory) rather than
+// writing a linked file in place, and the cache checks each tree's listing before reuse.
+func (b *baker) flattenBase(img v1.Image, dir string) (tree *rootfs.Tree, cached bool, err error) {
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, false, fmt.Errorf("config: %w", err)
+	}
+	diffIDs := make([]digest.Digest, len(cf.RootFS.DiffIDs))
+	for i, d := range cf.RootFS.DiffIDs {
+		diffIDs[i] = digest.Digest(d.String())
+	}
+	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "base-trees")}
+	key := identity.ChainID(diffIDs).Encoded()
+	if tree, ok, err := cache.Load(key, dir); err != nil || ok {
+		return tree, ok, err
+	}
+	tree, err = rootfs.FlattenWith(img, dir, rootfs.FlattenOptions{Cache: b.o.Cache, DiffIDs: cf.RootFS.DiffIDs})
+	if err != nil {
+		return nil, false, err
+	}
+	if err := cache.Store(key, tree); err != nil {
+		b.log.Warn("flattened base not cached: the next bake flattens it again", "err", err)
+	}
+	return tree, false, nil
 }

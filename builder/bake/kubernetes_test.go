@@ -129,6 +129,9 @@ func (r *k8sRepo) bakeWith(t *testing.T, overlays ...string) (*Result, error) {
 
 func TestBakeKubernetes(t *testing.T) {
 	r := newK8sRepo(t, "")
+	// An overlay replaces a file of the base, whose flattened tree the cache shares by links.
+	os.MkdirAll(filepath.Join(r.dir, "overlays/kubernetes/etc"), 0o755)
+	write(t, filepath.Join(r.dir, "overlays/kubernetes/etc/os-release"), "ID=kiln-overlay\n")
 	r.lock(t) // pins pause (a HEAD request), no blob
 	hitsAfterLock := r.hits.Load()
 	res, err := r.bakeWith(t)
@@ -177,6 +180,18 @@ func TestBakeKubernetes(t *testing.T) {
 	}
 	if fileSum(t, raw) != first {
 		t.Error("the second bake, from the cache, gave another raw image")
+	}
+	if got := unsquash(t, raw, root.Start, "-cat", "/etc/os-release"); got != "ID=kiln-overlay\n" {
+		t.Errorf("/etc/os-release in the image = %q, want the overlay's", got)
+	}
+	// The flattened base in the cache is still the base's: the overlay replaced the tree's
+	// entry, it did not write through the shared link.
+	cached, _ := filepath.Glob(filepath.Join(r.cache.Root, "base-trees", "*", "tree", "etc", "os-release"))
+	if len(cached) != 1 {
+		t.Fatalf("cached base trees: %v, want one", cached)
+	}
+	if data, err := os.ReadFile(cached[0]); err != nil || string(data) != "ID=fake\n" {
+		t.Errorf("the cached base's /etc/os-release = %q (%v), want the base's", data, err)
 	}
 }
 
