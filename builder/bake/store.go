@@ -23,17 +23,19 @@ import (
 // their blobs (symlinks into the layout), in nodeimage.StoreSeedPath, which first boot copies
 // to containerd's root. An image whose layers hold what the applied tree cannot reproduce
 // (extended attributes such as file capabilities, device nodes) is left out of the store and
-// imported at first boot, as is every image with --import-images or another runtime than
-// containerd. infos (the images' records, in images' order) say which is which.
+// imported at first boot, as is every image with --import-images. The images are recorded in
+// the namespace of the profile's runtime: the CRI's for containerd, Docker Engine's for docker
+// (whose containerd image store is the node's containerd). infos (the images' records, in images' order) say which is which.
 func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifact.CachedImage, infos []nodeimage.ImageInfo) error {
 	if len(images) == 0 {
 		return nil
 	}
-	switch {
-	case k.Runtime != "containerd":
-		return markImported(infos, "kubernetes.runtime is "+k.Runtime)
-	case b.o.ImportImages:
+	if b.o.ImportImages {
 		return markImported(infos, "baked with --import-images")
+	}
+	runtime, ok := nodeimage.RuntimeOf(k.Runtime)
+	if !ok {
+		return fmt.Errorf("%s: kubernetes.runtime %s: no containerd namespace known for it", k.Pos, k.Runtime)
 	}
 	t := time.Now()
 	work, err := os.MkdirTemp(b.work, "store-")
@@ -75,10 +77,11 @@ func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifac
 		NodeBlob: func(d digest.Digest) string {
 			return path.Join(nodeimage.ImagesPath, "blobs", d.Algorithm().String(), d.Encoded())
 		},
-		TreeDest: treeDest,
-		NodeTree: func(c digest.Digest) string { return path.Join(nodeimage.SnapshotsPath, c.Encoded()) },
-		Labels:   nodeimage.RuntimeImageLabels(),
-		Created:  b.o.Created,
+		TreeDest:  treeDest,
+		NodeTree:  func(c digest.Digest) string { return path.Join(nodeimage.SnapshotsPath, c.Encoded()) },
+		Namespace: runtime.Namespace,
+		Labels:    nodeimage.RuntimeImageLabels(),
+		Created:   b.o.Created,
 	}
 	if err := imagestore.Write(b.ctx, o, store); err != nil {
 		return fmt.Errorf("containerd store: %w", err)

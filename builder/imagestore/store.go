@@ -53,8 +53,6 @@ const (
 // node's containerd config names.
 const Snapshotter = "overlayfs"
 
-// Namespace is the containerd namespace of the CRI, where kubelet's images live.
-const Namespace = "k8s.io"
 
 // Image is one image to lay.
 type Image struct {
@@ -82,6 +80,9 @@ type Options struct {
 	// TreeDest is the host directory an image's tree is moved to once the store records it;
 	// NodeTree is where that directory is on the node.
 	TreeDest, NodeTree func(chainID digest.Digest) string
+	// Namespace is the containerd namespace the images are recorded in: the runtime's
+	// (nodeimage.Runtime.Namespace).
+	Namespace string
 	// Labels are set on every image record.
 	Labels map[string]string
 	// Created is the time every record carries.
@@ -91,7 +92,10 @@ type Options struct {
 // Write lays the store for images in o.Dir. On an error, o.Dir may hold a partial store
 // (the caller removes it); an image's tree is either still at im.Tree or at its TreeDest.
 func Write(ctx context.Context, o Options, imgs []Image) error {
-	ctx = namespaces.WithNamespace(ctx, Namespace)
+	if o.Namespace == "" {
+		return errors.New("no containerd namespace for the images")
+	}
+	ctx = namespaces.WithNamespace(ctx, o.Namespace)
 	for _, d := range []string{MetadataDir, filepath.Join(ContentDir, "blobs", "sha256"), SnapshotterDir} {
 		if err := os.MkdirAll(filepath.Join(o.Dir, d), 0o700); err != nil {
 			return err

@@ -65,14 +65,15 @@ func layer(t *testing.T, entries ...entry) v1.Layer {
 // fixture is two images sharing a base layer, the second deleting a file of it, with their
 // blobs in a directory as in an OCI layout.
 type fixture struct {
-	blobs string
-	imgs  map[string]v1.Image
+	blobs     string
+	imgs      map[string]v1.Image
+	namespace string
 }
 
 func newFixture(t *testing.T) fixture {
 	t.Helper()
 	base := layer(t, entry{name: "etc/", dir: true}, entry{name: "etc/os-release", body: "ID=test\n"}, entry{name: "etc/motd", body: "base\n"})
-	f := fixture{blobs: t.TempDir(), imgs: map[string]v1.Image{}}
+	f := fixture{blobs: t.TempDir(), imgs: map[string]v1.Image{}, namespace: "k8s.io"}
 	for name, top := range map[string]v1.Layer{
 		"registry.test/one:1": layer(t, entry{name: "bin/", dir: true}, entry{name: "bin/one", body: "#!/bin/sh\necho one\n"}),
 		"registry.test/two:2": layer(t, entry{name: "etc/.wh.motd"}, entry{name: "etc/two.conf", body: "two\n"}),
@@ -152,7 +153,7 @@ func (f fixture) write(t *testing.T, work string) Options {
 	tree := func(c digest.Digest) string { return filepath.Join(trees, c.Encoded()) }
 	o := Options{
 		Dir: filepath.Join(work, "store"), HostBlob: host, NodeBlob: host, TreeDest: tree, NodeTree: tree,
-		Labels: map[string]string{"io.cri-containerd.image": "managed"}, Created: time.Unix(1.7e9, 0),
+		Namespace: f.namespace, Labels: map[string]string{"io.cri-containerd.image": "managed"}, Created: time.Unix(1.7e9, 0),
 	}
 	if err := Write(context.Background(), o, imgs); err != nil {
 		t.Fatal(err)
@@ -184,6 +185,24 @@ func open(t *testing.T, root string) (*metadata.DB, snapshots.Snapshotter) {
 	return db, sn
 }
 
+// The images are recorded in the namespace of the runtime the store is laid for: Docker
+// Engine's ("moby") lists them, the CRI's ("k8s.io") has none.
+func TestStoreNamespace(t *testing.T) {
+	f := newFixture(t)
+	f.namespace = "moby"
+	o := f.write(t, t.TempDir())
+	db, _ := open(t, o.Dir)
+	for ns, want := range map[string]int{"moby": len(f.imgs), "k8s.io": 0} {
+		list, err := metadata.NewImageStore(db).List(namespaces.WithNamespace(context.Background(), ns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != want {
+			t.Errorf("namespace %s lists %d images, want %d", ns, len(list), want)
+		}
+	}
+}
+
 // TestStoreAsContainerdSeesIt lays the store and reads it back with containerd's libraries:
 // the images are listed under their names, each is unpacked for the overlayfs snapshotter
 // (the check the CRI makes), its snapshot shows the image's files with the whiteout applied,
@@ -193,7 +212,7 @@ func TestStoreAsContainerdSeesIt(t *testing.T) {
 	work := t.TempDir()
 	o := f.write(t, work)
 	db, _ := open(t, o.Dir)
-	ctx := namespaces.WithNamespace(context.Background(), Namespace)
+	ctx := namespaces.WithNamespace(context.Background(), o.Namespace)
 
 	check := func(when string) {
 		t.Helper()

@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -22,7 +21,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -214,7 +212,7 @@ func systemctl(root string) func(ctx context.Context, args ...string) error {
 
 // run gets the config and runs the task graph, filling in st.
 func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
-	img, err := readImage(opts.Root)
+	img, err := nodeimage.ReadImage(opts.Root)
 	if err != nil {
 		return err
 	}
@@ -237,25 +235,15 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 		opts.Log.Info("enabling the ssh server: the config gives users ssh keys", "unit", config.SSHUnit)
 	}
 	plan := newPlan(opts, cfg, img.Role)
+	if img.Kubernetes != nil {
+		rt, ok := nodeimage.RuntimeOf(img.Kubernetes.Runtime)
+		if !ok {
+			return fmt.Errorf("%s: kubernetes.runtime %q is not one this kiln-init knows", nodeimage.ImageJSONPath, img.Kubernetes.Runtime)
+		}
+		plan.runtime = rt
+	}
 	plan.rerun, plan.platform = rerun, platform
 	return runPlan(ctx, plan, st)
-}
-
-// readImage reads what the bake recorded (nodeimage.ImageJSONPath); an image without the file
-// is a zero image.
-func readImage(root string) (nodeimage.Metadata, error) {
-	var img nodeimage.Metadata
-	b, err := os.ReadFile(filepath.Join(root, nodeimage.ImageJSONPath))
-	switch {
-	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
-		return img, nil
-	case err != nil:
-		return img, fmt.Errorf("%s: %w", nodeimage.ImageJSONPath, err)
-	}
-	if err := json.Unmarshal(b, &img); err != nil {
-		return img, fmt.Errorf("%s: %w", nodeimage.ImageJSONPath, err)
-	}
-	return img, nil
 }
 
 // kernelCmdline is opts.Cmdline, else /proc/cmdline.

@@ -182,17 +182,25 @@ func nodeIP(t *testing.T, root string) string {
 }
 
 func TestRunWorkerKubernetes(t *testing.T) {
+	bootstrap := ignFile("/etc/kubernetes/bootstrap-kubelet.conf", 0o600, []byte("apiVersion: v1\nkind: Config\n"))
 	for _, tc := range []struct {
 		name    string
+		runtime string // the image's kubernetes.runtime; "" records none
 		files   []string
 		wantErr string
+		socket  string // kubelet's containerRuntimeEndpoint
 	}{
-		{name: "bootstrap kubeconfig delivered", files: []string{ignFile("/etc/kubernetes/bootstrap-kubelet.conf", 0o600, []byte("apiVersion: v1\nkind: Config\n"))}},
+		{name: "bootstrap kubeconfig delivered", files: []string{bootstrap}, socket: "unix:///run/containerd/containerd.sock"},
+		{name: "docker image", runtime: "docker", files: []string{bootstrap}, socket: "unix:///run/cri-dockerd.sock"},
 		{name: "no kubelet credentials", wantErr: "kubelet has no credentials: neither /etc/kubernetes/bootstrap-kubelet.conf"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := nodeRoot(t, "worker")
 			withKubernetesOverlay(t, root)
+			if tc.runtime != "" {
+				mustWrite(t, filepath.Join(root, "etc/kiln/image.json"),
+					`{"name":"qemu","role":"worker","platform":"qemu","kubernetes":{"version":"v1.37.2","runtime":"`+tc.runtime+`","images":[]}}`)
+			}
 			cfg := ignition(append(tc.files, ignFile("/etc/kiln/node.yaml", 0o644, []byte(workerNodeYAML)))...)
 			st, err := Run(context.Background(), kubeOpts(t, root, cfg))
 			if tc.wantErr != "" {
@@ -217,6 +225,10 @@ func TestRunWorkerKubernetes(t *testing.T) {
 			}
 			if _, err := os.Stat(filepath.Join(root, "etc/kubernetes/pki/apiserver.crt")); err == nil {
 				t.Error("a worker got control-plane certificates")
+			}
+			kc, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/kubelet-config.yaml"))
+			if want := "containerRuntimeEndpoint: " + tc.socket + "\n"; err != nil || !strings.Contains(string(kc), want) {
+				t.Errorf("kubelet-config.yaml (%v) does not say %q:\n%s", err, want, kc)
 			}
 		})
 	}

@@ -51,7 +51,8 @@ type plan struct {
 	opts      Options
 	cfg       *config.Config
 	imageRole string
-	platform  string // kiln.platform: aws and gce nodes learn who they are from the metadata service
+	runtime   nodeimage.Runtime // the image's container runtime (image.json)
+	platform  string            // kiln.platform: aws and gce nodes learn who they are from the metadata service
 
 	instance *instance // what the platform's metadata service says, read once by the facts task
 
@@ -395,6 +396,7 @@ func (p *plan) render(context.Context) (bool, error) {
 		return false, nil
 	}
 	d := renderData(p.node, p.facts)
+	d.Node.Runtime.Socket = p.runtime.Socket
 	if ep := p.etcdPlan; ep != nil {
 		d.Node.Etcd.ClusterState = ep.State
 		d.Node.Etcd.Members = nil

@@ -85,6 +85,33 @@ const (
 	PXEScriptName = "boot.ipxe"
 )
 
+// Runtime is what a kubernetes.runtime of the bake means on the node: where the pre-pulled
+// images go in containerd (both runtimes keep images in the node's containerd: Docker Engine
+// through its containerd image store) and the socket kubelet talks CRI on.
+type Runtime struct {
+	Name string
+	// Namespace is the containerd namespace the runtime's images live in.
+	Namespace string
+	// Socket is the CRI socket kubelet's containerRuntimeEndpoint names.
+	Socket string
+}
+
+// Runtimes are the container runtimes a bake can lay, by kubernetes.runtime.
+var runtimes = map[string]Runtime{
+	"containerd": {Name: "containerd", Namespace: "k8s.io", Socket: "/run/containerd/containerd.sock"},
+	"docker":     {Name: "docker", Namespace: "moby", Socket: "/run/cri-dockerd.sock"},
+}
+
+// RuntimeOf is the runtime name stands for; "" (an image baked without a kubernetes section,
+// or by a kiln that did not record it) is containerd. ok is false for a name kiln does not know.
+func RuntimeOf(name string) (r Runtime, ok bool) {
+	if name == "" {
+		name = "containerd"
+	}
+	r, ok = runtimes[name]
+	return r, ok
+}
+
 // RuntimeImageLabels are the labels the pre-pulled images carry in containerd, whether seeded
 // at bake or imported at boot: the CRI treats them as its own (as if it had pulled them) and
 // pinned, so kubelet's image garbage collection never deletes an image a node without a

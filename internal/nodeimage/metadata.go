@@ -1,6 +1,15 @@
 package nodeimage
 
-import "time"
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
 
 // Metadata describes a baked image. It is ImageJSONPath in the root filesystem and
 // ESPImageJSONPath on the ESP and, with the disk layout and outputs added, <image>-<role>.json
@@ -150,4 +159,39 @@ type OutputInfo struct {
 	Size      int64  `json:"size"`
 	Allocated int64  `json:"allocated"`
 	SHA256    string `json:"sha256,omitempty"`
+}
+
+// ReadImage reads what the bake recorded in the node's root (ImageJSONPath); a root without
+// the file gives a zero Metadata.
+func ReadImage(root string) (Metadata, error) {
+	var img Metadata
+	b, err := os.ReadFile(filepath.Join(root, ImageJSONPath))
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		return img, nil
+	case err != nil:
+		return img, fmt.Errorf("%s: %w", ImageJSONPath, err)
+	}
+	if err := json.Unmarshal(b, &img); err != nil {
+		return img, fmt.Errorf("%s: %w", ImageJSONPath, err)
+	}
+	return img, nil
+}
+
+// NodeRuntime is the container runtime the image at root was baked for (containerd when
+// image.json says none).
+func NodeRuntime(root string) (Runtime, error) {
+	img, err := ReadImage(root)
+	if err != nil {
+		return Runtime{}, err
+	}
+	name := ""
+	if img.Kubernetes != nil {
+		name = img.Kubernetes.Runtime
+	}
+	r, ok := RuntimeOf(name)
+	if !ok {
+		return Runtime{}, fmt.Errorf("%s: kubernetes.runtime %q is not one kiln-init knows", ImageJSONPath, name)
+	}
+	return r, nil
 }

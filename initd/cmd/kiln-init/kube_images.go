@@ -20,6 +20,7 @@ import (
 // imagesFlags are kube images' flags.
 type imagesFlags struct {
 	root, layout, ctr, address string
+	namespace                  string
 	forKubelet, afterAPI       bool
 	apiWait                    time.Duration
 }
@@ -54,6 +55,7 @@ at bake that this root filesystem lacks (a store seeded from another image).`,
 	f.StringVar(&o.layout, "layout", nodeimage.ImagesPath, "OCI image layout with the pre-pulled images")
 	f.StringVar(&o.ctr, "ctr", "ctr", "containerd's ctr")
 	f.StringVar(&o.address, "address", "", "containerd's socket (default: ctr's)")
+	f.StringVar(&o.namespace, "namespace", "", "containerd namespace to import into (default: the image's runtime's, from image.json: k8s.io for containerd, moby for docker)")
 	f.BoolVar(&o.forKubelet, "for-kubelet", false, "import only the images kubelet needs first: containerd's sandbox image and the static pods' images")
 	f.BoolVar(&o.afterAPI, "after-api", false, "on a control plane (admin.conf present), first wait for its API server to answer ready: "+
 		"the images left for this step are used only once it serves, and unpacking them beside a starting API server starves it")
@@ -97,6 +99,14 @@ func (o imagesFlags) importImages(ctx context.Context, log *slog.Logger) (total,
 	if err := kube.CheckStore(o.root); err != nil {
 		return 0, 0, err
 	}
+	ns := o.namespace
+	if ns == "" {
+		rt, err := nodeimage.NodeRuntime(o.root)
+		if err != nil {
+			return 0, 0, err
+		}
+		ns = rt.Namespace
+	}
 	all, err := kube.ReadLayout(o.layout)
 	if err != nil {
 		return 0, 0, err
@@ -110,6 +120,6 @@ func (o imagesFlags) importImages(ctx context.Context, log *slog.Logger) (total,
 		total = len(only)
 	}
 	done, err := kube.ImportImages(ctx, kube.ImportOptions{Layout: o.layout, Log: log,
-		Ctr: kube.Ctr{Path: o.ctr, Address: o.address}, Only: only})
+		Ctr: kube.Ctr{Path: o.ctr, Address: o.address, Namespace: ns}, Only: only})
 	return total, len(done), err
 }
