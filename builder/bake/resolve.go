@@ -48,7 +48,7 @@ func applyOverlays(def *spec.Definition, prof *spec.Profile, files []string, log
 	if len(files) == 0 {
 		return prof, nil
 	}
-	all, err := spec.LoadProfiles(def.ProfilesDir)
+	all, err := def.Profiles()
 	if err != nil {
 		return nil, err
 	}

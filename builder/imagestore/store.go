@@ -53,7 +53,6 @@ const (
 // node's containerd config names.
 const Snapshotter = "overlayfs"
 
-
 // Image is one image to lay.
 type Image struct {
 	// Name is the image's full name, registry.k8s.io/pause:3.10.2.

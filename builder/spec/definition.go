@@ -149,7 +149,7 @@ func LoadDefinition(path string) (*Definition, error) {
 		case "kernel":
 			d.kernel(v, field, &def.Kernel)
 		case "overlays":
-			def.Overlays = d.overlays(v, field, dir)
+			def.Overlays = d.overlays(v, field, filepath.Join(dir, "..", "overlays"))
 		case "profiles":
 			if s, ok := d.String(v, field); ok {
 				p, err := expandPath(s, dir)
@@ -331,14 +331,14 @@ func (d *decoder) kernel(n *yaml.Node, path string, k *Kernel) {
 }
 
 // overlays resolves overlay names to existing directories <dir>/../overlays/<name>.
-func (d *decoder) overlays(n *yaml.Node, field, dir string) []string {
+func (d *decoder) overlays(n *yaml.Node, field, overlaysDir string) []string {
 	var out []string
 	d.strs(n, field, func(s, f string, n *yaml.Node) {
 		if !dirNameRE.MatchString(s) {
 			d.FailAt(n, f, "%q: give the name of a directory under overlays/", s)
 			return
 		}
-		p := filepath.Join(dir, "..", "overlays", s)
+		p := filepath.Join(overlaysDir, s)
 		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
 			d.FailAt(n, f, "overlay %s: %s is not a directory", s, p)
 			return

@@ -92,8 +92,15 @@ var (
 // profileFile returns the path of role's profile in dir.
 func profileFile(dir, role string) string { return filepath.Join(dir, role+".yaml") }
 
-// loadRoleProfile reads and validates the profile for role in dir.
+// loadRoleProfile reads and validates the profile for role in dir, its overlays named under
+// dir's sibling overlays/.
 func loadRoleProfile(dir, role string) (*Profile, error) {
+	return loadRoleProfileIn(dir, filepath.Join(dir, "..", "overlays"), role)
+}
+
+// loadRoleProfileIn reads and validates the profile for role in dir, its overlays named under
+// overlaysDir.
+func loadRoleProfileIn(dir, overlaysDir, role string) (*Profile, error) {
 	if !nameRE.MatchString(role) {
 		return nil, fmt.Errorf("role %q: use lower-case letters, digits and '-'", role)
 	}
@@ -105,13 +112,19 @@ func loadRoleProfile(dir, role string) (*Profile, error) {
 		}
 		return nil, errors.New(msg)
 	}
-	return loadProfile(file, role)
+	return loadProfile(file, overlaysDir, role)
+}
+
+// OverlaysDir is where the definition's overlays, and its profiles', are found: overlays/
+// beside the definition's directory (images/).
+func (def *Definition) OverlaysDir() string {
+	return filepath.Join(filepath.Dir(def.File), "..", "overlays")
 }
 
 // Profile loads the profile for role from the definition's profiles
 // directory; a missing file is reported at the definition's profiles line.
 func (def *Definition) Profile(role string) (*Profile, error) {
-	p, err := loadRoleProfile(def.ProfilesDir, role)
+	p, err := loadRoleProfileIn(def.ProfilesDir, def.OverlaysDir(), role)
 	if err != nil && nameRE.MatchString(role) {
 		if _, serr := os.Stat(profileFile(def.ProfilesDir, role)); errors.Is(serr, fs.ErrNotExist) {
 			return nil, Errorf(def.ProfilesPos, "profiles", "%v", err)
@@ -136,8 +149,18 @@ func profileRoles(dir string) ([]string, error) {
 	return roles, nil
 }
 
-// LoadProfiles loads every profile in dir, sorted by role.
+// Profiles loads every profile of the definition's profiles directory, sorted by role.
+func (def *Definition) Profiles() ([]*Profile, error) {
+	return loadProfiles(def.ProfilesDir, def.OverlaysDir())
+}
+
+// LoadProfiles loads every profile in dir, sorted by role, their overlays named under dir's
+// sibling overlays/.
 func LoadProfiles(dir string) ([]*Profile, error) {
+	return loadProfiles(dir, filepath.Join(dir, "..", "overlays"))
+}
+
+func loadProfiles(dir, overlaysDir string) ([]*Profile, error) {
 	roles, err := profileRoles(dir)
 	if err != nil {
 		return nil, fmt.Errorf("profiles: %w", err)
@@ -145,7 +168,7 @@ func LoadProfiles(dir string) ([]*Profile, error) {
 	var out []*Profile
 	var errs []error
 	for _, r := range roles {
-		p, err := loadRoleProfile(dir, r)
+		p, err := loadRoleProfileIn(dir, overlaysDir, r)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -155,7 +178,7 @@ func LoadProfiles(dir string) ([]*Profile, error) {
 	return out, errors.Join(errs...)
 }
 
-func loadProfile(file, role string) (*Profile, error) {
+func loadProfile(file, overlaysDir, role string) (*Profile, error) {
 	d, root, abs, err := parse(file, "profile")
 	if err != nil {
 		return nil, err
@@ -177,7 +200,7 @@ func loadProfile(file, role string) (*Profile, error) {
 		case "units":
 			d.units(v, field, &p.Units)
 		case "overlays":
-			p.Overlays = d.overlays(v, field, dir)
+			p.Overlays = d.overlays(v, field, overlaysDir)
 		case "kubernetes":
 			kubernetesNode = v
 			p.Kubernetes = d.kubernetes(v, field)

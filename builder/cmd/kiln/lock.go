@@ -33,7 +33,7 @@ Registry credentials come from the docker config and credential helpers, as for 
 			if err != nil {
 				return err
 			}
-			profiles, err := spec.LoadProfiles(def.ProfilesDir)
+			profiles, err := def.Profiles()
 			if err != nil {
 				return err
 			}
