@@ -6,6 +6,7 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 ROLE ?= worker
 DEF ?= images/qemu.yaml
 OUT ?= out
+RUNTIME ?= containerd
 BASE := $(KILN_CACHE)/base/index.json
 
 .PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-import e2e-pull e2e-ha components local-sources bench bench-serve fuzz vet clean
@@ -112,10 +113,12 @@ test: deps build base base-generic base-cloudinit
 # crictl and CoreDNS built from source through the Go module proxy (cached in
 # $(KILN_E2E_CACHE)), images pushed to a local registry, control-plane and worker images baked and
 # booted under TCG; kubectl from the host checks /readyz, both nodes Ready and a pod on the worker.
+# RUNTIME=docker: the worker is baked from images/qemu-docker.yaml (Docker Engine and cri-dockerd,
+# built from source too) and docker ps on it must show the pod's containers.
 e2e: deps build base
 	@builder/scripts/deps.sh test
 	@builder/scripts/deps.sh e2e
-	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E=1 KILN_ACCEL=tcg \
+	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E=1 KILN_E2E_RUNTIME=$(RUNTIME) KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 75m -run '^TestE2ECluster$$' ./qemu-tests/
 
 # The same cluster baked --import-images: containerd's store is not laid at bake and first boot

@@ -1,6 +1,7 @@
 package qemutests
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -98,6 +99,9 @@ func runE2ECluster(t *testing.T, pull bool) {
 	cpName, workerName := e2eCluster+"-cp-1", e2eCluster+"-worker-1"
 	cpConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, cpName+".ign"), cpAddr, e.dir, pull)
 	workerConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, workerName+".ign"), workerAddr, e.dir, pull)
+	if e2eDocker() {
+		workerConfig = mergeButane(t, workerConfig, dockerProbe)
+	}
 
 	// One link per run: two e2e runs on one host must not share a segment.
 	e2eLink := fmt.Sprintf("%s-%d", e2eLinkPrefix, os.Getpid())
@@ -196,6 +200,19 @@ func runE2ECluster(t *testing.T, pull bool) {
 		return err == nil && strings.HasPrefix(out, "Running "+workerName), out
 	})
 	t.Logf("e2e: pod running on %s after %s", workerName, time.Since(podStart).Round(time.Second))
+	if out, err := kubectl("get", "node", workerName, "-o", "jsonpath={.status.nodeInfo.containerRuntimeVersion}"); err != nil || e2eDocker() != strings.HasPrefix(out, "docker://") {
+		t.Errorf("the worker's container runtime is %q (%v); Docker wanted: %t", out, err, e2eDocker())
+	} else {
+		t.Logf("e2e: the worker's container runtime: %s", out)
+	}
+	if e2eDocker() {
+		// Docker Engine runs the pod: docker ps on the worker lists its containers.
+		line := waitForLine(t, workerVM, regexp.MustCompile(`kiln-e2e-docker: .*`), 5*time.Minute)
+		if !strings.Contains(line, "k8s_pause_e2e-pause_default_") || !strings.Contains(line, "k8s_POD_e2e-pause_default_") {
+			t.Errorf("docker ps on the worker does not show the pod's container and sandbox: %s", line)
+		}
+		t.Logf("e2e: %s", line[strings.Index(line, "kiln-e2e-docker: "):])
+	}
 
 	// The cluster's DNS serves: CoreDNS (an addon kiln-control-plane applied) has a ready
 	// replica, offline too (no upstream name server: it answers the cluster's names only).
@@ -412,26 +429,34 @@ func bakeE2EImages(t *testing.T, e *env, pull bool, extra ...string) (out, bin s
 	cache := e2eCacheDir()
 	bin = filepath.Join(cache, "bin")
 	e.environ = append(e.environ, "KILN_E2E_CACHE="+cache)
+	docker := e2eDocker()
 	e2eStep(t, "components built from source", func() {
 		e.run(root, "bash", "qemu-tests/e2e/build-components.sh")
+		if docker {
+			e.run(root, "bash", "qemu-tests/e2e/build-components.sh", "docker")
+		}
 	})
 
 	overlay := filepath.Join(e.dir, "e2e-overlay.yaml")
+	dockerOverlay := filepath.Join(e.dir, "e2e-docker-overlay.yaml")
 	e2eStep(t, "images pushed to the local registry, artifacts packed and served", func() {
 		e.run(root, "bash", "qemu-tests/e2e/registry.sh", "start")
 		dir := filepath.Join(e.dir, "artifacts")
 		url := serveDir(t, dir)
-		e.run(root, "go", "run", "./qemu-tests/e2e/images", "-bin", bin,
+		args := []string{"run", "./qemu-tests/e2e/images", "-bin", bin,
 			"-iptables", filepath.Join(cache, "rootfs", "iptables"), "-registry", "127.0.0.1:5000",
-			"-artifacts", dir, "-overlay", overlay, "-artifact-url", url)
+			"-artifacts", dir, "-overlay", overlay, "-artifact-url", url}
+		if docker {
+			args = append(args, "-docker-overlay", dockerOverlay)
+		}
+		e.run(root, "go", args...)
 	})
 
 	out = filepath.Join(e.dir, "out")
-	bakeArgs := []string{"--profile-overlay", overlay, "-o", out}
 	if pull {
-		bakeArgs = append(bakeArgs, "--without-images")
+		extra = append(extra, "--without-images")
 	}
-	bakeArgs = append(bakeArgs, extra...)
+	bakeArgs := append([]string{"--profile-overlay", overlay, "-o", out}, extra...)
 	e2eStep(t, "control-plane and worker images baked", func() {
 		e.run(e.repo, e.kiln, "lock", "images/qemu.yaml", "--profile-overlay", overlay)
 		for _, role := range []string{"control-plane", "worker"} {
@@ -439,10 +464,85 @@ func bakeE2EImages(t *testing.T, e *env, pull bool, extra ...string) (out, bin s
 			e.run(e.repo, e.kiln, append([]string{"bake", "images/qemu.yaml", "--role", role}, bakeArgs...)...)
 			t.Logf("e2e: baked %s in %s", role, time.Since(start).Round(100*time.Millisecond))
 		}
+		if docker {
+			// The worker on Docker Engine, from its own definition and overlay; it replaces
+			// qemu-worker.raw, which the cluster boots.
+			e.run(e.repo, e.kiln, "lock", "images/qemu-docker.yaml", "--profile-overlay", dockerOverlay)
+			start := time.Now()
+			args := append([]string{"bake", "images/qemu-docker.yaml", "--role", "worker", "--profile-overlay", dockerOverlay, "-o", out}, extra...)
+			e.run(e.repo, e.kiln, args...)
+			t.Logf("e2e: baked the Docker worker in %s", time.Since(start).Round(100*time.Millisecond))
+			for _, suffix := range []string{".raw", ".qcow2", ".json"} {
+				if err := os.Rename(filepath.Join(out, "qemu-docker-worker"+suffix), filepath.Join(out, "qemu-worker"+suffix)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 	})
 	for _, role := range []string{"control-plane", "worker"} {
 		logImageSize(t, filepath.Join(out, "qemu-"+role))
 		scanImageForSecrets(t, filepath.Join(out, "qemu-"+role+".raw"))
 	}
 	return out, bin
+}
+
+// e2eDocker reports whether the e2e's worker runs on Docker Engine (make e2e RUNTIME=docker).
+func e2eDocker() bool { return os.Getenv("KILN_E2E_RUNTIME") == "docker" }
+
+// dockerProbe is the Butane of a unit that shows, on a Docker worker's console, the Docker
+// containers of the e2e's pod once cri-dockerd made them (docker ps, names k8s_<container>_<pod>_…).
+const dockerProbe = `variant: fcos
+version: 1.6.0
+systemd:
+  units:
+    - name: kiln-e2e-docker.service
+      enabled: true
+      contents: |
+        [Unit]
+        After=cri-docker.service
+        [Service]
+        Type=simple
+        ExecStart=/bin/sh -c 'for i in $$(seq 1200); do c=$$(docker ps --filter name=_e2e-pause_ --format "{{.Names}} {{.Image}} {{.Status}}" | tr "\n" ";"); if [ -n "$$c" ]; then echo "kiln-e2e-docker: $$c"; exit 0; fi; sleep 2; done; echo "kiln-e2e-docker: no container of the pod"'
+        StandardOutput=journal+console
+        [Install]
+        WantedBy=multi-user.target
+`
+
+// waitForLine waits until a console line of m matches re and returns it; the test fails
+// naming re and the console's end when none does within timeout.
+func waitForLine(t *testing.T, m *vm.Machine, re *regexp.Regexp, timeout time.Duration) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	line, err := m.WaitFor(ctx, re)
+	if err != nil {
+		t.Fatalf("%v\nlast console lines:\n%s", err, tail(m.Lines(), 40))
+	}
+	return line
+}
+
+// mergeButane merges the Butane config bu into the Ignition config file ign, in place, and
+// returns ign.
+func mergeButane(t *testing.T, ign, bu string) string {
+	t.Helper()
+	raw, err := os.ReadFile(ign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := config.Parse(raw)
+	if err != nil {
+		t.Fatalf("%s: %v", ign, err)
+	}
+	extra, err := config.Parse([]byte(bu))
+	if err != nil {
+		t.Fatal(err)
+	}
+	merged, err := config.Merge(node, extra).JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ign, merged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return ign
 }

@@ -6,6 +6,9 @@
 #   $KILN_E2E_CACHE/bin/<name>      static binaries
 #   $KILN_E2E_CACHE/rootfs/iptables userland for the kube-proxy image (Debian .debs)
 #
+# Arguments name components (functions below) or the group docker; none builds
+# every component but Docker's.
+#
 # Each component is skipped when its binaries exist (delete the file to
 # rebuild). Versions are the ones the e2e profile pins.
 set -euo pipefail
@@ -17,6 +20,13 @@ RUNC_VERSION=${RUNC_VERSION:-v1.5.3}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
 CNI_VERSION=${CNI_VERSION:-v1.10.0}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+# Docker Engine is the moby/moby/v2 module (the daemon and docker-proxy; it has
+# a go.mod), the CLI the docker/cli module (GOPATH-era: its dependencies are
+# listed in vendor.mod, used as its go.mod), cri-dockerd the Mirantis module built as the
+# main module (its go.mod replaces Kubernetes' staging modules).
+MOBY_VERSION=${MOBY_VERSION:-v2.0.0-beta.24}
+DOCKER_CLI_VERSION=${DOCKER_CLI_VERSION:-v29.9.0}
+CRI_DOCKERD_VERSION=${CRI_DOCKERD_VERSION:-v0.3.17}
 
 CACHE=${KILN_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/e2e}
 BIN=$CACHE/bin
@@ -148,6 +158,45 @@ coredns() {
 	CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" github.com/coredns/coredns@"$COREDNS_VERSION"
 }
 
+docker_engine() {
+	have dockerd docker-proxy && return
+	local ld="-s -w -X github.com/moby/moby/v2/dockerversion.Version=${MOBY_VERSION#v}"
+	ld="$ld -X github.com/moby/moby/v2/dockerversion.GitCommit=$MOBY_VERSION"
+	CGO_ENABLED=0 go install -trimpath -tags "netgo osusergo static_build nri_no_wasm exclude_graphdriver_btrfs" \
+		-ldflags "$ld" github.com/moby/moby/v2/cmd/dockerd@"$MOBY_VERSION" \
+		github.com/moby/moby/v2/cmd/docker-proxy@"$MOBY_VERSION"
+}
+
+# module_src copies module $1@$2 from the module cache into $SRC/$3, writable.
+module_src() {
+	local dir d=$SRC/$3
+	dir=$(go mod download -json "$1@$2" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+	rm -rf "$d" && cp -r "$dir" "$d" && chmod -R u+w "$d"
+	echo "$d"
+}
+
+docker_cli() {
+	have docker && return
+	local d
+	d=$(module_src github.com/docker/cli "$DOCKER_CLI_VERSION+incompatible" docker-cli)
+	# The module zip keeps only vendor/modules.txt: the dependencies come from the proxy,
+	# at the versions vendor.mod names (vendor.sum checks them).
+	cd "$d" && rm -rf vendor && mv vendor.mod go.mod && mv vendor.sum go.sum
+	CGO_ENABLED=0 go build -trimpath -tags "osusergo netgo" \
+		-ldflags "-s -w -X github.com/docker/cli/cli/version.Version=${DOCKER_CLI_VERSION#v} -X github.com/docker/cli/cli/version.GitCommit=$DOCKER_CLI_VERSION" \
+		-o "$BIN/docker" ./cmd/docker
+}
+
+cri_dockerd() {
+	have cri-dockerd && return
+	local d
+	d=$(module_src github.com/Mirantis/cri-dockerd "$CRI_DOCKERD_VERSION" cri-dockerd)
+	cd "$d"
+	CGO_ENABLED=0 go build -trimpath \
+		-ldflags "-s -w -X github.com/Mirantis/cri-dockerd/cmd/version.Version=${CRI_DOCKERD_VERSION#v} -X github.com/Mirantis/cri-dockerd/cmd/version.GitCommit=$CRI_DOCKERD_VERSION" \
+		-o "$BIN/cri-dockerd" .
+}
+
 iptables_root() {
 	# kube-proxy execs iptables/nft: its image carries Debian's userland.
 	local r=$CACHE/rootfs/iptables
@@ -165,7 +214,16 @@ iptables_root() {
 }
 
 all=(k8s pause etcd containerd runc crictl cni coredns iptables_root)
-for c in "${@:-${all[@]}}"; do
+# Docker Engine, its CLI and cri-dockerd only for a worker on Docker (make e2e RUNTIME=docker):
+# build-components.sh docker.
+docker=(docker_engine docker_cli cri_dockerd)
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=("${all[@]}")
+components=()
+for c in "${args[@]}"; do
+	if [ "$c" = docker ]; then components+=("${docker[@]}"); else components+=("$c"); fi
+done
+for c in "${components[@]}"; do
 	log "$c"
 	(timed "$c" "$c")
 done

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -24,6 +25,9 @@ type localArtifact struct {
 	file  string            // file name served
 	plain string            // a plain binary: the component's file name
 	tar   map[string]string // a tarball: member name → component file name
+	// docker marks the artifacts only profiles/docker/worker.yaml has; they are packed when
+	// build-components.sh built Docker (its docker group).
+	docker bool
 }
 
 // e2eArtifacts are the profiles' binary artifacts (profiles/*.yaml), by name.
@@ -36,16 +40,47 @@ var e2eArtifacts = []localArtifact{
 	{name: "crictl", file: "crictl-linux-amd64.tar.gz", tar: map[string]string{"crictl": "crictl"}},
 	{name: "cni-plugins", file: "cni-plugins-linux-amd64.tgz", tar: map[string]string{
 		"./bridge": "bridge", "./host-local": "host-local", "./loopback": "loopback", "./portmap": "portmap"}},
+	{name: "docker", file: "docker-amd64.tgz", docker: true, tar: map[string]string{
+		"docker/dockerd": "dockerd", "docker/docker-proxy": "docker-proxy", "docker/docker": "docker"}},
+	{name: "cri-dockerd", file: "cri-dockerd-amd64.tgz", docker: true, tar: map[string]string{"cri-dockerd/cri-dockerd": "cri-dockerd"}},
+}
+
+// dockerProfile names what profiles/docker/worker.yaml pins: its artifacts and images. Its
+// profile overlay names these only (an overlay naming anything no profile has is refused).
+var dockerProfile = struct{ artifacts, images []string }{
+	artifacts: []string{"kubelet", "containerd", "runc", "crictl", "cni-plugins", "docker", "cri-dockerd"},
+	images:    []string{"registry.k8s.io/pause:3.10.2", "registry.k8s.io/kube-proxy:v1.37.2", "registry.k8s.io/coredns/coredns:v1.15.0"},
+}
+
+// built reports whether bin holds every component a's files come from.
+func (a localArtifact) built(bin string) bool {
+	files := []string{a.plain}
+	if a.plain == "" {
+		files = files[:0]
+		for _, f := range a.tar {
+			files = append(files, f)
+		}
+	}
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(bin, f)); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // packArtifacts writes every local artifact into dir (reproducibly: fixed times, sorted
-// members) and returns each one's sha256 by name.
+// members) and returns each one's sha256 by name. Docker's are left out when Docker was not
+// built.
 func packArtifacts(bin, dir string) (map[string]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	sums := map[string]string{}
 	for _, a := range e2eArtifacts {
+		if a.docker && !a.built(bin) {
+			continue
+		}
 		dst := filepath.Join(dir, a.file)
 		var err error
 		if a.plain != "" {
@@ -65,11 +100,18 @@ func packArtifacts(bin, dir string) (map[string]string, error) {
 
 // writeOverlay writes the profile overlay (kiln bake --profile-overlay) that points the
 // profiles' artifacts at the packed files — by URL under baseURL, or by absolute path when
-// baseURL is empty — and their images at the pushed copies.
-func writeOverlay(file, dir, baseURL string, sums map[string]string, images map[string]Pushed) error {
+// baseURL is empty — and their images at the pushed copies: those of profiles/ (docker false)
+// or those of profiles/docker (docker true).
+func writeOverlay(file, dir, baseURL string, sums map[string]string, images map[string]Pushed, docker bool) error {
 	var b strings.Builder
 	b.WriteString("# Written by qemu-tests/e2e/images: the profiles' artifacts and images, built from source here.\nartifacts:\n")
 	for _, a := range e2eArtifacts {
+		if docker && !slices.Contains(dockerProfile.artifacts, a.name) || !docker && a.docker {
+			continue
+		}
+		if _, ok := sums[a.name]; !ok {
+			return fmt.Errorf("artifact %s was not packed (make e2e RUNTIME=docker builds Docker)", a.name)
+		}
 		if baseURL != "" {
 			fmt.Fprintf(&b, "  - {name: %s, url: %q, sha256: %s}\n", a.name, strings.TrimSuffix(baseURL, "/")+"/"+a.file, sums[a.name])
 		} else {
@@ -82,6 +124,9 @@ func writeOverlay(file, dir, baseURL string, sums map[string]string, images map[
 	}
 	b.WriteString("images:\n")
 	for _, name := range sortedKeys(images) {
+		if docker && !slices.Contains(dockerProfile.images, name) {
+			continue
+		}
 		fmt.Fprintf(&b, "  - {name: %q, source: %q, digest: %q}\n", name, images[name].Source, images[name].Digest)
 	}
 	return os.WriteFile(file, []byte(b.String()), 0o644)

@@ -445,6 +445,7 @@ func main() {
 	flag.StringVar(&outFile, "o", "", "also write the JSON to this file")
 	flag.StringVar(&art.dir, "artifacts", "", "also pack the profiles' binary artifacts (upstream release shapes) into this directory")
 	flag.StringVar(&art.overlay, "overlay", "", "with -artifacts: write a profile overlay (kiln bake --profile-overlay) pinning the packed artifacts and pushed images")
+	flag.StringVar(&art.dockerOverlay, "docker-overlay", "", "with -artifacts: also write the profile overlay for profiles/docker (images/qemu-docker.yaml); needs Docker built")
 	flag.StringVar(&art.url, "artifact-url", "", "with -overlay: the URL the artifacts directory is served at (default: absolute paths)")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -454,8 +455,8 @@ func main() {
 	if only != "" {
 		o.Only = strings.Split(only, ",")
 	}
-	if art.overlay != "" && art.dir == "" {
-		fmt.Fprintln(os.Stderr, "images: -overlay needs -artifacts")
+	if (art.overlay != "" || art.dockerOverlay != "") && art.dir == "" {
+		fmt.Fprintln(os.Stderr, "images: -overlay and -docker-overlay need -artifacts")
 		os.Exit(2)
 	}
 	if err := run(o, outFile, art); err != nil {
@@ -465,7 +466,7 @@ func main() {
 }
 
 // artifactOptions asks run to pack the binary artifacts too and write the profile overlay.
-type artifactOptions struct{ dir, overlay, url string }
+type artifactOptions struct{ dir, overlay, dockerOverlay, url string }
 
 func run(o Options, outFile string, art artifactOptions) error {
 	work, err := os.MkdirTemp("", "kiln-e2e-images-")
@@ -484,8 +485,13 @@ func run(o Options, outFile string, art artifactOptions) error {
 			return err
 		}
 		if art.overlay != "" {
-			if err := writeOverlay(art.overlay, art.dir, art.url, sums, got); err != nil {
+			if err := writeOverlay(art.overlay, art.dir, art.url, sums, got, false); err != nil {
 				return fmt.Errorf("profile overlay %s: %w", art.overlay, err)
+			}
+		}
+		if art.dockerOverlay != "" {
+			if err := writeOverlay(art.dockerOverlay, art.dir, art.url, sums, got, true); err != nil {
+				return fmt.Errorf("profile overlay %s: %w", art.dockerOverlay, err)
 			}
 		}
 	}
