@@ -255,8 +255,8 @@ var containerdMinimum = []struct {
 // checkVersions refuses a tree whose binaries do not fit k: kubelet must report exactly
 // k.Version; kubectl, if present, must be within one minor release of it; with the containerd
 // runtime, containerd and runc must be present and containerd new enough for the release
-// (containerdMinimum); with the docker runtime, dockerd, cri-dockerd and runc must be present
-// (containerd, if any, is Docker's and kubelet does not talk to it).
+// (containerdMinimum); with the docker runtime, runc, containerd, Docker Engine 29 or newer and
+// a cri-dockerd that speaks kubelet's CRI (checkDocker).
 func checkVersions(k spec.Kubernetes, v treeVersions) error {
 	want, ok := parseSemver(k.Version)
 	if !ok {
@@ -280,12 +280,7 @@ func checkVersions(k spec.Kubernetes, v treeVersions) error {
 	}
 	switch k.Runtime {
 	case "docker":
-		if v.Dockerd == nil {
-			fail("dockerd is missing: kubernetes.runtime docker needs Docker Engine in the image")
-		}
-		if v.CRIDockerd == nil {
-			fail("cri-dockerd is missing: kubernetes.runtime docker needs it (kubelet has no dockershim since 1.24)")
-		}
+		checkDocker(want, v, fail)
 	default:
 		if v.Containerd == nil {
 			fail("containerd is missing: kubernetes.runtime %s needs it", k.Runtime)
@@ -306,6 +301,46 @@ func checkVersions(k spec.Kubernetes, v treeVersions) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Docker's skew rules: Engine 29 is the first to keep its images in containerd by default
+// (the containerd image store, where the bake lays them: overlays/docker configures no graph
+// driver), and moby's v2 module begins with it; cri-dockerd 0.3.0 is the first to serve CRI v1,
+// the only CRI kubelet speaks since Kubernetes 1.26.
+const (
+	dockerMinMajor       = 29
+	dockerV2Module       = "github.com/moby/moby/v2"
+	criDockerdCRIv1      = "v0.3.0"
+	criDockerdCRIv1Since = 26
+)
+
+// checkDocker checks the binaries of a tree baked for kubernetes.runtime docker against the
+// Kubernetes release want: dockerd (Engine 29 or newer), cri-dockerd (CRI v1 where kubelet
+// needs it) and the containerd Docker Engine runs on.
+func checkDocker(want semver, v treeVersions, fail func(string, ...any)) {
+	switch d := v.Dockerd; {
+	case d == nil:
+		fail("dockerd is missing: kubernetes.runtime docker needs Docker Engine in the image")
+	case d.Version == "":
+		fail("%s: cannot read Docker Engine's version (no -X …/dockerversion.Version, no module version); kubernetes.runtime docker needs Engine %d or newer", d.Path, dockerMinMajor)
+	case !strings.Contains(d.Source, dockerV2Module):
+		if dv, ok := parseSemver(d.Version); !ok || dv.major < dockerMinMajor {
+			fail("%s is Docker Engine %s; kubernetes.runtime docker needs Engine %d or newer, whose images live in containerd (where the bake lays them)", d.Path, d.Version, dockerMinMajor)
+		}
+	}
+	switch c := v.CRIDockerd; {
+	case c == nil:
+		fail("cri-dockerd is missing: kubernetes.runtime docker needs it (kubelet has no dockershim since 1.24)")
+	case want.major == 1 && want.minor >= criDockerdCRIv1Since:
+		cv, ok := parseSemver(c.Version)
+		min, _ := parseSemver(criDockerdCRIv1)
+		if !ok || cv.less(min) {
+			fail("%s is cri-dockerd %q; Kubernetes 1.%d and newer speak CRI v1 only, which cri-dockerd serves since %s", c.Path, c.Version, criDockerdCRIv1Since, criDockerdCRIv1)
+		}
+	}
+	if v.Containerd == nil {
+		fail("containerd is missing: kubernetes.runtime docker runs Docker Engine on the node's containerd")
+	}
 }
 
 // cgroupV2Since is the first Kubernetes minor whose kubelet refuses cgroup v1.

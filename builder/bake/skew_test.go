@@ -122,6 +122,8 @@ const (
 	containerd2112 = "-X github.com/containerd/containerd/v2/version.Version=v2.1.12"
 	runc153        = "-X main.gitCommit=v1.5.3-0-g1234567 -X main.version=1.5.3 -linkmode internal"
 	dockerd        = "-X github.com/docker/docker/dockerversion.Version=26.1.5+dfsg1 -X github.com/docker/docker/dockerversion.GitCommit=a72d7cd"
+	dockerd29      = "-X github.com/moby/moby/v2/dockerversion.Version=29.9.0 -X github.com/moby/moby/v2/dockerversion.GitCommit=4e1b3c2"
+	dockerdModule  = "-X github.com/moby/moby/v2/dockerversion.Version=2.0.0-beta.24"
 	criDockerd     = "-X github.com/Mirantis/cri-dockerd/cmd/version.Version=0.3.15 -X github.com/Mirantis/cri-dockerd/cmd/version.GitCommit=c1c566e"
 )
 
@@ -132,6 +134,9 @@ type bin struct{ rel, ldflags string }
 
 // containerdTree is a tree with a containerd runtime for Kubernetes v1.37.2.
 var containerdTree = []bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}
+
+// dockerTree is a tree with a docker runtime for Kubernetes v1.37.2 (containerd last).
+var dockerTree = []bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd29}, {"usr/bin/cri-dockerd", criDockerd}, {"usr/sbin/runc", runc153}, {"usr/bin/containerd", containerd242}}
 
 // with is base and extra, in a new slice.
 func with(base []bin, extra ...bin) []bin { return append(append([]bin(nil), base...), extra...) }
@@ -175,10 +180,22 @@ var checkVersionsCases = []checkVersionsCase{
 	{"kubectl two minors behind", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, with(containerdTree, bin{"usr/bin/kubectl", kubeletLd("v1.35.0")}), [2]string{},
 		[]string{"/usr/bin/kubectl is v1.35.0, more than one minor release away from kubernetes.version v1.37.2"}},
 	{"kubectl one minor ahead", spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, with(containerdTree, bin{"usr/bin/kubectl", kubeletLd("v1.38.0")}), [2]string{}, nil},
-	{"docker", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
-		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd}, {"usr/bin/cri-dockerd", criDockerd}, {"usr/bin/containerd", containerd1728}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
+	{"docker", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"}, dockerTree, [2]string{}, nil},
+	{"docker built from moby's v2 module", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerdModule}, {"usr/bin/cri-dockerd", criDockerd}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}, [2]string{}, nil},
+	{"Docker Engine 26", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd}, {"usr/bin/cri-dockerd", criDockerd}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]string{"/usr/bin/dockerd is Docker Engine v26.1.5; kubernetes.runtime docker needs Engine 29 or newer"}},
+	{"dockerd without a version", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", "-s -w"}, {"usr/bin/cri-dockerd", criDockerd}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]string{"/usr/bin/dockerd: cannot read Docker Engine's version"}},
+	{"cri-dockerd before CRI v1", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd29}, {"usr/bin/cri-dockerd", "-X github.com/Mirantis/cri-dockerd/cmd/version.Version=0.2.6"}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]string{`/usr/bin/cri-dockerd is cri-dockerd "v0.2.6"; Kubernetes 1.26 and newer speak CRI v1 only, which cri-dockerd serves since v0.3.0`}},
+	{"docker without containerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"}, dockerTree[:4], [2]string{},
+		[]string{"containerd is missing: kubernetes.runtime docker runs Docker Engine on the node's containerd"}},
 	{"docker without cri-dockerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"},
-		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd}, {"usr/sbin/runc", runc153}}, [2]string{},
+		[]bin{{"usr/bin/kubelet", kubelet1372}, {"usr/bin/dockerd", dockerd29}, {"usr/bin/containerd", containerd242}, {"usr/sbin/runc", runc153}}, [2]string{},
 		[]string{"cri-dockerd is missing: kubernetes.runtime docker needs it (kubelet has no dockershim since 1.24)"}},
 	{"docker without dockerd", spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"}, containerdTree, [2]string{},
 		[]string{"dockerd is missing", "cri-dockerd is missing"}},
@@ -365,5 +382,20 @@ func TestReadVersionsE2EBinaries(t *testing.T) {
 	}
 	if err := checkVersions(spec.Kubernetes{Version: "v1.37.2", Runtime: "containerd"}, v); err != nil {
 		t.Error(err)
+	}
+	// With Docker built (build-components.sh docker), the docker runtime's rules take them.
+	for _, rel := range []string{"usr/bin/dockerd", "usr/bin/cri-dockerd"} {
+		b, err := os.ReadFile(filepath.Join(bin, filepath.Base(rel)))
+		if err != nil {
+			t.Logf("no Docker among the end-to-end binaries: %v", err)
+			return
+		}
+		putFile(t, root, rel, b)
+	}
+	if v, err = readVersions(context.Background(), root); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkVersions(spec.Kubernetes{Version: "v1.37.2", Runtime: "docker"}, v); err != nil {
+		t.Errorf("the e2e's Docker: %v", err)
 	}
 }

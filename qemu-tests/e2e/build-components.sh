@@ -192,7 +192,9 @@ cri_dockerd() {
 	local d
 	d=$(module_src github.com/Mirantis/cri-dockerd "$CRI_DOCKERD_VERSION" cri-dockerd)
 	cd "$d"
-	CGO_ENABLED=0 go build -trimpath \
+	# Without -trimpath: built as the main module from a copy, its build information names no
+	# module version, and only then does it keep the -ldflags the bake reads the version from.
+	CGO_ENABLED=0 go build \
 		-ldflags "-s -w -X github.com/Mirantis/cri-dockerd/cmd/version.Version=${CRI_DOCKERD_VERSION#v} -X github.com/Mirantis/cri-dockerd/cmd/version.GitCommit=$CRI_DOCKERD_VERSION" \
 		-o "$BIN/cri-dockerd" .
 }
