@@ -490,7 +490,8 @@ func bakeE2EImages(t *testing.T, e *env, pull bool, extra ...string) (out, bin s
 func e2eDocker() bool { return os.Getenv("KILN_E2E_RUNTIME") == "docker" }
 
 // dockerProbe is the Butane of a unit that shows, on a Docker worker's console, the Docker
-// containers of the e2e's pod once cri-dockerd made them (docker ps, names k8s_<container>_<pod>_…).
+// containers of the e2e's pod (docker ps, names k8s_<container>_<pod>_…) once its container
+// runs: the sandbox (k8s_POD_…) comes first.
 const dockerProbe = `variant: fcos
 version: 1.6.0
 systemd:
@@ -502,7 +503,7 @@ systemd:
         After=cri-docker.service
         [Service]
         Type=simple
-        ExecStart=/bin/sh -c 'for i in $$(seq 1200); do c=$$(docker ps --filter name=_e2e-pause_ --format "{{.Names}} {{.Image}} {{.Status}}" | tr "\n" ";"); if [ -n "$$c" ]; then echo "kiln-e2e-docker: $$c"; exit 0; fi; sleep 2; done; echo "kiln-e2e-docker: no container of the pod"'
+        ExecStart=/bin/sh -c 'for i in $$(seq 1200); do if docker ps --format "{{.Names}}" | grep -q "^k8s_pause_e2e-pause_"; then echo "kiln-e2e-docker: $$(docker ps --filter name=_e2e-pause_ --format "{{.Names}} {{.Image}} {{.Status}}" | tr "\n" ";")"; exit 0; fi; sleep 2; done; echo "kiln-e2e-docker: no container of the pod"'
         StandardOutput=journal+console
         [Install]
         WantedBy=multi-user.target
