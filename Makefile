@@ -156,7 +156,6 @@ vet:
 
 bench: deps build base base-cloudinit $(SOURCES)
 	@builder/scripts/deps.sh test
-	@builder/scripts/deps.sh bench
 	KILN_PROFILE_OVERLAY=$(if $(SOURCES),$(LOCAL_OVERLAY)) bench/bench.sh
 
 # kiln serve under load on loopback (bench/serve; make bench runs it too): 500 clients each

@@ -4,7 +4,6 @@
 #   - a rebake after one artifact (crictl) changes, step by step
 #   - the bake's peak RSS: kiln's own and the largest tool's (getrusage, logged by kiln bake)
 #   - the floor: mksquashfs alone on the warm bake's root tree, with the same options; the ratio
-#   - mkosi (Debian's, v14) building the same content, cold and warm (bench/mkosi.sh)
 #   - boot time under TCG to kiln-init's first-boot status line (first and second boot)
 #   - image sizes: raw (apparent and allocated), qcow2
 #   - kiln serve under load on loopback (bench/serve): requests/s, p99 per route, peak RSS
@@ -69,27 +68,6 @@ mksquashfs "$work/tree" "$work/floor.squashfs" -noappend -no-progress -reproduci
 t4=$(now)
 floor=$(secs "$t3" "$t4")
 
-# mkosi building the same content (bench/mkosi.sh): Debian with the base's packages plus what
-# kiln adds to the base (the warm tree against the flattened base the bake cached by chain ID).
-base_tree=$(python3 - "$KILN_CACHE" <<'PY'
-import hashlib, json, os, sys
-cache = sys.argv[1]
-layout = os.path.join(cache, "base")
-blob = lambda d: os.path.join(layout, "blobs", *d.split(":"))
-for m in json.load(open(os.path.join(layout, "index.json")))["manifests"]:
-    if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "bookworm":
-        cfg = json.load(open(blob(json.load(open(blob(m["digest"])))["config"]["digest"])))
-        chain = cfg["rootfs"]["diff_ids"][0]
-        for d in cfg["rootfs"]["diff_ids"][1:]:
-            chain = "sha256:" + hashlib.sha256((chain + " " + d).encode()).hexdigest()
-        print(os.path.join(cache, "base-trees", chain.split(":")[1], "tree"))
-PY
-)
-[ -d "$base_tree" ] || { echo "bench: no flattened base at $base_tree" >&2; exit 1; }
-mkosi_out=$(bench/mkosi.sh "$work/tree" "$base_tree" "$work/mkosi")
-mkosi_cold=$(awk '$2 == "cold" { print $3 }' <<<"$mkosi_out")
-mkosi_warm=$(awk '$2 == "warm" { print $3 }' <<<"$mkosi_out")
-
 # Boots under TCG: first boot (creates /var) and second boot of the same disk.
 cp --sparse=always "$work/warm/qemu-worker.raw" "$work/boot.raw"
 boot() {
@@ -110,8 +88,6 @@ printf '  bake cold                     %6s s\n' "$cold"
 printf '  bake warm                     %6s s\n' "$warm"
 printf '  mksquashfs alone, same tree   %6s s   warm bake / floor = %s\n' "$floor" "$(awk -v a="$warm" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')"
 printf '  rebake, one artifact changed   %6s s\n' "$rebake"
-printf '  mkosi, same content, cold     %6s s   / kiln cold = %s\n' "$mkosi_cold" "$(awk -v a="$mkosi_cold" -v b="$cold" 'BEGIN { printf "%.1f", a / b }')"
-printf '  mkosi, same content, warm     %6s s   / kiln warm = %s\n' "$mkosi_warm" "$(awk -v a="$mkosi_warm" -v b="$warm" 'BEGIN { printf "%.1f", a / b }')"
 grep -h 'seconds=' "$work/rebake.log" | sed -n 's/.*msg="\{0,1\}\([^"=]*\)"\{0,1\} .*seconds=\([0-9.]*\).*/    rebake step: \1 \2 s/p' | grep -v 'root filesystem made.*type' || true
 peak() { sed -n 's/.*peak memory.*kiln_mib=\([0-9]*\).*largest_tool_mib=\([0-9]*\).*/\1 MiB kiln, \2 MiB largest tool/p' "$1" | tail -1; }
 printf '  bake peak RSS                 cold: %s; warm: %s\n' "$(peak "$work/cold.log")" "$(peak "$work/warm.log")"
