@@ -310,11 +310,11 @@ func nodeConfigWithAddress(t *testing.T, ign, addr, dir string, mirror bool) str
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := config.Parse(raw)
-	if err != nil {
-		t.Fatalf("%s: %v", ign, err)
+	p := filepath.Join(dir, filepath.Base(ign))
+	if err := os.WriteFile(p, raw, 0o600); err != nil {
+		t.Fatal(err)
 	}
-	netCfg, err := config.TranslateButane([]byte(fmt.Sprintf(`variant: fcos
+	return mergeButane(t, p, fmt.Sprintf(`variant: fcos
 version: 1.6.0
 storage:
   files:
@@ -327,23 +327,7 @@ storage:
           [Network]
           Address=%s/24
           Gateway=192.168.100.1
-%s`, linkMAC(addr), addr, mirrorFile(mirror))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	extra, err := config.Parse(netCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	merged, err := config.Merge(node, extra).JSON()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, filepath.Base(ign))
-	if err := os.WriteFile(p, merged, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
+%s`, linkMAC(addr), addr, mirrorFile(mirror)))
 }
 
 // mirrorFile is the Butane storage.files entry of the registry mirror (empty without).
