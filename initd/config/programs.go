@@ -15,18 +15,26 @@ type readBy struct {
 	dir     string // with a trailing slash
 	program string // absolute path in the image
 	name    string // what the program is, for messages
+	// instead, when the image ships unit insteadUnit, says how the image does the same.
+	insteadUnit, instead string
 }
 
 // readers are the configuration directories that configs copied from other distributions'
 // documentation write for programs a kiln image may lack.
 var readers = []readBy{
-	{"/etc/NetworkManager/", "/usr/sbin/NetworkManager", "NetworkManager"},
-	{"/etc/sysconfig/network-scripts/", "/usr/sbin/NetworkManager", "NetworkManager (ifcfg files)"},
-	{"/etc/containers/systemd/", "/usr/lib/systemd/system-generators/podman-system-generator", "podman's quadlet generator"},
-	{"/etc/docker/", "/usr/bin/dockerd", "Docker (dockerd)"},
-	{"/etc/crio/", "/usr/bin/crio", "CRI-O"},
-	{"/etc/zincati/", "/usr/libexec/zincati", "zincati (Fedora CoreOS updates)"},
+	{"/etc/NetworkManager/", "/usr/sbin/NetworkManager", "NetworkManager", networkd, networkdHow},
+	{"/etc/sysconfig/network-scripts/", "/usr/sbin/NetworkManager", "NetworkManager (ifcfg files)", networkd, networkdHow},
+	{"/etc/containers/systemd/", "/usr/lib/systemd/system-generators/podman-system-generator", "podman's quadlet generator", "", ""},
+	{"/etc/docker/", "/usr/bin/dockerd", "Docker (dockerd)", "", ""},
+	{"/etc/crio/", "/usr/bin/crio", "CRI-O", "", ""},
+	{"/etc/zincati/", "/usr/libexec/zincati", "zincati (Fedora CoreOS updates)", "", ""},
 }
+
+// networkd is how an image without NetworkManager configures its network.
+const (
+	networkd    = "systemd-networkd.service"
+	networkdHow = "the image configures its network with systemd-networkd (.network files in /etc/systemd/network)"
+)
 
 // execKeys are the unit settings whose value starts with the program systemd runs.
 var execKeys = map[string]bool{
@@ -88,7 +96,7 @@ func (c *Config) checkPrograms(img *nodeimage.Contents, add func(key, field stri
 			if !lacks {
 				continue
 			}
-			e, also := e, ""
+			also := ""
 			if resolved != path.Clean(e.program) {
 				also = " (" + resolved + ")"
 			}
@@ -113,8 +121,8 @@ func (c *Config) checkPrograms(img *nodeimage.Contents, add func(key, field stri
 			}
 			add("reader "+r.dir, field, func(more int) string {
 				msg := fmt.Sprintf("%s is read by %s (%s), which is not in the image: the config would do nothing", p, r.name, r.program)
-				if strings.Contains(r.name, "NetworkManager") && img.HasUnit("systemd-networkd.service") {
-					msg += "; the image configures its network with systemd-networkd (.network files in /etc/systemd/network)"
+				if r.insteadUnit != "" && img.HasUnit(r.insteadUnit) {
+					msg += "; " + r.instead
 				}
 				if more > 0 {
 					msg += fmt.Sprintf(" (%d more fields write there)", more)

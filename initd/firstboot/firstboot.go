@@ -235,12 +235,8 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 		opts.Log.Info("enabling the ssh server: the config gives users ssh keys", "unit", config.SSHUnit)
 	}
 	plan := newPlan(opts, cfg, img.Role)
-	if img.Kubernetes != nil {
-		rt, ok := nodeimage.RuntimeOf(img.Kubernetes.Runtime)
-		if !ok {
-			return fmt.Errorf("%s: kubernetes.runtime %q is not one this kiln-init knows", nodeimage.ImageJSONPath, img.Kubernetes.Runtime)
-		}
-		plan.runtime = rt
+	if plan.runtime, err = img.Runtime(); err != nil {
+		return err
 	}
 	plan.rerun, plan.platform = rerun, platform
 	return runPlan(ctx, plan, st)

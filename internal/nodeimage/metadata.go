@@ -178,20 +178,16 @@ func ReadImage(root string) (Metadata, error) {
 	return img, nil
 }
 
-// NodeRuntime is the container runtime the image at root was baked for (containerd when
-// image.json says none).
-func NodeRuntime(root string) (Runtime, error) {
-	img, err := ReadImage(root)
-	if err != nil {
-		return Runtime{}, err
-	}
+// Runtime is the container runtime the image was baked for (containerd when it records
+// none).
+func (m Metadata) Runtime() (Runtime, error) {
 	name := ""
-	if img.Kubernetes != nil {
-		name = img.Kubernetes.Runtime
+	if m.Kubernetes != nil {
+		name = m.Kubernetes.Runtime
 	}
 	r, ok := RuntimeOf(name)
 	if !ok {
-		return Runtime{}, fmt.Errorf("%s: kubernetes.runtime %q is not one kiln-init knows", ImageJSONPath, name)
+		return Runtime{}, fmt.Errorf("%s: kubernetes.runtime %q is not one this kiln-init knows", ImageJSONPath, name)
 	}
 	return r, nil
 }

@@ -101,7 +101,11 @@ func (o imagesFlags) importImages(ctx context.Context, log *slog.Logger) (total,
 	}
 	ns := o.namespace
 	if ns == "" {
-		rt, err := nodeimage.NodeRuntime(o.root)
+		img, err := nodeimage.ReadImage(o.root)
+		if err != nil {
+			return 0, 0, err
+		}
+		rt, err := img.Runtime()
 		if err != nil {
 			return 0, 0, err
 		}
