@@ -8,12 +8,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"gopkg.in/yaml.v3"
 
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/strictyaml"
 )
-
-// runtimes are the container runtimes a profile may name; the first is
-// the default.
-var runtimes = []string{"containerd", "docker"}
 
 // Kubernetes is what a role profile says about the Kubernetes its nodes
 // run. The bake checks the binaries laid into the image against it.
@@ -52,6 +49,7 @@ func (im Image) Tag() string {
 var k8sVersionRE = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`)
 
 func (d *decoder) kubernetes(n *yaml.Node, at string) *Kubernetes {
+	runtimes := nodeimage.RuntimeNames() // the first is the default
 	k := &Kubernetes{Pos: d.pos(n), Runtime: runtimes[0]}
 	seen, ok := d.Fields(n, at, []string{"version", "runtime"}, func(key, field string, v *yaml.Node) {
 		s, ok := d.String(v, field)

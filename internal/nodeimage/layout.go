@@ -102,11 +102,14 @@ var runtimes = map[string]Runtime{
 	"docker":     {Name: "docker", Namespace: "moby", Socket: "/run/cri-dockerd.sock"},
 }
 
+// RuntimeNames are the kubernetes.runtime names a bake can lay, the default (containerd) first.
+func RuntimeNames() []string { return []string{"containerd", "docker"} }
+
 // RuntimeOf is the runtime name stands for; "" (an image baked without a kubernetes section,
 // or by a kiln that did not record it) is containerd. ok is false for a name kiln does not know.
 func RuntimeOf(name string) (r Runtime, ok bool) {
 	if name == "" {
-		name = "containerd"
+		name = RuntimeNames()[0]
 	}
 	r, ok = runtimes[name]
 	return r, ok
