@@ -24,6 +24,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/artifact"
@@ -132,9 +134,12 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := b.scanSecrets(tree); err != nil {
-		return nil, nil, err
-	}
+	// The secret scan reads the tree while the initramfs and the root filesystem are made
+	// from it (the three only read it); the disk is written only once the scan passed.
+	scan := make(chan error, 1)
+	go func() { scan <- b.scanSecrets(tree) }()
+	scanned := sync.OnceValue(func() error { return <-scan })
+	defer scanned() // an early return still waits: the work directory goes after run
 	initrd, err := b.writeInitramfs(tree, md)
 	if err != nil {
 		return nil, nil, err
@@ -143,9 +148,21 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := scanned(); err != nil {
+		return nil, nil, err
+	}
+	if err := os.RemoveAll(tree.Dir); err != nil { // the disk needs the space, not the tree
+		return nil, nil, err
+	}
 	raw, err := b.writeDisk(rootImg, boot, initrd, imageJSON, md)
 	if err != nil {
 		return nil, nil, err
+	}
+	// Each output is hashed in the background from when it is written, beside the next one.
+	sums := newHashes()
+	defer sums.wait()
+	if slices.Contains(b.def.Formats, "raw") {
+		sums.start(raw)
 	}
 	pxeDir, err := b.writePXE(rootImg, boot, initrd, md)
 	if err != nil {
@@ -154,11 +171,11 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err := os.Remove(rootImg); err != nil { // the formats need the space, not the image
 		return nil, nil, err
 	}
-	files, err := b.convert(raw, pxeDir)
+	files, err := b.convert(raw, pxeDir, sums)
 	if err != nil {
 		return nil, nil, err
 	}
-	mdFile, err := b.writeMetadata(files, md)
+	mdFile, err := b.writeMetadata(files, md, sums)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -327,4 +328,31 @@ func readFile(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// Every output's sha256 and size in the metadata are the published file's, with the outputs
+// hashed in the background while the next format is written (raw listed after a
+// conversion, to hash it beside that conversion).
+func TestBakeRecordsEachOutputsHash(t *testing.T) {
+	r := newRepo(t, fakeBase(true), "role: worker\n")
+	write(t, r.def, strings.Replace(readFile(t, r.def), "formats: [raw]", "formats: [qcow2, raw, vhd]", 1))
+	r.lock(t)
+	if _, err := r.bake(t); err != nil {
+		t.Fatal(err)
+	}
+	var md nodeimage.Metadata
+	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(r.out, "test-worker.json"))), &md); err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, o := range md.Outputs {
+		files = append(files, o.File)
+		p := filepath.Join(r.out, o.File)
+		if got := fileSHA256(p); got == "" || got != o.SHA256 || fileSize(p) != o.Size {
+			t.Errorf("%s: metadata says sha256 %s, %d bytes; the file has %s, %d bytes", o.File, o.SHA256, o.Size, got, fileSize(p))
+		}
+	}
+	if want := []string{"test-worker.qcow2", "test-worker.raw", "test-worker.vhd"}; !slices.Equal(files, want) {
+		t.Errorf("outputs %v, want %v", files, want)
+	}
 }

@@ -12,7 +12,7 @@ import (
 // convert turns the raw disk into each of the definition's formats, in its order, and returns
 // the files: raw itself where the definition lists raw, pxeDir (written before) where it lists
 // pxe. Without raw in the list, the raw disk is removed once converted.
-func (b *baker) convert(raw, pxeDir string) ([]string, error) {
+func (b *baker) convert(raw, pxeDir string, sums *hashes) ([]string, error) {
 	files := []string{}
 	for _, f := range b.def.Formats {
 		switch f {
@@ -33,6 +33,7 @@ func (b *baker) convert(raw, pxeDir string) ([]string, error) {
 			return nil, err
 		}
 		files = append(files, dst)
+		sums.start(dst)
 		b.step("converted to "+f, t)
 	}
 	if !slices.Contains(b.def.Formats, "raw") {

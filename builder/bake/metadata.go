@@ -30,7 +30,7 @@ func writeImageJSON(tree *rootfs.Tree, md *nodeimage.Metadata) ([]byte, error) {
 // writeMetadata records the output files in md and writes it, complete with the disk's layout,
 // as <stem>.json in the work directory. It returns that file's path. The pxe directory has one
 // entry per file, named <dir>/<file>.
-func (b *baker) writeMetadata(files []string, md *nodeimage.Metadata) (string, error) {
+func (b *baker) writeMetadata(files []string, md *nodeimage.Metadata, sums *hashes) (string, error) {
 	defer b.step("outputs hashed", time.Now())
 	for _, f := range files {
 		if md.PXE != nil && filepath.Base(f) == md.PXE.Dir {
@@ -41,7 +41,7 @@ func (b *baker) writeMetadata(files []string, md *nodeimage.Metadata) (string, e
 			}
 			continue
 		}
-		sum, size, err := output.HashFile(f)
+		sum, size, err := sums.get(f)
 		if err != nil {
 			return "", err
 		}

@@ -10,8 +10,7 @@ import (
 )
 
 // makeRootFS writes the tree as the definition's root filesystem in the work directory, with
-// the owners the tree records (a pseudo file), and returns its path. The tree is removed
-// afterwards: the disk needs the space, not the tree.
+// the owners the tree records (a pseudo file), and returns its path.
 func (b *baker) makeRootFS(tree *rootfs.Tree) (string, error) {
 	t := time.Now()
 	pseudo := filepath.Join(b.work, "owners.pseudo")
@@ -35,8 +34,5 @@ func (b *baker) makeRootFS(tree *rootfs.Tree) (string, error) {
 		return "", err
 	}
 	b.step("root filesystem made", t)
-	if err := os.RemoveAll(tree.Dir); err != nil {
-		return "", err
-	}
 	return img, nil
 }
