@@ -114,6 +114,9 @@ type baker struct {
 	lock *artifact.Lock
 	work string
 	stem string // <image>-<role>, the outputs' file name without the suffix
+	// baseTree is the base's flattened tree in the cache (linked into the bake's tree), empty
+	// when the cache does not hold it.
+	baseTree string
 }
 
 // run bakes the image in the work directory, stage after stage, and returns its metadata and

@@ -83,6 +83,9 @@ func (b *baker) flattenBase(img v1.Image, dir string) (tree *rootfs.Tree, cached
 	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "base-trees")}
 	key := identity.ChainID(diffIDs).Encoded()
 	if tree, ok, err := cache.Load(key, dir); err != nil || ok {
+		if ok {
+			b.baseTree, err = cache.TreeDir(key)
+		}
 		return tree, ok, err
 	}
 	tree, err = rootfs.FlattenWith(img, dir, rootfs.FlattenOptions{Cache: b.o.Cache, DiffIDs: cf.RootFS.DiffIDs})
@@ -91,6 +94,8 @@ func (b *baker) flattenBase(img v1.Image, dir string) (tree *rootfs.Tree, cached
 	}
 	if err := cache.Store(key, tree); err != nil {
 		b.log.Warn("flattened base not cached: the next bake flattens it again", "err", err)
+	} else if b.baseTree, err = cache.TreeDir(key); err != nil {
+		return nil, false, err
 	}
 	return tree, false, nil
 }

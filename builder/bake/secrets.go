@@ -3,13 +3,16 @@ package bake
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -17,15 +20,25 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/rootfs"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/decompress"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // scanSecrets refuses a tree with secrets in it (ScanSecrets): they come with a node's config
 // at first boot; one baked into the image would be shared by every node made from it.
+//
+// A base linked from the cache of flattened bases is scanned once, alone, and marked clean
+// there for this kiln (its executable's sha256: another scanner scans again); a tree of a
+// clean base skips the base's files it still holds (the same inode at the same path) and
+// scans only what the bake added or replaced.
 func (b *baker) scanSecrets(tree *rootfs.Tree) error {
 	t := time.Now()
-	found, err := ScanSecrets(os.DirFS(tree.Dir))
+	skip, err := b.cleanBase(tree)
+	if err != nil {
+		return err
+	}
+	found, err := scanSecrets(os.DirFS(tree.Dir), skip)
 	if err != nil {
 		return err
 	}
@@ -34,6 +47,57 @@ func (b *baker) scanSecrets(tree *rootfs.Tree) error {
 	}
 	b.step("secrets scanned", t)
 	return nil
+}
+
+// cleanBase returns which of tree's files need no scan: those still the cached base's own,
+// when the base, scanned alone, holds no secret. It scans the base when no mark says so for
+// this kiln, and marks it clean. Without a cached base (or with a secret in it) nothing is
+// skipped: the whole tree is scanned and its findings reported.
+func (b *baker) cleanBase(tree *rootfs.Tree) (func(p string) bool, error) {
+	if b.baseTree == "" {
+		return nil, nil
+	}
+	scanner, err := executableSHA256()
+	if err != nil {
+		b.log.Warn("the cached base's secret scan is not reused", "err", err)
+		return nil, nil
+	}
+	mark := filepath.Join(filepath.Dir(b.baseTree), "secrets-clean")
+	if got, err := os.ReadFile(mark); err != nil || string(got) != scanner {
+		found, err := ScanSecrets(os.DirFS(b.baseTree))
+		if err != nil || len(found) > 0 {
+			return nil, nil // the whole tree's scan reports them
+		}
+		if err := atomicfile.Write(mark, []byte(scanner), atomicfile.Options{Mode: 0o600}); err != nil {
+			b.log.Warn("the cached base's secret scan is not kept", "err", err)
+		}
+	}
+	return func(p string) bool {
+		fi, err := os.Lstat(filepath.Join(tree.Dir, p))
+		if err != nil {
+			return false
+		}
+		bi, err := os.Lstat(filepath.Join(b.baseTree, p))
+		return err == nil && os.SameFile(fi, bi)
+	}, nil
+}
+
+// executableSHA256 is the running kiln's sha256: which secret scanner marked a base clean.
+func executableSHA256() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	f, err := os.Open(exe)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("hash %s: %w", exe, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Finding is a secret found in a tree.
@@ -144,7 +208,10 @@ var (
 //
 // Findings are sorted by path. The bake refuses an image with findings: secrets come with
 // the node's config at first boot, never in the image.
-func ScanSecrets(fsys fs.FS) ([]Finding, error) {
+func ScanSecrets(fsys fs.FS) ([]Finding, error) { return scanSecrets(fsys, nil) }
+
+// scanSecrets is ScanSecrets leaving out the regular files skip says (nil: none).
+func scanSecrets(fsys fs.FS, skip func(p string) bool) ([]Finding, error) {
 	paths := make(chan string, 64)
 	var (
 		mu       sync.Mutex
@@ -175,7 +242,7 @@ func ScanSecrets(fsys fs.FS) ([]Finding, error) {
 		if err != nil {
 			return err
 		}
-		if d.Type().IsRegular() {
+		if d.Type().IsRegular() && (skip == nil || !skip(p)) {
 			paths <- p
 		}
 		return nil

@@ -46,6 +46,12 @@ func (c TreeCache) paths(key string) (tree, record string, err error) {
 	return filepath.Join(d, "tree"), filepath.Join(d, "tree.json"), nil
 }
 
+// TreeDir is where the cache keeps tree key (it need not be there).
+func (c TreeCache) TreeDir(key string) (string, error) {
+	tree, _, err := c.paths(key)
+	return tree, err
+}
+
 // Load links the cached tree key into dir, which must not exist, and returns it. It returns
 // false when the cache has no whole tree for key or its listing changed (the entry is then
 // removed).
