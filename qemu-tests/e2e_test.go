@@ -91,99 +91,19 @@ func runE2ECluster(t *testing.T, pull bool) {
 	}
 	out, bin := bakeE2EImages(t, e, pull, bakeArgs...)
 
-	clusterDir := filepath.Join(e.dir, "cluster")
-	e2eStep(t, "cluster config written", func() {
-		e.run(e.repo, e.kiln, "cluster", "init", "--name", e2eCluster, "--dns-zone", e2eZone,
-			"--control-planes", "1", "--workers", "1", "--api-endpoint", cpAddr+":6443", "--slow-control-plane", "-o", clusterDir)
-	})
-	cpName, workerName := e2eCluster+"-cp-1", e2eCluster+"-worker-1"
-	cpConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, cpName+".ign"), cpAddr, e.dir, pull)
-	workerConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, workerName+".ign"), workerAddr, e.dir, pull)
-	if e2eDocker() {
-		workerConfig = mergeButane(t, workerConfig, dockerProbe)
-	}
-
-	// One link per run: two e2e runs on one host must not share a segment.
-	e2eLink := fmt.Sprintf("%s-%d", e2eLinkPrefix, os.Getpid())
-	apiPort := testkit.FreePort(t)
-	kubectl := func(args ...string) (string, error) {
-		args = append([]string{"--kubeconfig", filepath.Join(clusterDir, "admin.conf"),
-			"--server", fmt.Sprintf("https://127.0.0.1:%d", apiPort), "--tls-server-name", "kubernetes",
-			"--request-timeout", "20s"}, args...)
-		b, err := exec.Command(filepath.Join(bin, "kubectl"), args...).CombinedOutput()
-		return strings.TrimSpace(string(b)), err
-	}
-
-	start := time.Now()
-	cpVM, _ := e.bootWith(vm.Config{
-		Image: filepath.Join(out, "qemu-control-plane.raw"), Snapshot: true, Config: cpConfig,
-		Disks: []vm.Disk{{Name: "etcd-main", Size: "2G"}}, MemoryMB: 3072, CPUs: 2,
-		Links:   []vm.Link{{Name: e2eLink, MAC: linkMAC(cpAddr)}},
-		Offline: !pull, Forward: map[string]int{fmt.Sprintf("127.0.0.1:%d", apiPort): 6443},
-	}, firstbootDone, 20*time.Minute)
-	cpBoot := time.Now()
-	t.Logf("e2e: control plane's first boot done after %s", cpBoot.Sub(start).Round(time.Second))
+	p := kilnNodePair(t, e, out, bin, pull)
+	cpName, workerName, kubectl := p.CPName, p.WorkerName, p.Kubectl
 	// A cluster that does not come up says where its time went (run before the VMs stop).
 	diagnosed := false
-	t.Cleanup(func() {
-		if t.Failed() && !diagnosed {
-			diagnose(t, kubectl, cpName, workerName)
-		}
-	})
-
-	// From the host, through the forwarded port: the API answers ready.
-	waitFor(t, "kubectl get --raw /readyz answers ok", 25*time.Minute, func() (bool, string) {
-		out, err := kubectl("get", "--raw", "/readyz")
-		return err == nil && out == "ok", out
-	})
-	t.Logf("e2e: API ready %s after the control plane started", time.Since(start).Round(time.Second))
-
-	// A guest runs emulated (TCG) here, and two guests of two vCPUs share the host's two cores:
-	// a worker booting beside the control plane's start takes the CPU its API server needs to
-	// meet its own start-up deadlines. The worker starts once the control plane is Ready (its
-	// controller-manager allocated its pod CIDR), as a worker of a real cluster joins one that
-	// serves. It also runs at a lower host CPU priority (nice 10): the control plane alone keeps
-	// most of two emulated cores busy, and at equal priority the worker's boot halves what the
-	// API server gets, until leases and probes time out. The worker takes the idle cycles.
-	ready := map[string]time.Duration{}
-	waitFor(t, "the control plane is Ready", 25*time.Minute, func() (bool, string) {
-		out, err := kubectl("get", "node", cpName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-		if err == nil && out == "True" {
-			ready[cpName] = time.Since(start)
-		}
-		return ready[cpName] > 0, out
-	})
-	t.Logf("e2e: control plane Ready %s after it started", ready[cpName].Round(time.Second))
-	logNodeCPU(t, kubectl, cpName)
-	reportRestarts(t, kubectl)
-	workerStart := time.Now()
-	workerVM, _ := e.bootWith(vm.Config{
-		Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
-		MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: e2eLink, MAC: linkMAC(workerAddr)}}, Offline: !pull,
-		Nice: 10,
-	}, firstbootDone, 20*time.Minute)
-	workerBoot := time.Now()
-
-	waitFor(t, "both nodes Ready", 25*time.Minute, func() (bool, string) {
-		out, err := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
-		if err != nil {
-			return false, out
-		}
-		for _, line := range strings.Split(out, "\n") {
-			name, status, _ := strings.Cut(line, "=")
-			if status == "True" && ready[name] == 0 {
-				switch name {
-				case cpName:
-					ready[name] = time.Since(start)
-				case workerName:
-					ready[name] = time.Since(workerStart)
-				}
+	p.OnCPUp = func() {
+		t.Cleanup(func() {
+			if t.Failed() && !diagnosed {
+				diagnose(t, kubectl, cpName, workerName)
 			}
-		}
-		return ready[cpName] > 0 && ready[workerName] > 0, out
-	})
-	t.Logf("e2e: boot-to-Ready control plane %s, worker %s (worker started %s after the control plane, once it was Ready; its first boot finished %s after its start)",
-		ready[cpName].Round(time.Second), ready[workerName].Round(time.Second), workerStart.Sub(start).Round(time.Second), workerBoot.Sub(workerStart).Round(time.Second))
+		})
+	}
+	run := bootPair(t, e, p)
+	start, cpVM, workerVM := run.Start, run.CPVM, run.WorkerVM
 
 	// A pod runs on the worker, from a pre-pulled image (the guests have no route to a
 	// registry) or, without images, from the one containerd pulled for its sandboxes.
@@ -530,4 +450,167 @@ func mergeButane(t *testing.T, ign, bu string) string {
 		t.Fatal(err)
 	}
 	return ign
+}
+
+// kubectlAt runs kubectl with kubeconfig against an API server forwarded to 127.0.0.1:port
+// (its certificate names kubernetes).
+func kubectlAt(kubectl, kubeconfig string, port int) kubectlFunc {
+	return func(args ...string) (string, error) {
+		args = append([]string{"--kubeconfig", kubeconfig,
+			"--server", fmt.Sprintf("https://127.0.0.1:%d", port), "--tls-server-name", "kubernetes",
+			"--request-timeout", "20s"}, args...)
+		b, err := exec.Command(kubectl, args...).CombinedOutput()
+		return strings.TrimSpace(string(b)), err
+	}
+}
+
+// nodePair is a two-node cluster to boot: a control plane, then a worker.
+type nodePair struct {
+	CPName, WorkerName string
+	CP, Worker         vm.Config
+	// Up is the console line that says a node booted (for kiln, its first boot's status).
+	Up *regexp.Regexp
+	// Fail, when set, is a console line that says a node gave up: the wait ends there.
+	Fail    *regexp.Regexp
+	Kubectl kubectlFunc
+	// OnCPUp runs once the control plane's VM is up (e.g. to register a diagnosis that
+	// must run before the VMs stop).
+	OnCPUp func()
+}
+
+// pairRun is what bootPair saw: when each node started and how long it took to be Ready.
+type pairRun struct {
+	CPVM, WorkerVM     *vm.Machine
+	Start, WorkerStart time.Time
+	APIReady           time.Duration // from the control plane's start
+	CPReady            time.Duration // from the control plane's start
+	WorkerReady        time.Duration // from the worker's start
+	CPUp, WorkerUp     time.Duration // each from its own start to its Up line
+}
+
+// BothReady is how long after the control plane's start both nodes were Ready.
+func (r pairRun) BothReady() time.Duration { return r.WorkerStart.Sub(r.Start) + r.WorkerReady }
+
+// bootPair boots p's control plane, waits until its API answers and the node is Ready, then
+// boots the worker and waits until both nodes are Ready. It measures boot-to-Ready the way a
+// user sees it: from a VM's start to the node's Ready condition, read from the host.
+//
+// A guest runs emulated (TCG) here, and two guests of two vCPUs share the host's two cores:
+// a worker booting beside the control plane's start takes the CPU its API server needs to
+// meet its own start-up deadlines. The worker starts once the control plane is Ready (its
+// controller-manager allocated its pod CIDR), as a worker of a real cluster joins one that
+// serves. It also runs at a lower host CPU priority (nice 10): the control plane alone keeps
+// most of two emulated cores busy, and at equal priority the worker's boot halves what the
+// API server gets, until leases and probes time out. The worker takes the idle cycles.
+func bootPair(t *testing.T, e *env, p nodePair) pairRun {
+	t.Helper()
+	var r pairRun
+	// failed ends a wait with the console line of a node that said it gave up.
+	failed := func() {
+		for _, m := range []*vm.Machine{r.CPVM, r.WorkerVM} {
+			if m == nil || p.Fail == nil {
+				continue
+			}
+			for _, l := range m.Lines() {
+				if p.Fail.MatchString(l) {
+					t.Fatalf("a node gave up: %s\nlast console lines:\n%s", strings.TrimSpace(l), tail(m.Lines(), 50))
+				}
+			}
+		}
+	}
+	r.Start = time.Now()
+	r.CPVM, _ = e.bootWith(p.CP, p.Up, 20*time.Minute)
+	r.CPUp = time.Since(r.Start)
+	t.Logf("e2e: %s up after %s", p.CPName, r.CPUp.Round(time.Second))
+	if p.OnCPUp != nil {
+		p.OnCPUp()
+	}
+
+	// From the host, through the forwarded port: the API answers ready.
+	waitFor(t, "kubectl get --raw /readyz answers ok", 25*time.Minute, func() (bool, string) {
+		failed()
+		out, err := p.Kubectl("get", "--raw", "/readyz")
+		return err == nil && out == "ok", out
+	})
+	r.APIReady = time.Since(r.Start)
+	t.Logf("e2e: API ready %s after the control plane started", r.APIReady.Round(time.Second))
+
+	ready := map[string]time.Duration{}
+	waitFor(t, "the control plane is Ready", 25*time.Minute, func() (bool, string) {
+		failed()
+		out, err := p.Kubectl("get", "node", p.CPName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		if err == nil && out == "True" {
+			ready[p.CPName] = time.Since(r.Start)
+		}
+		return ready[p.CPName] > 0, out
+	})
+	t.Logf("e2e: control plane Ready %s after it started", ready[p.CPName].Round(time.Second))
+	logNodeCPU(t, p.Kubectl, p.CPName)
+	reportRestarts(t, p.Kubectl)
+	r.WorkerStart = time.Now()
+	w := p.Worker
+	w.Nice = 10
+	r.WorkerVM, _ = e.bootWith(w, p.Up, 20*time.Minute)
+	r.WorkerUp = time.Since(r.WorkerStart)
+
+	waitFor(t, "both nodes Ready", 25*time.Minute, func() (bool, string) {
+		failed()
+		out, err := p.Kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+		if err != nil {
+			return false, out
+		}
+		for _, line := range strings.Split(out, "\n") {
+			name, status, _ := strings.Cut(line, "=")
+			if status == "True" && ready[name] == 0 {
+				switch name {
+				case p.CPName:
+					ready[name] = time.Since(r.Start)
+				case p.WorkerName:
+					ready[name] = time.Since(r.WorkerStart)
+				}
+			}
+		}
+		return ready[p.CPName] > 0 && ready[p.WorkerName] > 0, out
+	})
+	r.CPReady, r.WorkerReady = ready[p.CPName], ready[p.WorkerName]
+	t.Logf("e2e: boot-to-Ready control plane %s, worker %s (worker started %s after the control plane, once it was Ready; up %s after its start)",
+		r.CPReady.Round(time.Second), r.WorkerReady.Round(time.Second), r.WorkerStart.Sub(r.Start).Round(time.Second), r.WorkerUp.Round(time.Second))
+	return r
+}
+
+// kilnNodePair writes the e2e cluster's config (kiln cluster init) into e.dir/cluster and
+// returns the pair of kiln nodes to boot from the images in out, each with its address on
+// the cluster link, the control plane's API forwarded to the host.
+// With pull the nodes reach the host's registry; without, they are offline.
+func kilnNodePair(t *testing.T, e *env, out, bin string, pull bool) nodePair {
+	t.Helper()
+	clusterDir := filepath.Join(e.dir, "cluster")
+	e2eStep(t, "cluster config written", func() {
+		e.run(e.repo, e.kiln, "cluster", "init", "--name", e2eCluster, "--dns-zone", e2eZone,
+			"--control-planes", "1", "--workers", "1", "--api-endpoint", cpAddr+":6443", "--slow-control-plane", "-o", clusterDir)
+	})
+	cpName, workerName := e2eCluster+"-cp-1", e2eCluster+"-worker-1"
+	cpConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, cpName+".ign"), cpAddr, e.dir, pull)
+	workerConfig := nodeConfigWithAddress(t, filepath.Join(clusterDir, workerName+".ign"), workerAddr, e.dir, pull)
+	if e2eDocker() {
+		workerConfig = mergeButane(t, workerConfig, dockerProbe)
+	}
+	// One link per run: two e2e runs on one host must not share a segment.
+	link := fmt.Sprintf("%s-%d", e2eLinkPrefix, os.Getpid())
+	apiPort := testkit.FreePort(t)
+	return nodePair{
+		CPName: cpName, WorkerName: workerName,
+		Kubectl: kubectlAt(filepath.Join(bin, "kubectl"), filepath.Join(clusterDir, "admin.conf"), apiPort),
+		CP: vm.Config{
+			Image: filepath.Join(out, "qemu-control-plane.raw"), Snapshot: true, Config: cpConfig,
+			Disks: []vm.Disk{{Name: "etcd-main", Size: "2G"}}, MemoryMB: 3072, CPUs: 2,
+			Links:   []vm.Link{{Name: link, MAC: linkMAC(cpAddr)}},
+			Offline: !pull, Forward: map[string]int{fmt.Sprintf("127.0.0.1:%d", apiPort): 6443},
+		},
+		Worker: vm.Config{
+			Image: filepath.Join(out, "qemu-worker.raw"), Snapshot: true, Config: workerConfig,
+			MemoryMB: 2048, CPUs: 2, Links: []vm.Link{{Name: link, MAC: linkMAC(workerAddr)}}, Offline: !pull,
+		},
+		Up: firstbootDone,
+	}
 }
