@@ -39,42 +39,56 @@ log() { printf '%s build-components: %s\n' "$(date +%T)" "$*" >&2; }
 have() { for f in "$@"; do [ -x "$BIN/$f" ] || return 1; done; }
 timed() { local name=$1; shift; local t0=$SECONDS; "$@"; log "$name built in $((SECONDS - t0)) s"; }
 
-k8s() {
-	have kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl && return
+# k8s_module prepares $SRC/kubernetes: a module requiring k8s.io/kubernetes with its staging
+# repos replaced by their published versions, and prints the -ldflags that stamp the version.
+k8s_module() {
 	local d=$SRC/kubernetes
-	rm -rf "$d" && mkdir -p "$d" && cd "$d"
-	cat >go.mod <<MOD
+	if [ ! -f "$d/go.sum" ]; then
+		rm -rf "$d" && mkdir -p "$d" && cd "$d"
+		cat >go.mod <<MOD
 module kiln.local/k8s-build
 
 go 1.26
 MOD
-	go mod edit -require=k8s.io/kubernetes@"$K8S_VERSION"
-	# k8s.io/kubernetes replaces its staging repos with ./staging; a module
-	# that requires it has to name the published versions itself.
-	local modfile
-	modfile=$(go mod download -json k8s.io/kubernetes@"$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-	local minor=${K8S_VERSION#v1.}
-	grep '=> ./staging' "$modfile" | awk '{print $1}' | grep -v -e sample-cli-plugin -e sample-controller |
-		while read -r m; do go mod edit -replace="$m=$m@v0.$minor"; done
-	cat >tools.go <<'GO'
-//go:build tools
-
-package tools
-GO
-	go mod edit -tool=k8s.io/kubernetes/cmd/kubelet -tool=k8s.io/kubernetes/cmd/kube-apiserver \
-		-tool=k8s.io/kubernetes/cmd/kube-controller-manager -tool=k8s.io/kubernetes/cmd/kube-scheduler \
-		-tool=k8s.io/kubernetes/cmd/kube-proxy -tool=k8s.io/kubernetes/cmd/kubectl
-	go mod tidy >/dev/null 2>&1 || true
-	local major=1 minor_n=${minor%%.*} date
+		go mod edit -require=k8s.io/kubernetes@"$K8S_VERSION"
+		# k8s.io/kubernetes replaces its staging repos with ./staging; a module
+		# that requires it has to name the published versions itself.
+		local modfile
+		modfile=$(go mod download -json k8s.io/kubernetes@"$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+		grep '=> ./staging' "$modfile" | awk '{print $1}' | grep -v -e sample-cli-plugin -e sample-controller |
+			while read -r m; do go mod edit -replace="$m=$m@v0.${K8S_VERSION#v1.}"; done
+		local t tools=()
+		for t in kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubeadm; do
+			tools+=(-tool=k8s.io/kubernetes/cmd/$t)
+		done
+		go mod edit "${tools[@]}"
+		go mod tidy >/dev/null 2>&1 || true
+	fi
+	local minor=${K8S_VERSION#v1.} date p ld="-s -w"
 	date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-	local ld="-s -w"
 	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor_n -X $p.gitTreeState=clean -X $p.buildDate=$date"
+		ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=${minor%%.*} -X $p.gitTreeState=clean -X $p.buildDate=$date"
 	done
-	CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$BIN/" \
-		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver \
-		k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
-		k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl
+	echo "$ld"
+}
+
+# k8s_build builds commands of k8s.io/kubernetes/cmd into $BIN.
+k8s_build() {
+	local ld c pkgs=()
+	ld=$(k8s_module)
+	for c in "$@"; do pkgs+=(k8s.io/kubernetes/cmd/$c); done
+	(cd "$SRC/kubernetes" && CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$BIN/" "${pkgs[@]}")
+}
+
+k8s() {
+	have kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl && return
+	k8s_build kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl
+}
+
+# kubeadm is not part of a kiln node: make bench-ready's reference nodes install it at boot.
+kubeadm() {
+	have kubeadm && return
+	k8s_build kubeadm
 }
 
 pause() {
@@ -216,6 +230,7 @@ iptables_root() {
 }
 
 all=(k8s pause etcd containerd runc crictl cni coredns iptables_root)
+# kubeadm only for the boot-to-Ready comparison (make bench-ready): build-components.sh kubeadm.
 # Docker Engine, its CLI and cri-dockerd only for a worker on Docker (make e2e RUNTIME=docker):
 # build-components.sh docker.
 docker=(docker_engine docker_cli cri_dockerd)
