@@ -9,7 +9,7 @@ OUT ?= out
 RUNTIME ?= containerd
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-import e2e-pull e2e-ha components local-sources bench bench-serve fuzz vet clean
+.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-import e2e-pull e2e-ha components local-sources bench bench-ready bench-serve fuzz vet clean
 
 all: build
 
@@ -157,6 +157,17 @@ vet:
 bench: deps build base base-cloudinit $(SOURCES)
 	@builder/scripts/deps.sh test
 	KILN_PROFILE_OVERLAY=$(if $(SOURCES),$(LOCAL_OVERLAY)) bench/bench.sh
+	$(MAKE) --no-print-directory bench-ready
+
+# Boot-to-Ready side by side (make bench runs it too): the e2e's kiln control plane and worker,
+# then the same cluster the usual way — the cloud-init image of bench/cloudinit.yaml installing
+# containerd, kubelet and kubeadm (built from source) from an HTTP mirror at boot and running
+# kubeadm init / join with images from the local registry. Same VM sizes, TCG; a table at the end.
+bench-ready: deps build base base-cloudinit
+	@builder/scripts/deps.sh test
+	@builder/scripts/deps.sh e2e
+	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_BENCH_READY=1 KILN_ACCEL=tcg \
+		$(GO) test -count=1 -v -timeout 90m -run '^TestBenchReady$$' ./qemu-tests/
 
 # kiln serve under load on loopback (bench/serve; make bench runs it too): 500 clients each
 # fetching what a network boot fetches; requests/s, p99 per route, errors, the server's RSS.
