@@ -3,9 +3,7 @@ package bake
 import (
 	"archive/tar"
 	"bytes"
-	"crypto/sha256"
 	"debug/elf"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/decompress"
@@ -88,16 +87,8 @@ func executableSHA256() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	f, err := os.Open(exe)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hash %s: %w", exe, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	sum, _, err := output.HashFile(exe)
+	return sum, err
 }
 
 // Finding is a secret found in a tree.
