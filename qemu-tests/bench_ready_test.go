@@ -37,10 +37,10 @@ import (
 
 const (
 	refCluster = "ref"
-	// refUp is the reference nodes' first line of their own on the console: cloud-init's
+	// refUpLine is the reference nodes' first line of their own on the console: cloud-init's
 	// runcmd started the install.
 	refUpLine = "kiln-ref: installing"
-	// refFailed is printed when the install or kubeadm fails; the test stops there.
+	// refFailedLine is printed when the install or kubeadm fails; the test stops there.
 	refFailedLine = "kiln-ref: failed"
 )
 
