@@ -33,7 +33,7 @@ import (
 // scans only what the bake added or replaced.
 func (b *baker) scanSecrets(tree *rootfs.Tree) error {
 	t := time.Now()
-	skip, err := b.cleanBase(tree)
+	skip, err := b.cleanBase()
 	if err != nil {
 		return err
 	}
@@ -48,11 +48,11 @@ func (b *baker) scanSecrets(tree *rootfs.Tree) error {
 	return nil
 }
 
-// cleanBase returns which of tree's files need no scan: those still the cached base's own,
+// cleanBase returns which of the bake tree's files need no scan: those still the cached base's own,
 // when the base, scanned alone, holds no secret. It scans the base when no mark says so for
 // this kiln, and marks it clean. Without a cached base (or with a secret in it) nothing is
 // skipped: the whole tree is scanned and its findings reported.
-func (b *baker) cleanBase(tree *rootfs.Tree) (func(p string) bool, error) {
+func (b *baker) cleanBase() (func(p string, d fs.DirEntry) bool, error) {
 	if b.baseTree == "" {
 		return nil, nil
 	}
@@ -71,8 +71,8 @@ func (b *baker) cleanBase(tree *rootfs.Tree) (func(p string) bool, error) {
 			b.log.Warn("the cached base's secret scan is not kept", "err", err)
 		}
 	}
-	return func(p string) bool {
-		fi, err := os.Lstat(filepath.Join(tree.Dir, p))
+	return func(p string, d fs.DirEntry) bool {
+		fi, err := d.Info()
 		if err != nil {
 			return false
 		}
@@ -202,7 +202,7 @@ var (
 func ScanSecrets(fsys fs.FS) ([]Finding, error) { return scanSecrets(fsys, nil) }
 
 // scanSecrets is ScanSecrets leaving out the regular files skip says (nil: none).
-func scanSecrets(fsys fs.FS, skip func(p string) bool) ([]Finding, error) {
+func scanSecrets(fsys fs.FS, skip func(p string, d fs.DirEntry) bool) ([]Finding, error) {
 	paths := make(chan string, 64)
 	var (
 		mu       sync.Mutex
@@ -233,7 +233,7 @@ func scanSecrets(fsys fs.FS, skip func(p string) bool) ([]Finding, error) {
 		if err != nil {
 			return err
 		}
-		if d.Type().IsRegular() && (skip == nil || !skip(p)) {
+		if d.Type().IsRegular() && (skip == nil || !skip(p, d)) {
 			paths <- p
 		}
 		return nil
