@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -96,11 +96,11 @@ func kubeadmNodePair(t *testing.T, e *env, image, bin string) nodePair {
 		if name == "kubeadm" {
 			src = filepath.Join(bin, name)
 		}
-		sum, err := copyHashed(src, filepath.Join(mirror, name))
-		if err != nil {
+		dst := filepath.Join(mirror, name)
+		if err := atomicfile.Copy(src, dst, atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
 			t.Fatal(err)
 		}
-		sums[name] = sum
+		sums[name] = testkit.FileSHA256(t, dst)
 	}
 	now := time.Now()
 	caKP, err := pki.NewCA("kubernetes", now)
@@ -132,11 +132,11 @@ func kubeadmNodePair(t *testing.T, e *env, image, bin string) nodePair {
 
 	link := fmt.Sprintf("%s-ref-%d", e2eLinkPrefix, os.Getpid())
 	cpName, workerName := refCluster+"-cp-1", refCluster+"-worker-1"
-	node := func(name, addr, podCIDR string, kubeadmConfig string, secrets []refFile) string {
+	node := func(name, addr, podCIDR string, secrets []refFile) string {
 		ud, err := refUserData(refNode{
 			Name: name, Addr: addr, MAC: linkMAC(addr), PodCIDR: podCIDR,
 			Mirror: strings.Replace(url, "127.0.0.1", "10.0.2.2", 1), Sums: sums,
-			Init: name == cpName, KubeadmConfig: kubeadmConfig,
+			Init: name == cpName, Token: tok.String(), APIAddr: cpAddr, CAHash: hex.EncodeToString(caHash[:]),
 		}, secrets)
 		if err != nil {
 			t.Fatal(err)
@@ -155,12 +155,11 @@ func kubeadmNodePair(t *testing.T, e *env, image, bin string) nodePair {
 		}
 		return iso
 	}
-	cpISO := node(cpName, cpAddr, "10.244.0.0/24", fmt.Sprintf(kubeadmInit, tok, cpAddr, cpName, cpAddr, cpAddr), []refFile{
+	cpISO := node(cpName, cpAddr, "10.244.0.0/24", []refFile{
 		{Path: "/etc/kubernetes/pki/ca.crt", Content: string(caKP.CertPEM), Perm: "0644"},
 		{Path: "/etc/kubernetes/pki/ca.key", Content: string(caKP.KeyPEM), Perm: "0600"},
 	})
-	workerISO := node(workerName, workerAddr, "10.244.1.0/24",
-		fmt.Sprintf(kubeadmJoin, cpAddr, tok, hex.EncodeToString(caHash[:]), workerName, workerAddr), nil)
+	workerISO := node(workerName, workerAddr, "10.244.1.0/24", nil)
 
 	return nodePair{
 		CPName: cpName, WorkerName: workerName,
@@ -181,56 +180,46 @@ func kubeadmNodePair(t *testing.T, e *env, image, bin string) nodePair {
 	}
 }
 
-// copyHashed copies src to dst and returns its sha256.
-func copyHashed(src, dst string) (string, error) {
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return "", err
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return "", err
-	}
-	defer in.Close()
-	o, err := os.Create(dst)
-	if err != nil {
-		return "", err
-	}
-	h := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(o, h), in); err != nil {
-		o.Close()
-		return "", fmt.Errorf("copy %s: %w", src, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), o.Close()
-}
-
-// kubeadmInit is the control plane's kubeadm configuration: the bootstrap token the worker
-// joins with, the address on the cluster link, the etcd and CoreDNS the registry holds, and
-// the same slow-control-plane timings kiln's e2e cluster gets (leases, etcd's Raft), for
-// TCG. Arguments: token, advertise address, node name, node IP, endpoint host.
-const kubeadmInit = `apiVersion: kubeadm.k8s.io/v1beta4
+// refKubeadm is a node's kubeadm configuration. The control plane's (Init): the bootstrap
+// token the worker joins with, the address on the cluster link, the etcd and CoreDNS the
+// registry holds, and the same slow-control-plane timings kiln's e2e cluster gets (leases,
+// etcd's Raft), for TCG. The worker's: discovery by token, the CA pinned by its key's hash.
+// Both: containerd's socket, the node's IP on the cluster link, and kubeadm's waits long
+// enough for emulated CPUs.
+var refKubeadm = template.Must(template.New("kubeadm").Parse(`apiVersion: kubeadm.k8s.io/v1beta4
+{{if .Init -}}
 kind: InitConfiguration
 bootstrapTokens:
-  - token: %q
+  - token: "{{.Token}}"
     ttl: 2h0m0s
 localAPIEndpoint:
-  advertiseAddress: %s
+  advertiseAddress: {{.Addr}}
   bindPort: 6443
+{{- else -}}
+kind: JoinConfiguration
+discovery:
+  bootstrapToken:
+    apiServerEndpoint: {{.APIAddr}}:6443
+    token: "{{.Token}}"
+    caCertHashes: ["sha256:{{.CAHash}}"]
+{{- end}}
 nodeRegistration:
-  name: %s
+  name: {{.Name}}
   criSocket: unix:///run/containerd/containerd.sock
   kubeletExtraArgs:
-    - {name: node-ip, value: %s}
+    - {name: node-ip, value: {{.Addr}}}
   ignorePreflightErrors: [SystemVerification]
 timeouts:
-  controlPlaneComponentHealthCheck: 20m0s
   kubeletHealthCheck: 20m0s
+{{- if .Init}}
+  controlPlaneComponentHealthCheck: 20m0s
   kubernetesAPICall: 20m0s
 ---
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: ClusterConfiguration
 kubernetesVersion: v1.37.2
 clusterName: ref
-controlPlaneEndpoint: %s:6443
+controlPlaneEndpoint: {{.APIAddr}}:6443
 apiServer:
   certSANs: [127.0.0.1, kubernetes]
 controllerManager:
@@ -258,28 +247,11 @@ networking:
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: systemd
-`
-
-// kubeadmJoin is the worker's: discovery by token, the CA pinned by its key's hash.
-// Arguments: API host, token, CA key hash, node name, node IP.
-const kubeadmJoin = `apiVersion: kubeadm.k8s.io/v1beta4
-kind: JoinConfiguration
-discovery:
-  bootstrapToken:
-    apiServerEndpoint: %s:6443
-    token: %q
-    caCertHashes: ["sha256:%s"]
-nodeRegistration:
-  name: %s
-  criSocket: unix:///run/containerd/containerd.sock
-  kubeletExtraArgs:
-    - {name: node-ip, value: %s}
-  ignorePreflightErrors: [SystemVerification]
-timeouts:
-  kubeletHealthCheck: 20m0s
+{{- else}}
   tlsBootstrap: 20m0s
   discovery: 20m0s
-`
+{{- end}}
+`))
 
 // refNode is what one reference node's user-data says.
 type refNode struct {
@@ -287,7 +259,9 @@ type refNode struct {
 	Mirror                   string            // the components' HTTP mirror, as the guest reaches it
 	Sums                     map[string]string // component file → sha256
 	Init                     bool              // kubeadm init (else join)
-	KubeadmConfig            string
+	Token                    string            // the bootstrap token
+	APIAddr                  string            // the control plane's address
+	CAHash                   string            // the cluster CA's key hash, hex (join)
 }
 
 // refFile is one cloud-init write_files entry.
@@ -302,8 +276,11 @@ type refFile struct {
 // kernel modules and sysctls, a bridge CNI config, kubeadm's config) and a runcmd that
 // fetches and verifies the components, starts containerd and runs kubeadm.
 func refUserData(n refNode, secrets []refFile) ([]byte, error) {
-	var script bytes.Buffer
+	var script, kubeadm bytes.Buffer
 	if err := refInstall.Execute(&script, n); err != nil {
+		return nil, err
+	}
+	if err := refKubeadm.Execute(&kubeadm, n); err != nil {
 		return nil, err
 	}
 	files := []refFile{
@@ -316,7 +293,7 @@ func refUserData(n refNode, secrets []refFile) ([]byte, error) {
 		{Path: "/etc/sysctl.d/90-k8s.conf", Perm: "0644",
 			Content: "net.ipv4.ip_forward = 1\nnet.bridge.bridge-nf-call-iptables = 1\nnet.bridge.bridge-nf-call-ip6tables = 1\n"},
 		{Path: "/etc/cni/net.d/10-bridge.conflist", Perm: "0644", Content: fmt.Sprintf(refCNI, n.PodCIDR)},
-		{Path: "/etc/kubeadm/config.yaml", Perm: "0600", Content: n.KubeadmConfig},
+		{Path: "/etc/kubeadm/config.yaml", Perm: "0600", Content: kubeadm.String()},
 		{Path: "/usr/local/sbin/k8s-install", Perm: "0755", Content: script.String()},
 	}
 	files = append(files, secrets...)
