@@ -19,8 +19,13 @@ mirror=${KILN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${KILN_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
 tmp="$out.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
-mmdebstrap --variant=minbase --mode=auto --format=tar \
+# INITRD=No: the kernel package's hook makes no initramfs (kiln builds its own; customize.sh
+# removed the one initramfs-tools made). force-unsafe-io: dpkg does not fsync each unpacked file
+# of a tree that becomes a tar when it is done (customize.sh keeps the option out of the image).
+# Together: mmdebstrap 126 s -> 86 s on a 2-core VM, the same files.
+INITRD=No mmdebstrap --variant=minbase --mode=auto --format=tar \
   --include="$packages" \
+  --dpkgopt='force-unsafe-io' \
   --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \

@@ -5,6 +5,8 @@ set -euo pipefail
 root=$1
 # kiln builds its own initramfs; the one initramfs-tools made is never used.
 rm -f "$root"/boot/initrd.img* "$root"/boot/*.old
+# build.sh's force-unsafe-io is for the build only (mmdebstrap keeps its dpkg options).
+sed -i '/^force-unsafe-io$/d' "$root/etc/dpkg/dpkg.cfg.d/99mmdebstrap"
 # The package cache and lists are not part of an immutable image.
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
 # systemd generates a machine id at first boot (/etc is writable then).
