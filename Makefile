@@ -156,6 +156,7 @@ vet:
 
 bench: deps build base base-cloudinit $(SOURCES)
 	@builder/scripts/deps.sh test
+	@builder/scripts/deps.sh bench
 	KILN_PROFILE_OVERLAY=$(if $(SOURCES),$(LOCAL_OVERLAY)) bench/bench.sh
 	$(MAKE) --no-print-directory bench-ready
 

@@ -4,6 +4,8 @@
 #   - a rebake after one artifact (crictl) changes, step by step
 #   - the bake's peak RSS: kiln's own and the largest tool's (getrusage, logged by kiln bake)
 #   - the floor: mksquashfs alone on the warm bake's root tree, with the same options; the ratio
+#   - kiln's base made from Debian's packages (make base's steps), and mkosi (Debian's, v14)
+#     building the same content: packages downloaded, cold, warm (bench/mkosi.sh)
 #   - boot time under TCG to kiln-init's first-boot status line (first and second boot)
 #   - image sizes: raw (apparent and allocated), qcow2
 #   - kiln serve under load on loopback (bench/serve): requests/s, p99 per route, peak RSS
@@ -63,10 +65,41 @@ dd if="$work/warm/qemu-worker.raw" of="$work/root-a.squashfs" bs=1M iflag=skip_b
 unsquashfs -q -n -d "$work/tree" "$work/root-a.squashfs" >/dev/null
 sync
 t3=$(now)
-mksquashfs "$work/tree" "$work/floor.squashfs" -noappend -no-progress -reproducible \
-  -mkfs-time 0 -all-time 0 -comp zstd -mem 256M -Xcompression-level 3 -quiet >/dev/null
+squashfs_opts=(-no-progress -reproducible -mkfs-time 0 -all-time 0 -comp zstd -mem 256M -Xcompression-level 3 -quiet)
+mksquashfs "$work/tree" "$work/floor.squashfs" -noappend "${squashfs_opts[@]}" >/dev/null
 t4=$(now)
 floor=$(secs "$t3" "$t4")
+
+# kiln from Debian's packages: the base made as make base makes it (mmdebstrap, then kiln base
+# import), what mkosi's build from a cold package cache does before its own work.
+t5=$(now)
+images/base/build.sh "$work/base.tar" > "$work/base.log" 2>&1
+$KILN base import "$work/base.tar" --layout "$work/base-layout" --tag bookworm >> "$work/base.log" 2>&1
+t6=$(now)
+base_build=$(secs "$t5" "$t6")
+rm -rf "$work/base.tar" "$work/base-layout"
+
+# mkosi building the same content (bench/mkosi.sh): Debian with the base's packages plus what
+# kiln adds to the base (the warm tree against the flattened base the bake cached by chain ID).
+base_tree=$(python3 - "$KILN_CACHE" <<'PY'
+import hashlib, json, os, sys
+cache = sys.argv[1]
+layout = os.path.join(cache, "base")
+blob = lambda d: os.path.join(layout, "blobs", *d.split(":"))
+for m in json.load(open(os.path.join(layout, "index.json")))["manifests"]:
+    if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "bookworm":
+        cfg = json.load(open(blob(json.load(open(blob(m["digest"])))["config"]["digest"])))
+        chain = cfg["rootfs"]["diff_ids"][0]
+        for d in cfg["rootfs"]["diff_ids"][1:]:
+            chain = "sha256:" + hashlib.sha256((chain + " " + d).encode()).hexdigest()
+        print(os.path.join(cache, "base-trees", chain.split(":")[1], "tree"))
+PY
+)
+[ -d "$base_tree" ] || { echo "bench: no flattened base at $base_tree" >&2; exit 1; }
+mkosi_out=$(bench/mkosi.sh "$work/tree" "$base_tree" "$work/mkosi" "${squashfs_opts[@]}")
+mkosi_net=$(awk '$2 == "network" { print $3 }' <<<"$mkosi_out")
+mkosi_cold=$(awk '$2 == "cold" { print $3 }' <<<"$mkosi_out")
+mkosi_warm=$(awk '$2 == "warm" { print $3 }' <<<"$mkosi_out")
 
 # Boots under TCG: first boot (creates /var) and second boot of the same disk.
 cp --sparse=always "$work/warm/qemu-worker.raw" "$work/boot.raw"
@@ -88,6 +121,10 @@ printf '  bake cold                     %6s s\n' "$cold"
 printf '  bake warm                     %6s s\n' "$warm"
 printf '  mksquashfs alone, same tree   %6s s   warm bake / floor = %s\n' "$floor" "$(awk -v a="$warm" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')"
 printf '  rebake, one artifact changed   %6s s\n' "$rebake"
+printf '  base from packages (make base) %5s s   + kiln cold = %s s\n' "$base_build" "$(awk -v a="$base_build" -v b="$cold" 'BEGIN { printf "%.1f", a + b }')"
+printf '  mkosi, packages downloaded    %6s s   / (base + kiln cold) = %s\n' "$mkosi_net" "$(awk -v a="$mkosi_net" -v b="$base_build" -v c="$cold" 'BEGIN { printf "%.1f", a / (b + c) }')"
+printf '  mkosi, same content, cold     %6s s   / kiln cold = %s\n' "$mkosi_cold" "$(awk -v a="$mkosi_cold" -v b="$cold" 'BEGIN { printf "%.1f", a / b }')"
+printf '  mkosi, same content, warm     %6s s   / kiln warm = %s\n' "$mkosi_warm" "$(awk -v a="$mkosi_warm" -v b="$warm" 'BEGIN { printf "%.1f", a / b }')"
 grep -h 'seconds=' "$work/rebake.log" | sed -n 's/.*msg="\{0,1\}\([^"=]*\)"\{0,1\} .*seconds=\([0-9.]*\).*/    rebake step: \1 \2 s/p' | grep -v 'root filesystem made.*type' || true
 peak() { sed -n 's/.*peak memory.*kiln_mib=\([0-9]*\).*largest_tool_mib=\([0-9]*\).*/\1 MiB kiln, \2 MiB largest tool/p' "$1" | tail -1; }
 printf '  bake peak RSS                 cold: %s; warm: %s\n' "$(peak "$work/cold.log")" "$(peak "$work/warm.log")"

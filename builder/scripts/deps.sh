@@ -5,6 +5,7 @@
 #   builder/scripts/deps.sh            # tools to bake and boot images
 #   builder/scripts/deps.sh test       # plus what the tests use
 #   builder/scripts/deps.sh e2e        # plus what make e2e uses (registry, gcc, apt-get download)
+#   builder/scripts/deps.sh bench      # plus what make bench compares kiln with (mkosi)
 set -euo pipefail
 declare -A need=(
   [mmdebstrap]=mmdebstrap
@@ -51,6 +52,10 @@ if [ "${1:-}" = e2e ]; then
   need[/usr/lib/x86_64-linux-gnu/libc.a]=libc6-dev
   need[dpkg-deb]=dpkg
   need[pkg-config]=pkg-config
+fi
+if [ "${1:-}" = bench ]; then
+  need[mkosi]=mkosi
+  need[debootstrap]=debootstrap
 fi
 missing=()
 for tool in "${!need[@]}"; do
