@@ -80,22 +80,10 @@ base_build=$(secs "$t5" "$t6")
 rm -rf "$work/base.tar" "$work/base-layout"
 
 # mkosi building the same content (bench/mkosi.sh): Debian with the base's packages plus what
-# kiln adds to the base (the warm tree against the flattened base the bake cached by chain ID).
-base_tree=$(python3 - "$KILN_CACHE" <<'PY'
-import hashlib, json, os, sys
-cache = sys.argv[1]
-layout = os.path.join(cache, "base")
-blob = lambda d: os.path.join(layout, "blobs", *d.split(":"))
-for m in json.load(open(os.path.join(layout, "index.json")))["manifests"]:
-    if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "bookworm":
-        cfg = json.load(open(blob(json.load(open(blob(m["digest"])))["config"]["digest"])))
-        chain = cfg["rootfs"]["diff_ids"][0]
-        for d in cfg["rootfs"]["diff_ids"][1:]:
-            chain = "sha256:" + hashlib.sha256((chain + " " + d).encode()).hexdigest()
-        print(os.path.join(cache, "base-trees", chain.split(":")[1], "tree"))
-PY
-)
-[ -d "$base_tree" ] || { echo "bench: no flattened base at $base_tree" >&2; exit 1; }
+# kiln adds to the base (the warm tree against the flattened base in the cache, which the warm
+# bake's log names).
+base_tree=$(sed -n 's/.*msg="base \(tree linked from the cache\|flattened\)" tree=\([^ ]*\) .*/\2/p' "$work/warm.log")
+[ -d "$base_tree" ] || { echo "bench: the warm bake kept no flattened base in the cache (see $work/warm.log)" >&2; exit 1; }
 mkosi_out=$(bench/mkosi.sh "$work/tree" "$base_tree" "$work/mkosi" "${squashfs_opts[@]}")
 mkosi_net=$(awk '$2 == "network" { print $3 }' <<<"$mkosi_out")
 mkosi_cold=$(awk '$2 == "cold" { print $3 }' <<<"$mkosi_out")

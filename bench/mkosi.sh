@@ -15,8 +15,8 @@
 #            for an image with nothing to compile, as here, the second build installs every
 #            package again, as mkosi users see it.
 #
-# mkosi makes only a root filesystem here, not a bootable disk with an
-# initramfs as kiln does: its figures are a lower bound for the same image.
+# mkosi makes only a root filesystem here, not a bootable disk with an initramfs as kiln does:
+# its figures are a lower bound for the same image.
 #
 # mkosi runs its package steps in systemd-nspawn. Without systemd as PID 1 (containers, CI
 # sandboxes) nspawn cannot register a scope on the system bus ("Failed to open system bus"), so

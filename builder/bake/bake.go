@@ -185,9 +185,9 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	return md, append(files, mdFile), nil
 }
 
-// step logs that the stage name took since start.
-func (b *baker) step(name string, start time.Time) {
-	b.log.Info(name, "seconds", time.Since(start).Round(time.Millisecond).Seconds())
+// step logs that the stage name took since start, with attrs (key-value pairs) before the time.
+func (b *baker) step(name string, start time.Time, attrs ...any) {
+	b.log.Info(name, append(attrs, "seconds", time.Since(start).Round(time.Millisecond).Seconds())...)
 }
 
 // publish moves the files (and the pxe directory) of a successful bake into dir, in order, and

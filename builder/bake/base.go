@@ -37,10 +37,11 @@ func (b *baker) openBase(md *nodeimage.Metadata) (*rootfs.Tree, bootFiles, error
 	if err != nil {
 		return nil, bootFiles{}, fmt.Errorf("base %s: %w", src, err)
 	}
+	// tree: the flattened base in the cache, which later bakes link (empty when not kept).
 	if cached {
-		b.step("base tree linked from the cache", t)
+		b.step("base tree linked from the cache", t, "tree", b.baseTree)
 	} else {
-		b.step("base flattened", t)
+		b.step("base flattened", t, "tree", b.baseTree)
 	}
 
 	kernel, err := tree.FindKernel()
