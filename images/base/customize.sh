@@ -3,7 +3,8 @@
 # $1 is the root of the tree being built.
 set -euo pipefail
 root=$1
-# kiln builds its own initramfs; the one initramfs-tools made is never used.
+# kiln builds its own initramfs: build.sh has the kernel package make none, and any other is
+# never used.
 rm -f "$root"/boot/initrd.img* "$root"/boot/*.old
 # build.sh's force-unsafe-io is for the build only (mmdebstrap keeps its dpkg options).
 sed -i '/^force-unsafe-io$/d' "$root/etc/dpkg/dpkg.cfg.d/99mmdebstrap"
