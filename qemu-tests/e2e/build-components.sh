@@ -39,11 +39,12 @@ log() { printf '%s build-components: %s\n' "$(date +%T)" "$*" >&2; }
 have() { for f in "$@"; do [ -x "$BIN/$f" ] || return 1; done; }
 timed() { local name=$1; shift; local t0=$SECONDS; "$@"; log "$name built in $((SECONDS - t0)) s"; }
 
-# k8s_module prepares $SRC/kubernetes: a module requiring k8s.io/kubernetes with its staging
-# repos replaced by their published versions, and prints the -ldflags that stamp the version.
+# k8s_module prepares $SRC/kubernetes: a module requiring k8s.io/kubernetes at $K8S_VERSION with
+# its staging repos replaced by their published versions (made again when it requires another
+# version), and prints the -ldflags that stamp the version.
 k8s_module() {
 	local d=$SRC/kubernetes
-	if [ ! -f "$d/go.sum" ]; then
+	if ! grep -qswF "k8s.io/kubernetes $K8S_VERSION" "$d/go.mod" || [ ! -f "$d/go.sum" ]; then
 		rm -rf "$d" && mkdir -p "$d" && cd "$d"
 		cat >go.mod <<MOD
 module kiln.local/k8s-build
