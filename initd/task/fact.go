@@ -22,6 +22,13 @@ type Fact struct {
 	// Await blocks until the fact is known, so that running Task again learns it, and
 	// returns nil; or until ctx ends, returning ctx's error.
 	Await func(ctx context.Context) error
+	// Limit, if set, bounds the waits for this fact on their own (all of them together),
+	// instead of counting them against Options.FactWait: for a fact that other machines
+	// provide, such as a peer that boots minutes later.
+	Limit time.Duration
+	// Detail, if set, says in a few words why the fact is not known yet (what was tried
+	// last); it is asked each time the wait is reported (Wait.Detail).
+	Detail func() string
 }
 
 // UnknownError is the error of a task that cannot act because a fact it needs is not
@@ -67,9 +74,12 @@ type Wait struct {
 	// Started is when this wait began.
 	Started time.Time `json:"started"`
 	// WaitedMS is the time the run has spent waiting for facts so far, this wait
-	// included, and LimitMS the most it waits in all (Options.FactWait), in milliseconds.
+	// included, and LimitMS the most it waits in all (Options.FactWait), in milliseconds;
+	// for a fact with its own Limit, the time spent waiting for that fact and its Limit.
 	WaitedMS int64 `json:"waited_ms"`
 	LimitMS  int64 `json:"limit_ms"`
+	// Detail is the fact's Detail when the wait was last reported.
+	Detail string `json:"detail,omitempty"`
 	// Known is set when the wait ended because the fact became known.
 	Known bool `json:"known,omitempty"`
 }
@@ -82,9 +92,15 @@ func (w Wait) limit() time.Duration { return time.Duration(w.LimitMS) * time.Mil
 
 // String is the wait as `kiln-init status` and systemd's STATUS= show it, e.g.
 // "waiting for an IPv4/IPv6 address on a link (DHCP) (needed by facts), 12s of 1m30s".
+// With a Detail: "waiting for … (needed by etcd-join), 12s of 1h0m0s: the seed member a does
+// not answer".
 func (w Wait) String() string {
-	return fmt.Sprintf("waiting for %s (needed by %s), %s of %s", w.Fact, strings.Join(w.Tasks, ", "),
+	s := fmt.Sprintf("waiting for %s (needed by %s), %s of %s", w.Fact, strings.Join(w.Tasks, ", "),
 		roundDuration(w.Waited()), roundDuration(w.limit()))
+	if w.Detail != "" {
+		s += ": " + w.Detail
+	}
+	return s
 }
 
 // roundDuration rounds d to the second, or below a second to the millisecond.
@@ -143,7 +159,7 @@ func (r *runner) missingFact() (*Fact, []string) {
 }
 
 // awaitFact follows a round without progress. When failed tasks lack a fact, it waits for
-// the fact within what is left of Options.FactWait, reporting the wait; once the fact is
+// the fact within what is left of Options.FactWait (or of the fact's own Limit), reporting the wait; once the fact is
 // known it resets the task that learns it and every task after that one and reports true:
 // the run goes on. It reports false when no task lacks a fact, when the run is cancelled,
 // and when the wait ends without the fact; then the error of each task that needed it says
@@ -153,26 +169,41 @@ func (r *runner) awaitFact(ctx context.Context) bool {
 	if f == nil {
 		return false
 	}
+	limit, waited := r.o.FactWait, r.waited
+	if f.Limit > 0 {
+		limit, waited = f.Limit, r.waitedFor[f.Name]
+	}
 	w := Wait{Fact: f.Name, Tasks: tasks, Started: r.o.Now().UTC(),
-		WaitedMS: r.waited.Milliseconds(), LimitMS: r.o.FactWait.Milliseconds()}
-	left := r.o.FactWait - r.waited
+		WaitedMS: waited.Milliseconds(), LimitMS: limit.Milliseconds()}
+	left := limit - waited
 	if left <= 0 {
-		r.gaveUp(tasks, "gave up waiting for it after "+roundDuration(r.o.FactWait).String(), true)
+		r.gaveUp(tasks, "gave up waiting for it after "+roundDuration(limit).String(), true)
 		return false
 	}
-	r.o.Log.Info("waiting for a fact", "fact", f.Name, "tasks", tasks, "waited", r.waited.Round(time.Millisecond), "limit", r.o.FactWait)
+	r.o.Log.Info("waiting for a fact", "fact", f.Name, "tasks", tasks, "waited", waited.Round(time.Millisecond), "limit", limit)
 
 	start := time.Now()
-	err := r.watchAwait(ctx, f, &w, left, start)
-	r.waited += time.Since(start)
-	w.WaitedMS, w.Known = r.waited.Milliseconds(), err == nil
+	err := r.watchAwait(ctx, f, &w, waited, left, start)
+	took := time.Since(start)
+	if f.Limit > 0 {
+		r.waitedFor[f.Name] += took
+		waited = r.waitedFor[f.Name]
+	} else {
+		r.waited += took
+		waited = r.waited
+	}
+	w.WaitedMS, w.Known = waited.Milliseconds(), err == nil
 	r.rep.Waits = append(r.rep.Waits, w)
 	switch {
 	case ctx.Err() != nil:
 		return false
 	case errors.Is(err, context.DeadlineExceeded):
-		r.o.Log.Warn("gave up waiting for a fact", "fact", f.Name, "tasks", tasks, "waited", r.waited.Round(time.Millisecond))
-		r.gaveUp(tasks, "gave up waiting for it after "+roundDuration(r.o.FactWait).String(), true)
+		r.o.Log.Warn("gave up waiting for a fact", "fact", f.Name, "tasks", tasks, "waited", waited.Round(time.Millisecond))
+		why := "gave up waiting for it after " + roundDuration(limit).String()
+		if w.Detail != "" {
+			why += " (" + w.Detail + ")"
+		}
+		r.gaveUp(tasks, why, true)
 		return false
 	case err != nil:
 		r.o.Log.Warn("waiting for a fact failed", "fact", f.Name, "tasks", tasks, "error", err)
@@ -181,7 +212,7 @@ func (r *runner) awaitFact(ctx context.Context) bool {
 	}
 	r.awaited[f.Name]++
 	r.o.Log.Info("fact known; running the tasks that need it again", "fact", f.Name, "learner", f.Task,
-		"waited", time.Since(start).Round(time.Millisecond))
+		"waited", took.Round(time.Millisecond))
 	r.rerun(f.Task)
 	return true
 }
@@ -189,11 +220,14 @@ func (r *runner) awaitFact(ctx context.Context) bool {
 // watchAwait runs f's Await bounded by left and returns its error, reporting w as the wait
 // begins and every waitReport after. An Await that ignores its deadline is given up on
 // Options.Grace after it.
-func (r *runner) watchAwait(ctx context.Context, f *Fact, w *Wait, left time.Duration, start time.Time) error {
+func (r *runner) watchAwait(ctx context.Context, f *Fact, w *Wait, waited, left time.Duration, start time.Time) error {
 	wctx, cancel := context.WithTimeout(ctx, left)
 	defer cancel()
 	ch := startAwait(wctx, f, r.awaited[f.Name] > 0)
 	report := func() {
+		if f.Detail != nil {
+			w.Detail = f.Detail()
+		}
 		r.o.Notify(w.String())
 		r.o.Waiting(*w, append([]TaskStatus(nil), r.rep.Tasks...))
 	}
@@ -207,7 +241,7 @@ func (r *runner) watchAwait(ctx context.Context, f *Fact, w *Wait, left time.Dur
 		case err := <-ch:
 			return err
 		case <-tick.C:
-			w.WaitedMS = (r.waited + time.Since(start)).Milliseconds()
+			w.WaitedMS = (waited + time.Since(start)).Milliseconds()
 			report()
 		case <-done:
 			done, grace = nil, time.After(r.o.Grace)

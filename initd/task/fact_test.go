@@ -367,3 +367,60 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// A fact with a Limit of its own is waited for past Options.FactWait, its waits do not use up
+// FactWait, and its Detail says in the report (and in the error, once given up) why it is
+// not known yet.
+func TestFactOwnLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		arrives   time.Duration // when the lease comes; 0 never
+		wantState State
+		wantErr   string
+	}{
+		{"known within its own limit, after FactWait", 300 * time.Millisecond, StateApplied, ""},
+		{"never known: the error says why", 0, StateFailed, "gave up waiting for it after 600ms (the server does not answer)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &dhcp{steps: map[string]int{}}
+			if tc.arrives > 0 {
+				time.AfterFunc(tc.arrives, func() { d.answer("10.0.2.15") })
+			}
+			await := func(ctx context.Context) error {
+				for {
+					d.mu.Lock()
+					got := d.addr
+					d.mu.Unlock()
+					if got != "" {
+						return nil
+					}
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+			}
+			var waits []Wait
+			o := Options{FactWait: 50 * time.Millisecond,
+				Facts: []Fact{{Name: address, Task: "facts", Await: await, Limit: 600 * time.Millisecond,
+					Detail: func() string { return "the server does not answer" }}},
+				Waiting: func(w Wait, _ []TaskStatus) { waits = append(waits, w) }}
+			rep, _ := Run(context.Background(), []Task{d.facts(false), d.user("render", "facts")}, o)
+			if rep == nil {
+				t.Fatal("no report")
+			}
+			got := status(t, rep, "render")
+			if got.State != tc.wantState || !strings.Contains(got.Error, tc.wantErr) {
+				t.Errorf("render: state %s error %q, want %s ~%q", got.State, got.Error, tc.wantState, tc.wantErr)
+			}
+			if len(waits) == 0 {
+				t.Fatal("the wait was never reported")
+			}
+			if w := waits[0]; w.limit() != 600*time.Millisecond || w.Detail != "the server does not answer" ||
+				!strings.HasSuffix(w.String(), "of 600ms: the server does not answer") {
+				t.Errorf("first wait %+v (%q): want the fact's own limit and its detail", w, w.String())
+			}
+		})
+	}
+}

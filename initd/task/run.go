@@ -104,6 +104,7 @@ func Run(ctx context.Context, tasks []Task, o Options) (*Report, error) {
 		abandoned: map[string]bool{},
 		lastErr:   map[string]error{},
 		awaited:   map[string]int{},
+		waitedFor: map[string]time.Duration{},
 	}
 	rep := &Report{Started: o.Now().UTC(), Tasks: make([]TaskStatus, len(order))}
 	r.rep = rep
@@ -152,10 +153,11 @@ type runner struct {
 	order     []Task
 	rep       *Report
 	status    map[string]*TaskStatus
-	abandoned map[string]bool  // given up on after ignoring its deadline; never retried
-	lastErr   map[string]error // each failed task's last error
-	waited    time.Duration    // spent waiting for facts
-	awaited   map[string]int   // waits per fact that ended with the fact known
+	abandoned map[string]bool          // given up on after ignoring its deadline; never retried
+	lastErr   map[string]error         // each failed task's last error
+	waited    time.Duration            // spent waiting for facts without a Limit of their own
+	waitedFor map[string]time.Duration // spent waiting for each fact with a Limit
+	awaited   map[string]int           // waits per fact that ended with the fact known
 }
 
 func (r *runner) done(name string) bool { return r.status[name].State.ok() }
