@@ -32,16 +32,8 @@ const (
 	e2eLinkPrefix = "kiln-e2e"
 )
 
-func e2eCacheDir() string {
-	if d := os.Getenv("KILN_E2E_CACHE"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
-		return filepath.Join(d, "kiln", "e2e")
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache", "kiln", "e2e")
-}
+// e2eCacheDir is where build-components.sh keeps the components.
+func e2eCacheDir() string { return testkit.E2ECache() }
 
 // e2eStep runs one named step of the end-to-end test, logging its duration.
 func e2eStep(t *testing.T, name string, f func()) time.Duration {

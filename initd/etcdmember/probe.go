@@ -16,26 +16,18 @@ type Reach struct {
 	Unreachable []string
 }
 
-// Quorum reports whether enough members are reachable for a quorum (more than half).
-func (r Reach) Quorum() bool {
-	n := len(r.Reachable) + len(r.Unreachable)
-	return n > 0 && len(r.Reachable) > n/2
-}
-
-// String is the line `kiln-init status` shows, e.g. "etcd: waiting for quorum: 1 of 3
-// members reachable (etcd-b.internal.prod.example.test, etcd-c.internal.prod.example.test
-// unreachable)".
+// String is the line `kiln-init status` shows while a control plane waits for its API
+// server, e.g. "etcd: 1 of 3 members reachable (etcd-b.internal.prod.example.test,
+// etcd-c.internal.prod.example.test unreachable)". Whether the reachable ones make a quorum
+// depends on the cluster's membership, which grows one member at a time: the seed alone
+// is a cluster of one.
 func (r Reach) String() string {
 	n := len(r.Reachable) + len(r.Unreachable)
-	if r.Quorum() {
-		s := fmt.Sprintf("etcd: %d of %d members reachable", len(r.Reachable), n)
-		if len(r.Unreachable) > 0 {
-			s += " (" + strings.Join(r.Unreachable, ", ") + " unreachable)"
-		}
-		return s
+	s := fmt.Sprintf("etcd: %d of %d members reachable", len(r.Reachable), n)
+	if len(r.Unreachable) > 0 {
+		s += " (" + strings.Join(r.Unreachable, ", ") + " unreachable)"
 	}
-	return fmt.Sprintf("etcd: waiting for quorum: %d of %d members reachable (%s unreachable)",
-		len(r.Reachable), n, strings.Join(r.Unreachable, ", "))
+	return s
 }
 
 // Probe dials every member's peer URL (a TCP connection, timeout each) at once and says

@@ -63,3 +63,35 @@ func Run(t testing.TB, name string, args ...string) string {
 	}
 	return string(out)
 }
+
+// E2ECache is where qemu-tests/e2e/build-components.sh keeps what it builds:
+// $KILN_E2E_CACHE, else $XDG_CACHE_HOME/kiln/e2e, else ~/.cache/kiln/e2e (the script's own
+// default).
+func E2ECache() string {
+	if d := os.Getenv("KILN_E2E_CACHE"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "kiln", "e2e")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "kiln", "e2e")
+}
+
+// Component returns the path of a binary build-components.sh built from the version the
+// profiles pin (E2ECache()/bin/name), such as etcd. When it is missing the test is skipped,
+// saying how to build it (build-components.sh group), or fails when $KILN_REQUIRE_TOOLS is
+// set.
+func Component(t testing.TB, name, group string) string {
+	t.Helper()
+	p := filepath.Join(E2ECache(), "bin", name)
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+		return p
+	}
+	msg := p + " not built (qemu-tests/e2e/build-components.sh " + group + ")"
+	if os.Getenv(requireToolsEnv) != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
