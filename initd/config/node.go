@@ -91,11 +91,18 @@ type DNS struct {
 	TTL           int    `yaml:"ttl"`
 }
 
-// Etcd is this node's etcd membership.
+// Etcd is this node's etcd membership: the member it runs, or, on a control plane whose
+// etcd runs on etcd nodes (External), the members its API server uses.
 type Etcd struct {
 	Member  string   `yaml:"member"`
 	Members []string `yaml:"members"`
-	Volume  *Volume  `yaml:"volume"`
+	// Seed is the member that starts a new cluster (the others join it one at a time);
+	// default the first of Members.
+	Seed string `yaml:"seed"`
+	// External says that Members run on etcd nodes, not on this control plane: it runs no
+	// member, and its API server uses https://etcd-<member>.internal.<cluster>.<zone>:2379.
+	External bool    `yaml:"external"`
+	Volume   *Volume `yaml:"volume"`
 	// HeartbeatInterval and ElectionTimeout are etcd's Raft timings, as Go durations
 	// ("500ms", "5s"); unset keeps etcd's (100ms, 1s). Members whose CPUs stall (emulated,
 	// shared or overloaded) call elections without them; every member needs the same.
@@ -329,12 +336,35 @@ func (n *Node) checkEtcd(d *strictyaml.Doc) {
 		d.Failf("etcd", "a worker node runs no etcd member; remove etcd or change role")
 		return
 	}
+	if e.External {
+		n.checkExternalEtcd(d)
+		return
+	}
 	switch {
 	case e.Member == "":
 		d.Failf("etcd.member", "is required")
 	case !isDNSLabel(e.Member):
 		d.Failf("etcd.member", "%q is not an RFC 1123 label", e.Member)
 	}
+	n.checkEtcdMembers(d)
+	if e.Member != "" && len(e.Members) > 0 && !slices.Contains(e.Members, e.Member) {
+		d.Failf("etcd.member", "%q is not one of etcd.members (%s)", e.Member, strings.Join(e.Members, ", "))
+	}
+	switch {
+	case e.Seed == "" && len(e.Members) > 0:
+		e.Seed = e.Members[0]
+	case e.Seed != "" && len(e.Members) > 0 && !slices.Contains(e.Members, e.Seed):
+		d.Failf("etcd.seed", "%q is not one of etcd.members (%s)", e.Seed, strings.Join(e.Members, ", "))
+	}
+	if e.Volume != nil {
+		n.checkVolume(d, e.Volume)
+	}
+	n.checkEtcdTimings(d)
+}
+
+// checkEtcdMembers checks etcd.members: required, labels, none twice.
+func (n *Node) checkEtcdMembers(d *strictyaml.Doc) {
+	e := n.Etcd
 	if len(e.Members) == 0 {
 		d.Failf("etcd.members", "is required: the names of all members, this one included")
 	}
@@ -347,13 +377,31 @@ func (n *Node) checkEtcd(d *strictyaml.Doc) {
 			d.Failf(field, "%q is listed twice", m)
 		}
 	}
-	if e.Member != "" && len(e.Members) > 0 && !slices.Contains(e.Members, e.Member) {
-		d.Failf("etcd.member", "%q is not one of etcd.members (%s)", e.Member, strings.Join(e.Members, ", "))
+}
+
+// checkExternalEtcd checks the etcd of a control plane whose members run on etcd nodes:
+// members names them; what configures a member of its own is refused.
+func (n *Node) checkExternalEtcd(d *strictyaml.Doc) {
+	e := n.Etcd
+	if n.Role != RoleControlPlane {
+		d.Failf("etcd.external", "only a control plane uses an external etcd (role is %s)", n.Role)
+		return
 	}
-	if e.Volume != nil {
-		n.checkVolume(d, e.Volume)
+	if len(e.Members) == 0 {
+		d.Failf("etcd.members", "is required with etcd.external: the etcd nodes' member names")
+	} else {
+		n.checkEtcdMembers(d)
 	}
-	n.checkEtcdTimings(d)
+	if n.Cluster.DNSZone == "" {
+		d.Failf("cluster.dnsZone", "is required with etcd.external (the members are etcd-<member>.internal.<cluster.name>.<cluster.dnsZone>)")
+	}
+	for field, set := range map[string]bool{"etcd.member": e.Member != "", "etcd.seed": e.Seed != "",
+		"etcd.volume": e.Volume != nil, "etcd.heartbeatInterval": e.HeartbeatInterval != "",
+		"etcd.electionTimeout": e.ElectionTimeout != ""} {
+		if set {
+			d.Failf(field, "is for a node that runs an etcd member; with etcd.external this control plane runs none")
+		}
+	}
 }
 
 // checkEtcdTimings checks the Raft timings as etcd does at start: whole milliseconds, the

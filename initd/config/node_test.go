@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,7 +47,7 @@ func TestParseNodeDefaults(t *testing.T) {
 		Hostname: "cp-1",
 		DNS: DNS{Provider: DNSRFC2136, Server: "10.0.0.53:53", Zone: "k8s.example.com",
 			TSIGKeyName: "kiln-update.", TSIGSecretFile: "/etc/kiln/tsig.key", TTL: 60},
-		Etcd: &Etcd{Member: "b", Members: []string{"a", "b", "c"},
+		Etcd: &Etcd{Member: "b", Members: []string{"a", "b", "c"}, Seed: "a",
 			Volume: &Volume{Serial: "etcd-main", FSType: "ext4", Label: "etcd", Wipe: true, MountPath: "/var/lib/etcd/prod", MinBytes: 2 << 30}},
 		APIEndpoint: "api.internal.prod.k8s.example.com:6443",
 		Kubernetes: Kubernetes{Version: "v1.37.2", PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12",
@@ -219,6 +220,16 @@ func nodeErrorCases() []nodeErrorCase {
 			`node.yaml:4: etcd.member: "d" is not one of etcd.members (a, B, a)`,
 			`node.yaml:7: etcd.members[1]: "B" is not an RFC 1123 label`,
 			`node.yaml:8: etcd.members[2]: "a" is listed twice`}},
+		{"etcd seed", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a, b]\n  seed: c\n",
+			[]string{`node.yaml:6: etcd.seed: "c" is not one of etcd.members (a, b)`}},
+		{"external etcd on an etcd node", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd: {members: [a], external: true}\n",
+			[]string{"node.yaml:3: etcd.external: only a control plane uses an external etcd (role is etcd)"}},
+		{"external etcd with a member of its own", "cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd:\n  external: true\n  member: a\n  seed: a\n  volume: {serial: etcd-main}\n  electionTimeout: 5s\n", []string{
+			"node.yaml:3: etcd.members: is required with etcd.external: the etcd nodes' member names",
+			"node.yaml:5: etcd.member: is for a node that runs an etcd member; with etcd.external this control plane runs none",
+			"node.yaml:6: etcd.seed: is for a node that runs an etcd member",
+			"node.yaml:7: etcd.volume: is for a node that runs an etcd member",
+			"node.yaml:8: etcd.electionTimeout: is for a node that runs an etcd member"}},
 		{"etcd volume", "cluster: {name: prod, dnsZone: example.com}\nrole: etcd\netcd:\n  member: a\n  members: [a]\n  volume:\n    serial: x\n    gceName: y\n    fsType: btrfs\n    mountPath: var/lib/etcd\n", []string{
 			"node.yaml:6: etcd.volume: set exactly one of serial, byId, awsTags, gceName and gceLabels (2 are set)",
 			`node.yaml:9: etcd.volume.fsType: "btrfs" is not supported (ext4 or xfs)`,
@@ -264,5 +275,17 @@ func nodeErrorCases() []nodeErrorCase {
 			"node.yaml:3: kubernetes.serviceCIDR: 10.96.0.0/12 overlaps podCIDR 10.96.0.0/16"}},
 		{"dual stack of one family", "cluster: {name: prod, dnsZone: example.com}\nrole: worker\nkubernetes:\n  podCIDR: 10.244.0.0/16,10.245.0.0/16\n", []string{
 			`node.yaml:4: kubernetes.podCIDR: "10.244.0.0/16,10.245.0.0/16": a dual-stack pair is one IPv4 and one IPv6 range`}},
+	}
+}
+
+// A control plane of the external topology names the etcd nodes' members and runs none: no
+// member, seed or volume is filled in for it.
+func TestParseNodeExternalEtcd(t *testing.T) {
+	n, err := ParseNode([]byte("cluster: {name: prod, dnsZone: example.com}\nrole: control-plane\netcd: {external: true, members: [a, b, c]}\n"), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := n.Etcd; !e.External || e.Member != "" || e.Seed != "" || e.Volume != nil || !slices.Equal(e.Members, []string{"a", "b", "c"}) {
+		t.Errorf("etcd = %+v", e)
 	}
 }
