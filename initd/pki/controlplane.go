@@ -53,6 +53,9 @@ type Node struct {
 	EtcdSANs      []string
 	ServiceCIDR   string // default 10.96.0.0/12; "v4,v6" for dual stack; the first IP of each is an apiserver SAN
 	ClusterDomain string // default cluster.local
+	// ExternalEtcd: the control plane runs no etcd member (its etcd runs on etcd nodes),
+	// so it has no etcd/server, etcd/peer or etcd/healthcheck-client.
+	ExternalEtcd bool
 }
 
 // leaf is one certificate of the certs phase.
@@ -212,22 +215,47 @@ func summary(c Cert) string {
 // ControlPlaneCerts is kubeadm's certs phase for one control-plane node. The CAs (ca,
 // front-proxy-ca, etcd/ca, see LoadCA) must be in pkiDir; the leaf certificates
 // apiserver, apiserver-kubelet-client, front-proxy-client, etcd/server, etcd/peer,
-// etcd/healthcheck-client and apiserver-etcd-client are written there. A leaf that is
-// still valid (CheckLeaf) is kept; the others are (re-)issued. It returns the names it
-// wrote, in controlPlaneLeafNames order.
+// etcd/healthcheck-client and apiserver-etcd-client are written there (without the three
+// etcd member ones when n.ExternalEtcd). A leaf that is still valid (CheckLeaf) is kept;
+// the others are (re-)issued. It returns the names it wrote, in controlPlaneLeafNames order.
 func ControlPlaneCerts(pkiDir string, n Node, now time.Time) (changed []string, err error) {
 	leaves, err := controlPlaneLeaves(n)
 	if err != nil {
 		return nil, fmt.Errorf("control-plane certificates: %w", err)
 	}
-	cas := map[string]*CA{}
-	for _, name := range []string{CAName, FrontProxyCAName, EtcdCAName} {
-		if cas[name], err = LoadCA(pkiDir, name); err != nil {
+	if n.ExternalEtcd {
+		leaves = slices.DeleteFunc(leaves, func(l leaf) bool { return slices.Contains(etcdMemberLeafNames, l.name) })
+	}
+	return issueLeaves(pkiDir, leaves, []string{CAName, FrontProxyCAName, EtcdCAName}, now)
+}
+
+// etcdMemberLeafNames are the certificates of a node that runs an etcd member.
+var etcdMemberLeafNames = []string{"etcd/server", "etcd/peer", "etcd/healthcheck-client"}
+
+// EtcdCerts is the certs phase of a dedicated etcd node (kubeadm's external etcd layout):
+// etcd/server, etcd/peer and etcd/healthcheck-client, issued by the etcd CA (etcd/ca in
+// pkiDir), whose names and addresses are n's as on a control plane. It keeps valid leaves
+// and returns the names it wrote, as ControlPlaneCerts does.
+func EtcdCerts(pkiDir string, n Node, now time.Time) (changed []string, err error) {
+	leaves, err := controlPlaneLeaves(n)
+	if err != nil {
+		return nil, fmt.Errorf("etcd certificates: %w", err)
+	}
+	leaves = slices.DeleteFunc(leaves, func(l leaf) bool { return !slices.Contains(etcdMemberLeafNames, l.name) })
+	return issueLeaves(pkiDir, leaves, []string{EtcdCAName}, now)
+}
+
+// issueLeaves loads the CAs named cas from pkiDir and writes each leaf that is not a
+// valid issue already; it returns the names it wrote, in order.
+func issueLeaves(pkiDir string, leaves []leaf, cas []string, now time.Time) (changed []string, err error) {
+	loaded := map[string]*CA{}
+	for _, name := range cas {
+		if loaded[name], err = LoadCA(pkiDir, name); err != nil {
 			return nil, err
 		}
 	}
 	for _, l := range leaves {
-		ca := cas[l.ca]
+		ca := loaded[l.ca]
 		if kp, err := ReadKeyPair(pkiDir, l.name); err == nil {
 			if CheckLeaf(ca, kp, l.cert, now) == nil {
 				continue

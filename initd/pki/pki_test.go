@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rsa"
 	"crypto/x509"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -434,5 +435,49 @@ func TestToken(t *testing.T) {
 		if len(bad) > 7 && strings.Contains(err.Error(), bad[7:]) {
 			t.Errorf("error leaks the secret: %v", err)
 		}
+	}
+}
+
+// A dedicated etcd node holds only the etcd CA: EtcdCerts issues its member certificates
+// from it, and nothing that needs another CA; a control plane of the external topology has
+// no member certificates, only its API server's etcd client certificate.
+func TestEtcdNodeAndExternalControlPlaneCerts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pki")
+	kp, err := NewCA(EtcdCACommonName, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteKeyPair(dir, EtcdCAName, kp); err != nil {
+		t.Fatal(err)
+	}
+	n := testNode()
+	n.Hostname = "demo-etcd-1"
+	changed, err := EtcdCerts(dir, n, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"etcd/server", "etcd/peer", "etcd/healthcheck-client"}; !slices.Equal(changed, want) {
+		t.Errorf("etcd node: wrote %v, want %v", changed, want)
+	}
+	c := readCert(t, filepath.Join(dir, "etcd/server.crt"))
+	if !slices.Contains(c.DNSNames, "etcd-a.internal.demo.example.com") || c.Subject.CommonName != "demo-etcd-1" {
+		t.Errorf("etcd/server: CN %s DNS %v", c.Subject.CommonName, c.DNSNames)
+	}
+	if again, err := EtcdCerts(dir, n, now); err != nil || len(again) != 0 {
+		t.Errorf("second run wrote %v, %v; want nothing", again, err)
+	}
+
+	cp := newPKIDir(t)
+	n = testNode()
+	n.ExternalEtcd, n.EtcdSANs = true, nil
+	changed, err = ControlPlaneCerts(cp, n, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"apiserver", "apiserver-kubelet-client", "front-proxy-client", "apiserver-etcd-client"}; !slices.Equal(changed, want) {
+		t.Errorf("external-etcd control plane: wrote %v, want %v", changed, want)
+	}
+	if _, err := os.Stat(filepath.Join(cp, "etcd/server.crt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("external-etcd control plane has etcd/server.crt: %v", err)
 	}
 }
