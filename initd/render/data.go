@@ -94,6 +94,9 @@ type Etcd struct {
 	// Servers are the client URLs kube-apiserver uses; default
 	// ["https://127.0.0.1:2379"] (the local, stacked member).
 	Servers []string
+	// External says that the members run on etcd nodes (Servers): this control plane runs
+	// none, and its templates render no etcd member.
+	External bool
 	// HeartbeatMS and ElectionMS are --heartbeat-interval and --election-timeout in
 	// milliseconds; 0 leaves etcd's own.
 	HeartbeatMS, ElectionMS int64

@@ -5,6 +5,10 @@
 // and templates are Go text/template with Data as the dot and a few functions (see
 // funcs). Images carry their role's templates in /usr/lib/kiln/templates.
 //
+// A template whose output is only white space writes no file (as Helm's): a part of the
+// role this node does not run, such as the etcd member of a control plane whose etcd is
+// external.
+//
 // Rendering is all or nothing and idempotent: every template is executed before any file
 // is written, a reference to a missing field or map key is an error naming the template
 // and line, and a file whose content, mode and owner are already right is left alone (its
@@ -79,6 +83,7 @@ func Render(srcDir, root string, data Data) (changed []string, err error) {
 // execute parses and runs every template; it writes nothing.
 func execute(srcDir string, data Data) ([]file, error) {
 	var files []file
+	found := 0
 	err := filepath.WalkDir(srcDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("render: %w", err)
@@ -101,13 +106,16 @@ func execute(srcDir string, data Data) ([]file, error) {
 		if err != nil {
 			return err
 		}
-		files = append(files, f)
+		found++
+		if len(bytes.TrimSpace(f.data)) > 0 {
+			files = append(files, f)
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if len(files) == 0 {
+	if found == 0 {
 		return nil, fmt.Errorf("render: no templates in %s", srcDir)
 	}
 	return files, nil

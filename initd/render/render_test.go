@@ -55,6 +55,14 @@ func fixedData(role string) Data {
 		// The Raft timings of kiln cluster init --slow-control-plane; the etcd role keeps etcd's.
 		d.Node.Etcd.HeartbeatMS, d.Node.Etcd.ElectionMS = 500, 5000
 	}
+	if role == "control-plane-external-etcd" {
+		// The external topology: the API server uses three etcd nodes' members.
+		d.Role = "control-plane"
+		d.Node.Etcd.External = true
+		for _, m := range []string{"a", "b", "c"} {
+			d.Node.Etcd.Servers = append(d.Node.Etcd.Servers, "https://etcd-"+m+".internal.demo.example.test:2379")
+		}
+	}
 	if role == "etcd" {
 		d.Node.Etcd.Members = []Member{
 			{Name: "node-1", PeerURL: "https://10.0.0.11:2380"},
@@ -89,10 +97,16 @@ func tree(t *testing.T, dir string) (modes []string, contents map[string][]byte)
 }
 
 func TestGolden(t *testing.T) {
-	for _, role := range []string{"worker", "control-plane", "etcd"} {
+	// Each case is a golden directory: the role templates it renders and the node they are
+	// rendered for (fixedData).
+	for _, c := range []struct{ role, templates string }{
+		{"worker", "worker"}, {"control-plane", "control-plane"}, {"etcd", "etcd"},
+		{"control-plane-external-etcd", "control-plane"},
+	} {
+		role := c.role
 		t.Run(role, func(t *testing.T) {
 			root := t.TempDir()
-			changed, err := Render(filepath.Join(templates, role), root, fixedData(role))
+			changed, err := Render(filepath.Join(templates, c.templates), root, fixedData(role))
 			if err != nil {
 				t.Fatalf("Render: %v", err)
 			}
