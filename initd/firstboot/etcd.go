@@ -2,14 +2,12 @@ package firstboot
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/kilnproject/kiln/initd/apply"
 	"github.com/kilnproject/kiln/initd/config"
@@ -35,59 +33,85 @@ func (p *plan) etcdTasks() []task.Task {
 	}
 }
 
-// etcdClientCert and etcdCA are what kiln-init asks the other members with: the API
-// server's etcd client certificate, which the pki task made.
-const (
-	etcdClientCert = "/etc/kubernetes/pki/apiserver-etcd-client"
-	etcdCA         = "/etc/kubernetes/pki/etcd/ca.crt"
-)
+// factEtcdCluster is what a member with an empty data directory waits for: a running
+// cluster that takes it as a learner, or, on the seed, the certainty that none runs.
+// Other machines provide it (the seed may boot minutes later), so its wait has a bound of
+// its own, etcdJoinWait.
+const factEtcdCluster = "the etcd cluster to take this member"
 
-// joinEtcd decides, before the etcd manifest is rendered, how this member starts: a member
-// of several with an empty data directory asks the others; in a cluster that already runs
-// it replaces its stale self (etcdmember.Decide) and starts as "existing". A data
-// directory with data is never touched. A single member, or a node without the client
-// certificate (a dedicated etcd node), starts from the static cluster.
+// etcdJoinWait bounds the wait for factEtcdCluster.
+const etcdJoinWait = time.Hour
+
+// joinEtcd decides, before the etcd manifest is rendered, how this member starts
+// (etcdmember.Decide): a member of several with an empty data directory joins the running
+// cluster as a learner (its stale self removed) and starts as "existing"; the seed starts a
+// one-member cluster when no other member answers; a member that cannot start yet fails with
+// task.Unknown(factEtcdCluster), and the run waits (awaitEtcdCluster). A data directory
+// with data is never touched. A single member starts from the static cluster.
 func (p *plan) joinEtcd(ctx context.Context) (bool, error) {
-	if !p.etcdMember() || p.node.Cluster.DNSZone == "" || len(p.node.Etcd.Members) < 2 || p.opts.Root != "/" {
-		return false, nil
+	o, ok, err := p.etcdMemberOptions()
+	if !ok || err != nil {
+		return false, err
 	}
-	cert, err := tls.LoadX509KeyPair(etcdClientCert+".crt", etcdClientCert+".key")
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+	plan, err := etcdmember.Decide(ctx, o)
+	var w *etcdmember.WaitError
+	if errors.As(err, &w) {
+		p.etcdWaiting.Store(w.Reason)
+		return plan.Changed, task.Unknown(factEtcdCluster, err)
 	}
-	if err != nil {
-		return false, fmt.Errorf("etcd client certificate: %w", err)
-	}
-	caPEM, err := os.ReadFile(etcdCA)
-	if err != nil {
-		return false, fmt.Errorf("etcd CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return false, fmt.Errorf("etcd CA %s: no certificate", etcdCA)
-	}
-	members := etcdmember.StaticCluster(p.node)
-	self := p.node.InternalName("etcd-" + p.node.Etcd.Member)
-	dataDir := "/var/lib/etcd"
-	if p.node.Etcd.Volume != nil {
-		dataDir = p.node.Etcd.Volume.MountPath
-	}
-	plan, err := etcdmember.Decide(ctx, etcdmember.Options{Name: p.node.Etcd.Member,
-		PeerURL: "https://" + net.JoinHostPort(self, "2380"), DataDir: dataDir, Members: members,
-		TLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, Log: p.opts.Log})
 	if err != nil {
 		return false, fmt.Errorf("etcd membership: %w", err)
 	}
-	p.opts.Log.Info("etcd member start", "state", plan.State, "why", plan.Why)
+	p.opts.Log.Info("etcd member start", "state", plan.State, "learner", plan.Learner, "why", plan.Why)
 	p.etcdPlan = &plan
 	return plan.Changed, nil
 }
 
-// etcdMember reports whether this node runs an etcd member (and so may have a volume).
-func (p *plan) etcdMember() bool {
-	return p.node != nil && p.node.Etcd != nil &&
-		(p.node.Role == config.RoleControlPlane || p.node.Role == config.RoleEtcd)
+// awaitEtcdCluster waits until this member can start (etcdmember.Decide stops asking it to
+// wait), asking every few seconds; the reason of the last answer is the wait's detail.
+func (p *plan) awaitEtcdCluster(ctx context.Context) error {
+	o, ok, err := p.etcdMemberOptions()
+	if !ok || err != nil {
+		return err
+	}
+	for {
+		_, err := etcdmember.Decide(ctx, o)
+		var w *etcdmember.WaitError
+		if !errors.As(err, &w) {
+			return nil // known, or an error the task itself reports when it runs again
+		}
+		p.etcdWaiting.Store(w.Reason)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Second):
+		}
+	}
 }
+
+// etcdWaitDetail is the wait's detail: why this member cannot start yet.
+func (p *plan) etcdWaitDetail() string {
+	s, _ := p.etcdWaiting.Load().(string)
+	return s
+}
+
+// etcdMemberOptions are etcdmember's options for this node: ok is false when it runs no
+// member of several, when first boot runs on a tree that is not the running system, and
+// when the pki task has not made the client certificate (an image without the kubernetes
+// overlay).
+func (p *plan) etcdMemberOptions() (o etcdmember.Options, ok bool, err error) {
+	if p.opts.Root != "/" {
+		return o, false, nil
+	}
+	o, ok, err = etcdmember.ForNode(p.opts.Root, p.node, p.opts.Log)
+	if errors.Is(err, fs.ErrNotExist) {
+		return o, false, nil
+	}
+	return o, ok, err
+}
+
+// etcdMember reports whether this node runs an etcd member (and so may have a volume).
+func (p *plan) etcdMember() bool { return etcdmember.RunsMember(p.node) }
 
 // prepareEtcdVolume finds the etcd disk, makes it safe to use (never formatting one with data),
 // mounts it now and writes the mount unit that mounts it on later boots before the runtime.

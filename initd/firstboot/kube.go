@@ -31,6 +31,9 @@ const (
 	KubeletUnit      = "kubelet.service"
 	CNIUnit          = "kiln-cni.service"
 	ControlPlaneUnit = "kiln-control-plane.service"
+	// EtcdMemberUnit promotes a member that joined as a learner and reports the member's
+	// state (etcd members of several).
+	EtcdMemberUnit = "kiln-etcd-member.service"
 )
 
 // pkiTasks make a control plane's certificates and kubeconfigs once preflight passed.
@@ -57,13 +60,14 @@ func (p *plan) seedStore(context.Context) (bool, error) {
 	return seeded, err
 }
 
-// writePKI is kubeadm's certs and kubeconfig phases on a control plane: the leaf
+// writePKI is kubeadm's certs and kubeconfig phases: on a control plane, the leaf
 // certificates from the CAs the config delivered, and the kubeconfigs of admin,
 // super-admin, kubelet, controller-manager and scheduler pointing at this node's API
-// server. Valid existing files are kept (a re-run changes nothing). An image without
-// the kubernetes overlay (no kubelet.service) runs no control plane: nothing to do.
+// server; on an etcd node, its member's certificates from the etcd CA. Valid existing files
+// are kept (a re-run changes nothing). An image without the kubernetes overlay (no
+// kubelet.service) runs neither: nothing to do.
 func (p *plan) writePKI(context.Context) (bool, error) {
-	if p.node.Role != config.RoleControlPlane {
+	if p.node.Role != config.RoleControlPlane && p.node.Role != config.RoleEtcd {
 		return false, nil
 	}
 	if _, err := systemd.Find(p.opts.Root, KubeletUnit); errors.Is(err, systemd.ErrNotFound) {
@@ -72,8 +76,12 @@ func (p *plan) writePKI(context.Context) (bool, error) {
 		return false, err
 	}
 	dir := filepath.Join(p.opts.Root, pkiDir)
-	if _, err := os.Stat(filepath.Join(dir, "ca.crt")); errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("no cluster CA at %s/ca.crt: a control plane gets its CAs from its Ignition config (kiln cluster init writes them)", pkiDir)
+	ca, missing, forWhat := "ca.crt", "no cluster CA at %s/%s: a control plane gets its CAs from its Ignition config (kiln cluster init writes them)", "the API server"
+	if p.node.Role == config.RoleEtcd {
+		ca, missing, forWhat = pki.EtcdCAName+".crt", "no etcd CA at %s/%s: an etcd node gets it from its Ignition config (kiln cluster init writes it)", "its etcd certificates"
+	}
+	if _, err := os.Stat(filepath.Join(dir, ca)); errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf(missing, pkiDir, ca)
 	}
 	n := p.pkiNode()
 	nodeIP := p.facts.IPv4
@@ -81,7 +89,14 @@ func (p *plan) writePKI(context.Context) (bool, error) {
 		nodeIP = p.facts.IPv6
 	}
 	if nodeIP == "" {
-		return false, task.Unknown(factAddress, errors.New("the node has no IP address for the API server"))
+		return false, task.Unknown(factAddress, errors.New("the node has no IP address for "+forWhat))
+	}
+	if p.node.Role == config.RoleEtcd {
+		certs, err := pki.EtcdCerts(dir, n, p.opts.Now())
+		if len(certs) > 0 {
+			p.opts.Log.Info("etcd PKI written", "certificates", certs)
+		}
+		return len(certs) > 0, err
 	}
 	certs, err := pki.ControlPlaneCerts(dir, n, p.opts.Now())
 	if err != nil {
@@ -98,7 +113,7 @@ func (p *plan) writePKI(context.Context) (bool, error) {
 // pkiNode is what the control plane's certificates are made for.
 func (p *plan) pkiNode() pki.Node {
 	n := pki.Node{Hostname: p.facts.Hostname, ServiceCIDR: p.node.Kubernetes.ServiceCIDR,
-		ClusterDomain: p.node.Kubernetes.ClusterDomain}
+		ClusterDomain: p.node.Kubernetes.ClusterDomain, ExternalEtcd: p.node.Etcd != nil && p.node.Etcd.External}
 	for _, s := range []string{p.facts.IPv4, p.facts.IPv6} {
 		if ip := net.ParseIP(s); ip != nil {
 			n.IPs = append(n.IPs, ip)
@@ -109,7 +124,7 @@ func (p *plan) pkiNode() pki.Node {
 	}
 	if p.node.Cluster.DNSZone != "" {
 		n.APIServerSANs = append(n.APIServerSANs, p.node.InternalName("api"))
-		if p.node.Etcd != nil && p.node.Etcd.Member != "" {
+		if p.etcdMember() && p.node.Etcd.Member != "" {
 			n.EtcdSANs = append(n.EtcdSANs, p.node.InternalName("etcd-"+p.node.Etcd.Member))
 		}
 	}
@@ -141,6 +156,9 @@ func (p *plan) handOver(ctx context.Context) (bool, error) {
 			return false, fmt.Errorf("kubelet has no credentials: neither %s nor %s exists (kiln cluster init puts the bootstrap kubeconfig in a worker's Ignition config)", bootstrapKubeletCfg, kubeletConf)
 		}
 		units = append(units, CNIUnit)
+	}
+	if p.etcdMember() && len(p.node.Etcd.Members) > 1 {
+		units = append(units, EtcdMemberUnit)
 	}
 	changed, err := kube.EnsureResolvConf(root)
 	if err != nil {

@@ -500,3 +500,77 @@ func TestRenderDataEtcdMembers(t *testing.T) {
 		})
 	}
 }
+
+// etcdNodeSecrets are the files kiln cluster init puts in an etcd node's Ignition config: the
+// etcd CA only.
+func etcdNodeSecrets(t *testing.T) []string {
+	t.Helper()
+	kp, err := pki.NewCA("etcd-ca", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{ignFile("/etc/kubernetes/pki/etcd/ca.crt", 0o644, kp.CertPEM), ignFile("/etc/kubernetes/pki/etcd/ca.key", 0o600, kp.KeyPEM)}
+}
+
+// An etcd node's first boot makes its member certificates from the etcd CA, renders its
+// etcd manifest and hands over to its standalone kubelet and, as a member of several, to
+// kiln-etcd-member; a control plane of the external topology gets no member certificate, no
+// etcd manifest and an API server that uses the etcd nodes' members.
+func TestRunEtcdNodeAndExternalControlPlane(t *testing.T) {
+	t.Run("etcd node", func(t *testing.T) {
+		root := nodeRoot(t, "etcd")
+		withKubernetesOverlay(t, root)
+		node := "cluster: {name: demo, dnsZone: example.com}\nrole: etcd\nhostname: demo-etcd-1\netcd: {member: a, members: [a, b, c]}\n"
+		cfg := ignition(append(etcdNodeSecrets(t), ignFile("/etc/kiln/node.yaml", 0o644, []byte(node)))...)
+		st, err := Run(context.Background(), kubeOpts(t, root, cfg))
+		if err != nil {
+			t.Fatalf("first boot: %v\n%+v", err, st.Tasks)
+		}
+		dir := filepath.Join(root, "etc/kubernetes/pki")
+		kp, err := pki.ReadKeyPair(dir, "etcd/peer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := pki.ParseCertPEM(kp.CertPEM); !slices.Contains(c.DNSNames, "etcd-a.internal.demo.example.com") {
+			t.Errorf("etcd peer certificate names %v, want etcd-a.internal.demo.example.com", c.DNSNames)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "etcd/healthcheck-client.crt")); err != nil {
+			t.Errorf("no health-check client certificate (kiln-init asks the members with it): %v", err)
+		}
+		m, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/manifests/etcd.manifest"))
+		if err != nil || !strings.Contains(string(m), "--initial-advertise-peer-urls=https://etcd-a.internal.demo.example.com:2380") {
+			t.Errorf("etcd manifest: %v\n%s", err, m)
+		}
+		for _, u := range []string{"kubelet.service", "kiln-etcd-member.service"} {
+			if !enabled(root, u) {
+				t.Errorf("%s is not enabled", u)
+			}
+		}
+	})
+	t.Run("control plane of the external topology", func(t *testing.T) {
+		root := nodeRoot(t, "control-plane")
+		withKubernetesOverlay(t, root)
+		node := "cluster: {name: demo, dnsZone: example.com}\nrole: control-plane\nhostname: cp-1\netcd: {external: true, members: [a, b, c]}\napiEndpoint: 192.0.2.10:6443\n"
+		cfg := ignition(append(clusterSecrets(t), ignFile("/etc/kiln/node.yaml", 0o644, []byte(node)))...)
+		st, err := Run(context.Background(), kubeOpts(t, root, cfg))
+		if err != nil {
+			t.Fatalf("first boot: %v\n%+v", err, st.Tasks)
+		}
+		for _, p := range []string{"etc/kubernetes/pki/etcd/server.crt", "etc/kubernetes/etcd/etcd.manifest", "etc/kubernetes/manifests/etcd.manifest"} {
+			if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("/%s exists on a control plane without an etcd member (%v)", p, err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(root, "etc/kubernetes/pki/apiserver-etcd-client.crt")); err != nil {
+			t.Errorf("the API server has no etcd client certificate: %v", err)
+		}
+		a, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/manifests/kube-apiserver.yaml"))
+		want := "--etcd-servers=https://etcd-a.internal.demo.example.com:2379,https://etcd-b.internal.demo.example.com:2379,https://etcd-c.internal.demo.example.com:2379"
+		if err != nil || !strings.Contains(string(a), want) || strings.Contains(string(a), "wait-voter") {
+			t.Errorf("kube-apiserver manifest (%v) lacks %s or waits for a member of its own:\n%s", err, want, a)
+		}
+		if enabled(root, "kiln-etcd-member.service") {
+			t.Error("kiln-etcd-member.service is enabled on a control plane without an etcd member")
+		}
+	})
+}

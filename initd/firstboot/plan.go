@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kilnproject/kiln/initd/apply"
@@ -61,7 +62,8 @@ type plan struct {
 	facts *facts.Facts
 	pre   *preflight.Report
 
-	etcdPlan *etcdmember.Plan // how this etcd member starts, when etcd-join asked the others
+	etcdPlan    *etcdmember.Plan // how this etcd member starts, when etcd-join asked the others
+	etcdWaiting atomic.Value     // string: why this member cannot start yet (etcd-join's wait)
 
 	rerun          bool     // an earlier first boot ran here (its own manifests may be present)
 	reload         bool     // units changed: systemd must re-read them
@@ -274,9 +276,15 @@ func needsAddress(role config.Role) bool {
 }
 
 // facts are what the task runner waits for when a task lacks them (task.UnknownError):
-// the node's address, learnt by the facts task.
+// the node's address, learnt by the facts task, and, on an etcd member of several, a
+// running cluster that takes it, learnt by etcd-join (with a bound of its own).
 func (p *plan) factList() []task.Fact {
-	return []task.Fact{{Name: factAddress, Task: "facts", Await: p.awaitAddress}}
+	facts := []task.Fact{{Name: factAddress, Task: "facts", Await: p.awaitAddress}}
+	if p.runsKubernetes() {
+		facts = append(facts, task.Fact{Name: factEtcdCluster, Task: "etcd-join", Await: p.awaitEtcdCluster,
+			Limit: etcdJoinWait, Detail: p.etcdWaitDetail})
+	}
+	return facts
 }
 
 // factsOptions are facts.Gather's options for this node.
@@ -430,7 +438,15 @@ func renderData(n *config.Node, f *facts.Facts) render.Data {
 	if n.APIEndpoint != "" {
 		d.Node.Kubernetes.APIServer = pki.ServerURL(n.APIEndpoint)
 	}
-	if n.Etcd != nil {
+	if n.Etcd != nil && n.Etcd.External {
+		// The API server uses the etcd nodes' members, by their DNS names.
+		d.Node.Etcd.External = true
+		for _, m := range etcdmember.StaticCluster(n) {
+			if u, err := etcdmember.ClientURL(m.PeerURL); err == nil {
+				d.Node.Etcd.Servers = append(d.Node.Etcd.Servers, u)
+			}
+		}
+	} else if n.Etcd != nil {
 		d.Node.Etcd.Name = n.Etcd.Member
 		d.Node.Etcd.HeartbeatMS, d.Node.Etcd.ElectionMS = n.Etcd.EtcdTimings()
 		if n.Etcd.Volume != nil {

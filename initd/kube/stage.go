@@ -30,6 +30,7 @@ const (
 	StageImages        = "images"         // kiln-images-rest.service: kiln-init kube images
 	StageCNI           = "cni"            // kiln-cni.service: kiln-init kube cni
 	StageControlPlane  = "control-plane"  // kiln-control-plane.service: kiln-init kube bootstrap
+	StageEtcdMember    = "etcd-member"    // kiln-etcd-member.service: kiln-init etcd member
 )
 
 // Stage states.
@@ -174,7 +175,7 @@ func ReadStages(root string) ([]*Stage, error) {
 		}
 		out = append(out, s)
 	}
-	order := []string{StageImagesKubelet, StageImages, StageCNI, StageControlPlane}
+	order := []string{StageImagesKubelet, StageImages, StageEtcdMember, StageCNI, StageControlPlane}
 	slices.SortStableFunc(out, func(a, b *Stage) int {
 		ia, ib := slices.Index(order, a.Name), slices.Index(order, b.Name)
 		if ia < 0 {
@@ -323,7 +324,7 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 type detailKey struct{}
 
 // ReportDetail adds what a running task of a stage waits for to the stage's progress (so
-// `kiln-init status` shows "task 1/9: api-ready: etcd: waiting for quorum: 1 of 3 …");
+// `kiln-init status` shows "task 1/9: api-ready: etcd: 1 of 3 members reachable …");
 // outside RunStage it does nothing.
 func ReportDetail(ctx context.Context, detail string) {
 	if f, ok := ctx.Value(detailKey{}).(func(string)); ok {

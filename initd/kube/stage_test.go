@@ -12,7 +12,7 @@ import (
 // it runs, and the finished stage does not keep it.
 func TestStageProgressShowsWhatATaskWaitsFor(t *testing.T) {
 	root := t.TempDir()
-	const quorum = "etcd: waiting for quorum: 1 of 3 members reachable (etcd-b, etcd-c unreachable)"
+	const quorum = "etcd: 1 of 3 members reachable (etcd-b, etcd-c unreachable)"
 	var seen []string
 	tasks := []task.Task{
 		task.Converge("nodes", nil, func(context.Context) (bool, error) { return true, nil }),

@@ -61,3 +61,47 @@ func ParseStatusLine(line string) (StatusLine, bool) {
 	}
 	return StatusLine{Outcome: outcome, Detail: detail}, true
 }
+
+// EtcdLinePrefix starts the console line in which kiln-etcd-member reports, at every boot of
+// an etcd member of several, that the member votes (or why it does not); a host that runs
+// the cluster (kiln cluster up) waits for it on etcd nodes.
+const EtcdLinePrefix = "kiln-init: etcd member "
+
+// The etcd member's states a line reports.
+const (
+	EtcdVoting = "voting"
+	EtcdFailed = "failed"
+)
+
+var etcdLineRE = regexp.MustCompile(regexp.QuoteMeta(EtcdLinePrefix) + `(\S+) (?:is a (voting) member|(failed): )(.*)$`)
+
+// FormatEtcdVoting is the line of a member that votes, e.g. "kiln-init: etcd member b is a
+// voting member after 41s (promoted from learner; etcd refused 3 times while it caught up)".
+func FormatEtcdVoting(member string, after time.Duration, how string) string {
+	return fmt.Sprintf("%s%s is a %s member after %s (%s)", EtcdLinePrefix, member, EtcdVoting, after, how)
+}
+
+// FormatEtcdFailed is the line of a member that kiln-etcd-member could not see voting;
+// reason must be one line.
+func FormatEtcdFailed(member, reason string) string {
+	return EtcdLinePrefix + member + " " + EtcdFailed + ": " + reason
+}
+
+// EtcdLine is an etcd member line found on the console.
+type EtcdLine struct {
+	Member string
+	// State is EtcdVoting or EtcdFailed.
+	State string
+	// Detail is the rest: how long it took and how, or the failure.
+	Detail string
+}
+
+// ParseEtcdLine finds an etcd member line in a console line.
+func ParseEtcdLine(line string) (EtcdLine, bool) {
+	m := etcdLineRE.FindStringSubmatch(line)
+	if m == nil {
+		return EtcdLine{}, false
+	}
+	l := EtcdLine{Member: m[1], State: m[2] + m[3], Detail: strings.TrimSpace(m[4])}
+	return l, true
+}

@@ -45,3 +45,27 @@ func TestFormat(t *testing.T) {
 		}
 	}
 }
+
+// The etcd member's lines are recognised, behind a console prefix too; their text is what
+// kiln cluster up waits for.
+func TestEtcdLine(t *testing.T) {
+	voting := FormatEtcdVoting("b", 41*time.Second, "promoted from learner")
+	if want := "kiln-init: etcd member b is a voting member after 41s (promoted from learner)"; voting != want {
+		t.Errorf("FormatEtcdVoting = %q, want %q", voting, want)
+	}
+	for _, tc := range []struct {
+		line string
+		want EtcdLine
+		ok   bool
+	}{
+		{"[  80.1] " + voting, EtcdLine{"b", EtcdVoting, "after 41s (promoted from learner)"}, true},
+		{FormatEtcdFailed("a", "context deadline exceeded"), EtcdLine{"a", EtcdFailed, "context deadline exceeded"}, true},
+		{"kiln-init: etcd member: /etc/kiln/node.yaml runs no etcd member of several; nothing to do", EtcdLine{}, false},
+		{"kiln-init: firstboot ok", EtcdLine{}, false},
+	} {
+		got, ok := ParseEtcdLine(tc.line)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("ParseEtcdLine(%q) = %+v, %v; want %+v, %v", tc.line, got, ok, tc.want, tc.ok)
+		}
+	}
+}

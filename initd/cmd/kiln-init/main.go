@@ -1,6 +1,6 @@
 // Command kiln-init is the one binary kiln puts in every image: PID 1 of the initramfs (stage 1:
 // mount the read-only root and the persistent /var and /etc, then switch_root to systemd) and the
-// node agent run by systemd (`firstboot`, `status`, `dns`, `kube images|cni|bootstrap`,
+// node agent run by systemd (`firstboot`, `status`, `dns`, `kube images|cni|bootstrap`, `etcd`,
 // `preflight`). Each verb is one file here.
 package main
 

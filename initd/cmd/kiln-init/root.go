@@ -45,7 +45,7 @@ units then run its verbs.
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.CompletionOptions.DisableDefaultCmd = true // a node agent run by units: nothing to complete
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	root.AddCommand(newFirstbootCmd(log), newStatusCmd(), newDNSCmd(log), newKubeCmd(log),
+	root.AddCommand(newFirstbootCmd(log), newStatusCmd(), newDNSCmd(log), newKubeCmd(log), newEtcdCmd(log),
 		newPreflightCmd(), newVersionCmd())
 	return root
 }
