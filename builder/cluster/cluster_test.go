@@ -64,6 +64,8 @@ var initCases = []initCase{
 	{"three control planes", Spec{Name: "prod", DNSZone: "example.org", ControlPlanes: 3, Workers: 2, APIEndpoint: "10.0.0.10:443", SlowControlPlane: true,
 		ControlPlanePreflightIgnore: []string{"cpus"}},
 		[]string{"prod-cp-1", "prod-cp-2", "prod-cp-3", "prod-worker-1", "prod-worker-2"}, []string{"a", "b", "c"}, "10.0.0.10:443", "", "https://10.0.0.10:443"},
+	{"three etcd nodes, one control plane", Spec{Name: "ext", DNSZone: "example.org", ControlPlanes: 1, Workers: 1, EtcdNodes: 3, EtcdDiskSerial: "etcd-main", SlowControlPlane: true},
+		[]string{"ext-etcd-1", "ext-etcd-2", "ext-etcd-3", "ext-cp-1", "ext-worker-1"}, []string{"a", "b", "c"}, "api.internal.ext.example.org:6443", "etcd-main", "https://api.internal.ext.example.org:6443"},
 	{"no workers, forwarded admin port", Spec{Name: "e2e", DNSZone: "test", ControlPlanes: 1, APIEndpoint: "192.168.100.11:6443", AdminServer: "https://127.0.0.1:16443", AdminTLSServerName: "kubernetes"},
 		[]string{"e2e-cp-1"}, []string{"a"}, "192.168.100.11:6443", "", "https://127.0.0.1:16443"},
 }
@@ -184,6 +186,10 @@ func checkNodeIgnition(t *testing.T, dir string, n Node, tc initCase, ca *pki.CA
 		nc.APIEndpoint != tc.endpoint || nc.Kubernetes.Version != DefaultKubernetesVersion {
 		t.Errorf("node.yaml: %+v", nc)
 	}
+	if n.Role == roleEtcd {
+		checkEtcdNode(t, dir, n, nc, files, tc)
+		return
+	}
 	if !bytes.Equal(files["/etc/kubernetes/pki/ca.crt"].Contents, ca.CertPEM) {
 		t.Error("ca.crt differs from pki/ca.crt")
 	}
@@ -230,16 +236,21 @@ func checkControlPlaneNode(t *testing.T, dir string, n Node, nc *config.Node, fi
 	if nc.Kubernetes.LeaderElection != wantLE {
 		t.Errorf("leader election %+v, want %+v", nc.Kubernetes.LeaderElection, wantLE)
 	}
-	if hb, el := nc.Etcd.EtcdTimings(); tc.spec.SlowControlPlane != (hb == 500 && el == 5000) || (!tc.spec.SlowControlPlane && hb+el != 0) {
-		t.Errorf("etcd heartbeat %dms, election %dms; slow control plane %v", hb, el, tc.spec.SlowControlPlane)
-	}
+	checkEtcdTimings(t, nc, tc.spec.SlowControlPlane && tc.spec.EtcdNodes == 0)
 	if !slices.Equal(nc.Preflight.Ignore, tc.spec.ControlPlanePreflightIgnore) {
 		t.Errorf("preflight.ignore %v, want %v", nc.Preflight.Ignore, tc.spec.ControlPlanePreflightIgnore)
 	}
 	if nc.Etcd == nil || !slices.Equal(nc.Etcd.Members, tc.members) || nc.Etcd.Member != n.EtcdMember {
 		t.Errorf("etcd %+v, want members %v", nc.Etcd, tc.members)
 	}
-	if serial := ""; nc.Etcd.Volume != nil {
+	if nc.Etcd.External != (tc.spec.EtcdNodes > 0) {
+		t.Errorf("etcd.external %v with %d etcd nodes", nc.Etcd.External, tc.spec.EtcdNodes)
+	}
+	if tc.spec.EtcdNodes > 0 {
+		if nc.Etcd.Volume != nil || nc.Etcd.Member != "" {
+			t.Errorf("control plane of the external topology with an etcd member: %+v", nc.Etcd)
+		}
+	} else if serial := ""; nc.Etcd.Volume != nil {
 		serial = nc.Etcd.Volume.Serial
 		if serial != tc.volume {
 			t.Errorf("etcd volume serial %q, want %q", serial, tc.volume)
@@ -253,6 +264,39 @@ func checkControlPlaneNode(t *testing.T, dir string, n Node, nc *config.Node, fi
 	key, _ := os.ReadFile(filepath.Join(dir, "pki/etcd/ca.key"))
 	if !bytes.Equal(files["/etc/kubernetes/pki/etcd/ca.key"].Contents, key) {
 		t.Error("etcd/ca.key differs from pki/etcd/ca.key")
+	}
+}
+
+// checkEtcdTimings checks a member's Raft timings: slow ones (500ms, 5s) or etcd's own.
+func checkEtcdTimings(t *testing.T, nc *config.Node, slow bool) {
+	t.Helper()
+	if hb, el := nc.Etcd.EtcdTimings(); slow != (hb == 500 && el == 5000) || (!slow && hb+el != 0) {
+		t.Errorf("etcd heartbeat %dms, election %dms; want slow timings: %v", hb, el, slow)
+	}
+}
+
+// checkEtcdNode checks an etcd node: its member, the members, its disk and Raft timings, and
+// that it holds the etcd CA and nothing else of the cluster's.
+func checkEtcdNode(t *testing.T, dir string, n Node, nc *config.Node, files map[string]config.File, tc initCase) {
+	t.Helper()
+	if nc.Etcd == nil || nc.Etcd.External || nc.Etcd.Member != n.EtcdMember || !slices.Equal(nc.Etcd.Members, tc.members) ||
+		nc.Etcd.Volume == nil || nc.Etcd.Volume.Serial != tc.volume {
+		t.Errorf("etcd %+v, want member %s of %v on serial %s", nc.Etcd, n.EtcdMember, tc.members, tc.volume)
+	}
+	checkEtcdTimings(t, nc, tc.spec.SlowControlPlane)
+	key, _ := os.ReadFile(filepath.Join(dir, "pki/etcd/ca.key"))
+	if !bytes.Equal(files["/etc/kubernetes/pki/etcd/ca.key"].Contents, key) {
+		t.Error("etcd/ca.key differs from pki/etcd/ca.key")
+	}
+	want := []string{config.NodePath, "/etc/kubernetes/pki/etcd/ca.crt", "/etc/kubernetes/pki/etcd/ca.key"}
+	var got []string
+	for p := range files {
+		got = append(got, p)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("files %v, want exactly %v", got, want)
 	}
 }
 
@@ -385,6 +429,7 @@ func TestSpecErrors(t *testing.T) {
 		{"bad zone", func(s *Spec) { s.DNSZone = "Ex_ample.com" }, `--dns-zone: "Ex_ample.com" is not an RFC 1123 DNS name`},
 		{"two control planes", func(s *Spec) { s.ControlPlanes = 2 }, "--control-planes: 2"},
 		{"negative workers", func(s *Spec) { s.Workers = -1 }, "--workers: -1"},
+		{"two etcd nodes", func(s *Spec) { s.EtcdNodes = 2 }, "--etcd-nodes: 2: a cluster has 0 (a member on each control plane), 1, 3 or 5 etcd nodes"},
 		{"endpoint without port", func(s *Spec) { s.APIEndpoint = "10.0.0.1" }, "--api-endpoint"},
 		{"serial with slash", func(s *Spec) { s.EtcdDiskSerial = "a/b" }, "--etcd-disk-serial"},
 		{"bad pod CIDR", func(s *Spec) { s.PodCIDR = "10.244.0.0" }, "--pod-cidr: \"10.244.0.0\" is not a CIDR"},

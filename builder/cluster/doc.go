@@ -10,13 +10,22 @@
 // is etcd-<member>.internal.<N>.<zone>. The API endpoint defaults to
 // api.internal.<N>.<zone>:6443.
 //
+// With EtcdNodes (--etcd-nodes 1|3|5), etcd runs on nodes of its own, N-etcd-1 … (members
+// a, b, c, d, e), and the control planes run no member: their node.yaml says etcd.external
+// and names the members, which their API servers reach by the same DNS names (kubeadm's
+// external etcd topology).
+//
+// The first member is the seed: it starts a one-member cluster and the others join it one
+// at a time as learners (initd/etcdmember), so the nodes may boot in any order.
+//
 // # Command line
 //
 //	kiln cluster init --name N --dns-zone Z -o DIR
 //	    [--control-planes 1|3]          default 1
 //	    [--workers W]                   default 1
+//	    [--etcd-nodes 0|1|3|5]          default 0 (a member on each control plane)
 //	    [--api-endpoint host:port]      default api.internal.N.Z:6443; node.yaml apiEndpoint, bootstrap-kubelet.conf server
-//	    [--etcd-disk-serial S]          default etcd-main ("" keeps etcd on /var); node.yaml etcd.volume.serial
+//	    [--etcd-disk-serial S]          default etcd-main ("" keeps etcd on /var); node.yaml etcd.volume.serial of each member
 //	    [--kubernetes-version V]        default v1.37.2
 //	    [--pod-cidr C] [--service-cidr C]  defaults 10.244.0.0/16, 10.96.0.0/12
 //	    [--admin-server URL]            admin.conf server, default https://<api-endpoint>
@@ -48,6 +57,11 @@
 //	/etc/kubernetes/pki/etcd/ca.crt, ca.key           0644, 0600
 //	/etc/kubernetes/pki/sa.key, sa.pub                0600, 0644
 //	/etc/kiln/bootstrap-token                         0600 <id>.<secret>
+//
+// Etcd node:
+//
+//	/etc/kiln/node.yaml                               0644 role etcd, hostname, cluster, etcd member/members/volume
+//	/etc/kubernetes/pki/etcd/ca.crt, ca.key           0644, 0600
 //
 // Worker:
 //

@@ -147,18 +147,23 @@ func (c *Cluster) nodeConfig(n Node) config.Node {
 		APIEndpoint: s.APIEndpoint,
 		Kubernetes:  config.Kubernetes{Version: s.KubernetesVersion, PodCIDR: s.PodCIDR, ServiceCIDR: s.ServiceCIDR},
 	}
-	if n.Role == roleControlPlane {
-		if s.SlowControlPlane {
-			nc.Kubernetes.LeaderElection = slowLeaderElection
-		}
-		nc.Preflight.Ignore = s.ControlPlanePreflightIgnore
-		nc.Etcd = &config.Etcd{Member: n.EtcdMember, Members: etcdMembers[:s.ControlPlanes]}
+	switch {
+	case n.Role == roleControlPlane && s.EtcdNodes > 0:
+		nc.Etcd = &config.Etcd{External: true, Members: s.EtcdMembers()}
+	case n.Role == roleControlPlane || n.Role == roleEtcd:
+		nc.Etcd = &config.Etcd{Member: n.EtcdMember, Members: s.EtcdMembers()}
 		if s.SlowControlPlane {
 			nc.Etcd.HeartbeatInterval, nc.Etcd.ElectionTimeout = slowEtcdHeartbeat, slowEtcdElection
 		}
 		if s.EtcdDiskSerial != "" {
 			nc.Etcd.Volume = &config.Volume{Serial: s.EtcdDiskSerial}
 		}
+	}
+	if n.Role == roleControlPlane {
+		if s.SlowControlPlane {
+			nc.Kubernetes.LeaderElection = slowLeaderElection
+		}
+		nc.Preflight.Ignore = s.ControlPlanePreflightIgnore
 	}
 	return nc
 }
@@ -236,8 +241,14 @@ func (c *Cluster) ignition(n Node) ([]byte, error) {
 		})
 	}
 	add(nodeConfigPath, nodeYAML, 0o644)
-	add(path.Join(nodePKIDir, pki.CAName+".crt"), c.CA.CertPEM, pki.ModeCert)
+	if n.Role != roleEtcd {
+		add(path.Join(nodePKIDir, pki.CAName+".crt"), c.CA.CertPEM, pki.ModeCert)
+	}
 	switch n.Role {
+	case roleEtcd:
+		// The etcd CA only: the node makes its member's certificates from it.
+		add(path.Join(nodePKIDir, pki.EtcdCAName+".crt"), c.EtcdCA.CertPEM, pki.ModeCert)
+		add(path.Join(nodePKIDir, pki.EtcdCAName+".key"), c.EtcdCA.KeyPEM, pki.ModeSecret)
 	case roleControlPlane:
 		add(path.Join(nodePKIDir, pki.CAName+".key"), c.CA.KeyPEM, pki.ModeSecret)
 		for _, p := range []struct {

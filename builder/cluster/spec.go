@@ -24,9 +24,13 @@ type Spec struct {
 	DNSZone       string `yaml:"dnsZone"`
 	ControlPlanes int    `yaml:"controlPlanes"`
 	Workers       int    `yaml:"workers"`
+	// EtcdNodes is the number of dedicated etcd nodes (the external topology: the control
+	// planes run no etcd member and use these); 0 stacks a member on each control plane.
+	EtcdNodes int `yaml:"etcdNodes,omitempty"`
 	// APIEndpoint is host:port; default api.internal.<name>.<dnsZone>:6443.
 	APIEndpoint string `yaml:"apiEndpoint"`
-	// EtcdDiskSerial selects each control plane's etcd disk by serial
+	// EtcdDiskSerial selects each etcd member's disk (a stacked control plane's, an etcd
+	// node's) by serial
 	// (/dev/disk/by-id/*-<serial>); empty keeps etcd's data on /var.
 	EtcdDiskSerial    string `yaml:"etcdDiskSerial,omitempty"`
 	KubernetesVersion string `yaml:"kubernetesVersion"`
@@ -64,6 +68,7 @@ const (
 const (
 	roleControlPlane = string(config.RoleControlPlane)
 	roleWorker       = string(config.RoleWorker)
+	roleEtcd         = string(config.RoleEtcd)
 )
 
 // Node is one machine of the cluster.
@@ -74,9 +79,22 @@ type Node struct {
 	Ignition   string `yaml:"ignition"` // file name in the output directory
 }
 
-var etcdMembers = []string{"a", "b", "c"}
+// etcdMembers are the member names, in the order nodes take them: control plane i (stacked)
+// or etcd node i is member etcdMembers[i-1].
+var etcdMembers = []string{"a", "b", "c", "d", "e"}
+
+// MaxEtcdNodes is the most etcd nodes a cluster has.
+const MaxEtcdNodes = 5
 
 var label = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+
+// EtcdMembers are the cluster's etcd member names: the etcd nodes', else the control planes'.
+func (s Spec) EtcdMembers() []string {
+	if s.EtcdNodes > 0 {
+		return etcdMembers[:min(s.EtcdNodes, len(etcdMembers))]
+	}
+	return etcdMembers[:min(s.ControlPlanes, 3)]
+}
 
 // withDefaults returns s with defaults filled in, or the first problem, naming the flag.
 func (s Spec) withDefaults() (Spec, error) {
@@ -100,6 +118,11 @@ func (s Spec) withDefaults() (Spec, error) {
 	}
 	if s.ControlPlanes != 1 && s.ControlPlanes != 3 {
 		bad("control-planes", "%d: a cluster has 1 or 3 control planes (etcd needs a majority)", s.ControlPlanes)
+	}
+	switch s.EtcdNodes {
+	case 0, 1, 3, MaxEtcdNodes:
+	default:
+		bad("etcd-nodes", "%d: a cluster has 0 (a member on each control plane), 1, 3 or 5 etcd nodes (etcd needs a majority)", s.EtcdNodes)
 	}
 	if s.Workers < 0 || s.Workers > 1000 {
 		bad("workers", "%d is not between 0 and 1000", s.Workers)
@@ -134,12 +157,20 @@ func (s Spec) withDefaults() (Spec, error) {
 	return s, errors.Join(errs...)
 }
 
-// nodes lists the cluster's machines: control planes first, then workers.
+// nodes lists the cluster's machines: etcd nodes first, then control planes, then workers.
 func (s Spec) nodes() []Node {
 	var nodes []Node
-	for i := 1; i <= s.ControlPlanes && i <= len(etcdMembers); i++ {
+	for i := 1; i <= s.EtcdNodes && i <= len(etcdMembers); i++ {
+		name := fmt.Sprintf("%s-etcd-%d", s.Name, i)
+		nodes = append(nodes, Node{Name: name, Role: roleEtcd, EtcdMember: etcdMembers[i-1], Ignition: name + ".ign"})
+	}
+	for i := 1; i <= s.ControlPlanes && i <= 3; i++ {
 		name := fmt.Sprintf("%s-cp-%d", s.Name, i)
-		nodes = append(nodes, Node{Name: name, Role: roleControlPlane, EtcdMember: etcdMembers[i-1], Ignition: name + ".ign"})
+		n := Node{Name: name, Role: roleControlPlane, Ignition: name + ".ign"}
+		if s.EtcdNodes == 0 {
+			n.EtcdMember = etcdMembers[i-1]
+		}
+		nodes = append(nodes, n)
 	}
 	for i := 1; i <= s.Workers; i++ {
 		name := fmt.Sprintf("%s-worker-%d", s.Name, i)

@@ -121,3 +121,49 @@ func (c *apiClient) nodeReady(ctx context.Context) (map[string]readyCondition, e
 	}
 	return ready, nil
 }
+
+// restarts is, per node, how often the containers of kube-system's pods on it (the static
+// pods' mirrors, kube-proxy, CoreDNS) restarted, and which: "kube-apiserver 2".
+func (c *apiClient) restarts(ctx context.Context) (map[string]Restarts, error) {
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				NodeName string `json:"nodeName"`
+			} `json:"spec"`
+			Status struct {
+				InitContainerStatuses []containerStatus `json:"initContainerStatuses"`
+				ContainerStatuses     []containerStatus `json:"containerStatuses"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := c.get(ctx, "/api/v1/namespaces/kube-system/pods", &list); err != nil {
+		return nil, err
+	}
+	out := map[string]Restarts{}
+	for _, it := range list.Items {
+		r := out[it.Spec.NodeName]
+		for _, cs := range append(it.Status.InitContainerStatuses, it.Status.ContainerStatuses...) {
+			if cs.RestartCount > 0 {
+				r.Count += cs.RestartCount
+				r.Containers = append(r.Containers, fmt.Sprintf("%s/%s %d", it.Metadata.Name, cs.Name, cs.RestartCount))
+			}
+		}
+		out[it.Spec.NodeName] = r
+	}
+	return out, nil
+}
+
+type containerStatus struct {
+	Name         string `json:"name"`
+	RestartCount int    `json:"restartCount"`
+}
+
+// Restarts counts a node's kube-system container restarts.
+type Restarts struct {
+	Count int `json:"count"`
+	// Containers are "<pod>/<container> <restarts>" of each container that restarted.
+	Containers []string `json:"containers,omitempty"`
+}

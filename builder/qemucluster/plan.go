@@ -20,7 +20,8 @@ const (
 	subnetBits   = 24
 	// MaxWorkers is how many workers fit the plan's addresses (192.168.100.101…250).
 	MaxWorkers = 150
-	// EtcdDiskSerial is the serial of each control plane's etcd disk.
+	// EtcdDiskSerial is the serial of each etcd member's disk (a stacked control plane's,
+	// an etcd node's).
 	EtcdDiskSerial = cluster.DefaultEtcdDiskSerial
 	// DefaultZone is the DNS zone of the cluster's names.
 	DefaultZone = "kiln.test"
@@ -30,6 +31,7 @@ const (
 const (
 	RoleControlPlane = "control-plane"
 	RoleWorker       = "worker"
+	RoleEtcd         = "etcd"
 )
 
 // Size is a role's VM size.
@@ -44,23 +46,30 @@ type Options struct {
 	Zone          string
 	ControlPlanes int
 	Workers       int
-	ImageDir      string // holds <Image>-control-plane.{qcow2,raw} and <Image>-worker.{qcow2,raw}
-	Image         string // image stem, default "qemu"
-	StateDir      string // default DefaultStateDir(Name)
-	Accel         string // kvm or tcg (resolved)
-	ControlPlane  Size
-	Worker        Size
-	EtcdDiskSize  string // qemu-img size, default 2G
-	APIPort       int    // first host port of the API forwards; 0 picks free ones
-	SlowCP        bool   // cluster init --slow-control-plane
+	// EtcdNodes is the number of etcd nodes (the external topology); 0 stacks a member on
+	// each control plane.
+	EtcdNodes int
+	ImageDir  string // holds <Image>-control-plane.{qcow2,raw}, <Image>-worker and <Image>-etcd
+
+	Image        string // image stem, default "qemu"
+	StateDir     string // default DefaultStateDir(Name)
+	Accel        string // kvm or tcg (resolved)
+	ControlPlane Size
+	Worker       Size
+	Etcd         Size
+	EtcdDiskSize string // qemu-img size, default 2G
+	APIPort      int    // first host port of the API forwards; 0 picks free ones
+	SlowCP       bool   // cluster init --slow-control-plane
 	// WorkerNice lowers the workers' host CPU priority (see vm.Config.Nice).
 	WorkerNice int
 }
 
 // Node is one VM of the plan.
 type Node struct {
-	Name       string `json:"name"`
-	Role       string `json:"role"`
+	Name string `json:"name"`
+	Role string `json:"role"`
+	// EtcdMember is the etcd member the node runs (a stacked control plane, an etcd node);
+	// such a node has an etcd disk.
 	EtcdMember string `json:"etcdMember,omitempty"`
 	Address    string `json:"address"`
 	MAC        string `json:"mac"`
@@ -79,6 +88,7 @@ type State struct {
 	Images struct {
 		ControlPlane string `json:"controlPlane"`
 		Worker       string `json:"worker,omitempty"`
+		Etcd         string `json:"etcd,omitempty"`
 	} `json:"images"`
 	EtcdDiskSize string `json:"etcdDiskSize"`
 	Nodes        []Node `json:"nodes"`
@@ -113,6 +123,11 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ControlPlanes != 1 && o.ControlPlanes != 3 {
 		errs = append(errs, fmt.Errorf("--control-planes %d: a cluster has 1 or 3 (etcd needs a majority)", o.ControlPlanes))
 	}
+	switch o.EtcdNodes {
+	case 0, 1, 3, cluster.MaxEtcdNodes:
+	default:
+		errs = append(errs, fmt.Errorf("--etcd-nodes %d: 0 (a member on each control plane), 1, 3 or 5 (etcd needs a majority)", o.EtcdNodes))
+	}
 	if o.Workers < 0 || o.Workers > MaxWorkers {
 		errs = append(errs, fmt.Errorf("--workers %d: want 0 to %d", o.Workers, MaxWorkers))
 	}
@@ -130,7 +145,7 @@ func (o Options) withDefaults() (Options, error) {
 		sz   *Size
 		cpus int
 		mem  int
-	}{{"cp", &o.ControlPlane, 2, 3072}, {"worker", &o.Worker, 1, 2048}} {
+	}{{"cp", &o.ControlPlane, 2, 3072}, {"worker", &o.Worker, 1, 2048}, {"etcd", &o.Etcd, 1, 1024}} {
 		if s.sz.CPUs == 0 {
 			s.sz.CPUs = s.cpus
 		}
@@ -150,14 +165,24 @@ func (o Options) withDefaults() (Options, error) {
 	return o, errors.Join(errs...)
 }
 
-// plan lays out the nodes: names as cluster init makes them, fixed addresses and MACs.
+// plan lays out the nodes: names and members as cluster init makes them (etcd nodes,
+// control planes, workers), fixed addresses and MACs.
 func plan(o Options, ports []int) []Node {
 	var nodes []Node
-	members := []string{"a", "b", "c"}
+	members := []string{"a", "b", "c", "d", "e"}
+	for i := 1; i <= o.EtcdNodes; i++ {
+		addr := fmt.Sprintf("%s%d", subnetPrefix, 20+i)
+		nodes = append(nodes, Node{Name: fmt.Sprintf("%s-etcd-%d", o.Name, i), Role: RoleEtcd,
+			EtcdMember: members[i-1], Address: addr, MAC: nodeMAC(o.Name, addr), Size: o.Etcd})
+	}
 	for i := 1; i <= o.ControlPlanes; i++ {
 		addr := fmt.Sprintf("%s%d", subnetPrefix, 10+i)
-		nodes = append(nodes, Node{Name: fmt.Sprintf("%s-cp-%d", o.Name, i), Role: RoleControlPlane,
-			EtcdMember: members[i-1], Address: addr, MAC: nodeMAC(o.Name, addr), Size: o.ControlPlane, APIPort: ports[i-1]})
+		n := Node{Name: fmt.Sprintf("%s-cp-%d", o.Name, i), Role: RoleControlPlane,
+			Address: addr, MAC: nodeMAC(o.Name, addr), Size: o.ControlPlane, APIPort: ports[i-1]}
+		if o.EtcdNodes == 0 {
+			n.EtcdMember = members[i-1]
+		}
+		nodes = append(nodes, n)
 	}
 	for i := 1; i <= o.Workers; i++ {
 		addr := fmt.Sprintf("%s%d", subnetPrefix, 100+i)
@@ -187,6 +212,8 @@ func (s *State) Names() map[string][]string {
 		names[n.Name+internal] = append(names[n.Name+internal], n.Address)
 		if n.Role == RoleControlPlane {
 			names["api"+internal] = append(names["api"+internal], n.Address)
+		}
+		if n.EtcdMember != "" {
 			etcd := "etcd-" + n.EtcdMember + internal
 			names[etcd] = append(names[etcd], n.Address)
 		}

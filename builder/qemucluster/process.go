@@ -64,8 +64,10 @@ func (s *State) vmConfig(n *Node) vm.Config {
 		WorkDir:  s.nodeDir(n.Name),
 		Nice:     n.Nice,
 	}
-	if n.Role == RoleControlPlane {
+	if n.EtcdMember != "" {
 		cfg.Disks = []vm.Disk{{Name: EtcdDiskSerial, Path: s.EtcdDisk(n.Name)}}
+	}
+	if n.Role == RoleControlPlane {
 		cfg.Forward = map[string]int{fmt.Sprintf("127.0.0.1:%d", n.APIPort): 6443}
 	}
 	return cfg

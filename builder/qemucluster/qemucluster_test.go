@@ -19,8 +19,10 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
-func testOptions(cps, workers int) Options {
-	o, err := Options{Name: "demo", ControlPlanes: cps, Workers: workers, StateDir: "/state"}.withDefaults()
+func testOptions(cps, workers int) Options { return testOptionsEtcd(cps, workers, 0) }
+
+func testOptionsEtcd(cps, workers, etcd int) Options {
+	o, err := Options{Name: "demo", ControlPlanes: cps, Workers: workers, EtcdNodes: etcd, StateDir: "/state"}.withDefaults()
 	if err != nil {
 		panic(err)
 	}
@@ -31,22 +33,27 @@ func TestPlan(t *testing.T) {
 	tests := []struct {
 		name          string
 		cps, workers  int
+		etcd          int
 		wantNames     []string
 		wantAddresses []string
 		wantMembers   []string
 	}{
-		{"one control plane, one worker", 1, 1,
+		{"one control plane, one worker", 1, 1, 0,
 			[]string{"demo-cp-1", "demo-worker-1"}, []string{"192.168.100.11", "192.168.100.101"}, []string{"a", ""}},
-		{"three control planes, two workers", 3, 2,
+		{"three control planes, two workers", 3, 2, 0,
 			[]string{"demo-cp-1", "demo-cp-2", "demo-cp-3", "demo-worker-1", "demo-worker-2"},
 			[]string{"192.168.100.11", "192.168.100.12", "192.168.100.13", "192.168.100.101", "192.168.100.102"},
 			[]string{"a", "b", "c", "", ""}},
-		{"control planes only", 3, 0,
+		{"control planes only", 3, 0, 0,
 			[]string{"demo-cp-1", "demo-cp-2", "demo-cp-3"}, []string{"192.168.100.11", "192.168.100.12", "192.168.100.13"}, []string{"a", "b", "c"}},
+		{"three etcd nodes, a control plane without a member, a worker", 1, 1, 3,
+			[]string{"demo-etcd-1", "demo-etcd-2", "demo-etcd-3", "demo-cp-1", "demo-worker-1"},
+			[]string{"192.168.100.21", "192.168.100.22", "192.168.100.23", "192.168.100.11", "192.168.100.101"},
+			[]string{"a", "b", "c", "", ""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			nodes := plan(testOptions(tt.cps, tt.workers), []int{16443, 16444, 16445})
+			nodes := plan(testOptionsEtcd(tt.cps, tt.workers, tt.etcd), []int{16443, 16444, 16445})
 			if len(nodes) != len(tt.wantNames) {
 				t.Fatalf("%d nodes, want %d", len(nodes), len(tt.wantNames))
 			}
@@ -84,6 +91,8 @@ func TestOptionsRefused(t *testing.T) {
 		{"no name", Options{ControlPlanes: 1}, "--name"},
 		{"bad name", Options{Name: "Demo_1", ControlPlanes: 1}, "--name"},
 		{"two control planes", Options{Name: "demo", ControlPlanes: 2}, "--control-planes 2"},
+		{"two etcd nodes", Options{Name: "demo", ControlPlanes: 1, EtcdNodes: 2}, "--etcd-nodes 2"},
+		{"small etcd node", Options{Name: "demo", ControlPlanes: 1, EtcdNodes: 3, Etcd: Size{MemoryMB: 512}}, "--etcd-memory 512"},
 		{"too many workers", Options{Name: "demo", ControlPlanes: 1, Workers: MaxWorkers + 1}, "--workers"},
 		{"small memory", Options{Name: "demo", ControlPlanes: 1, Worker: Size{MemoryMB: 512}}, "--worker-memory 512"},
 		{"zero cpus stays default, negative refused", Options{Name: "demo", ControlPlanes: 1, ControlPlane: Size{CPUs: -1}}, "--cp-cpus -1"},
@@ -120,6 +129,16 @@ func TestHostsFile(t *testing.T) {
 	}
 	if e := names["etcd-b.internal.demo.kiln.test"]; len(e) != 1 || e[0] != "192.168.100.12" {
 		t.Errorf("etcd-b has %v, want 192.168.100.12", e)
+	}
+	// In the external topology the etcd names are the etcd nodes'; the API name the
+	// control plane's only.
+	o = testOptionsEtcd(1, 1, 3)
+	names = (&State{Name: o.Name, Zone: o.Zone, Nodes: plan(o, []int{1})}).Names()
+	if e := names["etcd-c.internal.demo.kiln.test"]; len(e) != 1 || e[0] != "192.168.100.23" {
+		t.Errorf("etcd-c has %v, want the etcd node 192.168.100.23", e)
+	}
+	if api := names["api.internal.demo.kiln.test"]; len(api) != 1 || api[0] != "192.168.100.11" {
+		t.Errorf("api name has %v, want the control plane 192.168.100.11 only", api)
 	}
 }
 
@@ -232,6 +251,50 @@ func TestCreateLayout(t *testing.T) {
 	}
 }
 
+// The external topology: each etcd node has a disk on the etcd image and an etcd disk, the
+// control plane no etcd disk, and its node.yaml names the etcd nodes' members.
+func TestCreateExternalEtcd(t *testing.T) {
+	images := fakeImages(t, RoleControlPlane, RoleWorker, RoleEtcd)
+	state := filepath.Join(t.TempDir(), "demo")
+	o := Options{Name: "demo", ControlPlanes: 1, Workers: 1, EtcdNodes: 3, ImageDir: images, StateDir: state, Accel: "tcg"}
+	if _, err := Create(context.Background(), o, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"nodes/demo-etcd-1/etcd.qcow2", "nodes/demo-etcd-3/etcd.qcow2", "nodes/demo-cp-1/disk.qcow2"} {
+		if _, err := os.Stat(filepath.Join(state, p)); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(state, "nodes/demo-cp-1/etcd.qcow2")); err == nil {
+		t.Error("the control plane of the external topology has an etcd disk")
+	}
+	out, err := exec.Command("qemu-img", "info", "--output=json", filepath.Join(state, "nodes/demo-etcd-2/disk.qcow2")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Backing string `json:"full-backing-filename"`
+	}
+	json.Unmarshal(out, &info)
+	if want := filepath.Join(images, "qemu-etcd.qcow2"); info.Backing != want {
+		t.Errorf("etcd-2's disk is backed by %q, want %s", info.Backing, want)
+	}
+	raw, _ := os.ReadFile(filepath.Join(state, "init/demo-cp-1.ign"))
+	c, err := config.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := c.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if f.Path == config.NodePath && !strings.Contains(string(f.Contents), "external: true") {
+			t.Errorf("the control plane's node.yaml:\n%s", f.Contents)
+		}
+	}
+}
+
 func keys(m map[string]string) []string {
 	var k []string
 	for p := range m {
@@ -259,6 +322,8 @@ func TestCreateRefuses(t *testing.T) {
 			[]string{"not empty"}},
 		{"no worker image", Options{Name: "demo", ControlPlanes: 1, Workers: 1, ImageDir: images, StateDir: filepath.Join(t.TempDir(), "x")},
 			[]string{"no worker image", "qemu-worker.qcow2", "kiln bake"}},
+		{"no etcd image", Options{Name: "demo", ControlPlanes: 1, EtcdNodes: 3, ImageDir: images, StateDir: filepath.Join(t.TempDir(), "x")},
+			[]string{"no etcd image", "qemu-etcd.qcow2", "--role etcd"}},
 		{"no image directory", Options{Name: "demo", ControlPlanes: 1, ImageDir: "/nonexistent", StateDir: filepath.Join(t.TempDir(), "x")},
 			[]string{"no control-plane image", "--image-dir"}},
 	}
@@ -340,22 +405,28 @@ func TestSerialArgs(t *testing.T) {
 	}
 }
 
-func TestFirstBootAndUsage(t *testing.T) {
+func TestConsoleAndUsage(t *testing.T) {
 	dir := t.TempDir()
 	s := &State{Name: "demo", Dir: dir, Nodes: []Node{{Name: "n"}}}
 	os.MkdirAll(s.nodeDir("n"), 0o700)
-	if got := s.firstBoot("n"); got != "" {
-		t.Errorf("no console: %q", got)
+	if got := s.console("n"); got != (bootConsole{}) {
+		t.Errorf("no console: %+v", got)
 	}
-	os.WriteFile(s.ConsoleLog("n"), []byte("[ 1.0] booting\n[ 30.1] kiln-init: firstboot ok source=fw_cfg files=2 duration=1s\n[ 2.0] rebooted\n[ 9.5] kiln-init: firstboot done already (2026-12-04T12:00:00Z)\n"), 0o644)
-	if got := s.firstBoot("n"); got != "done already 2026-12-04T12:00:00Z" {
-		t.Errorf("firstBoot = %q", got)
+	os.WriteFile(s.ConsoleLog("n"), []byte("[ 1.0] booting\n[ 30.1] kiln-init: firstboot ok source=fw_cfg files=2 duration=1s\n"+
+		"[ 80.2] kiln-init: etcd member b failed: context deadline exceeded\n[ 2.0] rebooted\n"+
+		"[ 9.5] kiln-init: firstboot done already (2026-12-04T12:00:00Z)\n"), 0o644)
+	if got := s.console("n"); got.FirstBoot != "done already 2026-12-04T12:00:00Z" || got.Etcd != "failed: context deadline exceeded" {
+		t.Errorf("console = %+v", got)
 	}
-	// A new boot has printed nothing yet: an earlier boot's failure is not its.
+	appendLine(s.ConsoleLog("n"), "[ 60.0] kiln-init: etcd member b is a voting member after 41s (promoted from learner)")
+	if got := s.console("n"); got.Etcd != etcdVoting {
+		t.Errorf("etcd after the voting line = %q", got.Etcd)
+	}
+	// A new boot has printed nothing yet: an earlier boot's lines are not its.
 	appendLine(s.ConsoleLog("n"), "[ 3.0] kiln-init: firstboot failed: etcd disk not found")
 	appendLine(s.ConsoleLog("n"), bootMarker+"2026-12-04T13:00:00Z")
-	if got := s.firstBoot("n"); got != "" {
-		t.Errorf("firstBoot after a new boot's marker = %q", got)
+	if got := s.console("n"); got != (bootConsole{}) {
+		t.Errorf("console after a new boot's marker = %+v", got)
 	}
 	rss, cpu := procUsage(os.Getpid())
 	if rss <= 0 || cpu < 0 {

@@ -22,8 +22,14 @@ type NodeStatus struct {
 	APIPort int    `json:"apiPort,omitempty"`
 	// FirstBoot is the last first-boot status line's outcome and detail, "" before one.
 	FirstBoot string `json:"firstBoot"`
+	// Etcd is what the latest boot said of the node's etcd member (a member of several):
+	// "voting", "failed: …", "" before it said anything.
+	Etcd string `json:"etcd,omitempty"`
 	// Ready is the node's Ready condition, "" when the API does not answer or lacks the node.
 	Ready string `json:"ready"`
+	// Restarts are the node's kube-system container restarts, as the API reports them (nil
+	// when it does not answer; an etcd node's pods are not in the API).
+	Restarts *Restarts `json:"restarts,omitempty"`
 	// RSSMiB and CPUSeconds are the QEMU process's resident memory and CPU time so far.
 	RSSMiB     int64   `json:"rssMiB,omitempty"`
 	CPUSeconds float64 `json:"cpuSeconds,omitempty"`
@@ -43,19 +49,27 @@ type Status struct {
 func (s *State) Status(ctx context.Context) Status {
 	st := Status{Name: s.Name, StateDir: s.Dir, Kubeconfig: s.Kubeconfig()}
 	var ready map[string]readyCondition
+	var restarts map[string]Restarts
 	if api, err := s.apiClient(); err != nil {
 		st.APIError = err.Error()
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		ready, err = api.nodeReady(rctx)
+		if err == nil {
+			restarts, err = api.restarts(rctx)
+		}
 		cancel()
 		if err != nil {
 			st.APIError = err.Error()
 		}
 	}
 	for _, n := range s.Nodes {
+		c := s.console(n.Name)
 		ns := NodeStatus{Name: n.Name, Role: n.Role, Address: n.Address, APIPort: n.APIPort,
-			FirstBoot: s.firstBoot(n.Name), Ready: ready[n.Name].Status, Console: s.ConsoleLog(n.Name)}
+			FirstBoot: c.FirstBoot, Etcd: c.Etcd, Ready: ready[n.Name].Status, Console: s.ConsoleLog(n.Name)}
+		if r, ok := restarts[n.Name]; ok || (restarts != nil && n.Role != RoleEtcd) {
+			ns.Restarts = &r
+		}
 		if pid := s.Running(n.Name); pid != 0 {
 			ns.Running, ns.PID = true, pid
 			ns.RSSMiB, ns.CPUSeconds = procUsage(pid)
@@ -65,26 +79,44 @@ func (s *State) Status(ctx context.Context) Status {
 	return st
 }
 
-// firstBoot is the outcome (and detail) of the first-boot status line of the node's
-// latest boot, "" before it prints one.
-func (s *State) firstBoot(node string) string {
+// bootConsole is what the latest boot of a node printed on its console that kiln cluster
+// follows.
+type bootConsole struct {
+	// FirstBoot is the first-boot status line's outcome and detail, "" before one.
+	FirstBoot string
+	// Etcd is the etcd member line's state (etcdVoting, or "failed: …"), "" before one.
+	Etcd string
+}
+
+// etcdVoting is bootConsole.Etcd of a member that votes.
+const etcdVoting = nodeimage.EtcdVoting
+
+// console reads the node's console log from its latest boot's marker on.
+func (s *State) console(node string) bootConsole {
+	var c bootConsole
 	f, err := os.Open(s.ConsoleLog(node))
 	if err != nil {
-		return ""
+		return c
 	}
 	defer f.Close()
-	last := ""
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), bootMarker) {
-			last = ""
+		line := sc.Text()
+		if strings.HasPrefix(line, bootMarker) {
+			c = bootConsole{}
 		}
-		if l, ok := nodeimage.ParseStatusLine(sc.Text()); ok {
-			last = strings.TrimSpace(l.Outcome + " " + l.Detail)
+		if l, ok := nodeimage.ParseStatusLine(line); ok {
+			c.FirstBoot = strings.TrimSpace(l.Outcome + " " + l.Detail)
+		}
+		if l, ok := nodeimage.ParseEtcdLine(line); ok {
+			c.Etcd = l.State
+			if l.State != nodeimage.EtcdVoting {
+				c.Etcd += ": " + l.Detail
+			}
 		}
 	}
-	return last
+	return c
 }
 
 func (s *State) consoleTail(node string, n int) string {

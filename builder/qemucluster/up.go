@@ -18,7 +18,8 @@ import (
 )
 
 // Create lays out a new cluster in o.StateDir: cluster init, a copy-on-write disk per
-// node, an etcd disk per control plane, each node's config, admin.conf and cluster.json.
+// node, an etcd disk per etcd member (stacked control plane or etcd node), each node's
+// config, admin.conf and cluster.json.
 // It starts nothing. A state directory that holds a cluster, or anything, is refused; one
 // that Create made is removed again when Create fails.
 func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
@@ -33,9 +34,14 @@ func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	workerImage := ""
+	workerImage, etcdImage := "", ""
 	if o.Workers > 0 {
 		if workerImage, err = findImage(o.ImageDir, o.Image, RoleWorker); err != nil {
+			return nil, err
+		}
+	}
+	if o.EtcdNodes > 0 {
+		if etcdImage, err = findImage(o.ImageDir, o.Image, RoleEtcd); err != nil {
 			return nil, err
 		}
 	}
@@ -45,7 +51,7 @@ func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
 	}
 	s := &State{Name: o.Name, Zone: o.Zone, Accel: o.Accel, Link: linkName(o.Name), EtcdDiskSize: o.EtcdDiskSize,
 		Nodes: plan(o, ports), Dir: o.StateDir}
-	s.Images.ControlPlane, s.Images.Worker = cpImage, workerImage
+	s.Images.ControlPlane, s.Images.Worker, s.Images.Etcd = cpImage, workerImage, etcdImage
 
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
@@ -59,7 +65,7 @@ func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
 }
 
 func (s *State) create(ctx context.Context, o Options, now time.Time) error {
-	spec := cluster.Spec{Name: o.Name, DNSZone: o.Zone, ControlPlanes: o.ControlPlanes, Workers: o.Workers,
+	spec := cluster.Spec{Name: o.Name, DNSZone: o.Zone, ControlPlanes: o.ControlPlanes, Workers: o.Workers, EtcdNodes: o.EtcdNodes,
 		EtcdDiskSerial: EtcdDiskSerial, SlowControlPlane: o.SlowCP, ControlPlanePreflightIgnore: cpPreflightIgnore(o.ControlPlane),
 		AdminServer: fmt.Sprintf("https://127.0.0.1:%d", s.Nodes[0].APIPort), AdminTLSServerName: apiTLSName}
 	c, err := cluster.Init(s.initDir(), spec, false, now)
@@ -98,12 +104,9 @@ func (s *State) create(ctx context.Context, o Options, now time.Time) error {
 }
 
 // freshDisks (re)creates node n's root disk as a copy-on-write overlay on its baked image
-// and, on a control plane, a blank sparse etcd disk.
+// and, on an etcd member, a blank sparse etcd disk.
 func (s *State) freshDisks(ctx context.Context, n *Node) error {
-	image := s.Images.ControlPlane
-	if n.Role == RoleWorker {
-		image = s.Images.Worker
-	}
+	image := map[string]string{RoleControlPlane: s.Images.ControlPlane, RoleWorker: s.Images.Worker, RoleEtcd: s.Images.Etcd}[n.Role]
 	format := "raw"
 	if strings.HasSuffix(image, ".qcow2") {
 		format = "qcow2"
@@ -113,7 +116,7 @@ func (s *State) freshDisks(ctx context.Context, n *Node) error {
 	if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", format, "-b", image, disk); err != nil {
 		return fmt.Errorf("node %s: disk: %w", n.Name, err)
 	}
-	if n.Role == RoleControlPlane {
+	if n.EtcdMember != "" {
 		etcd := s.EtcdDisk(n.Name)
 		os.Remove(etcd)
 		if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", etcd, s.EtcdDiskSize); err != nil {
@@ -174,54 +177,57 @@ func apiPorts(first, n int) ([]int, error) {
 // already, registered (the API knows the node), Ready, NotReady.
 type Progress func(node, phase string)
 
-// StartAll starts every stopped node: the control planes one after another, the workers once
-// every control plane is Ready (as a worker of a real cluster joins one that serves).
+// StartAll starts every stopped node: the etcd nodes, then the control planes one after
+// another, then the workers once every control plane is Ready (as a worker of a real
+// cluster joins one that serves).
 //
-// Of several control planes, the first ones that make an etcd quorum start each once the
-// previous one's first boot is done (it prints its status line), and the others each once
-// the control planes before it are Ready: a control plane's first minutes (unpacking its
-// images, etcd and the API server starting, the API server's bootstrap) take more CPU than
-// the rest of its life, and on a host with few cores three of them at once starved each
-// other until etcd and the API servers timed each other out. Every member still starts
-// from the same static --initial-cluster; a member that starts after the cluster formed
-// joins it as the member the cluster already lists.
+// The first etcd member is the seed, which starts the etcd cluster alone; the others join it
+// one at a time as learners and are promoted once they caught up (initd/etcdmember), so the
+// order is a matter of load, not of correctness. Of the etcd nodes, the seed starts first and
+// the others together once it votes; the control planes follow once every member votes. Of
+// several control planes, each starts once the one before it is Ready: a control plane's
+// first minutes (etcd and the API server starting, the API server's bootstrap) take more
+// CPU than the rest of its life, and on a host with few cores several at once starved each
+// other until etcd and the API servers timed each other out.
 func (s *State) StartAll(ctx context.Context, timeout time.Duration, progress Progress) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var cps, workers []string
+	byRole := map[string][]string{}
 	for _, n := range s.Nodes {
-		if n.Role == RoleControlPlane {
-			cps = append(cps, n.Name)
-		} else {
-			workers = append(workers, n.Name)
+		byRole[n.Role] = append(byRole[n.Role], n.Name)
+	}
+	if etcd := byRole[RoleEtcd]; len(etcd) > 0 {
+		// The seed alone, then the others together.
+		if err := s.startReported(ctx, etcd[0], progress); err != nil {
+			return err
+		}
+		if err := s.wait(ctx, etcd[:1], untilVoting, progress); err != nil {
+			return err
+		}
+		for _, n := range etcd[1:] {
+			if err := s.startReported(ctx, n, progress); err != nil {
+				return err
+			}
+		}
+		if err := s.wait(ctx, etcd, untilVoting, progress); err != nil {
+			return err
 		}
 	}
-	quorum := len(cps)/2 + 1
+	cps := byRole[RoleControlPlane]
 	for i, n := range cps {
 		if err := s.startReported(ctx, n, progress); err != nil {
 			return err
 		}
-		switch {
-		case i+1 == len(cps):
-		case i+1 < quorum:
-			if err := s.wait(ctx, []string{n}, untilFirstBoot, progress); err != nil {
-				return err
-			}
-		default:
-			if err := s.wait(ctx, cps[:i+1], untilReady, progress); err != nil {
-				return err
-			}
+		if err := s.wait(ctx, cps[:i+1], untilReady, progress); err != nil {
+			return err
 		}
 	}
-	if err := s.wait(ctx, cps, untilReady, progress); err != nil {
-		return err
-	}
-	for _, n := range workers {
+	for _, n := range byRole[RoleWorker] {
 		if err := s.startReported(ctx, n, progress); err != nil {
 			return err
 		}
 	}
-	return s.wait(ctx, workers, untilReady, progress)
+	return s.wait(ctx, byRole[RoleWorker], untilReady, progress)
 }
 
 // startReported starts node (left alone when it runs) and reports it.
@@ -244,7 +250,17 @@ type until int
 const (
 	untilReady     until = iota // the node is Ready since its VM started
 	untilFirstBoot              // the node's latest boot printed its first-boot status line
+	untilVoting                 // the node's latest boot printed that its etcd member votes
 )
+
+// goalOf is what a node's wait waits for: an etcd node is no Kubernetes node, its member
+// voting is what it is up for.
+func (s *State) goalOf(node string, goal until) until {
+	if n, err := s.Node(node); err == nil && n.Role == RoleEtcd && goal == untilReady {
+		return untilVoting
+	}
+	return goal
+}
 
 // WaitReady waits until every node in names is Ready, reporting phases, or ctx ends. A
 // node whose QEMU exits or whose first boot fails ends the wait with its console's tail.
@@ -274,9 +290,22 @@ func (s *State) wait(ctx context.Context, names []string, goal until, progress P
 			if s.Running(n) == 0 {
 				return fmt.Errorf("node %s: QEMU is not running; its console:\n%s", n, s.consoleTail(n, 20))
 			}
-			st := s.firstBoot(n)
-			if strings.HasPrefix(st, "failed") {
-				return fmt.Errorf("node %s: first boot %s; console %s:\n%s", n, st, s.ConsoleLog(n), s.consoleTail(n, 20))
+			c := s.console(n)
+			if strings.HasPrefix(c.FirstBoot, "failed") {
+				return fmt.Errorf("node %s: first boot %s; console %s:\n%s", n, c.FirstBoot, s.ConsoleLog(n), s.consoleTail(n, 20))
+			}
+			if s.goalOf(n, goal) == untilVoting {
+				switch {
+				case c.Etcd == etcdVoting:
+					set(n, "etcd member voting")
+					continue
+				case c.Etcd != "":
+					set(n, "etcd member "+c.Etcd)
+				case c.FirstBoot != "":
+					set(n, "first boot "+c.FirstBoot)
+				}
+				done = false
+				continue
 			}
 			// A node that was Ready before this boot still shows its old condition until its
 			// kubelet reports again: only a report since the VM started counts.
@@ -286,10 +315,10 @@ func (s *State) wait(ctx context.Context, names []string, goal until, progress P
 				continue
 			case ok:
 				set(n, "registered, not Ready")
-			case st != "":
-				set(n, "first boot "+st)
+			case c.FirstBoot != "":
+				set(n, "first boot "+c.FirstBoot)
 			}
-			if goal == untilFirstBoot && st != "" {
+			if goal == untilFirstBoot && c.FirstBoot != "" {
 				continue
 			}
 			done = false
@@ -301,14 +330,12 @@ func (s *State) wait(ctx context.Context, names []string, goal until, progress P
 		case <-ctx.Done():
 			var waiting []string
 			for _, n := range names {
-				if phase[n] != "Ready" {
+				if phase[n] != "Ready" && phase[n] != "etcd member voting" {
 					waiting = append(waiting, fmt.Sprintf("%s (%s)", n, or(phase[n], "booting")))
 				}
 			}
-			what := "not Ready in time"
-			if goal == untilFirstBoot {
-				what = "first boot not done in time"
-			}
+			what := map[until]string{untilReady: "not Ready in time", untilFirstBoot: "first boot not done in time",
+				untilVoting: "etcd member not voting in time"}[goal]
 			msg := fmt.Sprintf("%s: %s", what, strings.Join(waiting, ", "))
 			if apiErr != nil {
 				msg += fmt.Sprintf("; the API: %v", apiErr)

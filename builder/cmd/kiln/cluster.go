@@ -43,6 +43,15 @@ config carries the CA keys, the service-account key, the bootstrap token and its
 kiln-init makes the leaf certificates and kubeconfigs at first boot. A worker's carries the
 CA certificate and a bootstrap kubeconfig for TLS bootstrapping.
 
+With --etcd-nodes N (1, 3 or 5) etcd runs on its own nodes, <name>-etcd-1..N (members a, b,
+c, ...), each with its disk, and the control planes run no member: their API servers use
+https://etcd-<member>.internal.<name>.<zone>:2379 (node.yaml etcd.external), kubeadm's
+external etcd topology. An etcd node's config carries the etcd CA and its node.yaml only.
+
+The first member (a) is the seed: it starts a one-member etcd cluster, and the others join it
+one at a time as learners, each promoted once it caught up, so the nodes may boot in any
+order or all at once.
+
 Secrets are written 0600 and DIR is 0700. DIR is built beside itself and renamed into place;
 an existing non-empty DIR is refused unless --force.`,
 		Example: `  # one control plane, one worker, API on the default name api.internal.demo.k8s.example.com
@@ -57,6 +66,9 @@ an existing non-empty DIR is refused unless --force.`,
   kiln cluster init --name e2e --dns-zone test --api-endpoint 192.168.100.11:6443 \
       --admin-server https://127.0.0.1:16443 -o e2e
   KUBECONFIG=e2e/admin.conf kubectl get nodes
+
+  # three etcd nodes (each with its etcd disk) and three control planes that use them
+  kiln cluster init --name prod --dns-zone k8s.example.com --etcd-nodes 3 --control-planes 3 -o prod
 
   # control planes on emulated CPUs (kiln run --accel tcg): leader leases that survive stalls
   kiln cluster init --name demo --dns-zone kiln.test --slow-control-plane -o demo`,
@@ -80,8 +92,9 @@ an existing non-empty DIR is refused unless --force.`,
 	f.StringVar(&s.DNSZone, "dns-zone", "", "DNS zone of the cluster's names, <host>.internal.<name>.<zone>")
 	f.IntVar(&s.ControlPlanes, "control-planes", 1, "number of control-plane nodes: 1 or 3")
 	f.IntVar(&s.Workers, "workers", cluster.DefaultWorkers, "number of worker nodes")
+	f.IntVar(&s.EtcdNodes, "etcd-nodes", 0, "number of dedicated etcd nodes: 1, 3 or 5 (external etcd); 0 runs a member on each control plane")
 	f.StringVar(&s.APIEndpoint, "api-endpoint", "", "host:port of the Kubernetes API (default api.internal.<name>.<zone>:6443)")
-	f.StringVar(&s.EtcdDiskSerial, "etcd-disk-serial", cluster.DefaultEtcdDiskSerial, `serial of each control plane's etcd disk ("" keeps etcd on /var)`)
+	f.StringVar(&s.EtcdDiskSerial, "etcd-disk-serial", cluster.DefaultEtcdDiskSerial, `serial of each etcd member's disk, on a control plane or an etcd node ("" keeps etcd on /var)`)
 	f.StringVar(&s.KubernetesVersion, "kubernetes-version", cluster.DefaultKubernetesVersion, "Kubernetes version")
 	f.StringVar(&s.PodCIDR, "pod-cidr", config.DefaultPodCIDR, `pod network range ("v4,v6" for dual stack)`)
 	f.StringVar(&s.ServiceCIDR, "service-cidr", config.DefaultServiceCIDR, `service range ("v4,v6" for dual stack)`)

@@ -15,11 +15,14 @@ func newClusterStatusCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "status --name NAME",
-		Short: "Show each node of a kiln cluster up cluster: VM running, pid, address, first boot, Ready",
+		Short: "Show each node of a kiln cluster up cluster: VM running, pid, address, first boot, Ready, etcd member, restarts",
 		Long: `Status reads the cluster's state directory and shows, per node, whether its QEMU runs (and
 its pid, resident memory and CPU time), its address on the cluster link, its API port on
 127.0.0.1 (control planes), the outcome of its last first-boot status line on the console,
-and its Ready condition as the API reports it (empty when no control plane answers).`,
+its Ready condition as the API reports it (empty when no control plane answers), what its
+latest boot said of its etcd member (voting, or why not), and how often its kube-system
+containers restarted (RESTARTS; the JSON names each container). An etcd node is not a
+Kubernetes node: it has no Ready condition, and its etcd's restarts are not in the API.`,
 		Example: `  kiln cluster status --name demo
   kiln cluster status --state-dir demo -o json | jq '.nodes[] | select(.ready != "True")'`,
 		Args: cobra.NoArgs,
@@ -39,9 +42,12 @@ and its Ready condition as the API reports it (empty when no control plane answe
 				return enc.Encode(st)
 			}
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tROLE\tVM\tPID\tADDRESS\tAPI\tREADY\tRSS\tCPU\tFIRST BOOT")
+			fmt.Fprintln(tw, "NODE\tROLE\tVM\tPID\tADDRESS\tAPI\tREADY\tETCD\tRESTARTS\tRSS\tCPU\tFIRST BOOT")
 			for _, n := range st.Nodes {
-				vmState, pid, api, rss, cpu := "stopped", "-", "-", "-", "-"
+				vmState, pid, api, rss, cpu, restarts := "stopped", "-", "-", "-", "-", "-"
+				if n.Restarts != nil {
+					restarts = fmt.Sprint(n.Restarts.Count)
+				}
 				if n.Running {
 					vmState, pid = "running", fmt.Sprint(n.PID)
 					rss, cpu = fmt.Sprintf("%dMiB", n.RSSMiB), fmt.Sprintf("%.0fs", n.CPUSeconds)
@@ -49,8 +55,8 @@ and its Ready condition as the API reports it (empty when no control plane answe
 				if n.APIPort != 0 {
 					api = fmt.Sprintf("127.0.0.1:%d", n.APIPort)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, vmState, pid, n.Address, api,
-					orDefault(n.Ready, "-"), rss, cpu, orDefault(n.FirstBoot, "-"))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, vmState, pid, n.Address, api,
+					orDefault(n.Ready, "-"), orDefault(n.Etcd, "-"), restarts, rss, cpu, orDefault(n.FirstBoot, "-"))
 			}
 			tw.Flush()
 			fmt.Fprintf(w, "kubeconfig: %s\n", st.Kubeconfig)

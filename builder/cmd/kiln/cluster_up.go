@@ -20,25 +20,38 @@ func newClusterUpCmd() *cobra.Command {
 		timeout time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "up --name NAME [--control-planes 1|3] [--workers N] [--image-dir out]",
+		Use:   "up --name NAME [--control-planes 1|3] [--etcd-nodes 0|1|3|5] [--workers N] [--image-dir out]",
 		Short: "Boot a whole cluster of baked images in QEMU in the background and wait until every node is Ready",
 		Long: `Up runs a cluster on this host as kind or talosctl cluster create do: it bakes nothing but
-takes the baked images DIR/<image>-control-plane.qcow2 (or .raw) and DIR/<image>-worker.qcow2,
-runs cluster init (nodes NAME-cp-1..3 with etcd members a, b, c, NAME-worker-1..N, the API at
-api.internal.NAME.ZONE), gives each node a copy-on-write disk on its image and each control
-plane a blank etcd disk (serial etcd-main), starts every VM in the background (they outlive
-this command; console and pid files in the state directory), forwards each control plane's
-API to a port on 127.0.0.1, writes STATE/admin.conf and waits until every node is Ready.
-The control planes start one after another: of three, the second once the first one's first
-boot is done, the third once the first two are Ready (a control plane's first minutes take
-most of a core; three at once on a small host time each other out). Workers start once the
-control planes are Ready. admin.conf's current context reaches the
-first control plane; it has one context per control plane too (kubectl --context NAME-cp-2),
-for when the first is down.
+takes the baked images DIR/<image>-control-plane.qcow2 (or .raw), DIR/<image>-worker.qcow2 and,
+with --etcd-nodes, DIR/<image>-etcd.qcow2; runs cluster init (nodes NAME-cp-1..3,
+NAME-etcd-1..N, NAME-worker-1..N, the API at api.internal.NAME.ZONE), gives each node a
+copy-on-write disk on its image and each etcd member a blank etcd disk (serial etcd-main),
+starts every VM in the background (they outlive this command; console and pid files in the
+state directory), forwards each control plane's API to a port on 127.0.0.1, writes
+STATE/admin.conf and waits until every node is Ready (an etcd node: until its member votes).
+
+Topology: without --etcd-nodes each control plane runs an etcd member (a, b, c: stacked).
+With --etcd-nodes 3, etcd runs on three etcd nodes (members a, b, c, 1 vCPU and 1 GiB each
+unless --etcd-cpus/--etcd-memory) and the control planes' API servers use them: the external
+topology, which needs far less CPU per member than a control plane.
+
+Order: the first member is the seed and starts the etcd cluster alone; the others join it
+one at a time as learners and are promoted once they caught up. The seed etcd node starts
+first, the other etcd nodes together once it votes; then the control planes, each once the
+one before it is Ready (a control plane's first minutes take most of a core; several at
+once on a small host time each other out); then the workers. admin.conf's current context
+reaches the first control plane; it has one context per control plane too (kubectl
+--context NAME-cp-2), for when the first is down.
+
+Timings: under TCG (--accel tcg, or auto without working KVM) the cluster gets the longer
+leader-election and etcd Raft timings of --slow-control-plane unless
+--slow-control-plane=false: emulated control planes stall for seconds.
 
 Network: one private link between the VMs (QEMU socket networking as kiln run --link: no
-root, no bridge) with fixed addresses, 192.168.100.11-13 for the control planes and
-192.168.100.101.. for the workers; the guests are offline.
+root, no bridge) with fixed addresses, 192.168.100.11-13 for the control planes,
+192.168.100.21-25 for the etcd nodes and 192.168.100.101.. for the workers; the guests are
+offline.
 
 DNS: the hosts provider. Every node's config seeds /etc/hosts with every name of the cluster
 (each node, etcd-<member>.internal.NAME.ZONE, and api.internal.NAME.ZONE once per control
@@ -49,10 +62,13 @@ The state directory (default ` + qemucluster.DefaultStateDir("NAME") + `) holds 
 admin.conf, init/ (cluster init's output), and nodes/<node>/ with disk.qcow2, etcd.qcow2,
 config.ign, console.log, qemu.log and qemu.pid. A second up of a cluster that exists is
 refused. When the wait times out the nodes keep running: kiln cluster status shows them.`,
-		Example: `  # three control planes and a worker from out/, under TCG, 1 vCPU each
-  kiln cluster up --name demo --control-planes 3 --workers 1 --image-dir out --accel tcg \
-      --cp-cpus 1 --worker-cpus 1 --slow-control-plane --timeout 90m
+		Example: `  # three etcd nodes, one control plane and a worker from out/, under TCG
+  kiln cluster up --name demo --etcd-nodes 3 --control-planes 1 --workers 1 --image-dir out --accel tcg
   KUBECONFIG=~/.local/state/kiln/clusters/demo/admin.conf kubectl get nodes
+
+  # three stacked control planes and a worker, 1 vCPU each
+  kiln cluster up --name demo --control-planes 3 --workers 1 --image-dir out --accel tcg \
+      --cp-cpus 1 --worker-cpus 1 --timeout 90m
   KUBECONFIG=~/.local/state/kiln/clusters/demo/admin.conf kubectl --context demo-cp-2 get nodes
 
   # one control plane and one worker, state in ./demo
@@ -66,12 +82,20 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 			if o.Accel, err = clusterAccel(ctx, accel, o); err != nil {
 				return err
 			}
+			if !cmd.Flags().Changed("slow-control-plane") {
+				// Emulated CPUs stall for seconds: the default timings time out there.
+				o.SlowCP = o.Accel == "tcg"
+			}
 			s, err := qemucluster.Create(ctx, o, time.Now())
 			if err != nil {
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "cluster %s in %s (accel %s, API %s)\n", s.Name, s.Dir, s.Accel, s.APIEndpoint())
+			timings := "default timings"
+			if o.SlowCP {
+				timings = "slow-control-plane timings"
+			}
+			fmt.Fprintf(w, "cluster %s in %s (accel %s, %s, API %s)\n", s.Name, s.Dir, s.Accel, timings, s.APIEndpoint())
 			var names []string
 			for _, n := range s.Nodes {
 				names = append(names, n.Name)
@@ -90,6 +114,7 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 	f.StringVar(&o.Zone, "dns-zone", qemucluster.DefaultZone, "DNS zone of the cluster's names")
 	f.IntVar(&o.ControlPlanes, "control-planes", 1, "control planes: 1 or 3")
 	f.IntVar(&o.Workers, "workers", 1, "workers")
+	f.IntVar(&o.EtcdNodes, "etcd-nodes", 0, "etcd nodes: 1, 3 or 5 (the control planes run no member; external etcd), 0 for a member on each control plane")
 	f.StringVar(&o.ImageDir, "image-dir", "out", "directory of the baked images")
 	f.StringVar(&o.Image, "image", "qemu", "image name: the disks are <image>-control-plane and <image>-worker")
 	f.StringVar(&o.StateDir, "state-dir", "", "state directory (default "+qemucluster.DefaultStateDir("NAME")+")")
@@ -98,10 +123,12 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 	f.IntVar(&o.ControlPlane.MemoryMB, "cp-memory", 3072, "MiB per control plane")
 	f.IntVar(&o.Worker.CPUs, "worker-cpus", 1, "vCPUs per worker")
 	f.IntVar(&o.Worker.MemoryMB, "worker-memory", 2048, "MiB per worker")
+	f.IntVar(&o.Etcd.CPUs, "etcd-cpus", 1, "vCPUs per etcd node")
+	f.IntVar(&o.Etcd.MemoryMB, "etcd-memory", 1024, "MiB per etcd node")
 	f.IntVar(&o.WorkerNice, "worker-nice", 10, "host CPU priority of the workers' QEMU (nice 0..19): the control planes get the CPU first")
-	f.StringVar(&o.EtcdDiskSize, "etcd-disk-size", "2G", "size of each control plane's etcd disk (sparse)")
+	f.StringVar(&o.EtcdDiskSize, "etcd-disk-size", "2G", "size of each etcd member's etcd disk (sparse)")
 	f.IntVar(&o.APIPort, "api-port", 0, "host port of the first control plane's API, the next ones on the following ports (default: free ports)")
-	f.BoolVar(&o.SlowCP, "slow-control-plane", false, "longer leader-election and etcd Raft timings, for emulated (TCG) or shared CPUs (as cluster init --slow-control-plane)")
+	f.BoolVar(&o.SlowCP, "slow-control-plane", false, "longer leader-election and etcd Raft timings, for emulated or shared CPUs (as cluster init --slow-control-plane); default on under TCG")
 	f.DurationVar(&timeout, "timeout", 60*time.Minute, "how long to wait for every node to be Ready")
 	cmd.MarkFlagRequired("name")
 	return cmd
