@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/kilnproject/kiln/initd/config"
@@ -34,6 +35,8 @@ const (
 	// EtcdMemberUnit promotes a member that joined as a learner and reports the member's
 	// state (etcd members of several).
 	EtcdMemberUnit = "kiln-etcd-member.service"
+	// EtcdUnit runs an etcd node's member (overlays/etcd): etcd under systemd.
+	EtcdUnit = "etcd.service"
 )
 
 // pkiTasks make a control plane's certificates and kubeconfigs once preflight passed.
@@ -70,9 +73,7 @@ func (p *plan) writePKI(context.Context) (bool, error) {
 	if p.node.Role != config.RoleControlPlane && p.node.Role != config.RoleEtcd {
 		return false, nil
 	}
-	if _, err := systemd.Find(p.opts.Root, KubeletUnit); errors.Is(err, systemd.ErrNotFound) {
-		return false, nil
-	} else if err != nil {
+	if runs, err := p.runsUnitOf(p.node.Role); !runs || err != nil {
 		return false, err
 	}
 	dir := filepath.Join(p.opts.Root, pkiDir)
@@ -110,6 +111,26 @@ func (p *plan) writePKI(context.Context) (bool, error) {
 	return len(certs)+len(confs) > 0, err
 }
 
+// runsUnitOf reports whether the image runs what a node of role needs first boot to set up:
+// kubelet (the kubernetes overlay) or, for an etcd node, etcd.service or a kubelet that runs
+// etcd as a static pod. An image without them is a plain node of that role.
+func (p *plan) runsUnitOf(role config.Role) (bool, error) {
+	units := []string{KubeletUnit}
+	if role == config.RoleEtcd {
+		units = []string{EtcdUnit, KubeletUnit}
+	}
+	for _, u := range units {
+		_, err := systemd.Find(p.opts.Root, u)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, systemd.ErrNotFound) {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
 // pkiNode is what the control plane's certificates are made for.
 func (p *plan) pkiNode() pki.Node {
 	n := pki.Node{Hostname: p.facts.Hostname, ServiceCIDR: p.node.Kubernetes.ServiceCIDR,
@@ -131,17 +152,16 @@ func (p *plan) pkiNode() pki.Node {
 	return n
 }
 
-// handOver hands over to the Kubernetes units once kubelet's configuration and
+// handOver hands over to the units that run the node once their configuration and
 // credentials are in place: it enables kubelet (and, by role, kiln-cni and
-// kiln-control-plane) for every later boot and, on the live system, reloads systemd (the
-// drop-in was just rendered) and queues their start; systemd starts them after first boot,
-// containerd and the image import. An image without the kubernetes overlay has no
-// kubelet.service: nothing to do.
+// kiln-control-plane), or on an etcd node etcd.service, and on an etcd member of several
+// kiln-etcd-member, for every later boot and, on the live system, reloads systemd (the
+// drop-ins were just rendered) and queues their start; systemd starts them after first
+// boot (kubelet after containerd and the image import). An image without them (no
+// kubernetes or etcd overlay) is a plain node: nothing to do.
 func (p *plan) handOver(ctx context.Context) (bool, error) {
 	root := p.opts.Root
-	if _, err := systemd.Find(root, KubeletUnit); errors.Is(err, systemd.ErrNotFound) {
-		return false, nil
-	} else if err != nil {
+	if runs, err := p.runsUnitOf(p.node.Role); !runs || err != nil {
 		return false, err
 	}
 	units := []string{KubeletUnit}
@@ -156,13 +176,20 @@ func (p *plan) handOver(ctx context.Context) (bool, error) {
 			return false, fmt.Errorf("kubelet has no credentials: neither %s nor %s exists (kiln cluster init puts the bootstrap kubeconfig in a worker's Ignition config)", bootstrapKubeletCfg, kubeletConf)
 		}
 		units = append(units, CNIUnit)
+	case config.RoleEtcd:
+		if _, err := systemd.Find(root, EtcdUnit); err == nil {
+			units = []string{EtcdUnit}
+		}
 	}
 	if p.etcdMember() && len(p.node.Etcd.Members) > 1 {
 		units = append(units, EtcdMemberUnit)
 	}
-	changed, err := kube.EnsureResolvConf(root)
-	if err != nil {
-		return false, err
+	changed := false
+	if slices.Contains(units, KubeletUnit) {
+		var err error
+		if changed, err = kube.EnsureResolvConf(root); err != nil {
+			return false, err
+		}
 	}
 	for _, u := range units {
 		c, err := systemd.Enable(root, u)

@@ -26,14 +26,20 @@ import (
 	"github.com/kilnproject/kiln/internal/kubeconfig"
 )
 
-// withKubernetesOverlay adds the kubernetes overlay's units to a node root, as the bake does.
-func withKubernetesOverlay(t *testing.T, root string) {
+// withKubernetesOverlay adds the base and kubernetes overlays' units to a node root, as the
+// bake does.
+func withKubernetesOverlay(t *testing.T, root string) { withOverlays(t, root, "base", "kubernetes") }
+
+// withOverlays adds the named overlays' units to a node root.
+func withOverlays(t *testing.T, root string, overlays ...string) {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "../../overlays/kubernetes/usr/lib/systemd/system")
-	out, err := exec.Command("cp", "-a", src+"/.", filepath.Join(root, "usr/lib/systemd/system")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("copy overlay: %v: %s", err, out)
+	for _, o := range overlays {
+		src := filepath.Join(filepath.Dir(file), "../../overlays", o, "usr/lib/systemd/system")
+		out, err := exec.Command("cp", "-a", src+"/.", filepath.Join(root, "usr/lib/systemd/system")).CombinedOutput()
+		if err != nil {
+			t.Fatalf("copy overlay %s: %v: %s", o, err, out)
+		}
 	}
 }
 
@@ -166,17 +172,22 @@ func TestRunControlPlaneKubernetes(t *testing.T) {
 }
 
 // nodeIP is the node IP first boot found (the sandbox's own address), as the kubelet
-// drop-in has it.
+// drop-in has it, or on an etcd node etcd's.
 func nodeIP(t *testing.T, root string) string {
 	t.Helper()
 	drop, err := os.ReadFile(filepath.Join(root, "etc/systemd/system/kubelet.service.d/10-kiln.conf"))
+	flag, end := "--node-ip=", " "
+	if errors.Is(err, os.ErrNotExist) {
+		drop, err = os.ReadFile(filepath.Join(root, "etc/systemd/system/etcd.service.d/10-kiln.conf"))
+		flag, end = "--listen-peer-urls=https://", ":2380"
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, _ := strings.Cut(string(drop), "--node-ip=")
-	ip, _, _ := strings.Cut(rest, " ")
+	_, rest, _ := strings.Cut(string(drop), flag)
+	ip, _, _ := strings.Cut(rest, end)
 	if ip == "" {
-		t.Fatal("no --node-ip in the kubelet drop-in")
+		t.Fatalf("no %s in the drop-in", flag)
 	}
 	return ip
 }
@@ -400,7 +411,7 @@ func checkLateLease(t *testing.T, tc addressWaitCase, root string, st *Status, e
 		t.Fatalf("first boot: %v", err)
 	}
 	if got := nodeIP(t, root); got != lateLease {
-		t.Errorf("kubelet --node-ip=%s, want the late lease %s", got, lateLease)
+		t.Errorf("node IP %s, want the late lease %s", got, lateLease)
 	}
 	if s, e := taskState(st, "render"); s != task.StateApplied {
 		t.Errorf("render %s %s, want applied", s, e)
@@ -512,14 +523,15 @@ func etcdNodeSecrets(t *testing.T) []string {
 	return []string{ignFile("/etc/kubernetes/pki/etcd/ca.crt", 0o644, kp.CertPEM), ignFile("/etc/kubernetes/pki/etcd/ca.key", 0o600, kp.KeyPEM)}
 }
 
-// An etcd node's first boot makes its member certificates from the etcd CA, renders its
-// etcd manifest and hands over to its standalone kubelet and, as a member of several, to
-// kiln-etcd-member; a control plane of the external topology gets no member certificate, no
-// etcd manifest and an API server that uses the etcd nodes' members.
+// An etcd node's first boot makes its member certificates from the etcd CA, renders etcd's
+// drop-in (its flags; no etcd without its disk) and hands over to etcd.service and, as a
+// member of several, to kiln-etcd-member, with no kubelet; a control plane of the external
+// topology gets no member certificate, no etcd manifest and an API server that uses the etcd
+// nodes' members.
 func TestRunEtcdNodeAndExternalControlPlane(t *testing.T) {
 	t.Run("etcd node", func(t *testing.T) {
 		root := nodeRoot(t, "etcd")
-		withKubernetesOverlay(t, root)
+		withOverlays(t, root, "base", "etcd")
 		node := "cluster: {name: demo, dnsZone: example.com}\nrole: etcd\nhostname: demo-etcd-1\netcd: {member: a, members: [a, b, c]}\n"
 		cfg := ignition(append(etcdNodeSecrets(t), ignFile("/etc/kiln/node.yaml", 0o644, []byte(node)))...)
 		st, err := Run(context.Background(), kubeOpts(t, root, cfg))
@@ -537,14 +549,20 @@ func TestRunEtcdNodeAndExternalControlPlane(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, "etcd/healthcheck-client.crt")); err != nil {
 			t.Errorf("no health-check client certificate (kiln-init asks the members with it): %v", err)
 		}
-		m, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/manifests/etcd.manifest"))
-		if err != nil || !strings.Contains(string(m), "--initial-advertise-peer-urls=https://etcd-a.internal.demo.example.com:2380") {
-			t.Errorf("etcd manifest: %v\n%s", err, m)
+		m, err := os.ReadFile(filepath.Join(root, "etc/systemd/system/etcd.service.d/10-kiln.conf"))
+		for _, want := range []string{"--initial-advertise-peer-urls=https://etcd-a.internal.demo.example.com:2380",
+			"RequiresMountsFor=/var/lib/etcd\n", "--data-dir=/var/lib/etcd "} {
+			if err != nil || !strings.Contains(string(m), want) {
+				t.Errorf("etcd's drop-in lacks %s (%v):\n%s", want, err, m)
+			}
 		}
-		for _, u := range []string{"kubelet.service", "kiln-etcd-member.service"} {
+		for _, u := range []string{"etcd.service", "kiln-etcd-member.service"} {
 			if !enabled(root, u) {
 				t.Errorf("%s is not enabled", u)
 			}
+		}
+		if enabled(root, "kubelet.service") {
+			t.Error("kubelet is enabled on an etcd node")
 		}
 	})
 	t.Run("control plane of the external topology", func(t *testing.T) {

@@ -38,6 +38,8 @@ var e2eArtifacts = []localArtifact{
 	{name: "containerd", file: "containerd-linux-amd64.tar.gz", tar: map[string]string{
 		"bin/containerd": "containerd", "bin/containerd-shim-runc-v2": "containerd-shim-runc-v2", "bin/ctr": "ctr"}},
 	{name: "crictl", file: "crictl-linux-amd64.tar.gz", tar: map[string]string{"crictl": "crictl"}},
+	{name: "etcd", file: "etcd-linux-amd64.tar.gz", tar: map[string]string{
+		"etcd-v3.6.16-linux-amd64/etcd": "etcd", "etcd-v3.6.16-linux-amd64/etcdctl": "etcdctl"}},
 	{name: "cni-plugins", file: "cni-plugins-linux-amd64.tgz", tar: map[string]string{
 		"./bridge": "bridge", "./host-local": "host-local", "./loopback": "loopback", "./portmap": "portmap"}},
 	{name: "docker", file: "docker-amd64.tgz", docker: true, tar: map[string]string{

@@ -35,7 +35,8 @@ func TestOverlayMatchesTheProfiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for file, member := range map[string]string{"containerd-linux-amd64.tar.gz": "bin/containerd-shim-runc-v2",
-		"docker-amd64.tgz": "docker/dockerd", "cri-dockerd-amd64.tgz": "cri-dockerd/cri-dockerd"} {
+		"docker-amd64.tgz": "docker/dockerd", "cri-dockerd-amd64.tgz": "cri-dockerd/cri-dockerd",
+		"etcd-linux-amd64.tar.gz": "etcd-v3.6.16-linux-amd64/etcdctl"} {
 		out, err := exec.Command("tar", "-tzf", filepath.Join(dir, file)).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), member) {
 			t.Errorf("%s members: %s %v", file, out, err)
