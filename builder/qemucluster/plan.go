@@ -76,7 +76,10 @@ type Node struct {
 	Size       Size   `json:"size"`
 	// APIPort is the host port forwarded to a control plane's 6443 (0 on workers).
 	APIPort int `json:"apiPort,omitempty"`
-	Nice    int `json:"nice,omitempty"`
+	// EtcdPort is the host port forwarded to an etcd member's client port, 2379 (etcd
+	// listens on the node's link address: the forward goes there).
+	EtcdPort int `json:"etcdPort,omitempty"`
+	Nice     int `json:"nice,omitempty"`
 }
 
 // State is a cluster's cluster.json.
@@ -166,8 +169,9 @@ func (o Options) withDefaults() (Options, error) {
 }
 
 // plan lays out the nodes: names and members as cluster init makes them (etcd nodes,
-// control planes, workers), fixed addresses and MACs.
-func plan(o Options, ports []int) []Node {
+// control planes, workers), fixed addresses and MACs, the control planes' API ports and the
+// etcd members' client ports on the host (ports, etcdPorts, in node order).
+func plan(o Options, ports, etcdPorts []int) []Node {
 	var nodes []Node
 	members := []string{"a", "b", "c", "d", "e"}
 	for i := 1; i <= o.EtcdNodes; i++ {
@@ -184,12 +188,27 @@ func plan(o Options, ports []int) []Node {
 		}
 		nodes = append(nodes, n)
 	}
+	m := 0
+	for i := range nodes {
+		if nodes[i].EtcdMember != "" && m < len(etcdPorts) {
+			nodes[i].EtcdPort = etcdPorts[m]
+			m++
+		}
+	}
 	for i := 1; i <= o.Workers; i++ {
 		addr := fmt.Sprintf("%s%d", subnetPrefix, 100+i)
 		nodes = append(nodes, Node{Name: fmt.Sprintf("%s-worker-%d", o.Name, i), Role: RoleWorker,
 			Address: addr, MAC: nodeMAC(o.Name, addr), Size: o.Worker, Nice: o.WorkerNice})
 	}
 	return nodes
+}
+
+// members is how many etcd members o makes: its etcd nodes, else its control planes.
+func (o Options) members() int {
+	if o.EtcdNodes > 0 {
+		return o.EtcdNodes
+	}
+	return o.ControlPlanes
 }
 
 // nodeMAC is a locally administered unicast MAC: two bytes of the cluster name's hash (two

@@ -70,6 +70,10 @@ func (s *State) vmConfig(n *Node) vm.Config {
 	if n.Role == RoleControlPlane {
 		cfg.Forward = map[string]int{fmt.Sprintf("127.0.0.1:%d", n.APIPort): 6443}
 	}
+	if n.EtcdPort != 0 {
+		// etcd listens on the node's link address (and loopback), not on the user network's.
+		cfg.ForwardTo = map[string]string{fmt.Sprintf("127.0.0.1:%d", n.EtcdPort): n.Address + ":2379"}
+	}
 	return cfg
 }
 

@@ -53,7 +53,7 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			nodes := plan(testOptionsEtcd(tt.cps, tt.workers, tt.etcd), []int{16443, 16444, 16445})
+			nodes := plan(testOptionsEtcd(tt.cps, tt.workers, tt.etcd), []int{16443, 16444, 16445}, nil)
 			if len(nodes) != len(tt.wantNames) {
 				t.Fatalf("%d nodes, want %d", len(nodes), len(tt.wantNames))
 			}
@@ -109,7 +109,7 @@ func TestOptionsRefused(t *testing.T) {
 
 func TestHostsFile(t *testing.T) {
 	o := testOptions(3, 1)
-	s := &State{Name: o.Name, Zone: o.Zone, Nodes: plan(o, []int{1, 2, 3})}
+	s := &State{Name: o.Name, Zone: o.Zone, Nodes: plan(o, []int{1, 2, 3}, nil)}
 	got := s.HostsFile()
 	golden := filepath.Join("testdata", "hosts-3cp-1w.golden")
 	if *update {
@@ -133,7 +133,7 @@ func TestHostsFile(t *testing.T) {
 	// In the external topology the etcd names are the etcd nodes'; the API name the
 	// control plane's only.
 	o = testOptionsEtcd(1, 1, 3)
-	names = (&State{Name: o.Name, Zone: o.Zone, Nodes: plan(o, []int{1})}).Names()
+	names = (&State{Name: o.Name, Zone: o.Zone, Nodes: plan(o, []int{1}, nil)}).Names()
 	if e := names["etcd-c.internal.demo.kiln.test"]; len(e) != 1 || e[0] != "192.168.100.23" {
 		t.Errorf("etcd-c has %v, want the etcd node 192.168.100.23", e)
 	}
@@ -257,7 +257,8 @@ func TestCreateExternalEtcd(t *testing.T) {
 	images := fakeImages(t, RoleControlPlane, RoleWorker, RoleEtcd)
 	state := filepath.Join(t.TempDir(), "demo")
 	o := Options{Name: "demo", ControlPlanes: 1, Workers: 1, EtcdNodes: 3, ImageDir: images, StateDir: state, Accel: "tcg"}
-	if _, err := Create(context.Background(), o, time.Now()); err != nil {
+	s, err := Create(context.Background(), o, time.Now())
+	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"nodes/demo-etcd-1/etcd.qcow2", "nodes/demo-etcd-3/etcd.qcow2", "nodes/demo-cp-1/disk.qcow2"} {
@@ -267,6 +268,10 @@ func TestCreateExternalEtcd(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(state, "nodes/demo-cp-1/etcd.qcow2")); err == nil {
 		t.Error("the control plane of the external topology has an etcd disk")
+	}
+	cp, _ := s.Node("demo-cp-1")
+	if admin, _ := os.ReadFile(s.Kubeconfig()); !strings.Contains(string(admin), fmt.Sprintf("server: https://127.0.0.1:%d", cp.APIPort)) {
+		t.Errorf("admin.conf does not name the control plane's port %d:\n%s", cp.APIPort, admin)
 	}
 	out, err := exec.Command("qemu-img", "info", "--output=json", filepath.Join(state, "nodes/demo-etcd-2/disk.qcow2")).Output()
 	if err != nil {

@@ -20,6 +20,8 @@ type NodeStatus struct {
 	PID     int    `json:"pid,omitempty"`
 	Address string `json:"address"`
 	APIPort int    `json:"apiPort,omitempty"`
+	// EtcdEndpoint is the host's client URL of the node's etcd member.
+	EtcdEndpoint string `json:"etcdEndpoint,omitempty"`
 	// FirstBoot is the last first-boot status line's outcome and detail, "" before one.
 	FirstBoot string `json:"firstBoot"`
 	// Etcd is what the latest boot said of the node's etcd member (a member of several):
@@ -43,6 +45,8 @@ type Status struct {
 	Kubeconfig string       `json:"kubeconfig"`
 	Nodes      []NodeStatus `json:"nodes"`
 	APIError   string       `json:"apiError,omitempty"`
+	// Etcd is what the members say, through their forwarded client ports.
+	Etcd *EtcdState `json:"etcd,omitempty"`
 }
 
 // Status looks at every node: its QEMU, its console and, through the API, its Ready.
@@ -65,7 +69,7 @@ func (s *State) Status(ctx context.Context) Status {
 	}
 	for _, n := range s.Nodes {
 		c := s.console(n.Name)
-		ns := NodeStatus{Name: n.Name, Role: n.Role, Address: n.Address, APIPort: n.APIPort,
+		ns := NodeStatus{Name: n.Name, Role: n.Role, Address: n.Address, APIPort: n.APIPort, EtcdEndpoint: n.EtcdEndpoint(),
 			FirstBoot: c.FirstBoot, Etcd: c.Etcd, Ready: ready[n.Name].Status, Console: s.ConsoleLog(n.Name)}
 		if r, ok := restarts[n.Name]; ok || (restarts != nil && n.Role != RoleEtcd) {
 			ns.Restarts = &r
@@ -76,6 +80,7 @@ func (s *State) Status(ctx context.Context) Status {
 		}
 		st.Nodes = append(st.Nodes, ns)
 	}
+	st.Etcd = s.Etcd(ctx)
 	return st
 }
 

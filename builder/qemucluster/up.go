@@ -45,12 +45,19 @@ func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
 			return nil, err
 		}
 	}
-	ports, err := apiPorts(o.APIPort, o.ControlPlanes)
+	// One pick of free ports for all, so that no two are the same.
+	free, err := apiPorts(0, o.ControlPlanes+o.members())
 	if err != nil {
 		return nil, err
 	}
+	ports, etcdPorts := free[:o.ControlPlanes], free[o.ControlPlanes:]
+	if o.APIPort != 0 {
+		if ports, err = apiPorts(o.APIPort, o.ControlPlanes); err != nil {
+			return nil, err
+		}
+	}
 	s := &State{Name: o.Name, Zone: o.Zone, Accel: o.Accel, Link: linkName(o.Name), EtcdDiskSize: o.EtcdDiskSize,
-		Nodes: plan(o, ports), Dir: o.StateDir}
+		Nodes: plan(o, ports, etcdPorts), Dir: o.StateDir}
 	s.Images.ControlPlane, s.Images.Worker, s.Images.Etcd = cpImage, workerImage, etcdImage
 
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
@@ -67,10 +74,13 @@ func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
 func (s *State) create(ctx context.Context, o Options, now time.Time) error {
 	spec := cluster.Spec{Name: o.Name, DNSZone: o.Zone, ControlPlanes: o.ControlPlanes, Workers: o.Workers, EtcdNodes: o.EtcdNodes,
 		EtcdDiskSerial: EtcdDiskSerial, SlowControlPlane: o.SlowCP, ControlPlanePreflightIgnore: cpPreflightIgnore(o.ControlPlane),
-		AdminServer: fmt.Sprintf("https://127.0.0.1:%d", s.Nodes[0].APIPort), AdminTLSServerName: apiTLSName}
+		AdminServer: fmt.Sprintf("https://127.0.0.1:%d", s.firstAPIPort()), AdminTLSServerName: apiTLSName}
 	c, err := cluster.Init(s.initDir(), spec, false, now)
 	if err != nil {
 		return fmt.Errorf("cluster init: %w", err)
+	}
+	if err := s.writeEtcdClient(now); err != nil {
+		return fmt.Errorf("the host's etcd client certificate: %w", err)
 	}
 	if len(c.Nodes) != len(s.Nodes) {
 		return fmt.Errorf("cluster init made %d nodes, the plan has %d", len(c.Nodes), len(s.Nodes))
@@ -101,6 +111,16 @@ func (s *State) create(ctx context.Context, o Options, now time.Time) error {
 		return err
 	}
 	return s.save()
+}
+
+// firstAPIPort is the host port of the first control plane's API.
+func (s *State) firstAPIPort() int {
+	for _, n := range s.Nodes {
+		if n.APIPort != 0 {
+			return n.APIPort
+		}
+	}
+	return 0
 }
 
 // freshDisks (re)creates node n's root disk as a copy-on-write overlay on its baked image
@@ -153,7 +173,8 @@ func findImage(dir, stem, role string) (string, error) {
 		role, strings.Join(tried, ", "), stem, role, dir)
 }
 
-// apiPorts are n host ports from first on, or n free ones when first is 0.
+// apiPorts are n host ports from first on, or n free ones when first is 0 (the API's, and
+// the etcd nodes' client ports).
 func apiPorts(first, n int) ([]int, error) {
 	var ports []int
 	if first != 0 {
@@ -177,18 +198,20 @@ func apiPorts(first, n int) ([]int, error) {
 // already, registered (the API knows the node), Ready, NotReady.
 type Progress func(node, phase string)
 
-// StartAll starts every stopped node: the etcd nodes, then the control planes one after
-// another, then the workers once every control plane is Ready (as a worker of a real
-// cluster joins one that serves).
+// StartAll starts every stopped node: the etcd nodes, then the control planes, then the
+// workers once every control plane is Ready (as a worker of a real cluster joins one that
+// serves).
 //
-// The first etcd member is the seed, which starts the etcd cluster alone; the others join it
-// one at a time as learners and are promoted once they caught up (initd/etcdmember), so the
-// order is a matter of load, not of correctness. Of the etcd nodes, the seed starts first and
-// the others together once it votes; the control planes follow once every member votes. Of
-// several control planes, each starts once the one before it is Ready: a control plane's
-// first minutes (etcd and the API server starting, the API server's bootstrap) take more
-// CPU than the rest of its life, and on a host with few cores several at once starved each
-// other until etcd and the API servers timed each other out.
+// The etcd nodes start together, as machines of an autoscaling group do: the seed starts the
+// etcd cluster alone and the others join it one at a time as learners (initd/etcdmember), or,
+// after a power cut, every member starts with its data and they find each other; the control
+// planes follow once every member votes. Of several control planes, the first ones that make
+// an etcd quorum start each once the previous one's first boot is done (after a power cut
+// none serves before a quorum of them runs), and the others each once the control planes
+// before them are Ready: a control plane's first minutes (etcd and the API server starting,
+// the API server's bootstrap) take more CPU than the rest of its life, and on a host with
+// few cores several at once starved each other until etcd and the API servers timed each
+// other out.
 func (s *State) StartAll(ctx context.Context, timeout time.Duration, progress Progress) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -197,14 +220,7 @@ func (s *State) StartAll(ctx context.Context, timeout time.Duration, progress Pr
 		byRole[n.Role] = append(byRole[n.Role], n.Name)
 	}
 	if etcd := byRole[RoleEtcd]; len(etcd) > 0 {
-		// The seed alone, then the others together.
-		if err := s.startReported(ctx, etcd[0], progress); err != nil {
-			return err
-		}
-		if err := s.wait(ctx, etcd[:1], untilVoting, progress); err != nil {
-			return err
-		}
-		for _, n := range etcd[1:] {
+		for _, n := range etcd {
 			if err := s.startReported(ctx, n, progress); err != nil {
 				return err
 			}
@@ -214,13 +230,28 @@ func (s *State) StartAll(ctx context.Context, timeout time.Duration, progress Pr
 		}
 	}
 	cps := byRole[RoleControlPlane]
+	quorum := len(cps)/2 + 1
+	if len(byRole[RoleEtcd]) > 0 {
+		quorum = 1 // their etcd runs already
+	}
 	for i, n := range cps {
 		if err := s.startReported(ctx, n, progress); err != nil {
 			return err
 		}
-		if err := s.wait(ctx, cps[:i+1], untilReady, progress); err != nil {
-			return err
+		switch {
+		case i+1 == len(cps):
+		case i+1 < quorum:
+			if err := s.wait(ctx, []string{n}, untilFirstBoot, progress); err != nil {
+				return err
+			}
+		default:
+			if err := s.wait(ctx, cps[:i+1], untilReady, progress); err != nil {
+				return err
+			}
 		}
+	}
+	if err := s.wait(ctx, cps, untilReady, progress); err != nil {
+		return err
 	}
 	for _, n := range byRole[RoleWorker] {
 		if err := s.startReported(ctx, n, progress); err != nil {

@@ -142,6 +142,19 @@ func netArgs(cfg Config) ([]string, error) {
 		}
 		user += fmt.Sprintf(",hostfwd=tcp:%s:%s-:%d", addr, port, cfg.Forward[h])
 	}
+	to := make([]string, 0, len(cfg.ForwardTo))
+	for h := range cfg.ForwardTo {
+		to = append(to, h)
+	}
+	sort.Strings(to)
+	for _, h := range to {
+		hap, err := netip.ParseAddrPort(h)
+		gap, gerr := netip.ParseAddrPort(cfg.ForwardTo[h])
+		if err != nil || gerr != nil || !hap.Addr().Is4() || !gap.Addr().Is4() || hap.Port() == 0 || gap.Port() == 0 {
+			return nil, fmt.Errorf("forward %s to %s: want IPv4 ADDR:PORT on both sides", h, cfg.ForwardTo[h])
+		}
+		user += fmt.Sprintf(",hostfwd=tcp:%s-%s", hap, gap)
+	}
 	nic := fmt.Sprintf("virtio-net-pci,netdev=%s,addr=%x", UserNetdev, userSlot)
 	if cfg.NetBoot != nil {
 		opt, err := cfg.NetBoot.userOption()

@@ -76,6 +76,11 @@ type Config struct {
 	// Forward maps host TCP ports to guest ports on the user network: "127.0.0.1:6443" or
 	// "6443" (on 127.0.0.1) -> 6443.
 	Forward map[string]int
+	// ForwardTo maps host TCP ports to an address and port the guest has on another NIC
+	// than the user network's ("127.0.0.1:23791" -> "192.168.100.21:2379"): the user network
+	// delivers the connection to that address, which a service listening on the guest's
+	// private link only answers.
+	ForwardTo map[string]string
 	// Net is the user network's IPv4 range (QEMU's default 10.0.2.0/24): the guest gets .15,
 	// the host is .2. Several VMs on different ranges get different addresses.
 	Net string

@@ -57,6 +57,9 @@ func newProgressPrinter(w io.Writer, nodes []string) *progressPrinter {
 func (p *progressPrinter) report(node, phase string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.phase[node] == phase && phase != "started" && phase != "running" {
+		return // a later wait found the node where an earlier one left it
+	}
 	p.phase[node] = phase
 	if !p.tty {
 		fmt.Fprintf(p.w, "%s: %s\n", node, phase)

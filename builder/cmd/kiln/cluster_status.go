@@ -3,9 +3,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/builder/qemucluster"
 )
 
 func newClusterStatusCmd() *cobra.Command {
@@ -22,7 +26,13 @@ its pid, resident memory and CPU time), its address on the cluster link, its API
 its Ready condition as the API reports it (empty when no control plane answers), what its
 latest boot said of its etcd member (voting, or why not), and how often its kube-system
 containers restarted (RESTARTS; the JSON names each container). An etcd node is not a
-Kubernetes node: it has no Ready condition, and its etcd's restarts are not in the API.`,
+Kubernetes node: it has no Ready condition, and its etcd's restarts are not in the API.
+
+Then etcd, as its members tell it through their client ports, which up forwards to
+127.0.0.1: the membership (started, learner, leader), each running member's own view, and
+etcd's counters of slow applies, slow read indexes and leader changes since it started;
+and an etcdctl command line that reaches the cluster with the state directory's client
+certificate.`,
 		Example: `  kiln cluster status --name demo
   kiln cluster status --state-dir demo -o json | jq '.nodes[] | select(.ready != "True")'`,
 		Args: cobra.NoArgs,
@@ -63,10 +73,50 @@ Kubernetes node: it has no Ready condition, and its etcd's restarts are not in t
 			if st.APIError != "" {
 				fmt.Fprintf(w, "API: %s\n", st.APIError)
 			}
+			printEtcd(w, s, st)
 			return nil
 		},
 	}
 	ref.flags(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
+}
+
+// printEtcd writes the etcd part of the status: the members, then an etcdctl line.
+func printEtcd(w io.Writer, s *qemucluster.State, st qemucluster.Status) {
+	e := st.Etcd
+	if e == nil {
+		return
+	}
+	fmt.Fprintln(w, "etcd:")
+	if e.Error != "" {
+		fmt.Fprintf(w, "  membership: %s\n", e.Error)
+	}
+	for _, m := range e.Members {
+		role := "voting"
+		if m.Learner {
+			role = "learner"
+		}
+		if m.Leader {
+			role += ", leader"
+		}
+		if !m.Started {
+			role += ", not started"
+		}
+		fmt.Fprintf(w, "  member %-3s %s (%s)\n", orDefault(m.Name, "?"), m.ID, role)
+	}
+	var eps []string
+	for _, n := range st.Nodes {
+		if n.EtcdEndpoint == "" {
+			continue
+		}
+		eps = append(eps, n.EtcdEndpoint)
+		if v, ok := e.Nodes[n.Name]; ok {
+			sl := e.Slow[n.Name]
+			fmt.Fprintf(w, "  %-14s %s: %s; slow applies %d, slow read indexes %d, leader changes %d\n",
+				n.Name, n.EtcdEndpoint, v, sl.SlowApplies, sl.SlowReadIndexes, sl.LeaderChanges)
+		}
+	}
+	ca, cert, key := s.EtcdClientFiles()
+	fmt.Fprintf(w, "  etcdctl --endpoints %s --cacert %s --cert %s --key %s member list\n", strings.Join(eps, ","), ca, cert, key)
 }

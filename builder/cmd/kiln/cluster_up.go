@@ -36,11 +36,12 @@ With --etcd-nodes 3, etcd runs on three etcd nodes (members a, b, c, 1 vCPU and 
 unless --etcd-cpus/--etcd-memory) and the control planes' API servers use them: the external
 topology, which needs far less CPU per member than a control plane.
 
-Order: the first member is the seed and starts the etcd cluster alone; the others join it
-one at a time as learners and are promoted once they caught up. The seed etcd node starts
-first, the other etcd nodes together once it votes; then the control planes, each once the
-one before it is Ready (a control plane's first minutes take most of a core; several at
-once on a small host time each other out); then the workers. admin.conf's current context
+Order: the etcd nodes start together, as an autoscaling group's machines do: the first
+member is the seed and starts the etcd cluster alone, the others join it one at a time as
+learners and are promoted once they caught up. Then the control planes: of three stacked
+ones, the second once the first one's first boot is done, the third once the first two are
+Ready (a control plane's first minutes take most of a core; several at once on a small host
+time each other out); then the workers. admin.conf's current context
 reaches the first control plane; it has one context per control plane too (kubectl
 --context NAME-cp-2), for when the first is down.
 
