@@ -9,7 +9,7 @@ OUT ?= out
 RUNTIME ?= containerd
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-import e2e-pull e2e-ha components local-sources bench bench-ready bench-serve fuzz vet clean
+.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-import e2e-pull e2e-ha components etcd-component local-sources bench bench-ready bench-idle bench-serve fuzz vet clean
 
 all: build
 
@@ -75,6 +75,11 @@ endif
 components:
 	qemu-tests/e2e/build-components.sh
 
+# The etcd the profiles pin, built from source into $(KILN_E2E_CACHE)/bin (cached): make test
+# runs three of it for initd/etcdmember's tests.
+etcd-component:
+	qemu-tests/e2e/build-components.sh etcd
+
 local-sources: deps components
 	@builder/scripts/deps.sh e2e
 	qemu-tests/e2e/registry.sh start
@@ -102,9 +107,10 @@ image: bake $(OUT)/cluster/demo-cp-1.ign
 	bin/kiln run $(OUT)/$(basename $(notdir $(DEF)))-control-plane.qcow2 --snapshot \
 		--config $(OUT)/cluster/demo-cp-1.ign --disk etcd-main=2G --until-firstboot
 
-# Every test, the QEMU boot tests included (TCG; they need the bases, so they are built first).
+# Every test, the QEMU boot tests included (TCG; they need the bases, so they are built first;
+# initd/etcdmember runs three etcd processes of the pinned version).
 # -v: the boot tests log their timings.
-test: deps build base base-generic base-cloudinit
+test: deps build base base-generic base-cloudinit etcd-component
 	@builder/scripts/deps.sh test
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 60m ./...
@@ -137,15 +143,26 @@ e2e-pull: deps build base
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E_PULL=1 KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 75m -run 'TestE2EClusterWithoutImages' ./qemu-tests/
 
-# Three control planes (each with its etcd disk) and a worker brought up by kiln cluster up from
-# the e2e's images, 1 vCPU each under TCG: etcd's members, a Deployment, a control plane stopped
-# and started, one replaced with a blank etcd disk, every node rebooted (README "End to end").
-# KILN_E2E_HA_IMAGES=DIR reuses baked qemu-control-plane and qemu-worker images.
+# The highly available cluster brought up by kiln cluster up from the e2e's images under TCG
+# (README "End to end"): SHAPE=external (default) — three etcd nodes, each with its etcd disk,
+# one control plane and a worker; SHAPE=stacked — three control planes (1 vCPU, each with its
+# etcd member and disk) and a worker. etcd's members (etcdctl), every node Ready, a Deployment;
+# a member powered off and started again, one replaced with a blank etcd disk, a power cut of
+# every VM. KILN_E2E_HA_IMAGES=DIR reuses baked qemu-control-plane, -worker and -etcd images.
+SHAPE ?= external
 e2e-ha: deps build base
 	@builder/scripts/deps.sh test
 	@builder/scripts/deps.sh e2e
-	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E_HA=1 KILN_ACCEL=tcg \
+	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E_HA=1 KILN_E2E_HA_SHAPE=$(SHAPE) KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 300m -run '^TestE2EHA$$' ./qemu-tests/
+
+# What an idle cluster costs this host under TCG (bench/idle.sh): each VM's CPU and memory
+# 13 minutes after power-on, per component. SHAPE=stacked (one control plane and a worker,
+# default) or external (three etcd nodes too); the images of make bake (ROLE=control-plane,
+# worker, etcd) in $(OUT).
+bench-idle: SHAPE = stacked
+bench-idle: build
+	bench/idle.sh $(SHAPE) $(OUT)
 
 test-unit:
 	$(GO) test -short ./...

@@ -320,6 +320,11 @@ func scanImageForSecrets(t *testing.T, raw string) {
 // control-plane and worker images into e.dir/out; it returns that directory and the
 // directory of the built binaries (kubectl among them).
 func bakeE2EImages(t *testing.T, e *env, pull bool, extra ...string) (out, bin string) {
+	return bakeE2ERoles(t, e, []string{"control-plane", "worker"}, pull, extra...)
+}
+
+// bakeE2ERoles is bakeE2EImages for the roles named (images/qemu.yaml's profiles).
+func bakeE2ERoles(t *testing.T, e *env, roles []string, pull bool, extra ...string) (out, bin string) {
 	t.Helper()
 	root := repoRoot(t)
 	cache := e2eCacheDir()
@@ -353,9 +358,9 @@ func bakeE2EImages(t *testing.T, e *env, pull bool, extra ...string) (out, bin s
 		extra = append(extra, "--without-images")
 	}
 	bakeArgs := append([]string{"--profile-overlay", overlay, "-o", out}, extra...)
-	e2eStep(t, "control-plane and worker images baked", func() {
+	e2eStep(t, strings.Join(roles, ", ")+" images baked", func() {
 		e.run(e.repo, e.kiln, "lock", "images/qemu.yaml", "--profile-overlay", overlay)
-		for _, role := range []string{"control-plane", "worker"} {
+		for _, role := range roles {
 			start := time.Now()
 			e.run(e.repo, e.kiln, append([]string{"bake", "images/qemu.yaml", "--role", role}, bakeArgs...)...)
 			t.Logf("e2e: baked %s in %s", role, time.Since(start).Round(100*time.Millisecond))
@@ -375,7 +380,7 @@ func bakeE2EImages(t *testing.T, e *env, pull bool, extra ...string) (out, bin s
 			}
 		}
 	})
-	for _, role := range []string{"control-plane", "worker"} {
+	for _, role := range roles {
 		logImageSize(t, filepath.Join(out, "qemu-"+role))
 		scanImageForSecrets(t, filepath.Join(out, "qemu-"+role+".raw"))
 	}
