@@ -2,6 +2,7 @@ package qemucluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,40 +16,81 @@ import (
 	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
-// Running returns the pid of node's QEMU, or 0 when it is not running. A pid file whose
-// process is gone, or is some other program (the pid reused), counts as not running.
+// Running returns the pid of node's QEMU, or 0 when it is not running. The pid file records
+// the process kiln started: its pid, its start time and its exact command line; a process
+// that differs in either (the pid reused by another program, a `tail -f` of the node's
+// console, another node's QEMU) or is gone counts as not running.
 func (s *State) Running(node string) int {
-	data, err := os.ReadFile(s.pidFile(node))
-	if err != nil {
+	rec, err := readProcRecord(s.pidFile(node))
+	if err != nil || !rec.alive() {
 		return 0
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return 0
-	}
-	if !processMatches(pid, s.nodeDir(node)) {
-		return 0
-	}
-	return pid
+	return rec.PID
 }
 
-// processMatches reports whether pid is alive and its command line names dir (the node's
-// disks are in it), so a reused pid is not taken for the VM.
-func processMatches(pid int, dir string) bool {
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+// procRecord identifies a process kiln started: pid, start time (clock ticks after boot,
+// /proc/<pid>/stat field 22) and argv. A pid alone is reused; all three together are not.
+type procRecord struct {
+	PID   int      `json:"pid"`
+	Start uint64   `json:"start"`
+	Argv  []string `json:"argv"`
+}
+
+func readProcRecord(path string) (procRecord, error) {
+	var r procRecord
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}
+
+// recordProcess describes the running process pid, started as argv.
+func recordProcess(pid int, argv []string) (procRecord, error) {
+	start, _, err := procStat(pid)
+	if err != nil {
+		return procRecord{}, err
+	}
+	return procRecord{PID: pid, Start: start, Argv: argv}, nil
+}
+
+// alive reports whether the recorded process still runs: same pid, same start time, same
+// command line, not a zombie.
+func (r procRecord) alive() bool {
+	if r.PID <= 0 {
 		return false
 	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	start, state, err := procStat(r.PID)
+	if err != nil || start != r.Start || state == 'Z' {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", r.PID))
 	if err != nil {
 		return false
 	}
-	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		// A zombie (state Z) has exited.
-		if i := strings.LastIndexByte(string(st), ')'); i > 0 && len(st) > i+2 && st[i+2] == 'Z' {
-			return false
-		}
+	return string(cmdline) == strings.Join(r.Argv, "\x00")+"\x00"
+}
+
+// procStat reads a process's start time and state from /proc/<pid>/stat.
+func procStat(pid int) (start uint64, state byte, err error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
 	}
-	return strings.Contains(string(cmdline), dir)
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: no command", pid)
+	}
+	// After the command: state is field 3, start time field 22 (fields counted from 1).
+	f := strings.Fields(string(data)[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: too short", pid)
+	}
+	start, err = strconv.ParseUint(f[19], 10, 64)
+	return start, f[0][0], err
 }
 
 // vmConfig is node n's QEMU machine.
@@ -117,25 +159,40 @@ func (s *State) StartNode(ctx context.Context, name string) error {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
 	argv := append([]string{bin}, args...)
-	if n.Nice > 0 {
-		argv = append([]string{"nice", "-n", strconv.Itoa(n.Nice)}, argv...)
-	}
 	pid, err := startDetached(argv, s.nodeFile(name, qemuLogFile))
 	if err != nil {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
-	if err := atomicfile.Write(s.pidFile(name), []byte(strconv.Itoa(pid)+"\n"), atomicfile.Options{Mode: 0o644}); err != nil {
+	if n.Nice > 0 {
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, pid, n.Nice); err != nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+			return fmt.Errorf("node %s: nice %d: %w", name, n.Nice, err)
+		}
+	}
+	rec, err := recordProcess(pid, argv)
+	if err == nil {
+		err = writeProcRecord(s.pidFile(name), rec)
+	}
+	if err != nil {
 		syscall.Kill(pid, syscall.SIGKILL)
 		return fmt.Errorf("node %s: %w", name, err)
 	}
 	// QEMU fails fast on a bad argument or a locked disk: say so now, not at the Ready wait.
 	time.Sleep(500 * time.Millisecond)
-	if !processMatches(pid, s.nodeDir(name)) {
+	if !rec.alive() {
 		os.Remove(s.pidFile(name))
 		msg, _ := os.ReadFile(s.nodeFile(name, qemuLogFile))
 		return fmt.Errorf("node %s: qemu exited at once: %s", name, strings.TrimSpace(lastLines(string(msg), 5)))
 	}
 	return nil
+}
+
+func writeProcRecord(path string, r procRecord) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(path, append(data, '\n'), atomicfile.Options{Mode: 0o644})
 }
 
 // startDetached starts argv in a session of its own with stdin /dev/null and stdout and
@@ -183,27 +240,29 @@ func (s *State) StopNode(name string, timeout time.Duration) error {
 	if _, err := s.Node(name); err != nil {
 		return err
 	}
-	pid := s.Running(name)
-	if pid == 0 {
+	rec, err := readProcRecord(s.pidFile(name))
+	if err != nil || !rec.alive() {
 		os.Remove(s.pidFile(name))
 		return nil
 	}
-	if err := stopProcess(pid, s.nodeDir(name), timeout); err != nil {
+	if err := stopProcess(rec, timeout); err != nil {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
 	os.Remove(s.pidFile(name))
 	return nil
 }
 
-func stopProcess(pid int, dir string, timeout time.Duration) error {
-	syscall.Kill(pid, syscall.SIGTERM)
+// stopProcess sends SIGTERM to the recorded process, SIGKILL after timeout; it signals
+// nothing once the record no longer matches (the process ended, its pid was reused).
+func stopProcess(r procRecord, timeout time.Duration) error {
+	syscall.Kill(r.PID, syscall.SIGTERM)
 	deadline := time.Now().Add(timeout)
-	for processMatches(pid, dir) {
+	for r.alive() {
 		if time.Now().After(deadline) {
-			syscall.Kill(pid, syscall.SIGKILL)
+			syscall.Kill(r.PID, syscall.SIGKILL)
 			time.Sleep(200 * time.Millisecond)
-			if processMatches(pid, dir) {
-				return fmt.Errorf("qemu (pid %d) survives SIGKILL", pid)
+			if r.alive() {
+				return fmt.Errorf("qemu (pid %d) survives SIGKILL", r.PID)
 			}
 			return nil
 		}

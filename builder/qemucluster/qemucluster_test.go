@@ -351,8 +351,9 @@ func TestCreateRefuses(t *testing.T) {
 	}
 }
 
-// A real process stands in for QEMU: its command line names the node directory, as QEMU's
-// names the node's disks.
+// A real process stands in for QEMU. The pid file records it (pid, start time, argv): a
+// process whose command line merely names the node's directory (a `tail -f` of its console,
+// worker-10's QEMU for worker-1) or that took over the pid is not the node's.
 func TestPidHandling(t *testing.T) {
 	dir := t.TempDir()
 	s := &State{Name: "demo", Dir: dir, Nodes: []Node{{Name: "demo-cp-1", Role: RoleControlPlane}}}
@@ -361,14 +362,42 @@ func TestPidHandling(t *testing.T) {
 	if pid := s.Running(node); pid != 0 {
 		t.Fatalf("no pid file: Running = %d", pid)
 	}
-	pid, err := startDetached([]string{"/bin/sh", "-c", "sleep 60; true", s.nodeDir(node)}, s.nodeFile(node, qemuLogFile))
+	argv := []string{"/bin/sh", "-c", "sleep 60; true", s.nodeDir(node)}
+	pid, err := startDetached(argv, s.nodeFile(node, qemuLogFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stopProcess(pid, s.nodeDir(node), time.Second) })
-	os.WriteFile(s.pidFile(node), []byte(strconv.Itoa(pid)+"\n"), 0o644)
+	rec, err := recordProcess(pid, argv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopProcess(rec, time.Second) })
+	if err := writeProcRecord(s.pidFile(node), rec); err != nil {
+		t.Fatal(err)
+	}
 	if got := s.Running(node); got != pid {
 		t.Fatalf("Running = %d, want %d", got, pid)
+	}
+	// Another process whose command line contains the node's directory, recorded with the
+	// argv kiln would have used: not the node's.
+	other := []string{"/bin/sh", "-c", "sleep 60; true", s.nodeDir(node) + "0"}
+	opid, err := startDetached(other, s.nodeFile(node, qemuLogFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orec, _ := recordProcess(opid, other)
+	t.Cleanup(func() { stopProcess(orec, time.Second) })
+	for _, tc := range []struct {
+		name string
+		rec  procRecord
+	}{
+		{"a process naming the node's directory among other words", procRecord{PID: opid, Start: orec.Start, Argv: argv}},
+		{"the same command line, another start time (a reused pid)", procRecord{PID: pid, Start: rec.Start + 1, Argv: argv}},
+		{"this test's own pid", procRecord{PID: os.Getpid(), Start: rec.Start, Argv: argv}},
+	} {
+		if tc.rec.alive() {
+			t.Errorf("%s: taken for the node's QEMU", tc.name)
+		}
 	}
 	if err := s.StopNode(node, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -379,14 +408,17 @@ func TestPidHandling(t *testing.T) {
 	if _, err := os.Stat(s.pidFile(node)); err == nil {
 		t.Error("stop left the pid file")
 	}
-	// A pid file naming a process that is something else (a reused pid) or gone.
-	os.WriteFile(s.pidFile(node), []byte(strconv.Itoa(os.Getpid())), 0o644)
-	if got := s.Running(node); got != 0 {
-		t.Errorf("pid of another program: Running = %d", got)
+	if !orec.alive() {
+		t.Error("stopping the node ended another process")
 	}
-	os.WriteFile(s.pidFile(node), []byte(strconv.Itoa(pid)), 0o644)
+	// A record of an ended process; an unreadable pid file.
+	writeProcRecord(s.pidFile(node), rec)
 	if got := s.Running(node); got != 0 {
 		t.Errorf("pid of an ended process: Running = %d", got)
+	}
+	os.WriteFile(s.pidFile(node), []byte(strconv.Itoa(opid)+"\n"), 0o644)
+	if got := s.Running(node); got != 0 {
+		t.Errorf("a bare pid (no record): Running = %d", got)
 	}
 	// Stopping a stopped node, or one that does not exist.
 	if err := s.StopNode(node, time.Second); err != nil {
