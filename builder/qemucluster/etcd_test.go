@@ -92,4 +92,3 @@ func TestMemberStatusAndMetrics(t *testing.T) {
 		}
 	}
 }
-

@@ -1,6 +1,7 @@
 package qemucluster
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -36,6 +37,16 @@ storage:
 `, n.MAC, n.Address, subnetBits, subnetPrefix)
 	for _, l := range strings.Split(strings.TrimRight(s.HostsFile(), "\n"), "\n") {
 		b.WriteString("          " + l + "\n")
+	}
+	if len(s.SSHKeys) > 0 {
+		// up --ssh-key: root takes the keys, and the ssh server (installed, not enabled)
+		// runs; its port is forwarded to the host.
+		b.WriteString("passwd:\n  users:\n    - name: root\n      ssh_authorized_keys:\n")
+		for _, k := range s.SSHKeys {
+			q, _ := json.Marshal(k)
+			fmt.Fprintf(&b, "        - %s\n", q)
+		}
+		fmt.Fprintf(&b, "systemd:\n  units:\n    - name: %s\n      enabled: true\n", config.SSHUnit)
 	}
 	return b.String()
 }

@@ -62,6 +62,9 @@ type Options struct {
 	SlowCP       bool   // cluster init --slow-control-plane
 	// WorkerNice lowers the workers' host CPU priority (see vm.Config.Nice).
 	WorkerNice int
+	// SSHKeys are public keys (authorized_keys lines) root accepts on every node, whose ssh
+	// server is then enabled and forwarded to a port on 127.0.0.1; none: no ssh.
+	SSHKeys []string
 }
 
 // Node is one VM of the plan.
@@ -79,7 +82,9 @@ type Node struct {
 	// EtcdPort is the host port forwarded to an etcd member's client port, 2379 (etcd
 	// listens on the node's link address: the forward goes there).
 	EtcdPort int `json:"etcdPort,omitempty"`
-	Nice     int `json:"nice,omitempty"`
+	// SSHPort is the host port forwarded to the node's ssh server (with up --ssh-key).
+	SSHPort int `json:"sshPort,omitempty"`
+	Nice    int `json:"nice,omitempty"`
 }
 
 // State is a cluster's cluster.json.
@@ -94,7 +99,9 @@ type State struct {
 		Etcd         string `json:"etcd,omitempty"`
 	} `json:"images"`
 	EtcdDiskSize string `json:"etcdDiskSize"`
-	Nodes        []Node `json:"nodes"`
+	// SSHKeys are the public keys root accepts on every node (up --ssh-key).
+	SSHKeys []string `json:"sshKeys,omitempty"`
+	Nodes   []Node   `json:"nodes"`
 	// Dir is the state directory (not stored).
 	Dir string `json:"-"`
 }

@@ -109,8 +109,12 @@ func (s *State) vmConfig(n *Node) vm.Config {
 	if n.EtcdMember != "" {
 		cfg.Disks = []vm.Disk{{Name: EtcdDiskSerial, Path: s.EtcdDisk(n.Name)}}
 	}
+	cfg.Forward = map[string]int{}
 	if n.Role == RoleControlPlane {
-		cfg.Forward = map[string]int{fmt.Sprintf("127.0.0.1:%d", n.APIPort): 6443}
+		cfg.Forward[fmt.Sprintf("127.0.0.1:%d", n.APIPort)] = 6443
+	}
+	if n.SSHPort != 0 {
+		cfg.Forward[fmt.Sprintf("127.0.0.1:%d", n.SSHPort)] = 22
 	}
 	if n.EtcdPort != 0 {
 		// etcd listens on the node's link address (and loopback), not on the user network's.

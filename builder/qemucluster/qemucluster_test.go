@@ -256,7 +256,9 @@ func TestCreateLayout(t *testing.T) {
 func TestCreateExternalEtcd(t *testing.T) {
 	images := fakeImages(t, RoleControlPlane, RoleWorker, RoleEtcd)
 	state := filepath.Join(t.TempDir(), "demo")
-	o := Options{Name: "demo", ControlPlanes: 1, Workers: 1, EtcdNodes: 3, ImageDir: images, StateDir: state, Accel: "tcg"}
+	key := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl test@kiln"
+	o := Options{Name: "demo", ControlPlanes: 1, Workers: 1, EtcdNodes: 3, ImageDir: images, StateDir: state, Accel: "tcg",
+		SSHKeys: []string{key}}
 	s, err := Create(context.Background(), o, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -283,6 +285,20 @@ func TestCreateExternalEtcd(t *testing.T) {
 	json.Unmarshal(out, &info)
 	if want := filepath.Join(images, "qemu-etcd.qcow2"); info.Backing != want {
 		t.Errorf("etcd-2's disk is backed by %q, want %s", info.Backing, want)
+	}
+	// --ssh-key: every node lets root in with the key, runs its ssh server, has a port.
+	for _, n := range s.Nodes {
+		raw, _ := os.ReadFile(filepath.Join(state, "nodes", n.Name, "config.ign"))
+		c, err := config.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if users := c.SSHUsers(); len(users) != 1 || users[0] != "root" || !strings.Contains(string(raw), key) {
+			t.Errorf("%s: ssh users %v", n.Name, users)
+		}
+		if n.SSHPort == 0 || !strings.Contains(string(raw), `"name":"ssh.service"`) {
+			t.Errorf("%s: ssh port %d, ssh.service not enabled", n.Name, n.SSHPort)
+		}
 	}
 	raw, _ := os.ReadFile(filepath.Join(state, "init/demo-cp-1.ign"))
 	c, err := config.Parse(raw)

@@ -22,6 +22,8 @@ type NodeStatus struct {
 	APIPort int    `json:"apiPort,omitempty"`
 	// EtcdEndpoint is the host's client URL of the node's etcd member.
 	EtcdEndpoint string `json:"etcdEndpoint,omitempty"`
+	// SSH is the command that logs in as root on the node (up --ssh-key).
+	SSH string `json:"ssh,omitempty"`
 	// FirstBoot is the last first-boot status line's outcome and detail, "" before one.
 	FirstBoot string `json:"firstBoot"`
 	// Etcd is what the latest boot said of the node's etcd member (a member of several):
@@ -69,7 +71,7 @@ func (s *State) Status(ctx context.Context) Status {
 	}
 	for _, n := range s.Nodes {
 		c := s.console(n.Name)
-		ns := NodeStatus{Name: n.Name, Role: n.Role, Address: n.Address, APIPort: n.APIPort, EtcdEndpoint: n.EtcdEndpoint(),
+		ns := NodeStatus{Name: n.Name, Role: n.Role, Address: n.Address, APIPort: n.APIPort, EtcdEndpoint: n.EtcdEndpoint(), SSH: n.sshCommand(),
 			FirstBoot: c.FirstBoot, Etcd: c.Etcd, Ready: ready[n.Name].Status, Console: s.ConsoleLog(n.Name)}
 		if r, ok := restarts[n.Name]; ok || (restarts != nil && n.Role != RoleEtcd) {
 			ns.Restarts = &r
@@ -161,3 +163,12 @@ func procUsage(pid int) (int64, float64) {
 
 // clockTicks is USER_HZ, 100 on Linux.
 const clockTicks = 100
+
+// sshCommand logs in as root on node n through its forwarded port; "" without one. The host
+// key is new on every fresh node, so the command does not record it.
+func (n Node) sshCommand() string {
+	if n.SSHPort == 0 {
+		return ""
+	}
+	return fmt.Sprintf("ssh -p %d -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null root@127.0.0.1", n.SSHPort)
+}

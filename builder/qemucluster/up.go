@@ -46,18 +46,25 @@ func Create(ctx context.Context, o Options, now time.Time) (*State, error) {
 		}
 	}
 	// One pick of free ports for all, so that no two are the same.
-	free, err := apiPorts(0, o.ControlPlanes+o.members())
+	sshPorts := 0
+	if len(o.SSHKeys) > 0 {
+		sshPorts = o.EtcdNodes + o.ControlPlanes + o.Workers
+	}
+	free, err := apiPorts(0, o.ControlPlanes+o.members()+sshPorts)
 	if err != nil {
 		return nil, err
 	}
-	ports, etcdPorts := free[:o.ControlPlanes], free[o.ControlPlanes:]
+	ports, etcdPorts, ssh := free[:o.ControlPlanes], free[o.ControlPlanes:o.ControlPlanes+o.members()], free[o.ControlPlanes+o.members():]
 	if o.APIPort != 0 {
 		if ports, err = apiPorts(o.APIPort, o.ControlPlanes); err != nil {
 			return nil, err
 		}
 	}
 	s := &State{Name: o.Name, Zone: o.Zone, Accel: o.Accel, Link: linkName(o.Name), EtcdDiskSize: o.EtcdDiskSize,
-		Nodes: plan(o, ports, etcdPorts), Dir: o.StateDir}
+		Nodes: plan(o, ports, etcdPorts), Dir: o.StateDir, SSHKeys: o.SSHKeys}
+	for i := range ssh {
+		s.Nodes[i].SSHPort = ssh[i]
+	}
 	s.Images.ControlPlane, s.Images.Worker, s.Images.Etcd = cpImage, workerImage, etcdImage
 
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {

@@ -74,6 +74,11 @@ certificate.`,
 				fmt.Fprintf(w, "API: %s\n", st.APIError)
 			}
 			printEtcd(w, s, st)
+			for _, n := range st.Nodes {
+				if n.SSH != "" {
+					fmt.Fprintf(w, "ssh %s: %s\n", n.Name, n.SSH)
+				}
+			}
 			return nil
 		},
 	}

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/spf13/cobra"
 
@@ -15,9 +18,10 @@ import (
 
 func newClusterUpCmd() *cobra.Command {
 	var (
-		o       qemucluster.Options
-		accel   string
-		timeout time.Duration
+		o        qemucluster.Options
+		accel    string
+		timeout  time.Duration
+		sshFiles []string
 	)
 	cmd := &cobra.Command{
 		Use:   "up --name NAME [--control-planes 1|3] [--etcd-nodes 0|1|3|5] [--workers N] [--image-dir out]",
@@ -72,6 +76,9 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
       --cp-cpus 1 --worker-cpus 1 --timeout 90m
   KUBECONFIG=~/.local/state/kiln/clusters/demo/admin.conf kubectl --context demo-cp-2 get nodes
 
+  # ssh into the nodes as root (kiln cluster status prints each node's ssh command)
+  kiln cluster up --name demo --etcd-nodes 3 --image-dir out --ssh-key ~/.ssh/id_ed25519.pub
+
   # one control plane and one worker, state in ./demo
   kiln cluster up --name demo --state-dir demo --image-dir out
   kiln cluster status --state-dir demo
@@ -80,6 +87,9 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			var err error
+			if o.SSHKeys, err = readSSHKeys(sshFiles); err != nil {
+				return err
+			}
 			if o.Accel, err = clusterAccel(ctx, accel, o); err != nil {
 				return err
 			}
@@ -131,6 +141,7 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 	f.IntVar(&o.APIPort, "api-port", 0, "host port of the first control plane's API, the next ones on the following ports (default: free ports)")
 	f.BoolVar(&o.SlowCP, "slow-control-plane", false, "longer leader-election and etcd Raft timings, for emulated or shared CPUs (as cluster init --slow-control-plane); default on under TCG")
 	f.DurationVar(&timeout, "timeout", 60*time.Minute, "how long to wait for every node to be Ready")
+	f.StringArrayVar(&sshFiles, "ssh-key", nil, "public key file (authorized_keys format) root accepts on every node; enables each node's ssh server on a port of 127.0.0.1 that kiln cluster status names (repeatable)")
 	cmd.MarkFlagRequired("name")
 	return cmd
 }
@@ -161,4 +172,35 @@ func clusterAccel(ctx context.Context, want string, o qemucluster.Options) (stri
 	}
 	a, _, err := vm.ChooseAccel(ctx, "auto", bf.Kernel)
 	return a, err
+}
+
+// readSSHKeys reads the authorized_keys lines of files: every line that is not empty or a
+// comment must be a public key.
+func readSSHKeys(files []string) ([]string, error) {
+	var keys []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("--ssh-key: %w", err)
+		}
+		n := 0
+		for i, l := range strings.Split(string(data), "\n") {
+			l = strings.TrimSpace(l)
+			if l == "" || strings.HasPrefix(l, "#") {
+				continue
+			}
+			if strings.Contains(l, "PRIVATE KEY") {
+				return nil, fmt.Errorf("--ssh-key %s:%d: a private key; give the public one (%s.pub)", f, i+1, f)
+			}
+			if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(l)); err != nil {
+				return nil, fmt.Errorf("--ssh-key %s:%d: not a public key: %w", f, i+1, err)
+			}
+			keys = append(keys, l)
+			n++
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("--ssh-key %s: no public key in it", f)
+		}
+	}
+	return keys, nil
 }

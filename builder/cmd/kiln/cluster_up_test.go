@@ -11,6 +11,10 @@ import (
 // what to do. (Booting is make e2e-ha's.)
 func TestClusterUpVerbsErrors(t *testing.T) {
 	empty := t.TempDir()
+	keys := t.TempDir()
+	os.WriteFile(filepath.Join(keys, "id"), []byte("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----\n"), 0o600)
+	os.WriteFile(filepath.Join(keys, "junk.pub"), []byte("# mine\nssh-ed25519 not-base64 me@host\n"), 0o644)
+	os.WriteFile(filepath.Join(keys, "empty.pub"), []byte("# nothing\n\n"), 0o644)
 	tests := []struct {
 		name string
 		args []string
@@ -24,6 +28,12 @@ func TestClusterUpVerbsErrors(t *testing.T) {
 			[]string{"--control-planes 2"}},
 		{"up without images", []string{"cluster", "up", "--name", "demo", "--accel", "tcg", "--image-dir", empty, "--state-dir", filepath.Join(empty, "b")},
 			[]string{"no control-plane image", "kiln bake"}},
+		{"up with a private key as --ssh-key", []string{"cluster", "up", "--name", "demo", "--accel", "tcg", "--ssh-key", filepath.Join(keys, "id"), "--state-dir", filepath.Join(empty, "d")},
+			[]string{"id:1: a private key; give the public one"}},
+		{"up with a malformed key", []string{"cluster", "up", "--name", "demo", "--accel", "tcg", "--ssh-key", filepath.Join(keys, "junk.pub"), "--state-dir", filepath.Join(empty, "e")},
+			[]string{"junk.pub:2: not a public key"}},
+		{"up with a key file without keys", []string{"cluster", "up", "--name", "demo", "--accel", "tcg", "--ssh-key", filepath.Join(keys, "empty.pub"), "--state-dir", filepath.Join(empty, "f")},
+			[]string{"empty.pub: no public key"}},
 		{"up with a bad accelerator", []string{"cluster", "up", "--name", "demo", "--accel", "xen", "--state-dir", filepath.Join(empty, "c")},
 			[]string{`--accel "xen"`}},
 	}
