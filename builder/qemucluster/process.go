@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -163,15 +164,9 @@ func (s *State) StartNode(ctx context.Context, name string) error {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
 	argv := append([]string{bin}, args...)
-	pid, err := startDetached(argv, s.nodeFile(name, qemuLogFile))
+	pid, err := startDetached(argv, s.nodeFile(name, qemuLogFile), n.Nice)
 	if err != nil {
 		return fmt.Errorf("node %s: %w", name, err)
-	}
-	if n.Nice > 0 {
-		if err := syscall.Setpriority(syscall.PRIO_PROCESS, pid, n.Nice); err != nil {
-			syscall.Kill(pid, syscall.SIGKILL)
-			return fmt.Errorf("node %s: nice %d: %w", name, n.Nice, err)
-		}
 	}
 	rec, err := recordProcess(pid, argv)
 	if err == nil {
@@ -200,9 +195,11 @@ func writeProcRecord(path string, r procRecord) error {
 }
 
 // startDetached starts argv in a session of its own with stdin /dev/null and stdout and
-// stderr appended to logPath, and does not wait for it: it outlives this process. It returns
-// once the process's command line is readable.
-func startDetached(argv []string, logPath string) (int, error) {
+// stderr appended to logPath, and does not wait for it: it outlives this process. With nice
+// above 0 the process starts with that niceness: every one of its threads has it (a
+// setpriority after the start reaches only the threads that exist then; QEMU makes its vCPU
+// threads early). It returns once the process's command line is readable.
+func startDetached(argv []string, logPath string, nice int) (int, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return 0, err
@@ -217,9 +214,11 @@ func startDetached(argv []string, logPath string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("start %s: %w", argv[0], err)
 	}
-	p, err := os.StartProcess(path, argv, &os.ProcAttr{
-		Files: []*os.File{null, logf, logf},
-		Sys:   &syscall.SysProcAttr{Setsid: true},
+	p, err := startNiced(nice, func() (*os.Process, error) {
+		return os.StartProcess(path, argv, &os.ProcAttr{
+			Files: []*os.File{null, logf, logf},
+			Sys:   &syscall.SysProcAttr{Setsid: true},
+		})
 	})
 	if err != nil {
 		return 0, fmt.Errorf("start %s: %w", argv[0], err)
@@ -236,6 +235,39 @@ func startDetached(argv []string, logPath string) (int, error) {
 		}
 	}
 	return pid, nil
+}
+
+// startNiced runs start, which forks, on an OS thread of its own whose niceness is nice (when
+// above 0): the child inherits it from the forking thread before it runs anything. The thread
+// is never given back to the Go runtime (its goroutine ends locked to it, so the runtime ends
+// it): a thread's niceness cannot be lowered again without privilege.
+func startNiced(nice int, start func() (*os.Process, error)) (*os.Process, error) {
+	if nice <= 0 {
+		return start()
+	}
+	type result struct {
+		p   *os.Process
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		// On Linux, PRIO_PROCESS with who 0 is the calling thread, and Getpriority answers
+		// 20 - nice. A thread already nicer than asked is left as it is.
+		if raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0); err == nil && 20-raw >= nice {
+			p, err := start()
+			done <- result{p, err}
+			return
+		}
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, 0, nice); err != nil {
+			done <- result{err: fmt.Errorf("nice %d: %w", nice, err)}
+			return
+		}
+		p, err := start()
+		done <- result{p, err}
+	}()
+	r := <-done
+	return r.p, r.err
 }
 
 // StopNode ends node's QEMU: SIGTERM (QEMU flushes its disks), SIGKILL after timeout. The

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -379,7 +380,7 @@ func TestPidHandling(t *testing.T) {
 		t.Fatalf("no pid file: Running = %d", pid)
 	}
 	argv := []string{"/bin/sh", "-c", "sleep 60; true", s.nodeDir(node)}
-	pid, err := startDetached(argv, s.nodeFile(node, qemuLogFile))
+	pid, err := startDetached(argv, s.nodeFile(node, qemuLogFile), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +398,7 @@ func TestPidHandling(t *testing.T) {
 	// Another process whose command line contains the node's directory, recorded with the
 	// argv kiln would have used: not the node's.
 	other := []string{"/bin/sh", "-c", "sleep 60; true", s.nodeDir(node) + "0"}
-	opid, err := startDetached(other, s.nodeFile(node, qemuLogFile))
+	opid, err := startDetached(other, s.nodeFile(node, qemuLogFile), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,4 +510,57 @@ func TestReadySince(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A niced node's process has its niceness from its first instruction: so do the processes
+// and threads it starts at once (QEMU's vCPU threads), and kiln's own threads keep theirs.
+func TestStartDetachedNice(t *testing.T) {
+	dir := t.TempDir()
+	own, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{"/bin/sh", "-c", "sleep 60 & wait"}
+	pid, err := startDetached(argv, filepath.Join(dir, "log"), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := recordProcess(pid, argv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL); stopProcess(rec, time.Second) })
+	var child int
+	for deadline := time.Now().Add(5 * time.Second); child == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		c, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		fmt.Sscan(string(c), &child)
+	}
+	if child == 0 {
+		t.Fatal("the shell started no child")
+	}
+	want := max(7, niceOf(t, os.Getpid()))
+	for _, p := range []int{pid, child} {
+		if got := niceOf(t, p); got != want {
+			t.Errorf("process %d runs at nice %d, want %d", p, got, want)
+		}
+	}
+	if got, _ := syscall.Getpriority(syscall.PRIO_PROCESS, 0); got != own {
+		t.Errorf("this process's priority changed from %d to %d", own, got)
+	}
+}
+
+// niceOf reads a process's niceness from /proc/PID/stat (field 19).
+func niceOf(t *testing.T, pid int) int {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(raw)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	n, err := strconv.Atoi(fields[16])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
