@@ -19,7 +19,26 @@
 // mismatch refuses the start, naming the file), every machine's config is rendered and
 // checked with the node's own parser (initd/config), and the sha256 doubles as the file's
 // strong ETag. Requests can reach nothing else: URL paths are looked up in that table, never
-// joined to a directory.
+// joined to a directory. Only regular files are read, each opened non-blocking after a stat
+// and checked again once open, so a FIFO cannot hold the server; a file whose inode, size,
+// mtime or ctime changed since it was hashed is answered 503, not served under its ETag.
+//
+// # Secrets
+//
+// Nothing a server hands out is authenticated, so every group's config is scanned with the
+// bake's secret scanner (bake.ScanSecrets) over the files and units it writes, once per
+// config file. Load refuses a config holding a private key or a token, naming the file, the
+// machines it would go to and what it holds, unless Options.AllowSecrets, which logs one
+// warning per config file instead.
+//
+// # Limits
+//
+// A response must take 256 KiB per StallTimeout: its write deadline moves ahead before each
+// 256 KiB, so a stalled client is cut and a slow one that keeps moving is not. Serve holds at
+// most MaxConns connections, bounds the wait for a request's header and a kept-alive
+// connection's idleness, refuses a request with a body (400) and a Range header of more than
+// 16 ranges (416). The TFTP server runs at most as many transfers as it is given and refuses
+// more at once.
 //
 // # Per-machine configs
 //

@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kilnproject/kiln/internal/nodeimage"
@@ -27,6 +29,8 @@ type servedFile struct {
 	sha256  string
 	size    int64
 	modTime time.Time
+	// ident is the file as it was hashed; a request finding another is refused.
+	ident fileIdent
 }
 
 // etag is the file's strong ETag: its sha256, computed once at startup.
@@ -60,7 +64,7 @@ func (t *fileTable) image(name string) (*image, error) {
 		return im, nil
 	}
 	mdPath := filepath.Join(t.dir, name+".json")
-	data, err := os.ReadFile(mdPath)
+	data, err := readRegular(mdPath)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w (bake it into %s)", name, err, t.dir)
 	}
@@ -116,7 +120,7 @@ func (t *fileTable) installImage(im *image, file string) (*servedFile, error) {
 
 // readSHA256File reads a digest in sha256sum's format ("<hex>  <name>") for file.
 func readSHA256File(p, file string) (string, error) {
-	f, err := os.Open(p)
+	f, _, err := openRegular(os.Stat, os.OpenFile, p)
 	if err != nil {
 		return "", fmt.Errorf("no digest beside it: %w (write it with sha256sum %s > %s.sha256)", err, file, file)
 	}
@@ -164,23 +168,98 @@ func (t *fileTable) add(name, want string, size int64) (*servedFile, error) {
 	return f, nil
 }
 
-// hashFile reads p once: its sha256, size and modification time.
+// hashFile reads p once: its sha256, size and modification time. A file that changed
+// while it was read is refused.
 func hashFile(p string) (*servedFile, error) {
-	fh, err := os.Open(p)
+	fh, fi, err := openRegular(os.Stat, os.OpenFile, p)
 	if err != nil {
 		return nil, err
 	}
 	defer fh.Close()
-	fi, err := fh.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", p)
-	}
 	h := sha256.New()
 	if _, err := io.Copy(h, fh); err != nil {
 		return nil, fmt.Errorf("read %s: %w", p, err)
 	}
-	return &servedFile{path: p, sha256: hex.EncodeToString(h.Sum(nil)), size: fi.Size(), modTime: fi.ModTime()}, nil
+	if after, err := fh.Stat(); err != nil || identOf(after) != identOf(fi) {
+		return nil, fmt.Errorf("%s changed while it was hashed", p)
+	}
+	return &servedFile{path: p, sha256: hex.EncodeToString(h.Sum(nil)), size: fi.Size(), modTime: fi.ModTime(), ident: identOf(fi)}, nil
+}
+
+// fileIdent tells that a file's contents may have changed without reading them: a file
+// renamed or copied over it is another inode, and a write to it moves its ctime, which
+// (unlike its mtime) cannot be set back.
+type fileIdent struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64 // ns since the epoch
+}
+
+func identOf(fi fs.FileInfo) fileIdent {
+	id := fileIdent{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		sec, nsec := st.Ctim.Unix()
+		id.dev, id.ino, id.ctime = uint64(st.Dev), st.Ino, sec*1e9+nsec
+	}
+	return id
+}
+
+// readRegular reads the regular file p (openRegular: a FIFO is refused, not waited on).
+func readRegular(p string) ([]byte, error) {
+	f, _, err := openRegular(os.Stat, os.OpenFile, p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", p, err)
+	}
+	return data, nil
+}
+
+// errNotRegular is openRegular's refusal of anything but a regular file.
+var errNotRegular = errors.New("not a regular file")
+
+// openRegular opens name for reading if it is a regular file, with stat and open (os's, or
+// an os.Root's). Anything else is refused before it is opened: opening a FIFO waits for a
+// writer, a device may do anything. The open is non-blocking, so that a FIFO put in its
+// place after the stat cannot hold it either, and what it opened is checked again.
+func openRegular(stat func(string) (fs.FileInfo, error), open func(string, int, fs.FileMode) (*os.File, error), name string) (*os.File, fs.FileInfo, error) {
+	fi, err := stat(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s is %s, %w", name, kindOf(fi.Mode()), errNotRegular)
+	}
+	f, err := open(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	if fi, err = f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, fmt.Errorf("%s is %s, %w", name, kindOf(fi.Mode()), errNotRegular)
+	}
+	return f, fi, nil
+}
+
+// kindOf names a file type that is not a regular file's.
+func kindOf(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	}
+	return "of type " + m.Type().String()
 }

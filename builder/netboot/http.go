@@ -23,7 +23,8 @@ import (
 //	GET /images/<name>                   a file checked at startup (Range, strong ETag)
 //	GET /healthz                         "ok"
 //
-// and logs one line per request.
+// and logs one line per request. A response whose client stops reading is cut after the
+// stall timeout; a Range header of more than 16 ranges is refused.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /boot.ipxe", s.bootScript)
@@ -33,7 +34,7 @@ func (s *Server) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
 	})
-	return s.accessLog(mux)
+	return s.accessLog(s.limits(mux))
 }
 
 // ident is what a machine says about itself in /boot.ipxe's query, normalised; "" when
@@ -120,26 +121,30 @@ func (s *Server) configFile(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(e.config))
 }
 
-// imageFile serves a file hashed at startup. One that changed on disk since then (size or
-// modification time) is refused rather than served under its old ETag.
+// imageFile serves a file hashed at startup. One that may have changed on disk since then
+// (another inode, size, mtime or ctime; not a regular file any more) is refused rather than
+// served under its old ETag.
 func (s *Server) imageFile(w http.ResponseWriter, r *http.Request) {
 	f := s.files[r.PathValue("name")]
 	if f == nil {
 		http.NotFound(w, r)
 		return
 	}
-	fh, err := os.Open(f.path)
-	if err != nil {
+	fh, fi, err := openRegular(os.Stat, os.OpenFile, f.path)
+	if err != nil && !errors.Is(err, errNotRegular) {
 		s.log.Error("open served file", "file", f.path, "error", err)
 		http.Error(w, "cannot read "+f.name, http.StatusInternalServerError)
 		return
 	}
-	defer fh.Close()
-	if fi, err := fh.Stat(); err != nil || fi.Size() != f.size || !fi.ModTime().Equal(f.modTime) {
+	if err != nil || identOf(fi) != f.ident {
+		if fh != nil {
+			fh.Close()
+		}
 		s.log.Error("served file changed since startup; restart kiln serve to check it again", "file", f.path)
 		http.Error(w, f.name+" changed since kiln serve started", http.StatusServiceUnavailable)
 		return
 	}
+	defer fh.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("ETag", f.etag())
 	http.ServeContent(w, r, "", f.modTime, fh)
@@ -164,16 +169,19 @@ func (s *Server) baseURL(r *http.Request) (string, error) {
 }
 
 // Serve answers HTTP on ln until ctx ends, then stops accepting, lets requests in flight
-// finish for up to drain and closes what is left.
+// finish for up to drain and closes what is left. It holds at most MaxConns connections
+// at once (more wait to be accepted); there is no bound on a whole transfer's time, only
+// on a stall (StallTimeout), on sending a request's header (readHeaderTimeout) and on a
+// kept-alive connection's idleness (idleTimeout).
 func (s *Server) Serve(ctx context.Context, ln net.Listener, drain time.Duration) error {
 	srv := &http.Server{
 		Handler:           s.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(limitConns(ln, s.maxConns, s.log)) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve http: %w", err)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kilnproject/kiln/initd/config"
 )
@@ -224,16 +225,80 @@ func TestHealthzAndAccessLog(t *testing.T) {
 		"msg=http method=GET path=/images/metal-worker-pxe/initrd.img status=200 bytes=5000 duration=", "remote=127.0.0.1:")
 }
 
-// A file that changes after startup is refused rather than served under its old ETag.
+// A file that changes after startup is refused rather than served under its old ETag, even
+// with the same size and modification time; one that is no longer a regular file is refused
+// without being opened (a FIFO would hold the request until someone writes to it).
 func TestChangedFileRefused(t *testing.T) {
-	dir := fixture(t)
-	ts, logs := startServer(t, Options{Dir: dir})
-	writeFile(t, filepath.Join(dir, "metal-worker-pxe", "rootfs.img"), "changed")
-	resp, body := get(t, ts.URL+"/images/metal-worker-pxe/rootfs.img", "")
-	if resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(body, "changed\n") && len(body) == 7 {
-		t.Errorf("status %d, want 503", resp.StatusCode)
+	for _, tc := range []struct {
+		name string
+		// change changes p (the file old describes); regular: it leaves a regular file of
+		// old's size and modification time.
+		change  func(t *testing.T, p string, old os.FileInfo)
+		regular bool
+	}{
+		{"rewritten, other size", func(t *testing.T, p string, _ os.FileInfo) {
+			writeFile(t, p, "changed")
+		}, false},
+		{"rewritten in place, same size and mtime", func(t *testing.T, p string, old os.FileInfo) {
+			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteAt([]byte("CHANGED"), 100); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(p, old.ModTime(), old.ModTime()); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"replaced by rename, same size and mtime", func(t *testing.T, p string, old os.FileInfo) {
+			writeFile(t, p+".new", strings.Repeat("x", int(old.Size())))
+			if err := os.Chtimes(p+".new", old.ModTime(), old.ModTime()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(p+".new", p); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"replaced by a FIFO", func(t *testing.T, p string, _ os.FileInfo) {
+			mkfifo(t, p)
+			t.Cleanup(func() { // frees a request waiting to open it, before the server closes
+				if f, err := os.OpenFile(p, os.O_RDWR, 0); err == nil {
+					f.Close()
+				}
+			})
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := fixture(t)
+			p := filepath.Join(dir, "metal-worker-pxe", "rootfs.img")
+			old, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts, logs := startServer(t, Options{Dir: dir})
+			time.Sleep(20 * time.Millisecond) // past the kernel's clock tick, which ctimes are taken from
+			tc.change(t, p, old)
+			if tc.regular {
+				fi, err := os.Stat(p)
+				if err != nil || fi.Size() != old.Size() || !fi.ModTime().Equal(old.ModTime()) {
+					t.Fatalf("the change left %v, %v; want %d bytes of %s", fi, err, old.Size(), old.ModTime())
+				}
+			}
+			client := &http.Client{Timeout: 5 * time.Second}
+			resp, err := client.Get(ts.URL + "/images/metal-worker-pxe/rootfs.img")
+			if err != nil {
+				t.Fatalf("GET: %v; want 503", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				t.Errorf("status %d (%d bytes, ETag %s), want 503", resp.StatusCode, len(body), resp.Header.Get("ETag"))
+			}
+			logged(t, logs, "served file changed since startup")
+		})
 	}
-	logged(t, logs, "served file changed since startup")
 }
 
 // Following a machine's script works: every URL in it answers, and what the sha256

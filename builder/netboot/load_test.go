@@ -6,8 +6,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
+
+// mkfifo replaces p with a FIFO that nothing writes to.
+func mkfifo(t *testing.T, p string) {
+	t.Helper()
+	os.Remove(p)
+	if err := syscall.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // A machines.yaml with a mistake is refused with its file, line and field.
 func TestMachinesErrors(t *testing.T) {
@@ -81,13 +92,13 @@ func TestLoadRefuses(t *testing.T) {
 		}, []string{"machines.yaml:3: groups[0].image: image metal-worker: ", "metal-worker-pxe/rootfs.img: sha256 ", "was recorded: the file changed since the bake"}},
 		{"kernel missing", func(t *testing.T, dir string) {
 			os.Remove(filepath.Join(dir, "metal-control-plane-pxe", "vmlinuz"))
-		}, []string{"machines.yaml:14: groups[1].image: image metal-control-plane: open ", "metal-control-plane-pxe/vmlinuz: no such file"}},
+		}, []string{"machines.yaml:14: groups[1].image: image metal-control-plane: ", "metal-control-plane-pxe/vmlinuz: no such file"}},
 		{"raw image changed", func(t *testing.T, dir string) {
 			writeFile(t, filepath.Join(dir, "metal-control-plane.raw"), "x")
 		}, []string{"machines.yaml:16: groups[1].install: ", "metal-control-plane.raw: sha256"}},
 		{"no metadata", func(t *testing.T, dir string) {
 			os.Remove(filepath.Join(dir, "metal-worker.json"))
-		}, []string{"groups[0].image: image metal-worker: open ", "metal-worker.json: no such file"}},
+		}, []string{"groups[0].image: image metal-worker: stat ", "metal-worker.json: no such file"}},
 		{"bad Butane config", func(t *testing.T, dir string) {
 			writeFile(t, filepath.Join(dir, "cp.bu"), "variant: fcos\nversion: 1.6.0\nstorage:\n  filez: []\n")
 		}, []string{"machines.yaml:17: groups[1].config: ", "cp.bu: parse config: ", "filez", "line 4"}},
@@ -102,12 +113,36 @@ func TestLoadRefuses(t *testing.T) {
 		}, []string{"groups[1].machines[0]: machine cp-1: etcdMember a needs a node config with etcd.members", "cp.bu writes no /etc/kiln/node.yaml"}},
 		{"config missing", func(t *testing.T, dir string) {
 			os.Remove(filepath.Join(dir, "worker.ign"))
-		}, []string{"machines.yaml:5: groups[0].config: open ", "worker.ign: no such file"}},
+		}, []string{"machines.yaml:5: groups[0].config: stat ", "worker.ign: no such file"}},
+		// A FIFO is refused, not opened: opening one waits for a writer.
+		{"a FIFO as a pxe file", func(t *testing.T, dir string) {
+			mkfifo(t, filepath.Join(dir, "metal-worker-pxe", "rootfs.img"))
+		}, []string{"machines.yaml:3: groups[0].image: image metal-worker: ", "metal-worker-pxe/rootfs.img is a FIFO, not a regular file"}},
+		{"a FIFO as the metadata", func(t *testing.T, dir string) {
+			mkfifo(t, filepath.Join(dir, "metal-worker.json"))
+		}, []string{"machines.yaml:3: groups[0].image: image metal-worker: ", "metal-worker.json is a FIFO, not a regular file"}},
+		{"a FIFO as a config", func(t *testing.T, dir string) {
+			mkfifo(t, filepath.Join(dir, "worker.ign"))
+		}, []string{"machines.yaml:5: groups[0].config: ", "worker.ign is a FIFO, not a regular file"}},
+		{"a FIFO as machines.yaml", func(t *testing.T, dir string) {
+			mkfifo(t, filepath.Join(dir, "machines.yaml"))
+		}, []string{"machines: ", "machines.yaml is a FIFO, not a regular file"}},
+		{"a directory as the install image", func(t *testing.T, dir string) {
+			os.Remove(filepath.Join(dir, "metal-control-plane.raw"))
+			os.Mkdir(filepath.Join(dir, "metal-control-plane.raw"), 0o755)
+		}, []string{"machines.yaml:16: groups[1].install: ", "metal-control-plane.raw is a directory, not a regular file"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := fixture(t)
 			tc.break_(t, dir)
-			_, err := Load(Options{Dir: dir})
+			done := make(chan error, 1)
+			go func() { _, err := Load(Options{Dir: dir}); done <- err }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("Load did not return: it waits on a file")
+			}
 			if err == nil {
 				t.Fatal("Load succeeded")
 			}

@@ -3,7 +3,6 @@ package netboot
 import (
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -87,7 +86,7 @@ func (s Selector) empty() bool { return len(s.MACs)+len(s.UUIDs)+len(s.Hostnames
 // LoadMachines reads and checks machines.yaml at path. Every problem is reported, each as
 // "file:line: field: problem"; a MAC, UUID or hostname claimed twice is one.
 func LoadMachines(path string) (*Machines, error) {
-	data, err := os.ReadFile(path)
+	data, err := readRegular(path)
 	if err != nil {
 		return nil, fmt.Errorf("machines: %w", err)
 	}

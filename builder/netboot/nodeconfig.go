@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
 	"path"
 
 	"github.com/coreos/ignition/v2/config/v3_6/types"
@@ -30,7 +29,7 @@ type groupConfig struct {
 // loadGroupConfig reads, parses and checks a node config as first boot would: Ignition JSON
 // or Butane YAML, kiln's supported fields only, and the node.yaml it writes.
 func loadGroupConfig(path string) (*groupConfig, error) {
-	raw, err := os.ReadFile(path)
+	raw, err := readRegular(path)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package netboot
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -22,14 +23,31 @@ type Options struct {
 	// AdvertiseURL is the base URL scripts and kernel parameters use (http://10.0.0.2:8080,
 	// or an https URL of a proxy in front); "" takes it from each request's Host.
 	AdvertiseURL string
-	Log          *slog.Logger
+	// AllowSecrets serves configs that hold private keys or tokens, with a warning per
+	// config file; without it Load refuses them.
+	AllowSecrets bool
+	// StallTimeout cuts a response whose client takes less than 256 KiB of it in that
+	// long; 0 means DefaultStallTimeout.
+	StallTimeout time.Duration
+	// MaxConns is how many connections Serve holds open at once; more wait to be
+	// accepted. 0 means DefaultMaxConns.
+	MaxConns int
+	Log      *slog.Logger
 }
+
+// Defaults of Options' limits.
+const (
+	DefaultStallTimeout = 2 * time.Minute
+	DefaultMaxConns     = 1024
+)
 
 // Server answers machines booting from the network. Everything it serves is read and
 // checked by Load; a Server holds no mutable state and serves requests concurrently.
 type Server struct {
 	log       *slog.Logger
 	advertise string
+	stall     time.Duration
+	maxConns  int
 	files     map[string]*servedFile // by name under /images/
 	byID      map[string]*entry
 	byMAC     map[string]*entry
@@ -49,11 +67,14 @@ type entry struct {
 
 // Load reads machines.yaml and everything its machines boot: each image's pxe files and
 // install image, hashed and compared with the recorded sha256, and each machine's config,
-// rendered and checked. It reports every problem it finds, each naming its file (and line
-// in machines.yaml).
+// rendered, checked and scanned for secrets (refused unless o.AllowSecrets). It reports
+// every problem it finds, each naming its file (and line in machines.yaml).
 func Load(o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.StallTimeout < 0 || o.MaxConns < 0 {
+		return nil, fmt.Errorf("stall timeout %s, max conns %d: limits cannot be negative", o.StallTimeout, o.MaxConns)
 	}
 	if o.Machines == "" {
 		o.Machines = filepath.Join(o.Dir, "machines.yaml")
@@ -66,14 +87,17 @@ func Load(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{log: o.Log, advertise: advertise, byID: map[string]*entry{},
-		byMAC: map[string]*entry{}, byUUID: map[string]*entry{}, byHost: map[string]*entry{}}
+	s := &Server{log: o.Log, advertise: advertise,
+		stall: cmp.Or(o.StallTimeout, DefaultStallTimeout), maxConns: cmp.Or(o.MaxConns, DefaultMaxConns),
+		byID: map[string]*entry{}, byMAC: map[string]*entry{}, byUUID: map[string]*entry{}, byHost: map[string]*entry{}}
 	start := time.Now()
 	table := newFileTable(o.Dir, o.Log)
+	secrets := newSecretConfigs()
 	var errs []error
 	for _, g := range ms.Groups {
-		errs = append(errs, s.addGroup(ms.Path, table, g)...)
+		errs = append(errs, s.addGroup(ms.Path, table, secrets, g)...)
 	}
+	errs = append(errs, secrets.report(o.AllowSecrets, o.Log)...)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -82,8 +106,9 @@ func Load(o Options) (*Server, error) {
 	return s, nil
 }
 
-// addGroup loads g's image, install image and config and adds its machines.
-func (s *Server) addGroup(file string, table *fileTable, g *Group) []error {
+// addGroup loads g's image, install image and config (scanned for secrets) and adds its
+// machines.
+func (s *Server) addGroup(file string, table *fileTable, secrets *secretConfigs, g *Group) []error {
 	at := func(key string, err error) error {
 		return fmt.Errorf("%s:%d: %s.%s: %w", file, g.lines[key], g.field, key, err)
 	}
@@ -102,6 +127,9 @@ func (s *Server) addGroup(file string, table *fileTable, g *Group) []error {
 	if g.Config != "" {
 		if gc, err = loadGroupConfig(g.Config); err != nil {
 			return append(errs, at("config", err))
+		}
+		if err := secrets.check(gc, fmt.Sprintf("%s:%d: %s.config", file, g.lines["config"], g.field), g.Machines); err != nil {
+			errs = append(errs, at("config", err))
 		}
 	}
 	for _, m := range g.Machines {

@@ -1,6 +1,7 @@
 package netboot
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,19 +19,29 @@ import (
 
 // TFTP serves the files under a directory read-only over TFTP, for firmware that must
 // chainload iPXE first (ipxe.efi, undionly.kpxe). Write requests are refused; names are
-// resolved inside the directory (os.Root), so neither ../ nor a symbolic link leads out.
+// resolved inside the directory (os.Root), so neither ../ nor a symbolic link leads out;
+// only regular files are sent (a FIFO, device or directory is refused unopened). At most
+// maxTransfers transfers run at once: each holds a file and a UDP socket until its client
+// has acknowledged the last block or stopped answering, and a request beyond them is
+// answered with an error at once.
 type TFTP struct {
 	root *os.Root
 	log  *slog.Logger
+	// slots holds one token per transfer in flight.
+	slots chan struct{}
 }
 
-// NewTFTP opens dir for serving.
-func NewTFTP(dir string, log *slog.Logger) (*TFTP, error) {
+// NewTFTP opens dir for serving at most maxTransfers transfers at once (0 means
+// DefaultMaxConns).
+func NewTFTP(dir string, maxTransfers int, log *slog.Logger) (*TFTP, error) {
+	if maxTransfers < 0 {
+		return nil, fmt.Errorf("%d TFTP transfers at once: cannot be negative", maxTransfers)
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("--tftp-dir: %w", err)
 	}
-	return &TFTP{root: root, log: log}, nil
+	return &TFTP{root: root, log: log, slots: make(chan struct{}, cmp.Or(maxTransfers, DefaultMaxConns))}, nil
 }
 
 // Serve answers read requests on conn until ctx ends.
@@ -64,7 +75,15 @@ func (t *TFTP) read(name string, rf io.ReaderFrom) error {
 		remote = addr.String()
 	}
 
-	n, err := t.send(name, rf)
+	var n int64
+	var err error
+	select {
+	case t.slots <- struct{}{}:
+		n, err = t.send(name, rf)
+		<-t.slots
+	default:
+		err = fmt.Errorf("%q: busy with as many transfers as it runs at once (%d); try again", name, cap(t.slots))
+	}
 	attrs := []any{"file", name, "bytes", n, "duration", time.Since(start), "remote", remote}
 	if err != nil {
 		t.log.Warn("tftp", append(attrs, "error", err)...)
@@ -79,21 +98,18 @@ func (t *TFTP) send(name string, rf io.ReaderFrom) (int64, error) {
 	if !filepath.IsLocal(rel) {
 		return 0, fmt.Errorf("%q: not a file under the TFTP directory", name)
 	}
-	f, err := t.root.Open(rel)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return 0, fmt.Errorf("%q: no such file", name)
-		}
+	// Anything but a regular file is refused before it is opened: a FIFO would hold the
+	// request (and a thread) until someone writes to it.
+	f, fi, err := openRegular(t.root.Stat, t.root.OpenFile, rel)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return 0, fmt.Errorf("%q: no such file", name)
+	case errors.Is(err, errNotRegular):
+		return 0, err
+	case err != nil:
 		return 0, fmt.Errorf("%q: %w", name, err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, err
-	}
-	if !fi.Mode().IsRegular() {
-		return 0, fmt.Errorf("%q: not a regular file", name)
-	}
 	if ot, ok := rf.(tftp.OutgoingTransfer); ok {
 		ot.SetSize(fi.Size())
 	}

@@ -34,8 +34,28 @@ URLs in scripts are built from each request's Host, or from --advertise-url (an 
 proxy in front of serve, for TLS). --tftp also serves --tftp-dir read-only over TFTP, for
 firmware that chainloads iPXE (ipxe.efi, undionly.kpxe from Debian's ipxe package).
 
-Nothing here is authenticated: anyone on the network can fetch every config and image. Put
-no secrets in configs served this way, or keep the network to the machines it boots.
+Nothing here is authenticated: anyone on the network can fetch every script, config and
+image. So before it listens serve scans every config it would hand out with the bake's
+secret scanner (the files and units it writes) and refuses to start when one holds a private
+key or a token (kiln cluster init's control-plane configs carry the CA keys, its workers' the
+bootstrap token), naming the config file, the machines it would go to and what it holds.
+--allow-secrets serves them anyway, with one warning per config file at startup: only on a
+boot network that reaches nothing but the machines it boots. To keep a machine's keys off the
+network, give its group no config and the machine no hostname or etcdMember (either makes a
+served config with kiln.config.url=), name install.dev (dev: auto cannot tell the etcd disk
+without the config), and hand the machine its config on a CIDATA volume (user-data, e.g. USB
+or virtual media): a metal node's first boot reads it when its kernel command line has no
+kiln.config.url=.
+
+Limits: a response must move at least 256 KiB every --stall-timeout or its connection is
+cut (a slow download that keeps moving is not: there is no bound on a whole transfer);
+at most --max-conns HTTP connections are open at once (more wait in the kernel's accept
+queue) and as many TFTP transfers run at once (more are answered with a TFTP error);
+a Range header may ask for at most 16 ranges (more are answered 416, not served whole); a
+request with a body is answered 400; a client has 10 s to send a request's header and a
+kept-alive connection is closed after 30 s without one. Only regular files are served: a
+FIFO, device or directory in DIR or --tftp-dir is refused without being opened, and a file
+that changed since startup (another inode, size, mtime or ctime) is answered 503.
 SIGINT or SIGTERM stops accepting, lets transfers in flight finish for --drain-timeout and
 exits 0.`
 
@@ -47,13 +67,21 @@ const serveExample = `  # live workers and installed control planes from the bak
   kiln serve out --tftp :69 --tftp-dir /usr/lib/ipxe
 
   # QEMU user networking reaches the host's 127.0.0.1:8080 as 10.0.2.2:8080
-  kiln serve out --listen 127.0.0.1:8080 --advertise-url http://10.0.2.2:8080`
+  kiln serve out --listen 127.0.0.1:8080 --advertise-url http://10.0.2.2:8080
+
+  # kiln cluster init's configs (CA keys, bootstrap token), on a boot VLAN of these machines only
+  kiln serve out --config cluster.yaml --allow-secrets
+
+  # a rack of 2000 machines booting at once over a slow uplink
+  kiln serve out --max-conns 4096 --stall-timeout 5m`
 
 // serveOptions are kiln serve's flags.
 type serveOptions struct {
 	listen, advertise, config string
 	tftpAddr, tftpDir         string
-	drain                     time.Duration
+	drain, stall              time.Duration
+	maxConns                  int
+	allowSecrets              bool
 }
 
 func newServeCmd() *cobra.Command {
@@ -75,6 +103,9 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&o.tftpAddr, "tftp", "", "also serve --tftp-dir read-only over TFTP on this UDP address, e.g. :69")
 	f.StringVar(&o.tftpDir, "tftp-dir", "", "directory served over TFTP (with --tftp)")
 	f.DurationVar(&o.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long transfers in flight may finish")
+	f.DurationVar(&o.stall, "stall-timeout", netboot.DefaultStallTimeout, "cut a response whose client takes less than 256 KiB in this long")
+	f.IntVar(&o.maxConns, "max-conns", netboot.DefaultMaxConns, "HTTP connections open at once (more wait to be accepted), and TFTP transfers (more are refused)")
+	f.BoolVar(&o.allowSecrets, "allow-secrets", false, "serve configs holding private keys or tokens, with a warning (refused by default: anyone on the network can fetch them)")
 	return cmd
 }
 
@@ -85,7 +116,14 @@ func (o *serveOptions) run(ctx context.Context, dir string, log *slog.Logger) er
 	if _, err := netboot.CheckAdvertiseURL(o.advertise); err != nil {
 		return exitcode.Usage(err)
 	}
-	srv, err := netboot.Load(netboot.Options{Dir: dir, Machines: o.config, AdvertiseURL: o.advertise, Log: log})
+	if o.stall <= 0 {
+		return exitcode.Usagef("--stall-timeout %s: must be positive", o.stall)
+	}
+	if o.maxConns < 1 {
+		return exitcode.Usagef("--max-conns %d: must be at least 1", o.maxConns)
+	}
+	srv, err := netboot.Load(netboot.Options{Dir: dir, Machines: o.config, AdvertiseURL: o.advertise,
+		AllowSecrets: o.allowSecrets, StallTimeout: o.stall, MaxConns: o.maxConns, Log: log})
 	if err != nil {
 		return err
 	}
@@ -117,7 +155,7 @@ func (o *serveOptions) run(ctx context.Context, dir string, log *slog.Logger) er
 }
 
 func (o *serveOptions) startTFTP(ctx context.Context, log *slog.Logger, errc chan<- error) error {
-	t, err := netboot.NewTFTP(o.tftpDir, log)
+	t, err := netboot.NewTFTP(o.tftpDir, o.maxConns, log)
 	if err != nil {
 		return err
 	}
