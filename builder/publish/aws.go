@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -15,6 +16,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
 )
 
 // DigestTag is the tag on every snapshot and AMI kiln publishes: the hex SHA-256 of the raw
@@ -26,6 +29,7 @@ type AWS struct {
 	Region string
 	EBS    *ebs.Client
 	EC2    *ec2.Client
+	STS    *sts.Client // says which account the credentials are of
 	// EC2In returns the EC2 client of another region, where images are copied to.
 	EC2In func(region string) *ec2.Client
 	// Workers is how many blocks are uploaded at once (0: 12).
@@ -41,10 +45,13 @@ type AWS struct {
 // AWSConfig says how NewAWS makes its clients.
 type AWSConfig struct {
 	Config aws.Config // credentials, region, HTTP client: config.LoadDefaultConfig's
-	// Endpoint, when set, is the URL of both EBS and EC2 in every region (an emulator or a
-	// private endpoint); otherwise each client resolves its own (AWS_ENDPOINT_URL_EBS and
-	// AWS_ENDPOINT_URL_EC2 are read by the SDK).
+	// Endpoint, when set, is the URL of EBS, EC2 and STS in every region (an emulator or a
+	// private endpoint); otherwise each client resolves its own (AWS_ENDPOINT_URL_EBS,
+	// AWS_ENDPOINT_URL_EC2 and AWS_ENDPOINT_URL_STS are read by the SDK).
 	Endpoint string
+	// InsecureHTTP lets calls go to an http:// endpoint, their signatures and session token in
+	// clear text (an emulator on loopback); without it every call to one fails unsent.
+	InsecureHTTP bool
 	// MaxAttempts and MaxBackoff bound the retries of a failed call (0: 10 attempts, 20s).
 	MaxAttempts int
 	MaxBackoff  time.Duration
@@ -67,6 +74,9 @@ func NewAWS(c AWSConfig) *AWS {
 			o.MaxAttempts, o.MaxBackoff, o.RateLimiter = attempts, backoff, ratelimit.None
 		})
 	}
+	if !c.InsecureHTTP {
+		cfg.APIOptions = append(cfg.APIOptions[:len(cfg.APIOptions):len(cfg.APIOptions)], addRefusePlainHTTP)
+	}
 	var endpoint *string
 	if c.Endpoint != "" {
 		endpoint = aws.String(c.Endpoint)
@@ -86,7 +96,12 @@ func NewAWS(c AWSConfig) *AWS {
 				o.BaseEndpoint = endpoint
 			}
 		}),
-		EC2:   ec2In(cfg.Region),
+		EC2: ec2In(cfg.Region),
+		STS: sts.NewFromConfig(cfg, func(o *sts.Options) {
+			if endpoint != nil {
+				o.BaseEndpoint = endpoint
+			}
+		}),
 		EC2In: ec2In,
 	}
 }
@@ -105,7 +120,10 @@ type AWSResult struct {
 	SnapshotID string            `json:"snapshotId"`
 	Region     string            `json:"region"`
 	Copies     map[string]string `json:"copies"`
-	Reused     bool              `json:"reused"`
+	Reused     bool              `json:"reused"` // the AMI existed: nothing was uploaded or registered
+	// Reason says what was reused (the AMI, or a snapshot an AMI was registered from) and
+	// why kiln took it for this file; empty when nothing was.
+	Reason string `json:"reason,omitempty"`
 	// Upload is the upload's account, nil when nothing was uploaded.
 	Upload *UploadProgress `json:"-"`
 }
@@ -116,9 +134,9 @@ var (
 	region    = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+$`)
 )
 
-// A RequestError is a field of an AWSRequest that EC2 would refuse.
+// A RequestError is a field of an AWSRequest (or the home region) that EC2 would refuse.
 type RequestError struct {
-	Field string // name, tag, share-with or copy-to
+	Field string // region, name, tag, share-with or copy-to
 	Err   error
 }
 
@@ -132,6 +150,9 @@ func badField(field, format string, a ...any) error {
 // Validate checks r the way EC2 would, before anything is uploaded; home is the region the
 // image is published in.
 func (r AWSRequest) Validate(home string) error {
+	if !region.MatchString(home) {
+		return badField("region", "%q: not a region name (like eu-west-1)", home)
+	}
 	if !amiName.MatchString(r.Name) {
 		return badField("name", "%q: an AMI name is 3-128 letters, digits, spaces and ()[]./'@_-", r.Name)
 	}
@@ -160,8 +181,9 @@ func (r AWSRequest) Validate(home string) error {
 }
 
 // Publish makes im an AMI called r.Name, or finds the AMI an earlier publish of the same file
-// made; then it shares it and copies it as r asks. Nothing is uploaded when the AMI, or a
-// completed snapshot of the same file, exists already.
+// made; then it shares it and copies it as r asks. The file is hashed against its metadata
+// before any request. Nothing is uploaded when the AMI, or a completed snapshot of the file,
+// exists already and is the caller's and holds exactly the file's bytes (read back to check).
 func (a *AWS) Publish(ctx context.Context, im *Image, r AWSRequest) (*AWSResult, error) {
 	if im.Format() != "raw" {
 		return nil, fmt.Errorf("publish aws: %s is a %s image; publish the .raw output of the bake", im.Path, im.Format())
@@ -169,29 +191,56 @@ func (a *AWS) Publish(ctx context.Context, im *Image, r AWSRequest) (*AWSResult,
 	if err := r.Validate(a.Region); err != nil {
 		return nil, fmt.Errorf("publish aws: %w", err)
 	}
+	sums, err := hashRaw(im)
+	if err != nil {
+		return nil, err
+	}
+	account, err := a.callerAccount(ctx)
+	if err != nil {
+		return nil, err
+	}
 	res := &AWSResult{Region: a.Region, Copies: map[string]string{}}
-	img, err := a.findImage(ctx, a.EC2, a.Region, r.Name, im.SHA256)
+	img, err := a.findImage(ctx, a.EC2, a.Region, account, r.Name, im.SHA256)
 	if err != nil {
 		return nil, err
 	}
 	if img != nil {
-		a.log().Info("publish aws: image exists", "image", *img.ImageId, "region", a.Region)
-		res.ImageID, res.SnapshotID, res.Reused = *img.ImageId, rootSnapshot(img), true
-	} else if err := a.create(ctx, im, r, res); err != nil {
+		snap, err := a.checkAMI(ctx, img, account, im, sums)
+		if err != nil {
+			return nil, nameHeld(r.Name, a.Region, img, err)
+		}
+		a.log().Info("publish aws: image exists and holds this file", "image", *img.ImageId, "region", a.Region)
+		res.ImageID, res.SnapshotID, res.Reused = *img.ImageId, snap, true
+		res.Reason = fmt.Sprintf("AMI %s is called %q in %s, owned by the caller's account %s, tagged %s=%s and registered as kiln registers AMIs; its snapshot %s, the caller's, read back holds exactly the %d data blocks of %s",
+			*img.ImageId, r.Name, a.Region, account, DigestTag, im.SHA256, snap, len(sums.blocks), im.Path)
+	} else if err := a.create(ctx, im, sums, account, r, res); err != nil {
 		return nil, err
 	}
 	if err := a.share(ctx, a.EC2, a.Region, res.ImageID, res.SnapshotID, r.ShareWith); err != nil {
 		return nil, fmt.Errorf("publish aws: image %s is registered in %s, but: %w", res.ImageID, a.Region, err)
 	}
-	if err := a.copyAll(ctx, im, r, res); err != nil {
+	if err := a.copyAll(ctx, im, account, r, res); err != nil {
 		return nil, err
 	}
 	return res, nil
 }
 
-// create uploads im (unless a completed snapshot of it exists) and registers the AMI.
-func (a *AWS) create(ctx context.Context, im *Image, r AWSRequest, res *AWSResult) error {
-	snap, err := a.findSnapshot(ctx, im)
+// nameHeld is the error of an AMI called name, tagged with the image's digest, that err says
+// is not this image.
+func nameHeld(name, region string, img *types.Image, err error) error {
+	var ni *notImageError
+	if !errors.As(err, &ni) {
+		return err
+	}
+	id := aws.ToString(img.ImageId)
+	return fmt.Errorf("publish aws: the name %q is held in %s by %s, tagged %s with this image's digest, but %w: deregister it or choose another --name",
+		name, region, id, DigestTag, err)
+}
+
+// create uploads im (unless a completed snapshot of the account's holds it) and registers
+// the AMI.
+func (a *AWS) create(ctx context.Context, im *Image, sums *rawSums, account string, r AWSRequest, res *AWSResult) error {
+	snap, err := a.findSnapshot(ctx, im, account, sums)
 	if err != nil {
 		return err
 	}
@@ -203,10 +252,12 @@ func (a *AWS) create(ctx context.Context, im *Image, r AWSRequest, res *AWSResul
 		}
 		snap, res.Upload = up.SnapshotID, &up.Progress
 	} else {
-		a.log().Info("publish aws: snapshot of this image exists, registering it", "snapshot", snap)
+		a.log().Info("publish aws: a snapshot of the account holds this file, registering it", "snapshot", snap)
+		res.Reason = fmt.Sprintf("snapshot %s in %s, owned by the caller's account %s, read back holds exactly the %d data blocks of %s; the AMI was registered from it",
+			snap, a.Region, account, len(sums.blocks), im.Path)
 	}
 	res.SnapshotID = snap
-	id, err := a.register(ctx, im, r, snap)
+	id, err := a.register(ctx, im, r, snap, account)
 	if err != nil {
 		if made {
 			return a.undo(ctx, a.EC2, a.Region, err, "", snap)
@@ -245,6 +296,13 @@ func (a *AWS) poll() time.Duration {
 		return a.Poll
 	}
 	return 5 * time.Second
+}
+
+func (a *AWS) workers() int {
+	if a.Workers > 0 {
+		return a.Workers
+	}
+	return 12
 }
 
 func (a *AWS) maxWait() time.Duration {

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -47,14 +48,14 @@ func (a *AWS) share(ctx context.Context, c *ec2.Client, region, image, snapshot 
 // copyAll copies the AMI to every region of r.CopyTo that lacks it, at once, and shares
 // each copy. The AMI in the home region stays when a copy fails: publishing again finds it
 // and makes the missing copies.
-func (a *AWS) copyAll(ctx context.Context, im *Image, r AWSRequest, res *AWSResult) error {
+func (a *AWS) copyAll(ctx context.Context, im *Image, account string, r AWSRequest, res *AWSResult) error {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var errs []error
 	regions := slices.Compact(slices.Sorted(slices.Values(r.CopyTo)))
 	for _, region := range regions {
 		wg.Go(func() {
-			id, err := a.copyTo(ctx, im, r, res.ImageID, region)
+			id, err := a.copyTo(ctx, im, account, r, res.ImageID, region)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -73,14 +74,19 @@ func (a *AWS) copyAll(ctx context.Context, im *Image, r AWSRequest, res *AWSResu
 }
 
 // copyTo makes sure region has a copy of the AMI source, copying it unless an earlier
-// publish did, and shares it. It returns the copy's id.
-func (a *AWS) copyTo(ctx context.Context, im *Image, r AWSRequest, source, region string) (string, error) {
+// publish did (an AMI of the name there must be the account's copy of source), and shares
+// it. It returns the copy's id.
+func (a *AWS) copyTo(ctx context.Context, im *Image, account string, r AWSRequest, source, region string) (string, error) {
 	c := a.EC2In(region)
-	img, err := a.findImage(ctx, c, region, r.Name, im.SHA256)
+	img, err := a.findImage(ctx, c, region, account, r.Name, im.SHA256)
 	if err != nil {
 		return "", err
 	}
-	if img == nil {
+	if img != nil {
+		if err := isCopyOf(img, a.Region, source); err != nil {
+			return "", nameHeld(r.Name, region, img, err)
+		}
+	} else {
 		tags := append(r.tags(im.SHA256), kv{"kiln:source", a.Region + "/" + source})
 		out, err := c.CopyImage(ctx, &ec2.CopyImageInput{
 			Name:              aws.String(r.Name),
@@ -88,6 +94,8 @@ func (a *AWS) copyTo(ctx context.Context, im *Image, r AWSRequest, source, regio
 			SourceImageId:     aws.String(source),
 			SourceRegion:      aws.String(a.Region),
 			TagSpecifications: tagSpecs(tags, types.ResourceTypeImage, types.ResourceTypeSnapshot),
+			// A retry whose first answer was lost gets the copy the first made.
+			ClientToken: aws.String(rand.Text()),
 		})
 		if err != nil {
 			return "", apiErr(region, "CopyImage", err)

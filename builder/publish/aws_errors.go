@@ -12,19 +12,43 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// ebsCalls are the calls made to EBS; every other call is EC2's.
-var ebsCalls = map[string]bool{"StartSnapshot": true, "PutSnapshotBlock": true, "CompleteSnapshot": true}
+// services are the services of the calls that are not EC2's.
+var services = map[string]string{
+	"StartSnapshot": "ebs", "PutSnapshotBlock": "ebs", "CompleteSnapshot": "ebs",
+	"ListSnapshotBlocks": "ebs", "GetSnapshotBlock": "ebs", "GetCallerIdentity": "sts",
+}
+
+// refusedCredentials are the error codes of a call whose credentials AWS did not accept (not
+// known, expired, signed with another secret or clock), which no IAM permission cures.
+var refusedCredentials = map[string]bool{
+	"AuthFailure": true, "UnrecognizedClientException": true, "InvalidClientTokenId": true,
+	"SignatureDoesNotMatch": true, "InvalidSignatureException": true, "IncompleteSignature": true,
+	"ExpiredToken": true, "ExpiredTokenException": true, "RequestExpired": true,
+}
+
+// errorCode is the AWS error code of err, or "".
+func errorCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
 
 // apiErr wraps the error of the call op in region. A refused call names the IAM permission
-// the credentials lack.
+// the credentials lack; refused credentials are said to be so.
 func apiErr(region, op string, err error) error {
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
-		switch ae.ErrorCode() {
-		case "AccessDeniedException", "AccessDenied", "UnauthorizedOperation", "AuthFailure":
-			service := "ec2"
-			if ebsCalls[op] {
-				service = "ebs"
+		code := ae.ErrorCode()
+		switch {
+		case refusedCredentials[code]:
+			return fmt.Errorf("publish aws: %s in %s: the credentials were refused (%s: %s): check the access key, secret and session token the SDK found, and the clock",
+				op, region, code, ae.ErrorMessage())
+		case code == "AccessDeniedException" || code == "AccessDenied" || code == "UnauthorizedOperation":
+			service := services[op]
+			if service == "" {
+				service = "ec2"
 			}
 			return fmt.Errorf("publish aws: %s in %s: access denied: the credentials need the IAM permission %s:%s (%s)",
 				op, region, service, op, ae.ErrorMessage())

@@ -39,6 +39,10 @@ func TestPublishAWSFaults(t *testing.T) {
 			want: "the credentials need the IAM permission ebs:PutSnapshotBlock"},
 		{name: "RegisterImage denied", faults: []publishtest.Fault{{Op: "RegisterImage", Times: -1, Status: 403, Code: "UnauthorizedOperation", Message: "You are not authorized to perform this operation."}},
 			want: "the credentials need the IAM permission ec2:RegisterImage"},
+		{name: "credentials refused", faults: []publishtest.Fault{{Op: "DescribeImages", Times: -1, Status: 401, Code: "AuthFailure", Message: "AWS was not able to validate the provided access credentials"}},
+			want: "DescribeImages in eu-west-1: the credentials were refused (AuthFailure: AWS was not able to validate the provided access credentials)"},
+		{name: "session expired mid-upload", faults: []publishtest.Fault{{Op: "PutSnapshotBlock", After: 2, Times: -1, Status: 403, Code: "ExpiredTokenException", Message: "The security token included in the request is expired"}},
+			want: "PutSnapshotBlock in eu-west-1: the credentials were refused (ExpiredTokenException"},
 		{name: "denied, and the snapshot cannot be deleted", faults: []publishtest.Fault{
 			{Op: "PutSnapshotBlock", Times: -1, Status: 403, Code: "AccessDeniedException", Message: "not authorized"},
 			{Op: "DeleteSnapshot", Times: -1, Status: 403, Code: "UnauthorizedOperation", Message: "You are not authorized to perform this operation."},

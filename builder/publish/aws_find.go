@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -9,10 +10,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 )
 
-// findImage returns the AMI called name that the account owns in region, once it is
-// available, or nil when there is none. An AMI of that name made from another image, or one
-// that failed, is an error: the name is taken.
-func (a *AWS) findImage(ctx context.Context, c *ec2.Client, region, name, digest string) (*types.Image, error) {
+// findImage returns the AMI called name that account owns in region, once it is available,
+// or nil when there is none. An AMI of that name made from another image, or one that failed,
+// is an error: the name is taken. AMIs of other accounts are ignored, whatever the endpoint
+// answered to Owner=self.
+func (a *AWS) findImage(ctx context.Context, c *ec2.Client, region, account, name, digest string) (*types.Image, error) {
 	out, err := c.DescribeImages(ctx, &ec2.DescribeImagesInput{
 		Owners:  []string{"self"},
 		Filters: []types.Filter{{Name: aws.String("name"), Values: []string{name}}},
@@ -20,10 +22,18 @@ func (a *AWS) findImage(ctx context.Context, c *ec2.Client, region, name, digest
 	if err != nil {
 		return nil, apiErr(region, "DescribeImages", err)
 	}
-	if len(out.Images) == 0 {
+	var img *types.Image
+	for i, it := range out.Images {
+		if owner := aws.ToString(it.OwnerId); owner != account || aws.ToString(it.Name) != name {
+			a.log().Warn("publish aws: ignoring an AMI DescribeImages answered that is not the account's of that name",
+				"image", aws.ToString(it.ImageId), "owner", owner, "name", aws.ToString(it.Name), "region", region)
+			continue
+		}
+		img = &out.Images[i]
+	}
+	if img == nil {
 		return nil, nil
 	}
-	img := out.Images[0]
 	id := aws.ToString(img.ImageId)
 	if got := tagValue(img.Tags, DigestTag); got != digest {
 		return nil, fmt.Errorf("publish aws: the name %q is taken in %s by %s (%s=%q), not this image (%s): choose another --name or deregister %s",
@@ -31,7 +41,7 @@ func (a *AWS) findImage(ctx context.Context, c *ec2.Client, region, name, digest
 	}
 	switch img.State {
 	case types.ImageStateAvailable:
-		return &img, nil
+		return img, nil
 	case types.ImageStatePending:
 		a.log().Info("publish aws: waiting for the image an earlier publish registered", "image", id, "region", region)
 		return a.waitImage(ctx, c, region, id)
@@ -39,9 +49,10 @@ func (a *AWS) findImage(ctx context.Context, c *ec2.Client, region, name, digest
 	return nil, fmt.Errorf("publish aws: %s in %s, of this image, is %s: deregister it and publish again", id, region, img.State)
 }
 
-// findSnapshot returns the id of a completed snapshot of im that the account owns, from an
-// earlier publish under another name or one that failed after its upload, or "".
-func (a *AWS) findSnapshot(ctx context.Context, im *Image) (string, error) {
+// findSnapshot returns the id of a completed snapshot of the account's that holds exactly
+// im's bytes (from an earlier publish under another name, or one that failed after its
+// upload), or "". Snapshots tagged with the digest that do not are passed over, logged.
+func (a *AWS) findSnapshot(ctx context.Context, im *Image, account string, sums *rawSums) (string, error) {
 	out, err := a.EC2.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{
 		OwnerIds: []string{"self"},
 		Filters: []types.Filter{
@@ -53,8 +64,19 @@ func (a *AWS) findSnapshot(ctx context.Context, im *Image) (string, error) {
 		return "", apiErr(a.Region, "DescribeSnapshots", err)
 	}
 	for _, s := range out.Snapshots {
-		if aws.ToInt32(s.VolumeSize) == volumeGiB(im) {
-			return aws.ToString(s.SnapshotId), nil
+		id := aws.ToString(s.SnapshotId)
+		if aws.ToString(s.OwnerId) != account || s.State != types.SnapshotStateCompleted || aws.ToInt32(s.VolumeSize) != volumeGiB(im) {
+			continue
+		}
+		err := a.verifySnapshot(ctx, id, im, sums)
+		var ni *notImageError
+		switch {
+		case err == nil:
+			return id, nil
+		case errors.As(err, &ni):
+			a.log().Warn("publish aws: not reusing a snapshot tagged with this image's digest", "snapshot", id, "region", a.Region, "reason", ni.why)
+		default:
+			return "", err
 		}
 	}
 	return "", nil

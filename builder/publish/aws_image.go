@@ -14,8 +14,9 @@ const rootDevice = "/dev/xvda"
 
 // register waits for the snapshot to complete and registers the AMI from it: UEFI, ENA,
 // IMDSv2 required, x86_64, the root volume a gp3 of the disk's size. An AMI that does not
-// become available is deregistered.
-func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot string) (string, error) {
+// become available is deregistered. When the name turns out taken by the AMI this call made
+// (its answer was lost, and the retry was refused), that AMI is the answer.
+func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot, account string) (string, error) {
 	w := ec2.NewSnapshotCompletedWaiter(a.EC2, func(o *ec2.SnapshotCompletedWaiterOptions) {
 		o.MinDelay, o.MaxDelay = a.poll(), a.poll()
 	})
@@ -42,6 +43,9 @@ func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot st
 		}},
 		TagSpecifications: tagSpecs(r.tags(im.SHA256), types.ResourceTypeImage),
 	})
+	if errorCode(err) == "InvalidAMIName.Duplicate" {
+		return a.adopt(ctx, im, r, snapshot, account, err)
+	}
 	if err != nil {
 		return "", apiErr(a.Region, "RegisterImage", err)
 	}
@@ -50,6 +54,29 @@ func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot st
 	if _, err := a.waitImage(ctx, a.EC2, a.Region, id); err != nil {
 		return "", a.undo(ctx, a.EC2, a.Region, err, id, "")
 	}
+	return id, nil
+}
+
+// adopt returns the AMI called r.Name after RegisterImage failed with dup, the name taken: it
+// is the AMI this publish registered when it is the account's, tagged with im's digest and
+// registered as kiln does from snapshot. Otherwise the error names the AMI holding the name.
+func (a *AWS) adopt(ctx context.Context, im *Image, r AWSRequest, snapshot, account string, dup error) (string, error) {
+	img, err := a.findImage(ctx, a.EC2, a.Region, account, r.Name, im.SHA256)
+	if err != nil {
+		return "", err
+	}
+	if img == nil {
+		return "", apiErr(a.Region, "RegisterImage", dup)
+	}
+	id := aws.ToString(img.ImageId)
+	snap, err := amiShape(img)
+	if err == nil && snap != snapshot {
+		err = notImage("AMI "+id, "it was registered from snapshot %s, not from %s", snap, snapshot)
+	}
+	if err != nil {
+		return "", fmt.Errorf("publish aws: RegisterImage in %s: the name %q is taken: %w", a.Region, r.Name, err)
+	}
+	a.log().Info("publish aws: the name is held by the AMI registered from this snapshot (an answer was lost); using it", "image", id, "region", a.Region)
 	return id, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -32,18 +33,23 @@ const testRegion = "eu-west-1"
 func newFakeAWS(t testing.TB, faults ...publishtest.Fault) (*publishtest.AWS, *AWS) {
 	f := publishtest.NewAWS(t)
 	f.Inject(faults...)
+	return f, fakePublisher(f, f.Client())
+}
+
+// fakePublisher is a publisher in testRegion whose clients call f through hc.
+func fakePublisher(f *publishtest.AWS, hc *http.Client) *AWS {
 	a := NewAWS(AWSConfig{
 		Config: aws.Config{
 			Region:      testRegion,
 			Credentials: credentials.NewStaticCredentialsProvider(publishtest.AWSAccessKeyID, publishtest.AWSSecretAccessKey, ""),
-			HTTPClient:  f.Client(),
+			HTTPClient:  hc,
 		},
 		Endpoint:   f.URL(),
 		MaxBackoff: 20 * time.Millisecond,
 	})
 	a.Poll, a.MaxWait = time.Millisecond, 10*time.Second
 	a.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	return f, a
+	return a
 }
 
 func randBytes(n int) []byte {
@@ -139,6 +145,9 @@ func TestPublishAWS(t *testing.T) {
 	if again.ImageID != res.ImageID || again.SnapshotID != res.SnapshotID || !again.Reused || !maps.Equal(again.Copies, res.Copies) {
 		t.Errorf("second publish = %+v, want the ids of the first %+v, reused", again, res)
 	}
+	if !strings.Contains(again.Reason, "AMI "+res.ImageID) || !strings.Contains(again.Reason, "snapshot "+res.SnapshotID) || !strings.Contains(again.Reason, publishtest.AWSAccount) {
+		t.Errorf("second publish says %q, want which AMI and snapshot were reused and why", again.Reason)
+	}
 	if n := f.Calls("PutSnapshotBlock") - puts; n != 0 || f.Calls("StartSnapshot") != 1 || f.Calls("CopyImage") != 2 {
 		t.Errorf("second publish: %d blocks put, %d snapshots started, %d copies in all", n, f.Calls("StartSnapshot"), f.Calls("CopyImage"))
 	}
@@ -231,6 +240,9 @@ func TestPublishAWSReusesSnapshot(t *testing.T) {
 	}
 	if second.ImageID == first.ImageID || second.SnapshotID != first.SnapshotID || second.Upload != nil || f.Calls("StartSnapshot") != 1 {
 		t.Errorf("second name: %+v after %+v, %d snapshots started", second, first, f.Calls("StartSnapshot"))
+	}
+	if second.Reused || !strings.HasPrefix(second.Reason, "snapshot "+first.SnapshotID) {
+		t.Errorf("second name: reused %t, %q; want a new AMI, saying which snapshot it reused and why", second.Reused, second.Reason)
 	}
 }
 

@@ -31,7 +31,8 @@ type UploadProgress struct {
 	Skipped  int64 // blocks of zeros, which a snapshot need not hold
 	Bytes    int64 // bytes uploaded
 	Elapsed  time.Duration
-	Done     bool // the last report of the upload
+	Last     bool // the last report of the upload, whether it succeeded or not
+	Done     bool // the snapshot holds every block and is completed: the last report of an upload that succeeded
 }
 
 // MiBps is the upload's throughput: MiB of data uploaded per second.
@@ -74,7 +75,7 @@ func (a *AWS) upload(ctx context.Context, im *Image, r AWSRequest) (*uploaded, e
 	if err := up.run(ctx, f, im.SHA256); err != nil {
 		return nil, a.undo(ctx, a.EC2, a.Region, err, "", id)
 	}
-	return &uploaded{SnapshotID: id, Progress: up.progress(true)}, nil
+	return &uploaded{SnapshotID: id, Progress: up.progress(true, true)}, nil
 }
 
 // blockUpload is one snapshot's upload: blocks are read and hashed in order by one goroutine
@@ -96,14 +97,12 @@ type block struct {
 	data  []byte
 }
 
-// run uploads the blocks of f, checks f against digest and completes the snapshot.
+// run uploads the blocks of f, checks f against digest and completes the snapshot. Its last
+// progress report says done only when all of that succeeded.
 func (u *blockUpload) run(ctx context.Context, f io.Reader, digest string) error {
 	u.began = time.Now()
 	u.digests, u.put = make([][sha256.Size]byte, u.blocks), make([]bool, u.blocks)
-	workers := u.a.Workers
-	if workers <= 0 {
-		workers = 12
-	}
+	workers := u.a.workers()
 	g, gctx := errgroup.WithContext(ctx)
 	todo := make(chan block, workers)
 	free := make(chan []byte, 2*workers) // buffers come back here once put
@@ -114,14 +113,14 @@ func (u *blockUpload) run(ctx context.Context, f io.Reader, digest string) error
 	}
 	stop := u.reportEvery(250 * time.Millisecond)
 	err := g.Wait()
-	stop()
-	if err != nil {
-		return err
+	if got := hex.EncodeToString(whole.Sum(nil)); err == nil && got != digest {
+		err = fmt.Errorf("publish aws: %s has SHA-256 %s, but its metadata says %s: the file changed after the bake", u.path, got, digest)
 	}
-	if got := hex.EncodeToString(whole.Sum(nil)); got != digest {
-		return fmt.Errorf("publish aws: %s has SHA-256 %s, but its metadata says %s: the file changed after the bake", u.path, got, digest)
+	if err == nil {
+		err = u.complete(ctx)
 	}
-	return u.complete(ctx)
+	stop(err == nil)
+	return err
 }
 
 // read sends the blocks of f that are not all zeros to todo, hashing all of f into whole.
@@ -215,19 +214,19 @@ func (u *blockUpload) complete(ctx context.Context) error {
 	return nil
 }
 
-// progress is the upload's progress now.
-func (u *blockUpload) progress(done bool) UploadProgress {
+// progress is the upload's progress now; last when it has ended, done when it succeeded.
+func (u *blockUpload) progress(last, done bool) UploadProgress {
 	n := u.uploaded.Load()
-	return UploadProgress{Blocks: u.blocks, Uploaded: n, Skipped: u.skipped.Load(), Bytes: n * blockSize, Elapsed: time.Since(u.began), Done: done}
+	return UploadProgress{Blocks: u.blocks, Uploaded: n, Skipped: u.skipped.Load(), Bytes: n * blockSize, Elapsed: time.Since(u.began), Last: last, Done: done}
 }
 
 // reportEvery calls Progress every interval until the returned stop is called, and once
-// more then.
-func (u *blockUpload) reportEvery(interval time.Duration) (stop func()) {
+// more then, the last report: done says whether the upload succeeded.
+func (u *blockUpload) reportEvery(interval time.Duration) (stop func(done bool)) {
 	if u.a.Progress == nil {
-		return func() {}
+		return func(bool) {}
 	}
-	quit, finished := make(chan struct{}), make(chan struct{})
+	quit, finished := make(chan bool), make(chan struct{})
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(interval)
@@ -235,12 +234,12 @@ func (u *blockUpload) reportEvery(interval time.Duration) (stop func()) {
 		for {
 			select {
 			case <-t.C:
-				u.a.Progress(u.progress(false))
-			case <-quit:
-				u.a.Progress(u.progress(true))
+				u.a.Progress(u.progress(false, false))
+			case done := <-quit:
+				u.a.Progress(u.progress(true, done))
 				return
 			}
 		}
 	}()
-	return func() { close(quit); <-finished }
+	return func(done bool) { quit <- done; <-finished }
 }

@@ -52,7 +52,10 @@ type GCEResult struct {
 	// Object is the gs:// URL of the tarball the image was made from (deleted unless
 	// KeepObject), empty when the image was reused.
 	Object string `json:"object"`
-	Reused bool   `json:"reused"` // an image of the same digest existed; nothing was uploaded
+	Reused bool   `json:"reused"` // the image of this name and digest existed; nothing was uploaded
+	// Reason says, when the image was reused, which image it is and why kiln took it for
+	// this file.
+	Reason string `json:"reason,omitempty"`
 }
 
 // gceArchitecture and gceGuestOSFeatures are what every kiln image is: x86_64, UEFI boot,
@@ -70,10 +73,14 @@ type gcePublisher struct {
 	img     *Image
 }
 
-// PublishGCE publishes o.File as the GCE image o.Name, or returns the image already made from
-// the same file. It uploads the tarball to Cloud Storage, creates the image from it, waits for
-// that, and deletes the object unless o.KeepObject. A failure deletes what this call created,
-// or its error says what is left.
+// PublishGCE publishes o.File as the GCE image o.Name, or returns the image o.Name when an
+// earlier publish made it from the same file (its label and the whole digest in its
+// description); an image of another name is never returned. The file is hashed against its
+// metadata before any request. It uploads the tarball to Cloud Storage, creates the image from
+// it, waits for that, checks that the object is still the generation it uploaded (otherwise
+// the image may hold other bytes, and is deleted), and deletes the object unless
+// o.KeepObject. A failure deletes what this call created (an object only with the generation
+// it made, as a precondition), or its error says what is left.
 func PublishGCE(ctx context.Context, o GCEOptions) (*GCEResult, error) {
 	res, err := publishGCE(ctx, o)
 	if err != nil {
@@ -105,16 +112,19 @@ func publishGCE(ctx context.Context, o GCEOptions) (*GCEResult, error) {
 	if res, err := p.existing(ctx); res != nil || err != nil {
 		return res, err
 	}
-	created, err := p.upload(ctx, sums)
+	obj, err := p.upload(ctx, sums)
 	if err != nil {
 		return nil, err
 	}
 	res, err := p.createImage(ctx)
 	if err != nil {
-		return nil, p.dropObject(created, err)
+		return nil, p.dropObject(obj, err)
 	}
-	if created && !o.KeepObject {
-		if err := p.deleteObject(); err != nil {
+	if err := p.checkSource(obj); err != nil {
+		return nil, p.dropObject(obj, p.dropImage(err))
+	}
+	if obj.created && !o.KeepObject {
+		if err := p.deleteObject(obj.generation); err != nil {
 			p.log.Warn("image created; the uploaded object is left", "object", p.objectURL(), "err", err)
 		}
 	}

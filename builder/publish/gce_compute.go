@@ -11,34 +11,12 @@ import (
 	compute "google.golang.org/api/compute/v1"
 )
 
-// existing returns the image already made from this file (its digest label and description),
-// or nil when there is none and o.Name is free. An image of this file that is not READY, and
-// an image called o.Name made from something else, are errors.
+// existing returns the image o.Name when an earlier publish made it of this file (its digest
+// label, and the whole digest ending its description) and it is READY, or nil when there is
+// no image of that name. An image of that name made from something else, or not READY, is an
+// error. Images of other names are never answered, whatever they carry.
 func (p *gcePublisher) existing(ctx context.Context) (*GCEResult, error) {
 	digest := p.img.SHA256
-	filter := fmt.Sprintf("labels.%s=%s", GCEDigestLabel, gceDigestLabelValue(digest))
-	var found *compute.Image
-	err := p.compute.Images.List(p.o.Project).Filter(filter).Pages(ctx, func(l *compute.ImageList) error {
-		for _, im := range l.Items {
-			if !strings.Contains(im.Description, gceDescriptionDigest(digest)) {
-				continue
-			}
-			if found == nil || im.Name == p.o.Name {
-				found = im
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, apiError("images.list", err)
-	}
-	if found != nil {
-		if found.Status != "READY" {
-			return nil, fmt.Errorf("image %s of this file (sha256 %s) is %s: publish again once it is READY, or delete it (gcloud compute images delete %s --project %s)", found.Name, digest, found.Status, found.Name, p.o.Project)
-		}
-		p.log.Info("image of this file exists; nothing uploaded", "image", found.Name, "sha256", digest)
-		return &GCEResult{Image: found.Name, SelfLink: found.SelfLink, Reused: true}, nil
-	}
 	im, err := p.compute.Images.Get(p.o.Project, p.o.Name).Context(ctx).Do()
 	switch {
 	case isNotFound(err):
@@ -46,7 +24,17 @@ func (p *gcePublisher) existing(ctx context.Context) (*GCEResult, error) {
 	case err != nil:
 		return nil, apiError("images.get "+p.o.Name, err)
 	}
-	return nil, fmt.Errorf("--name %s: image exists in project %s, made from another file (label %s=%q; this file's sha256 is %s): choose another --name", p.o.Name, p.o.Project, GCEDigestLabel, im.Labels[GCEDigestLabel], digest)
+	if im.Labels[GCEDigestLabel] != gceDigestLabelValue(digest) || !strings.HasSuffix(im.Description, gceDescriptionDigest(digest)) {
+		return nil, fmt.Errorf("--name %s: image exists in project %s, made from another file (label %s=%q, description %q; this file's sha256 is %s): choose another --name",
+			p.o.Name, p.o.Project, GCEDigestLabel, im.Labels[GCEDigestLabel], im.Description, digest)
+	}
+	if im.Status != "READY" {
+		return nil, fmt.Errorf("image %s of this file (sha256 %s) is %s: publish again once it is READY, or delete it (gcloud compute images delete %s --project %s)", im.Name, digest, im.Status, im.Name, p.o.Project)
+	}
+	p.log.Info("image of this file exists; nothing uploaded", "image", im.Name, "sha256", digest)
+	why := fmt.Sprintf("image %s of project %s is READY, labelled %s=%s, and its description ends %s, the SHA-256 of %s (hashed before any request)",
+		im.Name, p.o.Project, GCEDigestLabel, im.Labels[GCEDigestLabel], gceDescriptionDigest(digest), p.o.File)
+	return &GCEResult{Image: im.Name, SelfLink: im.SelfLink, Reused: true, Reason: why}, nil
 }
 
 // gceImageSpec is the image o.Name made from the uploaded object.
@@ -88,14 +76,14 @@ func (p *gcePublisher) createImage(ctx context.Context) (*GCEResult, error) {
 		return nil, fmt.Errorf("%w; image %s may still be created: see gcloud compute images describe %s --project %s", err, spec.Name, spec.Name, p.o.Project)
 	}
 	if err := operationError("images.insert "+spec.Name, op); err != nil {
-		return nil, p.dropFailedImage(err)
+		return nil, p.dropImage(err)
 	}
 	im, err := p.compute.Images.Get(p.o.Project, spec.Name).Context(ctx).Do()
 	if err != nil {
 		return nil, apiError("images.get "+spec.Name, err)
 	}
 	if im.Status != "READY" {
-		return nil, p.dropFailedImage(fmt.Errorf("image %s is %s once created, want READY", spec.Name, im.Status))
+		return nil, p.dropImage(fmt.Errorf("image %s is %s once created, want READY", spec.Name, im.Status))
 	}
 	p.log.Info("image ready", "image", im.Name, "selfLink", im.SelfLink)
 	return &GCEResult{Image: im.Name, SelfLink: im.SelfLink, Object: p.objectURL()}, nil
@@ -140,9 +128,9 @@ func operationError(call string, op *compute.Operation) error {
 	return fmt.Errorf("%s: operation %s failed: %s", call, op.Name, msg)
 }
 
-// dropFailedImage deletes the image o.Name, which this publish created and which failed, and
-// returns cause, saying what is left if it could not be deleted.
-func (p *gcePublisher) dropFailedImage(cause error) error {
+// dropImage deletes the image o.Name, which this publish created and which failed or cannot
+// be vouched for, and returns cause, saying so, or what is left if it could not be deleted.
+func (p *gcePublisher) dropImage(cause error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	op, err := p.compute.Images.Delete(p.o.Project, p.o.Name).Context(ctx).Do()
@@ -156,8 +144,8 @@ func (p *gcePublisher) dropFailedImage(cause error) error {
 		err = operationError("images.delete "+p.o.Name, op)
 	}
 	if err != nil {
-		return fmt.Errorf("%w (and the failed image %s is left: %v)", cause, p.o.Name, err)
+		return fmt.Errorf("%w (and image %s is left: %v)", cause, p.o.Name, err)
 	}
-	p.log.Info("deleted the failed image", "image", p.o.Name)
-	return cause
+	p.log.Info("deleted the image this publish created", "image", p.o.Name)
+	return fmt.Errorf("%w (image %s deleted)", cause, p.o.Name)
 }

@@ -113,7 +113,8 @@ func (e *gceEnv) options(file, name string) GCEOptions {
 
 // The first publish uploads the tarball in several chunks, declaring its CRC32C and MD5 for the
 // service to check, creates the image from exactly those bytes with kiln's features and
-// labels, and deletes the object; the second finds the image by its digest and uploads nothing.
+// labels, and deletes the object (its generation); the second finds the image by its name and
+// digest and uploads nothing.
 func TestPublishGCE(t *testing.T) {
 	env := newGCEEnv(t)
 	file := gceOutput(t, 2)
@@ -150,18 +151,139 @@ func TestPublishGCE(t *testing.T) {
 		t.Errorf("objects left: %v", objs)
 	}
 
+	if d := env.gcs.Deletes(); len(d) != 1 || d[0].Get("ifGenerationMatch") == "" || d[0].Get("ifGenerationMatch") != d[0].Get("generation") {
+		t.Errorf("object deletes %v, want one, of the generation uploaded, with it as ifGenerationMatch", d)
+	}
+
 	starts, _, _ := env.gcs.Uploads()
 	inserts := env.compute.Count("POST images/")
-	o.Name = "kiln-worker-2" // the same file under another name is still the same image
 	again, err := PublishGCE(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !again.Reused || again.Image != "kiln-worker-1" || again.Object != "" {
-		t.Errorf("second publish: %+v, want kiln-worker-1 reused", again)
+	if !again.Reused || again.Image != "kiln-worker-1" || again.Object != "" || !strings.Contains(again.Reason, "image kiln-worker-1 of project kiln-test is READY") || !strings.Contains(again.Reason, "sha256:"+digest) {
+		t.Errorf("second publish: %+v, want kiln-worker-1 reused, and why", again)
 	}
 	if now, _, _ := env.gcs.Uploads(); now != starts || env.compute.Count("POST images/") != inserts {
 		t.Errorf("second publish uploaded (%d→%d) or inserted (%d→%d)", starts, now, inserts, env.compute.Count("POST images/"))
+	}
+}
+
+// An image is reused only when it has the name asked for, is READY, and carries the file's
+// digest in its label and, whole, at the end of its description: another principal's image
+// of another name, with the same label and description, is not answered for this file.
+func TestPublishGCEReuse(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		plant  func(digest string) *compute.Image
+		reused bool
+		want   string // the error; "" for none
+	}{
+		{name: "same label and description, another name", plant: func(d string) *compute.Image {
+			return &compute.Image{Name: "kiln-planted", Status: "READY", Labels: map[string]string{GCEDigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
+		}},
+		{name: "the name, READY, label and description", reused: true, plant: func(d string) *compute.Image {
+			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
+		}},
+		{name: "the name and label, the description another digest", want: "made from another file", plant: func(d string) *compute.Image {
+			other := d[:63] + map[bool]string{true: "1", false: "0"}[d[63] == '0']
+			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: d[:63]}, Description: "kiln image; sha256:" + other}
+		}},
+		{name: "the name and label, no description", want: "made from another file", plant: func(d string) *compute.Image {
+			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: d[:63]}}
+		}},
+		{name: "the name, not READY", want: "is PENDING", plant: func(d string) *compute.Image {
+			return &compute.Image{Name: "kiln-worker", Status: "PENDING", Labels: map[string]string{GCEDigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newGCEEnv(t)
+			file := gceOutput(t, 1)
+			digest := sha256Of(t, file)
+			planted := tc.plant(digest)
+			env.compute.PutImage(planted)
+			res, err := PublishGCE(context.Background(), env.options(file, "kiln-worker"))
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) || starts(env) != 0 || env.compute.Count("POST images/") != 0 {
+					t.Fatalf("publish = %+v, %v, %d uploads, %d inserts; want %q before any upload", res, err, starts(env), env.compute.Count("POST images/"), tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Image != "kiln-worker" || res.Reused != tc.reused || tc.reused != (res.Reason != "") {
+				t.Errorf("publish = %+v, want kiln-worker, reused %t", res, tc.reused)
+			}
+			if !tc.reused {
+				want, _ := os.ReadFile(file)
+				if !bytes.Equal(env.compute.Source("kiln-worker"), want) || env.compute.Image(planted.Name).Labels[GCEDigestLabel] != digest[:63] {
+					t.Errorf("kiln-worker not made from %s, or %s touched", file, planted.Name)
+				}
+			}
+		})
+	}
+}
+
+// A file that differs from its metadata is refused before any request, even when an image of
+// the metadata's digest exists under the name.
+func TestPublishGCEHashesFirst(t *testing.T) {
+	env := newGCEEnv(t)
+	file := gceOutput(t, 1)
+	digest := sha256Of(t, file)
+	env.compute.PutImage(&compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: digest[:63]}, Description: "kiln image; sha256:" + digest})
+	fh, _ := os.OpenFile(file, os.O_WRONLY, 0)
+	fh.WriteAt([]byte("not what was baked"), 1000)
+	fh.Close()
+	res, err := PublishGCE(context.Background(), env.options(file, "kiln-worker"))
+	if err == nil || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "its metadata says "+digest) {
+		t.Fatalf("publish of a file that differs from its metadata = %+v, %v; want refused, naming it and both digests", res, err)
+	}
+	if n, m := env.gcs.Requests(), env.compute.Count(""); n+m != 0 {
+		t.Errorf("%d Cloud Storage and %d Compute requests, want none", n, m)
+	}
+}
+
+// An object another client writes at the upload's name is never deleted: not when it appears
+// during the upload (the upload's precondition fails with 412), nor when it replaces the
+// uploaded one while the image is created (the image, which may hold its bytes, is deleted,
+// and the delete of the object is conditional on the generation kiln uploaded).
+func TestPublishGCEObjectRace(t *testing.T) {
+	theirs := []byte("another client's object")
+	for _, tc := range []struct {
+		name  string
+		race  func(env *gceEnv)
+		want  string
+		image bool // images.insert was called
+	}{
+		{name: "412 during the upload", want: "was created by someone else during the upload, and is left as it is",
+			race: func(env *gceEnv) { env.gcs.RaceObject(testBucket, "kiln-worker.tar.gz", theirs) }},
+		{name: "replaced while the image is created", want: "was replaced while image kiln-worker was created from it", image: true,
+			race: func(env *gceEnv) { env.compute.ReplaceSource(theirs) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newGCEEnv(t)
+			tc.race(env)
+			res, err := PublishGCE(context.Background(), env.options(gceOutput(t, 1), "kiln-worker"))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("publish = %+v, %v; want an error with %q", res, err, tc.want)
+			}
+			t.Log(err)
+			if got, err := env.gcs.Object(testBucket, "kiln-worker.tar.gz"); err != nil || !bytes.Equal(got, theirs) {
+				t.Errorf("the other client's object = %q, %v; want it left", got, err)
+			}
+			if im := env.compute.Image("kiln-worker"); im != nil {
+				t.Errorf("image left, made from %q", env.compute.Source("kiln-worker"))
+			}
+			if n := env.compute.Count("POST images/"); (n == 1) != tc.image {
+				t.Errorf("%d images.insert calls", n)
+			}
+			for _, d := range env.gcs.Deletes() {
+				if d.Get("ifGenerationMatch") == "" {
+					t.Errorf("an object delete without ifGenerationMatch: %v", d)
+				}
+			}
+		})
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 func newPublishAWSCmd() *cobra.Command {
 	var region, name, format, endpoint string
 	var tags, shareWith, copyTo []string
+	var insecureHTTP bool
 	cmd := &cobra.Command{
 		Use:   "aws IMAGE.raw --region REGION --name NAME",
 		Short: "Upload a raw image into an EBS snapshot and register it as an AMI",
@@ -31,23 +32,43 @@ the SHA-256 in its metadata (<image>-<role>.json beside it) as it is read. kiln 
 the snapshot and registers the AMI: UEFI boot, ENA, IMDSv2 required, x86_64, the root device
 /dev/xvda a gp3 volume of the disk's size, deleted on termination.
 
-The snapshot and the AMI are tagged kiln:sha256=<the file's SHA-256> (and with each --tag).
-Publishing again finds the AMI of that name and digest and uploads nothing (a completed
-snapshot of the same file is reused under a new name); a name held by another image is an
-error. --share-with lets an account launch the AMI (and create volumes from its snapshot);
---copy-to copies it into another region, tagged and shared the same way; both are applied
-again to an AMI found, so a publish that failed part-way is finished by running it again.
+The file is hashed and checked against its metadata before any request: a file that is not
+what its metadata says is refused, naming both digests. The snapshot and the AMI are tagged
+kiln:sha256=<the file's SHA-256> (and with each --tag), but a tag is not trusted: publishing
+again reuses the AMI of that name only if it is owned by the caller's account (from STS
+GetCallerIdentity, checked by kiln, not left to the endpoint's Owner=self), registered as
+kiln registers AMIs, and its snapshot, also the caller's, read back through the EBS direct
+APIs holds exactly the file's blocks; a copy in another region is reused only if EC2 says it
+is a copy of that AMI. A completed snapshot of the caller's that holds the file (read back
+the same way) is reused under a new name; a tagged snapshot that does not, or of another
+account, is passed over. A name held by another image, or by an AMI that fails these
+checks, is an error. --share-with lets an account launch the AMI (and
+create volumes from its snapshot); --copy-to copies it into another region, tagged and
+shared the same way; both are applied again to an AMI found, so a publish that failed
+part-way is finished by running it again.
 
 A failure deletes what the run created (the snapshot, an AMI that did not become
 available) or names what is left. Throttling, 5xx answers and broken connections are
-retried. Credentials come from the AWS SDK's default chain (environment, shared config and
-SSO profiles, web identity as in GitHub Actions OIDC, instance and container roles).
---endpoint-url sends EBS and EC2 calls to another URL (an emulator or a private endpoint);
-AWS_ENDPOINT_URL_EBS and AWS_ENDPOINT_URL_EC2 set one service's. -o json prints
-{"imageId","snapshotId","region","copies":{region: id},"reused"} for the next CI step.`,
+retried; a RegisterImage whose answer was lost is found again by its name and snapshot, and
+CopyImage carries a client token. Credentials come from the AWS SDK's default chain
+(environment, shared config and SSO profiles, web identity as in GitHub Actions OIDC,
+instance and container roles); refused credentials (AuthFailure, an expired token) are said
+to be so. --endpoint-url sends EBS, EC2 and STS calls to another URL (an emulator or a
+private endpoint); AWS_ENDPOINT_URL_EBS, AWS_ENDPOINT_URL_EC2 and AWS_ENDPOINT_URL_STS set
+one service's. An http:// endpoint, from the flag or the environment, is refused before
+anything is sent (the signature and session token would go in clear text) unless
+--insecure-http is given; so is a --region that is not a region name (like eu-west-1).
+
+-o json prints {"imageId","snapshotId","region","copies":{region: id},"reused","reason"}
+for the next CI step; "reason", present when an AMI or a snapshot was reused, names it and
+says why kiln took it for this file.`,
 		Example: `  kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-aws-worker-$(date +%Y%m%d)
   kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-worker-v1.2.0 \
-      --tag team=platform --share-with 123456789012 --copy-to us-east-1 -o json`,
+      --tag team=platform --share-with 123456789012 --copy-to us-east-1 -o json
+
+  # against a local emulator that speaks plain http
+  kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-test \
+      --endpoint-url http://127.0.0.1:4566 --insecure-http`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if format != "table" && format != "json" {
@@ -56,6 +77,9 @@ AWS_ENDPOINT_URL_EBS and AWS_ENDPOINT_URL_EC2 set one service's. -o json prints
 			req, err := awsRequest(name, region, tags, shareWith, copyTo)
 			if err != nil {
 				return err
+			}
+			if err := checkEndpoint(endpoint, insecureHTTP, "--insecure-http"); err != nil {
+				return exitcode.Usagef("--endpoint-url: %v", err)
 			}
 			im, err := publish.Load(args[0])
 			if err != nil {
@@ -68,7 +92,7 @@ AWS_ENDPOINT_URL_EBS and AWS_ENDPOINT_URL_EC2 set one service's. -o json prints
 			if err != nil {
 				return fmt.Errorf("publish aws: AWS configuration: %w", err)
 			}
-			a := publish.NewAWS(publish.AWSConfig{Config: cfg, Endpoint: endpoint})
+			a := publish.NewAWS(publish.AWSConfig{Config: cfg, Endpoint: endpoint, InsecureHTTP: insecureHTTP})
 			a.Log = slog.Default()
 			a.Progress = newProgress(cmd.ErrOrStderr(), a.Log)
 			res, err := a.Publish(cmd.Context(), im, req)
@@ -85,7 +109,8 @@ AWS_ENDPOINT_URL_EBS and AWS_ENDPOINT_URL_EC2 set one service's. -o json prints
 	f.StringArrayVar(&shareWith, "share-with", nil, "an account id allowed to launch the AMI (repeatable)")
 	f.StringArrayVar(&copyTo, "copy-to", nil, "a region to copy the AMI to (repeatable)")
 	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
-	f.StringVar(&endpoint, "endpoint-url", "", "the URL of EBS and EC2 (an emulator or a private endpoint)")
+	f.StringVar(&endpoint, "endpoint-url", "", "the URL of EBS, EC2 and STS (an emulator or a private endpoint)")
+	f.BoolVar(&insecureHTTP, "insecure-http", false, "allow an http:// endpoint, the signatures and session token in clear text (emulators only)")
 	_ = cmd.MarkFlagRequired("region")
 	_ = cmd.MarkFlagRequired("name")
 	return cmd
@@ -126,6 +151,9 @@ func printPublishAWS(w io.Writer, format string, res *publish.AWSResult) error {
 		how = "found (nothing uploaded)"
 	}
 	fmt.Fprintf(w, "%s\t%s\tsnapshot %s\t%s\n", res.Region, res.ImageID, res.SnapshotID, how)
+	if res.Reason != "" {
+		fmt.Fprintf(w, "reused: %s\n", res.Reason)
+	}
 	regions := make([]string, 0, len(res.Copies))
 	for r := range res.Copies {
 		regions = append(regions, r)
@@ -153,12 +181,12 @@ func newProgress(w io.Writer, log *slog.Logger) func(publish.UploadProgress) {
 		done := p.Uploaded + p.Skipped
 		if tty {
 			fmt.Fprintf(w, "\rblocks %d/%d: %d put, %d zero skipped, %.1f MiB/s ", done, p.Blocks, p.Uploaded, p.Skipped, p.MiBps())
-			if p.Done {
+			if p.Last {
 				fmt.Fprintln(w)
 			}
 			return
 		}
-		if p.Done || time.Since(last) >= 15*time.Second {
+		if p.Last || time.Since(last) >= 15*time.Second {
 			last = time.Now()
 			log.Info("publish aws: upload", "blocks", p.Blocks, "put", p.Uploaded, "skipped", p.Skipped, "MiB/s", fmt.Sprintf("%.1f", p.MiBps()), "done", p.Done)
 		}

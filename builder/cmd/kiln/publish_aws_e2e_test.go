@@ -15,7 +15,11 @@ import (
 // credentials and the CA bundle from the environment, no shared config, no instance metadata.
 // AWS_REGION names another region than the tests publish in, which --region overrides.
 func awsEnv(t *testing.T) *publishtest.AWS {
-	f := publishtest.NewAWS(t)
+	return awsEnvOf(t, publishtest.NewAWS(t))
+}
+
+// awsEnvOf points the AWS SDK's default chain at the fake f, as awsEnv.
+func awsEnvOf(t *testing.T, f *publishtest.AWS) *publishtest.AWS {
 	f.SetPending(0) // the CLI polls every 5s: complete at the first look
 	dir := t.TempDir()
 	for k, v := range map[string]string{
@@ -24,15 +28,19 @@ func awsEnv(t *testing.T) *publishtest.AWS {
 		"AWS_SESSION_TOKEN":           "",
 		"AWS_PROFILE":                 "",
 		"AWS_REGION":                  "us-west-2",
-		"AWS_CA_BUNDLE":               f.CAFile(t),
+		"AWS_CA_BUNDLE":               "",
 		"AWS_CONFIG_FILE":             filepath.Join(dir, "config"),
 		"AWS_SHARED_CREDENTIALS_FILE": filepath.Join(dir, "credentials"),
 		"AWS_EC2_METADATA_DISABLED":   "true",
 		"AWS_ENDPOINT_URL":            "",
 		"AWS_ENDPOINT_URL_EBS":        "",
 		"AWS_ENDPOINT_URL_EC2":        "",
+		"AWS_ENDPOINT_URL_STS":        "",
 	} {
 		t.Setenv(k, v)
+	}
+	if strings.HasPrefix(f.URL(), "https:") {
+		t.Setenv("AWS_CA_BUNDLE", f.CAFile(t))
 	}
 	return f
 }
@@ -50,7 +58,7 @@ func awsRaw(t *testing.T) (string, []byte) {
 // it, copies it, and prints the ids the fake holds; run again, it prints the same ids,
 // reused, and uploads nothing.
 func TestPublishAWSCommand(t *testing.T) {
-	for _, how := range []string{"--endpoint-url", "AWS_ENDPOINT_URL_EBS and _EC2"} {
+	for _, how := range []string{"--endpoint-url", "AWS_ENDPOINT_URL_EBS, _EC2 and _STS"} {
 		t.Run(how, func(t *testing.T) {
 			f := awsEnv(t)
 			raw, content := awsRaw(t)
@@ -59,8 +67,9 @@ func TestPublishAWSCommand(t *testing.T) {
 			if how == "--endpoint-url" {
 				args = append(args, "--endpoint-url", f.URL())
 			} else {
-				t.Setenv("AWS_ENDPOINT_URL_EBS", f.URL())
-				t.Setenv("AWS_ENDPOINT_URL_EC2", f.URL())
+				for _, service := range []string{"EBS", "EC2", "STS"} {
+					t.Setenv("AWS_ENDPOINT_URL_"+service, f.URL())
+				}
 			}
 			var res publish.AWSResult
 			kilnJSON(t, &res, args...)
@@ -80,6 +89,9 @@ func TestPublishAWSCommand(t *testing.T) {
 			kilnJSON(t, &again, args...)
 			if !again.Reused || again.ImageID != res.ImageID || again.SnapshotID != res.SnapshotID || !maps.Equal(again.Copies, res.Copies) {
 				t.Errorf("second publish printed %+v, want the ids of %+v, reused", again, res)
+			}
+			if res.Reason != "" || !strings.Contains(again.Reason, "AMI "+res.ImageID) {
+				t.Errorf("-o json reason %q, then %q: want none, then why %s was reused", res.Reason, again.Reason, res.ImageID)
 			}
 			if n := f.Calls("PutSnapshotBlock"); n != puts || f.Calls("StartSnapshot") != 1 {
 				t.Errorf("second publish: %d blocks put (%d before), %d snapshots started", n, puts, f.Calls("StartSnapshot"))
@@ -119,6 +131,7 @@ func TestPublishAWSCommandFails(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fault publishtest.Fault
+		env   map[string]string
 		flags []string
 		code  int
 		want  string
@@ -130,13 +143,19 @@ func TestPublishAWSCommandFails(t *testing.T) {
 		{name: "RegisterImage denied", code: exitcode.Failure,
 			fault: publishtest.Fault{Op: "RegisterImage", Times: -1, Status: 403, Code: "UnauthorizedOperation", Message: "You are not authorized to perform this operation."},
 			want:  "the credentials need the IAM permission ec2:RegisterImage"},
+		{name: "credentials refused", env: map[string]string{"AWS_SECRET_ACCESS_KEY": "not-the-secret"}, code: exitcode.Failure,
+			want: "GetCallerIdentity in eu-west-1: the credentials were refused (InvalidClientTokenId"},
 		{name: "bad tag", flags: []string{"--tag", "kiln:sha256=x"}, code: exitcode.BadUsage, want: "--tag kiln:sha256 is kiln's own tag"},
+		{name: "bad region", flags: []string{"--region", "EU-WEST-1"}, code: exitcode.BadUsage, want: `--region "EU-WEST-1": not a region name`},
 		{name: "bad account", flags: []string{"--share-with", "ci"}, code: exitcode.BadUsage, want: `--share-with "ci"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := awsEnv(t)
 			if tc.fault.Op != "" {
 				f.Inject(tc.fault)
+			}
+			for k, v := range tc.env {
+				t.Setenv(k, v)
 			}
 			raw, _ := awsRaw(t)
 			args := append([]string{"publish", "aws", raw, "--region", "eu-west-1", "--name", "kiln-aws-worker", "--endpoint-url", f.URL()}, tc.flags...)
@@ -149,6 +168,53 @@ func TestPublishAWSCommandFails(t *testing.T) {
 			}
 			if tc.code == exitcode.BadUsage && f.Calls("DescribeImages")+f.Calls("StartSnapshot") != 0 {
 				t.Errorf("a bad command line called AWS")
+			}
+		})
+	}
+}
+
+// An http:// endpoint sends nothing unless --insecure-http is given: given by --endpoint-url
+// it is a usage error; given by the SDK's variables, every call is refused before it is
+// signed. With --insecure-http the publish goes through.
+func TestPublishAWSCommandPlainHTTP(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		flag     bool // the endpoint given by --endpoint-url, not the environment
+		insecure bool
+		code     int
+		want     string
+	}{
+		{name: "--endpoint-url", flag: true, code: exitcode.BadUsage, want: "credentials would go in clear text; use https, or --insecure-http"},
+		{name: "AWS_ENDPOINT_URL_*", code: exitcode.Failure, want: "refusing to send AWS credentials to http://"},
+		{name: "--endpoint-url --insecure-http", flag: true, insecure: true},
+		{name: "AWS_ENDPOINT_URL_* --insecure-http", insecure: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := awsEnvOf(t, publishtest.NewPlainAWS(t))
+			raw, content := awsRaw(t)
+			args := []string{"publish", "aws", raw, "--region", "eu-west-1", "--name", "kiln-aws-worker", "-o", "json"}
+			if tc.flag {
+				args = append(args, "--endpoint-url", f.URL())
+			} else {
+				for _, service := range []string{"EBS", "EC2", "STS"} {
+					t.Setenv("AWS_ENDPOINT_URL_"+service, f.URL())
+				}
+			}
+			if tc.insecure {
+				args = append(args, "--insecure-http")
+				var res publish.AWSResult
+				kilnJSON(t, &res, args...)
+				if err := f.SnapshotMatches("eu-west-1", res.SnapshotID, content); err != nil {
+					t.Error(err)
+				}
+				return
+			}
+			out, errs, code := runCLI(t, args...)
+			if code != tc.code || out != "" || !strings.Contains(errs, tc.want) {
+				t.Errorf("kiln %s: exit %d, stdout %q, stderr %s; want exit %d with %q", strings.Join(args, " "), code, out, errs, tc.code, tc.want)
+			}
+			if n := f.AllCalls(); n != 0 {
+				t.Errorf("%d calls reached the plain-http endpoint", n)
 			}
 		})
 	}

@@ -34,13 +34,21 @@ Cloud Storage checks, creates the image N from it (UEFI_COMPATIBLE, VIRTIO_SCSI_
 GVNIC, x86_64, the family and labels given) and waits until it is READY. Then it deletes the
 uploaded object, unless --keep-object.
 
-The image is labelled kiln-sha256 with the first 63 hex digits of the file's SHA-256 (a label
-value holds 63 characters) and its description ends with the whole "sha256:<hex>". Publishing
-the same file again finds that image and prints it without uploading ("reused": true), under
-whatever name it has. A --name already taken by an image of another file is an error.
+The file is hashed and checked against its metadata before any request: a file that is not
+what its metadata says is refused, naming both digests. The image is labelled kiln-sha256
+with the first 63 hex digits of the file's SHA-256 (a label value holds 63 characters) and
+its description ends with the whole "sha256:<hex>". Publishing the same file again under the
+same --name finds that image, READY, with the label and the whole digest at the end of its
+description, and prints it without uploading ("reused": true, and "reason"); an image of
+another name is never reused, whatever it carries. A --name already taken by an image of
+another file (or whose description lacks the whole digest) is an error.
 
-A failure deletes what this publish created (the uploaded object, an image left FAILED) or
-says what is left. A chunk that fails is sent again (--chunk-size).
+A failure deletes what this publish created (an image left FAILED; the object, only while it
+is the generation kiln uploaded, a precondition Cloud Storage checks) or says what is left.
+An object that appears at --object during the upload is someone else's: the upload fails
+(412) and leaves it alone. If the object is replaced while the image is created, the image
+may hold the other bytes: it is deleted and the publish fails. A chunk that fails is sent
+again (--chunk-size).
 
 Credentials are Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth
 application-default login, workload identity, the metadata server). The permissions needed
@@ -50,8 +58,10 @@ without one); STORAGE_EMULATOR_HOST is honoured as by every Cloud Storage client
 no credentials to Cloud Storage. --no-auth sends none to either API, for emulators and test
 fakes; a plain-http endpoint is refused without it, so credentials never go in clear text.
 
--o json prints {"image", "selfLink", "object", "reused"} for the next step of a CI job;
-"object" is the gs:// URL the image was made from, empty when it was reused.`,
+-o json prints {"image", "selfLink", "object", "reused", "reason"} for the next step of a CI
+job; "object" is the gs:// URL the image was made from, empty when it was reused; "reason",
+present when the image was reused, says which image it is and why kiln took it for this
+file.`,
 		Example: `  kiln bake images/gce.yaml --role worker -o out
   kiln publish gce out/gce-worker.tar.gz --project my-project --bucket my-images \
       --name kiln-worker-20261203 --family kiln-worker --label role=worker -o json
@@ -80,7 +90,7 @@ fakes; a plain-http endpoint is refused without it, so credentials never go in c
 				return exitcode.Usagef("--chunk-size: %d MiB, want at least 1", chunkMiB)
 			}
 			for flag, ep := range endpoints {
-				if err := checkEndpoint(*ep, noAuth); err != nil {
+				if err := checkEndpoint(*ep, noAuth, "--no-auth"); err != nil {
 					return exitcode.Usagef("%s: %v", flag, err)
 				}
 			}
@@ -115,9 +125,9 @@ fakes; a plain-http endpoint is refused without it, so credentials never go in c
 	return cmd
 }
 
-// checkEndpoint refuses an endpoint that is not an http(s) URL, and a plain-http one unless no
-// credentials are sent.
-func checkEndpoint(ep string, noAuth bool) error {
+// checkEndpoint refuses an endpoint that is not an http(s) URL, and a plain-http one unless
+// plainOK; allowFlag is the flag that allows it (--no-auth, --insecure-http).
+func checkEndpoint(ep string, plainOK bool, allowFlag string) error {
 	if ep == "" {
 		return nil
 	}
@@ -125,8 +135,8 @@ func checkEndpoint(ep string, noAuth bool) error {
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return fmt.Errorf("%q: want an http(s) URL", ep)
 	}
-	if u.Scheme == "http" && !noAuth {
-		return fmt.Errorf("%q: credentials would go in clear text; use https, or --no-auth for an emulator", ep)
+	if u.Scheme == "http" && !plainOK {
+		return fmt.Errorf("%q: credentials would go in clear text; use https, or %s for an emulator", ep, allowFlag)
 	}
 	return nil
 }
@@ -143,6 +153,9 @@ func printGCEResult(w io.Writer, format string, res *publish.GCEResult) error {
 		fmt.Fprintf(w, "object    %s\n", res.Object)
 	}
 	fmt.Fprintf(w, "reused    %t\n", res.Reused)
+	if res.Reason != "" {
+		fmt.Fprintf(w, "because   %s\n", res.Reason)
+	}
 	return nil
 }
 

@@ -76,6 +76,9 @@ func TestPublishGCECommand(t *testing.T) {
 			if now, _, _ := gcs.Uploads(); !again.Reused || again.Image != res.Image || again.SelfLink != res.SelfLink || now != starts {
 				t.Errorf("second publish printed %+v after %d uploads (%d before), want %s reused", again, now, starts, res.Image)
 			}
+			if res.Reason != "" || !strings.Contains(again.Reason, "image kiln-worker-1 of project kiln-test is READY") {
+				t.Errorf("-o json reason %q, then %q: want none, then why the image was reused", res.Reason, again.Reason)
+			}
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -40,10 +41,11 @@ const (
 	EBSBlockSize = 512 << 10
 )
 
-// AWS answers EBS direct (REST-JSON) and EC2 (Query, XML) over TLS as AWS does, for the calls
-// kiln publish aws makes, in every region: the region and the service of a request are those
-// of its SigV4 credential scope, whose signature it checks. It keeps snapshots and images,
-// checks what EBS and EC2 check, and fails calls as its faults say.
+// AWS answers EBS direct (REST-JSON), EC2 and STS (Query, XML) over TLS as AWS does, for the
+// calls kiln publish aws makes, in every region: the region and the service of a request are
+// those of its SigV4 credential scope, whose signature it checks (a request signed with other
+// credentials is refused with the service's error). It keeps snapshots and images, checks what
+// EBS and EC2 check, and fails calls as its faults say.
 type AWS struct {
 	t       testing.TB
 	srv     *httptest.Server
@@ -53,6 +55,10 @@ type AWS struct {
 	calls   map[string]int // by operation, including the failed ones
 	faults  []*Fault
 	pending int // Describe answers a completing snapshot or a new image stays pending
+	// anyOwner makes Describe calls ignore Owner/OwnerId, as an endpoint that does not honour
+	// Owner=self would: resources of other accounts are listed too.
+	anyOwner bool
+	tokens   map[string]string // CopyImage client token -> the image it made
 }
 
 type regionState struct {
@@ -67,6 +73,7 @@ type Snapshot struct {
 	Tags                   map[string]string
 	Blocks                 map[int32][]byte // the blocks put, by index
 	VolumePermission       []string         // the accounts allowed to create volumes from it
+	Owner                  string           // the owning account; "" is AWSAccount
 	digests                map[int32][]byte // raw SHA-256 of each block put
 	looks                  int              // DescribeSnapshots answers since completion
 }
@@ -78,33 +85,85 @@ type Image struct {
 	Tags                        map[string]string
 	LaunchPermission            []string
 	Params                      url.Values // the RegisterImage or CopyImage request
-	looks                       int
+	Owner                       string     // the owning account; "" is AWSAccount
+	// Attrs are what DescribeImages says of it: BootMode, ImdsSupport, Architecture (those of
+	// the RegisterImage request, or of the image copied).
+	Attrs map[string]string
+	looks int
+}
+
+func owner(o string) string {
+	if o == "" {
+		return AWSAccount
+	}
+	return o
 }
 
 // A Fault makes the calls of Op fail: after After calls have gone through, Times times (-1:
-// always), with Status and the error Code, Message and (EBS) Reason, or by cutting the
-// connection when Cut.
+// always), with Status and the error Code, Message and (EBS) Reason, by cutting the
+// connection before the call is made when Cut, or by making the call and then cutting the
+// connection, the answer lost, when Lost. With Plant, the call is not failed: another
+// principal of the account stores Plant in the call's region just before it is made (a race
+// between kiln's lookup and its call).
 type Fault struct {
 	Op                    string
 	After, Times          int
 	Status                int
 	Code, Message, Reason string
-	Cut                   bool
+	Cut, Lost             bool
+	Plant                 *Image
 }
 
-// NewAWS starts an AWS fake, stopped when the test ends. A new snapshot or image is pending
-// for one Describe answer before it completes.
-func NewAWS(t testing.TB) *AWS {
-	f := &AWS{t: t, regions: map[string]*regionState{}, calls: map[string]int{}, pending: 1}
+// NewAWS starts an AWS fake on https, stopped when the test ends. A new snapshot or image is
+// pending for one Describe answer before it completes.
+func NewAWS(t testing.TB) *AWS { return startAWS(t, true) }
+
+// NewPlainAWS starts an AWS fake that speaks plain http, as an emulator may.
+func NewPlainAWS(t testing.TB) *AWS { return startAWS(t, false) }
+
+func startAWS(t testing.TB, tls bool) *AWS {
+	f := &AWS{t: t, regions: map[string]*regionState{}, calls: map[string]int{}, pending: 1, tokens: map[string]string{}}
 	f.srv = httptest.NewUnstartedServer(f)
 	f.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // connections the faults cut
-	f.srv.StartTLS()
+	if tls {
+		f.srv.StartTLS()
+	} else {
+		f.srv.Start()
+	}
 	t.Cleanup(f.srv.Close)
 	return f
 }
 
-// URL is the endpoint of both EBS and EC2, https://127.0.0.1:PORT.
+// URL is the endpoint of EBS, EC2 and STS, https://127.0.0.1:PORT (http:// for NewPlainAWS).
 func (f *AWS) URL() string { return f.srv.URL }
+
+// AnyOwner makes DescribeImages and DescribeSnapshots list the resources of every account
+// whatever Owner they are asked for, as an endpoint that does not honour Owner=self.
+func (f *AWS) AnyOwner() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.anyOwner = true
+}
+
+// PutImage stores img in region, as another principal (of this account, or of img.Owner's)
+// would have registered it, and returns its id. Its state is available unless img says.
+func (f *AWS) PutImage(region string, img Image) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.putImage(f.region(region), img)
+}
+
+func (f *AWS) putImage(reg *regionState, img Image) string {
+	img.ID = f.newID("ami")
+	if img.State == "" {
+		img.State = "available"
+	}
+	if img.Attrs == nil {
+		img.Attrs = map[string]string{"BootMode": "uefi", "ImdsSupport": "v2.0", "Architecture": "x86_64"}
+	}
+	reg.images[img.ID] = &img
+	return img.ID
+}
 
 // Client is an HTTP client that trusts the fake's certificate.
 func (f *AWS) Client() *http.Client { return f.srv.Client() }
@@ -113,6 +172,9 @@ func (f *AWS) Client() *http.Client { return f.srv.Client() }
 // for AWS_CA_BUNDLE.
 func (f *AWS) CAFile(t testing.TB) string {
 	t.Helper()
+	if f.srv.Certificate() == nil {
+		t.Fatal("publishtest: CAFile of an AWS fake that speaks plain http")
+	}
 	path := filepath.Join(t.TempDir(), "aws-ca.pem")
 	block := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.srv.Certificate().Raw})
 	if err := os.WriteFile(path, block, 0o644); err != nil {
@@ -175,37 +237,96 @@ func (f *AWS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	region, service, err := verifySigV4(r, body)
 	if err != nil {
-		f.t.Errorf("%s %s not signed as AWS would accept: %v", r.Method, r.URL.Path, err)
-		w.WriteHeader(http.StatusForbidden)
+		f.refuse(w, r, service, err)
 		return
 	}
 	var op string
 	var form url.Values
-	if service == "ec2" {
+	if service == "ebs" {
+		op = ebsOp(r)
+	} else {
 		form, _ = url.ParseQuery(string(body))
 		op = form.Get("Action")
-		if r.Method != http.MethodPost || form.Get("Version") != "2016-11-15" {
-			f.t.Errorf("EC2 %s %s: %s, Version %q: not a Query API call", op, r.Method, r.URL.Path, form.Get("Version"))
+		if want := queryVersions[service]; r.Method != http.MethodPost || form.Get("Version") != want {
+			f.t.Errorf("%s %s %s %s, Version %q: not a Query API call", service, op, r.Method, r.URL.Path, form.Get("Version"))
 		}
-	} else {
-		op = ebsOp(r)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls[op]++
-	if f.fail(w, service, op) {
-		return
-	}
 	reg := f.region(region)
-	if service == "ec2" {
-		f.ec2(w, reg, region, op, form)
+	answered, lose := f.fail(w, reg, service, op)
+	if answered {
 		return
 	}
-	f.ebs(w, reg, op, r, body)
+	out := w
+	if lose {
+		out = httptest.NewRecorder()
+	}
+	switch service {
+	case "ec2":
+		f.ec2(out, reg, region, op, form)
+	case "sts":
+		f.sts(out, op)
+	default:
+		f.ebs(out, reg, op, r, body)
+	}
+	if lose {
+		cut(f.t, w)
+	}
 }
 
-// fail answers the call with a fault's error, if one applies, and says whether it did.
-func (f *AWS) fail(w http.ResponseWriter, service, op string) bool {
+// queryVersions are the API versions of the Query services.
+var queryVersions = map[string]string{"ec2": "2016-11-15", "sts": "2011-06-15"}
+
+// refuse answers a request AWS cannot authenticate with the service's error. A request signed
+// with the test's access key but not verifiable is a fault of the client's: the test fails.
+func (f *AWS) refuse(w http.ResponseWriter, r *http.Request, service string, err error) {
+	var bad *badCredentials
+	if !errors.As(err, &bad) {
+		f.t.Errorf("%s %s not signed as AWS would accept: %v", r.Method, r.URL.Path, err)
+	}
+	switch service {
+	case "ec2":
+		ec2Error(w, http.StatusUnauthorized, "AuthFailure", "AWS was not able to validate the provided access credentials")
+	case "sts":
+		stsError(w, http.StatusForbidden, "InvalidClientTokenId", "The security token included in the request is invalid.")
+	default:
+		ebsError(w, http.StatusForbidden, "UnrecognizedClientException", "The security token included in the request is invalid.", "")
+	}
+}
+
+// sts answers an STS call: GetCallerIdentity, the only one kiln makes.
+func (f *AWS) sts(w http.ResponseWriter, op string) {
+	if op != "GetCallerIdentity" {
+		f.t.Errorf("unexpected STS action %q", op)
+		stsError(w, http.StatusBadRequest, "InvalidAction", "Could not find operation "+op)
+		return
+	}
+	w.Header().Set("Content-Type", "text/xml")
+	fmt.Fprintf(w, `<GetCallerIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><GetCallerIdentityResult><Arn>arn:aws:iam::%s:user/kiln-ci</Arn><UserId>AIDAKILNTEST</UserId><Account>%s</Account></GetCallerIdentityResult><ResponseMetadata><RequestId>req-sts</RequestId></ResponseMetadata></GetCallerIdentityResponse>`, AWSAccount, AWSAccount)
+}
+
+func stsError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "text/xml")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Sender</Type><Code>%s</Code><Message>%s</Message></Error><RequestId>req-err</RequestId></ErrorResponse>`, code, xmlEscape(msg))
+}
+
+// cut closes the connection of w without an answer.
+func cut(t testing.TB, w http.ResponseWriter) {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		t.Errorf("hijack: %v", err)
+		return
+	}
+	conn.Close()
+}
+
+// fail answers the call with a fault's error, if one applies, and says whether it did, or
+// whether the call is to be made and its answer lost; a planting fault stores its image in
+// reg first.
+func (f *AWS) fail(w http.ResponseWriter, reg *regionState, service, op string) (answered, lose bool) {
 	for _, ft := range f.faults {
 		if ft.Op != op {
 			continue
@@ -220,26 +341,34 @@ func (f *AWS) fail(w http.ResponseWriter, service, op string) bool {
 		if ft.Times > 0 {
 			ft.Times--
 		}
-		if ft.Cut {
-			conn, _, err := w.(http.Hijacker).Hijack()
-			if err != nil {
-				f.t.Errorf("hijack: %v", err)
-			}
-			conn.Close()
-			return true
-		}
-		if service == "ec2" {
+		switch {
+		case ft.Plant != nil:
+			f.putImage(reg, *ft.Plant)
+			return false, false
+		case ft.Lost:
+			return false, true
+		case ft.Cut:
+			cut(f.t, w)
+		case service == "ec2":
 			ec2Error(w, ft.Status, ft.Code, ft.Message)
-		} else {
+		case service == "sts":
+			stsError(w, ft.Status, ft.Code, ft.Message)
+		default:
 			ebsError(w, ft.Status, ft.Code, ft.Message, ft.Reason)
 		}
-		return true
+		return true, false
 	}
-	return false
+	return false, false
 }
 
+// badCredentials is a request signed with credentials AWS does not know: another access key,
+// or the test's key with another secret.
+type badCredentials struct{ why string }
+
+func (e *badCredentials) Error() string { return e.why }
+
 // verifySigV4 checks r's signature with the test credentials and returns its scope's
-// region and service.
+// region and service (the service also when it fails, if the scope names it).
 func verifySigV4(r *http.Request, body []byte) (region, service string, err error) {
 	auth := r.Header.Get("Authorization")
 	m := authRE.FindStringSubmatch(auth)
@@ -247,15 +376,15 @@ func verifySigV4(r *http.Request, body []byte) (region, service string, err erro
 		return "", "", fmt.Errorf("Authorization %q is not SigV4", auth)
 	}
 	if m[1] != AWSAccessKeyID {
-		return "", "", fmt.Errorf("access key %s", m[1])
+		return m[3], m[4], &badCredentials{"access key " + m[1]}
 	}
 	when, err := time.Parse("20060102T150405Z", r.Header.Get("X-Amz-Date"))
 	if err != nil {
-		return "", "", fmt.Errorf("X-Amz-Date: %w", err)
+		return m[3], m[4], fmt.Errorf("X-Amz-Date: %w", err)
 	}
 	check, err := http.NewRequest(r.Method, "https://"+r.Host+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		return "", "", err
+		return m[3], m[4], err
 	}
 	check.ContentLength = r.ContentLength
 	for _, h := range strings.Split(m[5], ";") {
@@ -270,16 +399,17 @@ func verifySigV4(r *http.Request, body []byte) (region, service string, err erro
 	}
 	creds := aws.Credentials{AccessKeyID: AWSAccessKeyID, SecretAccessKey: AWSSecretAccessKey}
 	if err := v4.NewSigner().SignHTTP(context.Background(), creds, check, payload, m[4], m[3], when); err != nil {
-		return "", "", err
+		return m[3], m[4], err
 	}
 	if got := check.Header.Get("Authorization"); got != auth {
-		return "", "", fmt.Errorf("signature mismatch:\n got  %s\n want %s", auth, got)
+		return m[3], m[4], &badCredentials{fmt.Sprintf("signature mismatch:\n got  %s\n want %s", auth, got)}
 	}
 	return m[3], m[4], nil
 }
 
 var (
 	blockPath    = regexp.MustCompile(`^/snapshots/([^/]+)/blocks/(\d+)$`)
+	blocksPath   = regexp.MustCompile(`^/snapshots/([^/]+)/blocks$`)
 	completePath = regexp.MustCompile(`^/snapshots/completion/([^/]+)$`)
 )
 
@@ -290,6 +420,10 @@ func ebsOp(r *http.Request) string {
 		return "StartSnapshot"
 	case r.Method == http.MethodPut && blockPath.MatchString(r.URL.Path):
 		return "PutSnapshotBlock"
+	case r.Method == http.MethodGet && blockPath.MatchString(r.URL.Path):
+		return "GetSnapshotBlock"
+	case r.Method == http.MethodGet && blocksPath.MatchString(r.URL.Path):
+		return "ListSnapshotBlocks"
 	case r.Method == http.MethodPost && completePath.MatchString(r.URL.Path):
 		return "CompleteSnapshot"
 	}
@@ -382,6 +516,32 @@ func (f *AWS) Count(region string) (snapshots, images int) {
 	return len(r.snapshots), len(r.images)
 }
 
+// AllCalls is how many calls AWS received, of every operation.
+func (f *AWS) AllCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		n += c
+	}
+	return n
+}
+
+// PutSnapshot stores s in region as a completed snapshot, as another principal (of this
+// account, or of s.Owner's) would have made it, and returns its id.
+func (f *AWS) PutSnapshot(region string, s Snapshot) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s.ID, s.State = f.newID("snap"), "completed"
+	s.digests = map[int32][]byte{}
+	for i, b := range s.Blocks {
+		sum := sha256.Sum256(b)
+		s.digests[i] = sum[:]
+	}
+	f.region(region).snapshots[s.ID] = &s
+	return s.ID
+}
+
 // Calls is how many calls of op (StartSnapshot, RegisterImage, …) AWS received, the failed
 // ones included.
 func (f *AWS) Calls(op string) int {
@@ -399,7 +559,7 @@ func (f *AWS) Image(region, id string) *Image {
 		return nil
 	}
 	c := *img
-	c.Tags, c.Params = maps.Clone(img.Tags), maps.Clone(img.Params)
+	c.Tags, c.Params, c.Attrs = maps.Clone(img.Tags), maps.Clone(img.Params), maps.Clone(img.Attrs)
 	c.LaunchPermission = slices.Clone(img.LaunchPermission)
 	return &c
 }

@@ -4,7 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"time"
@@ -20,6 +23,11 @@ func (f *AWS) ebs(w http.ResponseWriter, reg *regionState, op string, r *http.Re
 		f.putSnapshotBlock(w, reg, m[1], m[2], r, body)
 	case "CompleteSnapshot":
 		f.completeSnapshot(w, reg, completePath.FindStringSubmatch(r.URL.Path)[1], r)
+	case "ListSnapshotBlocks":
+		f.listSnapshotBlocks(w, reg, blocksPath.FindStringSubmatch(r.URL.Path)[1], r.URL.Query())
+	case "GetSnapshotBlock":
+		m := blockPath.FindStringSubmatch(r.URL.Path)
+		f.getSnapshotBlock(w, reg, m[1], m[2], r.URL.Query().Get("blockToken"))
 	default:
 		f.t.Errorf("unexpected EBS call %s", op)
 		ebsError(w, http.StatusNotFound, "ResourceNotFoundException", "no such operation", "")
@@ -114,4 +122,73 @@ func (f *AWS) completeSnapshot(w http.ResponseWriter, reg *regionState, id strin
 		w.WriteHeader(http.StatusAccepted)
 		json.NewEncoder(w).Encode(map[string]string{"Status": "pending"})
 	}
+}
+
+// readable is the completed snapshot id of the account, or nil after answering EBS's error.
+func readable(w http.ResponseWriter, reg *regionState, id string) *Snapshot {
+	s := reg.snapshots[id]
+	switch {
+	case s == nil || owner(s.Owner) != AWSAccount:
+		ebsError(w, http.StatusNotFound, "ResourceNotFoundException", "The snapshot '"+id+"' does not exist.", "SNAPSHOT_NOT_FOUND")
+		return nil
+	case s.State != "completed":
+		ebsError(w, http.StatusBadRequest, "ValidationException", "The snapshot is not in the completed state", "INVALID_SNAPSHOT_ID")
+		return nil
+	}
+	return s
+}
+
+// blockToken is the token ListSnapshotBlocks gives for a block, which GetSnapshotBlock needs.
+func blockToken(id string, i int32) string {
+	return base64.StdEncoding.EncodeToString(fmt.Appendf(nil, "%s/%d", id, i))
+}
+
+// listSnapshotBlocks lists the blocks put in a completed snapshot, by index, in pages of
+// maxResults (100-10000, default 10000) from pageToken.
+func (f *AWS) listSnapshotBlocks(w http.ResponseWriter, reg *regionState, id string, q url.Values) {
+	s := readable(w, reg, id)
+	if s == nil {
+		return
+	}
+	limit, from := 10000, 0
+	if v := q.Get("maxResults"); v != "" {
+		limit, _ = strconv.Atoi(v)
+	}
+	if v := q.Get("pageToken"); v != "" {
+		from, _ = strconv.Atoi(v)
+	}
+	if limit < 100 || limit > 10000 {
+		ebsError(w, http.StatusBadRequest, "ValidationException", "maxResults must be between 100 and 10000", "INVALID_PARAMETER_VALUE")
+		return
+	}
+	idx := slices.Sorted(maps.Keys(s.Blocks))
+	var blocks []map[string]any
+	for _, i := range idx[min(from, len(idx)):min(from+limit, len(idx))] {
+		blocks = append(blocks, map[string]any{"BlockIndex": i, "BlockToken": blockToken(id, i)})
+	}
+	out := map[string]any{"Blocks": blocks, "BlockSize": EBSBlockSize, "VolumeSize": s.GiB, "ExpiryTime": float64(time.Now().Add(time.Hour).Unix())}
+	if from+limit < len(idx) {
+		out["NextToken"] = strconv.Itoa(from + limit)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
+}
+
+// getSnapshotBlock answers a block's data with its checksum.
+func (f *AWS) getSnapshotBlock(w http.ResponseWriter, reg *regionState, id, index, token string) {
+	s := readable(w, reg, id)
+	if s == nil {
+		return
+	}
+	i, _ := strconv.ParseInt(index, 10, 32)
+	data := s.Blocks[int32(i)]
+	if data == nil || token != blockToken(id, int32(i)) {
+		ebsError(w, http.StatusBadRequest, "ValidationException", "The block token is not valid", "INVALID_BLOCK_TOKEN")
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("X-Amz-Data-Length", strconv.Itoa(len(data)))
+	w.Header().Set("X-Amz-Checksum", base64.StdEncoding.EncodeToString(s.digests[int32(i)]))
+	w.Header().Set("X-Amz-Checksum-Algorithm", "SHA256")
+	w.Write(data)
 }

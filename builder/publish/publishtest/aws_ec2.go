@@ -130,13 +130,18 @@ func tagSet(tags map[string]string) string {
 	return b.String()
 }
 
+// ownerWanted says whether a resource of owner o is listed to a Describe call asking for the
+// owners (self is the caller's account; none: any).
+func (f *AWS) ownerWanted(o string, owners []string) bool {
+	if f.anyOwner || len(owners) == 0 {
+		return true
+	}
+	return slices.Contains(owners, o) || o == AWSAccount && slices.Contains(owners, "self")
+}
+
 func (f *AWS) describeSnapshots(w http.ResponseWriter, reg *regionState, form url.Values) {
 	ids := indexed(form, "SnapshotId")
-	for _, o := range indexed(form, "Owner") {
-		if o != "self" && o != AWSAccount {
-			f.t.Errorf("DescribeSnapshots of owner %q", o)
-		}
-	}
+	owners := indexed(form, "Owner")
 	for _, id := range ids {
 		if reg.snapshots[id] == nil {
 			ec2Error(w, 400, "InvalidSnapshot.NotFound", fmt.Sprintf("The snapshot '%s' does not exist.", id))
@@ -147,7 +152,7 @@ func (f *AWS) describeSnapshots(w http.ResponseWriter, reg *regionState, form ur
 	b.WriteString("<snapshotSet>")
 	for _, id := range slices.Sorted(maps.Keys(reg.snapshots)) {
 		s := reg.snapshots[id]
-		if len(ids) > 0 && !slices.Contains(ids, id) {
+		if len(ids) > 0 && !slices.Contains(ids, id) || !f.ownerWanted(owner(s.Owner), owners) {
 			continue
 		}
 		if s.State == "completing" {
@@ -166,7 +171,7 @@ func (f *AWS) describeSnapshots(w http.ResponseWriter, reg *regionState, form ur
 		}
 		if ok {
 			fmt.Fprintf(&b, `<item><snapshotId>%s</snapshotId><volumeId>vol-ffffffff</volumeId><status>%s</status><startTime>2026-01-01T00:00:00.000Z</startTime><progress>%s</progress><ownerId>%s</ownerId><volumeSize>%d</volumeSize><description>%s</description><encrypted>false</encrypted>%s<storageTier>standard</storageTier></item>`,
-				id, state, map[bool]string{true: "100%", false: "0%"}[state == "completed"], AWSAccount, s.GiB, xmlEscape(s.Description), tagSet(s.Tags))
+				id, state, map[bool]string{true: "100%", false: "0%"}[state == "completed"], owner(s.Owner), s.GiB, xmlEscape(s.Description), tagSet(s.Tags))
 		}
 	}
 	b.WriteString("</snapshotSet>")
@@ -181,14 +186,15 @@ func (f *AWS) describeImages(w http.ResponseWriter, reg *regionState, form url.V
 			return
 		}
 	}
-	if len(ids) == 0 && !slices.Equal(indexed(form, "Owner"), []string{"self"}) {
+	owners := indexed(form, "Owner")
+	if len(ids) == 0 && !slices.Equal(owners, []string{"self"}) {
 		f.t.Errorf("DescribeImages by name or tag without Owner self: would list public images too")
 	}
 	var b strings.Builder
 	b.WriteString("<imagesSet>")
 	for _, id := range slices.Sorted(maps.Keys(reg.images)) {
 		img := reg.images[id]
-		if len(ids) > 0 && !slices.Contains(ids, id) {
+		if len(ids) > 0 && !slices.Contains(ids, id) || !f.ownerWanted(owner(img.Owner), owners) {
 			continue
 		}
 		if img.State == "pending" {
@@ -202,12 +208,23 @@ func (f *AWS) describeImages(w http.ResponseWriter, reg *regionState, form url.V
 			return
 		}
 		if ok {
-			fmt.Fprintf(&b, `<item><imageId>%s</imageId><imageLocation>%s/%s</imageLocation><imageState>%s</imageState><imageOwnerId>%s</imageOwnerId><creationDate>2026-01-01T00:00:00.000Z</creationDate><isPublic>false</isPublic><architecture>x86_64</architecture><imageType>machine</imageType><name>%s</name><rootDeviceType>ebs</rootDeviceType><rootDeviceName>/dev/xvda</rootDeviceName><blockDeviceMapping><item><deviceName>/dev/xvda</deviceName><ebs><snapshotId>%s</snapshotId><volumeSize>%d</volumeSize><deleteOnTermination>true</deleteOnTermination><volumeType>gp3</volumeType><encrypted>false</encrypted></ebs></item></blockDeviceMapping><virtualizationType>hvm</virtualizationType>%s<hypervisor>xen</hypervisor><enaSupport>true</enaSupport><bootMode>uefi</bootMode><imdsSupport>v2.0</imdsSupport></item>`,
-				id, AWSAccount, xmlEscape(img.Name), img.State, AWSAccount, xmlEscape(img.Name), img.SnapshotID, img.GiB, tagSet(img.Tags))
+			b.WriteString(imageItem(img))
 		}
 	}
 	b.WriteString("</imagesSet>")
 	ec2OK(w, "DescribeImages", b.String())
+}
+
+// imageItem is img as DescribeImages describes it; a copy names its source.
+func imageItem(img *Image) string {
+	var source string
+	if img.Params.Get("Action") == "CopyImage" {
+		source = fmt.Sprintf("<sourceImageId>%s</sourceImageId><sourceImageRegion>%s</sourceImageRegion>", xmlEscape(img.Params.Get("SourceImageId")), xmlEscape(img.Params.Get("SourceRegion")))
+	}
+	o := owner(img.Owner)
+	return fmt.Sprintf(`<item><imageId>%s</imageId><imageLocation>%s/%s</imageLocation><imageState>%s</imageState><imageOwnerId>%s</imageOwnerId><creationDate>2026-01-01T00:00:00.000Z</creationDate><isPublic>false</isPublic><architecture>%s</architecture><imageType>machine</imageType><name>%s</name><rootDeviceType>ebs</rootDeviceType><rootDeviceName>/dev/xvda</rootDeviceName><blockDeviceMapping><item><deviceName>/dev/xvda</deviceName><ebs><snapshotId>%s</snapshotId><volumeSize>%d</volumeSize><deleteOnTermination>true</deleteOnTermination><volumeType>gp3</volumeType><encrypted>false</encrypted></ebs></item></blockDeviceMapping><virtualizationType>hvm</virtualizationType>%s<hypervisor>xen</hypervisor><enaSupport>true</enaSupport><bootMode>%s</bootMode><imdsSupport>%s</imdsSupport>%s</item>`,
+		img.ID, o, xmlEscape(img.Name), img.State, o, xmlEscape(img.Attrs["Architecture"]), xmlEscape(img.Name), img.SnapshotID, img.GiB, tagSet(img.Tags),
+		xmlEscape(img.Attrs["BootMode"]), xmlEscape(img.Attrs["ImdsSupport"]), source)
 }
 
 // registerImage checks a RegisterImage of an EBS-backed AMI as EC2 does.
@@ -233,25 +250,36 @@ func (f *AWS) registerImage(w http.ResponseWriter, reg *regionState, form url.Va
 	case form.Get("RootDeviceName") != form.Get("BlockDeviceMapping.1.DeviceName"):
 		ec2Error(w, 400, "InvalidBlockDeviceMapping", "The root device is not in the block device mapping")
 	default:
-		img := &Image{ID: f.newID("ami"), Name: name, State: "pending", SnapshotID: snap, GiB: size, Tags: tagsOf(form, "image"), Params: form}
+		img := &Image{ID: f.newID("ami"), Name: name, State: "pending", SnapshotID: snap, GiB: size, Tags: tagsOf(form, "image"), Params: form,
+			Attrs: map[string]string{"BootMode": form.Get("BootMode"), "ImdsSupport": form.Get("ImdsSupport"), "Architecture": form.Get("Architecture")}}
 		reg.images[img.ID] = img
 		ec2OK(w, "RegisterImage", "<imageId>"+img.ID+"</imageId>")
 	}
 }
 
+// named is the account's image called name (names are unique per account and region).
 func (r *regionState) named(name string) *Image {
 	for _, img := range r.images {
-		if img.Name == name {
+		if img.Name == name && owner(img.Owner) == AWSAccount {
 			return img
 		}
 	}
 	return nil
 }
 
-// copyImage copies an available image of another region into reg, with a new snapshot.
+// copyImage copies an available image of another region into reg, with a new snapshot. A
+// request repeating the ClientToken of an earlier one gets the image that one made.
 func (f *AWS) copyImage(w http.ResponseWriter, reg *regionState, form url.Values) {
 	src := f.region(form.Get("SourceRegion")).images[form.Get("SourceImageId")]
-	name := form.Get("Name")
+	name, token := form.Get("Name"), form.Get("ClientToken")
+	if id, ok := f.tokens[token]; ok && token != "" {
+		if prev := reg.images[id]; prev == nil || prev.Params.Get("SourceImageId") != form.Get("SourceImageId") || prev.Name != name {
+			ec2Error(w, 400, "IdempotentParameterMismatch", "The client token "+token+" was used with other parameters")
+			return
+		}
+		ec2OK(w, "CopyImage", "<imageId>"+id+"</imageId>")
+		return
+	}
 	switch {
 	case src == nil:
 		ec2Error(w, 400, "InvalidAMIID.NotFound", "The image id '["+form.Get("SourceImageId")+"]' does not exist")
@@ -263,8 +291,11 @@ func (f *AWS) copyImage(w http.ResponseWriter, reg *regionState, form url.Values
 		orig := f.region(form.Get("SourceRegion")).snapshots[src.SnapshotID]
 		s := &Snapshot{ID: f.newID("snap"), State: "completed", GiB: orig.GiB, Tags: tagsOf(form, "snapshot"), Blocks: orig.Blocks, digests: orig.digests}
 		reg.snapshots[s.ID] = s
-		img := &Image{ID: f.newID("ami"), Name: name, State: "pending", SnapshotID: s.ID, GiB: src.GiB, Tags: tagsOf(form, "image"), Params: form}
+		img := &Image{ID: f.newID("ami"), Name: name, State: "pending", SnapshotID: s.ID, GiB: src.GiB, Tags: tagsOf(form, "image"), Params: form, Attrs: maps.Clone(src.Attrs)}
 		reg.images[img.ID] = img
+		if token != "" {
+			f.tokens[token] = img.ID
+		}
 		ec2OK(w, "CopyImage", "<imageId>"+img.ID+"</imageId>")
 	}
 }

@@ -7,10 +7,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fsouza/fake-gcs-server/fakestorage"
 )
@@ -71,6 +75,14 @@ type GCS struct {
 	faultAt  int
 	faulted  bool
 	forbid   bool
+	race     *raceObject  // stored by "another client" when the first chunk arrives
+	requests int          // every request that carried the token
+	deletes  []url.Values // the query of every object delete
+}
+
+type raceObject struct {
+	bucket, name string
+	content      []byte
 }
 
 // NewGCS starts the emulator with the buckets, stopped when the test ends. Requests must
@@ -108,6 +120,14 @@ func (f *GCS) Forbid() {
 	f.forbid = true
 }
 
+// RaceObject makes another client store an object of that name and content while the next
+// resumable upload is under way: when its first chunk arrives.
+func (f *GCS) RaceObject(bucket, name string, content []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.race = &raceObject{bucket, name, content}
+}
+
 // Uploads is how many uploads were started, how many requests carried the chunks of
 // resumable ones, and whether the fault was injected.
 func (f *GCS) Uploads() (starts, chunks int, faulted bool) {
@@ -127,10 +147,72 @@ func (f *GCS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !authorized(w, r, f.token) {
 		return
 	}
+	f.mu.Lock()
+	f.requests++
+	f.mu.Unlock()
 	if strings.HasPrefix(r.URL.Path, "/upload/") && !f.intercept(w, r) {
 		return
 	}
+	if r.Method == http.MethodDelete && !f.deleteAllowed(w, r) {
+		return
+	}
 	f.gcs.HTTPHandler().ServeHTTP(w, r)
+}
+
+// objectPath is the JSON API path of an object: /storage/v1/b/BUCKET/o/OBJECT.
+var objectPath = regexp.MustCompile(`^/storage/v1/b/([^/]+)/o/(.+)$`)
+
+// deleteAllowed records an object delete and checks its ifGenerationMatch as Cloud Storage
+// does (the emulator does not): 412 unless the object's live generation is the one given. It
+// says whether the request may go on.
+func (f *GCS) deleteAllowed(w http.ResponseWriter, r *http.Request) bool {
+	m := objectPath.FindStringSubmatch(r.URL.EscapedPath())
+	if m == nil {
+		return true
+	}
+	bucket, _ := url.PathUnescape(m[1])
+	name, _ := url.PathUnescape(m[2])
+	q := r.URL.Query()
+	f.mu.Lock()
+	f.deletes = append(f.deletes, q)
+	f.mu.Unlock()
+	want := q.Get("ifGenerationMatch")
+	if want == "" {
+		return true
+	}
+	obj, err := f.gcs.GetObject(bucket, name)
+	if err != nil {
+		googleError(w, http.StatusNotFound, "notFound", "No such object: "+bucket+"/"+name)
+		return false
+	}
+	if strconv.FormatInt(obj.Generation, 10) != want {
+		googleError(w, http.StatusPreconditionFailed, "conditionNotMet", "At least one of the pre-conditions you specified did not hold.")
+		return false
+	}
+	return true
+}
+
+// Requests is how many requests carrying the right credentials GCS received.
+func (f *GCS) Requests() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.requests
+}
+
+// Deletes is the query of every object delete GCS received (generation, ifGenerationMatch).
+func (f *GCS) Deletes() []url.Values {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.deletes)
+}
+
+// Generation is the live generation of an object, 0 when there is none.
+func (f *GCS) Generation(bucket, name string) int64 {
+	obj, err := f.gcs.GetObject(bucket, name)
+	if err != nil {
+		return 0
+	}
+	return obj.Generation
 }
 
 // intercept counts an upload request and applies the fault; false when it answered itself.
@@ -159,7 +241,16 @@ func (f *GCS) intercept(w http.ResponseWriter, r *http.Request) bool {
 	if n != 0 && n == f.faultAt && !f.faulted {
 		fault, f.faulted = f.fault, true
 	}
+	race := f.race
+	if q.Get("upload_id") != "" {
+		f.race = nil
+	} else {
+		race = nil
+	}
 	f.mu.Unlock()
+	if race != nil {
+		f.PutObject(race.bucket, race.name, race.content)
+	}
 	switch fault {
 	case GCS503:
 		googleError(w, http.StatusServiceUnavailable, "backendError", "Backend Error")
@@ -217,7 +308,16 @@ func (f *GCS) Object(bucket, name string) ([]byte, error) {
 	return obj.Content, nil
 }
 
-// PutObject stores an object, as another client's upload would.
+// PutObject stores an object, as another client's upload would: a new generation.
 func (f *GCS) PutObject(bucket, name string, content []byte) {
-	f.gcs.CreateObject(fakestorage.Object{ObjectAttrs: fakestorage.ObjectAttrs{BucketName: bucket, Name: name}, Content: content})
+	f.gcs.CreateObject(f.newObject(bucket, name, content))
+}
+
+// newObject is an object of a generation after the live one's, as Cloud Storage gives.
+func (f *GCS) newObject(bucket, name string, content []byte) fakestorage.Object {
+	gen := time.Now().UnixMicro()
+	if cur := f.Generation(bucket, name); cur >= gen {
+		gen = cur + 1
+	}
+	return fakestorage.Object{ObjectAttrs: fakestorage.ObjectAttrs{BucketName: bucket, Name: name, Generation: gen}, Content: content}
 }

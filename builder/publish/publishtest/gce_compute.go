@@ -35,6 +35,7 @@ type Compute struct {
 	calls   []string // "METHOD path-after-project"
 	forbid  bool     // answer images.insert with 403
 	failOp  bool     // end the insert's operation with an error, leaving the image FAILED
+	replace []byte   // what another client writes over the raw disk's object at images.insert
 }
 
 // NewCompute starts a Compute Engine fake of project whose images are made from the objects of
@@ -62,6 +63,14 @@ func (f *Compute) FailOperation() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failOp = true
+}
+
+// ReplaceSource makes another client write content over the object of the next images.insert
+// just before GCE reads it: the image is made from content, under a new generation.
+func (f *Compute) ReplaceSource(content []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.replace = content
 }
 
 // Image returns a copy of the image name, or nil.
@@ -184,6 +193,10 @@ func (f *Compute) checkImage(im *compute.Image) ([]byte, error) {
 	object, err := url.PathUnescape(object)
 	if err != nil {
 		return nil, err
+	}
+	if f.replace != nil {
+		f.gcs.PutObject(bucket, object, f.replace)
+		f.replace = nil
 	}
 	content, err := f.gcs.Object(bucket, object)
 	if err != nil {
