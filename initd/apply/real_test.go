@@ -115,8 +115,9 @@ func readWant(file, prefix string) (string, error) {
 
 // TestRealConfigs takes each config of the corpus as a node does: parsed (Butane with the
 // corpus's files directory for its local keys, as kiln run --config --files-dir), validated,
-// and applied by every applier in first boot's order into a root laid out like a kiln
-// node. A config must be refused or fail with exactly its message, or be applied: then the
+// its references followed (served from files/remote), its kernelArguments edited into a boot
+// entry's options line, and applied by every applier in first boot's order into a root laid
+// out like a kiln node. A config must be refused or fail with exactly its message, or be applied: then the
 // files, directories, links, units and accounts it asks for are there, nothing under /usr
 // (but /usr/local) or any other read-only part changed, and a second run changes nothing.
 // Parsing and validating need nothing; applying needs root and the shadow tools, without
@@ -146,6 +147,15 @@ func checkRealCase(t *testing.T, c realCase) {
 		}
 		return
 	}
+	// First boot follows the configs it references (ignition.config.merge, replace) before
+	// anything else; kiln check-config does too.
+	if cfg, err = cfg.Render(context.Background(), config.RenderOptions{Get: corpusGetter}); err != nil {
+		if c.outcome != outcomeFails || err.Error() != c.message {
+			t.Fatalf("Render: %v\nwant %s: %s", err, c.outcome, c.message)
+		}
+		return
+	}
+	checkKernelArgs(t, cfg)
 	// As kiln check-config against the default worker image: its contents and its role.
 	if err := errors.Join(cfg.CheckImage(imageContents(t)), cfg.CheckRole(config.RoleWorker)); err != nil || c.outcome == outcomeImage {
 		if err == nil || c.outcome != outcomeImage || err.Error() != c.message {
@@ -173,6 +183,26 @@ func checkRealCase(t *testing.T, c realCase) {
 	}
 	if d := after.Diff(testkit.Snapshot(t, root), sameNode); len(d) > 0 {
 		t.Errorf("second run changed the root: %q", d)
+	}
+}
+
+// kernelOptions is the options line of a qemu image's boot entry, as the bake writes it.
+const kernelOptions = "root=PARTUUID=0f8c2a9e-6b1d-4d57-9a43-2c1e5b7d9f10 rootfstype=erofs ro kiln.platform=qemu console=ttyS0,115200 tsc=reliable"
+
+// checkKernelArgs checks that the config's kernelArguments, as first boot writes them into
+// the booted slot's boot entry, hold on its options line and keep what the boot needs.
+func checkKernelArgs(t *testing.T, cfg *config.Config) {
+	t.Helper()
+	k := cfg.KernelArgs()
+	if k.Empty() {
+		return
+	}
+	edited, _, _, err := k.Edit(kernelOptions)
+	if err != nil {
+		t.Fatalf("kernelArguments: %v", err)
+	}
+	if !k.HeldBy(edited) || !strings.HasPrefix(edited, "root=PARTUUID=0f8c2a9e-6b1d-4d57-9a43-2c1e5b7d9f10 rootfstype=erofs ro kiln.platform=qemu ") {
+		t.Errorf("the boot entry's options become %q", edited)
 	}
 }
 

@@ -3,7 +3,9 @@
 // The user config is an Ignition v3 document (spec 3.0 to 3.6) or a Butane YAML document
 // (variant fcos 1.0.0 to 1.7.0 or flatcar 1.0.0 to 1.1.0, translated to Ignition with the
 // Butane library), either optionally gzip'd. The image's embedded default config is merged under it with
-// Ignition's own merge rules (Merge).
+// Ignition's own merge rules (Merge). The configs a config references (ignition.config.merge
+// and replace) are fetched, checked and merged in by Render, as Ignition does before it
+// applies a config.
 //
 // kiln applies configs itself (Ignition's appliers are internal to Ignition; see package
 // initd/apply). Validate refuses every part of a config that kiln does not apply, naming
@@ -24,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/coreos/ignition/v2/config/v3_6"
@@ -70,6 +73,9 @@ type Config struct {
 	// translation), one per line, e.g.
 	// "storage.files[0].mode: setuid/setgid/sticky bits are not supported".
 	Warnings []string
+	// Referenced are the sources of the configs Render followed (ignition.config.merge and
+	// replace), in order, a data: URL as "data: URL".
+	Referenced []string
 }
 
 // Parse decodes raw user data: Ignition JSON of spec version 3.0 to 3.6, or Butane YAML
@@ -141,7 +147,8 @@ func (c *Config) JSON() ([]byte, error) {
 // Merge returns base with user merged over it by Ignition's rules (v3_6.Merge): lists
 // are merged by key (a file path, a unit name, a user name…) with user's entries winning,
 // single values set in user replace base's. Either may be nil. The warnings of both are
-// kept. The result should be validated again.
+// kept, and so are the sources Render followed for either. The result should be validated
+// again.
 func Merge(base, user *Config) *Config {
 	switch {
 	case base == nil && user == nil:
@@ -151,8 +158,8 @@ func Merge(base, user *Config) *Config {
 	case user == nil:
 		return base
 	}
-	warnings := append(append([]string{}, base.Warnings...), user.Warnings...)
-	return &Config{Ignition: v3_6.Merge(base.Ignition, user.Ignition), Warnings: warnings}
+	return &Config{Ignition: v3_6.Merge(base.Ignition, user.Ignition),
+		Warnings: append(append([]string{}, base.Warnings...), user.Warnings...), Referenced: slices.Concat(base.Referenced, user.Referenced)}
 }
 
 var utf8BOM = []byte{0xef, 0xbb, 0xbf}

@@ -172,8 +172,7 @@ var validateCases = []validateCase{
 			"storage.filesystems[1].path: a swap area is not mounted",
 			`storage.filesystems[2].mountOptions[0]: "ro,exec": one option per entry`,
 			`storage.filesystems[3].uuid: "not-a-volid" is not a FAT volume id`}},
-	{name: "kernel arguments", body: `"kernelArguments":{"shouldExist":["quiet"]}`, wantUnsupported: true,
-		want: []string{"kernelArguments.shouldExist is not supported by kiln yet"}},
+	{name: "kernel arguments", body: `"kernelArguments":{"shouldExist":["quiet","console=ttyS1,115200n8"],"shouldNotExist":["mitigations=auto,nosmt"]}`},
 	{name: "append", body: `"storage":{"files":[{"path":"/etc/a"},{"path":"/etc/b","append":[{"source":"data:,x"}]}]}`, wantUnsupported: true,
 		want: []string{"storage.files[1].append is not supported by kiln yet"}},
 	{name: "remote source without hash", body: `"storage":{"files":[{"path":"/etc/a","contents":{"source":"https://example.com/a"}}]}`,
@@ -245,7 +244,8 @@ func TestValidate(t *testing.T) {
 
 func TestValidateIgnitionSection(t *testing.T) {
 	tests := []struct{ name, ignition, want string }{
-		{"merge", `"config":{"merge":[{"source":"data:,%7B%7D"}]}`, "ignition.config.merge is not supported by kiln yet"},
+		{"merge headers", `"config":{"merge":[{"source":"https://h/a.ign","httpHeaders":[{"name":"X","value":"y"}],"verification":{"hash":"` + hashA + `"}}]}`,
+			"ignition.config.merge[0].httpHeaders is not supported by kiln yet"},
 		{"timeouts", `"timeouts":{"httpTotal":10}`, "ignition.timeouts.httpTotal is not supported by kiln yet"},
 		{"proxy", `"proxy":{"httpProxy":"http://proxy:3128"}`, "ignition.proxy.httpProxy is not supported by kiln yet"},
 		{"tls", `"security":{"tls":{"certificateAuthorities":[{"source":"data:,x"}]}}`, "ignition.security.tls.certificateAuthorities is not supported by kiln yet"},

@@ -64,7 +64,8 @@ func deref(s *string) string {
 	return *s
 }
 
-// Getter fetches the body of an http(s) URL. It should give up after MaxSize bytes.
+// Getter fetches the body of an http, https or tftp URL (URLGetter). It should give up after
+// MaxSize bytes.
 type Getter func(ctx context.Context, url string) ([]byte, error)
 
 // Remote reports whether the file's contents must still be fetched.
@@ -87,7 +88,7 @@ func (f File) Fetch(ctx context.Context, get Getter) (File, error) {
 	if err != nil {
 		return File{}, &FieldError{Path: f.Field + ".contents.source", Err: fmt.Errorf("fetch %s: %w", f.Source, err)}
 	}
-	data, err = decode(f.Field, data, f.Compression, &f.Hash, MaxSize)
+	data, err = decode(f.Field+".contents", data, f.Compression, &f.Hash, MaxSize, nil)
 	if err != nil {
 		return File{}, err
 	}
@@ -156,7 +157,8 @@ func resolve(field string, f types.File, left int64) (File, error) {
 	if err != nil {
 		return File{}, &FieldError{Path: field + ".contents.source", Err: fmt.Errorf("decode data URL: %w", err)}
 	}
-	data, err := decode(field, du.Data, deref(f.Contents.Compression), f.Contents.Verification.Hash, left)
+	data, err := decode(field+".contents", du.Data, deref(f.Contents.Compression), f.Contents.Verification.Hash, left,
+		func() error { return FilesTotalError(field) })
 	if err != nil {
 		return File{}, err
 	}
@@ -164,19 +166,16 @@ func resolve(field string, f types.File, left int64) (File, error) {
 	return out, nil
 }
 
-// decode decompresses data and verifies it against hash (if not nil). The contents may
-// not exceed MaxSize, nor left (what MaxFilesSize leaves for them): decompression stops
-// at the smaller of the two.
-func decode(field string, data []byte, compression string, hash *string, left int64) ([]byte, error) {
-	limit, what := int64(MaxSize), "the contents"
+// decode decompresses the contents of the resource at JSON path at (a file's
+// "storage.files[0].contents", a referenced config's "ignition.config.merge[0]") and verifies
+// them against hash (if not nil). They may not exceed MaxSize, nor left, what a cap on several
+// resources together leaves them: decompression stops at the smaller of the two, and overAll
+// is the error for going over left.
+func decode(at string, data []byte, compression string, hash *string, left int64, overAll func() error) ([]byte, error) {
+	limit := int64(MaxSize)
+	tooLarge := func() error { return &FieldError{Path: at, Err: &TooLargeError{What: "the contents", Limit: MaxSize}} }
 	if left < limit {
-		limit, what = max(left, 0), ""
-	}
-	tooLarge := func() error {
-		if what == "" {
-			return FilesTotalError(field)
-		}
-		return &FieldError{Path: field + ".contents", Err: &TooLargeError{What: what, Limit: MaxSize}}
+		limit, tooLarge = max(left, 0), overAll
 	}
 	var err error
 	switch compression {
@@ -185,19 +184,19 @@ func decode(field string, data []byte, compression string, hash *string, left in
 			return nil, tooLarge()
 		}
 	case "gzip":
-		data, err = gunzip(data, limit, what)
+		data, err = gunzip(data, limit, "the contents")
 		var tl *TooLargeError
 		if errors.As(err, &tl) {
 			return nil, tooLarge()
 		}
 		if err != nil {
-			return nil, &FieldError{Path: field + ".contents", Err: fmt.Errorf("gunzip: %w", err)}
+			return nil, &FieldError{Path: at, Err: fmt.Errorf("gunzip: %w", err)}
 		}
 	default:
-		return nil, &FieldError{Path: field + ".contents.compression", Err: unsupported(fmt.Sprintf("compression %q is not supported (gzip is)", compression))}
+		return nil, &FieldError{Path: at + ".compression", Err: unsupported(fmt.Sprintf("compression %q is not supported (gzip is)", compression))}
 	}
 	if err := verify(types.Verification{Hash: hash}, data); err != nil {
-		return nil, &FieldError{Path: field + ".contents.verification.hash", Err: err}
+		return nil, &FieldError{Path: at + ".verification.hash", Err: err}
 	}
 	return data, nil
 }

@@ -31,6 +31,15 @@ func (e *FieldError) Unwrap() error { return e.Err }
 // kiln learns to apply more (and never before).
 var supported = []string{
 	"ignition.version",
+	"ignition.config.merge[].source",
+	"ignition.config.merge[].compression",
+	"ignition.config.merge[].verification.hash",
+	"ignition.config.replace.source",
+	"ignition.config.replace.compression",
+	"ignition.config.replace.verification.hash",
+
+	"kernelArguments.shouldExist",
+	"kernelArguments.shouldNotExist",
 
 	"storage.files[].path",
 	"storage.files[].overwrite",
@@ -146,6 +155,11 @@ func (c *Config) Validate() error {
 	var errs []error
 	walk(reflect.ValueOf(c.Ignition), "", "", &errs)
 	ign := c.Ignition
+	errs = append(errs, checkReference("ignition.config.replace", ign.Ignition.Config.Replace)...)
+	for i, r := range ign.Ignition.Config.Merge {
+		errs = append(errs, checkReference(fmt.Sprintf("ignition.config.merge[%d]", i), r)...)
+	}
+	errs = append(errs, checkKernelArgs(c.KernelArgs())...)
 	for i, f := range ign.Storage.Files {
 		errs = append(errs, checkFile(fmt.Sprintf("storage.files[%d]", i), f)...)
 	}

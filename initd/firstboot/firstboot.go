@@ -57,11 +57,21 @@ type Options struct {
 	// Systemctl runs systemctl with args on the live system. nil runs /usr/bin/systemctl
 	// when Root is "/" and does nothing otherwise.
 	Systemctl func(ctx context.Context, args ...string) error
+	// Rebooter reboots the machine once the config's kernelArguments are written into its
+	// boot entry; nil asks systemd, through Systemctl.
+	Rebooter Rebooter
 	// Networkctl runs networkctl with args on the live system and returns its output; nil
 	// runs networkctl when Root is "/" and does nothing otherwise.
 	Networkctl func(ctx context.Context, args ...string) (string, error)
-	// Facts adjusts fact gathering (tests point it at fake /proc and /sys trees).
+	// Facts adjusts fact gathering (tests point it at fake /proc and /sys trees). Its SysRoot
+	// also lists the disks for the ESP, and its ProcRoot gives the boot id.
 	Facts FactsOptions
+	// ESP is a directory holding the EFI system partition's files, where the config's
+	// kernelArguments go (tests); "" finds the partition on the disk the node booted from
+	// (root=PARTUUID=), listing disks in Facts.SysRoot's block/ and opening them in DevDir.
+	ESP string
+	// DevDir holds the device nodes; "" means /dev.
+	DevDir string
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -112,7 +122,43 @@ func Run(ctx context.Context, opts Options) (*Status, error) {
 		return prev, nil
 	}
 	st := &Status{Started: opts.Now().UTC(), Files: []FileStatus{}, Version: opts.Version}
-	return st, finish(ctx, opts, st, run(ctx, opts, st, rerun))
+	err := finish(ctx, opts, st, run(ctx, opts, st, rerun))
+	if err == nil && st.State == StateRebooting {
+		err = reboot(ctx, opts, st)
+	}
+	return st, err
+}
+
+// Rebooter reboots the machine.
+type Rebooter interface {
+	// Reboot asks for a reboot and returns without waiting for it; why says what for.
+	Reboot(ctx context.Context, why string) error
+}
+
+// systemdReboot is the Rebooter of a live node: systemctl reboot --no-block, so that first
+// boot's service ends before the shutdown stops it.
+type systemdReboot struct {
+	systemctl func(ctx context.Context, args ...string) error
+}
+
+func (s systemdReboot) Reboot(ctx context.Context, _ string) error {
+	return s.systemctl(ctx, "reboot", "--no-block")
+}
+
+// reboot asks for the reboot the kernel arguments first boot wrote need (st records them):
+// the next boot runs first boot again with them in effect. On failure it records it.
+func reboot(ctx context.Context, opts Options, st *Status) error {
+	err := opts.Rebooter.Reboot(ctx, "kernel arguments "+st.KernelArguments.change())
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("reboot for the kernel arguments written to %s: %w", st.KernelArguments.Entry, err)
+	st.State, st.Error = StateFailed, err.Error()
+	if werr := writeStatus(ctx, opts.Root, st); werr != nil {
+		err = errors.Join(err, fmt.Errorf("record first-boot status: %w", werr))
+	}
+	opts.Log.Error("first boot failed", "error", err)
+	return err
 }
 
 // previousRun reads the status an earlier first boot left: done is that status when the
@@ -123,6 +169,8 @@ func previousRun(opts Options) (done *Status, rerun bool) {
 	switch {
 	case err == nil && prev.State == StateOK && !opts.Force:
 		return prev, true
+	case err == nil && prev.State == StateRebooting:
+		opts.Log.Info("first boot goes on after its reboot for the kernel arguments")
 	case err == nil && prev.State != StateOK:
 		opts.Log.Info("previous first boot did not succeed; running again", "state", prev.State, "error", prev.Error)
 	case err != nil && !statusMissing(err):
@@ -136,9 +184,11 @@ func previousRun(opts Options) (done *Status, rerun bool) {
 func finish(ctx context.Context, opts Options, st *Status, runErr error) error {
 	st.Finished = opts.Now().UTC()
 	st.DurationMS = st.Finished.Sub(st.Started).Milliseconds()
-	st.State = StateOK
-	if runErr != nil {
+	switch {
+	case runErr != nil:
 		st.State, st.Error = StateFailed, runErr.Error()
+	case st.State != StateRebooting:
+		st.State = StateOK
 	}
 	if err := writeStatus(ctx, opts.Root, st); err != nil {
 		err = fmt.Errorf("record first-boot status: %w", err)
@@ -152,6 +202,10 @@ func finish(ctx context.Context, opts Options, st *Status, runErr error) error {
 	if runErr != nil {
 		opts.Log.Error("first boot failed", "error", runErr)
 		return runErr
+	}
+	if st.State == StateRebooting {
+		opts.Log.Info("first boot reboots for the kernel arguments; it goes on after the reboot", "entry", st.KernelArguments.Entry)
+		return nil
 	}
 	opts.Log.Info("first boot done", "source", st.Source, "tasks", st.Summary(), "duration", st.Duration())
 	return nil
@@ -178,6 +232,9 @@ func withDefaults(o Options) Options {
 	}
 	if o.Systemctl == nil {
 		o.Systemctl = systemctl(o.Root)
+	}
+	if o.Rebooter == nil {
+		o.Rebooter = systemdReboot{o.Systemctl}
 	}
 	return o
 }
@@ -229,6 +286,10 @@ func run(ctx context.Context, opts Options, st *Status, rerun bool) error {
 
 	cfg, err := loadConfig(ctx, opts, kernelLine, platform, st)
 	if err != nil {
+		return err
+	}
+	// Kernel arguments take effect at boot: the rest waits until the kernel runs with them.
+	if err := kernelArguments(ctx, opts, cfg.KernelArgs(), kernelLine, st); err != nil || st.State == StateRebooting {
 		return err
 	}
 	if _, err := systemd.Find(opts.Root, config.SSHUnit); cfg.EnableSSHForKeys(err == nil) {
@@ -304,17 +365,23 @@ func loadConfig(ctx context.Context, opts Options, kernelLine, platform string, 
 		return nil, err
 	}
 	var user *config.Config
+	get := config.URLGetter(config.FetchOptions{Retry: source.DefaultURLTimeout, Log: opts.Log})
 	if len(raw) == 0 {
 		st.Source = NoSource
 		opts.Log.Info("no config found", "sources", providerNames(providers))
 	} else {
 		st.Source = src
 		opts.Log.Info("config found", "source", src, "bytes", len(raw))
-		if user, err = parse(raw, "config from "+src); err != nil {
+		if user, err = parse(ctx, raw, "config from "+src, get); err != nil {
 			return nil, err
 		}
 	}
-	return overDefault(opts.Root, user, src)
+	cfg, err := overDefault(ctx, opts.Root, user, src, get)
+	if cfg != nil && len(cfg.Referenced) > 0 {
+		st.Referenced = cfg.Referenced
+		opts.Log.Info("referenced configs followed", "sources", cfg.Referenced)
+	}
+	return cfg, err
 }
 
 // platformProviders are the platform's config sources, once they can answer: cloud
@@ -344,7 +411,8 @@ func platformProviders(ctx context.Context, opts Options, kernelLine, platform s
 
 // overDefault merges the user's config (nil: none, src: where it came from) over the
 // image's default config at nodeimage.EmbeddedConfigPath; an image without one leaves the user's as it is.
-func overDefault(root string, user *config.Config, src string) (*config.Config, error) {
+// get fetches what the default config references.
+func overDefault(ctx context.Context, root string, user *config.Config, src string, get config.Getter) (*config.Config, error) {
 	base, err := os.ReadFile(filepath.Join(root, nodeimage.EmbeddedConfigPath))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -358,7 +426,7 @@ func overDefault(root string, user *config.Config, src string) (*config.Config, 
 	if base, err = source.Decode(base); err != nil {
 		return nil, fmt.Errorf("image default config %s: %w", nodeimage.EmbeddedConfigPath, err)
 	}
-	def, err := parse(base, "image default config "+nodeimage.EmbeddedConfigPath)
+	def, err := parse(ctx, base, "image default config "+nodeimage.EmbeddedConfigPath, get)
 	if err != nil {
 		return nil, err
 	}
@@ -396,12 +464,17 @@ func hasDefaultRoute(routes string) bool {
 	return false
 }
 
-func parse(raw []byte, what string) (*config.Config, error) {
+// parse parses, validates and renders a config (what names it for errors): the configs it
+// references (ignition.config.merge, replace) are fetched with get, as kiln.config.url is.
+func parse(ctx context.Context, raw []byte, what string, get config.Getter) (*config.Config, error) {
 	c, err := config.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if c, err = c.Render(ctx, config.RenderOptions{Get: get}); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return c, nil

@@ -31,6 +31,10 @@ const (
 	// StateRunning is recorded while first boot waits for a fact its tasks need (see
 	// Status.Waiting); a boot that ends in it (power cut) runs first boot again.
 	StateRunning = "running"
+	// StateRebooting is recorded when first boot wrote the config's kernelArguments into the
+	// booted slot's boot entry and asked for a reboot: the next boot runs first boot again,
+	// from the start, with the arguments in effect.
+	StateRebooting = "rebooting"
 )
 
 // Status is the first-boot report, stored as JSON at StatusPath.
@@ -40,9 +44,12 @@ type Status struct {
 	Finished   time.Time `json:"finished"`
 	DurationMS int64     `json:"duration_ms"`
 	Source     string    `json:"source"`
-	Platform   string    `json:"platform,omitempty"`
-	Role       string    `json:"role,omitempty"`
-	Hostname   string    `json:"hostname,omitempty"`
+	// Referenced are the configs the config referenced (ignition.config.merge and replace),
+	// in the order first boot followed them; a data: URL is "data: URL".
+	Referenced []string `json:"referenced,omitempty"`
+	Platform   string   `json:"platform,omitempty"`
+	Role       string   `json:"role,omitempty"`
+	Hostname   string   `json:"hostname,omitempty"`
 	// HostnameSource says where the hostname came from: config, platform (the metadata
 	// service), kernel or generated.
 	HostnameSource string `json:"hostnameSource,omitempty"`
@@ -50,6 +57,9 @@ type Status struct {
 	InstanceID string       `json:"instanceID,omitempty"`
 	Zone       string       `json:"zone,omitempty"`
 	Files      []FileStatus `json:"files"`
+	// KernelArguments is what first boot did for the config's kernelArguments (nil when it
+	// has none).
+	KernelArguments *KernelArgsStatus `json:"kernelArguments,omitempty"`
 	// Tasks are the task graph's outcome, in the order they ran.
 	Tasks []task.TaskStatus `json:"tasks,omitempty"`
 	// Waiting is what first boot is waiting for, while it waits (State running).
@@ -83,6 +93,10 @@ func (s *Status) Line() string {
 		return nodeimage.FormatDone(s.Finished)
 	case s.State == StateOK:
 		return nodeimage.FormatOK(s.Source, len(s.Files), s.Summary(), s.Duration())
+	case s.State == StateRebooting && s.KernelArguments != nil:
+		// Not a line kiln run waits for (nodeimage.StatusLineRE): the next boot prints that.
+		return nodeimage.StatusLinePrefix + StateRebooting + ": kernel arguments " + s.KernelArguments.change() +
+			"; first boot goes on after the reboot"
 	default:
 		// The console gets the failures; the tasks they blocked are in status.json and
 		// `kiln-init status`.
@@ -181,6 +195,9 @@ func printTable(w io.Writer, st *Status) error {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("STATE", st.State)
 	row("SOURCE", orDash(st.Source))
+	if len(st.Referenced) > 0 {
+		row("REFERENCED", strings.Join(st.Referenced, ", "))
+	}
 	row("PLATFORM", orDash(st.Platform))
 	row("ROLE", orDash(st.Role))
 	host := orDash(st.Hostname)
@@ -188,6 +205,9 @@ func printTable(w io.Writer, st *Status) error {
 		host += " (from " + st.HostnameSource + ")"
 	}
 	row("HOSTNAME", host)
+	if k := st.KernelArguments; k != nil {
+		row("KERNEL ARGS", k.String())
+	}
 	if st.InstanceID != "" || st.Zone != "" {
 		row("INSTANCE", orDash(st.InstanceID)+" in "+orDash(st.Zone))
 	}

@@ -1,7 +1,6 @@
 package source
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/internal/cmdline"
-	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // Kernel command-line parameters read by CmdlineURL.
@@ -111,7 +109,7 @@ func (c *CmdlineURL) Fetch(ctx context.Context) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	data, err := c.fetchWithRetry(ctx, u)
+	data, err := c.fetcher().Get(ctx, u)
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", u.Redacted(), err)
 	}
@@ -160,80 +158,9 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
-func (c *CmdlineURL) fetchWithRetry(ctx context.Context, u *url.URL) ([]byte, error) {
-	pause := c.Backoff
-	if pause <= 0 {
-		pause = time.Second
-	}
-	attemptTimeout := c.AttemptTimeout
-	if attemptTimeout <= 0 {
-		attemptTimeout = 30 * time.Second
-	}
-	logger := c.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	var data []byte
-	err := poll.Retry(ctx, poll.Options{
-		What:    u.Redacted(),
-		Backoff: poll.Backoff{Initial: pause, Factor: 2, Max: 8 * pause},
-		Retryable: func(err error) bool {
-			var perm *permanentError
-			return !errors.As(err, &perm)
-		},
-		OnRetry: func(a poll.Attempt) {
-			logger.Warn("config url: retrying", "url", u.Redacted(), "attempt", a.N, "in", a.Pause, "err", a.Err)
-		},
-	}, func(ctx context.Context) error {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		defer cancel()
-		var err error
-		data, err = c.fetchOnce(actx, u)
-		return err
-	})
-	var pe *poll.Error
-	if errors.As(err, &pe) {
-		// When the deadline cut the last attempt short, Last is what the attempts before it
-		// found (a refused connection, a 502): it says more than "context deadline exceeded".
-		return nil, fmt.Errorf("gave up after %d attempts: %w", pe.Attempts, cmp.Or(pe.Last, pe.Cause))
-	}
-	return data, err
-}
-
-func (c *CmdlineURL) fetchOnce(ctx context.Context, u *url.URL) ([]byte, error) {
-	if u.Scheme == "tftp" {
-		return c.TFTP.Get(ctx, u.Host, strings.TrimPrefix(u.Path, "/"))
-	}
-	hc := c.HTTPClient
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return nil, &permanentError{err}
-	}
-	resp, err := SafeRedirects(hc).Do(req)
-	if err != nil {
-		var re *RedirectError
-		if errors.As(err, &re) {
-			return nil, &permanentError{err}
-		}
-		return nil, err
-	}
-	defer resp.Body.Close()
-	switch {
-	case resp.StatusCode == http.StatusOK:
-	case resp.StatusCode >= 500:
-		return nil, fmt.Errorf("server answered %s", resp.Status)
-	default:
-		return nil, &permanentError{fmt.Errorf("server answered %s", resp.Status)}
-	}
-	data, err := readLimited(resp.Body, MaxConfigSize, "the answer")
-	var tooLarge *TooLargeError
-	if errors.As(err, &tooLarge) {
-		return nil, &permanentError{err}
-	}
-	return data, err
+// fetcher is how CmdlineURL gets its URL: as a Fetcher with its own settings.
+func (c *CmdlineURL) fetcher() Fetcher {
+	return Fetcher{HTTPClient: c.HTTPClient, TFTP: c.TFTP, Backoff: c.Backoff, AttemptTimeout: c.AttemptTimeout, Logger: c.Logger}
 }
 
 // MaxRedirects is how many redirects an http(s) fetch follows (kiln.config.url, and
