@@ -484,7 +484,10 @@ func (s *fileScan) search(win []byte, from, limit, lines int, in string, keys, a
 // inflate returns at most limit bytes decompressed from r (in b): all of it, or its first
 // limit bytes, or what came out before the data turned out corrupt or cut short.
 func inflate(kind decompress.Kind, r io.Reader, limit int64, b *bytes.Buffer) ([]byte, error) {
-	d, err := decompress.Options{MaxMemory: limit + 1<<20}.Open(r, kind)
+	// At least the 64 MiB dictionary of xz -9 and zstd --ultra -22's 64 MiB window (both are
+	// allocated as declared, however small the file): a file the decoder refuses would go
+	// unscanned.
+	d, err := decompress.Options{MaxMemory: max(limit+1<<20, 65<<20)}.Open(r, kind)
 	if err != nil {
 		return nil, err
 	}

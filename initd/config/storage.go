@@ -3,12 +3,16 @@ package config
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path"
 	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/coreos/ignition/v2/config/v3_6/types"
+
+	"github.com/kilnproject/kiln/initd/rootpath"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // The checks below cover storage.disks, raid, luks and filesystems: what kiln can honour
@@ -45,8 +49,54 @@ var LuksOpenOptions = map[string]string{
 }
 
 // reservedMounts are mount points a storage.filesystems path may not be: the node's own
-// filesystems, which stage 1 mounted before first boot ran.
-var reservedMounts = []string{"/", "/usr", "/etc", "/var", "/boot", "/boot/efi", "/efi", "/run", "/proc", "/sys", "/dev", "/tmp"}
+// filesystems, which stage 1 mounted before first boot ran (the overlays of
+// nodeimage.Overlays too), and /var/run, the base's link to /run.
+var reservedMounts = []string{"/", "/etc", "/var", "/run", "/tmp", "/var/run", "/opt"}
+
+// reservedTrees are the trees no storage.filesystems path may be in: the kernel's filesystems,
+// the image's read-only root, where /bin, /sbin and /lib… are links into /usr on a merged-/usr
+// base (CheckMountPaths follows the links an image has), its boot files and kiln's own state.
+var reservedTrees = []struct{ dir, what string }{
+	{"/proc", "the kernel's process filesystem"},
+	{"/sys", "the kernel's sysfs"},
+	{"/dev", "the kernel's device filesystem"},
+	{"/usr", "the image's read-only root"},
+	{"/bin", "the image's read-only root"},
+	{"/sbin", "the image's read-only root"},
+	{"/lib", "the image's read-only root"},
+	{"/lib32", "the image's read-only root"},
+	{"/lib64", "the image's read-only root"},
+	{"/libx32", "the image's read-only root"},
+	{"/boot", "the image's boot files"},
+	{"/efi", "the image's boot files"},
+	{"/var/lib/kiln", "kiln's own state (the overlays' upper directories)"},
+}
+
+// mountProblem says why no filesystem may be mounted at the clean absolute path p; "" when
+// one may.
+func mountProblem(p string) string {
+	if slices.Contains(reservedMounts, p) || slices.ContainsFunc(nodeimage.Overlays(), func(o nodeimage.Overlay) bool { return o.Dir == p }) {
+		return p + " is one of the node's own filesystems, mounted before first boot runs"
+	}
+	for _, t := range reservedTrees {
+		switch {
+		case p == t.dir:
+			return p + " is " + t.what
+		case strings.HasPrefix(p, t.dir+"/"):
+			return fmt.Sprintf("%s is in %s, %s", p, t.dir, t.what)
+		}
+	}
+	return ""
+}
+
+// notBlockDevices are names directly under /dev that are never a disk, partition, array or
+// volume: the calling process's files, terminals, memory, the kernel's other character
+// devices and sockets, and the directories of such (fd, pts, shm, input…). Names starting
+// with tty are terminals too.
+var notBlockDevices = []string{"fd", "stdin", "stdout", "stderr", "pts", "shm", "mqueue", "hugepages", "null", "zero",
+	"full", "random", "urandom", "console", "kmsg", "mem", "kmem", "port", "ptmx", "log", "initctl", "kvm", "fuse", "cuse",
+	"rtc", "rtc0", "watchdog", "watchdog0", "hwrng", "net", "snd", "input", "dri", "cpu", "vfio", "vsock", "vhost-net",
+	"vhost-vsock", "uinput", "autofs", "loop-control", "btrfs-control", "bus", "char", "block"}
 
 // vfatUUID is a FAT volume id as blkid shows it (and Ignition takes it).
 var vfatUUID = regexp.MustCompile(`^[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}$`)
@@ -135,9 +185,10 @@ func checkFilesystem(field string, f types.Filesystem) []error {
 			errs = append(errs, &FieldError{Path: field + ".path", Err: errors.New("a swap area is not mounted: leave path out")})
 		case !path.IsAbs(p):
 			errs = append(errs, &FieldError{Path: field + ".path", Err: fmt.Errorf("%q is not an absolute path", p)})
-		case containsString(reservedMounts, clean) || clean == "/usr" || strings.HasPrefix(clean, "/usr/"):
-			errs = append(errs, &FieldError{Path: field + ".path",
-				Err: fmt.Errorf("%s is one of the node's own filesystems, mounted before first boot runs; mount below /var or elsewhere", clean)})
+		default:
+			if why := mountProblem(clean); why != "" {
+				errs = append(errs, &FieldError{Path: field + ".path", Err: fmt.Errorf("%s; mount below /var or elsewhere", why)})
+			}
 		}
 	}
 	for i, o := range f.MountOptions {
@@ -149,12 +200,53 @@ func checkFilesystem(field string, f types.Filesystem) []error {
 	return errs
 }
 
-// checkDevice checks a device path: absolute, and under /dev.
+// checkDevice checks a device path: absolute, under /dev, and not a name that is never a
+// block device (/dev/fd/0, /dev/null, /dev/mapper/control). Whether it is one is checked on
+// the node, where it is (volume.OnBootDisk stats it).
 func checkDevice(field, dev string) []error {
-	if !strings.HasPrefix(path.Clean(dev), "/dev/") {
+	name, ok := strings.CutPrefix(path.Clean(dev), "/dev/")
+	if !ok {
 		return []error{&FieldError{Path: field, Err: fmt.Errorf("%q is not a device under /dev", dev)}}
 	}
+	top, _, _ := strings.Cut(name, "/")
+	if slices.Contains(notBlockDevices, top) || strings.HasPrefix(top, "tty") || name == "mapper/control" {
+		return []error{&FieldError{Path: field, Err: fmt.Errorf("%q is not a block device: give a disk, a partition, a RAID array or a LUKS volume", dev)}}
+	}
 	return nil
+}
+
+// CheckMountPaths refuses each path in filesystems that leads, through the links of the
+// image's root tree at root (the node's "/" on the node), to where Validate refuses a mount:
+// /var/run is /run in a Debian base, /bin is /usr/bin in a merged-/usr one, and an image may
+// have links of its own. Links are resolved inside root, as the node sees its own tree
+// (rootpath.Resolve), never on the host running the check; a path that does not exist yet
+// is taken as it is written from there on. A path Validate refuses as it is written is left
+// to Validate. Each problem is a *FieldError naming the JSON path storage.filesystems[N].path.
+func CheckMountPaths(root string, filesystems []types.Filesystem) error {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return fmt.Errorf("storage.filesystems: %w", err)
+	}
+	defer r.Close()
+	var errs []error
+	for i, f := range filesystems {
+		p := deref(f.Path)
+		clean := path.Clean(p)
+		if !path.IsAbs(p) || deref(f.Format) == "swap" || mountProblem(clean) != "" {
+			continue // Validate refuses these
+		}
+		field := fmt.Sprintf("storage.filesystems[%d].path", i)
+		rel, err := rootpath.Resolve(r, clean[1:], func(string) error { return nil })
+		if err != nil {
+			errs = append(errs, &FieldError{Path: field, Err: err})
+			continue
+		}
+		resolved := path.Join("/", rel)
+		if why := mountProblem(resolved); why != "" {
+			errs = append(errs, &FieldError{Path: field, Err: fmt.Errorf("%s leads to %s in the image: %s; mount below /var or elsewhere", clean, resolved, why)})
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func containsString(list []string, s string) bool { return slices.Contains(list, s) }

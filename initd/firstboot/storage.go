@@ -42,6 +42,11 @@ func (p *plan) applyStorage(ctx context.Context) (bool, error) {
 	if err := p.cfg.CheckRole(role); err != nil {
 		return false, err
 	}
+	// A mount path may lead, through the image's links (/var/run, a merged /usr's /lib),
+	// where no filesystem may go: Validate saw it only as written.
+	if err := config.CheckMountPaths(p.opts.Root, p.cfg.Ignition.Storage.Filesystems); err != nil {
+		return false, err
+	}
 	forbidden := map[string]string{}
 	if node != nil && node.Etcd != nil && node.Etcd.Volume != nil {
 		v := node.Etcd.Volume

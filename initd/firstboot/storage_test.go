@@ -74,3 +74,24 @@ func TestEtcdVolumeSharesNoDiskWithStorage(t *testing.T) {
 		t.Errorf("storageOnDisk with no shared disk = %v", err)
 	}
 }
+
+// A mount path that leads, through the image's own links, into a tree no filesystem may be
+// mounted on is refused before anything is touched: here /srv/data is a link into the
+// read-only /usr.
+func TestStorageRefusesMountThroughLink(t *testing.T) {
+	p := storagePlan(t, `"storage":{"filesystems":[{"device":"/dev/kiln-test-absent","format":"ext4","path":"/srv/data"}]}`, "worker")
+	if err := os.MkdirAll(filepath.Join(p.opts.Root, "srv"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/usr/share/data", filepath.Join(p.opts.Root, "srv/data")); err != nil {
+		t.Fatal(err)
+	}
+	changed, err := p.applyStorage(context.Background())
+	want := "storage.filesystems[0].path: /srv/data leads to /usr/share/data"
+	if err == nil || !strings.Contains(err.Error(), want) || changed {
+		t.Fatalf("applyStorage = %v, %v; want unchanged and %q", changed, err, want)
+	}
+	if _, err := os.Stat(filepath.Join(p.opts.Root, "etc/systemd/system")); err == nil {
+		t.Errorf("a refused storage section wrote units")
+	}
+}

@@ -2,6 +2,8 @@ package install
 
 import (
 	"context"
+	"crypto/sha512"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"os"
@@ -73,6 +75,10 @@ func TestAuto(t *testing.T) {
 	srv.files["/img.raw.zst"] = enc.EncodeAll(img.raw, nil)
 	srv.files["/etcd-main.ign"] = nodeConfigIgn("etcd-main")
 	srv.files["/etcd-gone.ign"] = nodeConfigIgn("etcd-gone")
+	// A pointer config: the node config is in the config it merges, as first boot renders it.
+	sum := sha512.Sum512(srv.files["/etcd-main.ign"])
+	srv.files["/pointer.ign"] = []byte(`{"ignition":{"version":"3.4.0","config":{"merge":[{"source":"` + srv.URL + `/etcd-main.ign",` +
+		`"verification":{"hash":"sha512-` + hex.EncodeToString(sum[:]) + `"}}]}}}`)
 	empty := func(name, serial string) fakeDisk { return fakeDisk{name: name, serial: serial, size: 64 * mib} }
 	tests := []struct {
 		name    string
@@ -82,9 +88,14 @@ func TestAuto(t *testing.T) {
 		wipe    bool
 		want    string // the disk installed to
 		wantErr []string
+		wantLog []string // what the console says, besides
 	}{
-		{name: "one empty disk beside the etcd volume", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")},
-			config: "etcd-main.ign", dev: Auto, want: "vdb"},
+		{name: "one empty disk beside the etcd volume", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os"), {name: "vdc", serial: "old", size: 64 * mib, ext4: true}},
+			config: "etcd-main.ign", dev: Auto, want: "vdb",
+			wantLog: []string{`msg="install: skipped the etcd volume" disk="DEV/vda (64 MiB, serial etcd-main)" selector="etcd.volume.serial=etcd-main"`,
+				`msg="install: skipped" disk="DEV/vdc (64 MiB, serial old)" why="holds ext4"`}},
+		{name: "one empty disk beside the etcd volume of a merged config", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")},
+			config: "pointer.ign", dev: Auto, want: "vdb", wantLog: []string{`msg="install: skipped the etcd volume" disk="DEV/vda (64 MiB, serial etcd-main)"`}},
 		{name: "two empty disks", disks: []fakeDisk{empty("vda", "one"), empty("vdb", "two")}, dev: Auto,
 			wantErr: []string{"2 empty disks", "vda (64 MiB, serial one): empty", "vdb (64 MiB, serial two): empty", "by-id virtio-two"}},
 		{name: "two empty disks without a config to tell the etcd one", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, dev: Auto,
@@ -100,6 +111,17 @@ func TestAuto(t *testing.T) {
 		{name: "wipe takes the only usable disk", disks: []fakeDisk{{name: "vda", serial: "old", size: 64 * mib, ext4: true}, empty("vdb", "etcd-main")},
 			config: "etcd-main.ign", dev: Auto, wipe: true, want: "vda"},
 		{name: "by-id name", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, dev: "virtio-os", want: "vdb"},
+		{name: "named disk beside the etcd volume", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, config: "etcd-main.ign",
+			dev: "virtio-os", want: "vdb", wantLog: []string{`msg="install: skipped the etcd volume" disk="DEV/vda (64 MiB, serial etcd-main)"`}},
+		{name: "wipe of a named disk while the etcd volume is not seen", disks: []fakeDisk{{name: "vda", serial: "old", size: 64 * mib, ext4: true}},
+			config: "etcd-gone.ign", dev: "virtio-old", wipe: true,
+			wantErr: []string{"kiln.install.dev=virtio-old with kiln.install.wipe=1: ", "vda (64 MiB, serial old) holds ext4, and the node config's etcd.volume.serial=etcd-gone selects none of the disks seen, so the installer cannot keep clear of it"}},
+		{name: "wipe of a named empty disk while the etcd volume is not seen", disks: []fakeDisk{empty("vda", "os")},
+			config: "etcd-gone.ign", dev: "virtio-os", wipe: true, want: "vda",
+			wantLog: []string{`level=WARN msg="install: the node config's etcd.volume.serial=etcd-gone selects none of the disks seen; kiln.install.dev=virtio-os: it is empty, so it holds no etcd data either way"`}},
+		{name: "named empty disk while the etcd volume is not seen", disks: []fakeDisk{empty("vda", "os")}, config: "etcd-gone.ign",
+			dev: "virtio-os", want: "vda",
+			wantLog: []string{`level=WARN msg="install: the node config's etcd.volume.serial=etcd-gone selects none of the disks seen; kiln.install.dev=virtio-os: it is empty`}},
 		{name: "by-id name of the etcd volume", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, config: "etcd-main.ign",
 			dev: "virtio-etcd-main", wantErr: []string{"is the etcd volume (etcd.volume.serial=etcd-main)"}},
 		{name: "unknown by-id name", disks: []fakeDisk{empty("vda", "os")}, dev: "virtio-nope",
@@ -117,7 +139,8 @@ func TestAuto(t *testing.T) {
 			for _, d := range tt.disks {
 				before[d.name] = fileSHA(t, filepath.Join(o.Host.DevDir, d.name))
 			}
-			res, err := Install(context.Background(), slog.New(slog.DiscardHandler), p, o)
+			log, logs := logBuffer()
+			res, err := Install(context.Background(), log, p, o)
 			if tt.wantErr != nil {
 				if !errors.Is(err, errNoTarget) {
 					t.Fatalf("Install error = %v, want a refusal", err)
@@ -135,6 +158,11 @@ func TestAuto(t *testing.T) {
 			for _, d := range tt.disks {
 				if d.name != tt.want && fileSHA(t, filepath.Join(o.Host.DevDir, d.name)) != before[d.name] {
 					t.Errorf("%s changed", d.name)
+				}
+			}
+			for _, w := range tt.wantLog {
+				if w = strings.ReplaceAll(w, "DEV/", o.Host.DevDir+"/"); !strings.Contains(logs.String(), w) {
+					t.Errorf("the console does not say %s:\n%s", w, logs)
 				}
 			}
 		})

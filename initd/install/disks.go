@@ -123,13 +123,13 @@ func readInt(file string) (int64, error) {
 
 // markEtcd sets Disk.Etcd on the disks the etcd volume selector selects. It fails when the
 // selector selects none of them: the installer could not then tell the etcd disk apart.
-func markEtcd(disks []Disk, v *EtcdVolume) error {
+func markEtcd(disks []Disk, v *stage1.EtcdVolume) error {
 	if v == nil {
 		return nil
 	}
 	found := false
 	for i := range disks {
-		if v.Serial != "" && disks[i].IDs.SelectedBySerial(v.Serial) || v.ByID != "" && disks[i].IDs.SelectedByID(v.ByID) {
+		if v.Selects(disks[i].IDs) {
 			disks[i].Etcd, found = v.String(), true
 		}
 	}

@@ -107,9 +107,14 @@ func get(ctx context.Context, client *http.Client, u *url.URL) (*http.Response, 
 	return nil, &permanentError{err}
 }
 
+// maxDecoderMemory bounds what decompressing the image may take: a zstd window or an xz
+// dictionary over it is refused before it is allocated (decompress.ErrMemoryLimit). Stage 1
+// runs from RAM, and the image is only checked against its sha256 once it has been read.
+const maxDecoderMemory = 256 << 20
+
 // image returns the decompressed image stream.
 func (d *download) image() (io.ReadCloser, error) {
-	r, err := decompress.Options{MaxMemory: 256 << 20}.Open(d.body, d.kind)
+	r, err := decompress.Options{MaxMemory: maxDecoderMemory}.Open(d.body, d.kind)
 	if err != nil {
 		return nil, fmt.Errorf("open %s stream: %w", d.kind, err)
 	}

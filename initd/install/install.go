@@ -13,12 +13,14 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/internal/decompress"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
@@ -74,10 +76,10 @@ type Result struct {
 // returns an error saying why and, once the disk was touched, that it no longer boots.
 func Install(ctx context.Context, log *slog.Logger, p Params, o Options) (Result, error) {
 	o = o.withDefaults(p)
-	var etcd *EtcdVolume
+	var etcd *stage1.EtcdVolume
 	if p.ConfigURL != "" {
 		var err error
-		if etcd, err = etcdVolume(ctx, log, o.Cmdline, o.HTTPClient); err != nil {
+		if etcd, err = stage1.FetchEtcdVolume(ctx, log, o.Cmdline, o.HTTPClient); err != nil {
 			return Result{}, fmt.Errorf("install: %w", err)
 		}
 	}
@@ -103,9 +105,12 @@ func Install(ctx context.Context, log *slog.Logger, p Params, o Options) (Result
 }
 
 // waitTarget chooses the target, looking again while the error says a disk is missing (see
-// missing), until o.DiskWait has passed.
-func waitTarget(ctx context.Context, log *slog.Logger, o Options, p Params, etcd *EtcdVolume, minSize int64) (Disk, error) {
-	var d Disk
+// missing), until o.DiskWait has passed, and logs the disks it kept clear of.
+func waitTarget(ctx context.Context, log *slog.Logger, o Options, p Params, etcd *stage1.EtcdVolume, minSize int64) (Disk, error) {
+	var (
+		d     Disk
+		disks []Disk
+	)
 	logged := false
 	err := poll.Retry(ctx, poll.Options{
 		What:      "the disk to install to",
@@ -120,36 +125,79 @@ func waitTarget(ctx context.Context, log *slog.Logger, o Options, p Params, etcd
 		},
 	}, func(context.Context) error {
 		var err error
-		d, err = pickTarget(log, o.Host, p, etcd, minSize)
+		d, disks, err = pickTarget(o.Host, p, etcd, minSize)
 		return err
 	})
 	var pe *poll.Error
 	if errors.As(err, &pe) && pe.Last != nil {
 		return Disk{}, fmt.Errorf("after waiting %s for disks: %w", o.DiskWait, pe.Last)
 	}
-	return d, err
-}
-
-// pickTarget scans the disks, marks the etcd volume and chooses the target.
-func pickTarget(log *slog.Logger, host Host, p Params, etcd *EtcdVolume, minSize int64) (Disk, error) {
-	disks, err := host.Scan()
 	if err != nil {
 		return Disk{}, err
 	}
-	if err := markEtcd(disks, etcd); err != nil {
-		if p.Dev == Auto {
-			return Disk{}, fmt.Errorf("kiln.%s=%s: %w", ParamDev, Auto, err)
-		}
-		log.Warn("install: "+err.Error(), "dev", p.Dev)
+	logSkipped(log, p, etcd, disks, d, minSize)
+	return d, nil
+}
+
+// pickTarget scans the disks, marks the etcd volume and chooses the target; it returns the
+// disks seen too. The etcd volume's selector must select a disk, so that the installer can
+// keep clear of it, wherever the installer could write over the etcd disk's data: with
+// kiln.install.dev=auto, and when the disk named holds data (kiln.install.wipe=1). A disk
+// named that is empty holds no etcd data, and a disk image (a regular file) is no etcd disk.
+func pickTarget(host Host, p Params, etcd *stage1.EtcdVolume, minSize int64) (Disk, []Disk, error) {
+	disks, err := host.Scan()
+	if err != nil {
+		return Disk{}, nil, err
+	}
+	etcdErr := markEtcd(disks, etcd)
+	if etcdErr != nil && p.Dev == Auto {
+		return Disk{}, nil, fmt.Errorf("kiln.%s=%s: %w", ParamDev, Auto, etcdErr)
 	}
 	d, err := choose(disks, p, minSize)
 	if err != nil {
-		return Disk{}, err
+		return Disk{}, nil, err
+	}
+	if etcdErr != nil && len(d.Holds) > 0 && isScanned(disks, d) {
+		return Disk{}, nil, fmt.Errorf("kiln.%s=%s with kiln.%s=1: %s %s, and %w", ParamDev, p.Dev, ParamWipe, d, d.holding(), etcdErr)
 	}
 	if d.SectorSize != imageSectorSize {
-		return Disk{}, fmt.Errorf("kiln.%s=%s: %s has %d-byte sectors; kiln images are laid out for %d", ParamDev, p.Dev, d, d.SectorSize, imageSectorSize)
+		return Disk{}, nil, fmt.Errorf("kiln.%s=%s: %s has %d-byte sectors; kiln images are laid out for %d", ParamDev, p.Dev, d, d.SectorSize, imageSectorSize)
 	}
-	return d, nil
+	return d, disks, nil
+}
+
+// isScanned reports whether d is one of the disks Host.Scan found, not a disk image.
+func isScanned(disks []Disk, d Disk) bool {
+	return slices.ContainsFunc(disks, func(s Disk) bool { return s.Path == d.Path })
+}
+
+// logSkipped says on the console which disks the installer passed over for target and why:
+// the etcd volume always, and with auto every disk it may not or would not take. An etcd
+// volume selector that selects none of the disks is a warning.
+func logSkipped(log *slog.Logger, p Params, etcd *stage1.EtcdVolume, disks []Disk, target Disk, minSize int64) {
+	if etcd != nil && !slices.ContainsFunc(disks, func(d Disk) bool { return d.Etcd != "" }) {
+		why := "it is empty, so it holds no etcd data either way"
+		if !isScanned(disks, target) {
+			why = "it is a disk image, not a disk, so it is not the etcd volume"
+		}
+		log.Warn(fmt.Sprintf("install: the node config's %s selects none of the disks seen; kiln.%s=%s: %s", etcd, ParamDev, p.Dev, why),
+			"disk", target.String())
+	}
+	for _, d := range disks {
+		if d.Path == target.Path {
+			continue
+		}
+		why := d.exclusion(minSize)
+		switch {
+		case d.Etcd != "":
+			log.Info("install: skipped the etcd volume", "disk", d.String(), "selector", d.Etcd)
+		case p.Dev != Auto:
+		case why != "":
+			log.Info("install: skipped", "disk", d.String(), "why", why)
+		case len(d.Holds) > 0:
+			log.Info("install: skipped", "disk", d.String(), "why", d.holding())
+		}
+	}
 }
 
 // write destroys the target's partition tables, streams the image to it and commits it.
@@ -214,7 +262,7 @@ func stream(ctx context.Context, d *download, st *staging, h hash.Hash, want str
 	if err == nil {
 		err = d.finish()
 	}
-	if errors.Is(err, ErrTooLarge) {
+	if errors.Is(err, ErrTooLarge) || errors.Is(err, decompress.ErrMemoryLimit) {
 		return err
 	}
 	if err != nil {

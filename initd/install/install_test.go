@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
+	"math/bits"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -143,6 +146,7 @@ func TestInstallFails(t *testing.T) {
 	img := makeImage(t)
 	zst := testkit.Compress(t, "zst", img.raw)
 	xz := testkit.Compress(t, "xz", img.raw) // xz announces no size: only the stream tells
+	hugeDict := xzHugeDict(xz)
 	tests := []struct {
 		name     string
 		file     string
@@ -160,6 +164,8 @@ func TestInstallFails(t *testing.T) {
 		{name: "short zstd stream", file: "img.raw.zst", data: zst, sum: sha(zst), cut: len(zst) / 2, diskSize: 64 * mib, wantErr: "download cut short"},
 		{name: "stalled stream", file: "img.raw.zst", data: zst, sum: sha(zst), cut: len(zst) / 2, stall: true, diskSize: 64 * mib, wantErr: "no data arrived for 300ms"},
 		{name: "image larger than the disk", file: "img.raw.xz", data: xz, sum: sha(xz), diskSize: 48 * mib, wantErr: "the image is larger than the disk (48 MiB)"},
+		{name: "xz asking for a 1 GiB dictionary", file: "img.raw.xz", data: hugeDict, sum: sha(hugeDict), diskSize: 64 * mib,
+			wantErr: "xz: block 1 needs a 1024 MiB dictionary (over the decoder's memory bound of 256 MiB)"},
 		{name: "not a disk image", file: "img.raw", data: bytes.Repeat([]byte("x"), 3*mib), sum: sha(bytes.Repeat([]byte("x"), 3*mib)), diskSize: 64 * mib, wantErr: "the image has no valid GPT"},
 	}
 	for _, tt := range tests {
@@ -189,6 +195,23 @@ func TestInstallFails(t *testing.T) {
 			}
 		})
 	}
+}
+
+// xzHugeDict is the xz file with its first block's LZMA2 dictionary declared as 1 GiB (and
+// the block header's CRC32 made right): a file of a few hundred KiB that makes a decoder
+// without a memory bound allocate and fill a gigabyte.
+func xzHugeDict(file []byte) []byte {
+	file = bytes.Clone(file)
+	h := file[12 : 12+(int(file[12])+1)*4]       // the first block header, after the stream header
+	i, fields := 2, 2+bits.OnesCount8(h[1]&0xc0) // the sizes given, the filter ID, its properties' size
+	for ; fields > 0; i++ {
+		if h[i]&0x80 == 0 {
+			fields--
+		}
+	}
+	h[i] = 36 // LZMA2's dictionary property: 2 << (36/2 + 11) bytes
+	binary.LittleEndian.PutUint32(h[len(h)-4:], crc32.ChecksumIEEE(h[:len(h)-4]))
+	return file
 }
 
 // TestInstallRefusesSmallDisk: a disk smaller than the image's announced size (a raw image's

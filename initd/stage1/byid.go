@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,12 +16,18 @@ import (
 var errNotFound = errors.New("not found")
 
 // chooseNamed resolves kiln.data.dev= (a /dev path, a /dev/disk/by-id name as
-// volume.ReadDiskIDs derives it from sysfs, a by-id name's -part<N>) to a whole disk or a partition and checks it may hold /var: a disk must be blank or
-// a kiln data disk, a partition blank or ext4.
-func chooseNamed(sysBlock, devDir, dataDev string, disks []Disk) (VarChoice, error) {
+// volume.ReadDiskIDs derives it from sysfs, a by-id name's -part<N>) to a whole disk or a
+// partition of scan's disks and checks it may hold /var: not on the etcd volume (etcd), a
+// disk blank or a kiln data disk, a partition blank or ext4.
+func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *EtcdVolume) (VarChoice, error) {
+	disks := scan.disks
 	kname, part, err := resolveDataDev(sysBlock, dataDev, disks)
 	if err != nil {
 		return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %w", dataDev, err)
+	}
+	if slices.Contains(scan.etcd, kname) {
+		return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %s is the etcd volume (%s): /var never goes on it",
+			dataDev, filepath.Join(devDir, kname), etcd)
 	}
 	if part != 0 {
 		node, ok := partitionDevice(sysBlock, devDir, kname, part)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -33,32 +34,51 @@ type VarChoice struct {
 	Why string
 	// Skipped lists the disks passed over and why, for the console.
 	Skipped []string
+	// etcdUnseen is the etcd volume's selector when it selects none of the disks and blank
+	// disks were passed over for that: one of them may be the etcd volume.
+	etcdUnseen string
 }
 
-// liveDisks are the disks a live boot may use: real disks, not loop devices (the root image is
-// one), RAM disks, optical drives or device-mapper and RAID devices, and not read-only ones nor,
-// unless removable is set, removable ones.
-func liveDisks(sysBlock, devDir string, removable bool) ([]Disk, []string, error) {
+// liveScan is what a live boot sees of the disks.
+type liveScan struct {
+	// disks are the disks a live boot may use: real disks, not loop devices (the root image
+	// is one), RAM disks, optical drives or device-mapper and RAID devices, and not read-only
+	// ones nor, unless removable was asked for, removable ones.
+	disks []Disk
+	// skipped says why each other real disk is not among them.
+	skipped []string
+	// etcd are the kernel names of the disks the node config's etcd volume selects, among
+	// all disks; a live boot never puts /var on one.
+	etcd []string
+}
+
+// liveDisks scans the disks for a live boot's /var; etcd is the node config's etcd volume,
+// nil when it names none.
+func liveDisks(sysBlock, devDir string, removable bool, etcd *EtcdVolume) (liveScan, error) {
 	disks, err := ScanDisks(sysBlock, devDir)
 	if err != nil {
-		return nil, nil, err
+		return liveScan{}, err
 	}
-	var out []Disk
-	var skipped []string
+	var s liveScan
 	for _, d := range disks {
-		switch {
-		case hasAnyPrefix(d.Name, "loop", "ram", "zram", "sr", "fd", "dm-", "md", "nbd"):
+		if hasAnyPrefix(d.Name, "loop", "ram", "zram", "sr", "fd", "dm-", "md", "nbd") {
 			continue
+		}
+		// udev does not run in the initramfs: the ids come from sysfs, as udev would make them.
+		if etcd != nil && etcd.Selects(volume.ReadDiskIDs(filepath.Join(sysBlock, d.Name))) {
+			s.etcd = append(s.etcd, d.Name)
+		}
+		switch {
 		case sysFlag(sysBlock, d.Name, "ro"):
-			skipped = append(skipped, d.Path+": read-only")
+			s.skipped = append(s.skipped, d.Path+": read-only")
 		case !removable && sysFlag(sysBlock, d.Name, "removable"):
-			skipped = append(skipped, d.Path+": removable")
+			s.skipped = append(s.skipped, d.Path+": removable")
 		default:
-			out = append(out, d)
+			s.disks = append(s.disks, d)
 		}
 	}
-	slices.SortFunc(out, func(a, b Disk) int { return strings.Compare(a.Name, b.Name) })
-	return out, skipped, nil
+	slices.SortFunc(s.disks, func(a, b Disk) int { return strings.Compare(a.Name, b.Name) })
+	return s, nil
 }
 
 func hasAnyPrefix(s string, prefixes ...string) bool {
@@ -78,18 +98,25 @@ func sysFlag(sysBlock, name, attr string) bool {
 
 // chooseVar decides where a live boot's /var goes, writing nothing: the disk or partition
 // named (dataDev), else a disk an earlier live boot made its data disk, else the first blank
-// disk, else tmpfs. A disk holding anything else is never chosen.
-func chooseVar(sysBlock, devDir, dataDev string) (VarChoice, error) {
-	disks, skipped, err := liveDisks(sysBlock, devDir, dataDev != "")
+// disk, else tmpfs. A disk holding anything else is never chosen, nor the disk the node
+// config's etcd volume (etcd, nil when it names none) selects; while that selects none of
+// the disks, no blank disk is taken either, as it may be the etcd volume.
+func chooseVar(sysBlock, devDir, dataDev string, etcd *EtcdVolume) (VarChoice, error) {
+	scan, err := liveDisks(sysBlock, devDir, dataDev != "", etcd)
 	if err != nil {
 		return VarChoice{}, err
 	}
 	if dataDev != "" {
 		// A disk named on the command line may be removable.
-		return chooseNamed(sysBlock, devDir, dataDev, disks)
+		return chooseNamed(sysBlock, devDir, dataDev, scan, etcd)
 	}
+	skipped := scan.skipped
 	var blank []Disk
-	for _, d := range disks {
+	for _, d := range scan.disks {
+		if slices.Contains(scan.etcd, d.Name) {
+			skipped = append(skipped, fmt.Sprintf("%s: the etcd volume (%s)", d.Path, etcd))
+			continue
+		}
 		kind, what := classifyDisk(d)
 		switch kind {
 		case diskData:
@@ -100,6 +127,13 @@ func chooseVar(sysBlock, devDir, dataDev string) (VarChoice, error) {
 		default:
 			skipped = append(skipped, d.Path+": "+what)
 		}
+	}
+	if etcd != nil && len(scan.etcd) == 0 && len(blank) > 0 {
+		for _, d := range blank {
+			skipped = append(skipped, fmt.Sprintf("%s: blank, and may be the etcd volume: the node config's %s selects none of the disks", d.Path, etcd))
+		}
+		return VarChoice{Kind: VarTmpfs, Skipped: skipped, etcdUnseen: etcd.String(),
+			Why: fmt.Sprintf("the node config's %s selects none of the disks, so no blank disk is taken (kiln.data.dev= names one): /var is in RAM and is lost at reboot", etcd)}, nil
 	}
 	if len(blank) == 0 {
 		return VarChoice{Kind: VarTmpfs, Skipped: skipped, Why: "no blank disk: /var is in RAM and is lost at reboot"}, nil

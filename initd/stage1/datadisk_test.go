@@ -1,12 +1,16 @@
 package stage1
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
@@ -97,14 +101,18 @@ func copyInto(t *testing.T, src, dst string, off int64) {
 
 func TestChooseVar(t *testing.T) {
 	testkit.Tools(t, "sgdisk", "mkfs.ext4")
+	mainEtcd := &EtcdVolume{Serial: "etcd-main"}
 	tests := []struct {
 		name     string
 		disks    map[string]diskMaker
-		ro       []string // disks whose sysfs ro is 1
+		ro       []string          // disks whose sysfs ro is 1
+		serials  map[string]string // the disks' virtio serials
+		etcd     *EtcdVolume       // the node config's etcd volume
 		wantKind string
 		wantDisk string
 		wantWhy  string
 		skipped  []string
+		unseen   bool // chosen while the etcd volume is not seen
 	}{
 		{
 			name: "only disks holding something: tmpfs",
@@ -145,6 +153,45 @@ func TestChooseVar(t *testing.T) {
 			wantKind: VarTmpfs, skipped: []string{`vdb: holds a data partition with ext4 labelled "backups", not "kiln-data"`},
 		},
 		{
+			name:     "never the etcd volume, blank and first",
+			disks:    map[string]diskMaker{"vda": blankDisk, "vdb": blankDisk},
+			serials:  map[string]string{"vda": "etcd-main", "vdb": "os"},
+			etcd:     mainEtcd,
+			wantKind: VarBlank, wantDisk: "vdb", wantWhy: "vdb is the first blank disk",
+			skipped: []string{"vda: the etcd volume (etcd.volume.serial=etcd-main)"},
+		},
+		{
+			name:     "never the etcd volume, by its by-id name",
+			disks:    map[string]diskMaker{"vda": blankDisk},
+			serials:  map[string]string{"vda": "etcd-main"},
+			etcd:     &EtcdVolume{ByID: "virtio-etcd-main"},
+			wantKind: VarTmpfs, wantWhy: "no blank disk",
+			skipped: []string{"vda: the etcd volume (etcd.volume.byId=virtio-etcd-main)"},
+		},
+		{
+			name:     "never the etcd volume, even a data disk of an earlier live boot",
+			disks:    map[string]diskMaker{"vda": liveDataDisk(nodeimage.DataLabel), "vdb": blankDisk},
+			serials:  map[string]string{"vda": "etcd-main"},
+			etcd:     mainEtcd,
+			wantKind: VarBlank, wantDisk: "vdb",
+			skipped: []string{"vda: the etcd volume (etcd.volume.serial=etcd-main)"},
+		},
+		{
+			name:     "no blank disk while the etcd volume is not seen",
+			disks:    map[string]diskMaker{"vda": blankDisk, "vdb": ext4WithFile},
+			serials:  map[string]string{"vda": "os"},
+			etcd:     mainEtcd,
+			wantKind: VarTmpfs, wantWhy: "the node config's etcd.volume.serial=etcd-main selects none of the disks, so no blank disk is taken",
+			skipped: []string{"vda: blank, and may be the etcd volume: the node config's etcd.volume.serial=etcd-main selects none of the disks", "vdb: holds ext4"},
+			unseen:  true,
+		},
+		{
+			name:     "a data disk of an earlier live boot while the etcd volume is not seen",
+			disks:    map[string]diskMaker{"vda": blankDisk, "vdb": liveDataDisk(nodeimage.DataLabel)},
+			etcd:     mainEtcd,
+			wantKind: VarDataDisk, wantDisk: "vdb",
+		},
+		{
 			name:     "a read-only blank disk is not used",
 			disks:    map[string]diskMaker{"vdb": blankDisk},
 			ro:       []string{"vdb"},
@@ -163,13 +210,19 @@ func TestChooseVar(t *testing.T) {
 			for _, name := range tt.ro {
 				os.WriteFile(filepath.Join(sysBlock, name, "ro"), []byte("1\n"), 0o644)
 			}
+			for name, serial := range tt.serials {
+				os.WriteFile(filepath.Join(sysBlock, name, "serial"), []byte(serial+"\n"), 0o644)
+			}
 			before := map[string]string{}
 			for name, img := range imgs {
 				before[name] = testkit.FileSHA256(t, img)
 			}
-			got, err := chooseVar(sysBlock, dev, "")
+			got, err := chooseVar(sysBlock, dev, "", tt.etcd)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if unseen := got.etcdUnseen != ""; unseen != tt.unseen {
+				t.Errorf("chosen while the etcd volume is not seen: %v, want %v", unseen, tt.unseen)
 			}
 			if got.Kind != tt.wantKind || got.Disk.Name != tt.wantDisk {
 				t.Errorf("chose %s %q (%s), want %s %q", got.Kind, got.Disk.Name, got.Why, tt.wantKind, tt.wantDisk)
@@ -225,11 +278,12 @@ func TestChooseNamed(t *testing.T) {
 	testkit.Tools(t, "sgdisk", "mkfs.ext4")
 	imgs := map[string]string{
 		"vda": kilnDisk(t), "vdb": blankDisk(t), "nvme0n1": blankDisk(t), "sda": blankDisk(t), "sdb": ext4WithFile(t),
-		"vdc": sgdiskDisk(t),
+		"vdc": sgdiskDisk(t), "vdd": sgdiskDisk(t),
 	}
-	sysBlock, dev := fakeSys(t, imgs, map[string][]string{"vdc": {"vdc1"}})
+	sysBlock, dev := fakeSys(t, imgs, map[string][]string{"vdc": {"vdc1"}, "vdd": {"vdd1"}})
 	write := func(p string, b []byte) { os.MkdirAll(filepath.Dir(p), 0o755); os.WriteFile(p, b, 0o644) }
 	write(filepath.Join(sysBlock, "vdb/serial"), []byte("data1\n"))
+	write(filepath.Join(sysBlock, "vdd/serial"), []byte("etcd-main\n"))
 	write(filepath.Join(sysBlock, "nvme0n1/device/model"), []byte("QEMU NVMe Ctrl                          \n"))
 	write(filepath.Join(sysBlock, "nvme0n1/device/serial"), []byte("nv-7    \n"))
 	write(filepath.Join(sysBlock, "sda/device/vendor"), []byte("QEMU    \n"))
@@ -260,10 +314,14 @@ func TestChooseNamed(t *testing.T) {
 		{dataDev: "/dev/vda", wantErr: `vda holds a GPT with 3 partitions ("ESP", "root-a", "root-b"): refusing`},
 		{dataDev: "virtio-nothere", wantErr: "no disk has the by-id name virtio-nothere (disks: ", wantNotFound: true},
 		{dataDev: "/dev/vdz", wantErr: "no disk or partition /dev/vdz", wantNotFound: true},
+		{dataDev: "virtio-etcd-main", wantErr: "vdd is the etcd volume (etcd.volume.serial=etcd-main): /var never goes on it"},
+		{dataDev: "/dev/vdd", wantErr: "vdd is the etcd volume (etcd.volume.serial=etcd-main)"},
+		{dataDev: "/dev/vdd1", wantErr: "vdd is the etcd volume (etcd.volume.serial=etcd-main)"},
+		{dataDev: "virtio-etcd-main-part1", wantErr: "vdd is the etcd volume (etcd.volume.serial=etcd-main)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.dataDev, func(t *testing.T) {
-			got, err := chooseVar(sysBlock, dev, tt.dataDev)
+			got, err := chooseVar(sysBlock, dev, tt.dataDev, &EtcdVolume{Serial: "etcd-main"})
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.HasPrefix(err.Error(), "kiln.data.dev="+tt.dataDev+": ") {
 					t.Fatalf("chooseVar error = %v, want kiln.data.dev=%s: …%s", err, tt.dataDev, tt.wantErr)
@@ -281,6 +339,60 @@ func TestChooseNamed(t *testing.T) {
 			}
 			if tt.part != "" && got.Partition != filepath.Join(dev, tt.part) {
 				t.Errorf("partition = %q, want %s", got.Partition, filepath.Join(dev, tt.part))
+			}
+		})
+	}
+}
+
+// TestWaitChooseVarEtcd: while the node config's etcd volume selects none of the disks, no
+// blank disk is taken: the choice waits up to kiln.rootwait= for it (the kernel may still be
+// probing it), then takes another blank disk, never the etcd volume, and says which it passed
+// over; when the etcd volume never appears, /var is in RAM and the console says why.
+func TestWaitChooseVarEtcd(t *testing.T) {
+	etcd := &EtcdVolume{Serial: "etcd-main"}
+	tests := []struct {
+		name     string
+		late     bool // the etcd volume appears after 300ms; else never
+		wait     time.Duration
+		wantKind string
+		wantLog  []string
+	}{
+		{name: "the etcd volume appears late", late: true, wait: 10 * time.Second, wantKind: VarBlank,
+			wantLog: []string{`msg="not for /var: DEV/vda: the etcd volume (etcd.volume.serial=etcd-main)"`, `msg="/var: DEV/vdb is the first blank disk`}},
+		{name: "the etcd volume never appears", wait: 500 * time.Millisecond, wantKind: VarTmpfs,
+			wantLog: []string{`msg="not for /var: DEV/vdb: blank, and may be the etcd volume`,
+				`level=WARN msg="the node config's etcd.volume.serial=etcd-main selects none of the disks, so no blank disk is taken`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sysBlock, dev := fakeSys(t, map[string]string{"vdb": blankDisk(t)}, nil)
+			os.WriteFile(filepath.Join(sysBlock, "vdb/serial"), []byte("os\n"), 0o644)
+			lateSys, lateDev := fakeSys(t, map[string]string{"vda": blankDisk(t)}, nil)
+			os.WriteFile(filepath.Join(lateSys, "vda/serial"), []byte("etcd-main\n"), 0o644)
+			if tt.late {
+				go func() {
+					time.Sleep(300 * time.Millisecond)
+					os.Rename(filepath.Join(lateDev, "vda"), filepath.Join(dev, "vda"))
+					os.Rename(filepath.Join(lateSys, "vda"), filepath.Join(sysBlock, "vda"))
+				}()
+			}
+			var logs bytes.Buffer
+			start := time.Now()
+			got, err := waitChooseVar(context.Background(), slog.New(slog.NewTextHandler(&logs, nil)), sysBlock, dev,
+				Cmdline{RootWait: tt.wait}, etcd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Kind != tt.wantKind {
+				t.Errorf("chose %s (%s), want %s", got.Kind, got.Why, tt.wantKind)
+			}
+			if el := time.Since(start); tt.late && el < 300*time.Millisecond || !tt.late && el < tt.wait {
+				t.Errorf("chose after %s", el)
+			}
+			for _, w := range tt.wantLog {
+				if w = strings.ReplaceAll(w, "DEV/", dev+"/"); !strings.Contains(logs.String(), w) {
+					t.Errorf("the console does not say %s:\n%s", w, logs.String())
+				}
 			}
 		})
 	}

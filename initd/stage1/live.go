@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/kilnproject/kiln/initd/liveroot"
 	"github.com/kilnproject/kiln/initd/netup"
+	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
@@ -30,7 +32,14 @@ func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []M
 		return info, err
 	}
 	info.RootDevice = dev
-	choice, err := waitChooseVar(ctx, log, sysBlock, devDir, cl)
+	var etcd *EtcdVolume
+	if _, ok := cl.Kiln[strings.TrimPrefix(source.CmdlineURLKey, "kiln.")]; ok {
+		// First boot fetches the config again, as it does on any boot.
+		if etcd, err = FetchEtcdVolume(ctx, log, cl.Raw, nil); err != nil {
+			return info, fmt.Errorf("live: %w", err)
+		}
+	}
+	choice, err := waitChooseVar(ctx, log, sysBlock, devDir, cl, etcd)
 	if err != nil {
 		return info, err
 	}
@@ -71,25 +80,36 @@ func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, li
 	return dev, nil
 }
 
-// waitChooseVar runs chooseVar, waiting up to kiln.rootwait= for a disk kiln.data.dev= names
-// to appear, and says on the console where /var goes.
-func waitChooseVar(ctx context.Context, log *slog.Logger, sysBlock, devDir string, cl Cmdline) (VarChoice, error) {
-	var choice VarChoice
+// waitChooseVar runs chooseVar, waiting up to kiln.rootwait= for a disk kiln.data.dev= names,
+// or the etcd volume (etcd) while blank disks are passed over for want of it, to appear, and
+// says on the console where /var goes and which disks it passed over.
+func waitChooseVar(ctx context.Context, log *slog.Logger, sysBlock, devDir string, cl Cmdline, etcd *EtcdVolume) (VarChoice, error) {
+	var (
+		choice VarChoice
+		chosen bool // choice is the last attempt's
+	)
+	what := "kiln.data.dev=" + cl.DataDev
+	if cl.DataDev == "" && etcd != nil {
+		what = "the etcd volume (" + etcd.String() + ")"
+	}
 	err := poll.Until(ctx, poll.Options{
-		What:      "kiln.data.dev=" + cl.DataDev,
+		What:      what,
 		Timeout:   max(cl.RootWait, time.Nanosecond),
 		Backoff:   poll.Constant(250 * time.Millisecond),
 		Retryable: func(err error) bool { return errors.Is(err, errNotFound) },
 	}, func(context.Context) (bool, error) {
 		var err error
-		choice, err = chooseVar(sysBlock, devDir, cl.DataDev)
-		return err == nil, err
+		choice, err = chooseVar(sysBlock, devDir, cl.DataDev, etcd)
+		chosen = err == nil
+		return chosen && choice.etcdUnseen == "", err
 	})
 	var pe *poll.Error
-	if errors.As(err, &pe) && pe.Last != nil {
-		err = fmt.Errorf("%w (waited %s)", pe.Last, cl.RootWait)
-	}
-	if err != nil {
+	switch {
+	case errors.As(err, &pe) && pe.Last != nil:
+		return VarChoice{}, fmt.Errorf("%w (waited %s)", pe.Last, cl.RootWait)
+	case errors.Is(err, poll.ErrTimeout) && chosen:
+		// The etcd volume did not appear: the choice made without it stands.
+	case err != nil:
 		return VarChoice{}, err
 	}
 	for _, s := range choice.Skipped {

@@ -332,7 +332,13 @@ func TestGCE(t *testing.T) {
 // checkGCE attaches tt.diskName against a fake Compute API and checks the outcome.
 func checkGCE(t *testing.T, tt gceCase) {
 	dev := newFakeDev(t)
-	f := &fakeCompute{t: t, dev: dev, disks: tt.disks, deviceNames: map[string]string{}, race: tt.race, labels: tt.diskLabels}
+	// The fake attaches disks by writing its own copy: the case table stays as written, so a
+	// second run (go test -count=2) starts from the same disks.
+	disks := map[string][]string{}
+	for name, users := range tt.disks {
+		disks[name] = slices.Clone(users)
+	}
+	f := &fakeCompute{t: t, dev: dev, disks: disks, deviceNames: map[string]string{}, race: tt.race, labels: tt.diskLabels}
 	for k, v := range tt.deviceNames {
 		f.deviceNames[k] = v
 		dev.link("google-"+v, "sdb")

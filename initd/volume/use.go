@@ -61,6 +61,8 @@ func DeviceUse(sysDir, dev, mountPath string, bootMounts []string) (string, erro
 // OnBootDisk is DeviceUse's boot-disk rule alone: it describes the boot disk dev is on,
 // or returns "" when it is on another disk. Unlike DeviceUse it does not mind a device in
 // use, so it holds for devices kept as they are (a filesystem mounted by an earlier boot).
+// dev must be a block device: anything else (a terminal behind /dev/fd/0, a regular file)
+// is an error.
 func OnBootDisk(sysDir, dev string, bootMounts []string) (string, error) {
 	sys := sysfsAt(sysDir)
 	if bootMounts == nil {
@@ -71,7 +73,7 @@ func OnBootDisk(sysDir, dev string, bootMounts []string) (string, error) {
 		return "", fmt.Errorf("stat %s: %w", dev, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return "", nil
+		return "", fmt.Errorf("%s is %s, not a block device", dev, fileKind(st.Mode))
 	}
 	mounts, err := readMountInfo(mountInfoPath)
 	if err != nil {
@@ -192,4 +194,21 @@ func SwapOn(dev string) (bool, error) {
 	}
 	_, on := swaps[majMin(st.Rdev)]
 	return on, nil
+}
+
+// fileKind names the kind of file a stat mode describes, for messages.
+func fileKind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFCHR:
+		return "a character device"
+	case unix.S_IFREG:
+		return "a regular file"
+	case unix.S_IFDIR:
+		return "a directory"
+	case unix.S_IFIFO:
+		return "a pipe"
+	case unix.S_IFSOCK:
+		return "a socket"
+	}
+	return "not a device"
 }

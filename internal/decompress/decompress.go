@@ -14,7 +14,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
-	"github.com/ulikunitz/xz"
 )
 
 // Kind is a kind of compression.
@@ -37,9 +36,9 @@ func Open(r io.Reader, kind Kind) (io.ReadCloser, error) {
 
 // Options tune the decoder Open makes.
 type Options struct {
-	// MaxMemory, when > 0, keeps the decoder small: a zstd stream whose window needs more
-	// memory is refused, and it decodes on the caller's goroutine with buffers sized to the
-	// data.
+	// MaxMemory, when > 0, keeps the decoder small: a zstd stream whose window, or an xz
+	// block whose dictionary, needs more memory is refused (xz's error wraps ErrMemoryLimit),
+	// and zstd decodes on the caller's goroutine with buffers sized to the data.
 	MaxMemory int64
 }
 
@@ -69,7 +68,7 @@ func (o Options) Open(r io.Reader, kind Kind) (io.ReadCloser, error) {
 		}
 		return z.IOReadCloser(), nil
 	case Xz:
-		z, err := xz.NewReader(r)
+		z, err := newXzReader(r, o.MaxMemory)
 		if err != nil {
 			return nil, err
 		}
