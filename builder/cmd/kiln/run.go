@@ -143,7 +143,7 @@ func (o *runOptions) addFlags(f *pflag.FlagSet) {
 	f.IntVar(&o.cfg.MemoryMB, "memory", 2048, "guest memory in MiB")
 	f.IntVar(&o.cfg.CPUs, "cpus", 2, "guest CPUs")
 	f.IntVar(&o.cfg.Nice, "nice", 0, "run QEMU at this host CPU niceness (1-19): a VM that may wait leaves the host's cores to others, e.g. a worker beside an emulated control plane")
-	f.StringVar(&o.cfg.Append, "append", "", "extra kernel arguments, e.g. 'kiln.config.url=http://10.0.2.2:8080/${mac}.ign' (boots the image's kernel directly)")
+	f.StringVar(&o.cfg.Append, "append", "", "extra kernel arguments, e.g. 'kiln.config.url=http://10.0.2.2:8080/${mac}.ign' (boots the image's kernel directly, bypassing the boot entries: a config's kernelArguments cannot take effect)")
 	f.StringVar(&o.netboot, "netboot", "", "boot from the network when IMAGE does not boot (or is not given): iPXE chains this URL, e.g. http://10.0.2.2:8080/boot.ipxe")
 	f.StringVar(&o.mac, "mac", "", "with --netboot: the booting NIC's MAC address, e.g. 02:00:00:00:01:01")
 	f.StringVar(&o.cfg.UUID, "uuid", "", "the machine's SMBIOS UUID (iPXE's ${uuid})")
