@@ -129,12 +129,25 @@ const FieldManager = "kiln-init"
 
 // Apply server-side applies obj (forcing conflicts, as `kubectl apply --server-side
 // --force-conflicts`) and reports whether the object changed: a new object or a new
-// resourceVersion. Applying the same object again changes nothing.
+// resourceVersion. Applying the same object again changes nothing. The apply carries the
+// resourceVersion read just before as a precondition: a controller writing the object in
+// between (a Deployment's status) makes the server refuse it and the read and apply are
+// done again, so that another writer's change is never taken for this one's.
 func (c *Client) Apply(ctx context.Context, obj Object) (changed bool, err error) {
 	p, err := obj.Path()
 	if err != nil {
 		return false, err
 	}
+	const tries = 5
+	for i := 1; ; i++ {
+		changed, err := c.applyOnce(ctx, p, obj)
+		if err == nil || !IsConflict(err) || i == tries {
+			return changed, err
+		}
+	}
+}
+
+func (c *Client) applyOnce(ctx context.Context, p string, obj Object) (changed bool, err error) {
 	var before struct {
 		Metadata struct{ ResourceVersion string } `json:"metadata"`
 	}
@@ -143,7 +156,11 @@ func (c *Client) Apply(ctx context.Context, obj Object) (changed bool, err error
 	case err != nil:
 		return false, fmt.Errorf("apply %s: %w", obj, err)
 	}
-	body, err := json.Marshal(obj)
+	send := obj
+	if rv := before.Metadata.ResourceVersion; rv != "" {
+		send = withResourceVersion(obj, rv)
+	}
+	body, err := json.Marshal(send)
 	if err != nil {
 		return false, fmt.Errorf("apply %s: %w", obj, err)
 	}
@@ -153,6 +170,24 @@ func (c *Client) Apply(ctx context.Context, obj Object) (changed bool, err error
 		return false, fmt.Errorf("apply %s: %w", obj, err)
 	}
 	return after.Metadata.ResourceVersion != before.Metadata.ResourceVersion, nil
+}
+
+// withResourceVersion is a copy of obj whose metadata carries resourceVersion rv (obj's
+// own metadata is not changed).
+func withResourceVersion(obj Object, rv string) Object {
+	out := make(Object, len(obj))
+	for k, v := range obj {
+		out[k] = v
+	}
+	meta := map[string]any{}
+	if m, ok := obj["metadata"].(map[string]any); ok {
+		for k, v := range m {
+			meta[k] = v
+		}
+	}
+	meta["resourceVersion"] = rv
+	out["metadata"] = meta
+	return out
 }
 
 // Create creates obj unless an object of that name exists; it reports whether it
