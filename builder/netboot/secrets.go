@@ -10,6 +10,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/bake"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/systemd"
 )
 
 // errSecretsHint closes Load's refusal of configs holding secrets.
@@ -119,11 +120,11 @@ func configSecrets(cfg *config.Config) ([]bake.Finding, error) {
 	}
 	for _, u := range cfg.Ignition.Systemd.Units {
 		if u.Contents != nil {
-			add("/etc/systemd/system/"+u.Name, []byte(*u.Contents))
+			add(path.Join(systemd.ConfigDir, u.Name), []byte(*u.Contents))
 		}
 		for _, d := range u.Dropins {
 			if d.Contents != nil {
-				add("/etc/systemd/system/"+u.Name+".d/"+d.Name, []byte(*d.Contents))
+				add(path.Join(systemd.ConfigDir, u.Name+".d", d.Name), []byte(*d.Contents))
 			}
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash"
@@ -113,8 +112,8 @@ func (u *blockUpload) run(ctx context.Context, f io.Reader, digest string) error
 	}
 	stop := u.reportEvery(250 * time.Millisecond)
 	err := g.Wait()
-	if got := hex.EncodeToString(whole.Sum(nil)); err == nil && got != digest {
-		err = fmt.Errorf("publish aws: %s has SHA-256 %s, but its metadata says %s: the file changed after the bake", u.path, got, digest)
+	if err == nil {
+		err = checkDigest(u.path, whole, digest)
 	}
 	if err == nil {
 		err = u.complete(ctx)

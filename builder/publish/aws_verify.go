@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 
@@ -52,10 +53,19 @@ func hashRaw(im *Image) (*rawSums, error) {
 			return nil, fmt.Errorf("publish aws: read %s: %w", im.Path, err)
 		}
 	}
-	if got := hex.EncodeToString(whole.Sum(nil)); got != im.SHA256 {
-		return nil, fmt.Errorf("publish aws: %s has SHA-256 %s, but its metadata says %s: the file changed after the bake", im.Path, got, im.SHA256)
+	if err := checkDigest(im.Path, whole, im.SHA256); err != nil {
+		return nil, err
 	}
 	return sums, nil
+}
+
+// checkDigest refuses a file whose SHA-256 (whole, as read) is not the one its metadata
+// records (want).
+func checkDigest(path string, whole hash.Hash, want string) error {
+	if got := hex.EncodeToString(whole.Sum(nil)); got != want {
+		return fmt.Errorf("publish aws: %s has SHA-256 %s, but its metadata says %s: the file changed after the bake", path, got, want)
+	}
+	return nil
 }
 
 // callerAccount is the account of the credentials: every snapshot and AMI kiln reuses must be
