@@ -132,12 +132,12 @@ func writeBootEntry(opts Options, k config.KernelArgs, kernelLine string) (entry
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("%s: %w", where, err)
 	}
-	options, _ := entryOptions(text)
+	options, _ := nodeimage.EntryOptions(text)
 	edited, added, removed, err := k.Edit(options)
 	if err != nil || (added == nil && removed == nil) {
 		return entry, nil, nil, err
 	}
-	if err := esp.WriteFile(entry, []byte(withOptions(text, edited))); err != nil {
+	if err := esp.WriteFile(entry, []byte(nodeimage.WithEntryOptions(text, edited))); err != nil {
 		return "", nil, nil, fmt.Errorf("write %s on %s: %w", entry, where, err)
 	}
 	if err := esp.Close(); err != nil {
@@ -163,44 +163,12 @@ func bootedEntry(esp espFS, partuuid string) (name, text string, err error) {
 		if err != nil {
 			return "", "", fmt.Errorf("read %s: %w", p, err)
 		}
-		options, _ := entryOptions(string(data))
+		options, _ := nodeimage.EntryOptions(string(data))
 		if root, _ := cmdline.Parse(options).Lookup("root"); strings.EqualFold(root, "PARTUUID="+partuuid) {
 			return p, string(data), nil
 		}
 	}
 	return "", "", fmt.Errorf("no boot entry in %s names root=PARTUUID=%s (entries: %s)", nodeimage.LoaderEntriesDir, partuuid, strings.Join(names, ", "))
-}
-
-// entryOptions is the kernel command line of a systemd-boot entry: its options lines,
-// joined as systemd-boot joins them; lines are the indexes of those lines.
-func entryOptions(text string) (options string, lines []int) {
-	var parts []string
-	for i, l := range strings.Split(text, "\n") {
-		key, value := strings.TrimSpace(l), ""
-		if j := strings.IndexAny(key, " \t"); j >= 0 {
-			key, value = key[:j], strings.TrimSpace(key[j+1:])
-		}
-		if key == "options" {
-			parts = append(parts, value)
-			lines = append(lines, i)
-		}
-	}
-	return strings.Join(parts, " "), lines
-}
-
-// withOptions is the entry text with options as its one options line, where the first was
-// (or appended when it had none); its other lines stay as they are.
-func withOptions(text, options string) string {
-	_, lines := entryOptions(text)
-	all := strings.Split(text, "\n")
-	if len(lines) == 0 {
-		return strings.TrimRight(text, "\n") + "\noptions " + options + "\n"
-	}
-	all[lines[0]] = "options " + options
-	for _, i := range slices.Backward(lines[1:]) {
-		all = slices.Delete(all, i, i+1)
-	}
-	return strings.Join(all, "\n")
 }
 
 // readBootID is the running boot's id, which a reboot changes.

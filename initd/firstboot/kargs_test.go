@@ -102,7 +102,7 @@ func (m *machine) boot(entry, cfg string) (*Status, error) {
 	writeFile(m.t, filepath.Join(m.facts.ProcRoot, "sys/kernel/random/boot_id"), strings.Repeat(string(rune('0'+m.boots)), 8)+"-0000-4000-8000-000000000000\n")
 	line := m.directKernelLine
 	if line == "" {
-		options, _ := entryOptions(readFile(m.t, filepath.Join(m.esp, entry)))
+		options, _ := nodeimage.EntryOptions(readFile(m.t, filepath.Join(m.esp, entry)))
 		line = `initrd=\kiln\a\initrd.img ` + options
 	}
 	return Run(context.Background(), Options{

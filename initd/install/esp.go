@@ -52,30 +52,23 @@ func addConfigURL(b backend.Storage, esp *gpt.Partition, configURL string) (stri
 	if err != nil {
 		return "", err
 	}
-	lines := strings.SplitAfter(entry, "\n")
-	options := -1
-	for i, l := range lines {
-		if f := strings.Fields(l); len(f) > 0 && f[0] == "options" {
-			options = i
-		}
-	}
-	if options < 0 {
+	options, ok := nodeimage.EntryOptions(entry)
+	if !ok {
 		return "", fmt.Errorf("the image's boot entry %s has no options line", nodeimage.LoaderEntryPath)
 	}
-	line := strings.TrimRight(lines[options], " \t\r\n") + " " + paramKey(ParamConfigURL) + "=" + configURL
-	lines[options] = line + "\n"
+	options = strings.TrimSpace(options + " " + paramKey(ParamConfigURL) + "=" + configURL)
 	f, err := fs.OpenFile(nodeimage.LoaderEntryPath, os.O_RDWR|os.O_TRUNC)
 	if err != nil {
 		return "", fmt.Errorf("open %s on the image's ESP for writing: %w", nodeimage.LoaderEntryPath, err)
 	}
-	if _, err := io.WriteString(f, strings.Join(lines, "")); err != nil {
+	if _, err := io.WriteString(f, nodeimage.WithEntryOptions(entry, options)); err != nil {
 		f.Close()
 		return "", fmt.Errorf("write %s on the image's ESP: %w", nodeimage.LoaderEntryPath, err)
 	}
 	if err := f.Close(); err != nil {
 		return "", fmt.Errorf("write %s on the image's ESP: %w", nodeimage.LoaderEntryPath, err)
 	}
-	return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "options")), nil
+	return options, nil
 }
 
 // paramKey is the kernel parameter name of a key of Cmdline.Kiln: "kiln." + key.
