@@ -155,13 +155,60 @@ func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(m.Stop)
-	line, err := m.WaitFor(ctx, want)
+	line, err := waitUnstalled(ctx, m, want, stallGrace, e.t.Logf)
 	if err != nil {
 		m.Stop()
-		e.t.Fatalf("boot %s: %v\nlast console lines:\n%s", filepath.Base(image), err, tail(m.Lines(), 40))
+		e.t.Fatalf("boot %s: %v\n%slast console lines:\n%s", filepath.Base(image), err, stallReport(m.Lines()), tail(m.Lines(), 40))
 	}
 	e.t.Logf("console %q after %s", strings.TrimSpace(line), time.Since(start).Round(time.Millisecond))
 	return m, line
+}
+
+// guestStall matches the guest kernel's report that a CPU or RCU's grace-period kthread made
+// no progress for its stall timeout (21 s in Debian's kernels): the first line of an RCU
+// stall or soft-lockup report.
+var guestStall = regexp.MustCompile(`rcu: INFO: \S+ (self-)?detected stalls?|rcu: \S+ kthread starved for|watchdog: BUG: soft lockup`)
+
+// stallGrace is how long a boot wait goes on after the guest kernel reported a stall. A guest
+// whose vCPU threads were starved by the host recovers well within it; one that is still
+// silent after it has hung (an interrupt lost in the emulator, a kernel deadlock), and waiting
+// out the rest of a boot's timeout only delays the report.
+const stallGrace = 3 * time.Minute
+
+// console is the part of a *vm.Machine a boot wait reads.
+type console interface {
+	WaitFor(ctx context.Context, re *regexp.Regexp) (string, error)
+}
+
+// waitUnstalled waits for want on m's console like WaitFor, and if the guest kernel reports a
+// stall first, for at most grace more (logged through logf).
+func waitUnstalled(ctx context.Context, m console, want *regexp.Regexp, grace time.Duration, logf func(string, ...any)) (string, error) {
+	either := regexp.MustCompile(`(?:` + want.String() + `)|(?:` + guestStall.String() + `)`)
+	line, err := m.WaitFor(ctx, either)
+	if err != nil || want.MatchString(line) {
+		return line, err
+	}
+	logf("the guest kernel reports a stall (%q); waiting at most %s more for %q", strings.TrimSpace(line), grace, want)
+	sctx, cancel := context.WithTimeout(ctx, grace)
+	defer cancel()
+	line, err = m.WaitFor(sctx, want)
+	if err != nil {
+		return "", fmt.Errorf("the guest kernel stalled and did not recover within %s: %w", grace, err)
+	}
+	return line, nil
+}
+
+// stallReport is the guest kernel's first stall report on the console (up to 30 lines from its
+// first line) with a heading, or "" when there is none: the stalled CPU, the starved task and
+// their stacks, which a boot's last lines no longer show once the report repeats.
+func stallReport(lines []string) string {
+	for i, l := range lines {
+		if guestStall.MatchString(l) {
+			end := min(i+30, len(lines))
+			return "first stall report of the guest kernel:\n" + strings.Join(lines[i:end], "\n") + "\n"
+		}
+	}
+	return ""
 }
 
 // logDir is where consoles and server logs go: KILN_TEST_LOGS, which keeps them after the
