@@ -115,7 +115,7 @@ test: deps build base base-generic base-cloudinit etcd-component
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 60m ./...
 
-# The offline end-to-end cluster (README "End to end"): Kubernetes, etcd, containerd, runc, CNI,
+# The offline end-to-end cluster (docs/testing.md, "End to end"): Kubernetes, etcd, containerd, runc, CNI,
 # crictl and CoreDNS built from source through the Go module proxy (cached in
 # $(KILN_E2E_CACHE)), images pushed to a local registry, control-plane and worker images baked and
 # booted under TCG; kubectl from the host checks /readyz, both nodes Ready and a pod on the worker.
@@ -128,7 +128,7 @@ e2e: deps build base
 		$(GO) test -count=1 -v -timeout 75m -run '^TestE2ECluster$$' ./qemu-tests/
 
 # The same cluster baked --import-images: containerd's store is not laid at bake and first boot
-# imports every image from the layout; what laying the store saves (README "End to end").
+# imports every image from the layout; what laying the store saves (docs/testing.md, "End to end").
 e2e-import: deps build base
 	@builder/scripts/deps.sh test
 	@builder/scripts/deps.sh e2e
@@ -136,7 +136,7 @@ e2e-import: deps build base
 		$(GO) test -count=1 -v -timeout 75m -run '^TestE2ECluster$$' ./qemu-tests/
 
 # The same cluster baked --without-images, the nodes pulling every image from the local
-# registry through a containerd mirror: what pre-pulling saves (README "End to end").
+# registry through a containerd mirror: what pre-pulling saves (docs/testing.md, "End to end").
 e2e-pull: deps build base
 	@builder/scripts/deps.sh test
 	@builder/scripts/deps.sh e2e
@@ -144,7 +144,7 @@ e2e-pull: deps build base
 		$(GO) test -count=1 -v -timeout 75m -run 'TestE2EClusterWithoutImages' ./qemu-tests/
 
 # The highly available cluster brought up by kiln cluster up from the e2e's images under TCG
-# (README "End to end"): SHAPE=external (default) — three etcd nodes, each with its etcd disk,
+# (docs/testing.md, "End to end"): SHAPE=external (default) — three etcd nodes, each with its etcd disk,
 # one control plane and a worker; SHAPE=stacked — three control planes (1 vCPU, each with its
 # etcd member and disk) and a worker. etcd's members (etcdctl), every node Ready, a Deployment;
 # a member powered off and started again, one replaced with a blank etcd disk, a power cut of

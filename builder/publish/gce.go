@@ -222,7 +222,7 @@ func apiError(call string, err error) error {
 		if m := permissionIn.FindStringSubmatch(ge.Message + " " + ge.Body); m != nil {
 			return fmt.Errorf("%s: permission %s denied: %w", call, m[1], err)
 		}
-		return fmt.Errorf("%s: permission denied (the README's \"Publishing from CI\" lists the roles needed): %w", call, err)
+		return fmt.Errorf("%s: permission denied (docs/publish.md lists the roles needed): %w", call, err)
 	}
 	return fmt.Errorf("%s: %w", call, err)
 }

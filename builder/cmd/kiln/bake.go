@@ -53,7 +53,7 @@ An entry that names nothing in any profile is an error. Registries on 127.0.0.1,
 localhost are reached over plain HTTP. Registry credentials (base and pre-pulled images) are
 found as docker, crane and ko find them: $DOCKER_CONFIG/config.json (default
 ~/.docker/config.json) "auths", and "credHelpers"/"credsStore" naming docker-credential-<name>
-helpers on PATH; see README "Private registries".
+helpers on PATH; see docs/registries.md.
 
 --without-images bakes the role without its pre-pulled images (image.json says
 "imagesLeftOut": true): containerd pulls them when kubelet first needs them, so the node needs a

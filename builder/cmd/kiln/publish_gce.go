@@ -52,7 +52,7 @@ again (--chunk-size).
 
 Credentials are Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth
 application-default login, workload identity, the metadata server). The permissions needed
-are listed in the README under "Publishing from CI". --storage-endpoint and
+are listed in docs/publish.md. --storage-endpoint and
 --compute-endpoint reach private endpoints or emulators (the API's path is added to a URL
 without one); STORAGE_EMULATOR_HOST is honoured as by every Cloud Storage client and sends
 no credentials to Cloud Storage. --no-auth sends none to either API, for emulators and test
