@@ -16,6 +16,7 @@ import (
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 var now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -178,7 +179,7 @@ func checkAdminConf(t *testing.T, dir string, ca *pki.CA, tc initCase) {
 func checkNodeIgnition(t *testing.T, dir string, n Node, tc initCase, ca *pki.CA, tok pki.Token) {
 	ign, _ := os.ReadFile(filepath.Join(dir, n.Ignition))
 	files := nodeFiles(t, ign)
-	nc, err := config.ParseNode(files[config.NodePath].Contents, "node.yaml")
+	nc, err := config.ParseNode(files[nodeimage.NodeConfigPath].Contents, "node.yaml")
 	if err != nil {
 		t.Fatalf("node.yaml: %v", err)
 	}
@@ -193,7 +194,7 @@ func checkNodeIgnition(t *testing.T, dir string, n Node, tc initCase, ca *pki.CA
 	if !bytes.Equal(files["/etc/kubernetes/pki/ca.crt"].Contents, ca.CertPEM) {
 		t.Error("ca.crt differs from pki/ca.crt")
 	}
-	wantFiles := map[string]os.FileMode{config.NodePath: 0o644, "/etc/kubernetes/pki/ca.crt": 0o644}
+	wantFiles := map[string]os.FileMode{nodeimage.NodeConfigPath: 0o644, "/etc/kubernetes/pki/ca.crt": 0o644}
 	if n.Role == roleControlPlane {
 		for p, m := range map[string]os.FileMode{
 			"/etc/kubernetes/pki/ca.key": 0o600, "/etc/kubernetes/pki/front-proxy-ca.crt": 0o644,
@@ -288,7 +289,7 @@ func checkEtcdNode(t *testing.T, dir string, n Node, nc *config.Node, files map[
 	if !bytes.Equal(files["/etc/kubernetes/pki/etcd/ca.key"].Contents, key) {
 		t.Error("etcd/ca.key differs from pki/etcd/ca.key")
 	}
-	want := []string{config.NodePath, "/etc/kubernetes/pki/etcd/ca.crt", "/etc/kubernetes/pki/etcd/ca.key"}
+	want := []string{nodeimage.NodeConfigPath, "/etc/kubernetes/pki/etcd/ca.crt", "/etc/kubernetes/pki/etcd/ca.key"}
 	var got []string
 	for p := range files {
 		got = append(got, p)
@@ -336,7 +337,7 @@ func TestControlPlaneFirstBoot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nc, err := config.LoadNode(filepath.Join(root, config.NodePath))
+	nc, err := config.LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,14 +14,11 @@ import (
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/pki"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// Paths on a node.
+// The bootstrap kubeconfig's user and cluster names.
 const (
-	nodeConfigPath        = config.NodePath // /etc/kiln/node.yaml
-	bootstrapTokenPath    = "/etc/kiln/bootstrap-token"
-	nodePKIDir            = "/etc/kubernetes/pki"
-	bootstrapKubeconfig   = "/etc/kubernetes/bootstrap-kubelet.conf"
 	bootstrapUser         = "kubelet-bootstrap"
 	bootstrapKubeconfigCl = pki.KubeconfigCluster
 )
@@ -240,27 +237,27 @@ func (c *Cluster) ignition(n Node) ([]byte, error) {
 			FileEmbedded1: types.FileEmbedded1{Mode: &m, Contents: types.Resource{Source: &src}},
 		})
 	}
-	add(nodeConfigPath, nodeYAML, 0o644)
+	add(nodeimage.NodeConfigPath, nodeYAML, 0o644)
 	if n.Role != roleEtcd {
-		add(path.Join(nodePKIDir, pki.CAName+".crt"), c.CA.CertPEM, pki.ModeCert)
+		add(path.Join(nodeimage.KubePKIDir, pki.CAName+".crt"), c.CA.CertPEM, pki.ModeCert)
 	}
 	switch n.Role {
 	case roleEtcd:
 		// The etcd CA only: the node makes its member's certificates from it.
-		add(path.Join(nodePKIDir, pki.EtcdCAName+".crt"), c.EtcdCA.CertPEM, pki.ModeCert)
-		add(path.Join(nodePKIDir, pki.EtcdCAName+".key"), c.EtcdCA.KeyPEM, pki.ModeSecret)
+		add(path.Join(nodeimage.KubePKIDir, pki.EtcdCAName+".crt"), c.EtcdCA.CertPEM, pki.ModeCert)
+		add(path.Join(nodeimage.KubePKIDir, pki.EtcdCAName+".key"), c.EtcdCA.KeyPEM, pki.ModeSecret)
 	case roleControlPlane:
-		add(path.Join(nodePKIDir, pki.CAName+".key"), c.CA.KeyPEM, pki.ModeSecret)
+		add(path.Join(nodeimage.KubePKIDir, pki.CAName+".key"), c.CA.KeyPEM, pki.ModeSecret)
 		for _, p := range []struct {
 			name string
 			kp   pki.KeyPair
 		}{{pki.FrontProxyCAName, c.FrontProxyCA}, {pki.EtcdCAName, c.EtcdCA}} {
-			add(path.Join(nodePKIDir, p.name+".crt"), p.kp.CertPEM, pki.ModeCert)
-			add(path.Join(nodePKIDir, p.name+".key"), p.kp.KeyPEM, pki.ModeSecret)
+			add(path.Join(nodeimage.KubePKIDir, p.name+".crt"), p.kp.CertPEM, pki.ModeCert)
+			add(path.Join(nodeimage.KubePKIDir, p.name+".key"), p.kp.KeyPEM, pki.ModeSecret)
 		}
-		add(path.Join(nodePKIDir, pki.ServiceAccount+".key"), c.ServiceAccount.KeyPEM, pki.ModeSecret)
-		add(path.Join(nodePKIDir, pki.ServiceAccount+".pub"), c.ServiceAccount.CertPEM, pki.ModeCert)
-		add(bootstrapTokenPath, []byte(c.Token.String()+"\n"), pki.ModeSecret)
+		add(path.Join(nodeimage.KubePKIDir, pki.ServiceAccount+".key"), c.ServiceAccount.KeyPEM, pki.ModeSecret)
+		add(path.Join(nodeimage.KubePKIDir, pki.ServiceAccount+".pub"), c.ServiceAccount.CertPEM, pki.ModeCert)
+		add(nodeimage.BootstrapTokenPath, []byte(c.Token.String()+"\n"), pki.ModeSecret)
 	case roleWorker:
 		kc := kubeconfig.Config{Cluster: bootstrapKubeconfigCl, Server: pki.ServerURL(c.Spec.APIEndpoint),
 			CAPEM: c.CA.CertPEM, User: bootstrapUser, Token: c.Token.String()}
@@ -268,7 +265,7 @@ func (c *Cluster) ignition(n Node) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("bootstrap kubeconfig of %s: %w", n.Name, err)
 		}
-		add(bootstrapKubeconfig, data, pki.ModeSecret)
+		add(nodeimage.BootstrapKubeletConfPath, data, pki.ModeSecret)
 	}
 	cfg := types.Config{Ignition: types.Ignition{Version: "3.4.0"}, Storage: types.Storage{Files: files}}
 	out, err := config.CompactJSON(cfg, "  ")

@@ -11,10 +11,11 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // nodeYAMLPath is the kiln node config a machine's config may write.
-const nodeYAMLPath = config.NodePath
+const nodeYAMLPath = nodeimage.NodeConfigPath
 
 // groupConfig is a group's node config, parsed and checked once.
 type groupConfig struct {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -311,7 +312,7 @@ func TestCreateExternalEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if f.Path == config.NodePath && !strings.Contains(string(f.Contents), "external: true") {
+		if f.Path == nodeimage.NodeConfigPath && !strings.Contains(string(f.Contents), "external: true") {
 			t.Errorf("the control plane's node.yaml:\n%s", f.Contents)
 		}
 	}

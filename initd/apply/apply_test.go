@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -609,7 +610,7 @@ func TestButaneEndToEnd(t *testing.T) {
 	if len(first) < 8 {
 		t.Errorf("first run changed only %q", first)
 	}
-	node, err := config.LoadNode(root + config.NodePath)
+	node, err := config.LoadNode(root + nodeimage.NodeConfigPath)
 	if err != nil || node.Role != config.RoleWorker {
 		t.Errorf("node.yaml written by the config: %+v, %v", node, err)
 	}

@@ -13,11 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/strictyaml"
 )
-
-// NodePath is where the kiln node config lives on a node.
-const NodePath = "/etc/kiln/node.yaml"
 
 // Node is the kiln node config, /etc/kiln/node.yaml: what this node is in which
 // cluster. LoadNode and ParseNode return it validated and with every default filled in
@@ -185,7 +183,7 @@ const (
 	defaultClusterDomain = "cluster.local"
 	defaultEtcdFSType    = "ext4"
 	defaultEtcdLabel     = "etcd"
-	defaultEtcdMountPath = "/var/lib/etcd" // + "/<cluster.name>"
+	defaultEtcdMountPath = nodeimage.EtcdDataDir // + "/<cluster.name>"
 	// defaultEtcdMinSize is the smallest etcd disk accepted unless etcd.volume.minSize says
 	// otherwise: etcd's default space quota (--quota-backend-bytes), so that the database
 	// reaches its quota before it fills the disk.

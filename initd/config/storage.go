@@ -69,7 +69,7 @@ var reservedTrees = []struct{ dir, what string }{
 	{"/libx32", "the image's read-only root"},
 	{"/boot", "the image's boot files"},
 	{"/efi", "the image's boot files"},
-	{"/var/lib/kiln", "kiln's own state (the overlays' upper directories)"},
+	{nodeimage.StateDir, "kiln's own state (the overlays' upper directories)"},
 }
 
 // mountProblem says why no filesystem may be mounted at the clean absolute path p; "" when

@@ -7,23 +7,21 @@ import (
 	"path/filepath"
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// statusPath is where the registration state lives, relative to the node's root.
-const statusPath = "/var/lib/kiln/dns.json"
 
 // StatusFile stores the registration State as JSON ({"state", "provider",
 // "records", "last_error", "attempts", "updated"}) for `kiln-init status`, and gives
 // the next boot the records this node published (for WithStale).
 type StatusFile struct {
-	// Root is the node's "/" ("" is "/"); Path is below it (statusPath when empty).
+	// Root is the node's "/" ("" is "/"); Path is below it (nodeimage.DNSStatusPath when empty).
 	Root, Path string
 }
 
 func (f StatusFile) file() string {
 	p := f.Path
 	if p == "" {
-		p = statusPath
+		p = nodeimage.DNSStatusPath
 	}
 	root := f.Root
 	if root == "" {

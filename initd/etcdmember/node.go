@@ -12,15 +12,12 @@ import (
 	"path/filepath"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// ClientCerts are the client certificates a node asks the members with (below its root,
-// without the .crt/.key suffix), the first that exists: a control plane's API server's,
-// else an etcd node's health-check client. CACert is the etcd CA both are signed by.
-var ClientCerts = []string{"/etc/kubernetes/pki/apiserver-etcd-client", "/etc/kubernetes/pki/etcd/healthcheck-client"}
-
-// CACert is the etcd CA's certificate on a node.
-const CACert = "/etc/kubernetes/pki/etcd/ca.crt"
+// ClientCerts are the client certificates a node asks the members with, the first that
+// exists; nodeimage.EtcdCACertPath is the etcd CA both are signed by.
+var ClientCerts = []string{nodeimage.EtcdClientCertAPIServer, nodeimage.EtcdClientCertHealthcheck}
 
 // DataDir is the member's data directory node n names: its etcd volume's mount point, else
 // /var/lib/etcd.
@@ -28,7 +25,7 @@ func DataDir(n *config.Node) string {
 	if n.Etcd != nil && n.Etcd.Volume != nil {
 		return n.Etcd.Volume.MountPath
 	}
-	return "/var/lib/etcd"
+	return nodeimage.EtcdDataDir
 }
 
 // RunsMember reports whether node n runs an etcd member: a control plane whose etcd is
@@ -69,13 +66,13 @@ func ClientTLS(root string) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd client certificate (%s or %s): %w", ClientCerts[0], ClientCerts[1], err)
 	}
-	caPEM, err := os.ReadFile(filepath.Join(root, CACert))
+	caPEM, err := os.ReadFile(filepath.Join(root, nodeimage.EtcdCACertPath))
 	if err != nil {
 		return nil, fmt.Errorf("etcd CA: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("etcd CA %s: no certificate", CACert)
+		return nil, fmt.Errorf("etcd CA %s: no certificate", nodeimage.EtcdCACertPath)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // TestAttackStatusLeaksSecretDigest: status.json lists the SHA-256 of every file the
@@ -26,7 +27,7 @@ func TestAttackStatusLeaksSecretDigest(t *testing.T) {
 			if _, err := Run(context.Background(), Options{Root: root, Providers: []source.Provider{fwcfg(t, cfg)}}); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Chmod(filepath.Join(root, StatusPath), 0o644); err != nil {
+			if err := os.Chmod(filepath.Join(root, nodeimage.StatusPath), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -44,7 +45,7 @@ func TestAttackStatusLeaksSecretDigest(t *testing.T) {
 			if tc.before != nil && !st.Skipped {
 				t.Fatal("the second boot ran first boot again")
 			}
-			p := filepath.Join(root, StatusPath)
+			p := filepath.Join(root, nodeimage.StatusPath)
 			data, err := os.ReadFile(p)
 			if err != nil {
 				t.Fatal(err)
@@ -57,7 +58,7 @@ func TestAttackStatusLeaksSecretDigest(t *testing.T) {
 				t.Fatal(err)
 			}
 			if perm := fi.Mode().Perm(); perm != 0o600 {
-				t.Errorf("%s has mode %04o: the digest of /etc/kiln/token is readable by others; want 0600", StatusPath, perm)
+				t.Errorf("%s has mode %04o: the digest of /etc/kiln/token is readable by others; want 0600", nodeimage.StatusPath, perm)
 			}
 		})
 	}

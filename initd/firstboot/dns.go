@@ -13,6 +13,7 @@ import (
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/facts"
 	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // RegisterDNS publishes this node's cluster names (etcd-<member>.internal…, api.internal…)
@@ -22,7 +23,7 @@ import (
 // pending/registered in /var/lib/kiln/dns.json for `kiln-init status`; a DNS server that is
 // down never holds up the boot, because this runs in its own service.
 func RegisterDNS(ctx context.Context, root string, log *slog.Logger) (dns.State, error) {
-	n, err := config.LoadNode(filepath.Join(root, config.NodePath))
+	n, err := config.LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
 	if errors.Is(err, fs.ErrNotExist) {
 		log.Info("no node config; nothing to publish")
 		return dns.State{}, nil

@@ -14,13 +14,13 @@ import (
 	"github.com/kilnproject/kiln/initd/etcdmember"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// renderedEtcdManifest is where the role's templates put the etcd manifest; etcdManifest is
-// its name in the manifests directory and on the volume.
+// etcdManifest is the etcd member's manifest's name in the manifests directory and on the
+// volume (the templates render it at nodeimage.RenderedEtcdManifestPath).
 const (
-	renderedEtcdManifest = "/etc/kubernetes/etcd/etcd.manifest"
-	etcdManifest         = "etcd.manifest"
+	etcdManifest = "etcd.manifest"
 )
 
 // etcdTasks give an etcd member its disk and place etcd's manifest, on that disk when it
@@ -218,7 +218,7 @@ func (p *plan) placeEtcdManifest(ctx context.Context) (bool, error) {
 	if !p.etcdMember() {
 		return false, nil
 	}
-	data, err := os.ReadFile(filepath.Join(p.opts.Root, renderedEtcdManifest))
+	data, err := os.ReadFile(filepath.Join(p.opts.Root, nodeimage.RenderedEtcdManifestPath))
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil // the image's templates have no etcd manifest
 	}
@@ -234,7 +234,7 @@ func (p *plan) placeEtcdManifest(ctx context.Context) (bool, error) {
 		return wrote || linked, err
 	}
 	changed, err := apply.Files(ctx, p.opts.Root, []config.File{{Field: "etcd manifest",
-		Path: filepath.Join(volume.ManifestsDir, etcdManifest), Mode: 0o600, ModeSet: true,
+		Path: filepath.Join(nodeimage.ManifestsDir, etcdManifest), Mode: 0o600, ModeSet: true,
 		Overwrite: true, HasContents: true, Contents: data}}, nil)
 	return len(changed) > 0, err
 }

@@ -1,7 +1,7 @@
 // Package firstboot is `kiln-init firstboot`, the oneshot service that configures a node on
 // its first boot, in the order the data flows: sources ⇒ config (Ignition v3 / Butane, merged
 // over the image's default; Run, loadConfig) ⇒ plan (a task graph: plan.go, etcd.go,
-// kube.go) ⇒ apply (task.Run) ⇒ report (the Status at StatusPath, printed by
+// kube.go) ⇒ apply (task.Run) ⇒ report (the Status at nodeimage.StatusPath, printed by
 // `kiln-init status`). Every task checks before it acts, so a re-run (or a boot after a
 // power cut) converges to the same state; once a first boot has succeeded, later boots
 // change nothing. RegisterDNS, `kiln-init dns`, publishes the node's cluster names at every

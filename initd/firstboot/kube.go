@@ -19,14 +19,6 @@ import (
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// Kubernetes paths first boot writes or checks, relative to the node's root.
-const (
-	kubeDir             = "/etc/kubernetes"
-	pkiDir              = "/etc/kubernetes/pki"
-	kubeletConf         = "/etc/kubernetes/kubelet.conf"
-	bootstrapKubeletCfg = "/etc/kubernetes/bootstrap-kubelet.conf"
-)
-
 // Units of the kubernetes overlay that first boot enables (and starts in this boot).
 const (
 	KubeletUnit      = "kubelet.service"
@@ -76,13 +68,13 @@ func (p *plan) writePKI(context.Context) (bool, error) {
 	if runs, err := p.runsUnitOf(p.node.Role); !runs || err != nil {
 		return false, err
 	}
-	dir := filepath.Join(p.opts.Root, pkiDir)
+	dir := filepath.Join(p.opts.Root, nodeimage.KubePKIDir)
 	ca, missing, forWhat := "ca.crt", "no cluster CA at %s/%s: a control plane gets its CAs from its Ignition config (kiln cluster init writes them)", "the API server"
 	if p.node.Role == config.RoleEtcd {
 		ca, missing, forWhat = pki.EtcdCAName+".crt", "no etcd CA at %s/%s: an etcd node gets it from its Ignition config (kiln cluster init writes it)", "its etcd certificates"
 	}
 	if _, err := os.Stat(filepath.Join(dir, ca)); errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf(missing, pkiDir, ca)
+		return false, fmt.Errorf(missing, nodeimage.KubePKIDir, ca)
 	}
 	n := p.pkiNode()
 	nodeIP := p.facts.IPv4
@@ -104,7 +96,7 @@ func (p *plan) writePKI(context.Context) (bool, error) {
 		return len(certs) > 0, err
 	}
 	server := "https://" + net.JoinHostPort(nodeIP, fmt.Sprint(config.DefaultAPIPort))
-	confs, err := pki.ControlPlaneKubeconfigs(filepath.Join(p.opts.Root, kubeDir), dir, n, server, p.opts.Now())
+	confs, err := pki.ControlPlaneKubeconfigs(filepath.Join(p.opts.Root, nodeimage.KubeDir), dir, n, server, p.opts.Now())
 	if len(certs)+len(confs) > 0 {
 		p.opts.Log.Info("control-plane PKI written", "certificates", certs, "kubeconfigs", confs)
 	}
@@ -167,13 +159,13 @@ func (p *plan) handOver(ctx context.Context) (bool, error) {
 	units := []string{KubeletUnit}
 	switch p.node.Role {
 	case config.RoleControlPlane:
-		if !exists(root, kubeletConf) {
-			return false, fmt.Errorf("kubelet has no credentials: %s is missing", kubeletConf)
+		if !exists(root, nodeimage.KubeletConfPath) {
+			return false, fmt.Errorf("kubelet has no credentials: %s is missing", nodeimage.KubeletConfPath)
 		}
 		units = append(units, CNIUnit, ControlPlaneUnit)
 	case config.RoleWorker:
-		if !exists(root, bootstrapKubeletCfg) && !exists(root, kubeletConf) {
-			return false, fmt.Errorf("kubelet has no credentials: neither %s nor %s exists (kiln cluster init puts the bootstrap kubeconfig in a worker's Ignition config)", bootstrapKubeletCfg, kubeletConf)
+		if !exists(root, nodeimage.BootstrapKubeletConfPath) && !exists(root, nodeimage.KubeletConfPath) {
+			return false, fmt.Errorf("kubelet has no credentials: neither %s nor %s exists (kiln cluster init puts the bootstrap kubeconfig in a worker's Ignition config)", nodeimage.BootstrapKubeletConfPath, nodeimage.KubeletConfPath)
 		}
 		units = append(units, CNIUnit)
 	case config.RoleEtcd:

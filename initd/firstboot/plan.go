@@ -237,7 +237,7 @@ func (p *plan) reloadNetwork(ctx context.Context) (bool, error) {
 // node is what the image was baked for. A node config for another role than the image's is
 // an error: the image does not carry that role's parts. A plain node takes none.
 func (p *plan) loadNode(context.Context) (bool, error) {
-	n, err := config.LoadNode(filepath.Join(p.opts.Root, config.NodePath))
+	n, err := config.LoadNode(filepath.Join(p.opts.Root, nodeimage.NodeConfigPath))
 	switch {
 	case errors.Is(err, fs.ErrNotExist) && !p.runsKubernetes():
 		n = &config.Node{}
@@ -248,7 +248,7 @@ func (p *plan) loadNode(context.Context) (bool, error) {
 	case err != nil:
 		return false, err
 	case p.imageRole != "" && string(n.Role) != p.imageRole:
-		return false, fmt.Errorf("%s: role %s, but this image was baked for %s", config.NodePath, n.Role, p.imageRole)
+		return false, fmt.Errorf("%s: role %s, but this image was baked for %s", nodeimage.NodeConfigPath, n.Role, p.imageRole)
 	}
 	p.node = n
 	return false, nil
@@ -261,7 +261,7 @@ func (p *plan) plainNodeConfig(n *config.Node, err error) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", why, err)
 	}
-	return fmt.Errorf("%s: role %s: %s", config.NodePath, n.Role, why)
+	return fmt.Errorf("%s: role %s: %s", nodeimage.NodeConfigPath, n.Role, why)
 }
 
 // factAddress is the fact a Kubernetes node cannot be configured without: its address,

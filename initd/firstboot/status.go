@@ -17,9 +17,6 @@ import (
 	"time"
 )
 
-// StatusPath is where the first-boot report lives, relative to the node's root.
-const StatusPath = "/var/lib/kiln/status.json"
-
 // StatusMode is the status file's mode: it lists the SHA-256 of every file the config
 // wrote, secrets included, and a digest of a short secret gives the secret away.
 const StatusMode = 0o600
@@ -37,7 +34,7 @@ const (
 	StateRebooting = "rebooting"
 )
 
-// Status is the first-boot report, stored as JSON at StatusPath.
+// Status is the first-boot report, stored as JSON at nodeimage.StatusPath.
 type Status struct {
 	State      string    `json:"state"`
 	Started    time.Time `json:"started"`
@@ -137,13 +134,13 @@ func ReadStatus(root string) (*Status, error) {
 	if root == "" {
 		root = "/"
 	}
-	data, err := os.ReadFile(filepath.Join(root, StatusPath))
+	data, err := os.ReadFile(filepath.Join(root, nodeimage.StatusPath))
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", StatusPath, err)
+		return nil, fmt.Errorf("read %s: %w", nodeimage.StatusPath, err)
 	}
 	var st Status
 	if err := json.Unmarshal(data, &st); err != nil {
-		return nil, fmt.Errorf("read %s: %w", StatusPath, err)
+		return nil, fmt.Errorf("read %s: %w", nodeimage.StatusPath, err)
 	}
 	return &st, nil
 }
@@ -154,23 +151,23 @@ func writeStatus(ctx context.Context, root string, st *Status) error {
 	if err != nil {
 		return fmt.Errorf("encode status: %w", err)
 	}
-	_, err = apply.Files(ctx, root, []config.File{{Field: "status", Path: StatusPath, Mode: StatusMode, ModeSet: true,
+	_, err = apply.Files(ctx, root, []config.File{{Field: "status", Path: nodeimage.StatusPath, Mode: StatusMode, ModeSet: true,
 		Overwrite: true, HasContents: true, Contents: append(data, '\n')}}, nil)
 	if err != nil {
-		return fmt.Errorf("write %s: %w", StatusPath, err)
+		return fmt.Errorf("write %s: %w", nodeimage.StatusPath, err)
 	}
 	return nil
 }
 
 // tightenStatus gives a status file written by an older kiln (mode 0644) StatusMode.
 func tightenStatus(root string) error {
-	p := filepath.Join(root, StatusPath)
+	p := filepath.Join(root, nodeimage.StatusPath)
 	fi, err := os.Lstat(p)
 	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&^StatusMode == 0 {
 		return nil
 	}
 	if err := os.Chmod(p, StatusMode); err != nil {
-		return fmt.Errorf("restrict %s to mode %04o: %w", StatusPath, StatusMode, err)
+		return fmt.Errorf("restrict %s to mode %04o: %w", nodeimage.StatusPath, StatusMode, err)
 	}
 	return nil
 }

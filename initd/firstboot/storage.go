@@ -14,6 +14,7 @@ import (
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/storage"
 	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // hasStorage reports whether the config sets up disks, arrays, LUKS volumes or filesystems.
@@ -53,11 +54,11 @@ func (p *plan) applyStorage(ctx context.Context) (bool, error) {
 		if v.Serial != "" || v.ByID != "" {
 			dev, err := volume.ByID{Serial: v.Serial, ID: v.ByID}.Present()
 			if err == nil && dev != "" {
-				forbidden[dev] = fmt.Sprintf("is the etcd volume %s selects (etcd.volume.%s); node.yaml's etcd volume wins", config.NodePath, etcdSelector(v))
+				forbidden[dev] = fmt.Sprintf("is the etcd volume %s selects (etcd.volume.%s); node.yaml's etcd volume wins", nodeimage.NodeConfigPath, etcdSelector(v))
 			}
 		}
 		if v.GCEName != "" {
-			forbidden["/dev/disk/by-id/google-"+v.GCEName] = fmt.Sprintf("is the etcd volume %s selects (etcd.volume.gceName %s); node.yaml's etcd volume wins", config.NodePath, v.GCEName)
+			forbidden["/dev/disk/by-id/google-"+v.GCEName] = fmt.Sprintf("is the etcd volume %s selects (etcd.volume.gceName %s); node.yaml's etcd volume wins", nodeimage.NodeConfigPath, v.GCEName)
 		}
 	}
 	changed, err := storage.Apply(ctx, p.cfg.Ignition, storage.Options{Root: p.opts.Root, Live: p.opts.Root == "/",
@@ -84,15 +85,15 @@ func (p *plan) configuredNode() (*config.Node, error) {
 		return nil, err
 	}
 	for _, f := range slices.Backward(files) {
-		if f.Path == config.NodePath && f.HasContents && !f.Remote() {
-			n, err := config.ParseNode(f.Contents, config.NodePath)
+		if f.Path == nodeimage.NodeConfigPath && f.HasContents && !f.Remote() {
+			n, err := config.ParseNode(f.Contents, nodeimage.NodeConfigPath)
 			if err != nil {
-				return nil, fmt.Errorf("%s (%s): %w", f.Field, config.NodePath, err)
+				return nil, fmt.Errorf("%s (%s): %w", f.Field, nodeimage.NodeConfigPath, err)
 			}
 			return n, nil
 		}
 	}
-	n, err := config.LoadNode(filepath.Join(p.opts.Root, config.NodePath))
+	n, err := config.LoadNode(filepath.Join(p.opts.Root, nodeimage.NodeConfigPath))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

@@ -20,18 +20,8 @@ import (
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/poll"
-)
-
-// Files the control-plane bootstrap reads, relative to the node's root.
-const (
-	AdminConf          = "/etc/kubernetes/admin.conf"
-	SuperAdminConf     = "/etc/kubernetes/super-admin.conf"
-	CACertPath         = "/etc/kubernetes/pki/ca.crt"
-	BootstrapTokenPath = "/etc/kiln/bootstrap-token"
-	// AddonsPath holds the rendered addon manifests (kube-proxy, CoreDNS), applied in
-	// name order; the control-plane templates put them there.
-	AddonsPath = "/etc/kubernetes/addons"
 )
 
 // Names kubeadm gives the things its init phases create; kiln uses the same so that
@@ -109,7 +99,7 @@ type bootstrap struct {
 //	                             ├─► bootstrap-rbac    (TLS bootstrap + CSR auto-approval bindings)
 //	                             ├─► cluster-info      (kube-public ConfigMap, readable anonymously)
 //	                             ├─► mark-control-plane (label + NoSchedule taint, once kubelet registered)
-//	                             └─► addon-<file>      (one per manifest in AddonsPath: kube-proxy, coredns)
+//	                             └─► addon-<file>      (one per manifest in nodeimage.AddonsDir: kube-proxy, coredns)
 //	api-ready ─► kubelet-finalize (kubelet.conf points at kubelet's rotated client certificate)
 //
 // cluster-admins binds kubeadm:cluster-admins (admin.conf's group) to cluster-admin with
@@ -130,7 +120,7 @@ func BootstrapTasks(o BootstrapOptions) ([]task.Task, error) {
 		ConvergeWithTimeout("mark-control-plane", after, o.NodeWait+time.Minute, b.markControlPlane),
 		task.Converge("kubelet-finalize", []string{"api-ready"}, b.kubeletFinalize),
 	}
-	addons, err := addonFiles(filepath.Join(o.Root, AddonsPath))
+	addons, err := addonFiles(filepath.Join(o.Root, nodeimage.AddonsDir))
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +165,7 @@ func addonFiles(dir string) ([]string, error) {
 // client is the admin.conf client, loaded once it is needed.
 func (b *bootstrap) client() (*Client, error) {
 	if b.admin == nil {
-		c, err := LoadKubeconfig(b.o.Root, AdminConf)
+		c, err := LoadKubeconfig(b.o.Root, nodeimage.AdminConfPath)
 		if err != nil {
 			return nil, err
 		}
@@ -292,7 +282,7 @@ func (b *bootstrap) applyFile(path string) func(context.Context) (bool, error) {
 // clusterAdmins is kubeadm's first write: admin.conf's group gets cluster-admin. Only
 // super-admin.conf (system:masters) may write it before it exists.
 func (b *bootstrap) clusterAdmins(ctx context.Context) (bool, error) {
-	c, err := LoadKubeconfig(b.o.Root, SuperAdminConf)
+	c, err := LoadKubeconfig(b.o.Root, nodeimage.SuperAdminConfPath)
 	if err != nil {
 		return false, err
 	}
@@ -300,12 +290,12 @@ func (b *bootstrap) clusterAdmins(ctx context.Context) (bool, error) {
 }
 
 // bootstrapToken creates the token Secret kubelets TLS-bootstrap with, from the token
-// `kiln cluster init` delivered in BootstrapTokenPath. An existing Secret is kept as it
+// `kiln cluster init` delivered in nodeimage.BootstrapTokenPath. An existing Secret is kept as it
 // is (its expiry is not extended); a node without a token file has nothing to do.
 func (b *bootstrap) bootstrapToken(ctx context.Context) (bool, error) {
-	data, err := os.ReadFile(filepath.Join(b.o.Root, BootstrapTokenPath))
+	data, err := os.ReadFile(filepath.Join(b.o.Root, nodeimage.BootstrapTokenPath))
 	if errors.Is(err, fs.ErrNotExist) {
-		b.o.Log.Info("no bootstrap token; workers cannot join with one", "path", BootstrapTokenPath)
+		b.o.Log.Info("no bootstrap token; workers cannot join with one", "path", nodeimage.BootstrapTokenPath)
 		return false, nil
 	}
 	if err != nil {
@@ -313,7 +303,7 @@ func (b *bootstrap) bootstrapToken(ctx context.Context) (bool, error) {
 	}
 	tok, err := pki.ParseToken(strings.TrimSpace(string(data)))
 	if err != nil {
-		return false, fmt.Errorf("bootstrap token %s: %w", BootstrapTokenPath, err)
+		return false, fmt.Errorf("bootstrap token %s: %w", nodeimage.BootstrapTokenPath, err)
 	}
 	c, err := b.client()
 	if err != nil {
@@ -389,7 +379,7 @@ func clusterRoleBinding(name, role string, subjects ...map[string]any) Object {
 // kubeconfig without users) and lets anonymous users read it: joining nodes discover the
 // cluster there, and the bootstrap signer signs it with each signing token.
 func (b *bootstrap) clusterInfo(ctx context.Context) (bool, error) {
-	ca, err := os.ReadFile(filepath.Join(b.o.Root, CACertPath))
+	ca, err := os.ReadFile(filepath.Join(b.o.Root, nodeimage.KubeCACertPath))
 	if err != nil {
 		return false, fmt.Errorf("cluster-info: %w", err)
 	}
@@ -510,17 +500,14 @@ func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
 
 func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
 
-// KubeletClientCert is where kubelet keeps its current (rotated) client certificate and key.
-const KubeletClientCert = "/var/lib/kubelet/pki/kubelet-client-current.pem"
-
 // kubeletFinalize is kubeadm's kubelet-finalize phase. First boot gives the control
 // plane's kubelet a kubelet.conf with an embedded client certificate; kubelet copies it to
-// KubeletClientCert at its start and rotates it there. Pointing kubelet.conf at that file
+// nodeimage.KubeletClientCertPath at its start and rotates it there. Pointing kubelet.conf at that file
 // keeps kubelet on its rotated certificate across restarts (the embedded one would be
 // copied over it again, and expire after a year). Nothing to do before kubelet made the
 // file, or once kubelet.conf refers to it.
 func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
-	path := filepath.Join(b.o.Root, KubeletConf)
+	path := filepath.Join(b.o.Root, nodeimage.KubeletConfPath)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
@@ -530,13 +517,13 @@ func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
 	}
 	kc, err := kubeconfig.Decode(data)
 	if err != nil {
-		return false, fmt.Errorf("kubelet-finalize: %s: %w", KubeletConf, err)
+		return false, fmt.Errorf("kubelet-finalize: %s: %w", nodeimage.KubeletConfPath, err)
 	}
 	if len(kc.Users) != 1 || len(kc.Clusters) != 1 || kc.Users[0].User.CertData == "" {
 		return false, nil // not the embedded-certificate kubeconfig first boot writes
 	}
-	if _, err := os.Stat(filepath.Join(b.o.Root, KubeletClientCert)); err != nil {
-		b.o.Log.Info("kubelet-finalize: kubelet has not stored its client certificate yet", "path", KubeletClientCert)
+	if _, err := os.Stat(filepath.Join(b.o.Root, nodeimage.KubeletClientCertPath)); err != nil {
+		b.o.Log.Info("kubelet-finalize: kubelet has not stored its client certificate yet", "path", nodeimage.KubeletClientCertPath)
 		return false, nil
 	}
 	cl, u := kc.Clusters[0], kc.Users[0]
@@ -545,7 +532,7 @@ func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
 		CAData: cl.Cluster.CAData, Server: cl.Cluster.Server, TLSServerName: cl.Cluster.TLSServerName}}}
 	out.Contexts = []kubeconfig.NamedContext{{Name: kc.CurrentContext, Context: kubeconfig.Context{Cluster: cl.Name, User: u.Name}}}
 	out.CurrentContext = kc.CurrentContext
-	out.Users = []kubeconfig.NamedUser{{Name: u.Name, User: kubeconfig.User{CertFile: KubeletClientCert, KeyFile: KubeletClientCert}}}
+	out.Users = []kubeconfig.NamedUser{{Name: u.Name, User: kubeconfig.User{CertFile: nodeimage.KubeletClientCertPath, KeyFile: nodeimage.KubeletClientCertPath}}}
 	newData, err := out.Encode()
 	if err != nil {
 		return false, fmt.Errorf("kubelet-finalize: %w", err)
@@ -553,6 +540,6 @@ func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
 	if err := atomicfile.Write(path, newData, atomicfile.Options{Mode: 0o600}); err != nil {
 		return false, fmt.Errorf("kubelet-finalize: %w", err)
 	}
-	b.o.Log.Info("kubelet.conf now uses kubelet's rotated client certificate", "path", KubeletClientCert)
+	b.o.Log.Info("kubelet.conf now uses kubelet's rotated client certificate", "path", nodeimage.KubeletClientCertPath)
 	return true, nil
 }

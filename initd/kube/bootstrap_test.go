@@ -30,6 +30,7 @@ import (
 	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/poll"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
@@ -161,9 +162,9 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 	}
 	startComponent(t, died, root, manifestCommand(t, root, "etc/kubernetes/manifests/kube-controller-manager.yaml"), ports,
 		"--secure-port="+strconv.Itoa(testkit.FreePort(t)))
-	mustWrite(t, filepath.Join(root, BootstrapTokenPath), []byte(testToken+"\n"), 0o600)
+	mustWrite(t, filepath.Join(root, nodeimage.BootstrapTokenPath), []byte(testToken+"\n"), 0o600)
 	// kubelet copies kubelet.conf's embedded certificate to its rotation store when it starts.
-	kc, err := os.ReadFile(filepath.Join(root, KubeletConf))
+	kc, err := os.ReadFile(filepath.Join(root, nodeimage.KubeletConfPath))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +172,7 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustWrite(t, filepath.Join(root, KubeletClientCert), append(k.CertPEM, k.KeyPEM...), 0o600)
+	mustWrite(t, filepath.Join(root, nodeimage.KubeletClientCertPath), append(k.CertPEM, k.KeyPEM...), 0o600)
 	return ctx, root, server
 }
 
@@ -219,7 +220,7 @@ func TestBootstrapControlPlane(t *testing.T) {
 	cpCtx, root, server := controlPlane(t)
 	ctx, cancel := context.WithTimeout(cpCtx, 5*time.Minute)
 	defer cancel()
-	ca, err := os.ReadFile(filepath.Join(root, CACertPath))
+	ca, err := os.ReadFile(filepath.Join(root, nodeimage.KubeCACertPath))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func TestBootstrapControlPlane(t *testing.T) {
 		t.Errorf("stored stage = %+v, %v", st, err)
 	}
 
-	admin, err := LoadKubeconfig(root, AdminConf)
+	admin, err := LoadKubeconfig(root, nodeimage.AdminConfPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +265,7 @@ type bootstrapped struct {
 // registerNode registers the node as kubelet does (with its own taint, which must stay), a
 // while after the bootstrap started waiting for it.
 func registerNode(ctx context.Context, root string) {
-	super, err := LoadKubeconfig(root, SuperAdminConf)
+	super, err := LoadKubeconfig(root, nodeimage.SuperAdminConfPath)
 	if err != nil {
 		return
 	}
@@ -425,11 +426,11 @@ func (b bootstrapped) checkAddons(t *testing.T) {
 // checkKubeletConf checks that kubelet.conf uses kubelet's rotated certificate.
 func (b bootstrapped) checkKubeletConf(t *testing.T) {
 	ctx, root := b.ctx, b.root
-	data, _ := os.ReadFile(filepath.Join(root, KubeletConf))
-	if !strings.Contains(string(data), "client-certificate: "+KubeletClientCert) || strings.Contains(string(data), "client-certificate-data") {
+	data, _ := os.ReadFile(filepath.Join(root, nodeimage.KubeletConfPath))
+	if !strings.Contains(string(data), "client-certificate: "+nodeimage.KubeletClientCertPath) || strings.Contains(string(data), "client-certificate-data") {
 		t.Errorf("kubelet.conf:\n%s", data)
 	}
-	kubelet, err := LoadKubeconfig(root, KubeletConf)
+	kubelet, err := LoadKubeconfig(root, nodeimage.KubeletConfPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,8 +446,8 @@ func (b bootstrapped) checkCNI(t *testing.T) {
 	if err != nil || !changed || len(cidrs) != 1 || !strings.HasPrefix(cidrs[0], "10.244.") || !strings.HasSuffix(cidrs[0], "/24") {
 		t.Fatalf("EnsureCNI = %v, %v, %v; want a /24 of 10.244.0.0/16", cidrs, changed, err)
 	}
-	if b, err := os.ReadFile(filepath.Join(root, CNIConfPath)); err != nil || !strings.Contains(string(b), cidrs[0]) {
-		t.Errorf("%s: %v\n%s", CNIConfPath, err, b)
+	if b, err := os.ReadFile(filepath.Join(root, nodeimage.CNIConfPath)); err != nil || !strings.Contains(string(b), cidrs[0]) {
+		t.Errorf("%s: %v\n%s", nodeimage.CNIConfPath, err, b)
 	}
 }
 
@@ -483,7 +484,7 @@ func TestBootstrapFailureNamesTheStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustWrite(t, filepath.Join(root, AdminConf), data, 0o600)
+	mustWrite(t, filepath.Join(root, nodeimage.AdminConfPath), data, 0o600)
 	tasks, err := BootstrapTasks(BootstrapOptions{Root: root, NodeName: testNode, APIEndpoint: testEndpoint,
 		APIWait: 500 * time.Millisecond, Interval: 100 * time.Millisecond})
 	if err != nil {

@@ -15,12 +15,11 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // Where the CNI configuration lives and which kubeconfig reads the node.
 const (
-	CNIConfPath    = "/etc/cni/net.d/10-kiln-bridge.conflist"
-	KubeletConf    = "/etc/kubernetes/kubelet.conf"
 	CNIBridgeName  = "cni0"
 	CNINetworkName = "kiln"
 )
@@ -92,7 +91,7 @@ type CNIOptions struct {
 	Root string
 	// NodeName is the Node object to read.
 	NodeName string
-	// Kubeconfig holds the credentials that read it; "" means KubeletConf (kubelet's own,
+	// Kubeconfig holds the credentials that read it; "" means nodeimage.KubeletConfPath (kubelet's own,
 	// which exists once kubelet has its client certificate).
 	Kubeconfig string
 	// Wait bounds the wait for the node to have a pod CIDR; 0 means 15 minutes.
@@ -113,7 +112,7 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 		o.Root = "/"
 	}
 	if o.Kubeconfig == "" {
-		o.Kubeconfig = KubeletConf
+		o.Kubeconfig = nodeimage.KubeletConfPath
 	}
 	if o.Wait == 0 {
 		o.Wait = 15 * time.Minute
@@ -124,7 +123,7 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	dest := filepath.Join(o.Root, CNIConfPath)
+	dest := filepath.Join(o.Root, nodeimage.CNIConfPath)
 	if _, err := os.Stat(dest); err == nil {
 		return nil, false, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/initd/pki"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // testCA is a cluster CA for tests.
@@ -126,7 +127,7 @@ users:
     client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem
     client-key: /var/lib/kubelet/pki/kubelet-client-current.pem
 `, b64(ca.CertPEM), server)
-	mustWrite(t, filepath.Join(root, KubeletConf), []byte(conf), 0o600)
+	mustWrite(t, filepath.Join(root, nodeimage.KubeletConfPath), []byte(conf), 0o600)
 }
 
 func TestEnsureCNI(t *testing.T) {
@@ -166,7 +167,7 @@ func TestEnsureCNI(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
 				}
-				if _, err := os.Stat(filepath.Join(root, CNIConfPath)); err == nil {
+				if _, err := os.Stat(filepath.Join(root, nodeimage.CNIConfPath)); err == nil {
 					t.Error("a CNI config was written without a pod CIDR")
 				}
 				return
@@ -177,13 +178,13 @@ func TestEnsureCNI(t *testing.T) {
 			if u := <-api.users; u != "system:node:worker-1" {
 				t.Errorf("the API saw user %q, want kubelet's system:node:worker-1", u)
 			}
-			data, err := os.ReadFile(filepath.Join(root, CNIConfPath))
+			data, err := os.ReadFile(filepath.Join(root, nodeimage.CNIConfPath))
 			if err != nil {
 				t.Fatal(err)
 			}
 			want, _ := BridgeConfig(tc.cidrs)
 			if !bytes.Equal(data, want) {
-				t.Errorf("%s =\n%s\nwant\n%s", CNIConfPath, data, want)
+				t.Errorf("%s =\n%s\nwant\n%s", nodeimage.CNIConfPath, data, want)
 			}
 			// A second run (every later boot) keeps it without asking the API.
 			reads := api.reads.Load()

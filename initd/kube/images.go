@@ -22,7 +22,6 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/poll"
 )
@@ -435,7 +434,7 @@ var sandboxRE = regexp.MustCompile(`(?m)^\s*sandbox(?:_image)?\s*=\s*["']([^"']+
 
 // KubeletImages names the images kubelet needs before anything else on this node: the
 // pod sandbox image of containerd's config and the images of the static pods in
-// volume.ManifestsDir (containers and init containers), sorted and never nil (an empty
+// nodeimage.ManifestsDir (containers and init containers), sorted and never nil (an empty
 // list limits an import to nothing; nil would mean every image). Like kubelet it reads every file
 // there whose name does not start with a dot, following links (etcd's manifest is a link
 // to its volume); a file that is not a pod is logged and skipped, as kubelet skips it.
@@ -453,7 +452,7 @@ func KubeletImages(root string, log *slog.Logger) ([]string, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	entries, err := os.ReadDir(filepath.Join(root, volume.ManifestsDir))
+	entries, err := os.ReadDir(filepath.Join(root, nodeimage.ManifestsDir))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
@@ -461,7 +460,7 @@ func KubeletImages(root string, log *slog.Logger) ([]string, error) {
 		if strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		p := filepath.Join(volume.ManifestsDir, e.Name())
+		p := filepath.Join(nodeimage.ManifestsDir, e.Name())
 		if fi, err := os.Stat(filepath.Join(root, p)); err != nil || !fi.Mode().IsRegular() {
 			continue // a directory, or a link to a volume not mounted
 		}

@@ -22,7 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 
-	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // testImage is a small linux/amd64 image with random layers.
@@ -364,11 +364,11 @@ func TestKubeletImages(t *testing.T) {
 			ContainerdConfig: "version = 3\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n    sandbox = \"registry.k8s.io/pause:3.10.2\"\n",
 		}, want: []string{"registry.k8s.io/pause:3.10.2"}},
 		{name: "control plane: sandbox, static pods and the linked etcd manifest, each once", link: true, files: map[string]string{
-			ContainerdConfig:                        "    sandbox = 'registry.k8s.io/pause:3.10.2'\n",
-			"/var/lib/etcd/etcd.manifest":           "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.16-0\n",
-			volume.ManifestsDir + "/apiserver.yaml": "kind: Pod\nspec:\n  initContainers:\n  - image: registry.k8s.io/etcd:3.6.16-0\n  containers:\n  - image: registry.k8s.io/kube-apiserver:v1.37.2\n",
-			volume.ManifestsDir + "/.swp":           "kind: Pod\nspec:\n  containers:\n  - image: hidden:1\n",
-			volume.ManifestsDir + "/README":         "not a manifest",
+			ContainerdConfig:                           "    sandbox = 'registry.k8s.io/pause:3.10.2'\n",
+			"/var/lib/etcd/etcd.manifest":              "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.16-0\n",
+			nodeimage.ManifestsDir + "/apiserver.yaml": "kind: Pod\nspec:\n  initContainers:\n  - image: registry.k8s.io/etcd:3.6.16-0\n  containers:\n  - image: registry.k8s.io/kube-apiserver:v1.37.2\n",
+			nodeimage.ManifestsDir + "/.swp":           "kind: Pod\nspec:\n  containers:\n  - image: hidden:1\n",
+			nodeimage.ManifestsDir + "/README":         "not a manifest",
 		}, want: []string{"registry.k8s.io/etcd:3.6.16-0", "registry.k8s.io/kube-apiserver:v1.37.2", "registry.k8s.io/pause:3.10.2"},
 			warn: "file=/etc/kubernetes/manifests/README"},
 		{name: "nothing rendered yet", want: []string{}},
@@ -380,7 +380,7 @@ func TestKubeletImages(t *testing.T) {
 				os.WriteFile(filepath.Join(root, p), []byte(c), 0o644)
 			}
 			if tc.link {
-				if err := os.Symlink(filepath.Join(root, "/var/lib/etcd/etcd.manifest"), filepath.Join(root, volume.ManifestsDir, "etcd.manifest")); err != nil {
+				if err := os.Symlink(filepath.Join(root, "/var/lib/etcd/etcd.manifest"), filepath.Join(root, nodeimage.ManifestsDir, "etcd.manifest")); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/facts"
 	"github.com/kilnproject/kiln/initd/render"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 func TestObjectPath(t *testing.T) {
@@ -69,7 +70,7 @@ func TestAddonManifests(t *testing.T) {
 	if _, err := render.Render("../../profiles/templates/control-plane", root, d); err != nil {
 		t.Fatal(err)
 	}
-	files, err := addonFiles(filepath.Join(root, AddonsPath))
+	files, err := addonFiles(filepath.Join(root, nodeimage.AddonsDir))
 	if err != nil || len(files) != 2 {
 		t.Fatalf("addon files %v, %v", files, err)
 	}

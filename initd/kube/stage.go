@@ -18,11 +18,8 @@ import (
 
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// StageDir holds one status file per stage (<name>.json), next to first boot's
-// /var/lib/kiln/status.json; `kiln-init status` prints them.
-const StageDir = "/var/lib/kiln/kube"
 
 // The stages, each run by its own unit after first boot.
 const (
@@ -40,7 +37,7 @@ const (
 	StateFailed  = "failed"
 )
 
-// Stage is the status of one stage, stored as JSON in StageDir.
+// Stage is the status of one stage, stored as JSON in nodeimage.KubeStageDir.
 type Stage struct {
 	Name       string    `json:"name"`
 	State      string    `json:"state"`
@@ -125,7 +122,7 @@ func (s *Stage) Summary() string {
 }
 
 // StagePath is the status file of the stage name, relative to the node's root.
-func StagePath(name string) string { return filepath.Join(StageDir, name+".json") }
+func StagePath(name string) string { return filepath.Join(nodeimage.KubeStageDir, name+".json") }
 
 // WriteStage stores s under root.
 func WriteStage(root string, s *Stage) error {
@@ -156,7 +153,7 @@ func ReadStage(root, name string) (*Stage, error) {
 
 // ReadStages reads every stage status under root, in the order the stages run.
 func ReadStages(root string) ([]*Stage, error) {
-	entries, err := os.ReadDir(filepath.Join(root, StageDir))
+	entries, err := os.ReadDir(filepath.Join(root, nodeimage.KubeStageDir))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -244,7 +241,7 @@ type RunOptions struct {
 }
 
 // RunStage runs tasks as the stage name, recording its status (running with the current
-// task while it runs, then ok or failed with every task's outcome) in StageDir so that
+// task while it runs, then ok or failed with every task's outcome) in nodeimage.KubeStageDir so that
 // `kiln-init status` shows it. result, when not nil, fills Stage.Result after a success.
 func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions, result func() string) (*Stage, error) {
 	if o.Root == "" {

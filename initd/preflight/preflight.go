@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // Role is what a node becomes.
@@ -137,9 +138,9 @@ func (o Options) withDefaults() Options {
 	def(&o.ProcRoot, "/proc")
 	def(&o.SysRoot, "/sys")
 	def(&o.CgroupDir, "/sys/fs/cgroup")
-	def(&o.CRISocket, "/run/containerd/containerd.sock")
-	def(&o.ManifestsDir, "/etc/kubernetes/manifests")
-	def(&o.EtcdDataDir, "/var/lib/etcd")
+	def(&o.CRISocket, nodeimage.ContainerdSocket)
+	def(&o.ManifestsDir, nodeimage.ManifestsDir)
+	def(&o.EtcdDataDir, nodeimage.EtcdDataDir)
 	def(&o.Path, os.Getenv("PATH"))
 	def(&o.Path, defaultPath)
 	defPort := func(p *int, v int) {

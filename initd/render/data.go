@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // Data is what templates see: {{.Role}}, {{.Facts.IPv4}}, {{.Node.Kubernetes.Version}}…
@@ -167,7 +168,7 @@ func (d Data) withDefaults() Data {
 	e := &n.Etcd
 	str(&e.Version, defaultEtcdVersion)
 	str(&e.Name, d.Facts.Hostname)
-	str(&e.DataDir, "/var/lib/etcd")
+	str(&e.DataDir, nodeimage.EtcdDataDir)
 	str(&e.PeerURL, "https://"+hostPort(d.NodeIP(), "2380"))
 	if len(e.Members) == 0 {
 		e.Members = []Member{{Name: e.Name, PeerURL: e.PeerURL}}
@@ -178,9 +179,9 @@ func (d Data) withDefaults() Data {
 	list(&e.Servers, "https://127.0.0.1:2379")
 
 	r := &n.Runtime
-	str(&r.Socket, "/run/containerd/containerd.sock")
+	str(&r.Socket, nodeimage.ContainerdSocket)
 	str(&r.SandboxImage, defaultSandboxImage)
-	list(&r.CNIBinDirs, "/opt/cni/bin")
+	list(&r.CNIBinDirs, nodeimage.CNIBinDir)
 
 	d.Facts.MACs = maps.Clone(d.Facts.MACs)
 	return d

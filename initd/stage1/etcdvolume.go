@@ -11,6 +11,7 @@ import (
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // EtcdVolume is how a node config selects its etcd volume on metal: by serial or by a
@@ -84,13 +85,13 @@ func nodeConfig(ctx context.Context, log *slog.Logger, raw []byte, client *http.
 		return nil, fmt.Errorf("config from kiln.config.url: %w", err)
 	}
 	for _, f := range files {
-		if f.Path != config.NodePath {
+		if f.Path != nodeimage.NodeConfigPath {
 			continue
 		}
 		if f, err = f.Fetch(ctx, apply.HTTPGetter(client)); err != nil {
 			return nil, fmt.Errorf("config from kiln.config.url: %w", err)
 		}
-		node, err := config.ParseNode(f.Contents, config.NodePath)
+		node, err := config.ParseNode(f.Contents, nodeimage.NodeConfigPath)
 		if err != nil {
 			return nil, fmt.Errorf("config from kiln.config.url: %w", err)
 		}

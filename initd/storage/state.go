@@ -9,14 +9,12 @@ import (
 	"path/filepath"
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// statePath records what Apply formatted itself, so that a later run keeps it even when
-// the config says wipeVolume or wipeFilesystem: Ignition runs once, kiln's first boot may
-// run again, and must never erase what it made.
-const statePath = "/var/lib/kiln/storage.json"
-
-// state is statePath's contents.
+// state is nodeimage.StorageStatePath's contents: what Apply formatted itself, so that a later
+// run keeps it even when the config says wipeVolume or wipeFilesystem (Ignition runs once,
+// kiln's first boot may run again, and must never erase what it made).
 type state struct {
 	// Made maps an entry ("luks <name> <device>", "filesystem <device>") to the UUID of
 	// what Apply formatted for it.
@@ -25,15 +23,15 @@ type state struct {
 
 func loadState(root string) (*state, error) {
 	st := &state{Made: map[string]string{}}
-	data, err := os.ReadFile(filepath.Join(root, statePath))
+	data, err := os.ReadFile(filepath.Join(root, nodeimage.StorageStatePath))
 	if errors.Is(err, fs.ErrNotExist) {
 		return st, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", statePath, err)
+		return nil, fmt.Errorf("read %s: %w", nodeimage.StorageStatePath, err)
 	}
 	if err := json.Unmarshal(data, st); err != nil {
-		return nil, fmt.Errorf("%s: %w", statePath, err)
+		return nil, fmt.Errorf("%s: %w", nodeimage.StorageStatePath, err)
 	}
 	if st.Made == nil {
 		st.Made = map[string]string{}
@@ -46,8 +44,8 @@ func (st *state) save(root string) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.Write(filepath.Join(root, statePath), append(data, '\n'), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
-		return fmt.Errorf("record %s: %w", statePath, err)
+	if err := atomicfile.Write(filepath.Join(root, nodeimage.StorageStatePath), append(data, '\n'), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
+		return fmt.Errorf("record %s: %w", nodeimage.StorageStatePath, err)
 	}
 	return nil
 }

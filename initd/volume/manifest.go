@@ -10,10 +10,8 @@ import (
 	"strings"
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// ManifestsDir is where the kubelet reads static pod manifests.
-const ManifestsDir = "/etc/kubernetes/manifests"
 
 // manifestPath is where a manifest is kept on the volume mounted at volumeDir:
 // <volumeDir>/manifests/<name>.
@@ -52,7 +50,7 @@ func LinkManifest(root, volumeDir, name string) (changed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	link := path.Join(ManifestsDir, name)
+	link := path.Join(nodeimage.ManifestsDir, name)
 	fail := func(err error) (bool, error) {
 		return false, fmt.Errorf("link manifest %s -> %s: %w", link, target, err)
 	}

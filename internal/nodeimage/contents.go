@@ -70,9 +70,9 @@ type Overlay struct {
 // those its tree has in Contents.Writable.
 func Overlays() []Overlay {
 	return []Overlay{
-		{Dir: "/etc", State: "/var/lib/kiln/etc", Required: true},
-		{Dir: "/usr/local", State: "/var/lib/kiln/usrlocal"},
-		{Dir: "/opt", State: "/var/lib/kiln/opt"},
+		{Dir: "/etc", State: StateDir + "/etc", Required: true},
+		{Dir: "/usr/local", State: StateDir + "/usrlocal"},
+		{Dir: "/opt", State: StateDir + "/opt"},
 	}
 }
 

@@ -98,7 +98,7 @@ type Runtime struct {
 
 // Runtimes are the container runtimes a bake can lay, by kubernetes.runtime.
 var runtimes = map[string]Runtime{
-	"containerd": {Name: "containerd", Namespace: "k8s.io", Socket: "/run/containerd/containerd.sock"},
+	"containerd": {Name: "containerd", Namespace: "k8s.io", Socket: ContainerdSocket},
 	"docker":     {Name: "docker", Namespace: "moby", Socket: "/run/cri-dockerd.sock"},
 }
 

@@ -50,7 +50,7 @@ when --wait passes first.`,
   kiln-init etcd member --wait 2h`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := config.LoadNode(filepath.Join(root, config.NodePath))
+			n, err := config.LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
 			if err != nil {
 				return err
 			}
@@ -60,7 +60,7 @@ when --wait passes first.`,
 			}
 			w := cmd.OutOrStdout()
 			if !ok {
-				fmt.Fprintf(w, "kiln-init: etcd member: %s runs no etcd member of several; nothing to do\n", config.NodePath)
+				fmt.Fprintf(w, "kiln-init: etcd member: %s runs no etcd member of several; nothing to do\n", nodeimage.NodeConfigPath)
 				return nil
 			}
 			var pr etcdmember.Promotion

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 func newKubeCmd(log *slog.Logger) *cobra.Command {
@@ -41,7 +42,7 @@ func nodeName(root string) (string, error) {
 			return s, nil
 		}
 	}
-	n, err := config.LoadNode(filepath.Join(root, config.NodePath))
+	n, err := config.LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
 	switch {
 	case err == nil && n.Hostname != "":
 		return n.Hostname, nil

@@ -13,6 +13,7 @@ import (
 	"github.com/kilnproject/kiln/initd/etcdmember"
 	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 func newKubeBootstrapCmd(log *slog.Logger) *cobra.Command {
@@ -53,12 +54,12 @@ func bootstrap(cmd *cobra.Command, o kube.BootstrapOptions, force bool) error {
 		fmt.Fprintf(w, "kiln-init: control plane bootstrapped already (%s)\n", prev.Finished.Format(time.RFC3339))
 		return nil
 	}
-	n, err := config.LoadNode(filepath.Join(o.Root, config.NodePath))
+	n, err := config.LoadNode(filepath.Join(o.Root, nodeimage.NodeConfigPath))
 	if err != nil {
 		return err
 	}
 	if n.Role != config.RoleControlPlane {
-		return fmt.Errorf("kube bootstrap: %s says role %s; only a control plane bootstraps the cluster", config.NodePath, n.Role)
+		return fmt.Errorf("kube bootstrap: %s says role %s; only a control plane bootstraps the cluster", nodeimage.NodeConfigPath, n.Role)
 	}
 	if o.NodeName, err = nodeName(o.Root); err != nil {
 		return err

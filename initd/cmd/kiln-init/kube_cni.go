@@ -11,6 +11,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 func newKubeCNICmd(log *slog.Logger) *cobra.Command {
@@ -55,9 +56,9 @@ func writeCNI(cmd *cobra.Command, o kube.CNIOptions) error {
 	})}
 	st, err := kube.RunStage(cmd.Context(), kube.StageCNI, tasks, kube.RunOptions{Root: o.Root, Log: o.Log}, func() string {
 		if len(cidrs) == 0 {
-			return "kept " + kube.CNIConfPath
+			return "kept " + nodeimage.CNIConfPath
 		}
-		return "podCIDR " + strings.Join(cidrs, ",") + " in " + kube.CNIConfPath
+		return "podCIDR " + strings.Join(cidrs, ",") + " in " + nodeimage.CNIConfPath
 	})
 	fmt.Fprintln(cmd.OutOrStdout(), "kiln-init: "+st.Summary())
 	return err

@@ -73,7 +73,7 @@ func importImages(cmd *cobra.Command, o imagesFlags, log *slog.Logger) error {
 	var tasks []task.Task
 	var importAfter []string
 	if o.afterAPI {
-		switch _, err := os.Stat(filepath.Join(o.root, kube.AdminConf)); {
+		switch _, err := os.Stat(filepath.Join(o.root, nodeimage.AdminConfPath)); {
 		case err == nil:
 			tasks = append(tasks, kube.APIReadyTask(kube.BootstrapOptions{Root: o.root, APIWait: o.apiWait, Log: log}))
 			importAfter = []string{"api-ready"}

@@ -15,6 +15,7 @@ import (
 	"github.com/kilnproject/kiln/initd/stage1"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/exitcode"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // runCLI runs kiln-init with args and returns its exit code, stdout and stderr.
@@ -35,7 +36,7 @@ func statusRoot(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := filepath.Join(root, firstboot.StatusPath)
+	p := filepath.Join(root, nodeimage.StatusPath)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/preflight"
 	"github.com/kilnproject/kiln/internal/exitcode"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 func newPreflightCmd() *cobra.Command {
@@ -47,7 +48,7 @@ reported).`,
 	f.StringVar(&role, "role", "", "the node's role: control-plane, worker or etcd (required)")
 	outputFlag(cmd, &format)
 	f.StringVar(&o.Root, "root", "/", "the node's root directory")
-	f.StringVar(&o.CRISocket, "cri-socket", "/run/containerd/containerd.sock", "the container runtime's socket")
+	f.StringVar(&o.CRISocket, "cri-socket", nodeimage.ContainerdSocket, "the container runtime's socket")
 	f.StringVar(&skip, "skip", "", "comma-separated checks not to run")
 	f.StringVar(&ignore, "ignore", "", `comma-separated checks whose failure is only reported ("all" for every check)`)
 	return cmd

@@ -12,6 +12,7 @@ import (
 	"github.com/kilnproject/kiln/initd/firstboot"
 	"github.com/kilnproject/kiln/initd/kube"
 	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -43,7 +44,7 @@ func printStatus(cmd *cobra.Command, root, format string) error {
 	w := cmd.OutOrStdout()
 	st, err := firstboot.ReadStatus(root)
 	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("no status at %s: first boot has not run", filepath.Join(root, firstboot.StatusPath))
+		return fmt.Errorf("no status at %s: first boot has not run", filepath.Join(root, nodeimage.StatusPath))
 	}
 	if err != nil {
 		return err
