@@ -216,14 +216,17 @@ func (h *haEnv) etcdUUID(node string) string {
 }
 
 // retried runs kubectl with args every 2 s until it succeeds (for at most 3 min), logging each
-// failure, and returns its output and how long it failed.
+// failure, and returns its output and how long it failed (0 when the first try succeeded).
 func (h *haEnv) retried(args ...string) (string, time.Duration) {
 	h.t.Helper()
 	start := time.Now()
-	for {
+	for try := 0; ; try++ {
 		t0 := time.Now()
 		out, err := h.kubectl(args...)
 		if err == nil {
+			if try == 0 {
+				return out, 0
+			}
 			return out, t0.Sub(start)
 		}
 		h.t.Logf("e2e-ha: kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
