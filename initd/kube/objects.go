@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
@@ -175,15 +176,11 @@ func (c *Client) applyOnce(ctx context.Context, p string, obj Object) (changed b
 // withResourceVersion is a copy of obj whose metadata carries resourceVersion rv (obj's
 // own metadata is not changed).
 func withResourceVersion(obj Object, rv string) Object {
-	out := make(Object, len(obj))
-	for k, v := range obj {
-		out[k] = v
-	}
-	meta := map[string]any{}
-	if m, ok := obj["metadata"].(map[string]any); ok {
-		for k, v := range m {
-			meta[k] = v
-		}
+	out := maps.Clone(obj)
+	meta, _ := obj["metadata"].(map[string]any)
+	meta = maps.Clone(meta)
+	if meta == nil {
+		meta = map[string]any{}
 	}
 	meta["resourceVersion"] = rv
 	out["metadata"] = meta
