@@ -4,9 +4,9 @@
 //
 // # machines.yaml
 //
-// The machines a server answers are declared in groups (see Machines and
-// docs/netboot.md, "Serving them: kiln serve"). A group names a baked image and role (<image>-<role>, whose pxe
-// directory and metadata are in the served directory), a mode (live or install), a node
+// The machines a server answers are declared in groups (see Machines and docs/netboot.md,
+// "Serving them: kiln serve"). A group names a baked image and role (<image>-<role>, whose
+// pxe directory and metadata are in the served directory), a mode (live or install), a node
 // config (Ignition JSON or Butane YAML) and the machines it holds: a group-wide selector and
 // per-machine entries with their own selector and values (hostname, etcd member, kernel
 // arguments). A selector matches a machine's MAC address, SMBIOS UUID or DHCP hostname as

@@ -14,9 +14,6 @@ import (
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// nodeYAMLPath is the kiln node config a machine's config may write.
-const nodeYAMLPath = nodeimage.NodeConfigPath
-
 // groupConfig is a group's node config, parsed and checked once.
 type groupConfig struct {
 	path string
@@ -47,13 +44,13 @@ func loadGroupConfig(path string) (*groupConfig, error) {
 	}
 	gc := &groupConfig{path: path, cfg: cfg, nodeMode: 0o644}
 	for _, f := range files {
-		if f.Path != nodeYAMLPath {
+		if f.Path != nodeimage.NodeConfigPath {
 			continue
 		}
 		if f.Remote() {
-			return nil, fmt.Errorf("%s: %s: %s comes from %s; kiln serve renders per-machine values into it and needs it inline (a data: URL)", path, f.Field, nodeYAMLPath, f.Source)
+			return nil, fmt.Errorf("%s: %s: %s comes from %s; kiln serve renders per-machine values into it and needs it inline (a data: URL)", path, f.Field, nodeimage.NodeConfigPath, f.Source)
 		}
-		if _, err := config.ParseNode(f.Contents, path+": "+nodeYAMLPath); err != nil {
+		if _, err := config.ParseNode(f.Contents, path+": "+nodeimage.NodeConfigPath); err != nil {
 			return nil, err
 		}
 		gc.nodeYAML = f.Contents
@@ -102,13 +99,13 @@ func machineFiles(cfg *config.Config, gc *groupConfig, m *Machine) error {
 		if err != nil {
 			return fmt.Errorf("config of machine %s: %w", m.ID, err)
 		}
-		setFile(&cfg.Ignition, inlineFile(nodeYAMLPath, data, gc.nodeMode))
+		setFile(&cfg.Ignition, inlineFile(nodeimage.NodeConfigPath, data, gc.nodeMode))
 	case m.EtcdMember != "":
 		where := "it has no config"
 		if gc != nil {
-			where = gc.path + " writes no " + nodeYAMLPath
+			where = gc.path + " writes no " + nodeimage.NodeConfigPath
 		}
-		return fmt.Errorf("machine %s: etcdMember %s needs a node config with etcd.members in %s, and %s", m.ID, m.EtcdMember, nodeYAMLPath, where)
+		return fmt.Errorf("machine %s: etcdMember %s needs a node config with etcd.members in %s, and %s", m.ID, m.EtcdMember, nodeimage.NodeConfigPath, where)
 	default:
 		setFile(&cfg.Ignition, inlineFile("/etc/hostname", []byte(m.Hostname+"\n"), 0o644))
 	}
@@ -146,10 +143,10 @@ func inlineFile(p string, data []byte, mode int) types.File {
 func editNodeYAML(data []byte, m *Machine) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("%s: %w", nodeYAMLPath, err)
+		return nil, fmt.Errorf("%s: %w", nodeimage.NodeConfigPath, err)
 	}
 	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("%s: %w", nodeYAMLPath, errors.New("is not a mapping"))
+		return nil, fmt.Errorf("%s: %w", nodeimage.NodeConfigPath, errors.New("is not a mapping"))
 	}
 	root := doc.Content[0]
 	if m.Hostname != "" {
@@ -158,7 +155,7 @@ func editNodeYAML(data []byte, m *Machine) ([]byte, error) {
 	if m.EtcdMember != "" {
 		etcd := mapValue(root, "etcd")
 		if etcd == nil || etcd.Kind != yaml.MappingNode {
-			return nil, fmt.Errorf("%s: etcdMember %s: the group's node.yaml has no etcd section (members)", nodeYAMLPath, m.EtcdMember)
+			return nil, fmt.Errorf("%s: etcdMember %s: the group's node.yaml has no etcd section (members)", nodeimage.NodeConfigPath, m.EtcdMember)
 		}
 		setKey(etcd, "member", m.EtcdMember)
 	}
@@ -171,7 +168,7 @@ func editNodeYAML(data []byte, m *Machine) ([]byte, error) {
 	if err := enc.Close(); err != nil {
 		return nil, err
 	}
-	if _, err := config.ParseNode(buf.Bytes(), nodeYAMLPath); err != nil {
+	if _, err := config.ParseNode(buf.Bytes(), nodeimage.NodeConfigPath); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil

@@ -502,9 +502,9 @@ func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
 
 // kubeletFinalize is kubeadm's kubelet-finalize phase. First boot gives the control
 // plane's kubelet a kubelet.conf with an embedded client certificate; kubelet copies it to
-// nodeimage.KubeletClientCertPath at its start and rotates it there. Pointing kubelet.conf at that file
-// keeps kubelet on its rotated certificate across restarts (the embedded one would be
-// copied over it again, and expire after a year). Nothing to do before kubelet made the
+// nodeimage.KubeletClientCertPath at its start and rotates it there. Pointing kubelet.conf
+// at that file keeps kubelet on its rotated certificate across restarts (the embedded one
+// would be copied over it again, and expire after a year). Nothing to do before kubelet made the
 // file, or once kubelet.conf refers to it.
 func (b *bootstrap) kubeletFinalize(context.Context) (bool, error) {
 	path := filepath.Join(b.o.Root, nodeimage.KubeletConfPath)

@@ -91,8 +91,8 @@ type CNIOptions struct {
 	Root string
 	// NodeName is the Node object to read.
 	NodeName string
-	// Kubeconfig holds the credentials that read it; "" means nodeimage.KubeletConfPath (kubelet's own,
-	// which exists once kubelet has its client certificate).
+	// Kubeconfig holds the credentials that read it; "" means nodeimage.KubeletConfPath
+	// (kubelet's own, which exists once kubelet has its client certificate).
 	Kubeconfig string
 	// Wait bounds the wait for the node to have a pod CIDR; 0 means 15 minutes.
 	Wait time.Duration

@@ -241,8 +241,8 @@ type RunOptions struct {
 }
 
 // RunStage runs tasks as the stage name, recording its status (running with the current
-// task while it runs, then ok or failed with every task's outcome) in nodeimage.KubeStageDir so that
-// `kiln-init status` shows it. result, when not nil, fills Stage.Result after a success.
+// task while it runs, then ok or failed with every task's outcome) in
+// nodeimage.KubeStageDir so that `kiln-init status` shows it. result, when not nil, fills Stage.Result after a success.
 func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions, result func() string) (*Stage, error) {
 	if o.Root == "" {
 		o.Root = "/"
