@@ -158,7 +158,8 @@ func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration
 	line, err := waitUnstalled(ctx, m, want, stallGrace, e.t.Logf)
 	if err != nil {
 		m.Stop()
-		e.t.Fatalf("boot %s: %v\n%slast console lines:\n%s", filepath.Base(image), err, stallReport(m.Lines()), tail(m.Lines(), 40))
+		lines := m.Lines()
+		e.t.Fatalf("boot %s: %v\n%slast console lines:\n%s", filepath.Base(image), err, stallReport(lines), tail(lines, 40))
 	}
 	e.t.Logf("console %q after %s", strings.TrimSpace(line), time.Since(start).Round(time.Millisecond))
 	return m, line
