@@ -202,7 +202,7 @@ func checkFilesystem(field string, f types.Filesystem) []error {
 
 // checkDevice checks a device path: absolute, under /dev, and not a name that is never a
 // block device (/dev/fd/0, /dev/null, /dev/mapper/control). Whether it is one is checked on
-// the node, where it is (volume.OnBootDisk stats it).
+// the node, where it is (blockdev.OnBootDisk stats it).
 func checkDevice(field, dev string) []error {
 	name, ok := strings.CutPrefix(path.Clean(dev), "/dev/")
 	if !ok {

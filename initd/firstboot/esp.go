@@ -11,7 +11,7 @@ import (
 	"github.com/diskfs/go-diskfs/backend/file"
 	"github.com/diskfs/go-diskfs/filesystem/fat32"
 
-	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -53,15 +53,15 @@ func openESP(opts Options, partuuid string) (esp espFS, where string, err error)
 // bootDiskESP opens the EFI system partition of the disk holding partition partuuid, the
 // disks listed in sysBlock and opened in devDir.
 func bootDiskESP(sysBlock, devDir, partuuid string) (espFS, string, error) {
-	disks, err := stage1.ScanDisks(sysBlock, devDir)
+	disks, err := blockdev.ScanDisks(sysBlock, devDir)
 	if err != nil {
 		return nil, "", fmt.Errorf("find the boot disk: %w", err)
 	}
-	disk, _, ok := stage1.FindPartition(disks, partuuid)
+	disk, _, ok := blockdev.FindPartition(disks, partuuid)
 	if !ok {
 		return nil, "", fmt.Errorf("find the boot disk: no disk holds the root partition PARTUUID=%s", partuuid)
 	}
-	var esp *stage1.Partition
+	var esp *blockdev.Partition
 	for i, p := range disk.Partitions {
 		if p.Type == nodeimage.TypeESP {
 			esp = &disk.Partitions[i]

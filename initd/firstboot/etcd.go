@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/initd/apply"
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/etcdmember"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/initd/task"
-	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -132,8 +133,8 @@ func (p *plan) prepareEtcdVolume(ctx context.Context) (bool, error) {
 	if err := p.storageOnDisk(dev); err != nil {
 		return false, err
 	}
-	res, err := volume.Prepare(ctx, dev, volume.Want{FSType: v.FSType, Label: v.Label, Wipe: v.Wipe, MinSize: v.MinBytes})
-	if errors.Is(err, volume.ErrTooSmall) {
+	res, err := etcdvolume.Prepare(ctx, dev, etcdvolume.Want{FSType: v.FSType, Label: v.Label, Wipe: v.Wipe, MinSize: v.MinBytes})
+	if errors.Is(err, etcdvolume.ErrTooSmall) {
 		return false, fmt.Errorf("etcd volume: %w (etcd.volume.minSize in node.yaml sets the minimum, %s by default)", err, config.DefaultEtcdMinSizeText)
 	}
 	if err != nil {
@@ -143,13 +144,13 @@ func (p *plan) prepareEtcdVolume(ctx context.Context) (bool, error) {
 		p.opts.Log.Info("etcd volume formatted", "device", dev, "fstype", res.FSType, "label", res.Label)
 	}
 	if p.opts.Root == "/" {
-		if err := volume.Mount(dev, v.MountPath, res.FSType); err != nil {
+		if err := blockdev.Mount(dev, v.MountPath, res.FSType); err != nil {
 			return false, fmt.Errorf("mount etcd volume %s on %s: %w", dev, v.MountPath, err)
 		}
 		p.opts.Log.Info("etcd volume mounted", "device", dev, "path", v.MountPath)
 	}
 	// The unit mounts it on later boots; this boot mounted it above.
-	unit, err := volume.MountUnit(p.opts.Root, volume.ByUUIDPath(res.UUID), v.MountPath, res.FSType)
+	unit, err := blockdev.MountUnit(p.opts.Root, blockdev.ByUUIDPath(res.UUID), v.MountPath, res.FSType)
 	if err != nil {
 		return false, err
 	}
@@ -157,10 +158,10 @@ func (p *plan) prepareEtcdVolume(ctx context.Context) (bool, error) {
 }
 
 // volumeFinder picks the discovery the node config asks for.
-func (p *plan) volumeFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
+func (p *plan) volumeFinder(ctx context.Context, v *config.Volume) (etcdvolume.Finder, error) {
 	switch {
 	case v.Serial != "" || v.ByID != "":
-		return volume.ByID{Serial: v.Serial, ID: v.ByID, MountPath: v.MountPath}, nil
+		return etcdvolume.ByID{Serial: v.Serial, ID: v.ByID, MountPath: v.MountPath}, nil
 	case len(v.AWSTags) > 0:
 		return p.awsFinder(ctx, v)
 	case v.GCEName != "" || len(v.GCELabels) > 0:
@@ -171,7 +172,7 @@ func (p *plan) volumeFinder(ctx context.Context, v *config.Volume) (volume.Finde
 
 // awsFinder discovers the volume through EC2 with the instance's role credentials; the
 // instance id and zone are the instance's, from IMDSv2.
-func (p *plan) awsFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
+func (p *plan) awsFinder(ctx context.Context, v *config.Volume) (etcdvolume.Finder, error) {
 	in, err := p.instanceOn(ctx, "aws")
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: %w", err)
@@ -180,7 +181,7 @@ func (p *plan) awsFinder(ctx context.Context, v *config.Volume) (volume.Finder, 
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: %w", err)
 	}
-	return volume.AWS{Client: ec2Client(cfg, p.node), InstanceID: in.InstanceID, AZ: in.Zone, Cluster: p.node.Cluster.Name,
+	return etcdvolume.AWS{Client: ec2Client(cfg, p.node), InstanceID: in.InstanceID, AZ: in.Zone, Cluster: p.node.Cluster.Name,
 		EtcdCluster: p.node.AWS.EtcdCluster, Member: p.node.Etcd.Member, Tags: v.AWSTags, MountPath: v.MountPath,
 		Log: p.opts.Log}, nil
 }
@@ -188,7 +189,7 @@ func (p *plan) awsFinder(ctx context.Context, v *config.Volume) (volume.Finder, 
 // gceFinder attaches the disk (named, or selected by its labels) through the Compute API
 // with the instance's service account; project, zone and instance are the instance's,
 // from the metadata server.
-func (p *plan) gceFinder(ctx context.Context, v *config.Volume) (volume.Finder, error) {
+func (p *plan) gceFinder(ctx context.Context, v *config.Volume) (etcdvolume.Finder, error) {
 	in, err := p.instanceOn(ctx, "gce")
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: %w", err)
@@ -197,7 +198,7 @@ func (p *plan) gceFinder(ctx context.Context, v *config.Volume) (volume.Finder, 
 	if err != nil {
 		return nil, fmt.Errorf("etcd volume: %w", err)
 	}
-	return volume.GCE{Service: svc, Project: in.Project, Zone: in.Zone, Instance: in.InstanceName, DiskName: v.GCEName,
+	return etcdvolume.GCE{Service: svc, Project: in.Project, Zone: in.Zone, Instance: in.InstanceName, DiskName: v.GCEName,
 		Labels: v.GCELabels, MountPath: v.MountPath, Log: p.opts.Log}, nil
 }
 
@@ -226,11 +227,11 @@ func (p *plan) placeEtcdManifest(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	if v := p.node.Etcd.Volume; v != nil {
-		wrote, err := volume.WriteManifest(p.opts.Root, v.MountPath, etcdManifest, data)
+		wrote, err := etcdvolume.WriteManifest(p.opts.Root, v.MountPath, etcdManifest, data)
 		if err != nil {
 			return false, err
 		}
-		linked, err := volume.LinkManifest(p.opts.Root, v.MountPath, etcdManifest)
+		linked, err := etcdvolume.LinkManifest(p.opts.Root, v.MountPath, etcdManifest)
 		return wrote || linked, err
 	}
 	changed, err := apply.Files(ctx, p.opts.Root, []config.File{{Field: "etcd manifest",

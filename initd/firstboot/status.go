@@ -5,16 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kilnproject/kiln/initd/apply"
-	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/initd/task"
-	"github.com/kilnproject/kiln/internal/nodeimage"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kilnproject/kiln/initd/apply"
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/task"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // StatusMode is the status file's mode: it lists the SHA-256 of every file the config

@@ -11,9 +11,10 @@ import (
 	"slices"
 
 	"github.com/kilnproject/kiln/initd/apply"
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/initd/storage"
-	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -52,7 +53,7 @@ func (p *plan) applyStorage(ctx context.Context) (bool, error) {
 	if node != nil && node.Etcd != nil && node.Etcd.Volume != nil {
 		v := node.Etcd.Volume
 		if v.Serial != "" || v.ByID != "" {
-			dev, err := volume.ByID{Serial: v.Serial, ID: v.ByID}.Present()
+			dev, err := etcdvolume.ByID{Serial: v.Serial, ID: v.ByID}.Present()
 			if err == nil && dev != "" {
 				forbidden[dev] = fmt.Sprintf("is the etcd volume %s selects (etcd.volume.%s); node.yaml's etcd volume wins", nodeimage.NodeConfigPath, etcdSelector(v))
 			}
@@ -131,7 +132,7 @@ func (p *plan) storageDevices() map[string]string {
 func (p *plan) storageOnDisk(dev string) error {
 	devs := p.storageDevices()
 	for _, field := range slices.Sorted(maps.Keys(devs)) {
-		if d := volume.SharedDisk("", dev, devs[field]); d != "" {
+		if d := blockdev.SharedDisk("", dev, devs[field]); d != "" {
 			return fmt.Errorf("etcd volume %s: %s (%s) is on the same disk %s; node.yaml's etcd volume and the config's storage may not share a disk (leave the disk out of the config's storage)", dev, field, devs[field], d)
 		}
 	}

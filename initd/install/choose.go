@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
 // Refusing to write over data, and what to do about it.
@@ -61,7 +61,7 @@ func byPath(disks []Disk, path string) (Disk, error) {
 		return Disk{}, fmt.Errorf("kiln.%s=%s: %w", ParamDev, path, err)
 	}
 	if st.Mode().IsRegular() {
-		holds, err := stage1.ProbeDisk(path)
+		holds, err := blockdev.ProbeDisk(path)
 		if err != nil {
 			return Disk{}, err
 		}

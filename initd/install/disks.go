@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/stage1"
-	"github.com/kilnproject/kiln/initd/volume"
 )
 
 // Host is where the installer looks for disks: sysfs's block directory and the device nodes.
@@ -31,10 +31,10 @@ type Disk struct {
 	Size int64  // bytes
 	// SectorSize is the logical sector size; the installed image's GPT is laid out for 512.
 	SectorSize int
-	IDs        volume.DiskIDs
+	IDs        blockdev.DiskIDs
 	Removable  bool
 	ReadOnly   bool
-	// Holds names the data found on it (stage1.ProbeDisk); empty for an empty disk.
+	// Holds names the data found on it (blockdev.ProbeDisk); empty for an empty disk.
 	Holds []string
 	// Etcd says which node config selector names it as the etcd volume, "" when none does.
 	Etcd string
@@ -95,7 +95,7 @@ func (h Host) Scan() ([]Disk, error) {
 		if err != nil || sectors == 0 {
 			continue
 		}
-		d := Disk{Name: e.Name(), Path: filepath.Join(h.devDir(), e.Name()), Size: sectors * 512, SectorSize: 512, IDs: volume.ReadDiskIDs(dir)}
+		d := Disk{Name: e.Name(), Path: filepath.Join(h.devDir(), e.Name()), Size: sectors * 512, SectorSize: 512, IDs: blockdev.ReadDiskIDs(dir)}
 		if lbs, err := readInt(filepath.Join(dir, "queue/logical_block_size")); err == nil && lbs > 0 {
 			d.SectorSize = int(lbs)
 		}
@@ -103,7 +103,7 @@ func (h Host) Scan() ([]Disk, error) {
 		ro, _ := readInt(filepath.Join(dir, "ro"))
 		d.Removable, d.ReadOnly = rm == 1, ro == 1
 		if d.exclusion(0) == "" {
-			if d.Holds, err = stage1.ProbeDisk(d.Path); err != nil {
+			if d.Holds, err = blockdev.ProbeDisk(d.Path); err != nil {
 				// Never written without being read: an unreadable disk counts as holding data.
 				d.Holds = []string{fmt.Sprintf("unreadable data (%v)", err)}
 			}

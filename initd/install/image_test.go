@@ -17,7 +17,7 @@ import (
 	"github.com/diskfs/go-diskfs/filesystem"
 	"github.com/diskfs/go-diskfs/partition/gpt"
 
-	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
@@ -151,7 +151,7 @@ func loaderOptions(t *testing.T, p string) string {
 // image's partitions, root-a's bytes, and the boot entry's options wantOptions.
 func assertInstalled(t *testing.T, p string, img testImage, wantOptions string) {
 	t.Helper()
-	parts, err := stage1.ReadGPT(p, 512)
+	parts, err := blockdev.ReadGPT(p, 512)
 	if err != nil {
 		t.Fatalf("installed disk: %v", err)
 	}
@@ -176,10 +176,10 @@ func assertInstalled(t *testing.T, p string, img testImage, wantOptions string) 
 // primary nor the backup (at the disk's end) is valid, and no signature is left at either.
 func assertUnbootable(t *testing.T, p string) {
 	t.Helper()
-	if parts, err := stage1.ReadGPT(p, 512); err == nil {
+	if parts, err := blockdev.ReadGPT(p, 512); err == nil {
 		t.Errorf("disk has a valid GPT after a failed install: %+v", parts)
 	}
-	holds, err := stage1.ProbeDisk(p)
+	holds, err := blockdev.ProbeDisk(p)
 	if err != nil {
 		t.Fatal(err)
 	}

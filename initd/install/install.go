@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/stage1"
 	"github.com/kilnproject/kiln/internal/decompress"
 	"github.com/kilnproject/kiln/internal/poll"
@@ -236,7 +237,7 @@ func write(ctx context.Context, log *slog.Logger, o Options, p Params, d *downlo
 	if err := st.commit(); err != nil {
 		return Result{}, unbootable(err)
 	}
-	if _, err := stage1.ReadGPT(target.Path, imageSectorSize); err != nil {
+	if _, err := blockdev.ReadGPT(target.Path, imageSectorSize); err != nil {
 		return Result{}, fmt.Errorf("the written GPT does not read back: %w", err)
 	}
 	if block {

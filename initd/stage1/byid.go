@@ -9,14 +9,14 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
 // errNotFound is wrapped by chooseNamed's error when the named device is not there (yet).
 var errNotFound = errors.New("not found")
 
 // chooseNamed resolves kiln.data.dev= (a /dev path, a /dev/disk/by-id name as
-// volume.ReadDiskIDs derives it from sysfs, a by-id name's -part<N>) to a whole disk or a
+// blockdev.ReadDiskIDs derives it from sysfs, a by-id name's -part<N>) to a whole disk or a
 // partition of scan's disks and checks it may hold /var: not on the etcd volume (etcd), a
 // disk blank or a kiln data disk, a partition blank or ext4.
 func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *EtcdVolume) (VarChoice, error) {
@@ -34,11 +34,11 @@ func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *EtcdVolu
 		if !ok {
 			return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: partition %d of %s: %w", dataDev, part, kname, errNotFound)
 		}
-		fs, err := ProbeFilesystem(node)
+		fs, err := blockdev.ProbeFilesystem(node)
 		if err != nil {
 			return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %w", dataDev, err)
 		}
-		if fs != FSNone && fs != FSExt4 {
+		if fs != blockdev.FSNone && fs != blockdev.FSExt4 {
 			return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %s holds %s, not ext4: refusing to put /var on it (wipe it to use it)", dataDev, node, fs)
 		}
 		return VarChoice{Kind: VarNamed, Partition: node, Why: fmt.Sprintf("kiln.data.dev=%s names %s", dataDev, node)}, nil
@@ -58,14 +58,14 @@ func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *EtcdVolu
 
 // resolveDataDev finds the kernel name of the disk kiln.data.dev= names and the partition
 // number, 0 for the whole disk.
-func resolveDataDev(sysBlock, dataDev string, disks []Disk) (string, int, error) {
+func resolveDataDev(sysBlock, dataDev string, disks []blockdev.Disk) (string, int, error) {
 	if name, ok := strings.CutPrefix(dataDev, "/dev/"); ok && !strings.HasPrefix(name, "disk/by-id/") {
 		if _, err := os.Stat(filepath.Join(sysBlock, name)); err == nil {
 			return name, 0, nil
 		}
 		ents, _ := filepath.Glob(filepath.Join(sysBlock, "*", name, "partition"))
 		if len(ents) == 1 {
-			n, err := readSysInt(ents[0])
+			n, err := blockdev.ReadSysInt(ents[0])
 			if err == nil {
 				return filepath.Base(filepath.Dir(filepath.Dir(ents[0]))), int(n), nil
 			}
@@ -82,7 +82,7 @@ func resolveDataDev(sysBlock, dataDev string, disks []Disk) (string, int, error)
 	var seen []string
 	for _, d := range disks {
 		// udev does not run in the initramfs: the names come from sysfs, as udev would make them.
-		ids := volume.ReadDiskIDs(filepath.Join(sysBlock, d.Name))
+		ids := blockdev.ReadDiskIDs(filepath.Join(sysBlock, d.Name))
 		if ids.SelectedByID(id) {
 			return d.Name, part, nil
 		}

@@ -1,15 +1,12 @@
 package stage1
 
 import (
-	"bytes"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -25,7 +22,7 @@ const (
 type VarChoice struct {
 	Kind string // VarNamed, VarDataDisk, VarBlank or VarTmpfs
 	// Disk is the whole disk chosen; zero for VarTmpfs and for a named partition.
-	Disk Disk
+	Disk blockdev.Disk
 	// Partition is the node of a named partition; empty otherwise.
 	Partition string
 	// Blank is true when Disk is blank and needs its GPT and data partition.
@@ -44,7 +41,7 @@ type liveScan struct {
 	// disks are the disks a live boot may use: real disks, not loop devices (the root image
 	// is one), RAM disks, optical drives or device-mapper and RAID devices, and not read-only
 	// ones nor, unless removable was asked for, removable ones.
-	disks []Disk
+	disks []blockdev.Disk
 	// skipped says why each other real disk is not among them.
 	skipped []string
 	// etcd are the kernel names of the disks the node config's etcd volume selects, among
@@ -55,7 +52,7 @@ type liveScan struct {
 // liveDisks scans the disks for a live boot's /var; etcd is the node config's etcd volume,
 // nil when it names none.
 func liveDisks(sysBlock, devDir string, removable bool, etcd *EtcdVolume) (liveScan, error) {
-	disks, err := ScanDisks(sysBlock, devDir)
+	disks, err := blockdev.ScanDisks(sysBlock, devDir)
 	if err != nil {
 		return liveScan{}, err
 	}
@@ -65,7 +62,7 @@ func liveDisks(sysBlock, devDir string, removable bool, etcd *EtcdVolume) (liveS
 			continue
 		}
 		// udev does not run in the initramfs: the ids come from sysfs, as udev would make them.
-		if etcd != nil && etcd.Selects(volume.ReadDiskIDs(filepath.Join(sysBlock, d.Name))) {
+		if etcd != nil && etcd.Selects(blockdev.ReadDiskIDs(filepath.Join(sysBlock, d.Name))) {
 			s.etcd = append(s.etcd, d.Name)
 		}
 		switch {
@@ -77,7 +74,7 @@ func liveDisks(sysBlock, devDir string, removable bool, etcd *EtcdVolume) (liveS
 			s.disks = append(s.disks, d)
 		}
 	}
-	slices.SortFunc(s.disks, func(a, b Disk) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.disks, func(a, b blockdev.Disk) int { return strings.Compare(a.Name, b.Name) })
 	return s, nil
 }
 
@@ -92,7 +89,7 @@ func hasAnyPrefix(s string, prefixes ...string) bool {
 
 // sysFlag reports whether the disk's sysfs attribute attr is 1.
 func sysFlag(sysBlock, name, attr string) bool {
-	n, err := readSysInt(filepath.Join(sysBlock, name, attr))
+	n, err := blockdev.ReadSysInt(filepath.Join(sysBlock, name, attr))
 	return err == nil && n == 1
 }
 
@@ -111,7 +108,7 @@ func chooseVar(sysBlock, devDir, dataDev string, etcd *EtcdVolume) (VarChoice, e
 		return chooseNamed(sysBlock, devDir, dataDev, scan, etcd)
 	}
 	skipped := scan.skipped
-	var blank []Disk
+	var blank []blockdev.Disk
 	for _, d := range scan.disks {
 		if slices.Contains(scan.etcd, d.Name) {
 			skipped = append(skipped, fmt.Sprintf("%s: the etcd volume (%s)", d.Path, etcd))
@@ -158,24 +155,24 @@ const (
 )
 
 // classifyDisk says what d holds: for diskUsed, what.
-func classifyDisk(d Disk) (diskKind, string) {
+func classifyDisk(d blockdev.Disk) (diskKind, string) {
 	if d.Err == nil {
 		if len(d.Partitions) != 1 || d.Partitions[0].Name != nodeimage.DataName || d.Partitions[0].Type != nodeimage.TypeLinuxData {
 			return diskUsed, fmt.Sprintf("holds a GPT with %d partitions%s", len(d.Partitions), partNames(d.Partitions))
 		}
 		p := d.Partitions[0]
-		fs, label, err := probeAt(d.Path, int64(p.Start)*int64(d.SectorSize))
+		fs, label, err := blockdev.ProbeFilesystemAt(d.Path, int64(p.Start)*int64(d.SectorSize))
 		switch {
 		case err != nil:
 			return diskUsed, "cannot be read: " + err.Error()
-		case fs == FSNone, fs == FSExt4 && label == nodeimage.DataLabel:
+		case fs == blockdev.FSNone, fs == blockdev.FSExt4 && label == nodeimage.DataLabel:
 			return diskData, ""
-		case fs == FSExt4:
+		case fs == blockdev.FSExt4:
 			return diskUsed, fmt.Sprintf("holds a data partition with ext4 labelled %q, not %q", label, nodeimage.DataLabel)
 		}
 		return diskUsed, "holds a data partition with " + fs
 	}
-	blank, what, err := isBlank(d.Path)
+	blank, what, err := blockdev.IsBlank(d.Path)
 	switch {
 	case err != nil:
 		return diskUsed, "cannot be read: " + err.Error()
@@ -185,7 +182,7 @@ func classifyDisk(d Disk) (diskKind, string) {
 	return diskBlank, ""
 }
 
-func partNames(parts []Partition) string {
+func partNames(parts []blockdev.Partition) string {
 	var names []string
 	for _, p := range parts {
 		names = append(names, fmt.Sprintf("%q", p.Name))
@@ -194,34 +191,4 @@ func partNames(parts []Partition) string {
 		return ""
 	}
 	return " (" + strings.Join(names, ", ") + ")"
-}
-
-// isBlank reports whether the disk at path holds nothing: ProbeDisk finds no signature at
-// either end, and its last MiB is all zero too (a live boot's /var never goes on a disk with
-// data ProbeDisk cannot name). Otherwise it says what it found.
-func isBlank(path string) (bool, string, error) {
-	found, err := ProbeDisk(path)
-	if err != nil {
-		return false, "", err
-	}
-	if len(found) > 0 {
-		return false, strings.Join(found, ", "), nil
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return false, "", err
-	}
-	defer f.Close()
-	end, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
-		return false, "", err
-	}
-	buf := make([]byte, min(end, probeSize))
-	if _, err := f.ReadAt(buf, end-int64(len(buf))); err != nil && err != io.EOF {
-		return false, "", err
-	}
-	if len(bytes.Trim(buf, "\x00")) != 0 {
-		return false, "data in its last MiB", nil
-	}
-	return true, "", nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
@@ -268,7 +269,7 @@ func TestNewDataDisk(t *testing.T) {
 		if out := testkit.Run(t, "blkid", "-p", "-o", "value", "-s", "PTTYPE", img); strings.TrimSpace(out) != "gpt" {
 			t.Errorf("blkid PTTYPE = %q", out)
 		}
-		if kind, what := classifyDisk(Disk{Path: img, SectorSize: 512, Partitions: []Partition{p}}); kind != diskData {
+		if kind, what := classifyDisk(blockdev.Disk{Path: img, SectorSize: 512, Partitions: []blockdev.Partition{p}}); kind != diskData {
 			t.Errorf("the new disk is not recognised as a data disk: %s", what)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/diskfs/go-diskfs/partition/gpt"
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -26,45 +27,45 @@ const (
 // made from) and adds the partition from the first 1 MiB boundary after the last partition to the
 // last 1 MiB boundary before the backup partition entries, numbered one past the highest partition
 // number. It returns the partition and whether it created it. Running it again changes nothing.
-func EnsureDataPartition(path string, sectorSize int) (Partition, bool, error) {
+func EnsureDataPartition(path string, sectorSize int) (blockdev.Partition, bool, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return Partition{}, false, fmt.Errorf("open disk: %w", err)
+		return blockdev.Partition{}, false, fmt.Errorf("open disk: %w", err)
 	}
 	defer f.Close()
 	size, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
-		return Partition{}, false, fmt.Errorf("size of %s: %w", path, err)
+		return blockdev.Partition{}, false, fmt.Errorf("size of %s: %w", path, err)
 	}
 	size -= size % int64(sectorSize)
 	t, err := gpt.Read(f, sectorSize, sectorSize)
 	if err != nil {
-		return Partition{}, false, fmt.Errorf("read GPT of %s: %w", path, err)
+		return blockdev.Partition{}, false, fmt.Errorf("read GPT of %s: %w", path, err)
 	}
-	if p, ok := findPartition(partitionsOf(t), nodeimage.DataName); ok {
+	if p, ok := findPartition(blockdev.PartitionsOf(t), nodeimage.DataName); ok {
 		return p, false, nil
 	}
 	if err := addDataPartition(f, t, size, sectorSize); err != nil {
-		return Partition{}, false, fmt.Errorf("add data partition to %s: %w", path, err)
+		return blockdev.Partition{}, false, fmt.Errorf("add data partition to %s: %w", path, err)
 	}
 	t2, err := gpt.Read(f, sectorSize, sectorSize)
 	if err != nil {
-		return Partition{}, false, fmt.Errorf("re-read GPT of %s: %w", path, err)
+		return blockdev.Partition{}, false, fmt.Errorf("re-read GPT of %s: %w", path, err)
 	}
-	if p, ok := findPartition(partitionsOf(t2), nodeimage.DataName); ok {
+	if p, ok := findPartition(blockdev.PartitionsOf(t2), nodeimage.DataName); ok {
 		return p, true, nil
 	}
-	return Partition{}, false, fmt.Errorf("re-read GPT of %s: the new %q partition is missing", path, nodeimage.DataName)
+	return blockdev.Partition{}, false, fmt.Errorf("re-read GPT of %s: the new %q partition is missing", path, nodeimage.DataName)
 }
 
 // findPartition returns the partition with the GPT name name.
-func findPartition(parts []Partition, name string) (Partition, bool) {
+func findPartition(parts []blockdev.Partition, name string) (blockdev.Partition, bool) {
 	for _, p := range parts {
 		if p.Name == name {
 			return p, true
 		}
 	}
-	return Partition{}, false
+	return blockdev.Partition{}, false
 }
 
 // addDataPartition grows t to size bytes and adds the data partition after the last partition,
@@ -136,37 +137,37 @@ func writeTable(f *os.File, t *gpt.Table, size int64, sectorSize int) error {
 // NewDataDisk writes, in one go, a GPT holding only the data partition (the whole disk, 1 MiB
 // aligned) to the blank disk at path, and returns the partition. The caller has checked that
 // the disk is blank: NewDataDisk overwrites whatever is there.
-func NewDataDisk(path string, sectorSize int) (Partition, error) {
+func NewDataDisk(path string, sectorSize int) (blockdev.Partition, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return Partition{}, fmt.Errorf("open disk: %w", err)
+		return blockdev.Partition{}, fmt.Errorf("open disk: %w", err)
 	}
 	defer f.Close()
 	size, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
-		return Partition{}, fmt.Errorf("size of %s: %w", path, err)
+		return blockdev.Partition{}, fmt.Errorf("size of %s: %w", path, err)
 	}
 	size -= size % int64(sectorSize)
 	t, err := emptyTable(size, sectorSize)
 	if err != nil {
-		return Partition{}, fmt.Errorf("GPT for %s: %w", path, err)
+		return blockdev.Partition{}, fmt.Errorf("GPT for %s: %w", path, err)
 	}
 	start, end, err := dataExtent(t, 0, sectorSize)
 	if err != nil {
-		return Partition{}, fmt.Errorf("data partition on %s: %w", path, err)
+		return blockdev.Partition{}, fmt.Errorf("data partition on %s: %w", path, err)
 	}
 	t.Partitions = []*gpt.Partition{dataPartition(1, start, end)}
 	if err := writeTable(f, t, size, sectorSize); err != nil {
-		return Partition{}, fmt.Errorf("data partition on %s: %w", path, err)
+		return blockdev.Partition{}, fmt.Errorf("data partition on %s: %w", path, err)
 	}
-	parts, err := ReadGPT(path, sectorSize)
+	parts, err := blockdev.ReadGPT(path, sectorSize)
 	if err != nil {
-		return Partition{}, err
+		return blockdev.Partition{}, err
 	}
 	if p, ok := findPartition(parts, nodeimage.DataName); ok {
 		return p, nil
 	}
-	return Partition{}, fmt.Errorf("re-read GPT of %s: the new %q partition is missing", path, nodeimage.DataName)
+	return blockdev.Partition{}, fmt.Errorf("re-read GPT of %s: the new %q partition is missing", path, nodeimage.DataName)
 }
 
 // emptyTable is a GPT without partitions laid out for a disk of size bytes. go-diskfs sets a

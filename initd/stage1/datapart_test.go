@@ -12,6 +12,7 @@ import (
 
 	diskfs "github.com/diskfs/go-diskfs"
 	"github.com/diskfs/go-diskfs/partition/gpt"
+
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -58,14 +59,14 @@ func TestScanDisksFindsRoot(t *testing.T) {
 	sysBlock, dev := fakeSys(t,
 		map[string]string{"vda": testkit.SparseFile(t, 8*mib), "nvme0n1": img},
 		map[string][]string{"nvme0n1": {"nvme0n1p1", "nvme0n1p2", "nvme0n1p3"}})
-	disks, err := ScanDisks(sysBlock, dev)
+	disks, err := blockdev.ScanDisks(sysBlock, dev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(disks) != 2 {
 		t.Fatalf("found %d disks, want nvme0n1 and vda (loop0 has no size): %v", len(disks), disks)
 	}
-	d, p, ok := FindPartition(disks, strings.ToUpper(rootAGUID))
+	d, p, ok := blockdev.FindPartition(disks, strings.ToUpper(rootAGUID))
 	if !ok || d.Name != "nvme0n1" || p.Index != 2 || p.Name != "root-a" || p.GUID != rootAGUID {
 		t.Fatalf("FindPartition = %+v %+v %v, want nvme0n1 partition 2 root-a", d, p, ok)
 	}

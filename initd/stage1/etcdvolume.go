@@ -8,9 +8,9 @@ import (
 	"net/http"
 
 	"github.com/kilnproject/kiln/initd/apply"
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
-	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -29,9 +29,9 @@ func (v EtcdVolume) String() string {
 	return "etcd.volume.byId=" + v.ByID
 }
 
-// Selects reports whether v selects the disk with ids (the names volume.ReadDiskIDs derives
+// Selects reports whether v selects the disk with ids (the names blockdev.ReadDiskIDs derives
 // from sysfs, as udev would).
-func (v EtcdVolume) Selects(ids volume.DiskIDs) bool {
+func (v EtcdVolume) Selects(ids blockdev.DiskIDs) bool {
 	return v.Serial != "" && ids.SelectedBySerial(v.Serial) || v.ByID != "" && ids.SelectedByID(v.ByID)
 }
 

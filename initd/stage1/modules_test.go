@@ -9,8 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kilnproject/kiln/internal/testkit"
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 func TestParseModulesLoad(t *testing.T) {

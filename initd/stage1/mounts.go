@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
 // isMountPoint reports whether path is the root of a mount: its device differs from its parent's.
@@ -52,7 +54,7 @@ func moveMount(from, to string) error {
 
 // rereadPartitions asks the kernel to read the partition table of disk again. When a partition of
 // the disk is busy (BLKRRPART gives EBUSY) it adds p alone with BLKPG.
-func rereadPartitions(log *slog.Logger, disk string, p Partition, sectorSize int) error {
+func rereadPartitions(log *slog.Logger, disk string, p blockdev.Partition, sectorSize int) error {
 	f, err := os.Open(disk)
 	if err != nil {
 		return fmt.Errorf("re-read partition table: %w", err)

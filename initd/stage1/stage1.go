@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/internal/cmdline"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -294,13 +295,13 @@ func prepareData(ctx context.Context, log *slog.Logger, dev string) (err error) 
 		}
 		bound = append(bound, target)
 	}
-	if fs == FSNone {
+	if fs == blockdev.FSNone {
 		log.Info("making data filesystem", "device", dev, "label", nodeimage.DataLabel)
 		out, err := runInRoot(ctx, []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"}, "-q", "-L", nodeimage.DataLabel, dev)
 		if err != nil {
 			return fmt.Errorf("mkfs.ext4 %s: %w: %s", dev, err, out)
 		}
-		if fs, err = ProbeFilesystem(dev); err != nil || fs != FSExt4 {
+		if fs, err = blockdev.ProbeFilesystem(dev); err != nil || fs != blockdev.FSExt4 {
 			return fmt.Errorf("mkfs.ext4 %s: afterwards the device holds %q (%v)", dev, fs, err)
 		}
 		return nil
@@ -322,11 +323,11 @@ func prepareData(ctx context.Context, log *slog.Logger, dev string) (err error) 
 // CheckDataFilesystem probes the data partition dev: FSExt4 (use it), FSNone (blank: make it), or an
 // error for anything else, which stage 1 never formats.
 func CheckDataFilesystem(dev string) (string, error) {
-	fs, err := ProbeFilesystem(dev)
+	fs, err := blockdev.ProbeFilesystem(dev)
 	if err != nil {
 		return "", err
 	}
-	if fs != FSNone && fs != FSExt4 {
+	if fs != blockdev.FSNone && fs != blockdev.FSExt4 {
 		return "", fmt.Errorf("data partition %s holds %s, not ext4: refusing to format it (wipe it to start afresh)", dev, fs)
 	}
 	return fs, nil

@@ -12,8 +12,7 @@ import (
 
 	"github.com/coreos/ignition/v2/config/v3_6/types"
 
-	"github.com/kilnproject/kiln/initd/stage1"
-	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
@@ -46,13 +45,13 @@ func (a *applier) disk(ctx context.Context, field string, d types.Disk) error {
 		return err
 	}
 	ss := a.sectorSize(real)
-	sig, err := volume.Probe(ctx, real)
+	sig, err := blockdev.Probe(ctx, real)
 	if err != nil {
 		return fieldErr(field+".device", "%s: %w", d.Device, err)
 	}
-	var parts []stage1.Partition
+	var parts []blockdev.Partition
 	if sig.PTType == "gpt" {
-		if parts, err = stage1.ReadGPT(real, ss); err != nil {
+		if parts, err = blockdev.ReadGPT(real, ss); err != nil {
 			return fieldErr(field+".device", "%w", err)
 		}
 	}
@@ -145,17 +144,17 @@ func labelNote(l *string) string {
 }
 
 // findPartition finds p's partition in parts: by number, or by label when number is 0.
-func findPartition(parts []stage1.Partition, p types.Partition) (stage1.Partition, bool) {
+func findPartition(parts []blockdev.Partition, p types.Partition) (blockdev.Partition, bool) {
 	for _, c := range parts {
 		if p.Number != 0 && c.Index == p.Number || p.Number == 0 && p.Label != nil && c.Name == *p.Label {
 			return c, true
 		}
 	}
-	return stage1.Partition{}, false
+	return blockdev.Partition{}, false
 }
 
 // partitionMismatch describes how cur differs from what p gives, or is "".
-func partitionMismatch(cur stage1.Partition, p types.Partition, ss int) string {
+func partitionMismatch(cur blockdev.Partition, p types.Partition, ss int) string {
 	perMiB := uint64(mib / ss)
 	var diffs []string
 	if p.Label != nil && cur.Name != *p.Label {
@@ -178,7 +177,7 @@ func partitionMismatch(cur stage1.Partition, p types.Partition, ss int) string {
 
 // holdsExactly reports whether parts are exactly the partitions want lists (each
 // matching), as a wipeTable run leaves the disk.
-func (a *applier) holdsExactly(parts []stage1.Partition, want []types.Partition, ss int) bool {
+func (a *applier) holdsExactly(parts []blockdev.Partition, want []types.Partition, ss int) bool {
 	n := 0
 	for _, p := range want {
 		if p.ShouldExist != nil && !*p.ShouldExist {
@@ -222,7 +221,7 @@ func newPartitionArgs(n int, p types.Partition, ss int) []string {
 
 // sectorSize is the logical sector size of block device real (512 when sysfs does not say).
 func (a *applier) sectorSize(real string) int {
-	dir, err := volume.BlockDir(a.o.SysDir, real)
+	dir, err := blockdev.BlockDir(a.o.SysDir, real)
 	if err != nil {
 		return 512
 	}
@@ -245,12 +244,12 @@ func (a *applier) rereadPartitions(ctx context.Context, field, real string) erro
 	if _, err := run(ctx, "partx", "-u", "--", real); err != nil {
 		a.o.Log.Warn("partx -u", "device", real, "error", err)
 	}
-	dir, err := volume.BlockDir(a.o.SysDir, real)
+	dir, err := blockdev.BlockDir(a.o.SysDir, real)
 	if err != nil {
 		return fieldErr(field, "%w", err)
 	}
 	ss := a.sectorSize(real)
-	parts, err := stage1.ReadGPT(real, ss)
+	parts, err := blockdev.ReadGPT(real, ss)
 	if err != nil {
 		return fieldErr(field, "%w", err)
 	}
@@ -288,7 +287,7 @@ func (a *applier) waitPartitions(ctx context.Context, field, real string, nums [
 	if len(nums) == 0 {
 		return nil
 	}
-	dir, err := volume.BlockDir(a.o.SysDir, real)
+	dir, err := blockdev.BlockDir(a.o.SysDir, real)
 	if err != nil {
 		return fieldErr(field, "%w", err)
 	}

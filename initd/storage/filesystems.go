@@ -9,7 +9,7 @@ import (
 
 	"github.com/coreos/ignition/v2/config/v3_6/types"
 
-	"github.com/kilnproject/kiln/initd/volume"
+	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
 // filesystems makes each storage.filesystems entry, by Ignition's reuse rules:
@@ -44,7 +44,7 @@ func (a *applier) filesystem(ctx context.Context, field string, f types.Filesyst
 	if format == "vfat" && uuid != "" && !strings.Contains(uuid, "-") {
 		uuid = uuid[:4] + "-" + uuid[4:] // blkid shows FAT volume ids as XXXX-XXXX
 	}
-	sig, err := volume.Probe(ctx, real)
+	sig, err := blockdev.Probe(ctx, real)
 	if err != nil {
 		return fieldErr(field+".device", "%s: %w", f.Device, err)
 	}
@@ -84,7 +84,7 @@ func (a *applier) filesystem(ctx context.Context, field string, f types.Filesyst
 			return fieldErr(field, "format %s: %w", f.Device, err)
 		}
 		was := sig
-		if sig, err = volume.Probe(ctx, real); err != nil || sig.Type != format {
+		if sig, err = blockdev.Probe(ctx, real); err != nil || sig.Type != format {
 			return fieldErr(field, "after %s, blkid finds %s on %s (%v)", args[0], sig, f.Device, err)
 		}
 		st.Made[stateKey] = strings.ToLower(sig.UUID)
@@ -97,7 +97,7 @@ func (a *applier) filesystem(ctx context.Context, field string, f types.Filesyst
 			a.note(field, "erased %s (it held %s) and formatted it as %s (UUID %s)", f.Device, was, format, sig.UUID)
 		}
 	}
-	what := volume.ByUUIDPath(sig.UUID)
+	what := blockdev.ByUUIDPath(sig.UUID)
 	if format == "swap" {
 		return a.swap(ctx, field, what, real)
 	}
@@ -110,7 +110,7 @@ func (a *applier) filesystem(ctx context.Context, field string, f types.Filesyst
 	for _, o := range f.MountOptions {
 		opts = append(opts, string(o))
 	}
-	name, err := volume.UnitName(where, "mount")
+	name, err := blockdev.UnitName(where, "mount")
 	if err != nil {
 		return fieldErr(field+".path", "%w", err)
 	}
@@ -120,7 +120,7 @@ func (a *applier) filesystem(ctx context.Context, field string, f types.Filesyst
 	}
 	unit := mountUnit(field, what, where, format, options)
 	if !a.configUnits[name] {
-		changed, err := volume.WriteUnit(a.o.Root, name, unit)
+		changed, err := blockdev.WriteUnit(a.o.Root, name, unit)
 		if err != nil {
 			return fieldErr(field+".path", "mount unit %s: %w", name, err)
 		}
@@ -131,7 +131,7 @@ func (a *applier) filesystem(ctx context.Context, field string, f types.Filesyst
 	if !a.o.Live {
 		return nil
 	}
-	if err := volume.MountOptions(ctx, real, filepath.Join(a.o.Root, where), format, strings.Join(opts, ",")); err != nil {
+	if err := blockdev.MountOptions(ctx, real, filepath.Join(a.o.Root, where), format, strings.Join(opts, ",")); err != nil {
 		return fieldErr(field+".path", "%w", err)
 	}
 	return nil
@@ -180,12 +180,12 @@ func mkfsArgs(format, label, uuid string) []string {
 // swap writes the swap unit of the area what (a /dev/disk/by-uuid name) and, with
 // Options.Live, turns it on.
 func (a *applier) swap(ctx context.Context, field, what, real string) error {
-	name, err := volume.UnitName(what, "swap")
+	name, err := blockdev.UnitName(what, "swap")
 	if err != nil {
 		return fieldErr(field, "%w", err)
 	}
 	unit := swapUnit(field, what)
-	changed, err := volume.WriteUnit(a.o.Root, name, unit)
+	changed, err := blockdev.WriteUnit(a.o.Root, name, unit)
 	if err != nil {
 		return fieldErr(field, "swap unit %s: %w", name, err)
 	}
@@ -195,7 +195,7 @@ func (a *applier) swap(ctx context.Context, field, what, real string) error {
 	if !a.o.Live {
 		return nil
 	}
-	if on, _ := volume.SwapOn(real); on {
+	if on, _ := blockdev.SwapOn(real); on {
 		return nil
 	}
 	if _, err := run(ctx, "swapon", "--", real); err != nil {

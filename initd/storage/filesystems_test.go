@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnproject/kiln/internal/testkit"
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 const fsUUID = "4c9e2b5a-8f3d-4e1b-9a6c-2d7f0e5b1c33"

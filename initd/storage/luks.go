@@ -15,8 +15,8 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_6/types"
 	"github.com/vincent-petithory/dataurl"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
@@ -65,7 +65,7 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 		return err
 	}
 	defer os.Remove(newKey)
-	sig, err := volume.Probe(ctx, real)
+	sig, err := blockdev.Probe(ctx, real)
 	if err != nil {
 		return fieldErr(field+".device", "%s: %w", dev, err)
 	}
@@ -118,7 +118,7 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 		if _, err := run(ctx, "cryptsetup", append(args, "--", real)...); err != nil {
 			return fieldErr(field, "luksFormat %s: %w", dev, err)
 		}
-		if sig, err = volume.Probe(ctx, real); err != nil || sig.Type != "crypto_LUKS" {
+		if sig, err = blockdev.Probe(ctx, real); err != nil || sig.Type != "crypto_LUKS" {
 			return fieldErr(field, "after luksFormat, blkid finds %s on %s (%v)", sig, dev, err)
 		}
 		st.Made[stateKey] = strings.ToLower(sig.UUID)

@@ -12,8 +12,8 @@ import (
 
 	"github.com/coreos/ignition/v2/config/v3_6/types"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/initd/volume"
 )
 
 // mdDir is where mdadm names arrays: /dev/md/<name>.
@@ -88,7 +88,7 @@ func (a *applier) raid(ctx context.Context, field string, r types.Raid) error {
 	var blank, ours int
 	uuids := map[string]bool{}
 	for _, m := range members {
-		sig, err := volume.Probe(ctx, m.real)
+		sig, err := blockdev.Probe(ctx, m.real)
 		if err != nil {
 			return fieldErr(m.field, "%s: %w", m.dev, err)
 		}

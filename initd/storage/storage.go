@@ -33,8 +33,8 @@ import (
 
 	"github.com/coreos/ignition/v2/config/v3_6/types"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
@@ -49,7 +49,7 @@ type Options struct {
 	// SysDir is where sysfs is mounted; empty means /sys.
 	SysDir string
 	// BootMounts are the mount points whose disks are never touched; nil means
-	// volume.BootMounts.
+	// blockdev.BootMounts.
 	BootMounts []string
 	// Forbidden maps devices the config must not touch (the etcd volume's disk) to why,
 	// e.g. "it is the etcd volume node.yaml selects (etcd.volume.byId virtio-etcd)".
@@ -133,7 +133,7 @@ func (a *applier) device(ctx context.Context, field, dev string) (string, error)
 	if err != nil {
 		return "", fieldErr(field, "%s did not appear within %s (%v)", dev, a.o.Settle, err)
 	}
-	why, err := volume.OnBootDisk(a.o.SysDir, real, a.o.BootMounts)
+	why, err := blockdev.OnBootDisk(a.o.SysDir, real, a.o.BootMounts)
 	if err != nil {
 		return "", fieldErr(field, "%s: %w", dev, err)
 	}
@@ -141,7 +141,7 @@ func (a *applier) device(ctx context.Context, field, dev string) (string, error)
 		return "", fieldErr(field, "%s %s; kiln never touches the boot disk", describeDev(dev, real), why)
 	}
 	for f, reason := range a.o.Forbidden {
-		if d := volume.SharedDisk(a.o.SysDir, real, f); d != "" {
+		if d := blockdev.SharedDisk(a.o.SysDir, real, f); d != "" {
 			return "", fieldErr(field, "%s is on %s (disk %s), which %s; the config's storage may not touch it", describeDev(dev, real), f, d, reason)
 		}
 	}
@@ -152,7 +152,7 @@ func (a *applier) device(ctx context.Context, field, dev string) (string, error)
 // RAID (or, for a disk, one of its partitions is). Call it before anything that writes to
 // the device.
 func (a *applier) writable(field, dev, real string) error {
-	why, err := volume.DeviceUse(a.o.SysDir, real, "", a.o.BootMounts)
+	why, err := blockdev.DeviceUse(a.o.SysDir, real, "", a.o.BootMounts)
 	if err != nil {
 		return fieldErr(field, "%s: %w", dev, err)
 	}
@@ -169,9 +169,9 @@ func describeDev(dev, real string) string {
 	return fmt.Sprintf("%s (%s)", dev, real)
 }
 
-// run runs a tool; see volume.RunTool.
+// run runs a tool; see blockdev.RunTool.
 func run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	return volume.RunTool(ctx, name, args...)
+	return blockdev.RunTool(ctx, name, args...)
 }
 
 // settle lets udev finish creating the /dev/disk links of what just changed, when udev

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/initd/stage1"
-	"github.com/kilnproject/kiln/initd/volume"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -91,18 +90,18 @@ func applyWant(t *testing.T, cfg *config.Config, o Options, wantErr string) []st
 	return changed
 }
 
-func probe(t *testing.T, dev string) volume.Signature {
+func probe(t *testing.T, dev string) blockdev.Signature {
 	t.Helper()
-	sig, err := volume.Probe(context.Background(), dev)
+	sig, err := blockdev.Probe(context.Background(), dev)
 	if err != nil {
 		t.Fatalf("probe %s: %v", dev, err)
 	}
 	return sig
 }
 
-func partitionsOf(t *testing.T, dev string) []stage1.Partition {
+func partitionsOf(t *testing.T, dev string) []blockdev.Partition {
 	t.Helper()
-	parts, err := stage1.ReadGPT(dev, 512)
+	parts, err := blockdev.ReadGPT(dev, 512)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +202,7 @@ func TestDisks(t *testing.T) {
 
 // fmtPart renders p as "number:label:sectors", leaving the size out where the wanted
 // entry does (a partition that fills the disk).
-func fmtPart(p stage1.Partition, want []string) string {
+func fmtPart(p blockdev.Partition, want []string) string {
 	s := strings.Join([]string{strconv.Itoa(p.Index), p.Name, strconv.Itoa(int(p.End - p.Start + 1))}, ":")
 	for _, w := range want {
 		if strings.HasSuffix(w, ":") && strings.HasPrefix(s, w) {

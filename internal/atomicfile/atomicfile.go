@@ -14,6 +14,7 @@
 package atomicfile
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -69,6 +70,24 @@ func WriteIn(root *os.Root, name string, data []byte, opts Options) error {
 		return err
 	}
 	return f.Commit(base)
+}
+
+// UpdateIn is WriteIn that leaves a file alone when it already holds exactly data with
+// opts.Mode, and creates name's missing directories (0755) inside root. It reports whether
+// it wrote.
+func UpdateIn(root *os.Root, name string, data []byte, opts Options) (changed bool, err error) {
+	if old, err := root.ReadFile(name); err == nil && bytes.Equal(old, data) {
+		if fi, err := root.Lstat(name); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == opts.Mode.Perm() {
+			return false, nil
+		}
+	}
+	if err := root.MkdirAll(path.Dir(path.Clean(name)), 0o755); err != nil {
+		return false, err
+	}
+	if err := WriteIn(root, name, data, opts); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // Copy replaces the file dst with a copy of the file src. The directory of dst must exist,

@@ -473,3 +473,50 @@ func TestWriteDirMode(t *testing.T) {
 		t.Errorf("file: %q, %v", got, err)
 	}
 }
+
+// TestUpdateIn: a file already holding the data with the mode is left alone (same inode);
+// other data or another mode is replaced; missing directories are made.
+func TestUpdateIn(t *testing.T) {
+	dir := t.TempDir()
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	inode := func() uint64 {
+		fi, err := os.Stat(filepath.Join(dir, "etc/unit"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	steps := []struct {
+		name    string
+		data    string
+		mode    fs.FileMode
+		changed bool
+	}{
+		{"new file in a missing directory", "a", 0o644, true},
+		{"same data and mode", "a", 0o644, false},
+		{"other mode", "a", 0o600, true},
+		{"other data", "b", 0o600, true},
+		{"same again", "b", 0o600, false},
+	}
+	var last uint64
+	for _, s := range steps {
+		changed, err := UpdateIn(root, "etc/unit", []byte(s.data), Options{Mode: s.mode})
+		if err != nil || changed != s.changed {
+			t.Fatalf("%s: UpdateIn = %v, %v; want %v", s.name, changed, err, s.changed)
+		}
+		got, _ := os.ReadFile(filepath.Join(dir, "etc/unit"))
+		fi, _ := os.Stat(filepath.Join(dir, "etc/unit"))
+		if string(got) != s.data || fi.Mode().Perm() != s.mode {
+			t.Errorf("%s: file holds %q mode %v", s.name, got, fi.Mode().Perm())
+		}
+		if ino := inode(); !s.changed && ino != last {
+			t.Errorf("%s: file was rewritten", s.name)
+		} else {
+			last = ino
+		}
+	}
+}

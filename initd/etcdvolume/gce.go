@@ -1,4 +1,4 @@
-package volume
+package etcdvolume
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 
 	compute "google.golang.org/api/compute/v1"
 	"google.golang.org/api/googleapi"
+
+	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
 // GCE finds a zonal persistent disk by name, or by its labels, and attaches it to this
@@ -34,7 +36,7 @@ type GCE struct {
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
 	// found (see unsafeDiskError) is refused.
 	MountPath string
-	// DevDir is the by-id directory; empty means defaultDevDir.
+	// DevDir is the by-id directory; empty means blockdev.ByIDDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
 	// defaultSysDir.
@@ -103,7 +105,7 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := sysfsAt(g.SysDir).checkDisk("gce disk "+g.DiskName, dev, g.MountPath); err != nil {
+	if err := checkDisk(g.SysDir, "gce disk "+g.DiskName, dev, g.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil
@@ -195,7 +197,7 @@ func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) erro
 func (g GCE) waitDevice(ctx context.Context, device string) (string, error) {
 	dir := g.DevDir
 	if dir == "" {
-		dir = defaultDevDir
+		dir = blockdev.ByIDDir
 	}
 	link := filepath.Join(dir, "google-"+device)
 	var dev string

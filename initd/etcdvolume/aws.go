@@ -1,4 +1,4 @@
-package volume
+package etcdvolume
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
+
+	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
 // EC2API is the part of *ec2.Client the AWS finder calls.
@@ -58,7 +60,7 @@ type AWS struct {
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
 	// found (see unsafeDiskError) is refused.
 	MountPath string
-	// DevDir is the by-id directory; empty means defaultDevDir.
+	// DevDir is the by-id directory; empty means blockdev.ByIDDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
 	// defaultSysDir.
@@ -108,7 +110,7 @@ func (a AWS) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := sysfsAt(a.SysDir).checkDisk(fmt.Sprintf("aws volume %s (%s, member %s)", id, a.etcdTag(), a.Member), dev, a.MountPath); err != nil {
+	if err := checkDisk(a.SysDir, fmt.Sprintf("aws volume %s (%s, member %s)", id, a.etcdTag(), a.Member), dev, a.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil
@@ -290,7 +292,7 @@ func (a AWS) waitAttached(ctx context.Context, id string) (string, error) {
 func (a AWS) waitDevice(ctx context.Context, id, device string) (string, error) {
 	dir := a.DevDir
 	if dir == "" {
-		dir = defaultDevDir
+		dir = blockdev.ByIDDir
 	}
 	links := []string{
 		filepath.Join(dir, "aws-ebs-"+id),

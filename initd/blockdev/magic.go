@@ -1,4 +1,4 @@
-package stage1
+package blockdev
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 )
 
 // Filesystem signatures ProbeFilesystem reports.
@@ -37,9 +38,9 @@ func ProbeFilesystem(path string) (string, error) {
 	return identify(buf[:n]), nil
 }
 
-// probeAt is ProbeFilesystem for the filesystem starting off bytes into path (a partition
+// ProbeFilesystemAt is ProbeFilesystem for the filesystem starting off bytes into path (a partition
 // read through its disk), with the volume label when it is ext4.
-func probeAt(path string, off int64) (fs, label string, err error) {
+func ProbeFilesystemAt(path string, off int64) (fs, label string, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", "", fmt.Errorf("probe filesystem: %w", err)
@@ -188,4 +189,34 @@ func identifyTail(b []byte, off, size int64) []string {
 		}
 	}
 	return found
+}
+
+// IsBlank reports whether the disk at path holds nothing: ProbeDisk finds no signature at
+// either end, and its last MiB is all zero too (so a disk with data ProbeDisk cannot
+// name is not taken for an empty one). Otherwise it says what it found.
+func IsBlank(path string) (bool, string, error) {
+	found, err := ProbeDisk(path)
+	if err != nil {
+		return false, "", err
+	}
+	if len(found) > 0 {
+		return false, strings.Join(found, ", "), nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false, "", err
+	}
+	defer f.Close()
+	end, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return false, "", err
+	}
+	buf := make([]byte, min(end, probeSize))
+	if _, err := f.ReadAt(buf, end-int64(len(buf))); err != nil && err != io.EOF {
+		return false, "", err
+	}
+	if len(bytes.Trim(buf, "\x00")) != 0 {
+		return false, "data in its last MiB", nil
+	}
+	return true, "", nil
 }

@@ -1,4 +1,4 @@
-package volume
+package etcdvolume
 
 import (
 	"bytes"
@@ -32,7 +32,7 @@ func WriteManifest(root, volumeDir, name string, data []byte) (changed bool, err
 		return false, fmt.Errorf("write manifest %s: %w", target, err)
 	}
 	defer r.Close()
-	changed, err = writeIfChanged(r, strings.TrimPrefix(target, "/"), data, 0o600)
+	changed, err = atomicfile.UpdateIn(r, strings.TrimPrefix(target, "/"), data, atomicfile.Options{Mode: 0o600})
 	if err != nil {
 		return false, fmt.Errorf("write manifest %s: %w", target, err)
 	}

@@ -1,7 +1,6 @@
-package volume
+package blockdev
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -92,58 +91,6 @@ func OnBootDisk(sysDir, dev string, bootMounts []string) (string, error) {
 		}
 	}
 	return "", nil
-}
-
-// Signature is what blkid finds on a device.
-type Signature struct {
-	// Blank: blkid found nothing. Ambiguous: it found conflicting signatures.
-	Blank, Ambiguous bool
-	// Type is the filesystem (or other content: crypto_LUKS, linux_raid_member, swap);
-	// PTType a partition table's type.
-	Type, PTType, Label, UUID string
-}
-
-// String describes the signature as an error message names it: `an ext4 filesystem
-// (label "data", UUID …)`, `a partition table (gpt)`, `nothing`.
-func (s Signature) String() string {
-	switch {
-	case s.Blank:
-		return "nothing"
-	case s.Ambiguous:
-		return "conflicting signatures (blkid -p reports an ambivalent result)"
-	case s.PTType != "" && s.Type == "":
-		return fmt.Sprintf("a partition table (%s)", s.PTType)
-	case s.Type == "":
-		return "an unrecognised signature"
-	}
-	what := "filesystem"
-	switch s.Type {
-	case "crypto_LUKS":
-		what = "volume"
-	case "linux_raid_member":
-		what = "signature"
-	case "swap":
-		what = "area"
-	}
-	return article(s.Type) + " " + what + describe(signature{Label: s.Label, UUID: s.UUID})
-}
-
-// Probe asks blkid, in low-level probing mode (no cache), what dev carries. A partition
-// whose only finding is its own partition entry (blkid -p reports PART_ENTRY_* and exits
-// 0) is blank.
-func Probe(ctx context.Context, dev string) (Signature, error) {
-	s, err := probe(ctx, dev)
-	if err != nil {
-		return Signature{}, err
-	}
-	blank := s.blank || !s.ambiguous && s.Type == "" && s.PTType == "" && s.Label == "" && s.UUID == ""
-	return Signature{Blank: blank, Ambiguous: s.ambiguous, Type: s.Type, PTType: s.PTType, Label: s.Label, UUID: s.UUID}, nil
-}
-
-// RunTool runs a tool with LC_ALL=C and returns its standard output. A failure includes
-// the tool's standard error; an *exec.ExitError stays reachable through errors.As.
-func RunTool(ctx context.Context, name string, args ...string) ([]byte, error) {
-	return run(ctx, name, args...)
 }
 
 // DisksUnder names the whole disks under block device dev (itself, the disk of a

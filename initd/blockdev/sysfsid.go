@@ -1,4 +1,4 @@
-package volume
+package blockdev
 
 import (
 	"os"
@@ -84,10 +84,10 @@ func (ids *DiskIDs) add(prefix, v string) {
 }
 
 // SelectedBySerial reports whether the disk is the one a ByID selector with this serial
-// finds (see serialMatches).
+// finds (see SerialLinkMatches).
 func (ids DiskIDs) SelectedBySerial(serial string) bool {
 	for _, l := range ids.Links {
-		if serialMatches(l, serial) {
+		if SerialLinkMatches(l, serial) {
 			return true
 		}
 	}
@@ -98,14 +98,14 @@ func (ids DiskIDs) SelectedBySerial(serial string) bool {
 // prefix) is this disk: one of its Links, or a name udev made of its serial (an ATA name
 // with the full 40-character model).
 func (ids DiskIDs) SelectedByID(id string) bool {
-	id = strings.TrimPrefix(id, defaultDevDir+"/")
-	if id == "" || isPartLink(id) {
+	id = strings.TrimPrefix(id, ByIDDir+"/")
+	if id == "" || IsPartitionLink(id) {
 		return false
 	}
 	if slices.Contains(ids.Links, id) {
 		return true
 	}
-	return ids.Serial != "" && serialMatches(id, udevName(ids.Serial))
+	return ids.Serial != "" && SerialLinkMatches(id, udevName(ids.Serial))
 }
 
 // udevName makes s safe as a link name the way udev does: outer white space trimmed, each
@@ -138,3 +138,38 @@ func vpdSerial(file string) string {
 	n := min(int(b[3]), len(b)-4)
 	return strings.Trim(string(b[4:4+n]), " \x00")
 }
+
+// SerialLinkMatches reports whether a /dev/disk/by-id link name belongs to a whole disk with serial.
+func SerialLinkMatches(name, serial string) bool {
+	if IsPartitionLink(name) {
+		return false
+	}
+	for _, prefix := range []string{"virtio-", "scsi-0QEMU_QEMU_HARDDISK_", "scsi-SQEMU_QEMU_HARDDISK_"} {
+		if name == prefix+serial {
+			return true
+		}
+	}
+	for _, bus := range []string{"nvme-", "ata-", "scsi-"} {
+		if strings.HasPrefix(name, bus) && strings.HasSuffix(name, "_"+serial) {
+			return true
+		}
+	}
+	return false
+}
+
+// IsPartitionLink reports whether a by-id link name ends in -part<N>, udev's suffix for partitions.
+func IsPartitionLink(name string) bool {
+	i := strings.LastIndex(name, "-part")
+	if i < 0 || i+5 == len(name) {
+		return false
+	}
+	for _, c := range name[i+5:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// ByIDDir is where udev links disks by their serial and bus identity.
+const ByIDDir = "/dev/disk/by-id"

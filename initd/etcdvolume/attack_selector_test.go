@@ -1,4 +1,4 @@
-package volume
+package etcdvolume
 
 import (
 	"context"
@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnproject/kiln/internal/testkit"
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // The attack: an etcd volume selector (serial, by-id name, AWS tags, GCE disk name) that
@@ -100,7 +101,7 @@ func fakeHolder(t *testing.T, dev string, part bool, holder string) string {
 		if err := unix.Stat(dev, &st); err != nil {
 			t.Fatal(err)
 		}
-		return majMin(st.Rdev)
+		return fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
 	}
 	disk := filepath.Base(dev)
 	held := "devices/virtual/block/" + disk

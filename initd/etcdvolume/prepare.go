@@ -1,8 +1,6 @@
-package volume
+package etcdvolume
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +9,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
 // Filesystem types Prepare can create.
@@ -115,13 +113,6 @@ func deviceSize(dev string) (int64, error) {
 	return n, nil
 }
 
-// signature is what blkid found on a device.
-type signature struct {
-	blank                     bool // blkid found nothing (exit 2)
-	ambiguous                 bool // blkid found conflicting signatures (exit 8)
-	Type, PTType, Label, UUID string
-}
-
 // Prepare makes dev carry the wanted filesystem without ever formatting a disk with data:
 //
 //   - smaller than want.MinSize: a *tooSmallError and the device untouched;
@@ -163,12 +154,12 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 			return Result{}, &tooSmallError{Device: dev, Size: size, Min: want.MinSize}
 		}
 	}
-	sig, err := probe(ctx, dev)
+	sig, err := blockdev.ProbeExact(ctx, dev)
 	if err != nil {
 		return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 	}
-	if sig.blank {
-		if err := sysfsAt(want.SysDir).checkDisk("", dev, ""); err != nil {
+	if sig.Blank {
+		if err := checkDisk(want.SysDir, "", dev, ""); err != nil {
 			return Result{}, fmt.Errorf("prepare: %w", err)
 		}
 		return format(ctx, dev, want, false, false)
@@ -177,10 +168,10 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 		if !want.Wipe {
 			return Result{}, &refusedError{Device: dev, Found: found}
 		}
-		if err := sysfsAt(want.SysDir).checkDisk("", dev, ""); err != nil {
+		if err := checkDisk(want.SysDir, "", dev, ""); err != nil {
 			return Result{}, fmt.Errorf("prepare: %w", err)
 		}
-		if _, err := run(ctx, "wipefs", "-a", dev); err != nil {
+		if _, err := blockdev.RunTool(ctx, "wipefs", "-a", dev); err != nil {
 			return Result{}, fmt.Errorf("prepare %s: wipe (it had %s): %w", dev, found, err)
 		}
 		return format(ctx, dev, want, true, false)
@@ -191,7 +182,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 			return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 		}
 		if interrupted {
-			if err := sysfsAt(want.SysDir).checkDisk("", dev, ""); err != nil {
+			if err := checkDisk(want.SysDir, "", dev, ""); err != nil {
 				return Result{}, fmt.Errorf("prepare: %w", err)
 			}
 			return format(ctx, dev, want, false, true)
@@ -205,96 +196,20 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 
 // mismatch describes what on the device stands in the way of want, or "" when the
 // device carries the wanted filesystem.
-func mismatch(sig signature, want Want) string {
+func mismatch(sig blockdev.Signature, want Want) string {
 	switch {
-	case sig.ambiguous:
-		return "conflicting signatures (blkid -p reports an ambivalent result)"
+	case sig.Ambiguous, sig.Type == "":
+		return sig.String()
 	case sig.PTType != "":
 		return fmt.Sprintf("a partition table (%s)", sig.PTType)
-	case sig.Type == "":
-		return "an unrecognised signature"
 	case sig.Type != want.FSType:
-		return fmt.Sprintf("%s filesystem%s, not %s", article(sig.Type), describe(sig), want.FSType)
+		return fmt.Sprintf("%s, not %s", sig, want.FSType)
 	case want.Label != "" && sig.Label != want.Label:
-		return fmt.Sprintf("%s filesystem%s, not labelled %q", article(sig.Type), describe(sig), want.Label)
+		return fmt.Sprintf("%s, not labelled %q", sig, want.Label)
 	case want.UUID != "" && !strings.EqualFold(sig.UUID, want.UUID):
-		return fmt.Sprintf("%s filesystem%s, not UUID %s", article(sig.Type), describe(sig), want.UUID)
+		return fmt.Sprintf("%s, not UUID %s", sig, want.UUID)
 	}
 	return ""
-}
-
-func article(fstype string) string {
-	if strings.ContainsRune("aeiouxAEIOUX", rune(fstype[0])) { // an ext4, an xfs
-		return "an " + fstype
-	}
-	return "a " + fstype
-}
-
-func describe(sig signature) string {
-	var parts []string
-	if sig.Label != "" {
-		parts = append(parts, fmt.Sprintf("label %q", sig.Label))
-	}
-	if sig.UUID != "" {
-		parts = append(parts, "UUID "+sig.UUID)
-	}
-	if len(parts) == 0 {
-		return ""
-	}
-	return " (" + strings.Join(parts, ", ") + ")"
-}
-
-// probe asks blkid, in low-level probing mode (no cache), what dev carries.
-func probe(ctx context.Context, dev string) (signature, error) {
-	out, err := run(ctx, "blkid", "-p", "-s", "TYPE", "-s", "PTTYPE", "-s", "LABEL", "-s", "UUID", "-o", "export", dev)
-	var exit *exec.ExitError
-	if errors.As(err, &exit) {
-		switch exit.ExitCode() {
-		case 2:
-			return signature{blank: true}, nil
-		case 8:
-			return signature{ambiguous: true}, nil
-		}
-	}
-	if err != nil {
-		return signature{}, fmt.Errorf("probe: %w", err)
-	}
-	var sig signature
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), "=")
-		if !ok {
-			continue
-		}
-		v = unescapeExport(v)
-		switch k {
-		case "TYPE":
-			sig.Type = v
-		case "PTTYPE":
-			sig.PTType = v
-		case "LABEL":
-			sig.Label = v
-		case "UUID":
-			sig.UUID = v
-		}
-	}
-	return sig, nil
-}
-
-// unescapeExport undoes the shell quoting of blkid -o export (a backslash before
-// spaces and other special characters).
-func unescapeExport(v string) string {
-	if !strings.Contains(v, `\`) {
-		return v
-	}
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		if v[i] == '\\' && i+1 < len(v) {
-			i++
-		}
-		b.WriteByte(v[i])
-	}
-	return b.String()
 }
 
 // format creates want's filesystem on dev, which is blank (or was just wiped, or holds
@@ -322,15 +237,15 @@ func format(ctx context.Context, dev string, want Want, wiped, force bool) (Resu
 			args = append(args, "-m", "uuid="+want.UUID)
 		}
 	}
-	if _, err := run(ctx, args[0], append(args[1:], dev)...); err != nil {
+	if _, err := blockdev.RunTool(ctx, args[0], append(args[1:], dev)...); err != nil {
 		return Result{}, fmt.Errorf("prepare %s: format: %w", dev, err)
 	}
-	sig, err := probe(ctx, dev)
+	sig, err := blockdev.ProbeExact(ctx, dev)
 	if err != nil {
 		return Result{}, fmt.Errorf("prepare %s: after format: %w", dev, err)
 	}
-	if found := mismatch(sig, want); found != "" || sig.blank {
-		return Result{}, fmt.Errorf("prepare %s: after %s, blkid finds %s", dev, args[0], orBlank(found, sig.blank))
+	if found := mismatch(sig, want); found != "" || sig.Blank {
+		return Result{}, fmt.Errorf("prepare %s: after %s, blkid finds %s", dev, args[0], orBlank(found, sig.Blank))
 	}
 	return Result{Formatted: true, Wiped: wiped, FSType: sig.Type, Label: sig.Label, UUID: sig.UUID}, nil
 }
@@ -348,11 +263,11 @@ func check(ctx context.Context, dev, fstype string) error {
 	if fstype != fsExt4 {
 		return nil // xfs: the kernel replays the log at mount; xfs_repair -n gives false alarms on a dirty log
 	}
-	mounted, err := deviceMounted(dev)
+	mounted, err := blockdev.Mounted(dev)
 	if err != nil || mounted {
 		return err
 	}
-	_, err = run(ctx, "e2fsck", "-p", dev)
+	_, err = blockdev.RunTool(ctx, "e2fsck", "-p", dev)
 	var exit *exec.ExitError
 	// 1: errors were corrected; 2: corrected, and a mounted root would need a reboot
 	// (this device is not mounted).
@@ -379,48 +294,4 @@ func xfsMkfsInProgress(dev string) (bool, error) {
 	}
 	const inProgressOffset = 126 // sb_inprogress in struct xfs_dsb
 	return string(sb[:4]) == "XFSB" && sb[inProgressOffset] != 0, nil
-}
-
-// deviceMounted reports whether block device dev is mounted anywhere (looked up by its
-// major:minor in /proc/self/mountinfo). A regular file is never reported mounted.
-func deviceMounted(dev string) (bool, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		return false, fmt.Errorf("stat %s: %w", dev, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return false, nil
-	}
-	mounts, err := readMountInfo(mountInfoPath)
-	if err != nil {
-		return false, err
-	}
-	want := majMin(st.Rdev)
-	for _, m := range mounts {
-		if m.majMin == want {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// run runs a tool and returns its standard output. A failure includes the tool's
-// standard error; an *exec.ExitError stays reachable through errors.As.
-func run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if msg == "" {
-			msg = strings.TrimSpace(string(out))
-		}
-		if msg != "" {
-			return out, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
-		}
-		return out, fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
-	}
-	return out, nil
 }

@@ -1,4 +1,4 @@
-package volume
+package blockdev
 
 import (
 	"bufio"
@@ -33,48 +33,13 @@ func sysfsAt(dir string) sysfs {
 // swapsPath lists the active swap areas.
 const swapsPath = "/proc/swaps"
 
-// errUnsafeDisk is matched (errors.Is) by every *unsafeDiskError.
-var errUnsafeDisk = errors.New("not a free whole disk")
-
-// unsafeDiskError is returned when a selector leads to a device the etcd volume must
-// never be: the boot disk, a partition, or a disk in use (mounted, swapped on, held by
-// device-mapper or RAID, directly or through one of its partitions). Wipe does not
-// change that. The device is left untouched.
-type unsafeDiskError struct {
-	// Selector names the selector, e.g. "by-id volume serial etcd-main"; empty when the
-	// device was handed to Prepare directly.
-	Selector string
-	Device   string
-	// Reason says what the device is, e.g. "is the boot disk (it holds /)".
-	Reason string
-}
-
-func (e *unsafeDiskError) Error() string {
-	msg := fmt.Sprintf("%s %s; refusing it, with or without wipe: the etcd volume must be a whole disk nothing else uses", e.Device, e.Reason)
-	if e.Selector != "" {
-		msg = e.Selector + ": " + msg
-	}
-	return msg
-}
-
-// Is makes errors.Is(err, errUnsafeDisk) true.
-func (e *unsafeDiskError) Is(target error) bool { return target == errUnsafeDisk }
-
-// checkDisk returns an *unsafeDiskError unless dev is a whole disk that nothing uses.
-// A disk mounted at mountPath only (when set) is accepted: it is the volume, mounted by
-// an earlier run. A regular file (a disk image) is not a disk and is not checked.
-func (sys sysfs) checkDisk(selector, dev, mountPath string) error {
-	reason, err := sys.diskUse(dev, mountPath)
-	if err != nil {
-		if selector != "" {
-			return fmt.Errorf("%s: check %s: %w", selector, dev, err)
-		}
-		return fmt.Errorf("check %s: %w", dev, err)
-	}
-	if reason != "" {
-		return &unsafeDiskError{Selector: selector, Device: dev, Reason: reason}
-	}
-	return nil
+// WholeDiskUse describes why dev may not be a volume that takes a whole disk, or returns
+// "" when it may: it is a partition, the boot disk (it holds /), or in use — mounted
+// anywhere but mountPath (when set), swapped on, held by device-mapper or RAID, itself or
+// through one of its partitions. A regular file (a disk image) is not a disk and has no use
+// to report. sysDir is where sysfs is mounted ("" for /sys).
+func WholeDiskUse(sysDir, dev, mountPath string) (string, error) {
+	return sysfsAt(sysDir).diskUse(dev, mountPath)
 }
 
 // diskUse describes why dev may not be the volume, or returns "" when it may.

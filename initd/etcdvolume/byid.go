@@ -1,4 +1,4 @@
-package volume
+package etcdvolume
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
 // ByID finds a disk through the links udev makes in /dev/disk/by-id, waiting for udev
@@ -27,7 +29,7 @@ type ByID struct {
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
 	// found (see unsafeDiskError) is refused.
 	MountPath string
-	// DevDir is the by-id directory; empty means defaultDevDir.
+	// DevDir is the by-id directory; empty means blockdev.ByIDDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
 	// defaultSysDir.
@@ -43,7 +45,7 @@ type ByID struct {
 func (b ByID) Find(ctx context.Context) (string, error) {
 	dir := b.DevDir
 	if dir == "" {
-		dir = defaultDevDir
+		dir = blockdev.ByIDDir
 	}
 	var what string
 	switch {
@@ -55,9 +57,9 @@ func (b ByID) Find(ctx context.Context) (string, error) {
 		}
 		what = fmt.Sprintf("a disk with serial %s in %s", b.Serial, dir)
 	default:
-		id := strings.TrimPrefix(b.ID, defaultDevDir+"/")
+		id := strings.TrimPrefix(b.ID, blockdev.ByIDDir+"/")
 		if id == "" || strings.ContainsRune(id, '/') {
-			return "", fmt.Errorf("by-id volume: %q is not a name in %s", b.ID, defaultDevDir)
+			return "", fmt.Errorf("by-id volume: %q is not a name in %s", b.ID, blockdev.ByIDDir)
 		}
 		b.ID = id
 		what = filepath.Join(dir, id)
@@ -75,7 +77,7 @@ func (b ByID) Find(ctx context.Context) (string, error) {
 	if b.ID != "" {
 		selector = "by-id volume id " + b.ID
 	}
-	if err := sysfsAt(b.SysDir).checkDisk(selector, dev, b.MountPath); err != nil {
+	if err := checkDisk(b.SysDir, selector, dev, b.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil
@@ -95,7 +97,7 @@ func (b ByID) lookup(dir string) (string, error) {
 			return "", err
 		}
 		for _, e := range entries {
-			if serialMatches(e.Name(), b.Serial) {
+			if blockdev.SerialLinkMatches(e.Name(), b.Serial) {
 				names = append(names, e.Name())
 			}
 		}
@@ -127,51 +129,19 @@ func (b ByID) lookup(dir string) (string, error) {
 	return "", fmt.Errorf("serial %s matches %d disks: %s", b.Serial, len(devs), strings.Join(all, "; "))
 }
 
-// serialMatches reports whether a by-id link name belongs to a whole disk with serial.
-func serialMatches(name, serial string) bool {
-	if isPartLink(name) {
-		return false
-	}
-	for _, prefix := range []string{"virtio-", "scsi-0QEMU_QEMU_HARDDISK_", "scsi-SQEMU_QEMU_HARDDISK_"} {
-		if name == prefix+serial {
-			return true
-		}
-	}
-	for _, bus := range []string{"nvme-", "ata-", "scsi-"} {
-		if strings.HasPrefix(name, bus) && strings.HasSuffix(name, "_"+serial) {
-			return true
-		}
-	}
-	return false
-}
-
-// isPartLink reports whether name ends in -part<N>, udev's suffix for partitions.
-func isPartLink(name string) bool {
-	i := strings.LastIndex(name, "-part")
-	if i < 0 || i+5 == len(name) {
-		return false
-	}
-	for _, c := range name[i+5:] {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
-
 // Present returns the device the selector leads to now, without waiting and without the
 // checks Find makes, or "" when no link matches yet: for telling whether another part of
 // the node's storage is about to take the volume's disk.
 func (b ByID) Present() (string, error) {
 	dir := b.DevDir
 	if dir == "" {
-		dir = defaultDevDir
+		dir = blockdev.ByIDDir
 	}
 	if (b.Serial == "") == (b.ID == "") {
 		return "", errors.New("by-id volume: set exactly one of serial and id")
 	}
 	if b.ID != "" {
-		b.ID = strings.TrimPrefix(b.ID, defaultDevDir+"/")
+		b.ID = strings.TrimPrefix(b.ID, blockdev.ByIDDir+"/")
 	}
 	return b.lookup(dir)
 }

@@ -1,19 +1,19 @@
-package volume
+package blockdev
 
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"path"
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kilnproject/kiln/initd/systemd"
 	"github.com/kilnproject/kiln/internal/atomicfile"
-	"golang.org/x/sys/unix"
 )
 
 // mountInfoPath is the kernel's list of the calling process's mounts.
@@ -113,7 +113,7 @@ func WriteUnit(root, name string, unit []byte) (changed bool, err error) {
 	}
 	defer r.Close()
 	rel := path.Join(systemd.ConfigDir, name)
-	changed, err = writeIfChanged(r, rel, unit, 0o644)
+	changed, err = atomicfile.UpdateIn(r, rel, unit, atomicfile.Options{Mode: 0o644})
 	if err != nil {
 		return false, err
 	}
@@ -122,23 +122,6 @@ func WriteUnit(root, name string, unit []byte) (changed bool, err error) {
 		return changed, err
 	}
 	return changed || enabled, nil
-}
-
-// writeIfChanged replaces rel in r with data (atomicfile) unless it already holds exactly
-// that, so a power cut leaves the old or the new file.
-func writeIfChanged(r *os.Root, rel string, data []byte, mode fs.FileMode) (bool, error) {
-	if old, err := r.ReadFile(rel); err == nil && bytes.Equal(old, data) {
-		if fi, err := r.Lstat(rel); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == mode {
-			return false, nil
-		}
-	}
-	if err := r.MkdirAll(path.Dir(rel), 0o755); err != nil {
-		return false, err
-	}
-	if err := atomicfile.WriteIn(r, rel, data, atomicfile.Options{Mode: mode}); err != nil {
-		return false, err
-	}
-	return true, nil
 }
 
 // Mount mounts dev on where (creating the directory) with type fstype and noatime, on
@@ -175,7 +158,7 @@ func MountOptions(ctx context.Context, dev, where, fstype, options string) error
 		return fmt.Errorf("mount %s on %s: %w", dev, where, err)
 	}
 	if options != "" {
-		if _, err := run(ctx, "mount", "-t", fstype, "-o", options, "--", dev, where); err != nil {
+		if _, err := RunTool(ctx, "mount", "-t", fstype, "-o", options, "--", dev, where); err != nil {
 			return fmt.Errorf("mount %s on %s (%s): %w", dev, where, fstype, err)
 		}
 		return nil
@@ -245,4 +228,27 @@ func unescapeOctal(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// Mounted reports whether block device dev is mounted anywhere (looked up by its
+// major:minor in /proc/self/mountinfo). A regular file is never reported mounted.
+func Mounted(dev string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", dev, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return false, nil
+	}
+	mounts, err := readMountInfo(mountInfoPath)
+	if err != nil {
+		return false, err
+	}
+	want := majMin(st.Rdev)
+	for _, m := range mounts {
+		if m.majMin == want {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -1,5 +1,6 @@
-// Package volume finds, prepares and mounts the disk that holds a control-plane node's
-// etcd data, as kOps' protokube and etcd-manager did:
+// Package etcdvolume finds and prepares the disk that holds a control-plane node's etcd
+// data, as kOps' protokube and etcd-manager did. It builds on package blockdev, which knows
+// block devices in general (probes, use checks, by-id names, mount units):
 //
 //   - A Finder locates the disk and returns its device node: ByID (a serial or a name in
 //     /dev/disk/by-id, for metal and QEMU), AWS (EBS volumes selected by tags in the
@@ -9,11 +10,11 @@
 //   - Prepare makes the disk safe to use without ever formatting one that holds data: a
 //     blank disk is formatted, a disk with the wanted filesystem (and label and UUID) is
 //     checked and accepted, anything else is refused unless the config says wipe.
-//   - MountUnit writes and enables a systemd mount unit so every later boot mounts the
-//     disk before containerd and the kubelet start; Mount mounts it on the live system.
+//   - The caller mounts it with blockdev.MountUnit (every later boot, before containerd
+//     and the kubelet start) and blockdev.Mount (the live system).
 //   - LinkManifest links /etc/kubernetes/manifests/<name> to the etcd manifest kept on
 //     the volume, so etcd cannot start on a node whose disk is missing.
-package volume
+package etcdvolume
 
 import (
 	"context"
@@ -35,9 +36,6 @@ var errAttachedElsewhere = errors.New("volume is attached to another instance")
 
 // errNotFound is returned (wrapped) when no volume or device matches the selector.
 var errNotFound = errors.New("no matching volume")
-
-// defaultDevDir is where udev links disks by their serial and bus identity.
-const defaultDevDir = "/dev/disk/by-id"
 
 // Defaults for how long a Finder waits for an attachment or a device node to appear,
 // and how often it looks.
