@@ -18,7 +18,7 @@ import (
 // The checks below cover storage.disks, raid, luks and filesystems: what kiln can honour
 // beyond what Ignition's own validation (run by Parse) checked — absolute device paths,
 // partition numbers and labels, known RAID levels and filesystem formats, unique names.
-// Package initd/storage applies them.
+// Package initd/firstboot/storage applies them.
 
 // RaidLevels are the md levels kiln creates.
 var RaidLevels = []string{"raid0", "raid1", "raid10"}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/dns"
-	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/facts"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )

@@ -18,9 +18,9 @@ import (
 	"github.com/vincent-petithory/dataurl"
 
 	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/render"
 	"github.com/kilnproject/kiln/initd/pki"
-	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/kubeconfig"

@@ -14,7 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 
 	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/facts"
 	"github.com/kilnproject/kiln/initd/source"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/etcdvolume"
-	"github.com/kilnproject/kiln/initd/storage"
+	"github.com/kilnproject/kiln/initd/firstboot/storage"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 

@@ -25,9 +25,9 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/render"
 	"github.com/kilnproject/kiln/initd/pki"
-	"github.com/kilnproject/kiln/initd/render"
 	"github.com/kilnproject/kiln/initd/task"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
 	"github.com/kilnproject/kiln/internal/nodeimage"

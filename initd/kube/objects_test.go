@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kilnproject/kiln/initd/facts"
-	"github.com/kilnproject/kiln/initd/render"
+	"github.com/kilnproject/kiln/initd/firstboot/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/render"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/kilnproject/kiln/initd/netup"
+	"github.com/kilnproject/kiln/initd/stage1/netup"
 )
 
 // Installer runs an install boot (kiln.install.*): package install's Run, handed to Run by

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kilnproject/kiln/initd/liveroot"
-	"github.com/kilnproject/kiln/initd/netup"
 	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/initd/stage1/liveroot"
+	"github.com/kilnproject/kiln/initd/stage1/netup"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 

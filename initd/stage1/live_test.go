@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kilnproject/kiln/initd/liveroot"
+	"github.com/kilnproject/kiln/initd/stage1/liveroot"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kilnproject/kiln/initd/preflight"
+	"github.com/kilnproject/kiln/initd/firstboot/preflight"
 	"github.com/kilnproject/kiln/internal/exitcode"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )

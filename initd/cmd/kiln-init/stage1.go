@@ -8,8 +8,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/kilnproject/kiln/initd/install"
 	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/initd/stage1/install"
 )
 
 // runStage1 is PID 1. It must never return: a PID 1 that exits panics the kernel and hides why.

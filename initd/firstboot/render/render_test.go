@@ -17,13 +17,13 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/facts"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/golden from the templates")
 
 // templates is the repository's profile templates directory.
-const templates = "../../profiles/templates"
+const templates = "../../../profiles/templates"
 
 // fixedData is the node every golden file is rendered for.
 func fixedData(role string) Data {

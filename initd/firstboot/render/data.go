@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kilnproject/kiln/initd/facts"
+	"github.com/kilnproject/kiln/initd/firstboot/facts"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
