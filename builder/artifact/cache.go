@@ -18,6 +18,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/spec"
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/fetch"
 )
 
 // Source is something to fetch: a URL (http or https) or a local Path,
@@ -307,55 +308,12 @@ func (c *Cache) copy(ctx context.Context, s Source, w *blobFile) error {
 	return nil
 }
 
-// causeOr returns why ctx ended (a stall, the caller's cancellation), or err.
-func causeOr(ctx context.Context, err error) error {
-	if cause := context.Cause(ctx); cause != nil {
-		return cause
-	}
-	return err
-}
-
-// stallWatch ends a download's context once no data has arrived for a while.
-type stallWatch struct {
-	stall  time.Duration
-	timer  *time.Timer
-	cancel context.CancelCauseFunc
-}
-
-// watchStalls returns a context that ends with "no data for <stall>" once reads through the
-// watch's reader have brought nothing for c.StallTimeout (defaultStallTimeout when zero).
-// stop releases it.
-func (c *Cache) watchStalls(ctx context.Context) (context.Context, *stallWatch) {
+// watchStalls returns a context that ends once the reads through the watchdog's reader
+// bring nothing for c.StallTimeout (defaultStallTimeout when zero); see fetch.Watch.
+func (c *Cache) watchStalls(ctx context.Context) (context.Context, *fetch.Watchdog) {
 	stall := c.StallTimeout
 	if stall <= 0 {
 		stall = defaultStallTimeout
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	errStalled := fmt.Errorf("no data for %s", stall)
-	w := &stallWatch{stall: stall, cancel: cancel}
-	w.timer = time.AfterFunc(stall, func() { cancel(errStalled) })
-	return ctx, w
-}
-
-// reader passes r through; each read that brings data restarts the stall clock.
-func (w *stallWatch) reader(r io.Reader) io.Reader {
-	return &progressReader{r: r, onRead: func() { w.timer.Reset(w.stall) }}
-}
-
-func (w *stallWatch) stop() {
-	w.timer.Stop()
-	w.cancel(nil)
-}
-
-type progressReader struct {
-	r      io.Reader
-	onRead func()
-}
-
-func (p *progressReader) Read(b []byte) (int, error) {
-	n, err := p.r.Read(b)
-	if n > 0 {
-		p.onRead()
-	}
-	return n, err
+	return fetch.Watch(ctx, stall)
 }

@@ -193,18 +193,18 @@ func TestDownloadRetriesAndResumes(t *testing.T) {
 		{
 			name:  "404 is not retried",
 			serve: script(status(404), v1.serveFile),
-			want:  want{sha256: hexSum(v1.data), requests: 1, err: []string{"/blob: 404 Not Found"}},
+			want:  want{sha256: hexSum(v1.data), requests: 1, err: []string{"/blob: server answered 404 Not Found"}},
 		},
 		{
 			name:  "403 is not retried",
 			serve: script(status(403), v1.serveFile),
-			want:  want{sha256: hexSum(v1.data), requests: 1, err: []string{"/blob: 403 Forbidden"}},
+			want:  want{sha256: hexSum(v1.data), requests: 1, err: []string{"/blob: server answered 403 Forbidden"}},
 		},
 		{
 			name:  "attempts are bounded",
 			serve: script(status(502)),
 			want: want{sha256: hexSum(v1.data), requests: 5, pauses: 4,
-				err: []string{"/blob: 502 Bad Gateway (gave up after 5 attempts)"}},
+				err: []string{"/blob: server answered 502 Bad Gateway (gave up after 5 attempts)"}},
 		},
 		{
 			name:  "cut short every time: bounded, the partial file removed",

@@ -16,6 +16,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kilnproject/kiln/internal/fetch"
 )
 
 // parseReference parses an image reference. Registries on the loopback
@@ -331,14 +333,15 @@ func (c *Cache) readBlob(hex string) ([]byte, error) {
 
 // putRemoteBlob downloads the blob d of repo into the cache, failing if
 // it receives nothing for StallTimeout or does not hash to d.Digest. A stall or a body cut
-// short is a transientError (the registry client retried the request itself already).
+// short is worth another attempt (the registry client retried the request itself already);
+// every other failure is marked fetch.Permanent.
 func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.Descriptor, opts []remote.Option) (int64, error) {
 	ctx, watch := c.watchStalls(ctx)
-	defer watch.stop()
+	defer watch.Stop()
 	ref := repo.Digest(d.Digest.String())
 	l, err := remote.Layer(ref, append(opts, remote.WithContext(ctx))...)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), causeOr(ctx, err)))
+		return 0, fetch.Permanent(fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), fetch.Cause(ctx, err))))
 	}
 	var cut bool // the body was cut short or stalled
 	got, _, n, err := c.put(d.Digest.Hex, func(w *blobFile) error {
@@ -347,7 +350,7 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 			return err
 		}
 		defer rc.Close()
-		r := watch.reader(rc)
+		r := watch.Reader(rc)
 		if d.Size > 0 {
 			// A registry sending more than the manifest says cannot fill the disk.
 			r = io.LimitReader(r, d.Size+1)
@@ -358,13 +361,13 @@ func (c *Cache) putRemoteBlob(ctx context.Context, repo name.Repository, d v1.De
 	})
 	switch {
 	case errors.Is(err, errMismatch):
-		return n, fmt.Errorf("blob from %s hashes to sha256:%s, want %s", ref, got, d.Digest)
+		return n, fetch.Permanent(fmt.Errorf("blob from %s hashes to sha256:%s, want %s", ref, got, d.Digest))
 	case cut:
-		return n, transient(fmt.Errorf("%s: after %d bytes: %w", ref, n, causeOr(ctx, err)))
+		return n, fmt.Errorf("%s: after %d bytes: %w", ref, n, fetch.Cause(ctx, err))
 	case err != nil:
-		return n, fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), causeOr(ctx, err)))
+		return n, fetch.Permanent(fmt.Errorf("%s: %w", ref, RegistryError(repo.RegistryStr(), fetch.Cause(ctx, err))))
 	case d.Size > 0 && n != d.Size:
-		return n, fmt.Errorf("%s: %d bytes, the manifest says %d", ref, n, d.Size)
+		return n, fetch.Permanent(fmt.Errorf("%s: %d bytes, the manifest says %d", ref, n, d.Size))
 	}
 	return n, nil
 }

@@ -9,10 +9,11 @@ import (
 	"io/fs"
 	"net/http"
 	"path"
+	"time"
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/rootpath"
-	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/internal/fetch"
 )
 
 // Files writes storage.files entries (from config.Config.Files) below root. Remote
@@ -140,23 +141,22 @@ func (t *tree) sameContents(p string, fi fs.FileInfo, data []byte) bool {
 	return err == nil && bytes.Equal(cur, data)
 }
 
-// HTTPGetter fetches http(s) URLs with client. A status other than 200 is an error;
-// bodies larger than config.MaxSize are refused; redirects follow source.CheckRedirect
-// (at most source.MaxRedirects, never from https to http) before client's own policy.
+// HTTPGetter fetches http(s) URLs with client, once. A status other than 200 is an error;
+// bodies larger than config.MaxSize are refused; redirects follow fetch.CheckRedirect (at
+// most fetch.MaxRedirects, never from https to http) before client's own policy.
 func HTTPGetter(client *http.Client) config.Getter {
-	client = source.SafeRedirects(client)
 	return func(ctx context.Context, url string) ([]byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := client.Do(req)
+		resp, err := fetch.Do(client, req)
 		if err != nil {
 			return nil, err
 		}
 		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("server answered %s", resp.Status)
+		if err := fetch.CheckStatus(resp, time.Now()); err != nil {
+			return nil, err
 		}
 		data, err := io.ReadAll(io.LimitReader(resp.Body, config.MaxSize+1))
 		if err != nil {

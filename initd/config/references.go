@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/internal/decompress"
+	"github.com/kilnproject/kiln/internal/fetch"
 )
 
 // MaxReferenceDepth bounds how deep referenced configs nest: a config referencing one that
@@ -193,7 +194,7 @@ func (e *fetchError) Unwrap() error { return e.FieldError }
 // of reach.
 func wrongAnswer(err error) bool {
 	var tooLarge *source.TooLargeError
-	var redirect *source.RedirectError
+	var redirect *fetch.RedirectError
 	return errors.As(err, &tooLarge) || errors.As(err, &redirect)
 }
 

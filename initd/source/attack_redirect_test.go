@@ -8,11 +8,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/fetch"
 )
 
 // TestAttackRedirectDowngrade: kiln.config.url on https must not be led off TLS. A
 // redirect to http (where anyone on the path can swap the config) is refused at once,
-// without retries; http to https is followed; a chain of more than MaxRedirects is
+// without retries; http to https is followed; a chain of more than fetch.MaxRedirects is
 // refused.
 func TestAttackRedirectDowngrade(t *testing.T) {
 	var secureURL string // set once the https server runs
@@ -58,7 +60,7 @@ func TestAttackRedirectDowngrade(t *testing.T) {
 			wantSecureHits: 1, wantPlainHits: 1},
 		{name: "endless redirects refused", url: secure.URL + "/loop",
 			wantErr:        []string{"refused redirect", "more than 10 redirects"},
-			wantSecureHits: MaxRedirects + 1},
+			wantSecureHits: fetch.MaxRedirects + 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 

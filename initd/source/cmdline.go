@@ -152,64 +152,9 @@ func parseTimeout(v string) (time.Duration, error) {
 	return d, nil
 }
 
-// permanentError marks an answer that retrying will not change (HTTP 4xx, TFTP error).
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
-
 // fetcher is how CmdlineURL gets its URL: as a Fetcher with its own settings.
 func (c *CmdlineURL) fetcher() Fetcher {
 	return Fetcher{HTTPClient: c.HTTPClient, TFTP: c.TFTP, Backoff: c.Backoff, AttemptTimeout: c.AttemptTimeout, Logger: c.Logger}
-}
-
-// MaxRedirects is how many redirects an http(s) fetch follows (kiln.config.url, and
-// storage.files contents through the apply package).
-const MaxRedirects = 10
-
-// RedirectError is a redirect that SafeRedirects refused.
-type RedirectError struct {
-	From, To string
-	Reason   string
-}
-
-func (e *RedirectError) Error() string {
-	return fmt.Sprintf("refused redirect from %s to %s: %s", e.From, e.To, e.Reason)
-}
-
-// CheckRedirect is the redirect policy of kiln's http(s) fetches, for
-// http.Client.CheckRedirect: at most MaxRedirects redirects, and once a chain has been on
-// https, every later hop must be https too, so a redirect cannot strip TLS off a fetch
-// the user asked to be secure. http to https is followed.
-func CheckRedirect(req *http.Request, via []*http.Request) error {
-	prev := via[len(via)-1].URL
-	if len(via) > MaxRedirects {
-		return &RedirectError{From: prev.Redacted(), To: req.URL.Redacted(), Reason: fmt.Sprintf("more than %d redirects", MaxRedirects)}
-	}
-	if req.URL.Scheme != "https" {
-		for _, v := range via {
-			if v.URL.Scheme == "https" {
-				return &RedirectError{From: prev.Redacted(), To: req.URL.Redacted(), Reason: "a fetch that began on https must stay on https"}
-			}
-		}
-	}
-	return nil
-}
-
-// SafeRedirects returns a copy of hc that applies CheckRedirect before hc's own policy.
-func SafeRedirects(hc *http.Client) *http.Client {
-	c := *hc
-	own := hc.CheckRedirect
-	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if err := CheckRedirect(req, via); err != nil {
-			return err
-		}
-		if own != nil {
-			return own(req, via)
-		}
-		return nil
-	}
-	return &c
 }
 
 // urlVariables lists the names Expand substitutes, for error messages.

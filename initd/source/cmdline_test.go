@@ -2,7 +2,6 @@ package source
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/fetch"
 )
 
 func mustMAC(t *testing.T, s string) net.HardwareAddr {
@@ -233,8 +234,7 @@ func TestCmdlineURLUnreachableRetriesUntilDeadline(t *testing.T) {
 	if elapsed < 700*time.Millisecond || elapsed > 20*time.Second {
 		t.Errorf("gave up after %v, want the 700ms deadline (not the default two minutes)", elapsed)
 	}
-	var perm *permanentError
-	if errors.As(err, &perm) {
+	if fetch.IsPermanent(err) {
 		t.Error("a network error was treated as permanent")
 	}
 }

@@ -11,12 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnproject/kiln/internal/fetch"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // Fetcher gets http, https and tftp URLs: kiln.config.url (CmdlineURL) and the configs a
 // config references (ignition.config.merge and replace, through config.URLGetter). http(s)
-// redirects follow CheckRedirect; every answer is capped at MaxConfigSize. The zero value
+// redirects follow fetch.CheckRedirect; every answer is capped at MaxConfigSize. The zero value
 // works.
 type Fetcher struct {
 	// HTTPClient fetches http and https URLs; nil means http.DefaultClient.
@@ -32,77 +33,54 @@ type Fetcher struct {
 }
 
 // Get fetches u, trying again with exponential backoff until ctx ends: network errors, HTTP
-// 5xx and TFTP timeouts are retried, an answer retrying cannot change (HTTP 4xx, a TFTP error
-// packet, a refused redirect, an answer over the cap) fails at once.
+// 408, 429 and 5xx and TFTP timeouts are retried, an answer retrying cannot change (another
+// HTTP 4xx, a TFTP error packet, a refused redirect, an answer over the cap) fails at once.
 func (f Fetcher) Get(ctx context.Context, u *url.URL) ([]byte, error) {
 	pause := cmp.Or(f.Backoff, time.Second)
 	attemptTimeout := cmp.Or(f.AttemptTimeout, 30*time.Second)
 	logger := cmp.Or(f.Logger, slog.Default())
 	var data []byte
-	err := poll.Retry(ctx, poll.Options{
-		What:      u.Redacted(),
-		Backoff:   poll.Backoff{Initial: pause, Factor: 2, Max: 8 * pause},
-		Retryable: func(err error) bool { return !Permanent(err) },
+	retry := fetch.Retry{
+		Backoff: poll.Backoff{Initial: pause, Factor: 2, Max: 8 * pause},
 		OnRetry: func(a poll.Attempt) {
 			logger.Warn("fetch: retrying", "url", u.Redacted(), "attempt", a.N, "in", a.Pause, "err", a.Err)
 		},
-	}, func(ctx context.Context) error {
+	}
+	err := retry.Do(ctx, u.Redacted(), func(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		defer cancel()
 		var err error
 		data, err = f.Once(actx, u)
 		return err
 	})
-	var pe *poll.Error
-	if errors.As(err, &pe) {
-		// When the deadline cut the last attempt short, Last is what the attempts before it
-		// found (a refused connection, a 502): it says more than "context deadline exceeded".
-		return nil, fmt.Errorf("gave up after %d attempts: %w", pe.Attempts, cmp.Or(pe.Last, pe.Cause))
-	}
 	return data, err
 }
 
-// Once fetches u once. An error retrying cannot change is Permanent.
+// Once fetches u once. An error retrying cannot change is marked fetch.Permanent.
 func (f Fetcher) Once(ctx context.Context, u *url.URL) ([]byte, error) {
 	switch u.Scheme {
 	case "tftp":
 		return f.TFTP.Get(ctx, u.Host, strings.TrimPrefix(u.Path, "/"))
 	case "http", "https":
 	default:
-		return nil, &permanentError{fmt.Errorf("scheme %q not supported (http, https, tftp)", u.Scheme)}
+		return nil, fetch.Permanent(fmt.Errorf("scheme %q not supported (http, https, tftp)", u.Scheme))
 	}
-	hc := cmp.Or(f.HTTPClient, http.DefaultClient)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return nil, &permanentError{err}
+		return nil, fetch.Permanent(err)
 	}
-	resp, err := SafeRedirects(hc).Do(req)
+	resp, err := fetch.Do(f.HTTPClient, req)
 	if err != nil {
-		var re *RedirectError
-		if errors.As(err, &re) {
-			return nil, &permanentError{err}
-		}
 		return nil, err
 	}
 	defer resp.Body.Close()
-	switch {
-	case resp.StatusCode == http.StatusOK:
-	case resp.StatusCode >= 500:
-		return nil, fmt.Errorf("server answered %s", resp.Status)
-	default:
-		return nil, &permanentError{fmt.Errorf("server answered %s", resp.Status)}
+	if err := fetch.CheckStatus(resp, time.Now()); err != nil {
+		return nil, err
 	}
 	data, err := readLimited(resp.Body, MaxConfigSize, "the answer")
 	var tooLarge *TooLargeError
 	if errors.As(err, &tooLarge) {
-		return nil, &permanentError{err}
+		return nil, fetch.Permanent(err)
 	}
 	return data, err
-}
-
-// Permanent reports whether err is an answer that fetching again will not change: an HTTP 4xx,
-// a TFTP error packet, a refused redirect, an answer over the cap.
-func Permanent(err error) bool {
-	var perm *permanentError
-	return errors.As(err, &perm)
 }

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/fetch"
 )
 
 // TFTP opcodes (RFC 1350, RFC 2347).
@@ -65,7 +67,7 @@ func (t TFTPClient) Get(ctx context.Context, host, file string) ([]byte, error) 
 		blksize = DefaultTFTPBlockSize
 	}
 	if blksize < 8 || blksize > 65464 {
-		return nil, &permanentError{fmt.Errorf("tftp block size %d out of range 8..65464", blksize)}
+		return nil, fetch.Permanent(fmt.Errorf("tftp block size %d out of range 8..65464", blksize))
 	}
 	if _, _, err := net.SplitHostPort(host); err != nil {
 		host = net.JoinHostPort(strings.Trim(host, "[]"), "69")
@@ -185,7 +187,7 @@ func (tr *tftpTransfer) ack(block uint16) error {
 // abort tells the server why the client stops; the transfer fails with err.
 func (tr *tftpTransfer) abort(to *net.UDPAddr, code uint16, err error) error {
 	_, _ = tr.conn.WriteToUDP(tftpErrorPacket(code, err.Error()), to)
-	return &permanentError{err}
+	return fetch.Permanent(err)
 }
 
 // handle processes one packet; done is true once the last block is in.
@@ -205,7 +207,7 @@ func (tr *tftpTransfer) handle(pkt []byte, from *net.UDPAddr) (done bool, err er
 	switch op {
 	case tftpERROR:
 		msg, _, _ := bytes.Cut(pkt[4:], []byte{0})
-		return false, &permanentError{&tftpServerError{Code: binary.BigEndian.Uint16(pkt[2:]), Message: string(msg)}}
+		return false, fetch.Permanent(&tftpServerError{Code: binary.BigEndian.Uint16(pkt[2:]), Message: string(msg)})
 	case tftpOACK:
 		if tr.peer != nil {
 			if tr.expect == 1 {

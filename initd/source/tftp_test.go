@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/internal/fetch"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -128,8 +129,7 @@ func TestTFTPAgainstTFTPDHPA(t *testing.T) {
 				t.Errorf("Get took %v, want under %v", time.Since(start), tc.maxTime)
 			}
 			if tc.wantErr != "" {
-				var perm *permanentError
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.As(err, &perm) {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !fetch.IsPermanent(err) {
 					t.Fatalf("Get: err = %v, want permanent %q", err, tc.wantErr)
 				}
 				return
@@ -205,8 +205,7 @@ func TestTFTPSilentServer(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no answer from") {
 		t.Fatalf("err = %v, want no answer", err)
 	}
-	var perm *permanentError
-	if errors.As(err, &perm) {
+	if fetch.IsPermanent(err) {
 		t.Error("silence was treated as a permanent error")
 	}
 	if el := time.Since(start); el > 10*time.Second {

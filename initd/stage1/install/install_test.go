@@ -309,8 +309,8 @@ func TestInstallRetries(t *testing.T) {
 		wantTries int32
 	}{
 		{name: "two 503s", failures: 2, file: "img.raw", wantTries: 3},
-		{name: "too many 503s", failures: 10, file: "img.raw", wantErr: "(5 attempts): server answered 503", wantTries: 5},
-		{name: "404", file: "nope.raw", wantErr: "(1 attempts): server answered 404", wantTries: 1},
+		{name: "too many 503s", failures: 10, file: "img.raw", wantErr: "server answered 503 Service Unavailable (gave up after 5 attempts)", wantTries: 5},
+		{name: "404", file: "nope.raw", wantErr: "nope.raw: server answered 404 Not Found", wantTries: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

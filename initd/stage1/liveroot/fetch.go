@@ -22,11 +22,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
-	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/internal/fetch"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
@@ -65,11 +64,6 @@ type Fetcher struct {
 	MemInfo string
 }
 
-// permanent marks an error that another attempt would not change.
-type permanent struct{ error }
-
-func (p permanent) Unwrap() error { return p.error }
-
 // Fetch streams url into Dir/FileName and checks it has the sha256 want (lowercase hex). It
 // returns the file's path; on any error the file is gone.
 func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) (string, error) {
@@ -86,27 +80,23 @@ func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) 
 	if backoff == (poll.Backoff{}) {
 		backoff = DefaultBackoff
 	}
-	n, sum, part := 0, "", &partial{}
-	err = poll.Retry(ctx, poll.Options{
-		What:      "the live root image " + url,
-		Backoff:   backoff,
-		Clock:     f.Clock,
-		Retryable: func(err error) bool { return !errors.As(err, new(permanent)) },
+	sum, part := "", &partial{}
+	retry := fetch.Retry{
+		Attempts: attempts,
+		Backoff:  backoff,
+		Clock:    f.Clock,
 		OnRetry: func(a poll.Attempt) {
 			log.Warn("live root: fetch failed, trying again", "url", url, "attempt", a.N, "of", attempts, "in", a.Pause.Round(time.Millisecond), "err", a.Err)
 		},
-	}, func(ctx context.Context) error {
-		n++
+	}
+	err = retry.Do(ctx, "the live root image "+url, func(ctx context.Context) error {
 		var err error
 		sum, err = f.fetchOnce(ctx, log, url, path, room, part)
-		if err != nil && n >= attempts && !errors.As(err, new(permanent)) {
-			err = permanent{fmt.Errorf("gave up after %d attempts: %w", n, err)}
-		}
 		return err
 	})
 	if err != nil {
 		os.Remove(path)
-		return "", fmt.Errorf("live root %s: %w", url, unwrapPermanent(err))
+		return "", fmt.Errorf("live root %s: %w", url, err)
 	}
 	if sum != want {
 		os.Remove(path)
@@ -117,14 +107,6 @@ func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) 
 		return "", fmt.Errorf("live root: %w", err)
 	}
 	return path, nil
-}
-
-func unwrapPermanent(err error) error {
-	var p permanent
-	if errors.As(err, &p) {
-		return p.error
-	}
-	return err
 }
 
 // partial is what the attempts so far left in the file, for the next one to resume.
@@ -138,11 +120,11 @@ type partial struct {
 // fetchOnce makes one request, streams the answer into path (after the bytes part says an
 // earlier attempt left, when the server resumes) and returns the whole file's sha256.
 func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path string, room int64, part *partial) (string, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	ctx, watch := fetch.Watch(ctx, cmp.Or(f.Stall, defaultStall))
+	defer watch.Stop()
 	resp, err := f.request(ctx, url, part)
 	if err != nil {
-		return "", err
+		return "", fetch.Cause(ctx, err)
 	}
 	defer resp.Body.Close()
 	start, err := resumeAt(resp, part)
@@ -150,16 +132,14 @@ func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path stri
 		return "", err
 	}
 	if start+resp.ContentLength > room {
-		return "", permanent{fmt.Errorf("the image is %s, more than the %s of RAM free for it (%s kept for the system)",
-			size(start+resp.ContentLength), size(room), size(cmp.Or(f.Reserve, DefaultReserve)))}
+		return "", fetch.Permanent(fmt.Errorf("the image is %s, more than the %s of RAM free for it (%s kept for the system)",
+			size(start+resp.ContentLength), size(room), size(cmp.Or(f.Reserve, DefaultReserve))))
 	}
 	out, h, err := openAt(path, start)
 	if err != nil {
 		return "", err
 	}
-	body := &watched{r: resp.Body, stall: cmp.Or(f.Stall, defaultStall), cancel: cancel}
-	body.start()
-	defer body.stop()
+	body := watch.Reader(resp.Body)
 	p := &progress{log: log, total: -1, done: start, every: defaultProgress, last: time.Now()}
 	if resp.ContentLength >= 0 {
 		p.total = start + resp.ContentLength
@@ -167,10 +147,10 @@ func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path stri
 	err = copyLimited(io.MultiWriter(fileWriter{out, room}, h, p), body, room-start)
 	part.have = p.done
 	if cerr := out.Close(); err == nil && cerr != nil {
-		err = permanent{fmt.Errorf("write %s: %w", path, cerr)}
+		err = fetch.Permanent(fmt.Errorf("write %s: %w", path, cerr))
 	}
 	if err != nil {
-		return "", cmp.Or(context.Cause(ctx), err)
+		return "", fetch.Cause(ctx, err)
 	}
 	log.Info("live root fetched", "url", url, "bytes", p.done, "resumed_at", start)
 	return hex.EncodeToString(h.Sum(nil)), nil
@@ -180,20 +160,13 @@ func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path stri
 func (f Fetcher) request(ctx context.Context, url string, part *partial) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, permanent{err}
+		return nil, fetch.Permanent(err)
 	}
 	if part.have > 0 && part.validator != "" {
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", part.have))
 		req.Header.Set("If-Range", part.validator)
 	}
-	resp, err := source.SafeRedirects(f.client()).Do(req)
-	if err != nil {
-		if errors.As(err, new(*source.RedirectError)) {
-			return nil, permanent{err}
-		}
-		return nil, err
-	}
-	return resp, nil
+	return fetch.Do(f.client(), req)
 }
 
 // resumeAt checks the answer and returns the offset its body starts at: part.have for a 206
@@ -201,27 +174,19 @@ func (f Fetcher) request(ctx context.Context, url string, part *partial) (*http.
 // answer's validator).
 func resumeAt(resp *http.Response, part *partial) (int64, error) {
 	if resp.StatusCode == http.StatusPartialContent {
-		var first int64
-		if _, err := fmt.Sscanf(resp.Header.Get("Content-Range"), "bytes %d-", &first); err != nil || first != part.have {
+		first, err := fetch.ContentRangeStart(resp.Header.Get("Content-Range"))
+		if err != nil || first != part.have {
 			asked := part.have
 			*part = partial{} // the next attempt starts over
 			return 0, fmt.Errorf("server answered bytes %q to a request for bytes %d-", resp.Header.Get("Content-Range"), asked)
 		}
 		return first, nil
 	}
-	if err := checkStatus(resp); err != nil {
+	if err := fetch.CheckStatus(resp, time.Now()); err != nil {
 		return 0, err
 	}
-	*part = partial{validator: validator(resp.Header)}
+	*part = partial{validator: fetch.Validator(resp.Header)}
 	return 0, nil
-}
-
-// validator is the strong ETag of an answer, else its Last-Modified, else "".
-func validator(h http.Header) string {
-	if et := h.Get("ETag"); et != "" && !strings.HasPrefix(et, "W/") {
-		return et
-	}
-	return h.Get("Last-Modified")
 }
 
 // openAt opens path for writing at off, dropping what lies past it, and returns a hash that
@@ -229,7 +194,7 @@ func validator(h http.Header) string {
 func openAt(path string, off int64) (*os.File, hash.Hash, error) {
 	out, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return nil, nil, permanent{fmt.Errorf("create %s: %w", path, err)}
+		return nil, nil, fetch.Permanent(fmt.Errorf("create %s: %w", path, err))
 	}
 	h := sha256.New()
 	err = out.Truncate(off)
@@ -241,21 +206,9 @@ func openAt(path string, off int64) (*os.File, hash.Hash, error) {
 	}
 	if err != nil {
 		out.Close()
-		return nil, nil, permanent{fmt.Errorf("resume %s at byte %d: %w", path, off, err)}
+		return nil, nil, fetch.Permanent(fmt.Errorf("resume %s at byte %d: %w", path, off, err))
 	}
 	return out, h, nil
-}
-
-// checkStatus sorts an answer that is not 200: 5xx, 408 and 429 are worth another attempt.
-func checkStatus(resp *http.Response) error {
-	switch c := resp.StatusCode; {
-	case c == http.StatusOK:
-		return nil
-	case c >= 500 || c == http.StatusRequestTimeout || c == http.StatusTooManyRequests:
-		return fmt.Errorf("server answered %s", resp.Status)
-	default:
-		return permanent{fmt.Errorf("server answered %s", resp.Status)}
-	}
 }
 
 // copyLimited copies r to w and fails, without writing past it, when r holds more than limit
@@ -266,7 +219,7 @@ func copyLimited(w io.Writer, r io.Reader, limit int64) error {
 		return err
 	}
 	if n > limit {
-		return permanent{fmt.Errorf("the image is larger than the %s of RAM free for it", size(limit))}
+		return fetch.Permanent(fmt.Errorf("the image is larger than the %s of RAM free for it", size(limit)))
 	}
 	return nil
 }
@@ -282,9 +235,9 @@ func (w fileWriter) Write(b []byte) (int, error) {
 	n, err := w.f.Write(b)
 	switch {
 	case errors.Is(err, syscall.ENOSPC):
-		return n, permanent{fmt.Errorf("the image is larger than the %s of RAM free for it (%w)", size(w.room), err)}
+		return n, fetch.Permanent(fmt.Errorf("the image is larger than the %s of RAM free for it (%w)", size(w.room), err))
 	case err != nil:
-		return n, permanent{err}
+		return n, fetch.Permanent(err)
 	}
 	return n, nil
 }

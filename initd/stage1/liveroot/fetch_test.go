@@ -164,7 +164,7 @@ func TestFetch(t *testing.T) {
 		{name: "404 is not tried again", steps: []step{status(404)}, wantErr: "server answered 404 Not Found", wantHits: 1},
 		{name: "403 is not tried again", steps: []step{status(403)}, wantErr: "server answered 403 Forbidden", wantHits: 1},
 		{name: "503 every time gives up", steps: []step{status(503)}, attempts: 3,
-			wantErr: "gave up after 3 attempts: server answered 503 Service Unavailable", wantHits: 3},
+			wantErr: "server answered 503 Service Unavailable (gave up after 3 attempts)", wantHits: 3},
 		{name: "larger than the tmpfs is refused before fetching", steps: []step{body(img)}, tmpfs: 2 << 20,
 			wantErr: "the image is 3145745 bytes, more than the 2097152 bytes of RAM free for it", wantHits: 1},
 		{name: "larger than the tmpfs without content-length", steps: []step{chunked(img)}, tmpfs: 2 << 20,
