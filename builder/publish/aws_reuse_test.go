@@ -250,7 +250,7 @@ func TestPublishAWSPlainHTTP(t *testing.T) {
 			a := NewAWS(AWSConfig{
 				Config: aws.Config{
 					Region:      testRegion,
-					Credentials: credentials.NewStaticCredentialsProvider(publishtest.AWSAccessKeyID, publishtest.AWSSecretAccessKey, "session-token"),
+					Credentials: credentials.NewStaticCredentialsProvider(publishtest.AWSAccessKeyID, publishtest.AWSSecretAccessKey, publishtest.AWSSessionToken),
 					HTTPClient:  f.Client(),
 				},
 				Endpoint:     f.URL(),

@@ -1,12 +1,8 @@
 package dns
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/xml"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,9 +15,10 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/route53"
+
+	"github.com/kilnproject/kiln/internal/cloudfake"
 )
 
 const r53NS = "https://route53.amazonaws.com/doc/2013-04-01/"
@@ -89,48 +86,15 @@ func (f *fakeRoute53) fail(w http.ResponseWriter, status int, code, msg string) 
 	fmt.Fprintf(w, `<?xml version="1.0"?><ErrorResponse xmlns=%q><Error><Type>Sender</Type><Code>%s</Code><Message>%s</Message></Error><RequestId>r1</RequestId></ErrorResponse>`, r53NS, code, msg)
 }
 
-// checkSignature re-signs the request with the secret the fake knows and compares.
+// checkSignature checks r as AWS does (cloudfake.CheckSigV4) with the key the fake knows,
+// and that it was signed for Route 53.
 func (f *fakeRoute53) checkSignature(r *http.Request, body []byte) error {
-	auth := r.Header.Get("Authorization")
-	m := strings.SplitN(auth, " ", 2)
-	if len(m) != 2 || m[0] != "AWS4-HMAC-SHA256" {
-		return fmt.Errorf("authorization %q is not SigV4", auth)
-	}
-	var cred, signed string
-	for _, part := range strings.Split(m[1], ", ") {
-		k, v, _ := strings.Cut(part, "=")
-		switch k {
-		case "Credential":
-			cred = v
-		case "SignedHeaders":
-			signed = v
-		}
-	}
-	scope := strings.Split(cred, "/") // key/date/region/service/aws4_request
-	if len(scope) != 5 || scope[0] != f.key || scope[3] != "route53" || scope[4] != "aws4_request" {
-		return fmt.Errorf("credential scope %q is not %s/…/route53/aws4_request", cred, f.key)
-	}
-	when, err := time.Parse("20060102T150405Z", r.Header.Get("X-Amz-Date"))
-	if err != nil {
-		return fmt.Errorf("X-Amz-Date: %v", err)
-	}
-	if !strings.Contains(signed, "host") || !strings.Contains(signed, "x-amz-date") {
-		return fmt.Errorf("signed headers %q lack host or x-amz-date", signed)
-	}
-	req, _ := http.NewRequest(r.Method, "http://"+r.Host+r.URL.RequestURI(), bytes.NewReader(body))
-	for _, h := range strings.Split(signed, ";") {
-		if h != "host" {
-			req.Header[http.CanonicalHeaderKey(h)] = r.Header.Values(h)
-		}
-	}
-	sum := sha256.Sum256(body)
-	err = v4.NewSigner().SignHTTP(context.Background(), aws.Credentials{AccessKeyID: f.key, SecretAccessKey: f.secret},
-		req, hex.EncodeToString(sum[:]), "route53", scope[2], when)
+	scope, err := cloudfake.CheckSigV4(r, body, cloudfake.AWSCredentials{AccessKeyID: f.key, SecretAccessKey: f.secret})
 	if err != nil {
 		return err
 	}
-	if req.Header.Get("Authorization") != auth {
-		return errors.New("signature does not match")
+	if scope.Service != "route53" {
+		return fmt.Errorf("signed for service %s, not route53", scope.Service)
 	}
 	return nil
 }

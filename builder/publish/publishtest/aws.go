@@ -2,10 +2,8 @@ package publishtest
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"encoding/xml"
@@ -22,19 +20,18 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/kilnproject/kiln/internal/cloudfake"
 )
 
 const (
-	// AWSAccessKeyID and AWSSecretAccessKey are the only credentials AWS accepts.
+	// AWSAccessKeyID and AWSSecretAccessKey are the only credentials AWS accepts, alone or
+	// with AWSSessionToken (temporary credentials); any other session token is refused.
 	AWSAccessKeyID     = "AKIDKILNTEST"
 	AWSSecretAccessKey = "kiln-test-secret"
+	AWSSessionToken    = "kiln-test-session-token"
 	// AWSAccount is the account that owns what AWS keeps.
 	AWSAccount = "111122223333"
 	// EBSBlockSize is the size of an EBS snapshot block.
@@ -228,8 +225,6 @@ func (f *AWS) newID(prefix string) string {
 	return fmt.Sprintf("%s-%017x", prefix, f.next)
 }
 
-var authRE = regexp.MustCompile(`^AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, SignedHeaders=([^,]+), Signature=[0-9a-f]{64}$`)
-
 func (f *AWS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -282,7 +277,7 @@ var queryVersions = map[string]string{"ec2": "2016-11-15", "sts": "2011-06-15"}
 // refuse answers a request AWS cannot authenticate with the service's error. A request signed
 // with the test's access key but not verifiable is a fault of the client's: the test fails.
 func (f *AWS) refuse(w http.ResponseWriter, r *http.Request, service string, err error) {
-	var bad *badCredentials
+	var bad *cloudfake.CredentialsError
 	if !errors.As(err, &bad) {
 		f.t.Errorf("%s %s not signed as AWS would accept: %v", r.Method, r.URL.Path, err)
 	}
@@ -361,50 +356,16 @@ func (f *AWS) fail(w http.ResponseWriter, reg *regionState, service, op string) 
 	return false, false
 }
 
-// badCredentials is a request signed with credentials AWS does not know: another access key,
-// or the test's key with another secret.
-type badCredentials struct{ why string }
-
-func (e *badCredentials) Error() string { return e.why }
-
-// verifySigV4 checks r's signature with the test credentials and returns its scope's
-// region and service (the service also when it fails, if the scope names it).
+// verifySigV4 checks r's signature with the test credentials (cloudfake.CheckSigV4) and
+// returns its scope's region and service (the service also when it fails, if the scope
+// names it).
 func verifySigV4(r *http.Request, body []byte) (region, service string, err error) {
-	auth := r.Header.Get("Authorization")
-	m := authRE.FindStringSubmatch(auth)
-	if m == nil {
-		return "", "", fmt.Errorf("Authorization %q is not SigV4", auth)
+	creds := cloudfake.AWSCredentials{AccessKeyID: AWSAccessKeyID, SecretAccessKey: AWSSecretAccessKey}
+	if r.Header.Get("X-Amz-Security-Token") == AWSSessionToken {
+		creds.SessionToken = AWSSessionToken
 	}
-	if m[1] != AWSAccessKeyID {
-		return m[3], m[4], &badCredentials{"access key " + m[1]}
-	}
-	when, err := time.Parse("20060102T150405Z", r.Header.Get("X-Amz-Date"))
-	if err != nil {
-		return m[3], m[4], fmt.Errorf("X-Amz-Date: %w", err)
-	}
-	check, err := http.NewRequest(r.Method, "https://"+r.Host+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		return m[3], m[4], err
-	}
-	check.ContentLength = r.ContentLength
-	for _, h := range strings.Split(m[5], ";") {
-		if h != "host" && h != "content-length" {
-			check.Header[http.CanonicalHeaderKey(h)] = r.Header.Values(h)
-		}
-	}
-	payload := r.Header.Get("X-Amz-Content-Sha256")
-	if payload == "" {
-		sum := sha256.Sum256(body)
-		payload = hex.EncodeToString(sum[:])
-	}
-	creds := aws.Credentials{AccessKeyID: AWSAccessKeyID, SecretAccessKey: AWSSecretAccessKey}
-	if err := v4.NewSigner().SignHTTP(context.Background(), creds, check, payload, m[4], m[3], when); err != nil {
-		return m[3], m[4], err
-	}
-	if got := check.Header.Get("Authorization"); got != auth {
-		return m[3], m[4], &badCredentials{fmt.Sprintf("signature mismatch:\n got  %s\n want %s", auth, got)}
-	}
-	return m[3], m[4], nil
+	scope, err := cloudfake.CheckSigV4(r, body, creds)
+	return scope.Region, scope.Service, err
 }
 
 var (
