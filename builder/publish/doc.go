@@ -8,8 +8,9 @@
 // blocks, read back, are the file's; a GCE image only when it has the name asked for and its
 // description the whole digest.
 //
-// AWS (aws*.go) uploads a raw disk through the EBS direct APIs into a snapshot and registers an
-// AMI from it; GCE (gce*.go) uploads the gce tarball to Cloud Storage in a resumable upload and
-// creates a Compute Engine image from it. A failure part-way deletes what the run created, or
-// names what is left.
+// Each cloud is a package beside this one that implements Publisher: aws uploads a raw disk
+// through the EBS direct APIs into a snapshot and registers an AMI from it; gce uploads the gce
+// tarball to Cloud Storage in a resumable upload and creates a Compute Engine image from it. A
+// failure part-way deletes what the run created, or names what is left. publishtest holds the
+// fakes of both clouds' APIs the tests run against.
 package publish

@@ -1,59 +1,15 @@
 package publish
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/builder/publish/publishtest"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
-
-// testImage writes a sparse raw disk of size bytes, dir/aws-worker.raw, with data at the
-// offsets given, and its metadata as a bake writes it. It returns the file's path and
-// content.
-func testImage(t testing.TB, dir string, size int64, data map[int64][]byte) (string, []byte) {
-	t.Helper()
-	path := filepath.Join(dir, "aws-worker.raw")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	content := make([]byte, size)
-	for off, b := range data {
-		if _, err := f.WriteAt(b, off); err != nil {
-			t.Fatal(err)
-		}
-		copy(content[off:], b)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(content)
-	writeMetadata(t, dir, "aws-worker", &nodeimage.Metadata{
-		Name: "aws", Role: "worker", Platform: "aws", Kernel: nodeimage.KernelInfo{Version: "6.1.0-test"},
-		Disk:    &nodeimage.DiskInfo{Size: size},
-		Outputs: []nodeimage.OutputInfo{{Format: "raw", File: "aws-worker.raw", Size: size, SHA256: hex.EncodeToString(sum[:])}},
-	})
-	return path, content
-}
-
-func writeMetadata(t testing.TB, dir, stem string, md *nodeimage.Metadata) {
-	t.Helper()
-	data, err := json.MarshalIndent(md, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, stem+".json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // Load finds the output's entry in the sidecar metadata, and refuses a file that is not
 // the one the bake wrote or metadata without a digest.
@@ -93,13 +49,13 @@ func TestLoad(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			testImage(t, dir, 4<<20, map[int64][]byte{0: []byte("kiln")})
+			publishtest.RawImage(t, dir, 4<<20, map[int64][]byte{0: []byte("kiln")})
 			data, _ := os.ReadFile(filepath.Join(dir, "aws-worker.json"))
 			md := new(nodeimage.Metadata)
 			json.Unmarshal(data, md)
 			path := tc.edit(t, dir, md)
 			if _, err := os.Stat(filepath.Join(dir, "aws-worker.json")); err == nil {
-				writeMetadata(t, dir, "aws-worker", md)
+				publishtest.WriteMetadata(t, dir, "aws-worker", md)
 			}
 			im, err := Load(path)
 			if tc.want != "" {

@@ -1,7 +1,12 @@
 package main
 
 import (
+	"encoding/json"
+	"io"
+
 	"github.com/spf13/cobra"
+
+	"github.com/kilnproject/kiln/builder/publish"
 )
 
 func newPublishCmd() *cobra.Command {
@@ -19,4 +24,24 @@ image is one it made of that file (see each subcommand's help for what it checks
 	}
 	cmd.AddCommand(newPublishAWSCmd(), newPublishGCECmd())
 	return cmd
+}
+
+// publishTo publishes im with p (the verb has built it from its flags) and prints the
+// result: its JSON with -o json, else its text.
+func publishTo(cmd *cobra.Command, p publish.Publisher, im *publish.Image, format string) error {
+	res, err := p.Publish(cmd.Context(), im)
+	if err != nil {
+		return err
+	}
+	return printResult(cmd.OutOrStdout(), format, res)
+}
+
+// printResult writes res as JSON (format "json") or as its text.
+func printResult(w io.Writer, format string, res publish.Result) error {
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	return res.WriteText(w)
 }

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/builder/publish"
+	"github.com/kilnproject/kiln/builder/publish/aws"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
@@ -92,14 +91,10 @@ says why kiln took it for this file.`,
 			if err != nil {
 				return fmt.Errorf("publish aws: AWS configuration: %w", err)
 			}
-			a := publish.NewAWS(publish.AWSConfig{Config: cfg, Endpoint: endpoint, InsecureHTTP: insecureHTTP})
-			a.Log = slog.Default()
+			a := aws.New(aws.Config{Config: cfg, Endpoint: endpoint, InsecureHTTP: insecureHTTP})
+			a.Request, a.Log = req, slog.Default()
 			a.Progress = newProgress(cmd.ErrOrStderr(), a.Log)
-			res, err := a.Publish(cmd.Context(), im, req)
-			if err != nil {
-				return err
-			}
-			return printPublishAWS(cmd.OutOrStdout(), format, res)
+			return publishTo(cmd, a, im, format)
 		},
 	}
 	f := cmd.Flags()
@@ -118,8 +113,8 @@ says why kiln took it for this file.`,
 
 // awsRequest makes the publish request of the flags, refusing bad ones as usage errors
 // naming the flag.
-func awsRequest(name, region string, tags, shareWith, copyTo []string) (publish.AWSRequest, error) {
-	req := publish.AWSRequest{Name: name, Tags: map[string]string{}, ShareWith: shareWith, CopyTo: copyTo}
+func awsRequest(name, region string, tags, shareWith, copyTo []string) (aws.Request, error) {
+	req := aws.Request{Name: name, Tags: map[string]string{}, ShareWith: shareWith, CopyTo: copyTo}
 	for _, t := range tags {
 		k, v, ok := strings.Cut(t, "=")
 		if !ok || k == "" {
@@ -131,7 +126,7 @@ func awsRequest(name, region string, tags, shareWith, copyTo []string) (publish.
 		req.Tags[k] = v
 	}
 	if err := req.Validate(region); err != nil {
-		var re *publish.RequestError
+		var re *aws.RequestError
 		if errors.As(err, &re) {
 			return req, exitcode.Usagef("--%s %v", re.Field, re.Err)
 		}
@@ -140,42 +135,13 @@ func awsRequest(name, region string, tags, shareWith, copyTo []string) (publish.
 	return req, nil
 }
 
-func printPublishAWS(w io.Writer, format string, res *publish.AWSResult) error {
-	if format == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
-	}
-	how := "registered"
-	if res.Reused {
-		how = "found (nothing uploaded)"
-	}
-	fmt.Fprintf(w, "%s\t%s\tsnapshot %s\t%s\n", res.Region, res.ImageID, res.SnapshotID, how)
-	if res.Reason != "" {
-		fmt.Fprintf(w, "reused: %s\n", res.Reason)
-	}
-	regions := make([]string, 0, len(res.Copies))
-	for r := range res.Copies {
-		regions = append(regions, r)
-	}
-	sort.Strings(regions)
-	for _, r := range regions {
-		fmt.Fprintf(w, "%s\t%s\tcopy\n", r, res.Copies[r])
-	}
-	if u := res.Upload; u != nil {
-		fmt.Fprintf(w, "uploaded %d blocks (%d MiB) in %s, %.1f MiB/s; %d zero blocks skipped\n",
-			u.Uploaded, u.Bytes>>20, u.Elapsed.Round(time.Second), u.MiBps(), u.Skipped)
-	}
-	return nil
-}
-
 // newProgress shows an upload's progress: one line rewritten on a terminal, otherwise a
 // log line every 15 seconds and at the end.
-func newProgress(w io.Writer, log *slog.Logger) func(publish.UploadProgress) {
+func newProgress(w io.Writer, log *slog.Logger) func(aws.UploadProgress) {
 	tty := isTerminal(w)
 	var mu sync.Mutex
 	var last time.Time
-	return func(p publish.UploadProgress) {
+	return func(p aws.UploadProgress) {
 		mu.Lock()
 		defer mu.Unlock()
 		done := p.Uploaded + p.Skipped

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kilnproject/kiln/builder/publish"
+	"github.com/kilnproject/kiln/builder/publish/aws"
 	"github.com/kilnproject/kiln/builder/publish/publishtest"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
@@ -71,7 +71,7 @@ func TestPublishAWSCommand(t *testing.T) {
 					t.Setenv("AWS_ENDPOINT_URL_"+service, f.URL())
 				}
 			}
-			var res publish.AWSResult
+			var res aws.Result
 			kilnJSON(t, &res, args...)
 			if res.Reused || res.Region != "eu-west-1" || len(res.Copies) != 1 {
 				t.Errorf("-o json: %+v, want a new image in eu-west-1 and one copy", res)
@@ -85,7 +85,7 @@ func TestPublishAWSCommand(t *testing.T) {
 			}
 
 			puts := f.Calls("PutSnapshotBlock")
-			var again publish.AWSResult
+			var again aws.Result
 			kilnJSON(t, &again, args...)
 			if !again.Reused || again.ImageID != res.ImageID || again.SnapshotID != res.SnapshotID || !maps.Equal(again.Copies, res.Copies) {
 				t.Errorf("second publish printed %+v, want the ids of %+v, reused", again, res)
@@ -120,7 +120,7 @@ func checkAMI(t *testing.T, f *publishtest.AWS, region, id, snap string, content
 			t.Errorf("RegisterImage %s = %q, want %q", k, got, want)
 		}
 	}
-	if img.Tags["team"] != "platform" || len(img.Tags[publish.DigestTag]) != 64 || strings.Join(img.LaunchPermission, ",") != "444455556666" {
+	if img.Tags["team"] != "platform" || len(img.Tags[aws.DigestTag]) != 64 || strings.Join(img.LaunchPermission, ",") != "444455556666" {
 		t.Errorf("AMI tags %v, launch permission %v", img.Tags, img.LaunchPermission)
 	}
 }
@@ -202,7 +202,7 @@ func TestPublishAWSCommandPlainHTTP(t *testing.T) {
 			}
 			if tc.insecure {
 				args = append(args, "--insecure-http")
-				var res publish.AWSResult
+				var res aws.Result
 				kilnJSON(t, &res, args...)
 				if err := f.SnapshotMatches("eu-west-1", res.SnapshotID, content); err != nil {
 					t.Error(err)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kilnproject/kiln/builder/publish"
+	"github.com/kilnproject/kiln/builder/publish/aws"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
@@ -46,8 +46,8 @@ func TestPublishAWSFlags(t *testing.T) {
 // -o json prints the ids under the names a CI step reads.
 func TestPublishAWSJSON(t *testing.T) {
 	var b bytes.Buffer
-	res := &publish.AWSResult{ImageID: "ami-1", SnapshotID: "snap-1", Region: "eu-west-1", Copies: map[string]string{"us-east-1": "ami-2"}, Reused: true}
-	if err := printPublishAWS(&b, "json", res); err != nil {
+	res := &aws.Result{ImageID: "ami-1", SnapshotID: "snap-1", Region: "eu-west-1", Copies: map[string]string{"us-east-1": "ami-2"}, Reused: true}
+	if err := printResult(&b, "json", res); err != nil {
 		t.Fatal(err)
 	}
 	var got map[string]any

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,13 +10,13 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/api/option"
 
-	"github.com/kilnproject/kiln/builder/publish"
+	"github.com/kilnproject/kiln/builder/publish/gce"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
 func newPublishGCECmd() *cobra.Command {
 	var (
-		o         publish.GCEOptions
+		o         gce.Options
 		labels    []string
 		format    string
 		chunkMiB  int
@@ -74,16 +73,16 @@ file.`,
 			if format != "table" && format != "json" {
 				return exitcode.Usagef("-o: unknown output format %q (want table or json)", format)
 			}
-			if err := publish.CheckGCEImageName(o.Name); err != nil {
+			if err := gce.CheckImageName(o.Name); err != nil {
 				return exitcode.Usagef("--name: %v", err)
 			}
 			if o.Family != "" {
-				if err := publish.CheckGCEImageName(o.Family); err != nil {
+				if err := gce.CheckImageName(o.Family); err != nil {
 					return exitcode.Usagef("--family: %v", err)
 				}
 			}
 			var err error
-			if o.Labels, err = publish.ParseGCELabels(labels); err != nil {
+			if o.Labels, err = gce.ParseLabels(labels); err != nil {
 				return exitcode.Usagef("--label %v", err)
 			}
 			if chunkMiB < 1 {
@@ -97,13 +96,13 @@ file.`,
 			if noAuth {
 				o.ClientOptions = append(o.ClientOptions, option.WithoutAuthentication())
 			}
-			o.File, o.ChunkSize, o.Log = args[0], chunkMiB<<20, slog.Default()
-			o.Progress = gceProgress(cmd.ErrOrStderr())
-			res, err := publish.PublishGCE(cmd.Context(), o)
+			im, err := gce.Load(args[0])
 			if err != nil {
-				return err
+				return fmt.Errorf("publish gce: %w", err)
 			}
-			return printGCEResult(cmd.OutOrStdout(), format, res)
+			o.ChunkSize, o.Log = chunkMiB<<20, slog.Default()
+			o.Progress = gceProgress(cmd.ErrOrStderr())
+			return publishTo(cmd, &gce.Publisher{Options: o}, im, format)
 		},
 	}
 	f := cmd.Flags()
@@ -137,24 +136,6 @@ func checkEndpoint(ep string, plainOK bool, allowFlag string) error {
 	}
 	if u.Scheme == "http" && !plainOK {
 		return fmt.Errorf("%q: credentials would go in clear text; use https, or %s for an emulator", ep, allowFlag)
-	}
-	return nil
-}
-
-// printGCEResult writes what publish gce made as a table or JSON.
-func printGCEResult(w io.Writer, format string, res *publish.GCEResult) error {
-	if format == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
-	}
-	fmt.Fprintf(w, "image     %s\nselfLink  %s\n", res.Image, res.SelfLink)
-	if res.Object != "" {
-		fmt.Fprintf(w, "object    %s\n", res.Object)
-	}
-	fmt.Fprintf(w, "reused    %t\n", res.Reused)
-	if res.Reason != "" {
-		fmt.Fprintf(w, "because   %s\n", res.Reason)
 	}
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/kilnproject/kiln/builder/output"
-	"github.com/kilnproject/kiln/builder/publish"
+	"github.com/kilnproject/kiln/builder/publish/gce"
 	"github.com/kilnproject/kiln/builder/publish/publishtest"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
@@ -53,7 +53,7 @@ func TestPublishGCECommand(t *testing.T) {
 			} else {
 				args = append(args, "--storage-endpoint", gcs.URL())
 			}
-			var res publish.GCEResult
+			var res gce.Result
 			kilnJSON(t, &res, args...)
 			im := compute.Image("kiln-worker-1")
 			if im == nil || res.Image != im.Name || res.SelfLink != im.SelfLink || res.Object != "gs://kiln-images/kiln-worker-1.tar.gz" || res.Reused {
@@ -63,7 +63,7 @@ func TestPublishGCECommand(t *testing.T) {
 			if !bytes.Equal(compute.Source(im.Name), want) {
 				t.Errorf("the image was not made from the bytes of %s", tgz)
 			}
-			if im.Family != "kiln-worker" || im.Labels["role"] != "worker" || im.Labels[publish.GCEDigestLabel] == "" {
+			if im.Family != "kiln-worker" || im.Labels["role"] != "worker" || im.Labels[gce.DigestLabel] == "" {
 				t.Errorf("image family %q, labels %v", im.Family, im.Labels)
 			}
 			if objs := gcs.Objects(t, "kiln-images"); keep != (len(objs) == 1) {
@@ -71,7 +71,7 @@ func TestPublishGCECommand(t *testing.T) {
 			}
 
 			starts, _, _ := gcs.Uploads()
-			var again publish.GCEResult
+			var again gce.Result
 			kilnJSON(t, &again, args...)
 			if now, _, _ := gcs.Uploads(); !again.Reused || again.Image != res.Image || again.SelfLink != res.SelfLink || now != starts {
 				t.Errorf("second publish printed %+v after %d uploads (%d before), want %s reused", again, now, starts, res.Image)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kilnproject/kiln/builder/publish"
+	"github.com/kilnproject/kiln/builder/publish/gce"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
@@ -47,8 +47,8 @@ func TestPublishGCEUsage(t *testing.T) {
 // -o json prints the fields a CI step reads, under the names the README gives.
 func TestPrintGCEResultJSON(t *testing.T) {
 	var out bytes.Buffer
-	res := &publish.GCEResult{Image: "kiln-worker-7", SelfLink: "https://www.googleapis.com/compute/v1/projects/p/global/images/kiln-worker-7", Object: "gs://b/kiln-worker-7.tar.gz"}
-	if err := printGCEResult(&out, "json", res); err != nil {
+	res := &gce.Result{Image: "kiln-worker-7", SelfLink: "https://www.googleapis.com/compute/v1/projects/p/global/images/kiln-worker-7", Object: "gs://b/kiln-worker-7.tar.gz"}
+	if err := printResult(&out, "json", res); err != nil {
 		t.Fatal(err)
 	}
 	var got map[string]any

@@ -1,4 +1,4 @@
-package publish
+package gce
 
 import (
 	"bytes"
@@ -101,9 +101,9 @@ func newGCEEnv(t testing.TB) *gceEnv {
 }
 
 // options publishes file as image name through env, in chunks of 256 KiB.
-func (e *gceEnv) options(file, name string) GCEOptions {
-	return GCEOptions{
-		File: file, Project: testProject, Bucket: testBucket, Name: name, Family: "kiln-worker",
+func (e *gceEnv) options(file, name string) Options {
+	return Options{
+		file: file, Project: testProject, Bucket: testBucket, Name: name, Family: "kiln-worker",
 		Labels: map[string]string{"role": "worker"}, ChunkSize: 256 << 10,
 		StorageEndpoint: e.gcs.URL(), ComputeEndpoint: e.compute.URL(),
 		ClientOptions: []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: publishtest.GoogleToken}))},
@@ -124,7 +124,7 @@ func TestPublishGCE(t *testing.T) {
 	var progress []int64
 	o := env.options(file, "kiln-worker-1")
 	o.Progress = func(sent, total int64) { progress = append(progress, sent) }
-	res, err := PublishGCE(context.Background(), o)
+	res, err := publishFile(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestPublishGCE(t *testing.T) {
 		t.Errorf("declared checksums %v, want the file's", d)
 	}
 	im := env.compute.Image("kiln-worker-1")
-	if im.Family != "kiln-worker" || im.Labels["role"] != "worker" || im.Labels[GCEDigestLabel] != digest[:63] || !strings.Contains(im.Description, "sha256:"+digest) {
+	if im.Family != "kiln-worker" || im.Labels["role"] != "worker" || im.Labels[DigestLabel] != digest[:63] || !strings.Contains(im.Description, "sha256:"+digest) {
 		t.Errorf("image family %q labels %v description %q", im.Family, im.Labels, im.Description)
 	}
 	if objs := env.gcs.Objects(t, testBucket); len(objs) != 0 {
@@ -157,7 +157,7 @@ func TestPublishGCE(t *testing.T) {
 
 	starts, _, _ := env.gcs.Uploads()
 	inserts := env.compute.Count("POST images/")
-	again, err := PublishGCE(context.Background(), o)
+	again, err := publishFile(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,20 +180,20 @@ func TestPublishGCEReuse(t *testing.T) {
 		want   string // the error; "" for none
 	}{
 		{name: "same label and description, another name", plant: func(d string) *compute.Image {
-			return &compute.Image{Name: "kiln-planted", Status: "READY", Labels: map[string]string{GCEDigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
+			return &compute.Image{Name: "kiln-planted", Status: "READY", Labels: map[string]string{DigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
 		}},
 		{name: "the name, READY, label and description", reused: true, plant: func(d string) *compute.Image {
-			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
+			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{DigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
 		}},
 		{name: "the name and label, the description another digest", want: "made from another file", plant: func(d string) *compute.Image {
 			other := d[:63] + map[bool]string{true: "1", false: "0"}[d[63] == '0']
-			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: d[:63]}, Description: "kiln image; sha256:" + other}
+			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{DigestLabel: d[:63]}, Description: "kiln image; sha256:" + other}
 		}},
 		{name: "the name and label, no description", want: "made from another file", plant: func(d string) *compute.Image {
-			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: d[:63]}}
+			return &compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{DigestLabel: d[:63]}}
 		}},
 		{name: "the name, not READY", want: "is PENDING", plant: func(d string) *compute.Image {
-			return &compute.Image{Name: "kiln-worker", Status: "PENDING", Labels: map[string]string{GCEDigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
+			return &compute.Image{Name: "kiln-worker", Status: "PENDING", Labels: map[string]string{DigestLabel: d[:63]}, Description: "kiln image; sha256:" + d}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -202,7 +202,7 @@ func TestPublishGCEReuse(t *testing.T) {
 			digest := sha256Of(t, file)
 			planted := tc.plant(digest)
 			env.compute.PutImage(planted)
-			res, err := PublishGCE(context.Background(), env.options(file, "kiln-worker"))
+			res, err := publishFile(context.Background(), env.options(file, "kiln-worker"))
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) || starts(env) != 0 || env.compute.Count("POST images/") != 0 {
 					t.Fatalf("publish = %+v, %v, %d uploads, %d inserts; want %q before any upload", res, err, starts(env), env.compute.Count("POST images/"), tc.want)
@@ -217,7 +217,7 @@ func TestPublishGCEReuse(t *testing.T) {
 			}
 			if !tc.reused {
 				want, _ := os.ReadFile(file)
-				if !bytes.Equal(env.compute.Source("kiln-worker"), want) || env.compute.Image(planted.Name).Labels[GCEDigestLabel] != digest[:63] {
+				if !bytes.Equal(env.compute.Source("kiln-worker"), want) || env.compute.Image(planted.Name).Labels[DigestLabel] != digest[:63] {
 					t.Errorf("kiln-worker not made from %s, or %s touched", file, planted.Name)
 				}
 			}
@@ -231,11 +231,11 @@ func TestPublishGCEHashesFirst(t *testing.T) {
 	env := newGCEEnv(t)
 	file := gceOutput(t, 1)
 	digest := sha256Of(t, file)
-	env.compute.PutImage(&compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: digest[:63]}, Description: "kiln image; sha256:" + digest})
+	env.compute.PutImage(&compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{DigestLabel: digest[:63]}, Description: "kiln image; sha256:" + digest})
 	fh, _ := os.OpenFile(file, os.O_WRONLY, 0)
 	fh.WriteAt([]byte("not what was baked"), 1000)
 	fh.Close()
-	res, err := PublishGCE(context.Background(), env.options(file, "kiln-worker"))
+	res, err := publishFile(context.Background(), env.options(file, "kiln-worker"))
 	if err == nil || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "its metadata says "+digest) {
 		t.Fatalf("publish of a file that differs from its metadata = %+v, %v; want refused, naming it and both digests", res, err)
 	}
@@ -264,7 +264,7 @@ func TestPublishGCEObjectRace(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			env := newGCEEnv(t)
 			tc.race(env)
-			res, err := PublishGCE(context.Background(), env.options(gceOutput(t, 1), "kiln-worker"))
+			res, err := publishFile(context.Background(), env.options(gceOutput(t, 1), "kiln-worker"))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("publish = %+v, %v; want an error with %q", res, err, tc.want)
 			}
@@ -298,7 +298,7 @@ func TestPublishGCEResumes(t *testing.T) {
 			file := gceOutput(t, 2)
 			o := env.options(file, "kiln-worker")
 			o.KeepObject = true
-			if _, err := PublishGCE(context.Background(), o); err != nil {
+			if _, err := publishFile(context.Background(), o); err != nil {
 				t.Fatal(err)
 			}
 			want, _ := os.ReadFile(file)
@@ -317,37 +317,37 @@ func TestPublishGCEResumes(t *testing.T) {
 func TestPublishGCEFails(t *testing.T) {
 	tests := []struct {
 		name    string
-		setup   func(t testing.TB, env *gceEnv, o *GCEOptions)
+		setup   func(t testing.TB, env *gceEnv, o *Options)
 		wantErr string
 		inserts int // images.insert calls expected
 	}{
 		{
 			name:    "insert forbidden",
-			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.compute.ForbidInsert() },
+			setup:   func(_ testing.TB, env *gceEnv, _ *Options) { env.compute.ForbidInsert() },
 			wantErr: "images.insert kiln-worker: permission compute.images.create denied",
 			inserts: 1,
 		},
 		{
 			name:    "upload forbidden",
-			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.gcs.Forbid() },
+			setup:   func(_ testing.TB, env *gceEnv, _ *Options) { env.gcs.Forbid() },
 			wantErr: "permission storage.objects.create denied",
 		},
 		{
 			name:    "operation fails",
-			setup:   func(_ testing.TB, env *gceEnv, _ *GCEOptions) { env.compute.FailOperation() },
+			setup:   func(_ testing.TB, env *gceEnv, _ *Options) { env.compute.FailOperation() },
 			wantErr: "IMAGE_IMPORT_ERROR: Image import failed",
 			inserts: 1,
 		},
 		{
 			name: "sha256 differs from the metadata",
-			setup: func(t testing.TB, _ *gceEnv, o *GCEOptions) {
-				writeSidecar(t, o.File, strings.Repeat("ab", 32))
+			setup: func(t testing.TB, _ *gceEnv, o *Options) {
+				writeSidecar(t, o.file, strings.Repeat("ab", 32))
 			},
 			wantErr: "the file changed since the bake",
 		},
 		{
 			name: "corrupted on the way",
-			setup: func(_ testing.TB, env *gceEnv, o *GCEOptions) {
+			setup: func(_ testing.TB, env *gceEnv, o *Options) {
 				o.ChunkSize = 64 << 20 // one request, whose MD5 and CRC32C the emulator checks
 				env.gcs.Fail(publishtest.GCSCorrupt, 1)
 			},
@@ -355,15 +355,15 @@ func TestPublishGCEFails(t *testing.T) {
 		},
 		{
 			name: "name taken by another image",
-			setup: func(_ testing.TB, env *gceEnv, _ *GCEOptions) {
-				env.compute.PutImage(&compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{GCEDigestLabel: "0123"}})
+			setup: func(_ testing.TB, env *gceEnv, _ *Options) {
+				env.compute.PutImage(&compute.Image{Name: "kiln-worker", Status: "READY", Labels: map[string]string{DigestLabel: "0123"}})
 			},
 			wantErr: "--name kiln-worker: image exists in project kiln-test, made from another file",
 		},
 		{
 			name: "not the gce format",
-			setup: func(_ testing.TB, _ *gceEnv, o *GCEOptions) {
-				o.File = strings.TrimSuffix(o.File, ".tar.gz") + ".qcow2"
+			setup: func(_ testing.TB, _ *gceEnv, o *Options) {
+				o.file = strings.TrimSuffix(o.file, ".tar.gz") + ".qcow2"
 			},
 			wantErr: "a qcow2 output; GCE takes the gce format",
 		},
@@ -373,7 +373,7 @@ func TestPublishGCEFails(t *testing.T) {
 			env := newGCEEnv(t)
 			o := env.options(gceOutput(t, 1), "kiln-worker")
 			tt.setup(t, env, &o)
-			_, err := PublishGCE(context.Background(), o)
+			_, err := publishFile(context.Background(), o)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
 			}
@@ -409,7 +409,7 @@ func TestPublishGCEObjectExists(t *testing.T) {
 				content = []byte("another image")
 			}
 			env.gcs.PutObject(testBucket, "kiln-worker.tar.gz", content)
-			res, err := PublishGCE(context.Background(), env.options(file, "kiln-worker"))
+			res, err := publishFile(context.Background(), env.options(file, "kiln-worker"))
 			switch {
 			case same && (err != nil || res.Reused || starts(env) != 0):
 				t.Errorf("publish over the same bytes: %+v, %v, %d uploads; want the image made without uploading", res, err, starts(env))

@@ -1,4 +1,4 @@
-package publish
+package aws
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/smithy-go"
 )
@@ -60,19 +60,19 @@ func apiErr(region, op string, err error) error {
 // undo deletes the image and the snapshot this run made in region (either may be ""), after
 // cause made the publish fail. It returns cause, with what could not be deleted named.
 // Deleting goes on when ctx was canceled: an interrupted publish cleans up too.
-func (a *AWS) undo(ctx context.Context, c *ec2.Client, region string, cause error, image, snapshot string) error {
+func (a *Publisher) undo(ctx context.Context, c *ec2.Client, region string, cause error, image, snapshot string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	var left []string
 	if image != "" {
-		if _, err := c.DeregisterImage(ctx, &ec2.DeregisterImageInput{ImageId: aws.String(image)}); err != nil {
+		if _, err := c.DeregisterImage(ctx, &ec2.DeregisterImageInput{ImageId: sdkaws.String(image)}); err != nil {
 			left = append(left, fmt.Sprintf("image %s (deregister: %v)", image, err))
 		} else {
 			a.log().Info("publish aws: deregistered", "image", image, "region", region)
 		}
 	}
 	if snapshot != "" {
-		if _, err := c.DeleteSnapshot(ctx, &ec2.DeleteSnapshotInput{SnapshotId: aws.String(snapshot)}); err != nil {
+		if _, err := c.DeleteSnapshot(ctx, &ec2.DeleteSnapshotInput{SnapshotId: sdkaws.String(snapshot)}); err != nil {
 			left = append(left, fmt.Sprintf("snapshot %s (delete: %v)", snapshot, err))
 		} else {
 			a.log().Info("publish aws: deleted", "snapshot", snapshot, "region", region)

@@ -1,4 +1,4 @@
-package publish
+package gce
 
 import (
 	"archive/tar"
@@ -12,6 +12,7 @@ import (
 	"os"
 
 	"github.com/kilnproject/kiln/builder/output"
+	"github.com/kilnproject/kiln/builder/publish"
 )
 
 // gceSums are the checksums of a file read once: the SHA-256 kiln checks, and the CRC32C and
@@ -22,9 +23,9 @@ type gceSums struct {
 	md5    []byte
 }
 
-// loadGCEImage loads the gce output file (see Load) and checks that it is a tarball whose
-// first entry is disk.raw. It does not hash the file (see sumFile).
-func loadGCEImage(file string) (*Image, error) {
+// Load loads the gce output file (see publish.Load) and checks that it is a tarball whose
+// first entry is disk.raw, as GCE requires. It does not hash the file: Publish does.
+func Load(file string) (*publish.Image, error) {
 	format, err := output.Lookup("gce")
 	if err != nil {
 		return nil, err
@@ -35,7 +36,7 @@ func loadGCEImage(file string) (*Image, error) {
 		}
 		return nil, fmt.Errorf("%s: not a gce output (<image>-<role>%s)", file, format.Suffix)
 	}
-	im, err := Load(file)
+	im, err := publish.Load(file)
 	if err != nil {
 		return nil, err
 	}

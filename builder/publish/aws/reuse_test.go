@@ -1,4 +1,4 @@
-package publish
+package aws
 
 import (
 	"bytes"
@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
+	"github.com/kilnproject/kiln/builder/publish"
 	"github.com/kilnproject/kiln/builder/publish/publishtest"
 )
 
@@ -44,16 +45,16 @@ func changed(content []byte) map[int32][]byte {
 // the sidecar's digest exists: it is never answered as reused.
 func TestPublishAWSHashesFirst(t *testing.T) {
 	f, a := newFakeAWS(t)
-	path, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
-	im, _ := Load(path)
-	if _, err := a.Publish(context.Background(), im, newRequest()); err != nil {
+	path, _ := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+	im, _ := publish.Load(path)
+	if _, err := a.publish(context.Background(), im, newRequest()); err != nil {
 		t.Fatal(err)
 	}
 	fh, _ := os.OpenFile(path, os.O_WRONLY, 0)
 	fh.WriteAt([]byte("not what was baked"), 3*blockSize)
 	fh.Close()
 	calls := f.AllCalls()
-	res, err := a.Publish(context.Background(), im, newRequest())
+	res, err := a.publish(context.Background(), im, newRequest())
 	if err == nil || !strings.Contains(err.Error(), "the file changed after the bake") {
 		t.Fatalf("publish of a file that differs from its sidecar = %+v, %v; want refused", res, err)
 	}
@@ -67,10 +68,10 @@ func TestPublishAWSHashesFirst(t *testing.T) {
 // not registered as kiln registers them is never answered as this image.
 func TestPublishAWSReuseChecks(t *testing.T) {
 	const other = "999988887777"
-	good := func(t *testing.T, a *AWS, im *Image) string { // a first publish's snapshot, under another name
+	good := func(t *testing.T, a *Publisher, im *publish.Image) string { // a first publish's snapshot, under another name
 		req := newRequest()
 		req.Name = "kiln-aws-worker-first"
-		res, err := a.Publish(context.Background(), im, req)
+		res, err := a.publish(context.Background(), im, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,54 +79,54 @@ func TestPublishAWSReuseChecks(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		plant  func(t *testing.T, f *publishtest.AWS, a *AWS, im *Image, content []byte) string // the id planted
+		plant  func(t *testing.T, f *publishtest.AWS, a *Publisher, im *publish.Image, content []byte) string // the id planted
 		copyTo string
 		want   string // error substring; "" publishes without reusing what was planted
 	}{
-		{name: "snapshot of other bytes", plant: func(t *testing.T, f *publishtest.AWS, _ *AWS, im *Image, _ []byte) string {
+		{name: "snapshot of other bytes", plant: func(t *testing.T, f *publishtest.AWS, _ *Publisher, im *publish.Image, _ []byte) string {
 			return f.PutSnapshot(testRegion, publishtest.Snapshot{GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}, Blocks: map[int32][]byte{0: randBytes(blockSize)}})
 		}},
-		{name: "snapshot with a block changed", plant: func(t *testing.T, f *publishtest.AWS, _ *AWS, im *Image, content []byte) string {
+		{name: "snapshot with a block changed", plant: func(t *testing.T, f *publishtest.AWS, _ *Publisher, im *publish.Image, content []byte) string {
 			return f.PutSnapshot(testRegion, publishtest.Snapshot{GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}, Blocks: changed(content)})
 		}},
-		{name: "snapshot lacking a block", plant: func(t *testing.T, f *publishtest.AWS, _ *AWS, im *Image, content []byte) string {
+		{name: "snapshot lacking a block", plant: func(t *testing.T, f *publishtest.AWS, _ *Publisher, im *publish.Image, content []byte) string {
 			blocks := blocksOf(content)
 			delete(blocks, 33)
 			return f.PutSnapshot(testRegion, publishtest.Snapshot{GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}, Blocks: blocks})
 		}},
-		{name: "snapshot of another account, listed by an endpoint ignoring Owner=self", plant: func(t *testing.T, f *publishtest.AWS, _ *AWS, im *Image, content []byte) string {
+		{name: "snapshot of another account, listed by an endpoint ignoring Owner=self", plant: func(t *testing.T, f *publishtest.AWS, _ *Publisher, im *publish.Image, content []byte) string {
 			f.AnyOwner()
 			return f.PutSnapshot(testRegion, publishtest.Snapshot{GiB: 1, Owner: other, Tags: map[string]string{DigestTag: im.SHA256}, Blocks: blocksOf(content)})
 		}},
 		{name: "AMI of the name over other bytes", want: "but snapshot snap-00000000000000001 is not what kiln makes of this file: block 33 differs from the file's",
-			plant: func(t *testing.T, f *publishtest.AWS, _ *AWS, im *Image, content []byte) string {
+			plant: func(t *testing.T, f *publishtest.AWS, _ *Publisher, im *publish.Image, content []byte) string {
 				snap := f.PutSnapshot(testRegion, publishtest.Snapshot{GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}, Blocks: changed(content)})
 				return f.PutImage(testRegion, publishtest.Image{Name: "kiln-aws-worker", SnapshotID: snap, GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}})
 			}},
-		{name: "AMI of the name of another account, listed by an endpoint ignoring Owner=self", plant: func(t *testing.T, f *publishtest.AWS, a *AWS, im *Image, _ []byte) string {
+		{name: "AMI of the name of another account, listed by an endpoint ignoring Owner=self", plant: func(t *testing.T, f *publishtest.AWS, a *Publisher, im *publish.Image, _ []byte) string {
 			f.AnyOwner()
 			return f.PutImage(testRegion, publishtest.Image{Name: "kiln-aws-worker", Owner: other, SnapshotID: good(t, a, im), GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}})
 		}},
-		{name: "AMI of the file's snapshot without IMDSv2", want: `IMDS support ""`, plant: func(t *testing.T, f *publishtest.AWS, a *AWS, im *Image, _ []byte) string {
+		{name: "AMI of the file's snapshot without IMDSv2", want: `IMDS support ""`, plant: func(t *testing.T, f *publishtest.AWS, a *Publisher, im *publish.Image, _ []byte) string {
 			return f.PutImage(testRegion, publishtest.Image{Name: "kiln-aws-worker", SnapshotID: good(t, a, im), GiB: 1, Tags: map[string]string{DigestTag: im.SHA256},
 				Attrs: map[string]string{"BootMode": "uefi", "Architecture": "x86_64"}})
 		}},
 		{name: "AMI of the name in the copy region, not a copy", copyTo: "us-east-1", want: "is held in us-east-1 by ami-",
-			plant: func(t *testing.T, f *publishtest.AWS, _ *AWS, im *Image, content []byte) string {
+			plant: func(t *testing.T, f *publishtest.AWS, _ *Publisher, im *publish.Image, content []byte) string {
 				snap := f.PutSnapshot("us-east-1", publishtest.Snapshot{GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}, Blocks: blocksOf(content)})
 				return f.PutImage("us-east-1", publishtest.Image{Name: "kiln-aws-worker", SnapshotID: snap, GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}})
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, a := newFakeAWS(t)
-			path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
-			im, _ := Load(path)
+			path, content := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+			im, _ := publish.Load(path)
 			planted := tc.plant(t, f, a, im, content)
 			req := newRequest()
 			if tc.copyTo != "" {
 				req.CopyTo = []string{tc.copyTo}
 			}
-			res, err := a.Publish(context.Background(), im, req)
+			res, err := a.publish(context.Background(), im, req)
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), planted) {
 					t.Fatalf("publish = %+v, %v; want an error naming %s with %q", res, err, planted, tc.want)
@@ -151,11 +152,11 @@ func TestPublishAWSLostAnswers(t *testing.T) {
 	for _, op := range []string{"RegisterImage", "CopyImage"} {
 		t.Run(op, func(t *testing.T) {
 			f, a := newFakeAWS(t, publishtest.Fault{Op: op, Times: 1, Lost: true})
-			path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
-			im, _ := Load(path)
+			path, content := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+			im, _ := publish.Load(path)
 			req := newRequest()
 			req.CopyTo = []string{"us-east-1"}
-			res, err := a.Publish(context.Background(), im, req)
+			res, err := a.publish(context.Background(), im, req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -202,9 +203,9 @@ func TestPublishAWSProgressEnd(t *testing.T) {
 			a := fakePublisher(f, &http.Client{Transport: &cancelAfter{rt: f.Client().Transport, n: n, cancel: cancel}})
 			var reports []UploadProgress
 			a.Progress = func(p UploadProgress) { reports = append(reports, p) }
-			path, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
-			im, _ := Load(path)
-			_, err := a.Publish(ctx, im, newRequest())
+			path, _ := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+			im, _ := publish.Load(path)
+			_, err := a.publish(ctx, im, newRequest())
 			if cancelled != (err != nil) {
 				t.Fatalf("publish (cancelled %t) = %v", cancelled, err)
 			}
@@ -225,13 +226,13 @@ func TestPublishAWSProgressEnd(t *testing.T) {
 // it, and the snapshot this run made is deleted.
 func TestPublishAWSRegisterRace(t *testing.T) {
 	f := publishtest.NewAWS(t)
-	path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
-	im, _ := Load(path)
+	path, content := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+	im, _ := publish.Load(path)
 	theirs := f.PutSnapshot(testRegion, publishtest.Snapshot{GiB: 1, Tags: map[string]string{DigestTag: "planted"}, Blocks: blocksOf(content)})
 	f.Inject(publishtest.Fault{Op: "RegisterImage", Times: 1, Plant: &publishtest.Image{
 		Name: "kiln-aws-worker", SnapshotID: theirs, GiB: 1, Tags: map[string]string{DigestTag: im.SHA256}}})
 	a := fakePublisher(f, f.Client())
-	res, err := a.Publish(context.Background(), im, newRequest())
+	res, err := a.publish(context.Background(), im, newRequest())
 	if err == nil || !strings.Contains(err.Error(), `RegisterImage in eu-west-1: the name "kiln-aws-worker" is taken`) ||
 		!strings.Contains(err.Error(), "it was registered from snapshot "+theirs) {
 		t.Fatalf("publish = %+v, %v; want the AMI of %s refused", res, err, theirs)
@@ -247,8 +248,8 @@ func TestPublishAWSPlainHTTP(t *testing.T) {
 	for _, insecure := range []bool{false, true} {
 		t.Run(map[bool]string{false: "refused", true: "insecure-http"}[insecure], func(t *testing.T) {
 			f := publishtest.NewPlainAWS(t)
-			a := NewAWS(AWSConfig{
-				Config: aws.Config{
+			a := New(Config{
+				Config: sdkaws.Config{
 					Region:      testRegion,
 					Credentials: credentials.NewStaticCredentialsProvider(publishtest.AWSAccessKeyID, publishtest.AWSSecretAccessKey, publishtest.AWSSessionToken),
 					HTTPClient:  f.Client(),
@@ -259,9 +260,9 @@ func TestPublishAWSPlainHTTP(t *testing.T) {
 			})
 			a.Poll, a.MaxWait = time.Millisecond, 10*time.Second
 			a.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-			path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
-			im, _ := Load(path)
-			res, err := a.Publish(context.Background(), im, newRequest())
+			path, content := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+			im, _ := publish.Load(path)
+			res, err := a.publish(context.Background(), im, newRequest())
 			if insecure {
 				if err != nil {
 					t.Fatal(err)

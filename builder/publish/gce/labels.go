@@ -1,4 +1,4 @@
-package publish
+package gce
 
 import (
 	"fmt"
@@ -8,10 +8,10 @@ import (
 	"unicode/utf8"
 )
 
-// GCEDigestLabel is the label kiln publish gce puts on an image: the first 63 hex digits of the
+// DigestLabel is the label kiln publish gce puts on an image: the first 63 hex digits of the
 // SHA-256 of the tarball it was made from (a GCE label value holds at most 63 characters). The
 // image's description carries the whole digest as "sha256:<hex>".
-const GCEDigestLabel = "kiln-sha256"
+const DigestLabel = "kiln-sha256"
 
 // gceMaxLabels is how many labels GCE allows on a resource.
 const gceMaxLabels = 64
@@ -19,19 +19,19 @@ const gceMaxLabels = 64
 // gceImageName is the syntax of a GCE resource name (RFC 1035, at most 63 characters).
 var gceImageName = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
-// CheckGCEImageName reports whether name is a valid GCE image or family name.
-func CheckGCEImageName(name string) error {
+// CheckImageName reports whether name is a valid GCE image or family name.
+func CheckImageName(name string) error {
 	if !gceImageName.MatchString(name) {
 		return fmt.Errorf("%q is not a GCE resource name: 1-63 characters, lowercase letters, digits and '-', starting with a letter and not ending with '-'", name)
 	}
 	return nil
 }
 
-// ParseGCELabels parses K=V pairs into labels, checked with GCE's rules: keys of 1-63
+// ParseLabels parses K=V pairs into labels, checked with GCE's rules: keys of 1-63
 // characters starting with a lowercase letter, values of 0-63 characters, both of lowercase
 // letters (international ones too), digits, '_' and '-'; at most 63 labels, as kiln adds its
-// own GCEDigestLabel, which may not be given.
-func ParseGCELabels(pairs []string) (map[string]string, error) {
+// own DigestLabel, which may not be given.
+func ParseLabels(pairs []string) (map[string]string, error) {
 	labels := make(map[string]string, len(pairs))
 	for _, p := range pairs {
 		k, v, ok := strings.Cut(p, "=")
@@ -44,8 +44,8 @@ func ParseGCELabels(pairs []string) (map[string]string, error) {
 		if err := checkGCELabelPart(v, false); err != nil {
 			return nil, fmt.Errorf("%q: value %w", p, err)
 		}
-		if k == GCEDigestLabel {
-			return nil, fmt.Errorf("%q: %s is set by kiln to the image's digest", p, GCEDigestLabel)
+		if k == DigestLabel {
+			return nil, fmt.Errorf("%q: %s is set by kiln to the image's digest", p, DigestLabel)
 		}
 		if _, dup := labels[k]; dup {
 			return nil, fmt.Errorf("%q: key %s given twice", p, k)
@@ -53,7 +53,7 @@ func ParseGCELabels(pairs []string) (map[string]string, error) {
 		labels[k] = v
 	}
 	if len(labels) >= gceMaxLabels {
-		return nil, fmt.Errorf("%d labels: GCE allows %d, and kiln adds %s", len(labels), gceMaxLabels, GCEDigestLabel)
+		return nil, fmt.Errorf("%d labels: GCE allows %d, and kiln adds %s", len(labels), gceMaxLabels, DigestLabel)
 	}
 	return labels, nil
 }
@@ -77,7 +77,7 @@ func checkGCELabelPart(s string, key bool) error {
 	return nil
 }
 
-// gceDigestLabelValue is the value of GCEDigestLabel for the hex SHA-256 digest.
+// gceDigestLabelValue is the value of DigestLabel for the hex SHA-256 digest.
 func gceDigestLabelValue(digest string) string { return digest[:63] }
 
 // gceDescriptionDigest is how the image's description records the whole digest.

@@ -1,9 +1,15 @@
-package publish
+// Package aws publishes raw bake outputs as AMIs (publish.Publisher): the disk goes through the
+// EBS direct APIs into a snapshot (zero blocks skipped, blocks in parallel), an AMI is
+// registered from it and shared and copied as the Request asks. A second publish of the same
+// file finds the AMI, or a snapshot, by its kiln:sha256 tag, and takes it only when it is the
+// caller's account's and its blocks, read back, are the file's.
+package aws
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"regexp"
@@ -11,25 +17,31 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
+
+	"github.com/kilnproject/kiln/builder/publish"
 )
+
+var _ publish.Publisher = (*Publisher)(nil)
 
 // DigestTag is the tag on every snapshot and AMI kiln publishes: the hex SHA-256 of the raw
 // image, the identity by which a second publish finds them.
 const DigestTag = "kiln:sha256"
 
-// AWS publishes raw images as AMIs in one region of one account.
-type AWS struct {
-	Region string
-	EBS    *ebs.Client
-	EC2    *ec2.Client
-	STS    *sts.Client // says which account the credentials are of
+// Publisher publishes raw images as AMIs in one region of one account.
+type Publisher struct {
+	// Request is what Publish publishes the image as.
+	Request Request
+	Region  string
+	EBS     *ebs.Client
+	EC2     *ec2.Client
+	STS     *sts.Client // says which account the credentials are of
 	// EC2In returns the EC2 client of another region, where images are copied to.
 	EC2In func(region string) *ec2.Client
 	// Workers is how many blocks are uploaded at once (0: 12).
@@ -42,9 +54,9 @@ type AWS struct {
 	Log      *slog.Logger
 }
 
-// AWSConfig says how NewAWS makes its clients.
-type AWSConfig struct {
-	Config aws.Config // credentials, region, HTTP client: config.LoadDefaultConfig's
+// Config says how New makes its clients.
+type Config struct {
+	Config sdkaws.Config // credentials, region, HTTP client: config.LoadDefaultConfig's
 	// Endpoint, when set, is the URL of EBS, EC2 and STS in every region (an emulator or a
 	// private endpoint); otherwise each client resolves its own (AWS_ENDPOINT_URL_EBS,
 	// AWS_ENDPOINT_URL_EC2 and AWS_ENDPOINT_URL_STS are read by the SDK).
@@ -57,10 +69,10 @@ type AWSConfig struct {
 	MaxBackoff  time.Duration
 }
 
-// NewAWS returns an AWS publisher for c.Config.Region whose clients retry throttling, 5xx
+// New returns a publisher for c.Config.Region whose clients retry throttling, 5xx
 // answers and broken connections with the SDK's standard retryer: enough attempts for an
 // upload of thousands of blocks, and no retry quota, which parallel uploads would drain.
-func NewAWS(c AWSConfig) *AWS {
+func New(c Config) *Publisher {
 	attempts, backoff := c.MaxAttempts, c.MaxBackoff
 	if attempts == 0 {
 		attempts = 10
@@ -69,7 +81,7 @@ func NewAWS(c AWSConfig) *AWS {
 		backoff = 20 * time.Second
 	}
 	cfg := c.Config.Copy()
-	cfg.Retryer = func() aws.Retryer {
+	cfg.Retryer = func() sdkaws.Retryer {
 		return retry.NewStandard(func(o *retry.StandardOptions) {
 			o.MaxAttempts, o.MaxBackoff, o.RateLimiter = attempts, backoff, ratelimit.None
 		})
@@ -79,7 +91,7 @@ func NewAWS(c AWSConfig) *AWS {
 	}
 	var endpoint *string
 	if c.Endpoint != "" {
-		endpoint = aws.String(c.Endpoint)
+		endpoint = sdkaws.String(c.Endpoint)
 	}
 	ec2In := func(region string) *ec2.Client {
 		return ec2.NewFromConfig(cfg, func(o *ec2.Options) {
@@ -89,7 +101,7 @@ func NewAWS(c AWSConfig) *AWS {
 			}
 		})
 	}
-	return &AWS{
+	return &Publisher{
 		Region: cfg.Region,
 		EBS: ebs.NewFromConfig(cfg, func(o *ebs.Options) {
 			if endpoint != nil {
@@ -106,16 +118,16 @@ func NewAWS(c AWSConfig) *AWS {
 	}
 }
 
-// AWSRequest is what to publish an image as.
-type AWSRequest struct {
+// Request is what to publish an image as.
+type Request struct {
 	Name      string            // the AMI's name, in every region
 	Tags      map[string]string // on the snapshots and AMIs, beside kiln:sha256
 	ShareWith []string          // account ids allowed to launch the AMI (and its copies)
 	CopyTo    []string          // regions the AMI is copied to
 }
 
-// AWSResult is what a publish made or found; its JSON is what `kiln publish aws -o json` prints.
-type AWSResult struct {
+// Result is what a publish made or found; its JSON is what `kiln publish aws -o json` prints.
+type Result struct {
 	ImageID    string            `json:"imageId"`
 	SnapshotID string            `json:"snapshotId"`
 	Region     string            `json:"region"`
@@ -128,13 +140,34 @@ type AWSResult struct {
 	Upload *UploadProgress `json:"-"`
 }
 
+// WriteText writes the result as kiln publish aws prints it: the AMI and its snapshot, why
+// one was reused, the copies by region, and the upload's figures (publish.Result).
+func (res *Result) WriteText(w io.Writer) error {
+	how := "registered"
+	if res.Reused {
+		how = "found (nothing uploaded)"
+	}
+	fmt.Fprintf(w, "%s\t%s\tsnapshot %s\t%s\n", res.Region, res.ImageID, res.SnapshotID, how)
+	if res.Reason != "" {
+		fmt.Fprintf(w, "reused: %s\n", res.Reason)
+	}
+	for _, r := range slices.Sorted(maps.Keys(res.Copies)) {
+		fmt.Fprintf(w, "%s\t%s\tcopy\n", r, res.Copies[r])
+	}
+	if u := res.Upload; u != nil {
+		fmt.Fprintf(w, "uploaded %d blocks (%d MiB) in %s, %.1f MiB/s; %d zero blocks skipped\n",
+			u.Uploaded, u.Bytes>>20, u.Elapsed.Round(time.Second), u.MiBps(), u.Skipped)
+	}
+	return nil
+}
+
 var (
 	amiName   = regexp.MustCompile(`^[A-Za-z0-9()\[\] ./'@_-]{3,128}$`)
 	accountID = regexp.MustCompile(`^[0-9]{12}$`)
 	region    = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+$`)
 )
 
-// A RequestError is a field of an AWSRequest (or the home region) that EC2 would refuse.
+// A RequestError is a field of an Request (or the home region) that EC2 would refuse.
 type RequestError struct {
 	Field string // region, name, tag, share-with or copy-to
 	Err   error
@@ -149,7 +182,7 @@ func badField(field, format string, a ...any) error {
 
 // Validate checks r the way EC2 would, before anything is uploaded; home is the region the
 // image is published in.
-func (r AWSRequest) Validate(home string) error {
+func (r Request) Validate(home string) error {
 	if !region.MatchString(home) {
 		return badField("region", "%q: not a region name (like eu-west-1)", home)
 	}
@@ -180,11 +213,22 @@ func (r AWSRequest) Validate(home string) error {
 	return nil
 }
 
-// Publish makes im an AMI called r.Name, or finds the AMI an earlier publish of the same file
+// Publish makes im an AMI called a.Request.Name, or finds the AMI an earlier publish of the
+// same file made; then it shares it and copies it as a.Request asks (publish.Publisher). The
+// result is a *Result.
+func (a *Publisher) Publish(ctx context.Context, im *publish.Image) (publish.Result, error) {
+	res, err := a.publish(ctx, im, a.Request)
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// publish makes im an AMI called r.Name, or finds the AMI an earlier publish of the same file
 // made; then it shares it and copies it as r asks. The file is hashed against its metadata
 // before any request. Nothing is uploaded when the AMI, or a completed snapshot of the file,
 // exists already and is the caller's and holds exactly the file's bytes (read back to check).
-func (a *AWS) Publish(ctx context.Context, im *Image, r AWSRequest) (*AWSResult, error) {
+func (a *Publisher) publish(ctx context.Context, im *publish.Image, r Request) (*Result, error) {
 	if im.Format() != "raw" {
 		return nil, fmt.Errorf("publish aws: %s is a %s image; publish the .raw output of the bake", im.Path, im.Format())
 	}
@@ -199,7 +243,7 @@ func (a *AWS) Publish(ctx context.Context, im *Image, r AWSRequest) (*AWSResult,
 	if err != nil {
 		return nil, err
 	}
-	res := &AWSResult{Region: a.Region, Copies: map[string]string{}}
+	res := &Result{Region: a.Region, Copies: map[string]string{}}
 	img, err := a.findImage(ctx, a.EC2, a.Region, account, r.Name, im.SHA256)
 	if err != nil {
 		return nil, err
@@ -232,14 +276,14 @@ func nameHeld(name, region string, img *types.Image, err error) error {
 	if !errors.As(err, &ni) {
 		return err
 	}
-	id := aws.ToString(img.ImageId)
+	id := sdkaws.ToString(img.ImageId)
 	return fmt.Errorf("publish aws: the name %q is held in %s by %s, tagged %s with this image's digest, but %w: deregister it or choose another --name",
 		name, region, id, DigestTag, err)
 }
 
 // create uploads im (unless a completed snapshot of the account's holds it) and registers
 // the AMI.
-func (a *AWS) create(ctx context.Context, im *Image, sums *rawSums, account string, r AWSRequest, res *AWSResult) error {
+func (a *Publisher) create(ctx context.Context, im *publish.Image, sums *rawSums, account string, r Request, res *Result) error {
 	snap, err := a.findSnapshot(ctx, im, account, sums)
 	if err != nil {
 		return err
@@ -269,7 +313,7 @@ func (a *AWS) create(ctx context.Context, im *Image, sums *rawSums, account stri
 }
 
 // tags is r's tags with the digest tag, sorted by key.
-func (r AWSRequest) tags(digest string) []kv {
+func (r Request) tags(digest string) []kv {
 	all := maps.Clone(r.Tags)
 	if all == nil {
 		all = map[string]string{}
@@ -284,28 +328,28 @@ func (r AWSRequest) tags(digest string) []kv {
 
 type kv struct{ key, value string }
 
-func (a *AWS) log() *slog.Logger {
+func (a *Publisher) log() *slog.Logger {
 	if a.Log != nil {
 		return a.Log
 	}
 	return slog.Default()
 }
 
-func (a *AWS) poll() time.Duration {
+func (a *Publisher) poll() time.Duration {
 	if a.Poll > 0 {
 		return a.Poll
 	}
 	return 5 * time.Second
 }
 
-func (a *AWS) workers() int {
+func (a *Publisher) workers() int {
 	if a.Workers > 0 {
 		return a.Workers
 	}
 	return 12
 }
 
-func (a *AWS) maxWait() time.Duration {
+func (a *Publisher) maxWait() time.Duration {
 	if a.MaxWait > 0 {
 		return a.MaxWait
 	}

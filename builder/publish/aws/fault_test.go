@@ -1,10 +1,11 @@
-package publish
+package aws
 
 import (
 	"context"
 	"strings"
 	"testing"
 
+	"github.com/kilnproject/kiln/builder/publish"
 	"github.com/kilnproject/kiln/builder/publish/publishtest"
 )
 
@@ -50,12 +51,12 @@ func TestPublishAWSFaults(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, a := newFakeAWS(t, tc.faults...)
-			path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
-			im, err := Load(path)
+			path, content := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+			im, err := publish.Load(path)
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := a.Publish(context.Background(), im, newRequest())
+			res, err := a.publish(context.Background(), im, newRequest())
 			if tc.want == "" {
 				if err != nil {
 					t.Fatal(err)

@@ -1,4 +1,4 @@
-package publish
+package aws
 
 import (
 	"bytes"
@@ -17,11 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	ebstypes "github.com/aws/aws-sdk-go-v2/service/ebs/types"
 
+	"github.com/kilnproject/kiln/builder/publish"
 	"github.com/kilnproject/kiln/builder/publish/publishtest"
 )
 
@@ -30,16 +31,16 @@ const testRegion = "eu-west-1"
 
 // newFakeAWS starts the AWS fake, failing calls as faults say, and returns it with a
 // publisher in testRegion whose clients call it, retrying and polling quickly.
-func newFakeAWS(t testing.TB, faults ...publishtest.Fault) (*publishtest.AWS, *AWS) {
+func newFakeAWS(t testing.TB, faults ...publishtest.Fault) (*publishtest.AWS, *Publisher) {
 	f := publishtest.NewAWS(t)
 	f.Inject(faults...)
 	return f, fakePublisher(f, f.Client())
 }
 
 // fakePublisher is a publisher in testRegion whose clients call f through hc.
-func fakePublisher(f *publishtest.AWS, hc *http.Client) *AWS {
-	a := NewAWS(AWSConfig{
-		Config: aws.Config{
+func fakePublisher(f *publishtest.AWS, hc *http.Client) *Publisher {
+	a := New(Config{
+		Config: sdkaws.Config{
 			Region:      testRegion,
 			Credentials: credentials.NewStaticCredentialsProvider(publishtest.AWSAccessKeyID, publishtest.AWSSecretAccessKey, ""),
 			HTTPClient:  hc,
@@ -77,8 +78,8 @@ func scattered() map[int64][]byte {
 const dataBlocks = 6
 
 // newRequest is a request of the AMI kiln-aws-worker with a tag.
-func newRequest() AWSRequest {
-	return AWSRequest{Name: "kiln-aws-worker", Tags: map[string]string{"team": "platform"}}
+func newRequest() Request {
+	return Request{Name: "kiln-aws-worker", Tags: map[string]string{"team": "platform"}}
 }
 
 // checkSnapshot reassembles the snapshot and compares it with the image byte for byte,
@@ -95,15 +96,15 @@ func checkSnapshot(t *testing.T, f *publishtest.AWS, region, id string, content 
 // the same file uploads nothing and returns the same ids.
 func TestPublishAWS(t *testing.T) {
 	f, a := newFakeAWS(t)
-	path, content := testImage(t, t.TempDir(), testDiskSize, scattered())
-	im, err := Load(path)
+	path, content := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+	im, err := publish.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := newRequest()
 	req.ShareWith = []string{"444455556666"}
 	req.CopyTo = []string{"us-east-1", "eu-central-1"}
-	res, err := a.Publish(context.Background(), im, req)
+	res, err := a.publish(context.Background(), im, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestPublishAWS(t *testing.T) {
 	checkCopies(t, f, res, im, req)
 
 	puts := f.Calls("PutSnapshotBlock")
-	again, err := a.Publish(context.Background(), im, req)
+	again, err := a.publish(context.Background(), im, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func TestPublishAWS(t *testing.T) {
 
 // checkCopies checks each region of req.CopyTo has a copy of the AMI, tagged and shared,
 // with a snapshot of the same data.
-func checkCopies(t *testing.T, f *publishtest.AWS, res *AWSResult, im *Image, req AWSRequest) {
+func checkCopies(t *testing.T, f *publishtest.AWS, res *Result, im *publish.Image, req Request) {
 	t.Helper()
 	if len(res.Copies) != len(req.CopyTo) {
 		t.Errorf("copies %v, want one in each of %v", res.Copies, req.CopyTo)
@@ -183,7 +184,7 @@ func checkCopies(t *testing.T, f *publishtest.AWS, res *AWSResult, im *Image, re
 // uploads it accepts were checked.
 func TestFakeEBSRefusesBadChecksum(t *testing.T) {
 	f, a := newFakeAWS(t)
-	start, err := a.EBS.StartSnapshot(context.Background(), &ebs.StartSnapshotInput{VolumeSize: aws.Int64(1)})
+	start, err := a.EBS.StartSnapshot(context.Background(), &ebs.StartSnapshotInput{VolumeSize: sdkaws.Int64(1)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,8 +192,8 @@ func TestFakeEBSRefusesBadChecksum(t *testing.T) {
 	sum := sha256.Sum256(block[1:])
 	wrong := base64.StdEncoding.EncodeToString(sum[:])
 	_, err = a.EBS.PutSnapshotBlock(context.Background(), &ebs.PutSnapshotBlockInput{
-		SnapshotId: start.SnapshotId, BlockIndex: aws.Int32(3), BlockData: bytes.NewReader(block),
-		DataLength: aws.Int32(blockSize), Checksum: aws.String(wrong),
+		SnapshotId: start.SnapshotId, BlockIndex: sdkaws.Int32(3), BlockData: bytes.NewReader(block),
+		DataLength: sdkaws.Int32(blockSize), Checksum: sdkaws.String(wrong),
 		ChecksumAlgorithm: ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256,
 	})
 	var ve *ebstypes.ValidationException
@@ -207,14 +208,14 @@ func TestFakeEBSRefusesBadChecksum(t *testing.T) {
 // A name another image holds is refused before anything is uploaded.
 func TestPublishAWSNameTaken(t *testing.T) {
 	f, a := newFakeAWS(t)
-	path, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
-	im, _ := Load(path)
-	if _, err := a.Publish(context.Background(), im, newRequest()); err != nil {
+	path, _ := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+	im, _ := publish.Load(path)
+	if _, err := a.publish(context.Background(), im, newRequest()); err != nil {
 		t.Fatal(err)
 	}
-	other, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
-	im2, _ := Load(other)
-	_, err := a.Publish(context.Background(), im2, newRequest())
+	other, _ := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+	im2, _ := publish.Load(other)
+	_, err := a.publish(context.Background(), im2, newRequest())
 	if err == nil || !strings.Contains(err.Error(), `the name "kiln-aws-worker" is taken`) {
 		t.Fatalf("publish of another image under the same name = %v", err)
 	}
@@ -226,15 +227,15 @@ func TestPublishAWSNameTaken(t *testing.T) {
 // The same file under another name makes a new AMI of the snapshot already uploaded.
 func TestPublishAWSReusesSnapshot(t *testing.T) {
 	f, a := newFakeAWS(t)
-	path, _ := testImage(t, t.TempDir(), testDiskSize, scattered())
-	im, _ := Load(path)
-	first, err := a.Publish(context.Background(), im, newRequest())
+	path, _ := publishtest.RawImage(t, t.TempDir(), testDiskSize, scattered())
+	im, _ := publish.Load(path)
+	first, err := a.publish(context.Background(), im, newRequest())
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := newRequest()
 	req.Name = "kiln-aws-worker-2"
-	second, err := a.Publish(context.Background(), im, req)
+	second, err := a.publish(context.Background(), im, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,12 +252,12 @@ func TestPublishAWSReusesSnapshot(t *testing.T) {
 func TestPublishAWSRefuses(t *testing.T) {
 	f, a := newFakeAWS(t)
 	dir := t.TempDir()
-	path, _ := testImage(t, dir, testDiskSize, scattered())
-	im, _ := Load(path)
+	path, _ := publishtest.RawImage(t, dir, testDiskSize, scattered())
+	im, _ := publish.Load(path)
 	fh, _ := os.OpenFile(path, os.O_WRONLY, 0)
 	fh.WriteAt([]byte("changed"), 30*blockSize)
 	fh.Close()
-	_, err := a.Publish(context.Background(), im, newRequest())
+	_, err := a.publish(context.Background(), im, newRequest())
 	if err == nil || !strings.Contains(err.Error(), "the file changed after the bake") {
 		t.Fatalf("publish of a changed file = %v", err)
 	}
@@ -264,7 +265,7 @@ func TestPublishAWSRefuses(t *testing.T) {
 		t.Errorf("%d snapshots, %d images left", s, i)
 	}
 	im.Output.Format = "vmdk"
-	if _, err := a.Publish(context.Background(), im, newRequest()); err == nil || !strings.Contains(err.Error(), "publish the .raw output") {
+	if _, err := a.publish(context.Background(), im, newRequest()); err == nil || !strings.Contains(err.Error(), "publish the .raw output") {
 		t.Errorf("publish of a vmdk = %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package publish
+package gce
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ func (p *gcePublisher) upload(ctx context.Context, sums gceSums) (gceObject, err
 	case !errors.Is(err, storage.ErrObjectNotExist):
 		return gceObject{}, apiError("objects.get "+p.objectURL(), err)
 	}
-	p.log.Info("uploading", "file", p.o.File, "object", p.objectURL(), "bytes", p.img.Output.Size)
+	p.log.Info("uploading", "file", p.o.file, "object", p.objectURL(), "bytes", p.img.Output.Size)
 	start := time.Now()
 	gen, err := p.write(ctx, obj, sums)
 	if err != nil {
@@ -53,7 +53,7 @@ func (p *gcePublisher) upload(ctx context.Context, sums gceSums) (gceObject, err
 // write streams the file into a new object obj and returns the object's generation. A failure
 // before the last chunk cancels the upload, which leaves no object.
 func (p *gcePublisher) write(ctx context.Context, obj *storage.ObjectHandle, sums gceSums) (int64, error) {
-	f, err := os.Open(p.o.File)
+	f, err := os.Open(p.o.file)
 	if err != nil {
 		return 0, err
 	}
@@ -79,7 +79,7 @@ func (p *gcePublisher) write(ctx context.Context, obj *storage.ObjectHandle, sum
 	if got := hex.EncodeToString(h.Sum(nil)); got != p.img.SHA256 {
 		cancel()
 		w.Close()
-		return 0, fmt.Errorf("%s changed while it was uploaded: sha256 %s, want %s", p.o.File, got, p.img.SHA256)
+		return 0, fmt.Errorf("%s changed while it was uploaded: sha256 %s, want %s", p.o.file, got, p.img.SHA256)
 	}
 	if err := w.Close(); err != nil {
 		return 0, apiError("objects.insert (upload) "+p.objectURL(), err)

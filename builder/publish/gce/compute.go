@@ -1,4 +1,4 @@
-package publish
+package gce
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // label, and the whole digest ending its description) and it is READY, or nil when there is
 // no image of that name. An image of that name made from something else, or not READY, is an
 // error. Images of other names are never answered, whatever they carry.
-func (p *gcePublisher) existing(ctx context.Context) (*GCEResult, error) {
+func (p *gcePublisher) existing(ctx context.Context) (*Result, error) {
 	digest := p.img.SHA256
 	im, err := p.compute.Images.Get(p.o.Project, p.o.Name).Context(ctx).Do()
 	switch {
@@ -24,17 +24,17 @@ func (p *gcePublisher) existing(ctx context.Context) (*GCEResult, error) {
 	case err != nil:
 		return nil, apiError("images.get "+p.o.Name, err)
 	}
-	if im.Labels[GCEDigestLabel] != gceDigestLabelValue(digest) || !strings.HasSuffix(im.Description, gceDescriptionDigest(digest)) {
+	if im.Labels[DigestLabel] != gceDigestLabelValue(digest) || !strings.HasSuffix(im.Description, gceDescriptionDigest(digest)) {
 		return nil, fmt.Errorf("--name %s: image exists in project %s, made from another file (label %s=%q, description %q; this file's sha256 is %s): choose another --name",
-			p.o.Name, p.o.Project, GCEDigestLabel, im.Labels[GCEDigestLabel], im.Description, digest)
+			p.o.Name, p.o.Project, DigestLabel, im.Labels[DigestLabel], im.Description, digest)
 	}
 	if im.Status != "READY" {
 		return nil, fmt.Errorf("image %s of this file (sha256 %s) is %s: publish again once it is READY, or delete it (gcloud compute images delete %s --project %s)", im.Name, digest, im.Status, im.Name, p.o.Project)
 	}
 	p.log.Info("image of this file exists; nothing uploaded", "image", im.Name, "sha256", digest)
 	why := fmt.Sprintf("image %s of project %s is READY, labelled %s=%s, and its description ends %s, the SHA-256 of %s (hashed before any request)",
-		im.Name, p.o.Project, GCEDigestLabel, im.Labels[GCEDigestLabel], gceDescriptionDigest(digest), p.o.File)
-	return &GCEResult{Image: im.Name, SelfLink: im.SelfLink, Reused: true, Reason: why}, nil
+		im.Name, p.o.Project, DigestLabel, im.Labels[DigestLabel], gceDescriptionDigest(digest), p.o.file)
+	return &Result{Image: im.Name, SelfLink: im.SelfLink, Reused: true, Reason: why}, nil
 }
 
 // gceImageSpec is the image o.Name made from the uploaded object.
@@ -43,7 +43,7 @@ func (p *gcePublisher) gceImageSpec() *compute.Image {
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	labels[GCEDigestLabel] = gceDigestLabelValue(p.img.SHA256)
+	labels[DigestLabel] = gceDigestLabelValue(p.img.SHA256)
 	var features []*compute.GuestOsFeature
 	for _, f := range gceGuestOSFeatures {
 		features = append(features, &compute.GuestOsFeature{Type: f})
@@ -65,7 +65,7 @@ func (p *gcePublisher) gceImageSpec() *compute.Image {
 
 // createImage inserts the image and waits for it to be READY. An image left FAILED is
 // deleted; an error says what is left when that is unknown.
-func (p *gcePublisher) createImage(ctx context.Context) (*GCEResult, error) {
+func (p *gcePublisher) createImage(ctx context.Context) (*Result, error) {
 	spec := p.gceImageSpec()
 	p.log.Info("creating image", "image", spec.Name, "source", spec.RawDisk.Source, "family", spec.Family)
 	op, err := p.compute.Images.Insert(p.o.Project, spec).Context(ctx).Do()
@@ -86,7 +86,7 @@ func (p *gcePublisher) createImage(ctx context.Context) (*GCEResult, error) {
 		return nil, p.dropImage(fmt.Errorf("image %s is %s once created, want READY", spec.Name, im.Status))
 	}
 	p.log.Info("image ready", "image", im.Name, "selfLink", im.SelfLink)
-	return &GCEResult{Image: im.Name, SelfLink: im.SelfLink, Object: p.objectURL()}, nil
+	return &Result{Image: im.Name, SelfLink: im.SelfLink, Object: p.objectURL()}, nil
 }
 
 // wait waits for the global operation op to be DONE.

@@ -1,8 +1,11 @@
-package publish
+package aws
 
 import (
 	"context"
 	"testing"
+
+	"github.com/kilnproject/kiln/builder/publish"
+	"github.com/kilnproject/kiln/builder/publish/publishtest"
 )
 
 // BenchmarkPublishAWS publishes a 256 MiB disk, one block in four holding data, to the
@@ -13,8 +16,8 @@ func BenchmarkPublishAWS(b *testing.B) {
 	for off := int64(0); off < size; off += 4 * blockSize {
 		data[off] = randBytes(blockSize)
 	}
-	path, _ := testImage(b, b.TempDir(), size, data)
-	im, err := Load(path)
+	path, _ := publishtest.RawImage(b, b.TempDir(), size, data)
+	im, err := publish.Load(path)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -22,7 +25,7 @@ func BenchmarkPublishAWS(b *testing.B) {
 	var skipped int64
 	for b.Loop() {
 		_, a := newFakeAWS(b)
-		res, err := a.Publish(context.Background(), im, newRequest())
+		res, err := a.publish(context.Background(), im, newRequest())
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package publish
+package gce
 
 import (
 	"context"
@@ -22,7 +22,7 @@ func BenchmarkPublishGCE(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		o := env.options(file, fmt.Sprintf("kiln-bench-%d", i))
 		o.ChunkSize = 16 << 20
-		if _, err := PublishGCE(context.Background(), o); err != nil {
+		if _, err := publishFile(context.Background(), o); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()

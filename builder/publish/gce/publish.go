@@ -1,9 +1,14 @@
-package publish
+// Package gce publishes gce bake outputs (a tarball holding disk.raw) as Compute Engine images
+// (publish.Publisher): the tarball goes to Cloud Storage in a resumable upload, the image is
+// created from it and the object deleted. A second publish of the same file finds the image of
+// the requested name by its digest label and description.
+package gce
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"regexp"
@@ -13,17 +18,18 @@ import (
 	compute "google.golang.org/api/compute/v1"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/option"
+
+	"github.com/kilnproject/kiln/builder/publish"
 )
 
-// GCEOptions says what kiln publish gce publishes, and where.
-type GCEOptions struct {
-	File    string // the gce output, <image>-<role>.tar.gz, with <image>-<role>.json beside it
+// Options says what kiln publish gce publishes, and where.
+type Options struct {
 	Project string
 	Bucket  string // where the tarball is uploaded
 	Object  string // the object's name; default <Name>.tar.gz
 	Name    string // the image's name
 	Family  string
-	Labels  map[string]string // besides GCEDigestLabel, which is set to the file's digest
+	Labels  map[string]string // besides DigestLabel, which is set to the file's digest
 	// KeepObject keeps the uploaded tarball once the image is created; by default it is deleted.
 	KeepObject bool
 	// ChunkSize is the size of each request of the resumable upload (rounded up to 256 KiB by
@@ -43,10 +49,13 @@ type GCEOptions struct {
 	// Progress, when set, is called as the upload goes with the bytes sent and the total.
 	Progress func(sent, total int64)
 	Log      *slog.Logger
+
+	// file is the gce output being published (Publish sets it from the image).
+	file string
 }
 
-// GCEResult is what kiln publish gce made, for the next step of a CI job.
-type GCEResult struct {
+// Result is what kiln publish gce made, for the next step of a CI job.
+type Result struct {
 	Image    string `json:"image"`
 	SelfLink string `json:"selfLink"`
 	// Object is the gs:// URL of the tarball the image was made from (deleted unless
@@ -58,6 +67,19 @@ type GCEResult struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// WriteText writes the result as kiln publish gce prints it (publish.Result).
+func (res *Result) WriteText(w io.Writer) error {
+	fmt.Fprintf(w, "image     %s\nselfLink  %s\n", res.Image, res.SelfLink)
+	if res.Object != "" {
+		fmt.Fprintf(w, "object    %s\n", res.Object)
+	}
+	fmt.Fprintf(w, "reused    %t\n", res.Reused)
+	if res.Reason != "" {
+		fmt.Fprintf(w, "because   %s\n", res.Reason)
+	}
+	return nil
+}
+
 // gceArchitecture and gceGuestOSFeatures are what every kiln image is: x86_64, UEFI boot,
 // virtio-scsi multiqueue and gVNIC drivers in its initramfs.
 const gceArchitecture = "X86_64"
@@ -66,22 +88,40 @@ var gceGuestOSFeatures = []string{"UEFI_COMPATIBLE", "VIRTIO_SCSI_MULTIQUEUE", "
 
 // gcePublisher holds the clients of one publish.
 type gcePublisher struct {
-	o       GCEOptions
+	o       Options
 	log     *slog.Logger
 	storage *storage.Client
 	compute *compute.Service
-	img     *Image
+	img     *publish.Image
 }
 
-// PublishGCE publishes o.File as the GCE image o.Name, or returns the image o.Name when an
-// earlier publish made it from the same file (its label and the whole digest in its
-// description); an image of another name is never returned. The file is hashed against its
+var _ publish.Publisher = (*Publisher)(nil)
+
+// Publisher publishes gce outputs as Compute Engine images (publish.Publisher).
+type Publisher struct {
+	Options
+}
+
+// Publish publishes im, a gce output (see Load), as the GCE image p.Name, or returns the image
+// p.Name when an earlier publish made it from the same file (its label and the whole digest in
+// its description); an image of another name is never returned. The file is hashed against its
 // metadata before any request. It uploads the tarball to Cloud Storage, creates the image from
 // it, waits for that, checks that the object is still the generation it uploaded (otherwise
 // the image may hold other bytes, and is deleted), and deletes the object unless
-// o.KeepObject. A failure deletes what this call created (an object only with the generation
-// it made, as a precondition), or its error says what is left.
-func PublishGCE(ctx context.Context, o GCEOptions) (*GCEResult, error) {
+// p.KeepObject. A failure deletes what this call created (an object only with the generation
+// it made, as a precondition), or its error says what is left. The result is a *Result.
+func (p *Publisher) Publish(ctx context.Context, im *publish.Image) (publish.Result, error) {
+	o := p.Options
+	o.file = im.Path
+	res, err := publishFile(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// publishFile publishes o.file; see Publish.
+func publishFile(ctx context.Context, o Options) (*Result, error) {
 	res, err := publishGCE(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("publish gce: %w", err)
@@ -89,20 +129,20 @@ func PublishGCE(ctx context.Context, o GCEOptions) (*GCEResult, error) {
 	return res, nil
 }
 
-func publishGCE(ctx context.Context, o GCEOptions) (*GCEResult, error) {
+func publishGCE(ctx context.Context, o Options) (*Result, error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
-	img, err := loadGCEImage(o.File)
+	img, err := Load(o.file)
 	if err != nil {
 		return nil, err
 	}
-	sums, err := sumFile(o.File)
+	sums, err := sumFile(o.file)
 	if err != nil {
 		return nil, err
 	}
 	if sums.sha256 != img.SHA256 {
-		return nil, fmt.Errorf("%s: sha256 %s, its metadata says %s: the file changed since the bake", o.File, sums.sha256, img.SHA256)
+		return nil, fmt.Errorf("%s: sha256 %s, its metadata says %s: the file changed since the bake", o.file, sums.sha256, img.SHA256)
 	}
 	p, err := newGCEPublisher(ctx, o, img)
 	if err != nil {
@@ -132,23 +172,23 @@ func publishGCE(ctx context.Context, o GCEOptions) (*GCEResult, error) {
 }
 
 // check checks the options and fills in the defaults.
-func (o *GCEOptions) check() error {
+func (o *Options) check() error {
 	switch {
 	case o.Project == "":
 		return errors.New("no project")
 	case o.Bucket == "":
 		return errors.New("no bucket")
 	}
-	if err := CheckGCEImageName(o.Name); err != nil {
+	if err := CheckImageName(o.Name); err != nil {
 		return fmt.Errorf("image name: %w", err)
 	}
 	if o.Family != "" {
-		if err := CheckGCEImageName(o.Family); err != nil {
+		if err := CheckImageName(o.Family); err != nil {
 			return fmt.Errorf("family: %w", err)
 		}
 	}
-	if _, ok := o.Labels[GCEDigestLabel]; ok {
-		return fmt.Errorf("label %s is set by kiln", GCEDigestLabel)
+	if _, ok := o.Labels[DigestLabel]; ok {
+		return fmt.Errorf("label %s is set by kiln", DigestLabel)
 	}
 	if o.Object == "" {
 		o.Object = o.Name + ".tar.gz"
@@ -162,7 +202,7 @@ func (o *GCEOptions) check() error {
 	return nil
 }
 
-func newGCEPublisher(ctx context.Context, o GCEOptions, img *Image) (*gcePublisher, error) {
+func newGCEPublisher(ctx context.Context, o Options, img *publish.Image) (*gcePublisher, error) {
 	sopts, copts := o.ClientOptions, o.ClientOptions
 	if o.StorageEndpoint != "" {
 		ep, err := apiEndpoint(o.StorageEndpoint, "storage/v1/")

@@ -1,4 +1,4 @@
-package publish
+package aws
 
 import (
 	"bytes"
@@ -12,12 +12,14 @@ import (
 	"io"
 	"os"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/kilnproject/kiln/builder/publish"
 )
 
 // rawSums are the digests of a raw image, read once before any request: the SHA-256 of each
@@ -28,7 +30,7 @@ type rawSums struct {
 
 // hashRaw reads im's file, checks it against the SHA-256 its metadata records and returns its
 // block digests. The last block, when the file ends inside it, is padded with zeros.
-func hashRaw(im *Image) (*rawSums, error) {
+func hashRaw(im *publish.Image) (*rawSums, error) {
 	f, err := os.Open(im.Path)
 	if err != nil {
 		return nil, fmt.Errorf("publish aws: %w", err)
@@ -70,12 +72,12 @@ func checkDigest(path string, whole hash.Hash, want string) error {
 
 // callerAccount is the account of the credentials: every snapshot and AMI kiln reuses must be
 // its own, whatever a Describe call filtered.
-func (a *AWS) callerAccount(ctx context.Context) (string, error) {
+func (a *Publisher) callerAccount(ctx context.Context) (string, error) {
 	out, err := a.STS.GetCallerIdentity(ctx, &sts.GetCallerIdentityInput{})
 	if err != nil {
 		return "", apiErr(a.Region, "GetCallerIdentity", err)
 	}
-	acct := aws.ToString(out.Account)
+	acct := sdkaws.ToString(out.Account)
 	if !accountID.MatchString(acct) {
 		return "", fmt.Errorf("publish aws: GetCallerIdentity in %s: account %q is not a 12-digit account id", a.Region, acct)
 	}
@@ -97,7 +99,7 @@ func notImage(what, format string, a ...any) error {
 // checkAMI checks that img, found by its name and digest tag, is an AMI kiln made of im:
 // registered as kiln registers AMIs, its one volume a completed snapshot of the account's
 // that holds exactly the file's bytes. It returns that snapshot's id.
-func (a *AWS) checkAMI(ctx context.Context, img *types.Image, account string, im *Image, sums *rawSums) (string, error) {
+func (a *Publisher) checkAMI(ctx context.Context, img *types.Image, account string, im *publish.Image, sums *rawSums) (string, error) {
 	snap, err := amiShape(img)
 	if err != nil {
 		return "", err
@@ -110,7 +112,7 @@ func (a *AWS) checkAMI(ctx context.Context, img *types.Image, account string, im
 		return "", notImage("snapshot "+snap, "DescribeSnapshots answered %d snapshots of that id", len(out.Snapshots))
 	}
 	s := out.Snapshots[0]
-	if owner := aws.ToString(s.OwnerId); owner != account {
+	if owner := sdkaws.ToString(s.OwnerId); owner != account {
 		return "", notImage("snapshot "+snap, "it belongs to account %s, not to the caller's %s", owner, account)
 	}
 	if s.State != types.SnapshotStateCompleted {
@@ -122,7 +124,7 @@ func (a *AWS) checkAMI(ctx context.Context, img *types.Image, account string, im
 // amiShape checks that img is registered as kiln registers AMIs (UEFI, IMDSv2 required,
 // x86_64, one volume: the root device's snapshot) and returns that snapshot.
 func amiShape(img *types.Image) (string, error) {
-	what := "AMI " + aws.ToString(img.ImageId)
+	what := "AMI " + sdkaws.ToString(img.ImageId)
 	if img.BootMode != types.BootModeValuesUefi || img.ImdsSupport != types.ImdsSupportValuesV20 || img.Architecture != types.ArchitectureValuesX8664 {
 		return "", notImage(what, "boot mode %q, IMDS support %q, architecture %q, where kiln registers uefi, v2.0, x86_64",
 			img.BootMode, img.ImdsSupport, img.Architecture)
@@ -136,8 +138,8 @@ func amiShape(img *types.Image) (string, error) {
 
 // isCopyOf checks that img is EC2's copy of the AMI source in region.
 func isCopyOf(img *types.Image, region, source string) error {
-	if r, id := aws.ToString(img.SourceImageRegion), aws.ToString(img.SourceImageId); r != region || id != source {
-		return notImage("AMI "+aws.ToString(img.ImageId), "EC2 says it is a copy of %q in %q, not of %s in %s", id, r, source, region)
+	if r, id := sdkaws.ToString(img.SourceImageRegion), sdkaws.ToString(img.SourceImageId); r != region || id != source {
+		return notImage("AMI "+sdkaws.ToString(img.ImageId), "EC2 says it is a copy of %q in %q, not of %s in %s", id, r, source, region)
 	}
 	return nil
 }
@@ -146,7 +148,7 @@ func isCopyOf(img *types.Image, region, source string) error {
 // holds exactly what kiln puts of im: a volume of the disk's size whose written blocks are
 // the file's blocks that are not zeros, each holding the file's data. Every block read is
 // hashed here and compared with the file's, and with the checksum EBS sends.
-func (a *AWS) verifySnapshot(ctx context.Context, id string, im *Image, sums *rawSums) error {
+func (a *Publisher) verifySnapshot(ctx context.Context, id string, im *publish.Image, sums *rawSums) error {
 	tokens, err := a.snapshotBlocks(ctx, id, im)
 	if err != nil {
 		return err
@@ -170,28 +172,28 @@ func (a *AWS) verifySnapshot(ctx context.Context, id string, im *Image, sums *ra
 }
 
 // snapshotBlocks lists the written blocks of the snapshot id: their tokens by index.
-func (a *AWS) snapshotBlocks(ctx context.Context, id string, im *Image) (map[int32]string, error) {
+func (a *Publisher) snapshotBlocks(ctx context.Context, id string, im *publish.Image) (map[int32]string, error) {
 	tokens := map[int32]string{}
-	p := ebs.NewListSnapshotBlocksPaginator(a.EBS, &ebs.ListSnapshotBlocksInput{SnapshotId: aws.String(id)})
+	p := ebs.NewListSnapshotBlocksPaginator(a.EBS, &ebs.ListSnapshotBlocksInput{SnapshotId: sdkaws.String(id)})
 	for p.HasMorePages() {
 		out, err := p.NextPage(ctx)
 		if err != nil {
 			return nil, apiErr(a.Region, "ListSnapshotBlocks", fmt.Errorf("snapshot %s: %w", id, err))
 		}
-		if gib, bs := aws.ToInt64(out.VolumeSize), aws.ToInt32(out.BlockSize); gib != int64(volumeGiB(im)) || bs != blockSize {
+		if gib, bs := sdkaws.ToInt64(out.VolumeSize), sdkaws.ToInt32(out.BlockSize); gib != int64(volumeGiB(im)) || bs != blockSize {
 			return nil, notImage("snapshot "+id, "a %d GiB volume of %d-byte blocks, where the image makes %d GiB of %d", gib, bs, volumeGiB(im), blockSize)
 		}
 		for _, b := range out.Blocks {
-			tokens[aws.ToInt32(b.BlockIndex)] = aws.ToString(b.BlockToken)
+			tokens[sdkaws.ToInt32(b.BlockIndex)] = sdkaws.ToString(b.BlockToken)
 		}
 	}
 	return tokens, nil
 }
 
 // checkBlock reads block i of the snapshot id and checks that its data has the SHA-256 want.
-func (a *AWS) checkBlock(ctx context.Context, id string, i int32, token string, want [sha256.Size]byte) error {
+func (a *Publisher) checkBlock(ctx context.Context, id string, i int32, token string, want [sha256.Size]byte) error {
 	out, err := a.EBS.GetSnapshotBlock(ctx, &ebs.GetSnapshotBlockInput{
-		SnapshotId: aws.String(id), BlockIndex: aws.Int32(i), BlockToken: aws.String(token),
+		SnapshotId: sdkaws.String(id), BlockIndex: sdkaws.Int32(i), BlockToken: sdkaws.String(token),
 	})
 	if err != nil {
 		return apiErr(a.Region, "GetSnapshotBlock", fmt.Errorf("snapshot %s block %d: %w", id, i, err))
@@ -202,9 +204,9 @@ func (a *AWS) checkBlock(ctx context.Context, id string, i int32, token string, 
 		return fmt.Errorf("publish aws: GetSnapshotBlock in %s: snapshot %s block %d: %w", a.Region, id, i, err)
 	}
 	sum := sha256.Sum256(data)
-	if got := base64.StdEncoding.EncodeToString(sum[:]); aws.ToString(out.Checksum) != got {
+	if got := base64.StdEncoding.EncodeToString(sum[:]); sdkaws.ToString(out.Checksum) != got {
 		return fmt.Errorf("publish aws: GetSnapshotBlock in %s: snapshot %s block %d: EBS sent checksum %s for data whose SHA-256 is %s",
-			a.Region, id, i, aws.ToString(out.Checksum), got)
+			a.Region, id, i, sdkaws.ToString(out.Checksum), got)
 	}
 	if len(data) != blockSize || sum != want {
 		return notImage("snapshot "+id, "block %d differs from the file's", i)

@@ -1,4 +1,4 @@
-package publish
+package aws
 
 import (
 	"context"
@@ -9,23 +9,25 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/kilnproject/kiln/builder/publish"
 )
 
 // share lets each account launch the AMI image in region and create volumes from its
 // snapshot. Adding a permission an account has already is not an error.
-func (a *AWS) share(ctx context.Context, c *ec2.Client, region, image, snapshot string, accounts []string) error {
+func (a *Publisher) share(ctx context.Context, c *ec2.Client, region, image, snapshot string, accounts []string) error {
 	if len(accounts) == 0 {
 		return nil
 	}
 	var perms []types.LaunchPermission
 	for _, acct := range accounts {
-		perms = append(perms, types.LaunchPermission{UserId: aws.String(acct)})
+		perms = append(perms, types.LaunchPermission{UserId: sdkaws.String(acct)})
 	}
 	if _, err := c.ModifyImageAttribute(ctx, &ec2.ModifyImageAttributeInput{
-		ImageId:          aws.String(image),
+		ImageId:          sdkaws.String(image),
 		LaunchPermission: &types.LaunchPermissionModifications{Add: perms},
 	}); err != nil {
 		return apiErr(region, "ModifyImageAttribute", err)
@@ -34,7 +36,7 @@ func (a *AWS) share(ctx context.Context, c *ec2.Client, region, image, snapshot 
 		return nil
 	}
 	if _, err := c.ModifySnapshotAttribute(ctx, &ec2.ModifySnapshotAttributeInput{
-		SnapshotId:    aws.String(snapshot),
+		SnapshotId:    sdkaws.String(snapshot),
 		Attribute:     types.SnapshotAttributeNameCreateVolumePermission,
 		OperationType: types.OperationTypeAdd,
 		UserIds:       accounts,
@@ -48,7 +50,7 @@ func (a *AWS) share(ctx context.Context, c *ec2.Client, region, image, snapshot 
 // copyAll copies the AMI to every region of r.CopyTo that lacks it, at once, and shares
 // each copy. The AMI in the home region stays when a copy fails: publishing again finds it
 // and makes the missing copies.
-func (a *AWS) copyAll(ctx context.Context, im *Image, account string, r AWSRequest, res *AWSResult) error {
+func (a *Publisher) copyAll(ctx context.Context, im *publish.Image, account string, r Request, res *Result) error {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var errs []error
@@ -76,7 +78,7 @@ func (a *AWS) copyAll(ctx context.Context, im *Image, account string, r AWSReque
 // copyTo makes sure region has a copy of the AMI source, copying it unless an earlier
 // publish did (an AMI of the name there must be the account's copy of source), and shares
 // it. It returns the copy's id.
-func (a *AWS) copyTo(ctx context.Context, im *Image, account string, r AWSRequest, source, region string) (string, error) {
+func (a *Publisher) copyTo(ctx context.Context, im *publish.Image, account string, r Request, source, region string) (string, error) {
 	c := a.EC2In(region)
 	img, err := a.findImage(ctx, c, region, account, r.Name, im.SHA256)
 	if err != nil {
@@ -89,24 +91,24 @@ func (a *AWS) copyTo(ctx context.Context, im *Image, account string, r AWSReques
 	} else {
 		tags := append(r.tags(im.SHA256), kv{"kiln:source", a.Region + "/" + source})
 		out, err := c.CopyImage(ctx, &ec2.CopyImageInput{
-			Name:              aws.String(r.Name),
-			Description:       aws.String(description(im)),
-			SourceImageId:     aws.String(source),
-			SourceRegion:      aws.String(a.Region),
+			Name:              sdkaws.String(r.Name),
+			Description:       sdkaws.String(description(im)),
+			SourceImageId:     sdkaws.String(source),
+			SourceRegion:      sdkaws.String(a.Region),
 			TagSpecifications: tagSpecs(tags, types.ResourceTypeImage, types.ResourceTypeSnapshot),
 			// A retry whose first answer was lost gets the copy the first made.
-			ClientToken: aws.String(rand.Text()),
+			ClientToken: sdkaws.String(rand.Text()),
 		})
 		if err != nil {
 			return "", apiErr(region, "CopyImage", err)
 		}
-		id := aws.ToString(out.ImageId)
+		id := sdkaws.ToString(out.ImageId)
 		a.log().Info("publish aws: copying", "image", id, "region", region, "from", source)
 		if img, err = a.waitImage(ctx, c, region, id); err != nil {
 			return "", a.undo(ctx, c, region, err, id, "")
 		}
 	}
-	id := aws.ToString(img.ImageId)
+	id := sdkaws.ToString(img.ImageId)
 	if err := a.share(ctx, c, region, id, rootSnapshot(img), r.ShareWith); err != nil {
 		return "", err
 	}

@@ -1,4 +1,4 @@
-package publish
+package aws
 
 import (
 	"context"
@@ -17,7 +17,7 @@ func (e *PlainHTTPError) Error() string {
 }
 
 // refusePlainHTTP fails a call whose endpoint is not https before it is signed, wherever the
-// endpoint came from (AWSConfig.Endpoint, AWS_ENDPOINT_URL_*, the shared config). Its error is
+// endpoint came from (Config.Endpoint, AWS_ENDPOINT_URL_*, the shared config). Its error is
 // not retried.
 type refusePlainHTTP struct{}
 

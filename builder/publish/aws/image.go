@@ -1,12 +1,14 @@
-package publish
+package aws
 
 import (
 	"context"
 	"fmt"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/kilnproject/kiln/builder/publish"
 )
 
 // rootDevice is the AMI's root device name.
@@ -16,7 +18,7 @@ const rootDevice = "/dev/xvda"
 // IMDSv2 required, x86_64, the root volume a gp3 of the disk's size. An AMI that does not
 // become available is deregistered. When the name turns out taken by the AMI this call made
 // (its answer was lost, and the retry was refused), that AMI is the answer.
-func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot, account string) (string, error) {
+func (a *Publisher) register(ctx context.Context, im *publish.Image, r Request, snapshot, account string) (string, error) {
 	w := ec2.NewSnapshotCompletedWaiter(a.EC2, func(o *ec2.SnapshotCompletedWaiterOptions) {
 		o.MinDelay, o.MaxDelay = a.poll(), a.poll()
 	})
@@ -24,21 +26,21 @@ func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot, a
 		return "", apiErr(a.Region, "DescribeSnapshots", fmt.Errorf("snapshot %s did not complete: %w", snapshot, err))
 	}
 	out, err := a.EC2.RegisterImage(ctx, &ec2.RegisterImageInput{
-		Name:               aws.String(r.Name),
-		Description:        aws.String(description(im)),
+		Name:               sdkaws.String(r.Name),
+		Description:        sdkaws.String(description(im)),
 		Architecture:       types.ArchitectureValuesX8664,
 		BootMode:           types.BootModeValuesUefi,
-		EnaSupport:         aws.Bool(true),
+		EnaSupport:         sdkaws.Bool(true),
 		ImdsSupport:        types.ImdsSupportValuesV20,
-		VirtualizationType: aws.String("hvm"),
-		RootDeviceName:     aws.String(rootDevice),
+		VirtualizationType: sdkaws.String("hvm"),
+		RootDeviceName:     sdkaws.String(rootDevice),
 		BlockDeviceMappings: []types.BlockDeviceMapping{{
-			DeviceName: aws.String(rootDevice),
+			DeviceName: sdkaws.String(rootDevice),
 			Ebs: &types.EbsBlockDevice{
-				SnapshotId:          aws.String(snapshot),
-				VolumeSize:          aws.Int32(volumeGiB(im)),
+				SnapshotId:          sdkaws.String(snapshot),
+				VolumeSize:          sdkaws.Int32(volumeGiB(im)),
 				VolumeType:          types.VolumeTypeGp3,
-				DeleteOnTermination: aws.Bool(true),
+				DeleteOnTermination: sdkaws.Bool(true),
 			},
 		}},
 		TagSpecifications: tagSpecs(r.tags(im.SHA256), types.ResourceTypeImage),
@@ -49,7 +51,7 @@ func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot, a
 	if err != nil {
 		return "", apiErr(a.Region, "RegisterImage", err)
 	}
-	id := aws.ToString(out.ImageId)
+	id := sdkaws.ToString(out.ImageId)
 	a.log().Info("publish aws: registered", "image", id, "region", a.Region)
 	if _, err := a.waitImage(ctx, a.EC2, a.Region, id); err != nil {
 		return "", a.undo(ctx, a.EC2, a.Region, err, id, "")
@@ -60,7 +62,7 @@ func (a *AWS) register(ctx context.Context, im *Image, r AWSRequest, snapshot, a
 // adopt returns the AMI called r.Name after RegisterImage failed with dup, the name taken: it
 // is the AMI this publish registered when it is the account's, tagged with im's digest and
 // registered as kiln does from snapshot. Otherwise the error names the AMI holding the name.
-func (a *AWS) adopt(ctx context.Context, im *Image, r AWSRequest, snapshot, account string, dup error) (string, error) {
+func (a *Publisher) adopt(ctx context.Context, im *publish.Image, r Request, snapshot, account string, dup error) (string, error) {
 	img, err := a.findImage(ctx, a.EC2, a.Region, account, r.Name, im.SHA256)
 	if err != nil {
 		return "", err
@@ -68,7 +70,7 @@ func (a *AWS) adopt(ctx context.Context, im *Image, r AWSRequest, snapshot, acco
 	if img == nil {
 		return "", apiErr(a.Region, "RegisterImage", dup)
 	}
-	id := aws.ToString(img.ImageId)
+	id := sdkaws.ToString(img.ImageId)
 	snap, err := amiShape(img)
 	if err == nil && snap != snapshot {
 		err = notImage("AMI "+id, "it was registered from snapshot %s, not from %s", snap, snapshot)
@@ -81,7 +83,7 @@ func (a *AWS) adopt(ctx context.Context, im *Image, r AWSRequest, snapshot, acco
 }
 
 // waitImage waits until the AMI id in region is available and returns it.
-func (a *AWS) waitImage(ctx context.Context, c *ec2.Client, region, id string) (*types.Image, error) {
+func (a *Publisher) waitImage(ctx context.Context, c *ec2.Client, region, id string) (*types.Image, error) {
 	w := ec2.NewImageAvailableWaiter(c, func(o *ec2.ImageAvailableWaiterOptions) {
 		o.MinDelay, o.MaxDelay = a.poll(), a.poll()
 	})
@@ -96,7 +98,7 @@ func (a *AWS) waitImage(ctx context.Context, c *ec2.Client, region, id string) (
 }
 
 // description is the AMI's description: what was baked, and the file's digest.
-func description(im *Image) string {
+func description(im *publish.Image) string {
 	md := im.Metadata
 	return fmt.Sprintf("kiln %s role %s, kernel %s, sha256:%s", md.Name, md.Role, md.Kernel.Version, im.SHA256)
 }
@@ -105,7 +107,7 @@ func description(im *Image) string {
 func tagSpecs(tags []kv, kinds ...types.ResourceType) []types.TagSpecification {
 	var ts []types.Tag
 	for _, t := range tags {
-		ts = append(ts, types.Tag{Key: aws.String(t.key), Value: aws.String(t.value)})
+		ts = append(ts, types.Tag{Key: sdkaws.String(t.key), Value: sdkaws.String(t.value)})
 	}
 	var specs []types.TagSpecification
 	for _, rt := range kinds {

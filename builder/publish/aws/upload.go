@@ -1,4 +1,4 @@
-package publish
+package aws
 
 import (
 	"bytes"
@@ -14,10 +14,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	ebstypes "github.com/aws/aws-sdk-go-v2/service/ebs/types"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/kilnproject/kiln/builder/publish"
 )
 
 // blockSize is the size of an EBS snapshot block, the unit of PutSnapshotBlock.
@@ -49,7 +51,7 @@ type uploaded struct {
 
 // upload writes im into a new snapshot through the EBS direct APIs and completes it. On
 // failure it deletes the snapshot, or says that it is left.
-func (a *AWS) upload(ctx context.Context, im *Image, r AWSRequest) (*uploaded, error) {
+func (a *Publisher) upload(ctx context.Context, im *publish.Image, r Request) (*uploaded, error) {
 	f, err := os.Open(im.Path)
 	if err != nil {
 		return nil, fmt.Errorf("publish aws: %w", err)
@@ -57,18 +59,18 @@ func (a *AWS) upload(ctx context.Context, im *Image, r AWSRequest) (*uploaded, e
 	defer f.Close()
 	var tags []ebstypes.Tag
 	for _, t := range r.tags(im.SHA256) {
-		tags = append(tags, ebstypes.Tag{Key: aws.String(t.key), Value: aws.String(t.value)})
+		tags = append(tags, ebstypes.Tag{Key: sdkaws.String(t.key), Value: sdkaws.String(t.value)})
 	}
 	start, err := a.EBS.StartSnapshot(ctx, &ebs.StartSnapshotInput{
-		VolumeSize:  aws.Int64(int64(volumeGiB(im))),
-		Description: aws.String(fmt.Sprintf("kiln %s sha256:%s", r.Name, im.SHA256)),
+		VolumeSize:  sdkaws.Int64(int64(volumeGiB(im))),
+		Description: sdkaws.String(fmt.Sprintf("kiln %s sha256:%s", r.Name, im.SHA256)),
 		Tags:        tags,
-		ClientToken: aws.String(rand.Text()),
+		ClientToken: sdkaws.String(rand.Text()),
 	})
 	if err != nil {
 		return nil, apiErr(a.Region, "StartSnapshot", err)
 	}
-	id := aws.ToString(start.SnapshotId)
+	id := sdkaws.ToString(start.SnapshotId)
 	a.log().Info("publish aws: uploading", "snapshot", id, "region", a.Region, "file", im.Path)
 	up := &blockUpload{a: a, snapshot: id, path: im.Path, blocks: (im.Output.Size + blockSize - 1) / blockSize}
 	if err := up.run(ctx, f, im.SHA256); err != nil {
@@ -80,7 +82,7 @@ func (a *AWS) upload(ctx context.Context, im *Image, r AWSRequest) (*uploaded, e
 // blockUpload is one snapshot's upload: blocks are read and hashed in order by one goroutine
 // and put by Workers others.
 type blockUpload struct {
-	a        *AWS
+	a        *Publisher
 	snapshot string
 	path     string
 	blocks   int64
@@ -162,18 +164,18 @@ func (u *blockUpload) putBlocks(ctx context.Context, todo <-chan block, free cha
 		sum := sha256.Sum256(b.data)
 		want := base64.StdEncoding.EncodeToString(sum[:])
 		out, err := u.a.EBS.PutSnapshotBlock(ctx, &ebs.PutSnapshotBlockInput{
-			SnapshotId:        aws.String(u.snapshot),
-			BlockIndex:        aws.Int32(int32(b.index)),
+			SnapshotId:        sdkaws.String(u.snapshot),
+			BlockIndex:        sdkaws.Int32(int32(b.index)),
 			BlockData:         bytes.NewReader(b.data),
-			DataLength:        aws.Int32(blockSize),
-			Checksum:          aws.String(want),
+			DataLength:        sdkaws.Int32(blockSize),
+			Checksum:          sdkaws.String(want),
 			ChecksumAlgorithm: ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256,
-			Progress:          aws.Int32(int32(100 * (b.index + 1) / u.blocks)),
+			Progress:          sdkaws.Int32(int32(100 * (b.index + 1) / u.blocks)),
 		})
 		if err != nil {
 			return apiErr(u.a.Region, "PutSnapshotBlock", fmt.Errorf("block %d: %w", b.index, err))
 		}
-		if got := aws.ToString(out.Checksum); got != want {
+		if got := sdkaws.ToString(out.Checksum); got != want {
 			return fmt.Errorf("publish aws: PutSnapshotBlock %d: EBS stored checksum %s, sent %s", b.index, got, want)
 		}
 		u.digests[b.index], u.put[b.index] = sum, true
@@ -198,9 +200,9 @@ func (u *blockUpload) complete(ctx context.Context) error {
 		}
 	}
 	out, err := u.a.EBS.CompleteSnapshot(ctx, &ebs.CompleteSnapshotInput{
-		SnapshotId:                aws.String(u.snapshot),
-		ChangedBlocksCount:        aws.Int32(n),
-		Checksum:                  aws.String(base64.StdEncoding.EncodeToString(agg.Sum(nil))),
+		SnapshotId:                sdkaws.String(u.snapshot),
+		ChangedBlocksCount:        sdkaws.Int32(n),
+		Checksum:                  sdkaws.String(base64.StdEncoding.EncodeToString(agg.Sum(nil))),
 		ChecksumAlgorithm:         ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256,
 		ChecksumAggregationMethod: ebstypes.ChecksumAggregationMethodChecksumAggregationLinear,
 	})
