@@ -337,7 +337,7 @@ func TestControlPlaneFirstBoot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nc, err := config.LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
+	nc, err := config.LoadNodeIn(root)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -200,6 +201,12 @@ func (n *Node) clusterFQDN() string {
 // api.internal.<cluster.name>.<cluster.dnsZone>; etcd members are named etcd-<member>.
 func (n *Node) InternalName(host string) string {
 	return host + ".internal." + n.clusterFQDN()
+}
+
+// LoadNodeIn reads and parses the node config of the node whose root directory is root: its
+// nodeimage.NodeConfigPath (see LoadNode).
+func LoadNodeIn(root string) (*Node, error) {
+	return LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
 }
 
 // LoadNode reads and parses the node config at path (see ParseNode).

@@ -7,13 +7,11 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/netip"
-	"path/filepath"
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/firstboot/facts"
 	"github.com/kilnproject/kiln/initd/source"
-	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // RegisterDNS publishes this node's cluster names (etcd-<member>.internal…, api.internal…)
@@ -23,7 +21,7 @@ import (
 // pending/registered in /var/lib/kiln/dns.json for `kiln-init status`; a DNS server that is
 // down never holds up the boot, because this runs in its own service.
 func RegisterDNS(ctx context.Context, root string, log *slog.Logger) (dns.State, error) {
-	n, err := config.LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
+	n, err := config.LoadNodeIn(root)
 	if errors.Is(err, fs.ErrNotExist) {
 		log.Info("no node config; nothing to publish")
 		return dns.State{}, nil

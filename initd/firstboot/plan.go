@@ -237,7 +237,7 @@ func (p *plan) reloadNetwork(ctx context.Context) (bool, error) {
 // node is what the image was baked for. A node config for another role than the image's is
 // an error: the image does not carry that role's parts. A plain node takes none.
 func (p *plan) loadNode(context.Context) (bool, error) {
-	n, err := config.LoadNode(filepath.Join(p.opts.Root, nodeimage.NodeConfigPath))
+	n, err := config.LoadNodeIn(p.opts.Root)
 	switch {
 	case errors.Is(err, fs.ErrNotExist) && !p.runsKubernetes():
 		n = &config.Node{}

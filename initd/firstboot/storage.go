@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"maps"
 	"net/http"
-	"path/filepath"
 	"slices"
 
 	"github.com/kilnproject/kiln/initd/apply"
@@ -94,7 +93,7 @@ func (p *plan) configuredNode() (*config.Node, error) {
 			return n, nil
 		}
 	}
-	n, err := config.LoadNode(filepath.Join(p.opts.Root, nodeimage.NodeConfigPath))
+	n, err := config.LoadNodeIn(p.opts.Root)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

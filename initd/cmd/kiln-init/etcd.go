@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -50,7 +49,7 @@ when --wait passes first.`,
   kiln-init etcd member --wait 2h`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := config.LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
+			n, err := config.LoadNodeIn(root)
 			if err != nil {
 				return err
 			}

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/initd/config"
-	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 func newKubeCmd(log *slog.Logger) *cobra.Command {
@@ -42,7 +41,7 @@ func nodeName(root string) (string, error) {
 			return s, nil
 		}
 	}
-	n, err := config.LoadNode(filepath.Join(root, nodeimage.NodeConfigPath))
+	n, err := config.LoadNodeIn(root)
 	switch {
 	case err == nil && n.Hostname != "":
 		return n.Hostname, nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -54,7 +53,7 @@ func bootstrap(cmd *cobra.Command, o kube.BootstrapOptions, force bool) error {
 		fmt.Fprintf(w, "kiln-init: control plane bootstrapped already (%s)\n", prev.Finished.Format(time.RFC3339))
 		return nil
 	}
-	n, err := config.LoadNode(filepath.Join(o.Root, nodeimage.NodeConfigPath))
+	n, err := config.LoadNodeIn(o.Root)
 	if err != nil {
 		return err
 	}
