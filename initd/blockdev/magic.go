@@ -13,7 +13,7 @@ import (
 const (
 	FSNone    = ""        // the probed area is all zero: safe to format
 	FSExt4    = "ext4"    // ext2/3/4 superblock magic 0xEF53 at byte 1080
-	FSUnknown = "unknown" // non-zero data without a signature stage 1 knows
+	fsUnknown = "unknown" // non-zero data without a signature stage 1 knows
 )
 
 // probeSize is how much of the start of a device ProbeFilesystem reads. It covers the
@@ -23,7 +23,7 @@ const probeSize = 1 << 20
 // ProbeFilesystem looks at the start of a device or image and names what is on it: FSExt4, FSNone
 // when the first MiB (or the whole device if smaller) is zero, another filesystem or partition
 // table name (squashfs, erofs, xfs, btrfs, vfat, swap, crypto_LUKS, gpt, dos) when it recognises
-// the signature, or FSUnknown for other non-zero data. Only FSNone may be formatted.
+// the signature, or "unknown" for other non-zero data. Only FSNone may be formatted.
 func ProbeFilesystem(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -109,7 +109,7 @@ func identify(b []byte) string {
 	if len(bytes.Trim(b, "\x00")) == 0 {
 		return FSNone
 	}
-	return FSUnknown
+	return fsUnknown
 }
 
 // mdMagic is the Linux software RAID superblock magic, little-endian in versions 1.x.
@@ -129,7 +129,7 @@ func lvmLabel(b []byte) bool {
 
 // ProbeDisk names everything on a whole disk that says it holds data: what ProbeFilesystem
 // finds in the first MiB (a partition table, a filesystem, a RAID member, LUKS, LVM, or
-// FSUnknown for other non-zero bytes), and the signatures kept at the end of a disk: a backup
+// "unknown" for other non-zero bytes), and the signatures kept at the end of a disk: a backup
 // GPT header ("gpt (backup header at the end)") and a RAID superblock of version 0.90 or 1.0
 // ("linux_raid_member (superblock at the end)"). An empty result is a disk holding nothing
 // stage 1 knows of: the installer writes only to such a disk unless told to wipe.

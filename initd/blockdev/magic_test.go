@@ -84,7 +84,7 @@ var probeCases = []probeCase{
 		make: func(t *testing.T) string { return sparseWith(t, 0, "XFSB\x00\x00\x10\x00") }},
 	{name: "old GPT", want: "gpt",
 		make: func(t *testing.T) string { return sparseWith(t, 512, "EFI PART") }},
-	{name: "unknown data deep in the first MiB", want: FSUnknown,
+	{name: "unknown data deep in the first MiB", want: fsUnknown,
 		make: func(t *testing.T) string { return sparseWith(t, 900<<10, "precious bytes") }},
 }
 
@@ -154,7 +154,7 @@ func TestProbeDisk(t *testing.T) {
 			}},
 		{name: "LUKS", want: []string{"crypto_LUKS"},
 			make: func(t *testing.T) string { return sparseWith(t, 0, "LUKS\xba\xbe\x00\x02") }},
-		{name: "unknown bytes", want: []string{FSUnknown},
+		{name: "unknown bytes", want: []string{fsUnknown},
 			make: func(t *testing.T) string { return sparseWith(t, 700<<10, "left-over") }},
 	}
 	for _, tt := range tests {

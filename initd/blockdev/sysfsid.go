@@ -99,7 +99,7 @@ func (ids DiskIDs) SelectedBySerial(serial string) bool {
 // with the full 40-character model).
 func (ids DiskIDs) SelectedByID(id string) bool {
 	id = strings.TrimPrefix(id, ByIDDir+"/")
-	if id == "" || IsPartitionLink(id) {
+	if id == "" || isPartitionLink(id) {
 		return false
 	}
 	if slices.Contains(ids.Links, id) {
@@ -141,7 +141,7 @@ func vpdSerial(file string) string {
 
 // SerialLinkMatches reports whether a /dev/disk/by-id link name belongs to a whole disk with serial.
 func SerialLinkMatches(name, serial string) bool {
-	if IsPartitionLink(name) {
+	if isPartitionLink(name) {
 		return false
 	}
 	for _, prefix := range []string{"virtio-", "scsi-0QEMU_QEMU_HARDDISK_", "scsi-SQEMU_QEMU_HARDDISK_"} {
@@ -157,8 +157,8 @@ func SerialLinkMatches(name, serial string) bool {
 	return false
 }
 
-// IsPartitionLink reports whether a by-id link name ends in -part<N>, udev's suffix for partitions.
-func IsPartitionLink(name string) bool {
+// isPartitionLink reports whether a by-id link name ends in -part<N>, udev's suffix for partitions.
+func isPartitionLink(name string) bool {
 	i := strings.LastIndex(name, "-part")
 	if i < 0 || i+5 == len(name) {
 		return false

@@ -93,10 +93,10 @@ func OnBootDisk(sysDir, dev string, bootMounts []string) (string, error) {
 	return "", nil
 }
 
-// DisksUnder names the whole disks under block device dev (itself, the disk of a
+// disksUnder names the whole disks under block device dev (itself, the disk of a
 // partition, the disks under a RAID array or device-mapper device), e.g. [vdb vdc]; none
 // when dev is not a block device. sysDir is where sysfs is mounted ("" for /sys).
-func DisksUnder(sysDir, dev string) []string {
+func disksUnder(sysDir, dev string) []string {
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
 		return nil
@@ -107,8 +107,8 @@ func DisksUnder(sysDir, dev string) []string {
 // SharedDisk is a whole disk both block devices a and b are on (through partitions, RAID
 // arrays and device-mapper devices), "" when they share none.
 func SharedDisk(sysDir, a, b string) string {
-	under := DisksUnder(sysDir, a)
-	for _, d := range DisksUnder(sysDir, b) {
+	under := disksUnder(sysDir, a)
+	for _, d := range disksUnder(sysDir, b) {
 		if slices.Contains(under, d) {
 			return d
 		}

@@ -11,9 +11,9 @@ import (
 	"testing"
 )
 
-// A controller that writes the object between Apply's read and its apply (a Deployment's
-// status, say) is not taken for a change of Apply's own: the apply carries the version it
-// read, the server refuses it, and Apply reads and applies again.
+// A controller that writes the object between apply's read and its apply (a Deployment's
+// status, say) is not taken for a change of apply's own: the apply carries the version it
+// read, the server refuses it, and apply reads and applies again.
 func TestApplyNotFooledByAnotherWriter(t *testing.T) {
 	var (
 		mu      sync.Mutex
@@ -48,10 +48,10 @@ func TestApplyNotFooledByAnotherWriter(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	c := &Client{Server: srv.URL, HTTP: srv.Client()}
-	obj := Object{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "coredns", "namespace": "kube-system"},
+	c := &Client{server: srv.URL, httpClient: srv.Client()}
+	obj := object{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "coredns", "namespace": "kube-system"},
 		"data": map[string]any{"Corefile": "."}}
-	changed, err := c.Apply(context.Background(), obj)
+	changed, err := c.apply(context.Background(), obj)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,15 +27,15 @@ import (
 // Names kubeadm gives the things its init phases create; kiln uses the same so that
 // kubeadm-aware tools (and people) find them.
 const (
-	// NodeBootstrapGroup is the group a bootstrap token authenticates into.
-	NodeBootstrapGroup = "system:bootstrappers:kubeadm:default-node-token"
-	// LabelControlPlane and TaintControlPlane mark a control-plane node.
-	LabelControlPlane = "node-role.kubernetes.io/control-plane"
-	TaintControlPlane = "node-role.kubernetes.io/control-plane"
-	// LabelExcludeLB keeps the node out of external load balancers, as kubeadm does.
-	LabelExcludeLB = "node.kubernetes.io/exclude-from-external-load-balancers"
-	// TokenTTL is how long the bootstrap token is valid after the control plane created it.
-	TokenTTL = 24 * time.Hour
+	// nodeBootstrapGroup is the group a bootstrap token authenticates into.
+	nodeBootstrapGroup = "system:bootstrappers:kubeadm:default-node-token"
+	// labelControlPlane and taintControlPlane mark a control-plane node.
+	labelControlPlane = "node-role.kubernetes.io/control-plane"
+	taintControlPlane = "node-role.kubernetes.io/control-plane"
+	// labelExcludeLB keeps the node out of external load balancers, as kubeadm does.
+	labelExcludeLB = "node.kubernetes.io/exclude-from-external-load-balancers"
+	// tokenTTL is how long the bootstrap token is valid after the control plane created it.
+	tokenTTL = 24 * time.Hour
 )
 
 // BootstrapOptions configure the control-plane bootstrap (BootstrapTasks).
@@ -52,16 +52,16 @@ type BootstrapOptions struct {
 	APIWait time.Duration
 	// NodeWait bounds the wait for kubelet to register this node; 0 means 10 minutes.
 	NodeWait time.Duration
-	// Interval is the time between two tries of a step the API refused for now; 0 means
+	// interval is the time between two tries of a step the API refused for now; 0 means
 	// 2 seconds.
-	Interval time.Duration
+	interval time.Duration
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
 	// Waiting, when set, says what the API server waits for (an HA control plane: how many
 	// etcd members answer); it is logged with each change while the API is not ready.
 	Waiting func(context.Context) string
-	// Now is the clock (token expiry); nil means time.Now.
-	Now func() time.Time
+	// now is the clock (token expiry); nil means time.Now.
+	now func() time.Time
 }
 
 func (o BootstrapOptions) withDefaults() BootstrapOptions {
@@ -74,14 +74,14 @@ func (o BootstrapOptions) withDefaults() BootstrapOptions {
 	if o.NodeWait == 0 {
 		o.NodeWait = 10 * time.Minute
 	}
-	if o.Interval == 0 {
-		o.Interval = 2 * time.Second
+	if o.interval == 0 {
+		o.interval = 2 * time.Second
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.now == nil {
+		o.now = time.Now
 	}
 	return o
 }
@@ -181,7 +181,7 @@ func (b *bootstrap) apiReady(ctx context.Context) (bool, error) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return c.Ready(rctx) == nil, nil
+	return c.ready(rctx) == nil, nil
 }
 
 func (b *bootstrap) waitAPI(ctx context.Context) error {
@@ -191,25 +191,25 @@ func (b *bootstrap) waitAPI(ctx context.Context) error {
 	}
 	start := time.Now()
 	last := ""
-	err = waitUntil(ctx, b.o.APIWait, b.o.Interval, "/readyz", func(ctx context.Context) (bool, error) {
+	err = waitUntil(ctx, b.o.APIWait, b.o.interval, "/readyz", func(ctx context.Context) (bool, error) {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		err := c.Ready(rctx)
+		err := c.ready(rctx)
 		if err != nil {
-			what := "API server " + c.Server + "/readyz"
+			what := "API server " + c.server + "/readyz"
 			if b.o.Waiting != nil {
 				w := b.o.Waiting(ctx)
 				what += "; " + w
-				ReportDetail(ctx, w)
+				reportDetail(ctx, w)
 			}
 			note(b.o.Log, &last, what, err)
 		}
 		return err == nil, err
 	})
 	if err != nil {
-		return fmt.Errorf("API server %s not ready: %w", c.Server, err)
+		return fmt.Errorf("API server %s not ready: %w", c.server, err)
 	}
-	b.o.Log.Info("API server ready", "server", c.Server, "waited", time.Since(start).Round(time.Second))
+	b.o.Log.Info("API server ready", "server", c.server, "waited", time.Since(start).Round(time.Second))
 	return nil
 }
 
@@ -219,7 +219,7 @@ func (b *bootstrap) retry(ctx context.Context, f func(context.Context) (bool, er
 	var changed bool
 	err := poll.Retry(ctx, poll.Options{
 		What:      "the API server",
-		Backoff:   poll.Constant(b.o.Interval),
+		Backoff:   poll.Constant(b.o.interval),
 		Retryable: transient,
 		OnRetry:   func(a poll.Attempt) { b.o.Log.Debug("retrying", "error", a.Err) },
 	}, func(ctx context.Context) error {
@@ -234,11 +234,11 @@ func (b *bootstrap) retry(ctx context.Context, f func(context.Context) (bool, er
 }
 
 // applyObjects server-side applies objs with c, in order.
-func (b *bootstrap) applyObjects(ctx context.Context, c *Client, objs []Object) (bool, error) {
+func (b *bootstrap) applyObjects(ctx context.Context, c *Client, objs []object) (bool, error) {
 	return b.retry(ctx, func(ctx context.Context) (bool, error) {
 		some := false
 		for _, o := range objs {
-			changed, err := c.Apply(ctx, o)
+			changed, err := c.apply(ctx, o)
 			if err != nil {
 				return some, err
 			}
@@ -251,7 +251,7 @@ func (b *bootstrap) applyObjects(ctx context.Context, c *Client, objs []Object) 
 	})
 }
 
-func (b *bootstrap) applyAll(objs func() []Object) func(context.Context) (bool, error) {
+func (b *bootstrap) applyAll(objs func() []object) func(context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
 		c, err := b.client()
 		if err != nil {
@@ -267,7 +267,7 @@ func (b *bootstrap) applyFile(path string) func(context.Context) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("addon: %w", err)
 		}
-		objs, err := ParseManifests(data, path)
+		objs, err := parseManifests(data, path)
 		if err != nil {
 			return false, err
 		}
@@ -286,7 +286,7 @@ func (b *bootstrap) clusterAdmins(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return b.applyObjects(ctx, c, []Object{clusterRoleBinding("kubeadm:cluster-admins", "cluster-admin", group(pki.GroupClusterAdmins))})
+	return b.applyObjects(ctx, c, []object{clusterRoleBinding("kubeadm:cluster-admins", "cluster-admin", group(pki.GroupClusterAdmins))})
 }
 
 // bootstrapToken creates the token Secret kubelets TLS-bootstrap with, from the token
@@ -309,15 +309,15 @@ func (b *bootstrap) bootstrapToken(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	secret := TokenSecret(tok, b.o.Now().Add(TokenTTL))
-	return b.retry(ctx, func(ctx context.Context) (bool, error) { return c.Create(ctx, secret) })
+	secret := tokenSecret(tok, b.o.now().Add(tokenTTL))
+	return b.retry(ctx, func(ctx context.Context) (bool, error) { return c.create(ctx, secret) })
 }
 
-// TokenSecret is the bootstrap token Secret kubeadm's bootstrap-token phase writes:
+// tokenSecret is the bootstrap token Secret kubeadm's bootstrap-token phase writes:
 // usable for authentication (kubelet's TLS bootstrap) and for signing cluster-info, in
-// the group NodeBootstrapGroup, expiring at expires.
-func TokenSecret(t pki.Token, expires time.Time) Object {
-	return Object{
+// the group nodeBootstrapGroup, expiring at expires.
+func tokenSecret(t pki.Token, expires time.Time) object {
+	return object{
 		"apiVersion": "v1",
 		"kind":       "Secret",
 		"metadata": map[string]any{
@@ -332,7 +332,7 @@ func TokenSecret(t pki.Token, expires time.Time) Object {
 			"expiration":                     expires.UTC().Format(time.RFC3339),
 			"usage-bootstrap-authentication": "true",
 			"usage-bootstrap-signing":        "true",
-			"auth-extra-groups":              NodeBootstrapGroup,
+			"auth-extra-groups":              nodeBootstrapGroup,
 		},
 	}
 }
@@ -340,11 +340,11 @@ func TokenSecret(t pki.Token, expires time.Time) Object {
 // bootstrapRBAC are kubeadm's bindings for joining nodes: bootstrap tokens may create
 // CSRs and read nodes, their client CSRs are approved automatically, and so are the
 // renewals of nodes' own client certificates.
-func bootstrapRBAC() []Object {
-	return []Object{
-		clusterRoleBinding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", group(NodeBootstrapGroup)),
+func bootstrapRBAC() []object {
+	return []object{
+		clusterRoleBinding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", group(nodeBootstrapGroup)),
 		clusterRoleBinding("kubeadm:node-autoapprove-bootstrap",
-			"system:certificates.k8s.io:certificatesigningrequests:nodeclient", group(NodeBootstrapGroup)),
+			"system:certificates.k8s.io:certificatesigningrequests:nodeclient", group(nodeBootstrapGroup)),
 		clusterRoleBinding("kubeadm:node-autoapprove-certificate-rotation",
 			"system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", group("system:nodes")),
 		{
@@ -353,7 +353,7 @@ func bootstrapRBAC() []Object {
 			"metadata":   map[string]any{"name": "kubeadm:get-nodes"},
 			"rules":      []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get"}}},
 		},
-		clusterRoleBinding("kubeadm:get-nodes", "kubeadm:get-nodes", group(NodeBootstrapGroup)),
+		clusterRoleBinding("kubeadm:get-nodes", "kubeadm:get-nodes", group(nodeBootstrapGroup)),
 	}
 }
 
@@ -361,12 +361,12 @@ func group(name string) map[string]any {
 	return map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": name}
 }
 
-func clusterRoleBinding(name, role string, subjects ...map[string]any) Object {
+func clusterRoleBinding(name, role string, subjects ...map[string]any) object {
 	subs := make([]any, len(subjects))
 	for i, s := range subjects {
 		subs[i] = s
 	}
-	return Object{
+	return object{
 		"apiVersion": "rbac.authorization.k8s.io/v1",
 		"kind":       "ClusterRoleBinding",
 		"metadata":   map[string]any{"name": name},
@@ -386,7 +386,7 @@ func (b *bootstrap) clusterInfo(ctx context.Context) (bool, error) {
 	if b.o.APIEndpoint == "" {
 		return false, errors.New("cluster-info: no API endpoint")
 	}
-	objs, err := ClusterInfo(pki.ServerURL(b.o.APIEndpoint), ca)
+	objs, err := clusterInfo(pki.ServerURL(b.o.APIEndpoint), ca)
 	if err != nil {
 		return false, err
 	}
@@ -397,9 +397,9 @@ func (b *bootstrap) clusterInfo(ctx context.Context) (bool, error) {
 	return b.applyObjects(ctx, c, objs)
 }
 
-// ClusterInfo is the kube-public/cluster-info ConfigMap for server and the CA, and the
+// clusterInfo is the kube-public/cluster-info ConfigMap for server and the CA, and the
 // Role and RoleBinding that let system:anonymous get it.
-func ClusterInfo(server string, caPEM []byte) ([]Object, error) {
+func clusterInfo(server string, caPEM []byte) ([]object, error) {
 	if _, err := pki.ParseCertPEM(caPEM); err != nil {
 		return nil, fmt.Errorf("cluster-info: CA: %w", err)
 	}
@@ -410,7 +410,7 @@ func ClusterInfo(server string, caPEM []byte) ([]Object, error) {
 		return nil, fmt.Errorf("cluster-info: %w", err)
 	}
 	const name = "kubeadm:bootstrap-signer-clusterinfo"
-	return []Object{
+	return []object{
 		{
 			"apiVersion": "v1",
 			"kind":       "ConfigMap",
@@ -454,8 +454,8 @@ func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
 		} `json:"spec"`
 	}
 	last := ""
-	err = waitUntil(ctx, b.o.NodeWait, b.o.Interval, "kubelet to register it", func(ctx context.Context) (bool, error) {
-		err := c.Get(ctx, path, &node)
+	err = waitUntil(ctx, b.o.NodeWait, b.o.interval, "kubelet to register it", func(ctx context.Context) (bool, error) {
+		err := c.get(ctx, path, &node)
 		if err != nil {
 			note(b.o.Log, &last, "node "+b.o.NodeName+" to register", err)
 		}
@@ -465,24 +465,24 @@ func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("node %s: %w", b.o.NodeName, err)
 	}
 	return b.retry(ctx, func(ctx context.Context) (bool, error) {
-		if err := c.Get(ctx, path, &node); err != nil {
+		if err := c.get(ctx, path, &node); err != nil {
 			return false, err
 		}
 		hasTaint := slices.ContainsFunc(node.Spec.Taints, func(t taint) bool {
-			return t["key"] == TaintControlPlane && t["effect"] == "NoSchedule"
+			return t["key"] == taintControlPlane && t["effect"] == "NoSchedule"
 		})
-		_, l1 := node.Metadata.Labels[LabelControlPlane]
-		_, l2 := node.Metadata.Labels[LabelExcludeLB]
+		_, l1 := node.Metadata.Labels[labelControlPlane]
+		_, l2 := node.Metadata.Labels[labelExcludeLB]
 		if hasTaint && l1 && l2 {
 			return false, nil
 		}
 		taints := node.Spec.Taints
 		if !hasTaint {
-			taints = append(taints, taint{"key": TaintControlPlane, "effect": "NoSchedule"})
+			taints = append(taints, taint{"key": taintControlPlane, "effect": "NoSchedule"})
 		}
 		patch, err := json.Marshal(map[string]any{
 			"metadata": map[string]any{
-				"labels":          map[string]string{LabelControlPlane: "", LabelExcludeLB: ""},
+				"labels":          map[string]string{labelControlPlane: "", labelExcludeLB: ""},
 				"resourceVersion": node.Metadata.ResourceVersion, // a concurrent change is a conflict: retried
 			},
 			"spec": map[string]any{"taints": taints},
@@ -490,7 +490,7 @@ func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if err := c.Do(ctx, http.MethodPatch, path, ContentMergePatch, patch, nil); err != nil {
+		if err := c.do(ctx, http.MethodPatch, path, contentMergePatch, patch, nil); err != nil {
 			return false, fmt.Errorf("mark node %s: %w", b.o.NodeName, err)
 		}
 		b.o.Log.Info("node marked control plane", "node", b.o.NodeName)

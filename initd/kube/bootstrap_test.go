@@ -180,7 +180,7 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 func runBootstrap(t *testing.T, ctx context.Context, root string) *Stage {
 	t.Helper()
 	tasks, err := BootstrapTasks(BootstrapOptions{Root: root, NodeName: testNode, APIEndpoint: testEndpoint,
-		APIWait: 3 * time.Minute, NodeWait: time.Minute, Interval: 500 * time.Millisecond,
+		APIWait: 3 * time.Minute, NodeWait: time.Minute, interval: 500 * time.Millisecond,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +193,7 @@ func runBootstrap(t *testing.T, ctx context.Context, root string) *Stage {
 }
 
 // csr is a kubelet's client certificate request, as its TLS bootstrap sends it.
-func csr(t *testing.T, node string) Object {
+func csr(t *testing.T, node string) object {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -204,7 +204,7 @@ func csr(t *testing.T, node string) Object {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Object{
+	return object{
 		"apiVersion": "certificates.k8s.io/v1",
 		"kind":       "CertificateSigningRequest",
 		"metadata":   map[string]any{"generateName": "node-csr-"},
@@ -269,13 +269,13 @@ func registerNode(ctx context.Context, root string) {
 	if err != nil {
 		return
 	}
-	n := Object{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": testNode},
+	n := object{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": testNode},
 		"spec": map[string]any{"taints": []any{map[string]any{"key": "example.com/keep", "effect": "NoExecute"}}}}
 	body, _ := json.Marshal(n)
 	_ = poll.Retry(ctx, poll.Options{What: "node " + testNode + " to register", Backoff: poll.Constant(time.Second)},
 		func(ctx context.Context) error {
-			err := super.Do(ctx, http.MethodPost, "/api/v1/nodes", ContentJSON, body, nil)
-			if IsConflict(err) {
+			err := super.do(ctx, http.MethodPost, "/api/v1/nodes", contentJSON, body, nil)
+			if isConflict(err) {
 				return nil
 			}
 			return err
@@ -285,7 +285,7 @@ func registerNode(ctx context.Context, root string) {
 // checkTokenCSR checks that the bootstrap token creates a CSR.
 func (b bootstrapped) checkTokenCSR(t *testing.T) {
 	ctx, server, ca := b.ctx, b.server, b.ca
-	c, err := NewClient(server, ca, testToken)
+	c, err := newClient(server, ca, testToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,26 +297,26 @@ func (b bootstrapped) checkTokenCSR(t *testing.T) {
 		}
 	}
 	body, _ := json.Marshal(csr(t, "worker-1"))
-	if err := c.Do(ctx, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", ContentJSON, body, &created); err != nil {
+	if err := c.do(ctx, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", contentJSON, body, &created); err != nil {
 		t.Fatalf("create CSR with the bootstrap token: %v", err)
 	}
-	if created.Spec.Username != "system:bootstrap:abcdef" || !strings.Contains(strings.Join(created.Spec.Groups, ","), NodeBootstrapGroup) {
-		t.Errorf("CSR %s by %s %v, want system:bootstrap:abcdef in %s", created.Metadata.Name, created.Spec.Username, created.Spec.Groups, NodeBootstrapGroup)
+	if created.Spec.Username != "system:bootstrap:abcdef" || !strings.Contains(strings.Join(created.Spec.Groups, ","), nodeBootstrapGroup) {
+		t.Errorf("CSR %s by %s %v, want system:bootstrap:abcdef in %s", created.Metadata.Name, created.Spec.Username, created.Spec.Groups, nodeBootstrapGroup)
 	}
 	// kube-controller-manager approves it (kubeadm:node-autoapprove-bootstrap) and signs it.
 	var got struct{ Status struct{ Certificate string } }
 	err = waitUntil(ctx, 90*time.Second, time.Second, "the CSR to be signed", func(ctx context.Context) (bool, error) {
-		err := c.Get(ctx, "/apis/certificates.k8s.io/v1/certificatesigningrequests/"+created.Metadata.Name, &got)
+		err := c.get(ctx, "/apis/certificates.k8s.io/v1/certificatesigningrequests/"+created.Metadata.Name, &got)
 		return err == nil && got.Status.Certificate != "", err
 	})
 	if err != nil {
 		t.Errorf("the bootstrap token's CSR was not approved and signed: %v", err)
 	}
 	// and may read nodes (kubeadm:get-nodes), but not secrets.
-	if err := c.Get(ctx, "/api/v1/nodes/"+testNode, nil); err != nil {
+	if err := c.get(ctx, "/api/v1/nodes/"+testNode, nil); err != nil {
 		t.Errorf("get node with the bootstrap token: %v", err)
 	}
-	if err := c.Get(ctx, "/api/v1/namespaces/kube-system/secrets", nil); !statusIs(err, http.StatusForbidden) {
+	if err := c.get(ctx, "/api/v1/namespaces/kube-system/secrets", nil); !statusIs(err, http.StatusForbidden) {
 		t.Errorf("list secrets with the bootstrap token: %v, want 403", err)
 	}
 }
@@ -324,9 +324,9 @@ func (b bootstrapped) checkTokenCSR(t *testing.T) {
 // checkWrongToken checks that a wrong token is refused.
 func (b bootstrapped) checkWrongToken(t *testing.T) {
 	ctx, server, ca := b.ctx, b.server, b.ca
-	c, _ := NewClient(server, ca, "abcdef.ffffffffffffffff")
+	c, _ := newClient(server, ca, "abcdef.ffffffffffffffff")
 	body, _ := json.Marshal(csr(t, "worker-2"))
-	err := c.Do(ctx, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", ContentJSON, body, nil)
+	err := c.do(ctx, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", contentJSON, body, nil)
 	if !statusIs(err, http.StatusUnauthorized) {
 		t.Errorf("create CSR with a wrong token: %v, want 401", err)
 	}
@@ -335,9 +335,9 @@ func (b bootstrapped) checkWrongToken(t *testing.T) {
 // checkClusterInfo checks that cluster-info is readable anonymously.
 func (b bootstrapped) checkClusterInfo(t *testing.T) {
 	ctx, server, ca := b.ctx, b.server, b.ca
-	c, _ := NewClient(server, ca, "")
+	c, _ := newClient(server, ca, "")
 	var cm struct{ Data map[string]string }
-	if err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm); err != nil {
+	if err := c.get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm); err != nil {
 		t.Fatalf("anonymous get cluster-info: %v", err)
 	}
 	var kc struct {
@@ -356,14 +356,14 @@ func (b bootstrapped) checkClusterInfo(t *testing.T) {
 	}
 	// The bootstrap signer signs it with the token (usage-bootstrap-signing).
 	err := waitUntil(ctx, 90*time.Second, time.Second, "the signature", func(ctx context.Context) (bool, error) {
-		err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm)
+		err := c.get(ctx, "/api/v1/namespaces/kube-public/configmaps/cluster-info", &cm)
 		return err == nil && cm.Data["jws-kubeconfig-abcdef"] != "", err
 	})
 	if err != nil {
 		t.Errorf("cluster-info has no jws-kubeconfig-abcdef signature: %v", err)
 	}
 	// Anonymous users read nothing else.
-	if err := c.Get(ctx, "/api/v1/namespaces/kube-public/configmaps", nil); !statusIs(err, http.StatusForbidden) {
+	if err := c.get(ctx, "/api/v1/namespaces/kube-public/configmaps", nil); !statusIs(err, http.StatusForbidden) {
 		t.Errorf("anonymous list configmaps: %v, want 403", err)
 	}
 }
@@ -377,13 +377,13 @@ func (b bootstrapped) checkMarked(t *testing.T) {
 			Taints []struct{ Key, Effect string }
 		}
 	}
-	if err := admin.Get(ctx, "/api/v1/nodes/"+testNode, &n); err != nil {
+	if err := admin.get(ctx, "/api/v1/nodes/"+testNode, &n); err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := n.Metadata.Labels[LabelControlPlane]; !ok || v != "" {
-		t.Errorf("labels = %v, want %s=\"\"", n.Metadata.Labels, LabelControlPlane)
+	if v, ok := n.Metadata.Labels[labelControlPlane]; !ok || v != "" {
+		t.Errorf("labels = %v, want %s=\"\"", n.Metadata.Labels, labelControlPlane)
 	}
-	want := map[string]string{TaintControlPlane: "NoSchedule", "example.com/keep": "NoExecute"}
+	want := map[string]string{taintControlPlane: "NoSchedule", "example.com/keep": "NoExecute"}
 	got := map[string]string{}
 	for _, tn := range n.Spec.Taints {
 		got[tn.Key] = tn.Effect
@@ -402,12 +402,12 @@ func (b bootstrapped) checkAddons(t *testing.T) {
 		"/apis/apps/v1/namespaces/kube-system/deployments/coredns",
 		"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/kubeadm:node-proxier",
 	} {
-		if err := admin.Get(ctx, p, nil); err != nil {
+		if err := admin.get(ctx, p, nil); err != nil {
 			t.Errorf("GET %s: %v", p, err)
 		}
 	}
 	var svc struct{ Spec struct{ ClusterIP string } }
-	if err := admin.Get(ctx, "/api/v1/namespaces/kube-system/services/kube-dns", &svc); err != nil || svc.Spec.ClusterIP != "10.96.0.10" {
+	if err := admin.get(ctx, "/api/v1/namespaces/kube-system/services/kube-dns", &svc); err != nil || svc.Spec.ClusterIP != "10.96.0.10" {
 		t.Errorf("service kube-dns: clusterIP %q, %v; want 10.96.0.10", svc.Spec.ClusterIP, err)
 	}
 	var ds struct {
@@ -417,7 +417,7 @@ func (b bootstrapped) checkAddons(t *testing.T) {
 			}
 		}
 	}
-	admin.Get(ctx, "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy", &ds)
+	admin.get(ctx, "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy", &ds)
 	if c := ds.Spec.Template.Spec.Containers; len(c) != 1 || c[0].Image != "registry.k8s.io/kube-proxy:"+render.DefaultKubernetesVersion {
 		t.Errorf("kube-proxy containers = %+v", c)
 	}
@@ -434,7 +434,7 @@ func (b bootstrapped) checkKubeletConf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := kubelet.Get(ctx, "/api/v1/nodes/"+testNode, nil); err != nil {
+	if err := kubelet.get(ctx, "/api/v1/nodes/"+testNode, nil); err != nil {
 		t.Errorf("kubelet reads its node with the finalized kubelet.conf: %v", err)
 	}
 }
@@ -442,7 +442,7 @@ func (b bootstrapped) checkKubeletConf(t *testing.T) {
 // checkCNI checks that kiln-cni writes the node's pod CIDR.
 func (b bootstrapped) checkCNI(t *testing.T) {
 	ctx, root := b.ctx, b.root
-	cidrs, changed, err := EnsureCNI(ctx, CNIOptions{Root: root, NodeName: testNode, Wait: 90 * time.Second, Interval: time.Second})
+	cidrs, changed, err := EnsureCNI(ctx, CNIOptions{Root: root, NodeName: testNode, Wait: 90 * time.Second, interval: time.Second})
 	if err != nil || !changed || len(cidrs) != 1 || !strings.HasPrefix(cidrs[0], "10.244.") || !strings.HasSuffix(cidrs[0], "/24") {
 		t.Fatalf("EnsureCNI = %v, %v, %v; want a /24 of 10.244.0.0/16", cidrs, changed, err)
 	}
@@ -457,7 +457,7 @@ func (b bootstrapped) checkSecondRun(t *testing.T) {
 	var before struct {
 		Metadata struct{ ResourceVersion string }
 	}
-	admin.Get(ctx, "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef", &before)
+	admin.get(ctx, "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef", &before)
 	second := runBootstrap(t, ctx, root)
 	for _, ts := range second.Tasks {
 		if ts.State != task.StateUnchanged {
@@ -467,7 +467,7 @@ func (b bootstrapped) checkSecondRun(t *testing.T) {
 	var after struct {
 		Metadata struct{ ResourceVersion string }
 	}
-	admin.Get(ctx, "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef", &after)
+	admin.get(ctx, "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef", &after)
 	if before.Metadata.ResourceVersion == "" || before.Metadata.ResourceVersion != after.Metadata.ResourceVersion {
 		t.Errorf("token Secret resourceVersion %q → %q: a re-run must not touch it (nor extend its expiry)", before.Metadata.ResourceVersion, after.Metadata.ResourceVersion)
 	}
@@ -486,12 +486,12 @@ func TestBootstrapFailureNamesTheStep(t *testing.T) {
 	}
 	mustWrite(t, filepath.Join(root, nodeimage.AdminConfPath), data, 0o600)
 	tasks, err := BootstrapTasks(BootstrapOptions{Root: root, NodeName: testNode, APIEndpoint: testEndpoint,
-		APIWait: 500 * time.Millisecond, Interval: 100 * time.Millisecond})
+		APIWait: 500 * time.Millisecond, interval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st, err := RunStage(context.Background(), StageControlPlane, tasks, RunOptions{Root: root}, nil)
-	if err == nil || st.State != StateFailed || st.FailedTask() != "api-ready" {
+	if err == nil || st.State != stateFailed || st.FailedTask() != "api-ready" {
 		t.Fatalf("stage = %s, err %v; want failed at api-ready", st.Summary(), err)
 	}
 	if s := st.Summary(); !strings.Contains(s, "failed at step api-ready") || !strings.Contains(s, "not ready") {

@@ -23,12 +23,12 @@ import (
 // kubeconfig: no client-go. It does what first boot needs and nothing more: GET, create,
 // server-side apply, merge patch.
 type Client struct {
-	// Server is the API's base URL, https://host:port.
-	Server string
-	// HTTP carries the TLS settings (CA, client certificate).
-	HTTP *http.Client
-	// Token, when set, is sent as a bearer token.
-	Token string
+	// server is the API's base URL, https://host:port.
+	server string
+	// httpClient carries the TLS settings (CA, client certificate).
+	httpClient *http.Client
+	// token, when set, is sent as a bearer token.
+	token string
 }
 
 // LoadKubeconfig builds a Client from the current context of the kubeconfig at path.
@@ -70,18 +70,18 @@ func LoadKubeconfig(root, path string) (*Client, error) {
 		}
 		tlsConf.Certificates = []tls.Certificate{pair}
 	}
-	return &Client{Server: strings.TrimSuffix(kc.Server, "/"), Token: kc.Token, HTTP: newHTTPClient(tlsConf)}, nil
+	return &Client{server: strings.TrimSuffix(kc.Server, "/"), token: kc.Token, httpClient: newHTTPClient(tlsConf)}, nil
 }
 
-// NewClient is a Client for server that trusts caPEM and authenticates with token (or
+// newClient is a Client for server that trusts caPEM and authenticates with token (or
 // not at all when token is empty).
-func NewClient(server string, caPEM []byte, token string) (*Client, error) {
+func newClient(server string, caPEM []byte, token string) (*Client, error) {
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("kube client: no PEM certificate in the CA")
 	}
-	return &Client{Server: strings.TrimSuffix(server, "/"), Token: token,
-		HTTP: newHTTPClient(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool})}, nil
+	return &Client{server: strings.TrimSuffix(server, "/"), token: token,
+		httpClient: newHTTPClient(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool})}, nil
 }
 
 func newHTTPClient(tlsConf *tls.Config) *http.Client {
@@ -97,39 +97,39 @@ func newHTTPClient(tlsConf *tls.Config) *http.Client {
 	}
 }
 
-// APIError is a response from the API with a status other than 2xx.
-type APIError struct {
-	Method, Path string
-	Code         int
-	// Reason and Message come from the Status object the API returns, when it does.
-	Reason, Message string
+// apiError is a response from the API with a status other than 2xx.
+type apiError struct {
+	method, path string
+	code         int
+	// reason and message come from the Status object the API returns, when it does.
+	reason, message string
 }
 
-func (e *APIError) Error() string {
-	msg := e.Message
+func (e *apiError) Error() string {
+	msg := e.message
 	if msg == "" {
-		msg = http.StatusText(e.Code)
+		msg = http.StatusText(e.code)
 	}
-	return fmt.Sprintf("%s %s: %d %s", e.Method, e.Path, e.Code, msg)
+	return fmt.Sprintf("%s %s: %d %s", e.method, e.path, e.code, msg)
 }
 
-// IsNotFound reports whether err is a 404 from the API.
-func IsNotFound(err error) bool { return statusIs(err, http.StatusNotFound) }
+// isNotFound reports whether err is a 404 from the API.
+func isNotFound(err error) bool { return statusIs(err, http.StatusNotFound) }
 
-// IsConflict reports whether err is a 409 from the API.
-func IsConflict(err error) bool { return statusIs(err, http.StatusConflict) }
+// isConflict reports whether err is a 409 from the API.
+func isConflict(err error) bool { return statusIs(err, http.StatusConflict) }
 
 func statusIs(err error, code int) bool {
-	var ae *APIError
-	return errors.As(err, &ae) && ae.Code == code
+	var ae *apiError
+	return errors.As(err, &ae) && ae.code == code
 }
 
 // transient reports whether a request that failed with err may succeed if repeated: the
 // API is not reachable yet, is starting (5xx, 429) or a write raced another (409).
 func transient(err error) bool {
-	var ae *APIError
+	var ae *apiError
 	if errors.As(err, &ae) {
-		return ae.Code >= 500 || ae.Code == http.StatusTooManyRequests || ae.Code == http.StatusConflict
+		return ae.code >= 500 || ae.code == http.StatusTooManyRequests || ae.code == http.StatusConflict
 	}
 	var ue *url.Error // connection refused, TLS handshake, timeout
 	return errors.As(err, &ue)
@@ -137,31 +137,31 @@ func transient(err error) bool {
 
 // Content types of the API's write verbs.
 const (
-	ContentJSON       = "application/json"
-	ContentApply      = "application/apply-patch+yaml"
-	ContentMergePatch = "application/merge-patch+json"
+	contentJSON       = "application/json"
+	contentApply      = "application/apply-patch+yaml"
+	contentMergePatch = "application/merge-patch+json"
 )
 
-// Do sends one request. body (when not nil) is sent with contentType; a 2xx answer is
-// decoded into out (when not nil), anything else is an *APIError.
-func (c *Client) Do(ctx context.Context, method, path, contentType string, body []byte, out any) error {
+// do sends one request. body (when not nil) is sent with contentType; a 2xx answer is
+// decoded into out (when not nil), anything else is an *apiError.
+func (c *Client) do(ctx context.Context, method, path, contentType string, body []byte, out any) error {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Server+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.server+path, rd)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	req.Header.Set("Accept", ContentJSON)
+	req.Header.Set("Accept", contentJSON)
 	req.Header.Set("User-Agent", "kiln-init")
 	if body != nil {
 		req.Header.Set("Content-Type", contentType)
 	}
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := c.httpClient.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -171,12 +171,12 @@ func (c *Client) Do(ctx context.Context, method, path, contentType string, body 
 		return fmt.Errorf("%s %s: read answer: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		ae := &APIError{Method: method, Path: path, Code: resp.StatusCode}
+		ae := &apiError{method: method, path: path, code: resp.StatusCode}
 		var st struct{ Reason, Message string }
 		if json.Unmarshal(data, &st) == nil && (st.Reason != "" || st.Message != "") {
-			ae.Reason, ae.Message = st.Reason, st.Message
+			ae.reason, ae.message = st.Reason, st.Message
 		} else {
-			ae.Message = strings.TrimSpace(string(data))
+			ae.message = strings.TrimSpace(string(data))
 		}
 		return ae
 	}
@@ -193,24 +193,24 @@ func (c *Client) Do(ctx context.Context, method, path, contentType string, body 
 	return nil
 }
 
-// Get reads the object at path into out.
-func (c *Client) Get(ctx context.Context, path string, out any) error {
-	return c.Do(ctx, http.MethodGet, path, "", nil, out)
+// get reads the object at path into out.
+func (c *Client) get(ctx context.Context, path string, out any) error {
+	return c.do(ctx, http.MethodGet, path, "", nil, out)
 }
 
-// Ready asks /readyz; nil means the API server says it is ready.
-func (c *Client) Ready(ctx context.Context) error { return c.Check(ctx, "/readyz") }
+// ready asks /readyz; nil means the API server says it is ready.
+func (c *Client) ready(ctx context.Context) error { return c.check(ctx, "/readyz") }
 
-// Check asks one of the API server's health endpoints (/healthz, /readyz, /livez); nil
+// check asks one of the API server's health endpoints (/healthz, /readyz, /livez); nil
 // means it answered "ok". When it does not, the error names the checks that failed (the
 // "[-]" lines of the answer) rather than every check.
-func (c *Client) Check(ctx context.Context, path string) error {
+func (c *Client) check(ctx context.Context, path string) error {
 	var body string
-	err := c.Get(ctx, path, &body)
-	var ae *APIError
+	err := c.get(ctx, path, &body)
+	var ae *apiError
 	if errors.As(err, &ae) {
-		if failed := failedChecks(ae.Message); failed != "" {
-			return fmt.Errorf("GET %s: %d: %s", path, ae.Code, failed)
+		if failed := failedChecks(ae.message); failed != "" {
+			return fmt.Errorf("GET %s: %d: %s", path, ae.code, failed)
 		}
 	}
 	if err != nil {

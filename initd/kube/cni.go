@@ -20,16 +20,16 @@ import (
 
 // Where the CNI configuration lives and which kubeconfig reads the node.
 const (
-	CNIBridgeName  = "cni0"
-	CNINetworkName = "kiln"
+	cniBridgeName  = "cni0"
+	cniNetworkName = "kiln"
 )
 
-// BridgeConfig is the CNI network list for a node whose pods get addresses from
+// bridgeConfig is the CNI network list for a node whose pods get addresses from
 // podCIDRs (one range, or an IPv4 and an IPv6 one): a Linux bridge cni0 that is the pods'
 // gateway and masquerades their traffic leaving the node, host-local IPAM on the node's
 // ranges, and portmap for hostPort. (containerd's CRI brings the pods' loopback up with
 // the loopback plugin itself.)
-func BridgeConfig(podCIDRs []string) ([]byte, error) {
+func bridgeConfig(podCIDRs []string) ([]byte, error) {
 	if len(podCIDRs) == 0 {
 		return nil, errors.New("cni: the node has no pod CIDR")
 	}
@@ -55,11 +55,11 @@ func BridgeConfig(podCIDRs []string) ([]byte, error) {
 	}
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
-		"name":       CNINetworkName,
+		"name":       cniNetworkName,
 		"plugins": []any{
 			map[string]any{
 				"type":        "bridge",
-				"bridge":      CNIBridgeName,
+				"bridge":      cniBridgeName,
 				"isGateway":   true,
 				"ipMasq":      true,
 				"hairpinMode": true,
@@ -91,13 +91,13 @@ type CNIOptions struct {
 	Root string
 	// NodeName is the Node object to read.
 	NodeName string
-	// Kubeconfig holds the credentials that read it; "" means nodeimage.KubeletConfPath
+	// kubeconfig holds the credentials that read it; "" means nodeimage.KubeletConfPath
 	// (kubelet's own, which exists once kubelet has its client certificate).
-	Kubeconfig string
+	kubeconfig string
 	// Wait bounds the wait for the node to have a pod CIDR; 0 means 15 minutes.
 	Wait time.Duration
-	// Interval is the time between two reads; 0 means 5 seconds.
-	Interval time.Duration
+	// interval is the time between two reads; 0 means 5 seconds.
+	interval time.Duration
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
 }
@@ -111,14 +111,14 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 	if o.Root == "" {
 		o.Root = "/"
 	}
-	if o.Kubeconfig == "" {
-		o.Kubeconfig = nodeimage.KubeletConfPath
+	if o.kubeconfig == "" {
+		o.kubeconfig = nodeimage.KubeletConfPath
 	}
 	if o.Wait == 0 {
 		o.Wait = 15 * time.Minute
 	}
-	if o.Interval == 0 {
-		o.Interval = 5 * time.Second
+	if o.interval == 0 {
+		o.interval = 5 * time.Second
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -139,12 +139,12 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 		} `json:"spec"`
 	}
 	waiting := ""
-	err = waitUntil(ctx, o.Wait, o.Interval, "node "+o.NodeName+"'s pod CIDR", func(ctx context.Context) (bool, error) {
-		c, err := LoadKubeconfig(o.Root, o.Kubeconfig)
+	err = waitUntil(ctx, o.Wait, o.interval, "node "+o.NodeName+"'s pod CIDR", func(ctx context.Context) (bool, error) {
+		c, err := LoadKubeconfig(o.Root, o.kubeconfig)
 		if err != nil {
 			return false, note(o.Log, &waiting, "kubelet credentials", err)
 		}
-		if err := c.Get(ctx, "/api/v1/nodes/"+url.PathEscape(o.NodeName), &node); err != nil {
+		if err := c.get(ctx, "/api/v1/nodes/"+url.PathEscape(o.NodeName), &node); err != nil {
 			return false, note(o.Log, &waiting, "node "+o.NodeName, err)
 		}
 		if len(node.Spec.PodCIDRs) == 0 && node.Spec.PodCIDR == "" {
@@ -159,7 +159,7 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 	if len(cidrs) == 0 {
 		cidrs = []string{node.Spec.PodCIDR}
 	}
-	conf, err := BridgeConfig(cidrs)
+	conf, err := bridgeConfig(cidrs)
 	if err != nil {
 		return nil, false, err
 	}

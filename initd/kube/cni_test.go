@@ -161,7 +161,7 @@ func TestEnsureCNI(t *testing.T) {
 			if !tc.noConf {
 				kubeletKubeconfig(t, root, api.URL, ca, "worker-1")
 			}
-			o := CNIOptions{Root: root, NodeName: "worker-1", Wait: tc.wait, Interval: 20 * time.Millisecond}
+			o := CNIOptions{Root: root, NodeName: "worker-1", Wait: tc.wait, interval: 20 * time.Millisecond}
 			cidrs, changed, err := EnsureCNI(context.Background(), o)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -182,7 +182,7 @@ func TestEnsureCNI(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, _ := BridgeConfig(tc.cidrs)
+			want, _ := bridgeConfig(tc.cidrs)
 			if !bytes.Equal(data, want) {
 				t.Errorf("%s =\n%s\nwant\n%s", nodeimage.CNIConfPath, data, want)
 			}
@@ -199,7 +199,7 @@ func TestEnsureCNI(t *testing.T) {
 }
 
 func TestBridgeConfig(t *testing.T) {
-	data, err := BridgeConfig([]string{"10.244.1.0/24", "fd00:10:244:1::/64"})
+	data, err := bridgeConfig([]string{"10.244.1.0/24", "fd00:10:244:1::/64"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestBridgeConfig(t *testing.T) {
 		t.Errorf("portmap plugin = %+v", pm)
 	}
 	for _, bad := range [][]string{nil, {"10.244.1.0"}} {
-		if _, err := BridgeConfig(bad); err == nil {
+		if _, err := bridgeConfig(bad); err == nil {
 			t.Errorf("BridgeConfig(%q) = nil error", bad)
 		}
 	}

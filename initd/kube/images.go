@@ -28,14 +28,14 @@ import (
 
 // Annotations of an image's descriptor in the layout's index.json.
 const (
-	AnnotationImageName = "io.containerd.image.name"          // the full name, registry.k8s.io/pause:3.10.2
-	AnnotationRefName   = "org.opencontainers.image.ref.name" // the tag
+	annotationImageName = "io.containerd.image.name"          // the full name, registry.k8s.io/pause:3.10.2
+	annotationRefName   = "org.opencontainers.image.ref.name" // the tag
 )
 
 // LayoutImage is one image of an OCI layout.
 type LayoutImage struct {
-	Name   string // AnnotationImageName
-	Digest string // sha256:… of its manifest (or index)
+	name   string // annotationImageName
+	digest string // sha256:… of its manifest (or index)
 }
 
 type descriptor struct {
@@ -59,7 +59,7 @@ type ociManifest struct {
 }
 
 // ReadLayout lists the images of the OCI layout in dir, in index order. Every descriptor
-// must carry AnnotationImageName.
+// must carry the io.containerd.image.name annotation.
 func ReadLayout(dir string) ([]LayoutImage, error) {
 	idx, err := readIndex(dir)
 	if err != nil {
@@ -67,11 +67,11 @@ func ReadLayout(dir string) ([]LayoutImage, error) {
 	}
 	var out []LayoutImage
 	for i, d := range idx.Manifests {
-		name := d.Annotations[AnnotationImageName]
+		name := d.Annotations[annotationImageName]
 		if name == "" {
-			return nil, fmt.Errorf("%s: manifests[%d] (%s) has no %s annotation", filepath.Join(dir, "index.json"), i, d.Digest, AnnotationImageName)
+			return nil, fmt.Errorf("%s: manifests[%d] (%s) has no %s annotation", filepath.Join(dir, "index.json"), i, d.Digest, annotationImageName)
 		}
-		out = append(out, LayoutImage{Name: name, Digest: d.Digest})
+		out = append(out, LayoutImage{name: name, digest: d.Digest})
 	}
 	return out, nil
 }
@@ -97,12 +97,12 @@ func blobPath(dir, digest string) (string, error) {
 	return filepath.Join(dir, "blobs", alg, hex), nil
 }
 
-// WriteLayoutTar writes a tar stream of the OCI layout in dir holding only the images
+// writeLayoutTar writes a tar stream of the OCI layout in dir holding only the images
 // keep selects: oci-layout, an index.json with their descriptors and every blob they
 // reach (an image index's children for other platforms may be absent from the layout
 // and are then left out). Blobs shared between images are written once. This is what
 // `ctr images import` reads.
-func WriteLayoutTar(w io.Writer, dir string, keep func(LayoutImage) bool) error {
+func writeLayoutTar(w io.Writer, dir string, keep func(LayoutImage) bool) error {
 	idx, err := readIndex(dir)
 	if err != nil {
 		return err
@@ -110,7 +110,7 @@ func WriteLayoutTar(w io.Writer, dir string, keep func(LayoutImage) bool) error 
 	sel := *idx
 	sel.Manifests = nil
 	for _, d := range idx.Manifests {
-		if keep(LayoutImage{Name: d.Annotations[AnnotationImageName], Digest: d.Digest}) {
+		if keep(LayoutImage{name: d.Annotations[annotationImageName], digest: d.Digest}) {
 			sel.Manifests = append(sel.Manifests, d)
 		}
 	}
@@ -269,8 +269,8 @@ func (c Ctr) cmd(ctx context.Context, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, bin, append(pre, args...)...)
 }
 
-// Images lists the images containerd has: name → target digest.
-func (c Ctr) Images(ctx context.Context) (map[string]string, error) {
+// images lists the images containerd has: name → target digest.
+func (c Ctr) images(ctx context.Context) (map[string]string, error) {
 	cmd := c.cmd(ctx, "images", "list")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -290,10 +290,10 @@ func (c Ctr) Images(ctx context.Context) (map[string]string, error) {
 	return have, nil
 }
 
-// Import streams a tar of the images of the layout dir that keep selects into
-// `ctr images import -`, which names each image by its AnnotationImageName and unpacks
+// importLayout streams a tar of the images of the layout dir that keep selects into
+// `ctr images import -`, which names each image by its annotationImageName and unpacks
 // it for the default snapshotter.
-func (c Ctr) Import(ctx context.Context, dir string, keep func(LayoutImage) bool) error {
+func (c Ctr) importLayout(ctx context.Context, dir string, keep func(LayoutImage) bool) error {
 	args := []string{"images", "import"}
 	labels := nodeimage.RuntimeImageLabels()
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
@@ -307,7 +307,7 @@ func (c Ctr) Import(ctx context.Context, dir string, keep func(LayoutImage) bool
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("ctr images import: %w", err)
 	}
-	werr := WriteLayoutTar(pw, dir, keep)
+	werr := writeLayoutTar(pw, dir, keep)
 	pw.CloseWithError(werr)
 	err := cmd.Wait()
 	pr.Close()
@@ -335,8 +335,8 @@ type ImportOptions struct {
 	Layout string
 	// Ctr reaches containerd.
 	Ctr Ctr
-	// Wait bounds how long to wait for containerd to answer; 0 means 2 minutes.
-	Wait time.Duration
+	// wait bounds how long to wait for containerd to answer; 0 means 2 minutes.
+	wait time.Duration
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
 	// Only, when not nil, limits the import to these image names (names the layout does
@@ -354,8 +354,8 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	if o.Wait == 0 {
-		o.Wait = 2 * time.Minute
+	if o.wait == 0 {
+		o.wait = 2 * time.Minute
 	}
 	want, err := ReadLayout(o.Layout)
 	if err != nil {
@@ -364,12 +364,12 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 	if o.Only != nil {
 		var kept []LayoutImage
 		for _, im := range want {
-			if slices.Contains(o.Only, im.Name) {
+			if slices.Contains(o.Only, im.name) {
 				kept = append(kept, im)
 			}
 		}
 		for _, name := range o.Only {
-			if !slices.ContainsFunc(want, func(im LayoutImage) bool { return im.Name == name }) {
+			if !slices.ContainsFunc(want, func(im LayoutImage) bool { return im.name == name }) {
 				o.Log.Warn("image not pre-pulled: the runtime will pull it", "image", name)
 			}
 		}
@@ -379,11 +379,11 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 		}
 	}
 	var have map[string]string
-	err = waitUntil(ctx, o.Wait, 2*time.Second, "its image list", func(ctx context.Context) (bool, error) {
+	err = waitUntil(ctx, o.wait, 2*time.Second, "its image list", func(ctx context.Context) (bool, error) {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		var err error
-		have, err = o.Ctr.Images(ctx)
+		have, err = o.Ctr.images(ctx)
 		return err == nil, err
 	})
 	if err != nil {
@@ -391,9 +391,9 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 	}
 	missing := map[string]bool{}
 	for _, im := range want {
-		if have[im.Name] != im.Digest {
-			missing[im.Name] = true
-			imported = append(imported, im.Name)
+		if have[im.name] != im.digest {
+			missing[im.name] = true
+			imported = append(imported, im.name)
 		}
 	}
 	if len(missing) == 0 {
@@ -401,15 +401,15 @@ func ImportImages(ctx context.Context, o ImportOptions) (imported []string, err 
 		return nil, nil
 	}
 	o.Log.Info("importing pre-pulled images", "images", imported)
-	if err := o.Ctr.Import(ctx, o.Layout, func(im LayoutImage) bool { return missing[im.Name] }); err != nil {
+	if err := o.Ctr.importLayout(ctx, o.Layout, func(im LayoutImage) bool { return missing[im.name] }); err != nil {
 		return nil, err
 	}
-	if have, err = o.Ctr.Images(ctx); err != nil {
+	if have, err = o.Ctr.images(ctx); err != nil {
 		return nil, err
 	}
 	for _, im := range want {
-		if have[im.Name] != im.Digest {
-			return imported, fmt.Errorf("image %s: containerd has %q after the import, want %s", im.Name, have[im.Name], im.Digest)
+		if have[im.name] != im.digest {
+			return imported, fmt.Errorf("image %s: containerd has %q after the import, want %s", im.name, have[im.name], im.digest)
 		}
 	}
 	slices.Sort(imported)
@@ -426,9 +426,9 @@ func waitUntil(ctx context.Context, limit, interval time.Duration, what string, 
 	return poll.Until(ctx, poll.Options{What: what, Timeout: limit, Backoff: poll.Constant(interval)}, f)
 }
 
-// ContainerdConfig is containerd's configuration, relative to the node's root; KubeletImages
+// containerdConfig is containerd's configuration, relative to the node's root; KubeletImages
 // reads its sandbox image there.
-const ContainerdConfig = "/etc/containerd/config.toml"
+const containerdConfig = "/etc/containerd/config.toml"
 
 var sandboxRE = regexp.MustCompile(`(?m)^\s*sandbox(?:_image)?\s*=\s*["']([^"']+)["']`)
 
@@ -445,7 +445,7 @@ func KubeletImages(root string, log *slog.Logger) ([]string, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	set := map[string]bool{}
-	if b, err := os.ReadFile(filepath.Join(root, ContainerdConfig)); err == nil {
+	if b, err := os.ReadFile(filepath.Join(root, containerdConfig)); err == nil {
 		if m := sandboxRE.FindSubmatch(b); m != nil {
 			set[string(m[1])] = true
 		}

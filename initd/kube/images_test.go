@@ -71,7 +71,7 @@ func writeLayout(t *testing.T, dir string, names []string, imgs map[string]v1.Im
 		img := imgs[name]
 		tag := name[strings.LastIndex(name, ":")+1:]
 		if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-			AnnotationImageName: name, AnnotationRefName: tag,
+			annotationImageName: name, annotationRefName: tag,
 		})); err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func TestWriteLayoutTar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 3 || got[1].Name != names[1] || got[1].Digest != digests[names[1]] {
+	if len(got) != 3 || got[1].name != names[1] || got[1].digest != digests[names[1]] {
 		t.Fatalf("ReadLayout = %+v", got)
 	}
 
@@ -134,7 +134,7 @@ func TestWriteLayoutTar(t *testing.T) {
 		ld, _ := c.Layers()
 		d, _ := ld[0].Digest()
 		os.Remove(filepath.Join(dir, "blobs/sha256", d.Hex))
-		err := WriteLayoutTar(io.Discard, dir, func(LayoutImage) bool { return true })
+		err := writeLayoutTar(io.Discard, dir, func(LayoutImage) bool { return true })
 		if err == nil || !strings.Contains(err.Error(), d.String()) {
 			t.Errorf("err = %v, want one naming the missing blob %s", err, d)
 		}
@@ -158,12 +158,12 @@ func blobsOf(imgs ...v1.Image) []string {
 	return slices.Compact(out)
 }
 
-// checkLayoutTar checks WriteLayoutTar of the layout in dir, keeping the images named keep,
+// checkLayoutTar checks writeLayoutTar of the layout in dir, keeping the images named keep,
 // writes oci-layout and index.json first, then each of blobs once, and an index of keep.
 func checkLayoutTar(t *testing.T, dir string, keep, wantBlobs []string) {
 	t.Helper()
 	var buf bytes.Buffer
-	err := WriteLayoutTar(&buf, dir, func(im LayoutImage) bool { return slices.Contains(keep, im.Name) })
+	err := writeLayoutTar(&buf, dir, func(im LayoutImage) bool { return slices.Contains(keep, im.name) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func checkLayoutTar(t *testing.T, dir string, keep, wantBlobs []string) {
 	}
 	var kept []string
 	for _, d := range idx.Manifests {
-		kept = append(kept, d.Annotations[AnnotationImageName])
+		kept = append(kept, d.Annotations[annotationImageName])
 	}
 	if !slices.Equal(kept, keep) {
 		t.Errorf("index.json names %v, want %v", kept, keep)
@@ -201,7 +201,7 @@ func TestReadLayoutNeedsNames(t *testing.T) {
 	if err := p.AppendImage(testImage(t, nil, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadLayout(dir); err == nil || !strings.Contains(err.Error(), AnnotationImageName) {
+	if _, err := ReadLayout(dir); err == nil || !strings.Contains(err.Error(), annotationImageName) {
 		t.Errorf("err = %v, want one naming the missing annotation", err)
 	}
 }
@@ -301,14 +301,14 @@ func TestImportImagesContainerd(t *testing.T) {
 		{"a changed image is imported again, alone", dir2, names[1:], digests2, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ImportImages(ctx, ImportOptions{Layout: tc.layout, Ctr: ctr, Wait: 20 * time.Second, Only: tc.only})
+			got, err := ImportImages(ctx, ImportOptions{Layout: tc.layout, Ctr: ctr, wait: 20 * time.Second, Only: tc.only})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("imported %v, want %v", got, tc.want)
 			}
-			have, err := ctr.Images(ctx)
+			have, err := ctr.images(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -346,7 +346,7 @@ func TestImportImagesNoContainerd(t *testing.T) {
 	dir := t.TempDir()
 	writeLayout(t, dir, []string{"registry.k8s.io/pause:3.10.2"}, map[string]v1.Image{"registry.k8s.io/pause:3.10.2": testImage(t, nil, 1)})
 	ctr := Ctr{Path: "/bin/false"}
-	_, err := ImportImages(context.Background(), ImportOptions{Layout: dir, Ctr: ctr, Wait: 300 * time.Millisecond})
+	_, err := ImportImages(context.Background(), ImportOptions{Layout: dir, Ctr: ctr, wait: 300 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "containerd does not answer") {
 		t.Errorf("err = %v, want containerd does not answer", err)
 	}
@@ -361,10 +361,10 @@ func TestKubeletImages(t *testing.T) {
 		warn  string
 	}{
 		{name: "worker: the sandbox image alone", files: map[string]string{
-			ContainerdConfig: "version = 3\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n    sandbox = \"registry.k8s.io/pause:3.10.2\"\n",
+			containerdConfig: "version = 3\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n    sandbox = \"registry.k8s.io/pause:3.10.2\"\n",
 		}, want: []string{"registry.k8s.io/pause:3.10.2"}},
 		{name: "control plane: sandbox, static pods and the linked etcd manifest, each once", link: true, files: map[string]string{
-			ContainerdConfig:                           "    sandbox = 'registry.k8s.io/pause:3.10.2'\n",
+			containerdConfig:                           "    sandbox = 'registry.k8s.io/pause:3.10.2'\n",
 			"/var/lib/etcd/etcd.manifest":              "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.16-0\n",
 			nodeimage.ManifestsDir + "/apiserver.yaml": "kind: Pod\nspec:\n  initContainers:\n  - image: registry.k8s.io/etcd:3.6.16-0\n  containers:\n  - image: registry.k8s.io/kube-apiserver:v1.37.2\n",
 			nodeimage.ManifestsDir + "/.swp":           "kind: Pod\nspec:\n  containers:\n  - image: hidden:1\n",

@@ -26,7 +26,7 @@ func TestObjectPath(t *testing.T) {
 		{doc: "kind: ConfigMap\nmetadata: {name: x, namespace: y}", err: "no apiVersion"},
 		{doc: "apiVersion: v1\nkind: ConfigMap\nmetadata: {namespace: y}", err: "no metadata.name"},
 	} {
-		objs, err := ParseManifests([]byte("# a namespace first\napiVersion: v1\nkind: Namespace\nmetadata: {name: ok}\n---\n"+tc.doc), "addons/x.yaml")
+		objs, err := parseManifests([]byte("# a namespace first\napiVersion: v1\nkind: Namespace\nmetadata: {name: ok}\n---\n"+tc.doc), "addons/x.yaml")
 		switch {
 		case tc.err != "":
 			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "addons/x.yaml: document 2") {
@@ -35,7 +35,7 @@ func TestObjectPath(t *testing.T) {
 		case err != nil || len(objs) != 2:
 			t.Errorf("%q: %v, %v", tc.doc, objs, err)
 		default:
-			if p, _ := objs[1].Path(); p != tc.want {
+			if p, _ := objs[1].path(); p != tc.want {
 				t.Errorf("%q: path %s, want %s", tc.doc, p, tc.want)
 			}
 		}
@@ -47,13 +47,13 @@ func TestTransient(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{&APIError{Code: 503}, true},
-		{&APIError{Code: 429}, true},
-		{&APIError{Code: 409}, true},
-		{fmt.Errorf("apply x: %w", &APIError{Code: 500}), true},
+		{&apiError{code: 503}, true},
+		{&apiError{code: 429}, true},
+		{&apiError{code: 409}, true},
+		{fmt.Errorf("apply x: %w", &apiError{code: 500}), true},
 		{&url.Error{Op: "Get", URL: "https://x", Err: errors.New("connection refused")}, true},
-		{&APIError{Code: 403}, false},
-		{&APIError{Code: 422}, false},
+		{&apiError{code: 403}, false},
+		{&apiError{code: 422}, false},
 		{errors.New(`kind "Widget" is not one kiln-init can apply`), false},
 	} {
 		if got := transient(tc.err); got != tc.want {
@@ -74,13 +74,13 @@ func TestAddonManifests(t *testing.T) {
 	if err != nil || len(files) != 2 {
 		t.Fatalf("addon files %v, %v", files, err)
 	}
-	kinds := map[string]Object{}
+	kinds := map[string]object{}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		objs, err := ParseManifests(data, f)
+		objs, err := parseManifests(data, f)
 		if err != nil {
 			t.Fatal(err)
 		}

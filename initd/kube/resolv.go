@@ -12,12 +12,12 @@ import (
 	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
-// ResolvConfPath is the resolver configuration kubelet hands to pods (dnsPolicy Default,
+// resolvConfPath is the resolver configuration kubelet hands to pods (dnsPolicy Default,
 // CoreDNS's upstreams) and reads for every pod it creates.
-const ResolvConfPath = "/etc/resolv.conf"
+const resolvConfPath = "/etc/resolv.conf"
 
-// LeasesPath is where systemd-networkd keeps its DHCP leases (DNS= lines).
-const LeasesPath = "/run/systemd/netif/leases"
+// leasesPath is where systemd-networkd keeps its DHCP leases (DNS= lines).
+const leasesPath = "/run/systemd/netif/leases"
 
 const resolvMarker = "# Written by kiln-init from the DHCP leases: the image has no resolver configuration.\n"
 
@@ -28,7 +28,7 @@ const resolvMarker = "# Written by kiln-init from the DHCP leases: the image has
 // before the first pod that needs an upstream, CoreDNS, is created). A file someone else
 // wrote, or a link to a resolver's file, is left alone.
 func EnsureResolvConf(root string) (changed bool, err error) {
-	full := filepath.Join(root, ResolvConfPath)
+	full := filepath.Join(root, resolvConfPath)
 	cur, err := os.ReadFile(full)
 	switch {
 	case err == nil && !strings.HasPrefix(string(cur), resolvMarker):
@@ -41,7 +41,7 @@ func EnsureResolvConf(root string) (changed bool, err error) {
 		}
 	}
 	want := resolvMarker
-	for _, ns := range LeaseDNS(filepath.Join(root, LeasesPath)) {
+	for _, ns := range leaseDNS(filepath.Join(root, leasesPath)) {
 		want += "nameserver " + ns + "\n"
 	}
 	if string(cur) == want {
@@ -53,9 +53,9 @@ func EnsureResolvConf(root string) (changed bool, err error) {
 	return true, nil
 }
 
-// LeaseDNS reads the DNS= servers of systemd-networkd's DHCP leases in dir (at most three,
+// leaseDNS reads the DNS= servers of systemd-networkd's DHCP leases in dir (at most three,
 // the resolver's limit).
-func LeaseDNS(dir string) []string {
+func leaseDNS(dir string) []string {
 	entries, _ := os.ReadDir(dir)
 	var out []string
 	for _, e := range entries {
@@ -88,7 +88,7 @@ func Nameservers(root string) []string {
 			out = append(out, s)
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(root, ResolvConfPath)); err == nil {
+	if b, err := os.ReadFile(filepath.Join(root, resolvConfPath)); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if f := strings.Fields(l); len(f) >= 2 && f[0] == "nameserver" {
 				keep(f[1])
@@ -96,7 +96,7 @@ func Nameservers(root string) []string {
 		}
 	}
 	if len(out) == 0 {
-		for _, s := range LeaseDNS(filepath.Join(root, LeasesPath)) {
+		for _, s := range leaseDNS(filepath.Join(root, leasesPath)) {
 			keep(s)
 		}
 	}

@@ -24,7 +24,7 @@ func TestEnsureResolvConf(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			p := filepath.Join(root, ResolvConfPath)
+			p := filepath.Join(root, resolvConfPath)
 			os.MkdirAll(filepath.Dir(p), 0o755)
 			switch tc.current {
 			case "":
@@ -34,7 +34,7 @@ func TestEnsureResolvConf(t *testing.T) {
 				os.WriteFile(p, []byte(tc.current), 0o644)
 			}
 			if tc.lease != "" {
-				mustWrite(t, filepath.Join(root, LeasesPath, "2"), []byte(tc.lease), 0o644)
+				mustWrite(t, filepath.Join(root, leasesPath, "2"), []byte(tc.lease), 0o644)
 			}
 			changed, err := EnsureResolvConf(root)
 			if err != nil {
@@ -72,9 +72,9 @@ func TestNameservers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			os.MkdirAll(filepath.Join(root, "etc"), 0o755)
-			os.MkdirAll(filepath.Join(root, LeasesPath), 0o755)
-			os.WriteFile(filepath.Join(root, ResolvConfPath), []byte(tc.resolv), 0o644)
-			os.WriteFile(filepath.Join(root, LeasesPath, "2"), []byte(tc.lease), 0o644)
+			os.MkdirAll(filepath.Join(root, leasesPath), 0o755)
+			os.WriteFile(filepath.Join(root, resolvConfPath), []byte(tc.resolv), 0o644)
+			os.WriteFile(filepath.Join(root, leasesPath, "2"), []byte(tc.lease), 0o644)
 			if got := Nameservers(root); !slices.Equal(got, tc.want) {
 				t.Errorf("Nameservers = %q, want %q", got, tc.want)
 			}

@@ -30,11 +30,11 @@ const (
 	StageEtcdMember    = "etcd-member"    // kiln-etcd-member.service: kiln-init etcd member
 )
 
-// Stage states.
+// Stage states (Stage.State): "running" while the stage runs, then "ok" or "failed".
 const (
-	StateRunning = "running"
+	stateRunning = "running"
 	StateOK      = "ok"
-	StateFailed  = "failed"
+	stateFailed  = "failed"
 )
 
 // Stage is the status of one stage, stored as JSON in nodeimage.KubeStageDir.
@@ -68,7 +68,7 @@ func (s *Stage) FailedTask() string {
 // Failure says in one line why the stage failed: the failed tasks' errors and how many
 // steps they blocked (each blocked step is in Tasks); "" for a stage that did not fail.
 func (s *Stage) Failure() string {
-	if s.State != StateFailed {
+	if s.State != stateFailed {
 		return ""
 	}
 	var msgs []string
@@ -98,12 +98,12 @@ func (s *Stage) Failure() string {
 func (s *Stage) Summary() string {
 	line := fmt.Sprintf("%s %s", s.Name, s.State)
 	switch s.State {
-	case StateRunning:
+	case stateRunning:
 		if s.Progress != "" {
 			line += ": " + s.Progress
 		}
 		return line
-	case StateFailed:
+	case stateFailed:
 		if t := s.FailedTask(); t != "" {
 			line += " at step " + t
 		}
@@ -121,16 +121,16 @@ func (s *Stage) Summary() string {
 	return line
 }
 
-// StagePath is the status file of the stage name, relative to the node's root.
-func StagePath(name string) string { return filepath.Join(nodeimage.KubeStageDir, name+".json") }
+// stagePath is the status file of the stage name, relative to the node's root.
+func stagePath(name string) string { return filepath.Join(nodeimage.KubeStageDir, name+".json") }
 
-// WriteStage stores s under root.
-func WriteStage(root string, s *Stage) error {
+// writeStage stores s under root.
+func writeStage(root string, s *Stage) error {
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", s.Name, err)
 	}
-	p := filepath.Join(root, StagePath(s.Name))
+	p := filepath.Join(root, stagePath(s.Name))
 	if err := atomicfile.Write(p, append(data, '\n'), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
 		return fmt.Errorf("stage %s: %w", s.Name, err)
 	}
@@ -140,13 +140,13 @@ func WriteStage(root string, s *Stage) error {
 // ReadStage reads the status of stage name; the error wraps fs.ErrNotExist when the
 // stage has not run.
 func ReadStage(root, name string) (*Stage, error) {
-	data, err := os.ReadFile(filepath.Join(root, StagePath(name)))
+	data, err := os.ReadFile(filepath.Join(root, stagePath(name)))
 	if err != nil {
 		return nil, fmt.Errorf("stage %s: %w", name, err)
 	}
 	var s Stage
 	if err := json.Unmarshal(data, &s); err != nil {
-		return nil, fmt.Errorf("stage %s: %s: %w", name, StagePath(name), err)
+		return nil, fmt.Errorf("stage %s: %s: %w", name, stagePath(name), err)
 	}
 	return &s, nil
 }
@@ -197,9 +197,9 @@ func PrintStages(w io.Writer, stages []*Stage) error {
 	for _, s := range stages {
 		res := s.Result
 		switch {
-		case s.State == StateRunning:
+		case s.State == stateRunning:
 			res = s.Progress
-		case s.State == StateFailed:
+		case s.State == stateFailed:
 			res = "failed"
 			if t := s.FailedTask(); t != "" {
 				res += " at step " + t
@@ -232,12 +232,12 @@ type RunOptions struct {
 	Root string
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// now is the clock; nil means time.Now.
+	now func() time.Time
 	// TaskTimeout is the default per-attempt deadline; 0 means the runner's.
 	TaskTimeout time.Duration
-	// Notify, if set, is told the progress (the caller wires it to sd_notify STATUS=).
-	Notify func(status string)
+	// notify, if set, is told the progress (the caller wires it to sd_notify STATUS=).
+	notify func(status string)
 }
 
 // RunStage runs tasks as the stage name, recording its status (running with the current
@@ -250,17 +250,17 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.now == nil {
+		o.now = time.Now
 	}
-	st := &Stage{Name: name, State: StateRunning, Started: o.Now().UTC()}
+	st := &Stage{Name: name, State: stateRunning, Started: o.now().UTC()}
 	save := func() {
-		if err := WriteStage(o.Root, st); err != nil {
+		if err := writeStage(o.Root, st); err != nil {
 			o.Log.Warn("stage status", "error", err)
 		}
 	}
 	save()
-	// The runner's progress and a running task's detail (ReportDetail) make st.Progress
+	// The runner's progress and a running task's detail (reportDetail) make st.Progress
 	// together, under one lock: tasks report from their own goroutines.
 	var mu sync.Mutex
 	current, done := "", false
@@ -270,8 +270,8 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 		}
 		st.Progress = p
 		save()
-		if o.Notify != nil {
-			o.Notify(name + ": " + p)
+		if o.notify != nil {
+			o.notify(name + ": " + p)
 		}
 	}
 	ctx = context.WithValue(ctx, detailKey{}, func(d string) {
@@ -286,7 +286,7 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 	rep, err := task.Run(ctx, tasks, task.Options{
 		TaskTimeout: o.TaskTimeout,
 		Log:         o.Log,
-		Now:         o.Now,
+		Now:         o.now,
 		Notify: func(s string) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -297,7 +297,7 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 	mu.Lock()
 	done = true
 	mu.Unlock()
-	st.Finished = o.Now().UTC()
+	st.Finished = o.now().UTC()
 	st.DurationMS = st.Finished.Sub(st.Started).Milliseconds()
 	st.Progress = ""
 	if rep != nil {
@@ -305,14 +305,14 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 	}
 	st.State = StateOK
 	if err != nil {
-		st.State, st.Error = StateFailed, err.Error()
+		st.State, st.Error = stateFailed, err.Error()
 	} else if result != nil {
 		st.Result = result()
 	}
-	if werr := WriteStage(o.Root, st); werr != nil {
+	if werr := writeStage(o.Root, st); werr != nil {
 		err = errors.Join(err, werr)
 		if st.State == StateOK {
-			st.State, st.Error = StateFailed, werr.Error()
+			st.State, st.Error = stateFailed, werr.Error()
 		}
 	}
 	return st, err
@@ -320,10 +320,10 @@ func RunStage(ctx context.Context, name string, tasks []task.Task, o RunOptions,
 
 type detailKey struct{}
 
-// ReportDetail adds what a running task of a stage waits for to the stage's progress (so
+// reportDetail adds what a running task of a stage waits for to the stage's progress (so
 // `kiln-init status` shows "task 1/9: api-ready: etcd: 1 of 3 members reachable …");
 // outside RunStage it does nothing.
-func ReportDetail(ctx context.Context, detail string) {
+func reportDetail(ctx context.Context, detail string) {
 	if f, ok := ctx.Value(detailKey{}).(func(string)); ok {
 		f(detail)
 	}

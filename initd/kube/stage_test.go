@@ -18,7 +18,7 @@ func TestStageProgressShowsWhatATaskWaitsFor(t *testing.T) {
 		task.Converge("nodes", nil, func(context.Context) (bool, error) { return true, nil }),
 		task.Converge("api-ready", []string{"nodes"}, func(ctx context.Context) (bool, error) {
 			for _, d := range []string{quorum, quorum, "etcd: 3 of 3 members reachable"} {
-				ReportDetail(ctx, d)
+				reportDetail(ctx, d)
 				st, err := ReadStage(root, StageControlPlane)
 				if err != nil {
 					t.Fatal(err)
@@ -40,11 +40,11 @@ func TestStageProgressShowsWhatATaskWaitsFor(t *testing.T) {
 		t.Errorf("finished stage: state %s, progress %q; want ok and no progress", st.State, st.Progress)
 	}
 	var b strings.Builder
-	if err := PrintStages(&b, []*Stage{{Name: StageControlPlane, State: StateRunning, Progress: want[0]}}); err != nil {
+	if err := PrintStages(&b, []*Stage{{Name: StageControlPlane, State: stateRunning, Progress: want[0]}}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(b.String(), quorum) {
 		t.Errorf("kiln-init status of a waiting control plane does not say what it waits for:\n%s", b.String())
 	}
-	ReportDetail(context.Background(), "outside a stage") // does nothing, does not panic
+	reportDetail(context.Background(), "outside a stage") // does nothing, does not panic
 }

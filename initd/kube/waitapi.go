@@ -41,16 +41,16 @@ func WaitAPI(ctx context.Context, c *Client, o WaitAPIOptions) error {
 	}
 	start := time.Now()
 	last := ""
-	err := poll.Until(ctx, poll.Options{What: c.Server + o.Path, Timeout: o.Timeout, Backoff: poll.Constant(o.Interval)},
+	err := poll.Until(ctx, poll.Options{What: c.server + o.Path, Timeout: o.Timeout, Backoff: poll.Constant(o.Interval)},
 		func(ctx context.Context) (bool, error) {
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			err := c.Check(rctx, o.Path)
+			err := c.check(rctx, o.Path)
 			if err != nil {
 				msg := err.Error()
 				if last != msg {
 					last = msg
-					log.Info("waiting for the API server", "server", c.Server, "path", o.Path, "reason", msg,
+					log.Info("waiting for the API server", "server", c.server, "path", o.Path, "reason", msg,
 						"waited", time.Since(start).Round(time.Second))
 				}
 			}
@@ -59,6 +59,6 @@ func WaitAPI(ctx context.Context, c *Client, o WaitAPIOptions) error {
 	if err != nil {
 		return err // names the URL awaited and the last answer
 	}
-	log.Info("API server ok", "server", c.Server, "path", o.Path, "waited", time.Since(start).Round(time.Second))
+	log.Info("API server ok", "server", c.server, "path", o.Path, "waited", time.Since(start).Round(time.Second))
 	return nil
 }

@@ -50,7 +50,7 @@ func TestWaitAPI(t *testing.T) {
 			srv := httptest.NewTLSServer(healthz(tc.failures, &asked))
 			defer srv.Close()
 			var logs bytes.Buffer
-			c := &Client{Server: srv.URL, HTTP: srv.Client()}
+			c := &Client{server: srv.URL, httpClient: srv.Client()}
 			err := WaitAPI(context.Background(), c, WaitAPIOptions{Timeout: tc.timeout, Interval: 20 * time.Millisecond,
 				Log: slog.New(slog.NewTextHandler(&logs, nil))})
 			if tc.wantErr == "" {
@@ -84,7 +84,7 @@ func TestWaitAPIStopsWithItsContext(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	err := WaitAPI(ctx, &Client{Server: srv.URL, HTTP: srv.Client()}, WaitAPIOptions{Interval: 20 * time.Millisecond})
+	err := WaitAPI(ctx, &Client{server: srv.URL, httpClient: srv.Client()}, WaitAPIOptions{Interval: 20 * time.Millisecond})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitAPI without a timeout = %v; want it to end with its context", err)
 	}

@@ -23,7 +23,7 @@ type BootInfo struct {
 	// RootURL and RootSHA256 are a live root's source and digest.
 	RootURL    string `json:"rootURL,omitempty"`
 	RootSHA256 string `json:"rootSHA256,omitempty"`
-	// VarDevice is the device /var is on, "tmpfs" when it is in RAM; VarKind (a VarChoice kind,
+	// VarDevice is the device /var is on, "tmpfs" when it is in RAM; VarKind (a varChoice kind,
 	// or "data partition" on a disk boot) and VarWhy say why.
 	VarDevice string `json:"varDevice"`
 	VarKind   string `json:"varKind"`
@@ -33,8 +33,8 @@ type BootInfo struct {
 	Address string `json:"address,omitempty"`
 }
 
-// VarKindDisk is BootInfo.VarKind on a disk boot: the data partition beside root-a.
-const VarKindDisk = "data partition"
+// varKindDisk is BootInfo.VarKind on a disk boot: the data partition beside root-a.
+const varKindDisk = "data partition"
 
 // String renders the record as one line for kiln-init status.
 func (b BootInfo) String() string {

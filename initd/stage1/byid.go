@@ -19,29 +19,29 @@ var errNotFound = errors.New("not found")
 // blockdev.ReadDiskIDs derives it from sysfs, a by-id name's -part<N>) to a whole disk or a
 // partition of scan's disks and checks it may hold /var: not on the etcd volume (etcd), a
 // disk blank or a kiln data disk, a partition blank or ext4.
-func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *EtcdVolume) (VarChoice, error) {
+func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *EtcdVolume) (varChoice, error) {
 	disks := scan.disks
 	kname, part, err := resolveDataDev(sysBlock, dataDev, disks)
 	if err != nil {
-		return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %w", dataDev, err)
+		return varChoice{}, fmt.Errorf("kiln.data.dev=%s: %w", dataDev, err)
 	}
 	if slices.Contains(scan.etcd, kname) {
-		return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %s is the etcd volume (%s): /var never goes on it",
+		return varChoice{}, fmt.Errorf("kiln.data.dev=%s: %s is the etcd volume (%s): /var never goes on it",
 			dataDev, filepath.Join(devDir, kname), etcd)
 	}
 	if part != 0 {
 		node, ok := partitionDevice(sysBlock, devDir, kname, part)
 		if !ok {
-			return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: partition %d of %s: %w", dataDev, part, kname, errNotFound)
+			return varChoice{}, fmt.Errorf("kiln.data.dev=%s: partition %d of %s: %w", dataDev, part, kname, errNotFound)
 		}
 		fs, err := blockdev.ProbeFilesystem(node)
 		if err != nil {
-			return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %w", dataDev, err)
+			return varChoice{}, fmt.Errorf("kiln.data.dev=%s: %w", dataDev, err)
 		}
 		if fs != blockdev.FSNone && fs != blockdev.FSExt4 {
-			return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %s holds %s, not ext4: refusing to put /var on it (wipe it to use it)", dataDev, node, fs)
+			return varChoice{}, fmt.Errorf("kiln.data.dev=%s: %s holds %s, not ext4: refusing to put /var on it (wipe it to use it)", dataDev, node, fs)
 		}
-		return VarChoice{Kind: VarNamed, Partition: node, Why: fmt.Sprintf("kiln.data.dev=%s names %s", dataDev, node)}, nil
+		return varChoice{kind: varNamed, partition: node, why: fmt.Sprintf("kiln.data.dev=%s names %s", dataDev, node)}, nil
 	}
 	for _, d := range disks {
 		if d.Name != kname {
@@ -49,11 +49,11 @@ func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *EtcdVolu
 		}
 		kind, what := classifyDisk(d)
 		if kind == diskUsed {
-			return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %s %s: refusing to put /var on it (wipe it to use it)", dataDev, d.Path, what)
+			return varChoice{}, fmt.Errorf("kiln.data.dev=%s: %s %s: refusing to put /var on it (wipe it to use it)", dataDev, d.Path, what)
 		}
-		return VarChoice{Kind: VarNamed, Disk: d, Blank: kind == diskBlank, Why: fmt.Sprintf("kiln.data.dev=%s names %s", dataDev, d.Path)}, nil
+		return varChoice{kind: varNamed, disk: d, blank: kind == diskBlank, why: fmt.Sprintf("kiln.data.dev=%s names %s", dataDev, d.Path)}, nil
 	}
-	return VarChoice{}, fmt.Errorf("kiln.data.dev=%s: %s is not a disk stage 1 may use (read-only, or no size)", dataDev, kname)
+	return varChoice{}, fmt.Errorf("kiln.data.dev=%s: %s is not a disk stage 1 may use (read-only, or no size)", dataDev, kname)
 }
 
 // resolveDataDev finds the kernel name of the disk kiln.data.dev= names and the partition

@@ -13,76 +13,77 @@ import (
 	"github.com/kilnproject/kiln/internal/cmdline"
 )
 
-// DefaultRootWait bounds how long stage 1 waits for the root disk to appear when the command line
+// defaultRootWait bounds how long stage 1 waits for the root disk to appear when the command line
 // does not set kiln.rootwait=.
-const DefaultRootWait = 30 * time.Second
+const defaultRootWait = 30 * time.Second
 
-// DefaultNetTimeout bounds how long a network boot (live, install) waits for a link and a DHCP
+// defaultNetTimeout bounds how long a network boot (live, install) waits for a link and a DHCP
 // lease when the command line does not set kiln.net.timeout=.
-const DefaultNetTimeout = 60 * time.Second
+const defaultNetTimeout = 60 * time.Second
 
-// Mode is how the node runs, decided by the kernel command line.
+// Mode is how the node runs, decided by the kernel command line: "disk", "live" or "install".
 type Mode string
 
 const (
-	// ModeDisk boots root-a of the disk named by root=PARTUUID=… (the default).
-	ModeDisk Mode = "disk"
-	// ModeLive runs from a root image fetched into RAM (kiln.live.*); /var goes on a data disk or
+	// modeDisk boots root-a of the disk named by root=PARTUUID=… (the default).
+	modeDisk Mode = "disk"
+	// modeLive runs from a root image fetched into RAM (kiln.live.*); /var goes on a data disk or
 	// in RAM.
-	ModeLive Mode = "live"
-	// ModeInstall writes a disk image to a disk and reboots into it (kiln.install.*).
-	ModeInstall Mode = "install"
+	modeLive Mode = "live"
+	// modeInstall writes a disk image to a disk and reboots into it (kiln.install.*).
+	modeInstall Mode = "install"
 )
 
 // Cmdline is the part of the kernel command line stage 1 acts on.
 type Cmdline struct {
 	// Raw is the command line as read from /proc/cmdline, trimmed.
 	Raw string
-	// RootPARTUUID is the lowercase partition GUID from root=PARTUUID=…; empty when a network
+	// rootPARTUUID is the lowercase partition GUID from root=PARTUUID=…; empty when a network
 	// boot (live, install) has no root=.
-	RootPARTUUID string
-	// RootFSType is the value of rootfstype=, empty when absent (stage 1 then probes squashfs, erofs).
-	RootFSType string
-	// ReadWrite is true when the last of ro/rw on the line is rw. The root is mounted read-only
+	rootPARTUUID string
+	// rootFSType is the value of rootfstype=, empty when absent (stage 1 then probes squashfs, erofs).
+	rootFSType string
+	// readWrite is true when the last of ro/rw on the line is rw. The root is mounted read-only
 	// regardless; the flag only lets stage 1 warn.
-	ReadWrite bool
-	// RootWait is kiln.rootwait= (a Go duration or whole seconds), DefaultRootWait when absent.
+	readWrite bool
+	// RootWait is kiln.rootwait= (a Go duration or whole seconds), defaultRootWait (30 s) when
+	// absent.
 	RootWait time.Duration
-	// NetTimeout is kiln.net.timeout= (a Go duration or whole seconds), DefaultNetTimeout when
+	// netTimeout is kiln.net.timeout= (a Go duration or whole seconds), defaultNetTimeout when
 	// absent. It bounds the wait for a link and a DHCP lease on a network boot.
-	NetTimeout time.Duration
-	// Live is the root image of a live boot (kiln.live.rootfs_url, kiln.live.rootfs_sha256),
-	// zero unless Mode() is ModeLive.
-	Live LiveRoot
-	// DataDev is kiln.data.dev=: the disk a live boot puts /var on, a /dev path or a
+	netTimeout time.Duration
+	// live is the root image of a live boot (kiln.live.rootfs_url, kiln.live.rootfs_sha256),
+	// zero unless mode() is modeLive.
+	live liveRoot
+	// dataDev is kiln.data.dev=: the disk a live boot puts /var on, a /dev path or a
 	// /dev/disk/by-id name. Empty lets stage 1 choose.
-	DataDev string
+	dataDev string
 	// Kiln holds every kiln.* parameter, keyed without the "kiln." prefix (kiln.platform=qemu is
 	// Kiln["platform"] == "qemu"). A key without a value maps to "".
 	Kiln map[string]string
 }
 
-// LiveRoot is where a live boot fetches its root image and the sha256 it must have.
-type LiveRoot struct {
-	URL    string // http or https
-	SHA256 string // 64 lowercase hex digits
+// liveRoot is where a live boot fetches its root image and the sha256 it must have.
+type liveRoot struct {
+	url    string // http or https
+	sha256 string // 64 lowercase hex digits
 }
 
-// Platform returns kiln.platform= (qemu, aws, gce, metal), empty when absent.
-func (c Cmdline) Platform() string { return c.Kiln["platform"] }
+// platform returns kiln.platform= (qemu, aws, gce, metal), empty when absent.
+func (c Cmdline) platform() string { return c.Kiln["platform"] }
 
-// Mode says how the node runs: ModeInstall when any kiln.install.* parameter is present,
-// ModeLive when any kiln.live.* parameter is, ModeDisk otherwise. ParseCmdline refuses a line
+// mode says how the node runs: modeInstall when any kiln.install.* parameter is present,
+// modeLive when any kiln.live.* parameter is, modeDisk otherwise. parseCmdline refuses a line
 // with both.
-func (c Cmdline) Mode() Mode {
+func (c Cmdline) mode() Mode {
 	install, live := c.hasPrefix("install."), c.hasPrefix("live.")
 	switch {
 	case install:
-		return ModeInstall
+		return modeInstall
 	case live:
-		return ModeLive
+		return modeLive
 	}
-	return ModeDisk
+	return modeDisk
 }
 
 func (c Cmdline) hasPrefix(prefix string) bool {
@@ -94,24 +95,24 @@ func (c Cmdline) hasPrefix(prefix string) bool {
 	return false
 }
 
-// ParseCmdline parses a kernel command line (see package cmdline for how it is split; what
+// parseCmdline parses a kernel command line (see package cmdline for how it is split; what
 // follows "--" is for init). A disk boot requires root=PARTUUID=<guid>; a live boot requires
 // kiln.live.rootfs_url= and kiln.live.rootfs_sha256=; an install boot (any kiln.install.*) needs
 // no root= here, its own parameters are checked by the installer.
-func ParseCmdline(s string) (Cmdline, error) {
+func parseCmdline(s string) (Cmdline, error) {
 	line := cmdline.Parse(s)
-	c := Cmdline{Raw: line.Raw, RootWait: DefaultRootWait, NetTimeout: DefaultNetTimeout, Kiln: map[string]string{}}
+	c := Cmdline{Raw: line.Raw, RootWait: defaultRootWait, netTimeout: defaultNetTimeout, Kiln: map[string]string{}}
 	var root string
 	for _, p := range line.Params {
 		switch {
 		case p.Key == "root":
 			root = p.Value
 		case p.Key == "rootfstype":
-			c.RootFSType = p.Value
+			c.rootFSType = p.Value
 		case p.Key == "ro" && !p.HasValue:
-			c.ReadWrite = false
+			c.readWrite = false
 		case p.Key == "rw" && !p.HasValue:
-			c.ReadWrite = true
+			c.readWrite = true
 		case strings.HasPrefix(p.Key, "kiln."):
 			name := strings.TrimPrefix(p.Key, "kiln.")
 			if name == "" {
@@ -129,7 +130,7 @@ func ParseCmdline(s string) (Cmdline, error) {
 	for _, d := range []struct {
 		key string
 		to  *time.Duration
-	}{{"rootwait", &c.RootWait}, {"net.timeout", &c.NetTimeout}} {
+	}{{"rootwait", &c.RootWait}, {"net.timeout", &c.netTimeout}} {
 		w, ok := c.Kiln[d.key]
 		if !ok {
 			continue
@@ -152,7 +153,7 @@ func ParseCmdline(s string) (Cmdline, error) {
 // parseRoot checks root=, which a disk boot requires and a network boot may leave out.
 func (c *Cmdline) parseRoot(root string) error {
 	if root == "" {
-		if c.Mode() != ModeDisk {
+		if c.mode() != modeDisk {
 			return nil
 		}
 		return fmt.Errorf("kernel cmdline: root= is missing (want root=PARTUUID=<guid>, or kiln.live.rootfs_url= for a live boot) in %q", c.Raw)
@@ -164,7 +165,7 @@ func (c *Cmdline) parseRoot(root string) error {
 	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
 		return fmt.Errorf("kernel cmdline: root=%s: %q is not a partition GUID", root, id)
 	}
-	c.RootPARTUUID = strings.ToLower(id)
+	c.rootPARTUUID = strings.ToLower(id)
 	return nil
 }
 
@@ -182,9 +183,9 @@ func (c *Cmdline) parseLive() error {
 		if err := checkDataDev(dev); err != nil {
 			return fmt.Errorf("kernel cmdline: kiln.data.dev=%s: %w", dev, err)
 		}
-		c.DataDev = dev
+		c.dataDev = dev
 	}
-	if c.Mode() != ModeLive {
+	if c.mode() != modeLive {
 		return nil
 	}
 	u, hasURL := c.Kiln["live.rootfs_url"]
@@ -201,7 +202,7 @@ func (c *Cmdline) parseLive() error {
 	if b, err := hex.DecodeString(sum); err != nil || len(b) != 32 {
 		return fmt.Errorf("kernel cmdline: kiln.live.rootfs_sha256=%s: not a sha256 (want 64 hex digits)", sum)
 	}
-	c.Live = LiveRoot{URL: u, SHA256: strings.ToLower(sum)}
+	c.live = liveRoot{url: u, sha256: strings.ToLower(sum)}
 	return nil
 }
 

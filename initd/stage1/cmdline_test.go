@@ -21,62 +21,62 @@ func TestParseCmdline(t *testing.T) {
 		{
 			name: "contract line",
 			in:   "root=PARTUUID=" + id + " rootfstype=erofs ro kiln.platform=qemu console=ttyS0,115200 quiet\n",
-			want: Cmdline{RootPARTUUID: id, RootFSType: "erofs", RootWait: DefaultRootWait,
+			want: Cmdline{rootPARTUUID: id, rootFSType: "erofs", RootWait: defaultRootWait,
 				Kiln: map[string]string{"platform": "qemu"}},
 			platform: "qemu",
 		},
 		{
 			name: "uppercase guid is lowered, no rootfstype",
 			in:   "BOOT_IMAGE=/kiln/a/vmlinuz root=PARTUUID=" + strings.ToUpper(id) + " ro",
-			want: Cmdline{RootPARTUUID: id, RootWait: DefaultRootWait, Kiln: map[string]string{}},
+			want: Cmdline{rootPARTUUID: id, RootWait: defaultRootWait, Kiln: map[string]string{}},
 		},
 		{
 			name: "last of ro/rw wins, quotes group, kiln keys without value",
 			in:   `ro root=PARTUUID=` + id + ` rw kiln.debug kiln.note="a b c" kiln.rootwait=90`,
-			want: Cmdline{RootPARTUUID: id, ReadWrite: true, RootWait: 90 * time.Second,
+			want: Cmdline{rootPARTUUID: id, readWrite: true, RootWait: 90 * time.Second,
 				Kiln: map[string]string{"debug": "", "note": "a b c", "rootwait": "90"}},
 		},
 		{
 			name: "rootwait as duration, args after -- are init's",
 			in:   "root=PARTUUID=" + id + " kiln.rootwait=1m30s -- kiln.platform=aws",
-			want: Cmdline{RootPARTUUID: id, RootWait: 90 * time.Second, Kiln: map[string]string{"rootwait": "1m30s"}},
+			want: Cmdline{rootPARTUUID: id, RootWait: 90 * time.Second, Kiln: map[string]string{"rootwait": "1m30s"}},
 		},
 		{
 			name: "carriage returns separate, a quoted whole parameter",
 			in:   "root=PARTUUID=" + id + "\r\n\"kiln.note=a b\"\rkiln.platform=aws\r\n",
-			want: Cmdline{RootPARTUUID: id, RootWait: DefaultRootWait,
+			want: Cmdline{rootPARTUUID: id, RootWait: defaultRootWait,
 				Kiln: map[string]string{"note": "a b", "platform": "aws"}},
 			platform: "aws",
 		},
 		{
 			name: "live without root=, defaults",
 			in:   "console=ttyS0 kiln.live.rootfs_url=http://10.0.2.2:8080/w/rootfs.img kiln.live.rootfs_sha256=" + strings.ToUpper(sum),
-			want: Cmdline{RootWait: DefaultRootWait, NetTimeout: DefaultNetTimeout,
-				Live: LiveRoot{URL: "http://10.0.2.2:8080/w/rootfs.img", SHA256: sum},
+			want: Cmdline{RootWait: defaultRootWait, netTimeout: defaultNetTimeout,
+				live: liveRoot{url: "http://10.0.2.2:8080/w/rootfs.img", sha256: sum},
 				Kiln: map[string]string{"live.rootfs_url": "http://10.0.2.2:8080/w/rootfs.img", "live.rootfs_sha256": strings.ToUpper(sum)}},
-			mode: ModeLive,
+			mode: modeLive,
 		},
 		{
 			name: "live over https with a data disk by-id and a net timeout",
 			in:   "kiln.live.rootfs_url=https://boot.example/r.img kiln.live.rootfs_sha256=" + sum + " kiln.data.dev=virtio-data1 kiln.net.timeout=2m",
-			want: Cmdline{RootWait: DefaultRootWait, NetTimeout: 2 * time.Minute, DataDev: "virtio-data1",
-				Live: LiveRoot{URL: "https://boot.example/r.img", SHA256: sum},
+			want: Cmdline{RootWait: defaultRootWait, netTimeout: 2 * time.Minute, dataDev: "virtio-data1",
+				live: liveRoot{url: "https://boot.example/r.img", sha256: sum},
 				Kiln: map[string]string{"live.rootfs_url": "https://boot.example/r.img", "live.rootfs_sha256": sum, "data.dev": "virtio-data1", "net.timeout": "2m"}},
-			mode: ModeLive,
+			mode: modeLive,
 		},
 		{
 			name: "install without root= is left to the installer",
 			in:   "kiln.install.dev=auto kiln.install.image_url=http://h/i.raw.zst kiln.install.image_sha256=" + sum + " kiln.net.timeout=30",
-			want: Cmdline{RootWait: DefaultRootWait, NetTimeout: 30 * time.Second,
+			want: Cmdline{RootWait: defaultRootWait, netTimeout: 30 * time.Second,
 				Kiln: map[string]string{"install.dev": "auto", "install.image_url": "http://h/i.raw.zst", "install.image_sha256": sum, "net.timeout": "30"}},
-			mode: ModeInstall,
+			mode: modeInstall,
 		},
 		{
 			name: "disk boot with a data disk path",
 			in:   "root=PARTUUID=" + id + " kiln.data.dev=/dev/vdb",
-			want: Cmdline{RootPARTUUID: id, RootWait: DefaultRootWait, NetTimeout: DefaultNetTimeout, DataDev: "/dev/vdb",
+			want: Cmdline{rootPARTUUID: id, RootWait: defaultRootWait, netTimeout: defaultNetTimeout, dataDev: "/dev/vdb",
 				Kiln: map[string]string{"data.dev": "/dev/vdb"}},
-			mode: ModeDisk,
+			mode: modeDisk,
 		},
 		{name: "root missing", in: "ro quiet kiln.platform=qemu", wantErr: "root= is missing"},
 		{name: "live and install", in: "kiln.live.rootfs_url=http://h/r kiln.live.rootfs_sha256=" + sum + " kiln.install.image_url=http://h/i",
@@ -104,7 +104,7 @@ func TestParseCmdline(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseCmdline(tt.in)
+			got, err := parseCmdline(tt.in)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("ParseCmdline(%q) error = %v, want it to contain %q", tt.in, err, tt.wantErr)
@@ -117,27 +117,27 @@ func TestParseCmdline(t *testing.T) {
 			if got.Raw != strings.TrimSpace(tt.in) {
 				t.Errorf("Raw = %q", got.Raw)
 			}
-			if got.RootPARTUUID != tt.want.RootPARTUUID || got.RootFSType != tt.want.RootFSType ||
-				got.ReadWrite != tt.want.ReadWrite || got.RootWait != tt.want.RootWait ||
-				got.Live != tt.want.Live || got.DataDev != tt.want.DataDev {
+			if got.rootPARTUUID != tt.want.rootPARTUUID || got.rootFSType != tt.want.rootFSType ||
+				got.readWrite != tt.want.readWrite || got.RootWait != tt.want.RootWait ||
+				got.live != tt.want.live || got.dataDev != tt.want.dataDev {
 				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
 			if len(got.Kiln) != len(tt.want.Kiln) {
 				t.Errorf("Kiln = %v, want %v", got.Kiln, tt.want.Kiln)
 			}
-			if want := cmp.Or(tt.want.NetTimeout, DefaultNetTimeout); got.NetTimeout != want {
-				t.Errorf("NetTimeout = %s, want %s", got.NetTimeout, want)
+			if want := cmp.Or(tt.want.netTimeout, defaultNetTimeout); got.netTimeout != want {
+				t.Errorf("NetTimeout = %s, want %s", got.netTimeout, want)
 			}
-			if want := cmp.Or(tt.mode, ModeDisk); got.Mode() != want {
-				t.Errorf("Mode() = %q, want %q", got.Mode(), want)
+			if want := cmp.Or(tt.mode, modeDisk); got.mode() != want {
+				t.Errorf("Mode() = %q, want %q", got.mode(), want)
 			}
 			for k, v := range tt.want.Kiln {
 				if gv, ok := got.Kiln[k]; !ok || gv != v {
 					t.Errorf("Kiln[%q] = %q (present %v), want %q", k, gv, ok, v)
 				}
 			}
-			if got.Platform() != tt.platform && tt.platform != "" {
-				t.Errorf("Platform() = %q, want %q", got.Platform(), tt.platform)
+			if got.platform() != tt.platform && tt.platform != "" {
+				t.Errorf("Platform() = %q, want %q", got.platform(), tt.platform)
 			}
 		})
 	}

@@ -10,27 +10,27 @@ import (
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// Where a live boot's /var is, as VarChoice.Kind says.
+// Where a live boot's /var is, as varChoice.kind says.
 const (
-	VarNamed    = "kiln.data.dev" // the disk or partition kiln.data.dev= names
-	VarDataDisk = "data disk"     // a disk holding only the data partition, from an earlier live boot
-	VarBlank    = "blank disk"    // the first blank disk, which gets a GPT and the data partition
-	VarTmpfs    = "tmpfs"         // no disk: /var is in RAM
+	varNamed    = "kiln.data.dev" // the disk or partition kiln.data.dev= names
+	varDataDisk = "data disk"     // a disk holding only the data partition, from an earlier live boot
+	varBlank    = "blank disk"    // the first blank disk, which gets a GPT and the data partition
+	varTmpfs    = "tmpfs"         // no disk: /var is in RAM
 )
 
-// VarChoice is where a live boot puts /var, and why.
-type VarChoice struct {
-	Kind string // VarNamed, VarDataDisk, VarBlank or VarTmpfs
-	// Disk is the whole disk chosen; zero for VarTmpfs and for a named partition.
-	Disk blockdev.Disk
-	// Partition is the node of a named partition; empty otherwise.
-	Partition string
-	// Blank is true when Disk is blank and needs its GPT and data partition.
-	Blank bool
-	// Why says on the console why this one.
-	Why string
-	// Skipped lists the disks passed over and why, for the console.
-	Skipped []string
+// varChoice is where a live boot puts /var, and why.
+type varChoice struct {
+	kind string // varNamed, varDataDisk, varBlank or varTmpfs
+	// disk is the whole disk chosen; zero for varTmpfs and for a named partition.
+	disk blockdev.Disk
+	// partition is the node of a named partition; empty otherwise.
+	partition string
+	// blank is true when disk is blank and needs its GPT and data partition.
+	blank bool
+	// why says on the console why this one.
+	why string
+	// skipped lists the disks passed over and why, for the console.
+	skipped []string
 	// etcdUnseen is the etcd volume's selector when it selects none of the disks and blank
 	// disks were passed over for that: one of them may be the etcd volume.
 	etcdUnseen string
@@ -98,10 +98,10 @@ func sysFlag(sysBlock, name, attr string) bool {
 // disk, else tmpfs. A disk holding anything else is never chosen, nor the disk the node
 // config's etcd volume (etcd, nil when it names none) selects; while that selects none of
 // the disks, no blank disk is taken either, as it may be the etcd volume.
-func chooseVar(sysBlock, devDir, dataDev string, etcd *EtcdVolume) (VarChoice, error) {
+func chooseVar(sysBlock, devDir, dataDev string, etcd *EtcdVolume) (varChoice, error) {
 	scan, err := liveDisks(sysBlock, devDir, dataDev != "", etcd)
 	if err != nil {
-		return VarChoice{}, err
+		return varChoice{}, err
 	}
 	if dataDev != "" {
 		// A disk named on the command line may be removable.
@@ -117,8 +117,8 @@ func chooseVar(sysBlock, devDir, dataDev string, etcd *EtcdVolume) (VarChoice, e
 		kind, what := classifyDisk(d)
 		switch kind {
 		case diskData:
-			return VarChoice{Kind: VarDataDisk, Disk: d, Skipped: skipped,
-				Why: fmt.Sprintf("%s is the kiln data disk of an earlier live boot", d.Path)}, nil
+			return varChoice{kind: varDataDisk, disk: d, skipped: skipped,
+				why: fmt.Sprintf("%s is the kiln data disk of an earlier live boot", d.Path)}, nil
 		case diskBlank:
 			blank = append(blank, d)
 		default:
@@ -129,11 +129,11 @@ func chooseVar(sysBlock, devDir, dataDev string, etcd *EtcdVolume) (VarChoice, e
 		for _, d := range blank {
 			skipped = append(skipped, fmt.Sprintf("%s: blank, and may be the etcd volume: the node config's %s selects none of the disks", d.Path, etcd))
 		}
-		return VarChoice{Kind: VarTmpfs, Skipped: skipped, etcdUnseen: etcd.String(),
-			Why: fmt.Sprintf("the node config's %s selects none of the disks, so no blank disk is taken (kiln.data.dev= names one): /var is in RAM and is lost at reboot", etcd)}, nil
+		return varChoice{kind: varTmpfs, skipped: skipped, etcdUnseen: etcd.String(),
+			why: fmt.Sprintf("the node config's %s selects none of the disks, so no blank disk is taken (kiln.data.dev= names one): /var is in RAM and is lost at reboot", etcd)}, nil
 	}
 	if len(blank) == 0 {
-		return VarChoice{Kind: VarTmpfs, Skipped: skipped, Why: "no blank disk: /var is in RAM and is lost at reboot"}, nil
+		return varChoice{kind: varTmpfs, skipped: skipped, why: "no blank disk: /var is in RAM and is lost at reboot"}, nil
 	}
 	why := fmt.Sprintf("%s is the first blank disk: it gets a GPT with one data partition", blank[0].Path)
 	if len(blank) > 1 {
@@ -143,7 +143,7 @@ func chooseVar(sysBlock, devDir, dataDev string, etcd *EtcdVolume) (VarChoice, e
 		}
 		why += fmt.Sprintf(" (%s stay blank; kiln.data.dev= names the disk to use)", strings.Join(others, ", "))
 	}
-	return VarChoice{Kind: VarBlank, Disk: blank[0], Blank: true, Skipped: skipped, Why: why}, nil
+	return varChoice{kind: varBlank, disk: blank[0], blank: true, skipped: skipped, why: why}, nil
 }
 
 type diskKind int

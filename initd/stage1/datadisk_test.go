@@ -63,12 +63,12 @@ func backupGPTOnly(t *testing.T) string {
 	return img
 }
 
-// liveDataDisk is the data disk an earlier live boot made: NewDataDisk, then ext4 labelled
+// liveDataDisk is the data disk an earlier live boot made: newDataDisk, then ext4 labelled
 // nodeimage.DataLabel in the partition (label is that label unless given).
 func liveDataDisk(label string) diskMaker {
 	return func(t *testing.T) string {
 		img := testkit.SparseFile(t, liveDiskSize)
-		p, err := NewDataDisk(img, 512)
+		p, err := newDataDisk(img, 512)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func copyInto(t *testing.T, src, dst string, off int64) {
 
 func TestChooseVar(t *testing.T) {
 	testkit.Tools(t, "sgdisk", "mkfs.ext4")
-	mainEtcd := &EtcdVolume{Serial: "etcd-main"}
+	mainEtcd := &EtcdVolume{serial: "etcd-main"}
 	tests := []struct {
 		name     string
 		disks    map[string]diskMaker
@@ -119,54 +119,54 @@ func TestChooseVar(t *testing.T) {
 			name: "only disks holding something: tmpfs",
 			disks: map[string]diskMaker{"vda": kilnDisk, "vdb": ext4WithFile, "vdc": sgdiskDisk, "vdd": tailData,
 				"vde": backupGPTOnly},
-			wantKind: VarTmpfs, wantWhy: "no blank disk: /var is in RAM and is lost at reboot",
+			wantKind: varTmpfs, wantWhy: "no blank disk: /var is in RAM and is lost at reboot",
 			skipped: []string{`vda: holds a GPT with 3 partitions ("ESP", "root-a", "root-b")`, "vdb: holds ext4",
 				`vdc: holds a GPT with 1 partitions ("scratch")`, "vdd: holds data in its last MiB", `vde: holds a GPT with 1 partitions ("scratch")`},
 		},
 		{
 			name:     "no disk at all: tmpfs",
-			wantKind: VarTmpfs, wantWhy: "no blank disk",
+			wantKind: varTmpfs, wantWhy: "no blank disk",
 		},
 		{
 			name:     "the blank disk beside a filesystem",
 			disks:    map[string]diskMaker{"sda": ext4WithFile, "sdb": blankDisk},
-			wantKind: VarBlank, wantDisk: "sdb", wantWhy: "sdb is the first blank disk: it gets a GPT with one data partition",
+			wantKind: varBlank, wantDisk: "sdb", wantWhy: "sdb is the first blank disk: it gets a GPT with one data partition",
 			skipped: []string{"sda: holds ext4"},
 		},
 		{
 			name:     "the first of two blank disks, naming the other",
 			disks:    map[string]diskMaker{"vdc": blankDisk, "vdb": blankDisk},
-			wantKind: VarBlank, wantDisk: "vdb", wantWhy: "vdc stay blank; kiln.data.dev= names the disk to use",
+			wantKind: varBlank, wantDisk: "vdb", wantWhy: "vdc stay blank; kiln.data.dev= names the disk to use",
 		},
 		{
 			name:     "an earlier live boot's data disk before a blank disk",
 			disks:    map[string]diskMaker{"vda": blankDisk, "vdb": liveDataDisk(nodeimage.DataLabel)},
-			wantKind: VarDataDisk, wantDisk: "vdb", wantWhy: "vdb is the kiln data disk of an earlier live boot",
+			wantKind: varDataDisk, wantDisk: "vdb", wantWhy: "vdb is the kiln data disk of an earlier live boot",
 		},
 		{
 			name:     "a data disk whose mkfs was cut short",
 			disks:    map[string]diskMaker{"vdb": liveDataDisk("-")},
-			wantKind: VarDataDisk, wantDisk: "vdb",
+			wantKind: varDataDisk, wantDisk: "vdb",
 		},
 		{
 			name:     "a data partition with someone else's ext4 is not ours",
 			disks:    map[string]diskMaker{"vdb": liveDataDisk("backups")},
-			wantKind: VarTmpfs, skipped: []string{`vdb: holds a data partition with ext4 labelled "backups", not "kiln-data"`},
+			wantKind: varTmpfs, skipped: []string{`vdb: holds a data partition with ext4 labelled "backups", not "kiln-data"`},
 		},
 		{
 			name:     "never the etcd volume, blank and first",
 			disks:    map[string]diskMaker{"vda": blankDisk, "vdb": blankDisk},
 			serials:  map[string]string{"vda": "etcd-main", "vdb": "os"},
 			etcd:     mainEtcd,
-			wantKind: VarBlank, wantDisk: "vdb", wantWhy: "vdb is the first blank disk",
+			wantKind: varBlank, wantDisk: "vdb", wantWhy: "vdb is the first blank disk",
 			skipped: []string{"vda: the etcd volume (etcd.volume.serial=etcd-main)"},
 		},
 		{
 			name:     "never the etcd volume, by its by-id name",
 			disks:    map[string]diskMaker{"vda": blankDisk},
 			serials:  map[string]string{"vda": "etcd-main"},
-			etcd:     &EtcdVolume{ByID: "virtio-etcd-main"},
-			wantKind: VarTmpfs, wantWhy: "no blank disk",
+			etcd:     &EtcdVolume{byID: "virtio-etcd-main"},
+			wantKind: varTmpfs, wantWhy: "no blank disk",
 			skipped: []string{"vda: the etcd volume (etcd.volume.byId=virtio-etcd-main)"},
 		},
 		{
@@ -174,7 +174,7 @@ func TestChooseVar(t *testing.T) {
 			disks:    map[string]diskMaker{"vda": liveDataDisk(nodeimage.DataLabel), "vdb": blankDisk},
 			serials:  map[string]string{"vda": "etcd-main"},
 			etcd:     mainEtcd,
-			wantKind: VarBlank, wantDisk: "vdb",
+			wantKind: varBlank, wantDisk: "vdb",
 			skipped: []string{"vda: the etcd volume (etcd.volume.serial=etcd-main)"},
 		},
 		{
@@ -182,7 +182,7 @@ func TestChooseVar(t *testing.T) {
 			disks:    map[string]diskMaker{"vda": blankDisk, "vdb": ext4WithFile},
 			serials:  map[string]string{"vda": "os"},
 			etcd:     mainEtcd,
-			wantKind: VarTmpfs, wantWhy: "the node config's etcd.volume.serial=etcd-main selects none of the disks, so no blank disk is taken",
+			wantKind: varTmpfs, wantWhy: "the node config's etcd.volume.serial=etcd-main selects none of the disks, so no blank disk is taken",
 			skipped: []string{"vda: blank, and may be the etcd volume: the node config's etcd.volume.serial=etcd-main selects none of the disks", "vdb: holds ext4"},
 			unseen:  true,
 		},
@@ -190,13 +190,13 @@ func TestChooseVar(t *testing.T) {
 			name:     "a data disk of an earlier live boot while the etcd volume is not seen",
 			disks:    map[string]diskMaker{"vda": blankDisk, "vdb": liveDataDisk(nodeimage.DataLabel)},
 			etcd:     mainEtcd,
-			wantKind: VarDataDisk, wantDisk: "vdb",
+			wantKind: varDataDisk, wantDisk: "vdb",
 		},
 		{
 			name:     "a read-only blank disk is not used",
 			disks:    map[string]diskMaker{"vdb": blankDisk},
 			ro:       []string{"vdb"},
-			wantKind: VarTmpfs, skipped: []string{"vdb: read-only"},
+			wantKind: varTmpfs, skipped: []string{"vdb: read-only"},
 		},
 	}
 	for _, tt := range tests {
@@ -225,13 +225,13 @@ func TestChooseVar(t *testing.T) {
 			if unseen := got.etcdUnseen != ""; unseen != tt.unseen {
 				t.Errorf("chosen while the etcd volume is not seen: %v, want %v", unseen, tt.unseen)
 			}
-			if got.Kind != tt.wantKind || got.Disk.Name != tt.wantDisk {
-				t.Errorf("chose %s %q (%s), want %s %q", got.Kind, got.Disk.Name, got.Why, tt.wantKind, tt.wantDisk)
+			if got.kind != tt.wantKind || got.disk.Name != tt.wantDisk {
+				t.Errorf("chose %s %q (%s), want %s %q", got.kind, got.disk.Name, got.why, tt.wantKind, tt.wantDisk)
 			}
-			if !strings.Contains(got.Why, tt.wantWhy) {
-				t.Errorf("why = %q, want it to contain %q", got.Why, tt.wantWhy)
+			if !strings.Contains(got.why, tt.wantWhy) {
+				t.Errorf("why = %q, want it to contain %q", got.why, tt.wantWhy)
 			}
-			skipped := strings.Join(got.Skipped, "\n")
+			skipped := strings.Join(got.skipped, "\n")
 			for _, s := range tt.skipped {
 				if !strings.Contains(skipped, filepath.Join(dev, s)) {
 					t.Errorf("skipped lacks %q:\n%s", filepath.Join(dev, s), skipped)
@@ -253,7 +253,7 @@ func TestNewDataDisk(t *testing.T) {
 	testkit.Tools(t, "sgdisk", "blkid")
 	for _, size := range []int64{256 * mib, 3 << 40} {
 		img := testkit.SparseFile(t, size)
-		p, err := NewDataDisk(img, 512)
+		p, err := newDataDisk(img, 512)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,7 +322,7 @@ func TestChooseNamed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.dataDev, func(t *testing.T) {
-			got, err := chooseVar(sysBlock, dev, tt.dataDev, &EtcdVolume{Serial: "etcd-main"})
+			got, err := chooseVar(sysBlock, dev, tt.dataDev, &EtcdVolume{serial: "etcd-main"})
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.HasPrefix(err.Error(), "kiln.data.dev="+tt.dataDev+": ") {
 					t.Fatalf("chooseVar error = %v, want kiln.data.dev=%s: …%s", err, tt.dataDev, tt.wantErr)
@@ -335,11 +335,11 @@ func TestChooseNamed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Kind != VarNamed || got.Disk.Name != tt.disk || got.Blank != tt.blank {
+			if got.kind != varNamed || got.disk.Name != tt.disk || got.blank != tt.blank {
 				t.Errorf("chose %+v, want disk %q blank %v", got, tt.disk, tt.blank)
 			}
-			if tt.part != "" && got.Partition != filepath.Join(dev, tt.part) {
-				t.Errorf("partition = %q, want %s", got.Partition, filepath.Join(dev, tt.part))
+			if tt.part != "" && got.partition != filepath.Join(dev, tt.part) {
+				t.Errorf("partition = %q, want %s", got.partition, filepath.Join(dev, tt.part))
 			}
 		})
 	}
@@ -350,7 +350,7 @@ func TestChooseNamed(t *testing.T) {
 // probing it), then takes another blank disk, never the etcd volume, and says which it passed
 // over; when the etcd volume never appears, /var is in RAM and the console says why.
 func TestWaitChooseVarEtcd(t *testing.T) {
-	etcd := &EtcdVolume{Serial: "etcd-main"}
+	etcd := &EtcdVolume{serial: "etcd-main"}
 	tests := []struct {
 		name     string
 		late     bool // the etcd volume appears after 300ms; else never
@@ -358,9 +358,9 @@ func TestWaitChooseVarEtcd(t *testing.T) {
 		wantKind string
 		wantLog  []string
 	}{
-		{name: "the etcd volume appears late", late: true, wait: 10 * time.Second, wantKind: VarBlank,
+		{name: "the etcd volume appears late", late: true, wait: 10 * time.Second, wantKind: varBlank,
 			wantLog: []string{`msg="not for /var: DEV/vda: the etcd volume (etcd.volume.serial=etcd-main)"`, `msg="/var: DEV/vdb is the first blank disk`}},
-		{name: "the etcd volume never appears", wait: 500 * time.Millisecond, wantKind: VarTmpfs,
+		{name: "the etcd volume never appears", wait: 500 * time.Millisecond, wantKind: varTmpfs,
 			wantLog: []string{`msg="not for /var: DEV/vdb: blank, and may be the etcd volume`,
 				`level=WARN msg="the node config's etcd.volume.serial=etcd-main selects none of the disks, so no blank disk is taken`}},
 	}
@@ -384,8 +384,8 @@ func TestWaitChooseVarEtcd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Kind != tt.wantKind {
-				t.Errorf("chose %s (%s), want %s", got.Kind, got.Why, tt.wantKind)
+			if got.kind != tt.wantKind {
+				t.Errorf("chose %s (%s), want %s", got.kind, got.why, tt.wantKind)
 			}
 			if el := time.Since(start); tt.late && el < 300*time.Millisecond || !tt.late && el < tt.wait {
 				t.Errorf("chose after %s", el)

@@ -32,7 +32,7 @@ func TestCheckDataFilesystem(t *testing.T) {
 					t.Fatalf("%s: %v\n%s", tt.mkfs[0], err, out)
 				}
 			}
-			fs, err := CheckDataFilesystem(p)
+			fs, err := checkDataFilesystem(p)
 			if tt.refusal != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.refusal) {
 					t.Errorf("CheckDataFilesystem = %q, %v; want a refusal naming %q", fs, err, tt.refusal)

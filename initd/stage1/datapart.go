@@ -15,19 +15,19 @@ import (
 )
 
 const (
-	// MinDataPartitionSize is the least free space stage 1 accepts for the data partition.
-	MinDataPartitionSize = 64 << 20
+	// minDataPartitionSize is the least free space stage 1 accepts for the data partition.
+	minDataPartitionSize = 64 << 20
 
 	partitionAlign = 1 << 20
 )
 
-// EnsureDataPartition makes sure the GPT disk (image file or block device) at path has a partition
+// ensureDataPartition makes sure the GPT disk (image file or block device) at path has a partition
 // named nodeimage.DataName. When there is none it rewrites the GPT so that it spans the whole disk
 // (the backup header moves to the real last sector when the disk is larger than the image it was
 // made from) and adds the partition from the first 1 MiB boundary after the last partition to the
 // last 1 MiB boundary before the backup partition entries, numbered one past the highest partition
 // number. It returns the partition and whether it created it. Running it again changes nothing.
-func EnsureDataPartition(path string, sectorSize int) (blockdev.Partition, bool, error) {
+func ensureDataPartition(path string, sectorSize int) (blockdev.Partition, bool, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return blockdev.Partition{}, false, fmt.Errorf("open disk: %w", err)
@@ -134,10 +134,10 @@ func writeTable(f *os.File, t *gpt.Table, size int64, sectorSize int) error {
 	return nil
 }
 
-// NewDataDisk writes, in one go, a GPT holding only the data partition (the whole disk, 1 MiB
+// newDataDisk writes, in one go, a GPT holding only the data partition (the whole disk, 1 MiB
 // aligned) to the blank disk at path, and returns the partition. The caller has checked that
-// the disk is blank: NewDataDisk overwrites whatever is there.
-func NewDataDisk(path string, sectorSize int) (blockdev.Partition, error) {
+// the disk is blank: newDataDisk overwrites whatever is there.
+func newDataDisk(path string, sectorSize int) (blockdev.Partition, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return blockdev.Partition{}, fmt.Errorf("open disk: %w", err)
@@ -197,9 +197,9 @@ func dataExtent(t *gpt.Table, lastEnd uint64, sectorSize int) (start, end uint64
 	start = (lastEnd + 1 + alignSectors - 1) / alignSectors * alignSectors
 	// End on a 1 MiB boundary too (sgdisk warns otherwise); at most 1 MiB is left unused.
 	end = (t.LastDataSector()+1)/alignSectors*alignSectors - 1
-	if start > end || (end-start+1)*uint64(sectorSize) < MinDataPartitionSize {
+	if start > end || (end-start+1)*uint64(sectorSize) < minDataPartitionSize {
 		return 0, 0, fmt.Errorf("only %d bytes free after the last partition (sector %d) to the end of the disk, need %d",
-			int64(end+1-min(start, end+1))*int64(sectorSize), lastEnd, MinDataPartitionSize)
+			int64(end+1-min(start, end+1))*int64(sectorSize), lastEnd, minDataPartitionSize)
 	}
 	return start, end, nil
 }

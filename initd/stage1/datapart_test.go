@@ -77,7 +77,7 @@ func TestEnsureDataPartition(t *testing.T) {
 			if err := os.Truncate(img, tt.diskSize); err != nil {
 				t.Fatal(err)
 			}
-			p, created, err := EnsureDataPartition(img, 512)
+			p, created, err := ensureDataPartition(img, 512)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -96,7 +96,7 @@ func TestEnsureDataPartition(t *testing.T) {
 
 			// Second run: nothing changes.
 			before := hashHeaders(t, img)
-			p2, created2, err := EnsureDataPartition(img, 512)
+			p2, created2, err := ensureDataPartition(img, 512)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +187,7 @@ func TestEnsureDataPartitionNoRoom(t *testing.T) {
 	// The image ends 16 MiB after root-b: too small for the data partition.
 	img := makeImage(t, (imageLastMB+16)*mib)
 	before := hashHeaders(t, img)
-	_, _, err := EnsureDataPartition(img, 512)
+	_, _, err := ensureDataPartition(img, 512)
 	if err == nil || !strings.Contains(err.Error(), "bytes free after the last partition") {
 		t.Fatalf("error = %v, want a 'not enough free space' error", err)
 	}
@@ -204,7 +204,7 @@ func TestEnsureDataPartitionNotGPT(t *testing.T) {
 	if err := os.Truncate(img, imageSize); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := EnsureDataPartition(img, 512)
+	_, _, err := ensureDataPartition(img, 512)
 	if err == nil || !strings.Contains(err.Error(), "read GPT of "+img) {
 		t.Fatalf("error = %v, want it to name the GPT of %s", err, img)
 	}

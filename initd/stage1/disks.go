@@ -14,26 +14,26 @@ import (
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
-// RootNotFoundError says root=PARTUUID=… matched no partition, and what was there instead.
-type RootNotFoundError struct {
-	PARTUUID string
-	Waited   time.Duration
-	Disks    []blockdev.Disk
-	Cmdline  string
-	Modules  []ModuleError // modules that failed to load, a likely cause
+// rootNotFoundError says root=PARTUUID=… matched no partition, and what was there instead.
+type rootNotFoundError struct {
+	partuuid string
+	waited   time.Duration
+	disks    []blockdev.Disk
+	cmdline  string
+	modules  []moduleError // modules that failed to load, a likely cause
 }
 
-func (e *RootNotFoundError) Error() string {
+func (e *rootNotFoundError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "root partition PARTUUID=%s not found after %s", e.PARTUUID, e.Waited.Round(time.Millisecond))
-	fmt.Fprintf(&b, "\ncmdline: %s", e.Cmdline)
-	if len(e.Disks) == 0 {
+	fmt.Fprintf(&b, "root partition PARTUUID=%s not found after %s", e.partuuid, e.waited.Round(time.Millisecond))
+	fmt.Fprintf(&b, "\ncmdline: %s", e.cmdline)
+	if len(e.disks) == 0 {
 		b.WriteString("\ndisks: none (is the disk driver in modules.load?)")
 	}
-	for _, d := range e.Disks {
+	for _, d := range e.disks {
 		fmt.Fprintf(&b, "\ndisk %s", d)
 	}
-	for _, m := range e.Modules {
+	for _, m := range e.modules {
 		fmt.Fprintf(&b, "\n%s", m.Error())
 	}
 	return b.String()
@@ -71,7 +71,7 @@ func waitForRoot(ctx context.Context, log *slog.Logger, sysBlock, devDir, partuu
 	})
 	switch {
 	case errors.Is(err, poll.ErrTimeout):
-		return blockdev.Disk{}, blockdev.Partition{}, disks, &RootNotFoundError{PARTUUID: partuuid, Waited: time.Since(start), Disks: disks}
+		return blockdev.Disk{}, blockdev.Partition{}, disks, &rootNotFoundError{partuuid: partuuid, waited: time.Since(start), disks: disks}
 	case ctx.Err() != nil:
 		return blockdev.Disk{}, blockdev.Partition{}, disks, ctx.Err()
 	case err != nil:

@@ -98,12 +98,12 @@ func TestWaitForRootNotFound(t *testing.T) {
 	if took := time.Since(start); took < 600*time.Millisecond || took > time.Minute {
 		t.Errorf("waited %s, want about 600ms", took)
 	}
-	var nf *RootNotFoundError
+	var nf *rootNotFoundError
 	if !errors.As(err, &nf) {
 		t.Fatalf("error = %v, want *RootNotFoundError", err)
 	}
-	nf.Cmdline = "root=PARTUUID=" + missing + " ro kiln.platform=qemu"
-	nf.Modules = []ModuleError{{Path: "/lib/modules/x/virtio_blk.ko", Err: os.ErrNotExist}}
+	nf.cmdline = "root=PARTUUID=" + missing + " ro kiln.platform=qemu"
+	nf.modules = []moduleError{{path: "/lib/modules/x/virtio_blk.ko", err: os.ErrNotExist}}
 	msg := err.Error()
 	for _, want := range []string{
 		"root partition PARTUUID=" + missing + " not found",

@@ -18,21 +18,21 @@ import (
 // /dev/disk/by-id name (etcd.volume.serial, etcd.volume.byId). A network boot keeps clear of
 // it: a live boot never puts /var on it, an install never writes it.
 type EtcdVolume struct {
-	Serial string
-	ByID   string
+	serial string
+	byID   string
 }
 
 func (v EtcdVolume) String() string {
-	if v.Serial != "" {
-		return "etcd.volume.serial=" + v.Serial
+	if v.serial != "" {
+		return "etcd.volume.serial=" + v.serial
 	}
-	return "etcd.volume.byId=" + v.ByID
+	return "etcd.volume.byId=" + v.byID
 }
 
 // Selects reports whether v selects the disk with ids (the names blockdev.ReadDiskIDs derives
 // from sysfs, as udev would).
 func (v EtcdVolume) Selects(ids blockdev.DiskIDs) bool {
-	return v.Serial != "" && ids.SelectedBySerial(v.Serial) || v.ByID != "" && ids.SelectedByID(v.ByID)
+	return v.serial != "" && ids.SelectedBySerial(v.serial) || v.byID != "" && ids.SelectedByID(v.byID)
 }
 
 // FetchEtcdVolume fetches the config kiln.config.url= names on the kernel command line cmdline
@@ -58,7 +58,7 @@ func FetchEtcdVolume(ctx context.Context, log *slog.Logger, cmdline string, clie
 	if v.Serial == "" && v.ByID == "" {
 		return nil, nil
 	}
-	return &EtcdVolume{Serial: v.Serial, ByID: v.ByID}, nil
+	return &EtcdVolume{serial: v.Serial, byID: v.ByID}, nil
 }
 
 // nodeConfig parses the user config raw, renders it (ignition.config.merge and replace,

@@ -15,11 +15,11 @@ type Installer func(ctx context.Context, log *slog.Logger, cl Cmdline) error
 
 // runInstall brings the network up and hands the boot to install. The modules that failed to
 // load are named under its error: a missing NIC or disk driver is the likely cause.
-func runInstall(ctx context.Context, log *slog.Logger, cl Cmdline, install Installer, modFailures []ModuleError) error {
+func runInstall(ctx context.Context, log *slog.Logger, cl Cmdline, install Installer, modFailures []moduleError) error {
 	if install == nil {
 		return errors.New("kernel cmdline: an install boot is not supported by this kiln-init")
 	}
-	lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.NetTimeout})
+	lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.netTimeout})
 	if err != nil {
 		return withModules(err, modFailures)
 	}

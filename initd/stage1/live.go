@@ -20,14 +20,14 @@ const liveDir = "/live"
 // bootLive mounts a live boot's root and /var: it brings the network up, fetches and verifies
 // the root image into RAM, mounts it read-only on /sysroot through a loop device and puts /var
 // where chooseVar says.
-func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []ModuleError) (BootInfo, error) {
-	info := BootInfo{Mode: ModeLive, RootURL: cl.Live.URL, RootSHA256: cl.Live.SHA256}
-	lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.NetTimeout})
+func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []moduleError) (BootInfo, error) {
+	info := BootInfo{Mode: modeLive, RootURL: cl.live.url, RootSHA256: cl.live.sha256}
+	lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.netTimeout})
 	if err != nil {
 		return info, withModules(err, modFailures)
 	}
 	info.Link, info.Address = lease.Link, lease.Address.String()
-	dev, err := mountLiveRoot(ctx, log, liveroot.Fetcher{Dir: liveDir}, cl.Live, cl.RootFSType, SysRoot)
+	dev, err := mountLiveRoot(ctx, log, liveroot.Fetcher{Dir: liveDir}, cl.live, cl.rootFSType, sysRoot)
 	if err != nil {
 		return info, err
 	}
@@ -43,14 +43,14 @@ func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []M
 	if err != nil {
 		return info, err
 	}
-	info.VarKind, info.VarWhy = choice.Kind, choice.Why
+	info.VarKind, info.VarWhy = choice.kind, choice.why
 	info.VarDevice, err = mountLiveVar(ctx, log, choice)
 	return info, err
 }
 
 // withModules adds the modules that failed to load to a network error: a missing NIC driver
 // is the likely cause.
-func withModules(err error, mods []ModuleError) error {
+func withModules(err error, mods []moduleError) error {
 	for _, m := range mods {
 		err = fmt.Errorf("%w\n%s", err, m.Error())
 	}
@@ -60,13 +60,13 @@ func withModules(err error, mods []ModuleError) error {
 // mountLiveRoot fetches the root image, verifies it, attaches it to a loop device and mounts
 // it read-only on target; it returns the loop device. Nothing is attached or mounted unless the
 // image's sha256 matched.
-func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, live LiveRoot, fstype, target string) (string, error) {
+func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, live liveRoot, fstype, target string) (string, error) {
 	start := time.Now()
-	path, err := f.Fetch(ctx, log, live.URL, live.SHA256)
+	path, err := f.Fetch(ctx, log, live.url, live.sha256)
 	if err != nil {
 		return "", err
 	}
-	log.Info("live root verified", "sha256", live.SHA256, "took", time.Since(start).Round(time.Millisecond))
+	log.Info("live root verified", "sha256", live.sha256, "took", time.Since(start).Round(time.Millisecond))
 	dev, err := liveroot.Attach(path)
 	if err != nil {
 		return "", fmt.Errorf("live root: %w", err)
@@ -75,7 +75,7 @@ func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, li
 		if derr := liveroot.Detach(dev); derr != nil {
 			err = errors.Join(err, derr)
 		}
-		return "", fmt.Errorf("live root %s: %w", live.URL, err)
+		return "", fmt.Errorf("live root %s: %w", live.url, err)
 	}
 	return dev, nil
 }
@@ -83,13 +83,13 @@ func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, li
 // waitChooseVar runs chooseVar, waiting up to kiln.rootwait= for a disk kiln.data.dev= names,
 // or the etcd volume (etcd) while blank disks are passed over for want of it, to appear, and
 // says on the console where /var goes and which disks it passed over.
-func waitChooseVar(ctx context.Context, log *slog.Logger, sysBlock, devDir string, cl Cmdline, etcd *EtcdVolume) (VarChoice, error) {
+func waitChooseVar(ctx context.Context, log *slog.Logger, sysBlock, devDir string, cl Cmdline, etcd *EtcdVolume) (varChoice, error) {
 	var (
-		choice VarChoice
+		choice varChoice
 		chosen bool // choice is the last attempt's
 	)
-	what := "kiln.data.dev=" + cl.DataDev
-	if cl.DataDev == "" && etcd != nil {
+	what := "kiln.data.dev=" + cl.dataDev
+	if cl.dataDev == "" && etcd != nil {
 		what = "the etcd volume (" + etcd.String() + ")"
 	}
 	err := poll.Until(ctx, poll.Options{
@@ -99,41 +99,41 @@ func waitChooseVar(ctx context.Context, log *slog.Logger, sysBlock, devDir strin
 		Retryable: func(err error) bool { return errors.Is(err, errNotFound) },
 	}, func(context.Context) (bool, error) {
 		var err error
-		choice, err = chooseVar(sysBlock, devDir, cl.DataDev, etcd)
+		choice, err = chooseVar(sysBlock, devDir, cl.dataDev, etcd)
 		chosen = err == nil
 		return chosen && choice.etcdUnseen == "", err
 	})
 	var pe *poll.Error
 	switch {
 	case errors.As(err, &pe) && pe.Last != nil:
-		return VarChoice{}, fmt.Errorf("%w (waited %s)", pe.Last, cl.RootWait)
+		return varChoice{}, fmt.Errorf("%w (waited %s)", pe.Last, cl.RootWait)
 	case errors.Is(err, poll.ErrTimeout) && chosen:
 		// The etcd volume did not appear: the choice made without it stands.
 	case err != nil:
-		return VarChoice{}, err
+		return varChoice{}, err
 	}
-	for _, s := range choice.Skipped {
+	for _, s := range choice.skipped {
 		log.Info("not for /var: " + s)
 	}
-	if choice.Kind == VarTmpfs {
-		log.Warn(choice.Why)
+	if choice.kind == varTmpfs {
+		log.Warn(choice.why)
 	} else {
-		log.Info("/var: " + choice.Why)
+		log.Info("/var: " + choice.why)
 	}
 	return choice, nil
 }
 
 // mountLiveVar mounts /var as choice says (making the data partition on a blank disk) and
 // returns the device it is on, "tmpfs" for RAM.
-func mountLiveVar(ctx context.Context, log *slog.Logger, choice VarChoice) (string, error) {
-	dev := choice.Partition
+func mountLiveVar(ctx context.Context, log *slog.Logger, choice varChoice) (string, error) {
+	dev := choice.partition
 	switch {
-	case choice.Kind == VarTmpfs:
+	case choice.kind == varTmpfs:
 		return "tmpfs", mountVarTmpfs(log)
 	case dev != "":
-	case choice.Blank:
-		d := choice.Disk
-		p, err := NewDataDisk(d.Path, d.SectorSize)
+	case choice.blank:
+		d := choice.disk
+		p, err := newDataDisk(d.Path, d.SectorSize)
 		if err != nil {
 			return "", err
 		}
@@ -145,7 +145,7 @@ func mountLiveVar(ctx context.Context, log *slog.Logger, choice VarChoice) (stri
 			return "", fmt.Errorf("data partition: %w", err)
 		}
 	default:
-		d := choice.Disk
+		d := choice.disk
 		var err error
 		if _, ok := partitionDevice(sysBlock, devDir, d.Name, d.Partitions[0].Index); !ok {
 			if err := rereadPartitions(log, d.Path, d.Partitions[0], d.SectorSize); err != nil {

@@ -64,7 +64,7 @@ func TestMountLiveRoot(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write(tt.serve) }))
 			defer srv.Close()
 			target := filepath.Join(t.TempDir(), "sysroot")
-			live := LiveRoot{URL: srv.URL + "/rootfs.img", SHA256: hex.EncodeToString(sum[:])}
+			live := liveRoot{url: srv.URL + "/rootfs.img", sha256: hex.EncodeToString(sum[:])}
 			dev, err := mountLiveRoot(t.Context(), slog.New(slog.DiscardHandler), liveroot.Fetcher{Dir: ram}, live, tt.fstype, target)
 			if err == nil {
 				t.Cleanup(func() { unix.Unmount(target, 0); liveroot.Detach(dev) })

@@ -20,9 +20,9 @@ import (
 
 var moduleSuffixes = []string{".ko", ".ko.xz", ".ko.zst", ".ko.gz"}
 
-// ParseModulesLoad reads a modules.load list: one absolute module path per line, blank lines and
+// parseModulesLoad reads a modules.load list: one absolute module path per line, blank lines and
 // lines starting with # ignored. name is used in errors (file:line).
-func ParseModulesLoad(r io.Reader, name string) ([]string, error) {
+func parseModulesLoad(r io.Reader, name string) ([]string, error) {
 	var mods []string
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
@@ -53,77 +53,79 @@ func hasModuleSuffix(p string) bool {
 	return false
 }
 
-// ModuleError records a module that failed to load.
-type ModuleError struct {
-	Path string
-	Err  error
-	// Kernel holds what the kernel logged about the module while loading it (e.g. "erofs:
+// moduleError records a module that failed to load.
+type moduleError struct {
+	path string
+	err  error
+	// kernel holds what the kernel logged about the module while loading it (e.g. "erofs:
 	// Unknown symbol crc32c (err -2)").
-	Kernel []string
+	kernel []string
 }
 
-func (e ModuleError) Error() string {
-	msg := fmt.Sprintf("load module %s: %v", e.Path, e.Err)
-	if len(e.Kernel) > 0 {
-		msg += " (kernel: " + strings.Join(e.Kernel, "; ") + ")"
+func (e moduleError) Error() string {
+	msg := fmt.Sprintf("load module %s: %v", e.path, e.err)
+	if len(e.kernel) > 0 {
+		msg += " (kernel: " + strings.Join(e.kernel, "; ") + ")"
 	}
 	return msg
 }
 
-// ModuleReport is what loading a module list did.
-type ModuleReport struct {
-	Loaded  int           // loaded now or already loaded
-	Unused  []string      // modules whose init found no device or CPU feature to use (ENODEV)
-	Failed  []ModuleError // in list order
-	Elapsed time.Duration
+// moduleReport is what loading a module list did.
+type moduleReport struct {
+	loaded  int           // loaded now or already loaded
+	unused  []string      // modules whose init found no device or CPU feature to use (ENODEV)
+	failed  []moduleError // in list order
+	elapsed time.Duration
 }
 
-// LoadModules loads each module in the order given: modules.load lists every module after
+// loadModules loads each module in the order given: modules.load lists every module after
 // those it needs. A module that is already loaded counts as loaded. A module whose init finds
 // nothing to drive on this machine (ENODEV, e.g. crc32c-intel on a CPU without SSE4.2 while
 // crc32c_generic provides the algorithm) is reported as unused, not as a failure. It goes on
 // past failures (a missing driver shows up later as a missing disk) and reports them with what
 // the kernel logged about them.
-func LoadModules(ctx context.Context, log *slog.Logger, paths []string) ModuleReport {
-	return loadModules(ctx, log, paths, LoadModule, readKernelLog)
+func loadModules(ctx context.Context, log *slog.Logger, paths []string) moduleReport {
+	return loadModulesWith(ctx, log, paths, loadModule, readKernelLog)
 }
 
-func loadModules(ctx context.Context, log *slog.Logger, paths []string, load func(string) (bool, error), klog func() []byte) ModuleReport {
-	var rep ModuleReport
+// loadModulesWith is loadModules with the module loader and the kernel log reader passed in,
+// so that tests can fake them.
+func loadModulesWith(ctx context.Context, log *slog.Logger, paths []string, load func(string) (bool, error), klog func() []byte) moduleReport {
+	var rep moduleReport
 	start := time.Now()
 	for _, p := range paths {
 		if ctx.Err() != nil {
-			rep.Failed = append(rep.Failed, ModuleError{Path: p, Err: ctx.Err()})
+			rep.failed = append(rep.failed, moduleError{path: p, err: ctx.Err()})
 			continue
 		}
 		loaded, err := load(p)
 		switch {
 		case errors.Is(err, unix.ENODEV):
 			log.Info("module not used: no device or CPU feature for it on this machine", "module", p)
-			rep.Unused = append(rep.Unused, p)
+			rep.unused = append(rep.unused, p)
 		case err != nil:
-			me := ModuleError{Path: p, Err: err, Kernel: kernelLines(klog(), ModuleName(p), 3)}
-			args := []any{"module", p, "err", me.Err}
-			if len(me.Kernel) > 0 {
-				args = append(args, "kernel", strings.Join(me.Kernel, "; "))
+			me := moduleError{path: p, err: err, kernel: kernelLines(klog(), moduleName(p), 3)}
+			args := []any{"module", p, "err", me.err}
+			if len(me.kernel) > 0 {
+				args = append(args, "kernel", strings.Join(me.kernel, "; "))
 			}
 			log.Warn("module not loaded", args...)
-			rep.Failed = append(rep.Failed, me)
+			rep.failed = append(rep.failed, me)
 		case loaded:
-			rep.Loaded++
+			rep.loaded++
 			log.Debug("module loaded", "module", p)
 		default:
-			rep.Loaded++
+			rep.loaded++
 			log.Debug("module already loaded", "module", p)
 		}
 	}
-	rep.Elapsed = time.Since(start)
+	rep.elapsed = time.Since(start)
 	return rep
 }
 
-// ModuleName is the kernel's name of a module file: its base name without the .ko suffix,
+// moduleName is the kernel's name of a module file: its base name without the .ko suffix,
 // '-' as '_' ("/lib/modules/6.1.0/kernel/arch/x86/crypto/crc32c-intel.ko" is crc32c_intel).
-func ModuleName(p string) string {
+func moduleName(p string) string {
 	base := filepath.Base(p)
 	if i := strings.Index(base, ".ko"); i >= 0 {
 		base = base[:i]
@@ -173,10 +175,10 @@ func kernelLines(klog []byte, module string, max int) []string {
 	return out
 }
 
-// LoadModule loads one kernel module file (.ko with finit_module; .ko.xz, .ko.zst, .ko.gz are
+// loadModule loads one kernel module file (.ko with finit_module; .ko.xz, .ko.zst, .ko.gz are
 // decompressed in memory and passed to init_module). It reports false, nil when the module was
 // already loaded. ENODEV (the module found nothing to drive) is returned as it is.
-func LoadModule(path string) (loaded bool, err error) {
+func loadModule(path string) (loaded bool, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return false, err

@@ -38,7 +38,7 @@ func TestParseModulesLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseModulesLoad(strings.NewReader(tt.in), "modules.load")
+			got, err := parseModulesLoad(strings.NewReader(tt.in), "modules.load")
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want it to contain %q", err, tt.wantErr)
@@ -99,7 +99,7 @@ func TestLoadModulesOrderAndReport(t *testing.T) {
 	var order []string
 	var logBuf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logBuf, nil))
-	rep := loadModules(context.Background(), log, list, func(p string) (bool, error) {
+	rep := loadModulesWith(context.Background(), log, list, func(p string) (bool, error) {
 		order = append(order, p)
 		return results[p] == nil, results[p]
 	}, func() []byte { return klog })
@@ -107,16 +107,16 @@ func TestLoadModulesOrderAndReport(t *testing.T) {
 	if strings.Join(order, "\n") != strings.Join(list, "\n") {
 		t.Errorf("loaded in order %q, want the list's %q", order, list)
 	}
-	if rep.Loaded != 2 || len(rep.Unused) != 1 || rep.Unused[0] != list[0] {
-		t.Errorf("report loaded %d, unused %q; want 2 loaded and crc32c-intel unused", rep.Loaded, rep.Unused)
+	if rep.loaded != 2 || len(rep.unused) != 1 || rep.unused[0] != list[0] {
+		t.Errorf("report loaded %d, unused %q; want 2 loaded and crc32c-intel unused", rep.loaded, rep.unused)
 	}
-	if len(rep.Failed) != 2 || rep.Failed[0].Path != list[2] || rep.Failed[1].Path != list[3] {
-		t.Fatalf("failed %v, want libcrc32c then erofs", rep.Failed)
+	if len(rep.failed) != 2 || rep.failed[0].path != list[2] || rep.failed[1].path != list[3] {
+		t.Fatalf("failed %v, want libcrc32c then erofs", rep.failed)
 	}
-	if len(rep.Failed[0].Kernel) != 0 {
-		t.Errorf("libcrc32c kernel lines %q, want none (the kernel logged nothing about it)", rep.Failed[0].Kernel)
+	if len(rep.failed[0].kernel) != 0 {
+		t.Errorf("libcrc32c kernel lines %q, want none (the kernel logged nothing about it)", rep.failed[0].kernel)
 	}
-	msg := rep.Failed[1].Error()
+	msg := rep.failed[1].Error()
 	for _, want := range []string{"erofs.ko", "no such file or directory", "kernel: erofs: Unknown symbol crc32c (err -2); erofs: Unknown symbol crc32c (err -2)"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q lacks %q", msg, want)
@@ -164,7 +164,7 @@ func TestModuleName(t *testing.T) {
 		"/lib/modules/6.1.0/kernel/fs/erofs/erofs.ko.xz":            "erofs",
 		"/lib/modules/6.1.0/kernel/lib/crc-t10dif.ko.zst":           "crc_t10dif",
 	} {
-		if got := ModuleName(in); got != want {
+		if got := moduleName(in); got != want {
 			t.Errorf("ModuleName(%q) = %q, want %q", in, got, want)
 		}
 	}

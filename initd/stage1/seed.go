@@ -16,20 +16,20 @@ import (
 	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
-// SeededMarker is the file, at the top of the data filesystem, that says seeding finished.
-const SeededMarker = ".kiln-seeded"
+// seededMarker is the file, at the top of the data filesystem, that says seeding finished.
+const seededMarker = ".kiln-seeded"
 
-// SeedOnce copies src into dst unless dst/.kiln-seeded exists, then syncs dst's filesystem and
+// seedOnce copies src into dst unless dst/.kiln-seeded exists, then syncs dst's filesystem and
 // writes the marker last. It reports whether it copied. A copy cut short (power loss) has no
 // marker and is redone over what it left.
-func SeedOnce(src, dst string) (bool, error) {
-	marker := filepath.Join(dst, SeededMarker)
+func seedOnce(src, dst string) (bool, error) {
+	marker := filepath.Join(dst, seededMarker)
 	if _, err := os.Lstat(marker); err == nil {
 		return false, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("seed %s: %w", dst, err)
 	}
-	if err := Seed(src, dst); err != nil {
+	if err := seed(src, dst); err != nil {
 		return false, err
 	}
 	if err := syncFS(dst); err != nil {
@@ -57,12 +57,12 @@ func syncFS(dir string) error {
 	return nil
 }
 
-// Seed copies the tree at src into the existing directory dst, keeping file types, modes
+// seed copies the tree at src into the existing directory dst, keeping file types, modes
 // (including setuid/setgid/sticky), ownership, timestamps, extended attributes, symlinks, hard
 // links, device nodes and FIFOs, and holes in sparse files. Sockets are skipped. An entry already
-// in dst is replaced, so Seed can run again over a partial copy; dst's own mode, owner and times
+// in dst is replaced, so seed can run again over a partial copy; dst's own mode, owner and times
 // are set from src.
-func Seed(src, dst string) error {
+func seed(src, dst string) error {
 	s := seeder{links: map[fileID]string{}}
 	return s.copy(src, dst, true)
 }

@@ -16,7 +16,7 @@ import (
 
 var seedTime = time.Date(2001, 2, 3, 4, 5, 6, 789, time.UTC)
 
-// makeVarTree builds a /var-like tree with every kind of entry Seed must carry over.
+// makeVarTree builds a /var-like tree with every kind of entry seed must carry over.
 func makeVarTree(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -169,7 +169,7 @@ func TestSeed(t *testing.T) {
 				t.Fatal(err)
 			}
 			tt.prepare(t, dst)
-			if err := Seed(src, dst); err != nil {
+			if err := seed(src, dst); err != nil {
 				t.Fatal(err)
 			}
 			compareTrees(t, src, dst)
@@ -203,14 +203,14 @@ func TestSeed(t *testing.T) {
 func TestSeedOnce(t *testing.T) {
 	src := makeVarTree(t)
 	dst := t.TempDir()
-	copied, err := SeedOnce(src, dst)
+	copied, err := seedOnce(src, dst)
 	if err != nil || !copied {
 		t.Fatalf("first SeedOnce = %v, %v; want true, nil", copied, err)
 	}
 	compareTrees(t, src, dst)
-	marker, err := os.ReadFile(filepath.Join(dst, SeededMarker))
+	marker, err := os.ReadFile(filepath.Join(dst, seededMarker))
 	if err != nil || !strings.HasPrefix(string(marker), "seeded from "+src) {
-		t.Fatalf("marker %s = %q, %v", SeededMarker, marker, err)
+		t.Fatalf("marker %s = %q, %v", seededMarker, marker, err)
 	}
 
 	// A later boot: the node changed its /var; the image's /var changed too. Nothing is copied.
@@ -220,7 +220,7 @@ func TestSeedOnce(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "new-in-image"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	copied, err = SeedOnce(src, dst)
+	copied, err = seedOnce(src, dst)
 	if err != nil || copied {
 		t.Fatalf("second SeedOnce = %v, %v; want false, nil", copied, err)
 	}
@@ -233,7 +233,7 @@ func TestSeedOnce(t *testing.T) {
 }
 
 func TestSeedMissingSource(t *testing.T) {
-	_, err := SeedOnce(filepath.Join(t.TempDir(), "novar"), t.TempDir())
+	_, err := seedOnce(filepath.Join(t.TempDir(), "novar"), t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), "novar") {
 		t.Fatalf("error = %v, want it to name the missing source", err)
 	}

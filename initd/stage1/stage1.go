@@ -1,5 +1,5 @@
 // Package stage1 is kiln-init's initramfs PID 1: it mounts the kernel filesystems, loads the
-// modules listed in /etc/kiln/modules.load and, as the kernel command line says (Cmdline.Mode):
+// modules listed in /etc/kiln/modules.load and, as the kernel command line says (Cmdline.mode):
 //
 //   - disk boot (root=PARTUUID=…): finds the root-a partition by its PARTUUID, creates the data
 //     partition on first boot, mounts the read-only root at /sysroot and makes (first boot),
@@ -35,8 +35,8 @@ import (
 
 // Paths and names from the boot contract.
 const (
-	SysRoot      = "/sysroot"
-	Init         = "/sbin/init"
+	sysRoot      = "/sysroot"
+	initPath     = "/sbin/init"
 	dataTmp      = "/tmp/kiln-data"
 	sysBlock     = "/sys/block"
 	devDir       = "/dev"
@@ -61,15 +61,15 @@ func Run(ctx context.Context, log *slog.Logger, install Installer) error {
 		return err
 	}
 	var info BootInfo
-	switch cl.Mode() {
-	case ModeDisk:
+	switch cl.mode() {
+	case modeDisk:
 		info, err = bootDisk(ctx, log, cl, modFailures)
-	case ModeLive:
+	case modeLive:
 		info, err = bootLive(ctx, log, cl, modFailures)
-	case ModeInstall:
+	case modeInstall:
 		return runInstall(ctx, log, cl, install, modFailures)
 	default:
-		err = fmt.Errorf("kernel cmdline: a %s boot is not supported by this kiln-init", cl.Mode())
+		err = fmt.Errorf("kernel cmdline: a %s boot is not supported by this kiln-init", cl.mode())
 	}
 	if err != nil {
 		return err
@@ -81,28 +81,28 @@ func Run(ctx context.Context, log *slog.Logger, install Installer) error {
 		return err
 	}
 	for _, d := range []string{"/dev", "/proc", "/sys", "/run"} {
-		if err := moveMount(d, filepath.Join(SysRoot, d)); err != nil {
+		if err := moveMount(d, filepath.Join(sysRoot, d)); err != nil {
 			return err
 		}
 	}
-	log.Info("switching root", "mode", info.Mode, "init", Init, "took", time.Since(start).Round(time.Millisecond))
+	log.Info("switching root", "mode", info.Mode, "init", initPath, "took", time.Since(start).Round(time.Millisecond))
 	freeInitramfs(log)
-	return switchRoot(SysRoot, Init, os.Args[1:])
+	return switchRoot(sysRoot, initPath, os.Args[1:])
 }
 
 // bootDisk mounts a disk boot's root-a and its data partition on /var.
-func bootDisk(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []ModuleError) (BootInfo, error) {
+func bootDisk(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []moduleError) (BootInfo, error) {
 	rootDev, dataDev, err := findPartitions(ctx, log, cl, modFailures)
 	if err != nil {
 		return BootInfo{}, err
 	}
-	if err := mountRootAt(log, rootDev, SysRoot, cl.RootFSType); err != nil {
+	if err := mountRootAt(log, rootDev, sysRoot, cl.rootFSType); err != nil {
 		return BootInfo{}, err
 	}
 	if err := mountVar(ctx, log, dataDev); err != nil {
 		return BootInfo{}, err
 	}
-	return BootInfo{Mode: ModeDisk, RootDevice: rootDev, VarDevice: dataDev, VarKind: VarKindDisk}, nil
+	return BootInfo{Mode: modeDisk, RootDevice: rootDev, VarDevice: dataDev, VarKind: varKindDisk}, nil
 }
 
 // readCmdline parses the running kernel's command line and logs what stage 1 acts on.
@@ -111,22 +111,22 @@ func readCmdline(log *slog.Logger) (Cmdline, error) {
 	if err != nil {
 		return Cmdline{}, fmt.Errorf("read kernel cmdline: %w", err)
 	}
-	cl, err := ParseCmdline(string(raw))
+	cl, err := parseCmdline(string(raw))
 	if err != nil {
 		return Cmdline{}, err
 	}
-	switch cl.Mode() {
-	case ModeLive:
-		log.Info("stage 1", "mode", cl.Mode(), "rootfs_url", cl.Live.URL, "rootfstype", cl.RootFSType, "platform", cl.Platform())
-	case ModeInstall:
-		log.Info("stage 1", "mode", cl.Mode(), "image_url", cl.Kiln["install.image_url"], "dev", cl.Kiln["install.dev"], "platform", cl.Platform())
+	switch cl.mode() {
+	case modeLive:
+		log.Info("stage 1", "mode", cl.mode(), "rootfs_url", cl.live.url, "rootfstype", cl.rootFSType, "platform", cl.platform())
+	case modeInstall:
+		log.Info("stage 1", "mode", cl.mode(), "image_url", cl.Kiln["install.image_url"], "dev", cl.Kiln["install.dev"], "platform", cl.platform())
 	default:
-		log.Info("stage 1", "mode", cl.Mode(), "root", "PARTUUID="+cl.RootPARTUUID, "rootfstype", cl.RootFSType, "platform", cl.Platform())
+		log.Info("stage 1", "mode", cl.mode(), "root", "PARTUUID="+cl.rootPARTUUID, "rootfstype", cl.rootFSType, "platform", cl.platform())
 	}
-	if cl.DataDev != "" && cl.Mode() == ModeDisk {
-		log.Warn("kiln.data.dev= applies to live boots only; a disk boot keeps /var on its own data partition", "kiln.data.dev", cl.DataDev)
+	if cl.dataDev != "" && cl.mode() == modeDisk {
+		log.Warn("kiln.data.dev= applies to live boots only; a disk boot keeps /var on its own data partition", "kiln.data.dev", cl.dataDev)
 	}
-	if cl.ReadWrite {
+	if cl.readWrite {
 		log.Warn("rw on the kernel cmdline is ignored: the root is mounted read-only")
 	}
 	return cl, nil
@@ -134,18 +134,18 @@ func readCmdline(log *slog.Logger) (Cmdline, error) {
 
 // findPartitions waits for the root partition, creates the data partition beside it when
 // the disk has none yet, and returns both device nodes. A root that does not show up is a
-// *RootNotFoundError that also lists the command line and the modules that failed to load.
-func findPartitions(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []ModuleError) (rootDev, dataDev string, err error) {
-	disk, rootPart, _, err := waitForRoot(ctx, log, sysBlock, devDir, cl.RootPARTUUID, cl.RootWait)
+// *rootNotFoundError that also lists the command line and the modules that failed to load.
+func findPartitions(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []moduleError) (rootDev, dataDev string, err error) {
+	disk, rootPart, _, err := waitForRoot(ctx, log, sysBlock, devDir, cl.rootPARTUUID, cl.RootWait)
 	if err != nil {
-		var nf *RootNotFoundError
+		var nf *rootNotFoundError
 		if errors.As(err, &nf) {
-			nf.Cmdline = cl.Raw
-			nf.Modules = modFailures
+			nf.cmdline = cl.Raw
+			nf.modules = modFailures
 		}
 		return "", "", err
 	}
-	data, created, err := EnsureDataPartition(disk.Path, disk.SectorSize)
+	data, created, err := ensureDataPartition(disk.Path, disk.SectorSize)
 	if err != nil {
 		return "", "", fmt.Errorf("data partition on %s: %w", disk.Path, err)
 	}
@@ -193,14 +193,14 @@ func mountVarTmpfs(log *slog.Logger) error {
 // boot and moves it to the new root's /var.
 func seedVar(log *slog.Logger, what string) error {
 	seedStart := time.Now()
-	seeded, err := SeedOnce(filepath.Join(SysRoot, "var"), dataTmp)
+	seeded, err := seedOnce(filepath.Join(sysRoot, "var"), dataTmp)
 	if err != nil {
 		return fmt.Errorf("seed %s from the root's /var: %w", what, err)
 	}
 	if seeded {
 		log.Info("seeded data filesystem from /var", "device", what, "took", time.Since(seedStart).Round(time.Millisecond))
 	}
-	return moveMount(dataTmp, filepath.Join(SysRoot, "var"))
+	return moveMount(dataTmp, filepath.Join(sysRoot, "var"))
 }
 
 func mountKernelFS(log *slog.Logger) error {
@@ -223,7 +223,7 @@ func mountKernelFS(log *slog.Logger) error {
 	return nil
 }
 
-func loadModuleList(ctx context.Context, log *slog.Logger, path string) ([]ModuleError, error) {
+func loadModuleList(ctx context.Context, log *slog.Logger, path string) ([]moduleError, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		log.Warn("no module list, loading no modules", "path", path)
@@ -233,21 +233,21 @@ func loadModuleList(ctx context.Context, log *slog.Logger, path string) ([]Modul
 		return nil, fmt.Errorf("module list: %w", err)
 	}
 	defer f.Close()
-	mods, err := ParseModulesLoad(f, path)
+	mods, err := parseModulesLoad(f, path)
 	if err != nil {
 		return nil, err
 	}
-	rep := LoadModules(ctx, log, mods)
-	log.Info("modules loaded", "count", rep.Loaded, "of", len(mods), "unused", len(rep.Unused), "failed", len(rep.Failed),
-		"took", rep.Elapsed.Round(time.Millisecond))
-	if len(rep.Failed) > 0 {
-		names := make([]string, len(rep.Failed))
-		for i, f := range rep.Failed {
-			names[i] = ModuleName(f.Path)
+	rep := loadModules(ctx, log, mods)
+	log.Info("modules loaded", "count", rep.loaded, "of", len(mods), "unused", len(rep.unused), "failed", len(rep.failed),
+		"took", rep.elapsed.Round(time.Millisecond))
+	if len(rep.failed) > 0 {
+		names := make([]string, len(rep.failed))
+		for i, f := range rep.failed {
+			names[i] = moduleName(f.path)
 		}
 		log.Error("modules failed to load; the root or data filesystem may not mount", "modules", strings.Join(names, ","))
 	}
-	return rep.Failed, nil
+	return rep.failed, nil
 }
 
 // mountRootAt mounts dev read-only on target (/sysroot) as fstype, or as squashfs then erofs
@@ -273,7 +273,7 @@ func mountRootAt(log *slog.Logger, dev, target, fstype string) error {
 // ext4, and checks it. The tools are the root's own, run chrooted into /sysroot with /dev, /proc
 // and /sys bound in.
 func prepareData(ctx context.Context, log *slog.Logger, dev string) (err error) {
-	fs, err := CheckDataFilesystem(dev)
+	fs, err := checkDataFilesystem(dev)
 	if err != nil {
 		return err
 	}
@@ -286,12 +286,12 @@ func prepareData(ctx context.Context, log *slog.Logger, dev string) (err error) 
 		}
 	}()
 	for _, d := range []string{"/dev", "/proc", "/sys"} {
-		target := filepath.Join(SysRoot, d)
+		target := filepath.Join(sysRoot, d)
 		if mp, _ := isMountPoint(target); mp {
 			continue
 		}
 		if err := unix.Mount(d, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("bind %s into %s for the root's tools: %w", d, SysRoot, err)
+			return fmt.Errorf("bind %s into %s for the root's tools: %w", d, sysRoot, err)
 		}
 		bound = append(bound, target)
 	}
@@ -320,9 +320,9 @@ func prepareData(ctx context.Context, log *slog.Logger, dev string) (err error) 
 	return nil
 }
 
-// CheckDataFilesystem probes the data partition dev: FSExt4 (use it), FSNone (blank: make it), or an
+// checkDataFilesystem probes the data partition dev: FSExt4 (use it), FSNone (blank: make it), or an
 // error for anything else, which stage 1 never formats.
-func CheckDataFilesystem(dev string) (string, error) {
+func checkDataFilesystem(dev string) (string, error) {
 	fs, err := blockdev.ProbeFilesystem(dev)
 	if err != nil {
 		return "", err
@@ -337,7 +337,7 @@ func CheckDataFilesystem(dev string) (string, error) {
 func runInRoot(ctx context.Context, candidates []string, args ...string) (string, error) {
 	prog := ""
 	for _, c := range candidates {
-		if _, err := os.Stat(filepath.Join(SysRoot, c)); err == nil {
+		if _, err := os.Stat(filepath.Join(sysRoot, c)); err == nil {
 			prog = c
 			break
 		}
@@ -346,7 +346,7 @@ func runInRoot(ctx context.Context, candidates []string, args ...string) (string
 		return "", fmt.Errorf("the root has none of %s", strings.Join(candidates, ", "))
 	}
 	cmd := exec.CommandContext(ctx, prog, args...)
-	cmd.SysProcAttr = &unix.SysProcAttr{Chroot: SysRoot}
+	cmd.SysProcAttr = &unix.SysProcAttr{Chroot: sysRoot}
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=" + toolPathList}
 	out, err := cmd.CombinedOutput()
@@ -363,7 +363,7 @@ func runInRoot(ctx context.Context, candidates []string, args ...string) (string
 // not have (or has as a link) gets none, unless it is required.
 func mountOverlays(log *slog.Logger) error {
 	for _, o := range nodeimage.Overlays() {
-		lower := filepath.Join(SysRoot, o.Dir)
+		lower := filepath.Join(sysRoot, o.Dir)
 		if fi, err := os.Lstat(lower); err != nil || !fi.IsDir() {
 			if o.Required {
 				return fmt.Errorf("%s overlay: the root has no directory %s", o.Dir, o.Dir)
@@ -371,7 +371,7 @@ func mountOverlays(log *slog.Logger) error {
 			log.Debug("no overlay: not a directory in the root", "dir", o.Dir)
 			continue
 		}
-		upper, work := filepath.Join(SysRoot, o.State, "upper"), filepath.Join(SysRoot, o.State, "work")
+		upper, work := filepath.Join(sysRoot, o.State, "upper"), filepath.Join(sysRoot, o.State, "work")
 		for _, d := range []string{upper, work} {
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				return fmt.Errorf("%s overlay: %w", o.Dir, err)

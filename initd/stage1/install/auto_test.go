@@ -27,12 +27,12 @@ type fakeDisk struct {
 }
 
 // fakeHost makes /sys/block and /dev for disks, as the kernel shows them to stage 1 (no udev).
-func fakeHost(t *testing.T, disks ...fakeDisk) Host {
+func fakeHost(t *testing.T, disks ...fakeDisk) host {
 	t.Helper()
 	root := t.TempDir()
-	h := Host{SysBlock: filepath.Join(root, "sys/block"), DevDir: filepath.Join(root, "dev")}
+	h := host{sysBlock: filepath.Join(root, "sys/block"), devDir: filepath.Join(root, "dev")}
 	for _, d := range disks {
-		dir := filepath.Join(h.SysBlock, d.name)
+		dir := filepath.Join(h.sysBlock, d.name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -45,10 +45,10 @@ func fakeHost(t *testing.T, disks ...fakeDisk) Host {
 				t.Fatal(err)
 			}
 		}
-		if err := os.MkdirAll(h.DevDir, 0o755); err != nil {
+		if err := os.MkdirAll(h.devDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		dev := filepath.Join(h.DevDir, d.name)
+		dev := filepath.Join(h.devDir, d.name)
 		f, err := os.Create(dev)
 		if err != nil {
 			t.Fatal(err)
@@ -91,25 +91,25 @@ func TestAuto(t *testing.T) {
 		wantLog []string // what the console says, besides
 	}{
 		{name: "one empty disk beside the etcd volume", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os"), {name: "vdc", serial: "old", size: 64 * mib, ext4: true}},
-			config: "etcd-main.ign", dev: Auto, want: "vdb",
+			config: "etcd-main.ign", dev: auto, want: "vdb",
 			wantLog: []string{`msg="install: skipped the etcd volume" disk="DEV/vda (64 MiB, serial etcd-main)" selector="etcd.volume.serial=etcd-main"`,
 				`msg="install: skipped" disk="DEV/vdc (64 MiB, serial old)" why="holds ext4"`}},
 		{name: "one empty disk beside the etcd volume of a merged config", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")},
-			config: "pointer.ign", dev: Auto, want: "vdb", wantLog: []string{`msg="install: skipped the etcd volume" disk="DEV/vda (64 MiB, serial etcd-main)"`}},
-		{name: "two empty disks", disks: []fakeDisk{empty("vda", "one"), empty("vdb", "two")}, dev: Auto,
+			config: "pointer.ign", dev: auto, want: "vdb", wantLog: []string{`msg="install: skipped the etcd volume" disk="DEV/vda (64 MiB, serial etcd-main)"`}},
+		{name: "two empty disks", disks: []fakeDisk{empty("vda", "one"), empty("vdb", "two")}, dev: auto,
 			wantErr: []string{"2 empty disks", "vda (64 MiB, serial one): empty", "vdb (64 MiB, serial two): empty", "by-id virtio-two"}},
-		{name: "two empty disks without a config to tell the etcd one", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, dev: Auto,
+		{name: "two empty disks without a config to tell the etcd one", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, dev: auto,
 			wantErr: []string{"2 empty disks"}},
-		{name: "etcd volume not among the disks", disks: []fakeDisk{empty("vda", "os")}, config: "etcd-gone.ign", dev: Auto,
+		{name: "etcd volume not among the disks", disks: []fakeDisk{empty("vda", "os")}, config: "etcd-gone.ign", dev: auto,
 			wantErr: []string{"etcd.volume.serial=etcd-gone selects none of the disks seen", "vda (64 MiB, serial os)"}},
-		{name: "none usable", dev: Auto, config: "etcd-main.ign", disks: []fakeDisk{
+		{name: "none usable", dev: auto, config: "etcd-main.ign", disks: []fakeDisk{
 			{name: "vda", serial: "old", size: 64 * mib, ext4: true}, empty("vdb", "etcd-main"), {name: "sda", size: 64 * mib, removable: true},
 			empty("sr0", ""), empty("loop0", ""), {name: "vdc", serial: "tiny", size: 8 * mib}},
 			wantErr: []string{"no empty disk", "vda (64 MiB, serial old): holds ext4", "vdb (64 MiB, serial etcd-main): empty; excluded: etcd volume (etcd.volume.serial=etcd-main)",
 				"sda (64 MiB): empty; excluded: removable", "sr0 (64 MiB): empty; excluded: not a disk", "loop0 (64 MiB): empty; excluded: not a disk",
 				"vdc (8 MiB, serial tiny): empty; excluded: smaller than the image (56 MiB)", "without kiln.install.wipe=1"}},
 		{name: "wipe takes the only usable disk", disks: []fakeDisk{{name: "vda", serial: "old", size: 64 * mib, ext4: true}, empty("vdb", "etcd-main")},
-			config: "etcd-main.ign", dev: Auto, wipe: true, want: "vda"},
+			config: "etcd-main.ign", dev: auto, wipe: true, want: "vda"},
 		{name: "by-id name", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, dev: "virtio-os", want: "vdb"},
 		{name: "named disk beside the etcd volume", disks: []fakeDisk{empty("vda", "etcd-main"), empty("vdb", "os")}, config: "etcd-main.ign",
 			dev: "virtio-os", want: "vdb", wantLog: []string{`msg="install: skipped the etcd volume" disk="DEV/vda (64 MiB, serial etcd-main)"`}},
@@ -130,17 +130,17 @@ func TestAuto(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := testOpts(t)
-			o.Host = fakeHost(t, tt.disks...)
-			p := Params{Dev: tt.dev, ImageURL: srv.url(t, "img.raw.zst"), SHA256: sha(srv.files["/img.raw.zst"]), Wipe: tt.wipe}
+			o.host = fakeHost(t, tt.disks...)
+			p := params{dev: tt.dev, imageURL: srv.url(t, "img.raw.zst"), sha256: sha(srv.files["/img.raw.zst"]), wipe: tt.wipe}
 			if tt.config != "" {
-				p.ConfigURL = srv.URL + "/" + tt.config
+				p.configURL = srv.URL + "/" + tt.config
 			}
 			before := map[string]string{}
 			for _, d := range tt.disks {
-				before[d.name] = fileSHA(t, filepath.Join(o.Host.DevDir, d.name))
+				before[d.name] = fileSHA(t, filepath.Join(o.host.devDir, d.name))
 			}
 			log, logs := logBuffer()
-			res, err := Install(context.Background(), log, p, o)
+			res, err := install(context.Background(), log, p, o)
 			if tt.wantErr != nil {
 				if !errors.Is(err, errNoTarget) {
 					t.Fatalf("Install error = %v, want a refusal", err)
@@ -152,16 +152,16 @@ func TestAuto(t *testing.T) {
 				}
 			} else if err != nil {
 				t.Fatal(err)
-			} else if res.Device != filepath.Join(o.Host.DevDir, tt.want) {
-				t.Errorf("installed to %s, want %s", res.Device, tt.want)
+			} else if res.device != filepath.Join(o.host.devDir, tt.want) {
+				t.Errorf("installed to %s, want %s", res.device, tt.want)
 			}
 			for _, d := range tt.disks {
-				if d.name != tt.want && fileSHA(t, filepath.Join(o.Host.DevDir, d.name)) != before[d.name] {
+				if d.name != tt.want && fileSHA(t, filepath.Join(o.host.devDir, d.name)) != before[d.name] {
 					t.Errorf("%s changed", d.name)
 				}
 			}
 			for _, w := range tt.wantLog {
-				if w = strings.ReplaceAll(w, "DEV/", o.Host.DevDir+"/"); !strings.Contains(logs.String(), w) {
+				if w = strings.ReplaceAll(w, "DEV/", o.host.devDir+"/"); !strings.Contains(logs.String(), w) {
 					t.Errorf("the console does not say %s:\n%s", w, logs)
 				}
 			}
@@ -178,21 +178,21 @@ func TestAutoWaitsForDisks(t *testing.T) {
 	srv.files["/etcd-main.ign"] = nodeConfigIgn("etcd-main")
 	o := testOpts(t)
 	o.DiskWait = 10 * time.Second
-	o.Host = fakeHost(t, fakeDisk{name: "vdb", serial: "os", size: 64 * mib})
+	o.host = fakeHost(t, fakeDisk{name: "vdb", serial: "os", size: 64 * mib})
 	// The etcd volume appears late: until then auto cannot tell which disk it is.
 	late := fakeHost(t, fakeDisk{name: "vda", serial: "etcd-main", size: 64 * mib})
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		os.Rename(filepath.Join(late.DevDir, "vda"), filepath.Join(o.Host.DevDir, "vda"))
-		os.Rename(filepath.Join(late.SysBlock, "vda"), filepath.Join(o.Host.SysBlock, "vda"))
+		os.Rename(filepath.Join(late.devDir, "vda"), filepath.Join(o.host.devDir, "vda"))
+		os.Rename(filepath.Join(late.sysBlock, "vda"), filepath.Join(o.host.sysBlock, "vda"))
 	}()
 	start := time.Now()
-	p := Params{Dev: Auto, ImageURL: srv.url(t, "img.raw"), SHA256: sha(img.raw), ConfigURL: srv.URL + "/etcd-main.ign"}
-	res, err := Install(context.Background(), slog.New(slog.DiscardHandler), p, o)
+	p := params{dev: auto, imageURL: srv.url(t, "img.raw"), sha256: sha(img.raw), configURL: srv.URL + "/etcd-main.ign"}
+	res, err := install(context.Background(), slog.New(slog.DiscardHandler), p, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Device != filepath.Join(o.Host.DevDir, "vdb") || time.Since(start) < 300*time.Millisecond {
-		t.Errorf("installed to %s after %s", res.Device, time.Since(start))
+	if res.device != filepath.Join(o.host.devDir, "vdb") || time.Since(start) < 300*time.Millisecond {
+		t.Errorf("installed to %s after %s", res.device, time.Since(start))
 	}
 }

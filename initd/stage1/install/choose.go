@@ -18,73 +18,73 @@ const (
 		"so that an installed machine boots its disk instead of being offered for installation again"
 )
 
-// choose returns the disk p.Dev names, or auto's choice, and checks that the installer may
+// choose returns the disk p.dev names, or auto's choice, and checks that the installer may
 // write an image of at least minSize bytes to it.
-func choose(disks []Disk, p Params, minSize int64) (Disk, error) {
+func choose(disks []hostDisk, p params, minSize int64) (hostDisk, error) {
 	var (
-		d   Disk
+		d   hostDisk
 		err error
 	)
 	switch {
-	case p.Dev == Auto:
-		return chooseAuto(disks, p.Wipe, minSize)
-	case strings.HasPrefix(p.Dev, "/"):
-		d, err = byPath(disks, p.Dev)
+	case p.dev == auto:
+		return chooseAuto(disks, p.wipe, minSize)
+	case strings.HasPrefix(p.dev, "/"):
+		d, err = byPath(disks, p.dev)
 	default:
-		d, err = byID(disks, p.Dev)
+		d, err = byID(disks, p.dev)
 	}
 	if err != nil {
-		return Disk{}, err
+		return hostDisk{}, err
 	}
-	what := fmt.Sprintf("kiln.%s=%s: %s", ParamDev, p.Dev, d)
+	what := fmt.Sprintf("kiln.%s=%s: %s", paramDev, p.dev, d)
 	switch {
-	case d.Etcd != "":
-		return Disk{}, fmt.Errorf("%s is the etcd volume (%s): %w; the installer never writes it", what, d.Etcd, errNoTarget)
-	case d.ReadOnly:
-		return Disk{}, fmt.Errorf("%s is read-only: %w", what, errNoTarget)
-	case d.Size < minSize:
-		return Disk{}, fmt.Errorf("%s is smaller than the image (at least %d MiB): %w", what, (minSize+(1<<20)-1)>>20, errNoTarget)
-	case len(d.Holds) > 0 && !p.Wipe:
-		return Disk{}, fmt.Errorf("%s %s; %s (%w). %s", what, d.holding(), refuseData, errNoTarget, bootOrder)
+	case d.etcd != "":
+		return hostDisk{}, fmt.Errorf("%s is the etcd volume (%s): %w; the installer never writes it", what, d.etcd, errNoTarget)
+	case d.readOnly:
+		return hostDisk{}, fmt.Errorf("%s is read-only: %w", what, errNoTarget)
+	case d.size < minSize:
+		return hostDisk{}, fmt.Errorf("%s is smaller than the image (at least %d MiB): %w", what, (minSize+(1<<20)-1)>>20, errNoTarget)
+	case len(d.holds) > 0 && !p.wipe:
+		return hostDisk{}, fmt.Errorf("%s %s; %s (%w). %s", what, d.holding(), refuseData, errNoTarget, bootOrder)
 	}
 	return d, nil
 }
 
 // byPath finds the whole disk at path among disks. A regular file (a disk image) is taken as
 // it is.
-func byPath(disks []Disk, path string) (Disk, error) {
+func byPath(disks []hostDisk, path string) (hostDisk, error) {
 	st, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return Disk{}, missing(fmt.Errorf("kiln.%s=%s: no such device (%w). Disks seen:%s", ParamDev, path, errNoTarget, listDisks(disks, -1)))
+		return hostDisk{}, missing(fmt.Errorf("kiln.%s=%s: no such device (%w). Disks seen:%s", paramDev, path, errNoTarget, listDisks(disks, -1)))
 	}
 	if err != nil {
-		return Disk{}, fmt.Errorf("kiln.%s=%s: %w", ParamDev, path, err)
+		return hostDisk{}, fmt.Errorf("kiln.%s=%s: %w", paramDev, path, err)
 	}
 	if st.Mode().IsRegular() {
 		holds, err := blockdev.ProbeDisk(path)
 		if err != nil {
-			return Disk{}, err
+			return hostDisk{}, err
 		}
-		return Disk{Name: filepath.Base(path), Path: path, Size: st.Size(), SectorSize: 512, Holds: holds}, nil
+		return hostDisk{name: filepath.Base(path), path: path, size: st.Size(), sectorSize: 512, holds: holds}, nil
 	}
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		return Disk{}, fmt.Errorf("kiln.%s=%s: %w", ParamDev, path, err)
+		return hostDisk{}, fmt.Errorf("kiln.%s=%s: %w", paramDev, path, err)
 	}
 	for _, d := range disks {
-		if d.Path == real || d.Path == path {
+		if d.path == real || d.path == path {
 			return d, nil
 		}
 	}
-	return Disk{}, fmt.Errorf("kiln.%s=%s: not a whole disk (a partition, or not a block device); %w. Disks seen:%s",
-		ParamDev, path, errNoTarget, listDisks(disks, -1))
+	return hostDisk{}, fmt.Errorf("kiln.%s=%s: not a whole disk (a partition, or not a block device); %w. Disks seen:%s",
+		paramDev, path, errNoTarget, listDisks(disks, -1))
 }
 
 // byID finds the one disk that the /dev/disk/by-id name id is.
-func byID(disks []Disk, id string) (Disk, error) {
-	var found []Disk
+func byID(disks []hostDisk, id string) (hostDisk, error) {
+	var found []hostDisk
 	for _, d := range disks {
-		if d.IDs.SelectedByID(id) {
+		if d.ids.SelectedByID(id) {
 			found = append(found, d)
 		}
 	}
@@ -92,41 +92,41 @@ func byID(disks []Disk, id string) (Disk, error) {
 	case 1:
 		return found[0], nil
 	case 0:
-		return Disk{}, missing(fmt.Errorf("kiln.%s=%s: no disk has this /dev/disk/by-id name; %w. Disks seen:%s",
-			ParamDev, id, errNoTarget, listDisks(disks, -1)))
+		return hostDisk{}, missing(fmt.Errorf("kiln.%s=%s: no disk has this /dev/disk/by-id name; %w. Disks seen:%s",
+			paramDev, id, errNoTarget, listDisks(disks, -1)))
 	}
-	return Disk{}, fmt.Errorf("kiln.%s=%s: %d disks have this name; %w. Disks seen:%s",
-		ParamDev, id, len(found), errNoTarget, listDisks(found, -1))
+	return hostDisk{}, fmt.Errorf("kiln.%s=%s: %d disks have this name; %w. Disks seen:%s",
+		paramDev, id, len(found), errNoTarget, listDisks(found, -1))
 }
 
 // chooseAuto takes the only empty disk auto may use. With wipe, and no empty disk, it takes
 // the only disk auto may use even though it holds data.
-func chooseAuto(disks []Disk, wipe bool, minSize int64) (Disk, error) {
-	var usable, empty []Disk
+func chooseAuto(disks []hostDisk, wipe bool, minSize int64) (hostDisk, error) {
+	var usable, empty []hostDisk
 	for _, d := range disks {
 		if d.exclusion(minSize) != "" {
 			continue
 		}
 		usable = append(usable, d)
-		if len(d.Holds) == 0 {
+		if len(d.holds) == 0 {
 			empty = append(empty, d)
 		}
 	}
-	prefix := fmt.Sprintf("kiln.%s=%s", ParamDev, Auto)
+	prefix := fmt.Sprintf("kiln.%s=%s", paramDev, auto)
 	switch {
 	case len(empty) == 1:
 		return empty[0], nil
 	case len(empty) > 1:
-		return Disk{}, fmt.Errorf("%s: %d empty disks, and auto takes only the one: %w; name one with kiln.%s=. Disks seen:%s",
-			prefix, len(empty), errNoTarget, ParamDev, listDisks(disks, minSize))
+		return hostDisk{}, fmt.Errorf("%s: %d empty disks, and auto takes only the one: %w; name one with kiln.%s=. Disks seen:%s",
+			prefix, len(empty), errNoTarget, paramDev, listDisks(disks, minSize))
 	case wipe && len(usable) == 1:
 		return usable[0], nil
 	case wipe && len(usable) > 1:
-		return Disk{}, fmt.Errorf("%s with kiln.%s=1: no empty disk and %d disks holding data: %w; name one with kiln.%s=. Disks seen:%s",
-			prefix, ParamWipe, len(usable), errNoTarget, ParamDev, listDisks(disks, minSize))
+		return hostDisk{}, fmt.Errorf("%s with kiln.%s=1: no empty disk and %d disks holding data: %w; name one with kiln.%s=. Disks seen:%s",
+			prefix, paramWipe, len(usable), errNoTarget, paramDev, listDisks(disks, minSize))
 	case len(usable) > 0:
-		return Disk{}, missing(fmt.Errorf("%s: no empty disk (%w): every disk auto may use holds data; %s. %s. Disks seen:%s",
+		return hostDisk{}, missing(fmt.Errorf("%s: no empty disk (%w): every disk auto may use holds data; %s. %s. Disks seen:%s",
 			prefix, errNoTarget, refuseData, bootOrder, listDisks(disks, minSize)))
 	}
-	return Disk{}, missing(fmt.Errorf("%s: no disk auto may use: %w. Disks seen:%s", prefix, errNoTarget, listDisks(disks, minSize)))
+	return hostDisk{}, missing(fmt.Errorf("%s: no disk auto may use: %w. Disks seen:%s", prefix, errNoTarget, listDisks(disks, minSize)))
 }

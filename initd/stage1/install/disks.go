@@ -14,50 +14,50 @@ import (
 	"github.com/kilnproject/kiln/initd/stage1"
 )
 
-// Host is where the installer looks for disks: sysfs's block directory and the device nodes.
-// The zero Host is the running system's (/sys/block, /dev).
-type Host struct {
-	SysBlock string
-	DevDir   string
+// host is where the installer looks for disks: sysfs's block directory and the device nodes.
+// The zero host is the running system's (/sys/block, /dev).
+type host struct {
+	sysBlock string
+	devDir   string
 }
 
-func (h Host) sysBlock() string { return cmp.Or(h.SysBlock, "/sys/block") }
-func (h Host) devDir() string   { return cmp.Or(h.DevDir, "/dev") }
+func (h host) sysBlockDir() string { return cmp.Or(h.sysBlock, "/sys/block") }
+func (h host) deviceDir() string   { return cmp.Or(h.devDir, "/dev") }
 
-// Disk is a whole disk the installer saw, and what it found on it.
-type Disk struct {
-	Name string // kernel name: vda, sda, nvme0n1
-	Path string // device node
-	Size int64  // bytes
-	// SectorSize is the logical sector size; the installed image's GPT is laid out for 512.
-	SectorSize int
-	IDs        blockdev.DiskIDs
-	Removable  bool
-	ReadOnly   bool
-	// Holds names the data found on it (blockdev.ProbeDisk); empty for an empty disk.
-	Holds []string
-	// Etcd says which node config selector names it as the etcd volume, "" when none does.
-	Etcd string
+// hostDisk is a whole disk the installer saw, and what it found on it.
+type hostDisk struct {
+	name string // kernel name: vda, sda, nvme0n1
+	path string // device node
+	size int64  // bytes
+	// sectorSize is the logical sector size; the installed image's GPT is laid out for 512.
+	sectorSize int
+	ids        blockdev.DiskIDs
+	removable  bool
+	readOnly   bool
+	// holds names the data found on it (blockdev.ProbeDisk); empty for an empty disk.
+	holds []string
+	// etcd says which node config selector names it as the etcd volume, "" when none does.
+	etcd string
 }
 
 // String describes the disk for the console: path, size, serial, what it holds.
-func (d Disk) String() string {
-	s := fmt.Sprintf("%s (%d MiB", d.Path, d.Size>>20)
-	if d.IDs.Serial != "" {
-		s += ", serial " + d.IDs.Serial
+func (d hostDisk) String() string {
+	s := fmt.Sprintf("%s (%d MiB", d.path, d.size>>20)
+	if d.ids.Serial != "" {
+		s += ", serial " + d.ids.Serial
 	}
-	if d.IDs.Model != "" {
-		s += ", model " + d.IDs.Model
+	if d.ids.Model != "" {
+		s += ", model " + d.ids.Model
 	}
 	return s + ")"
 }
 
 // holding renders what the disk holds.
-func (d Disk) holding() string {
-	if len(d.Holds) == 0 {
+func (d hostDisk) holding() string {
+	if len(d.holds) == 0 {
 		return "empty"
 	}
-	return "holds " + strings.Join(d.Holds, ", ")
+	return "holds " + strings.Join(d.holds, ", ")
 }
 
 // virtualPrefixes are kernel names of block devices that are no disk to install to.
@@ -65,47 +65,47 @@ var virtualPrefixes = []string{"loop", "ram", "zram", "sr", "fd", "nbd", "dm-", 
 
 // exclusion says why auto must not take d for an image of at least minSize bytes, "" when it
 // may. Whether the disk holds data is judged separately.
-func (d Disk) exclusion(minSize int64) string {
+func (d hostDisk) exclusion(minSize int64) string {
 	switch {
-	case d.Etcd != "":
-		return "etcd volume (" + d.Etcd + ")"
-	case slices.ContainsFunc(virtualPrefixes, func(p string) bool { return strings.HasPrefix(d.Name, p) }):
+	case d.etcd != "":
+		return "etcd volume (" + d.etcd + ")"
+	case slices.ContainsFunc(virtualPrefixes, func(p string) bool { return strings.HasPrefix(d.name, p) }):
 		return "not a disk (loop, RAM, optical or virtual device)"
-	case d.Removable:
+	case d.removable:
 		return "removable"
-	case d.ReadOnly:
+	case d.readOnly:
 		return "read-only"
-	case d.Size < minSize:
+	case d.size < minSize:
 		return fmt.Sprintf("smaller than the image (%d MiB)", (minSize+(1<<20)-1)>>20)
 	}
 	return ""
 }
 
-// Scan lists the whole disks in the host's sysfs that have a size, with their ids and what
+// scan lists the whole disks in the host's sysfs that have a size, with their ids and what
 // they hold.
-func (h Host) Scan() ([]Disk, error) {
-	ents, err := os.ReadDir(h.sysBlock())
+func (h host) scan() ([]hostDisk, error) {
+	ents, err := os.ReadDir(h.sysBlockDir())
 	if err != nil {
 		return nil, fmt.Errorf("list disks: %w", err)
 	}
-	var disks []Disk
+	var disks []hostDisk
 	for _, e := range ents {
-		dir := filepath.Join(h.sysBlock(), e.Name())
+		dir := filepath.Join(h.sysBlockDir(), e.Name())
 		sectors, err := readInt(filepath.Join(dir, "size"))
 		if err != nil || sectors == 0 {
 			continue
 		}
-		d := Disk{Name: e.Name(), Path: filepath.Join(h.devDir(), e.Name()), Size: sectors * 512, SectorSize: 512, IDs: blockdev.ReadDiskIDs(dir)}
+		d := hostDisk{name: e.Name(), path: filepath.Join(h.deviceDir(), e.Name()), size: sectors * 512, sectorSize: 512, ids: blockdev.ReadDiskIDs(dir)}
 		if lbs, err := readInt(filepath.Join(dir, "queue/logical_block_size")); err == nil && lbs > 0 {
-			d.SectorSize = int(lbs)
+			d.sectorSize = int(lbs)
 		}
 		rm, _ := readInt(filepath.Join(dir, "removable"))
 		ro, _ := readInt(filepath.Join(dir, "ro"))
-		d.Removable, d.ReadOnly = rm == 1, ro == 1
+		d.removable, d.readOnly = rm == 1, ro == 1
 		if d.exclusion(0) == "" {
-			if d.Holds, err = blockdev.ProbeDisk(d.Path); err != nil {
+			if d.holds, err = blockdev.ProbeDisk(d.path); err != nil {
 				// Never written without being read: an unreadable disk counts as holding data.
-				d.Holds = []string{fmt.Sprintf("unreadable data (%v)", err)}
+				d.holds = []string{fmt.Sprintf("unreadable data (%v)", err)}
 			}
 		}
 		disks = append(disks, d)
@@ -121,16 +121,16 @@ func readInt(file string) (int64, error) {
 	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
-// markEtcd sets Disk.Etcd on the disks the etcd volume selector selects. It fails when the
+// markEtcd sets hostDisk.etcd on the disks the etcd volume selector selects. It fails when the
 // selector selects none of them: the installer could not then tell the etcd disk apart.
-func markEtcd(disks []Disk, v *stage1.EtcdVolume) error {
+func markEtcd(disks []hostDisk, v *stage1.EtcdVolume) error {
 	if v == nil {
 		return nil
 	}
 	found := false
 	for i := range disks {
-		if v.Selects(disks[i].IDs) {
-			disks[i].Etcd, found = v.String(), true
+		if v.Selects(disks[i].ids) {
+			disks[i].etcd, found = v.String(), true
 		}
 	}
 	if !found {
@@ -142,7 +142,7 @@ func markEtcd(disks []Disk, v *stage1.EtcdVolume) error {
 
 // listDisks renders disks one a line with their ids, what they hold and, when minSize >= 0,
 // why auto passes them over.
-func listDisks(disks []Disk, minSize int64) string {
+func listDisks(disks []hostDisk, minSize int64) string {
 	if len(disks) == 0 {
 		return "\n  no disks (is the disk driver in the image's modules?)"
 	}
@@ -152,8 +152,8 @@ func listDisks(disks []Disk, minSize int64) string {
 		if why := d.exclusion(minSize); minSize >= 0 && why != "" {
 			fmt.Fprintf(&b, "; excluded: %s", why)
 		}
-		if len(d.IDs.Links) > 0 {
-			fmt.Fprintf(&b, "; by-id %s", strings.Join(d.IDs.Links, " "))
+		if len(d.ids.Links) > 0 {
+			fmt.Fprintf(&b, "; by-id %s", strings.Join(d.ids.Links, " "))
 		}
 	}
 	return b.String()

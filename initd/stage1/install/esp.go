@@ -56,7 +56,7 @@ func addConfigURL(b backend.Storage, esp *gpt.Partition, configURL string) (stri
 	if !ok {
 		return "", fmt.Errorf("the image's boot entry %s has no options line", nodeimage.LoaderEntryPath)
 	}
-	options = strings.TrimSpace(options + " " + paramKey(ParamConfigURL) + "=" + configURL)
+	options = strings.TrimSpace(options + " " + paramKey(paramConfigURL) + "=" + configURL)
 	f, err := fs.OpenFile(nodeimage.LoaderEntryPath, os.O_RDWR|os.O_TRUNC)
 	if err != nil {
 		return "", fmt.Errorf("open %s on the image's ESP for writing: %w", nodeimage.LoaderEntryPath, err)

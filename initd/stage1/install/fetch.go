@@ -32,21 +32,21 @@ type download struct {
 }
 
 // openImage GETs u, retrying the request (not the body) as fetch.Retry does, at most
-// o.Attempts times. The body is read through h (see hashingReader) and a watchdog that ends
-// the download when nothing arrives for o.StallTimeout.
+// o.attempts times. The body is read through h (see hashingReader) and a watchdog that ends
+// the download when nothing arrives for o.stallTimeout.
 func openImage(ctx context.Context, log *slog.Logger, o Options, u *url.URL, h io.Writer) (*download, error) {
 	var d *download
 	retry := fetch.Retry{
-		Attempts: o.Attempts,
-		Backoff:  poll.Backoff{Initial: o.RetryPause, Factor: 2, Max: 8 * o.RetryPause},
-		Clock:    o.Clock,
+		Attempts: o.attempts,
+		Backoff:  poll.Backoff{Initial: o.retryPause, Factor: 2, Max: 8 * o.retryPause},
+		Clock:    o.clock,
 		OnRetry: func(a poll.Attempt) {
-			log.Warn("install: image download failed, retrying", "url", u.Redacted(), "attempt", a.N, "of", o.Attempts, "in", a.Pause, "err", a.Err)
+			log.Warn("install: image download failed, retrying", "url", u.Redacted(), "attempt", a.N, "of", o.attempts, "in", a.Pause, "err", a.Err)
 		},
 	}
 	err := retry.Do(ctx, u.Redacted(), func(ctx context.Context) error {
-		wctx, watch := fetch.Watch(ctx, o.StallTimeout)
-		resp, err := get(wctx, o.HTTPClient, u)
+		wctx, watch := fetch.Watch(ctx, o.stallTimeout)
+		resp, err := get(wctx, o.httpClient, u)
 		if err != nil {
 			err = fetch.Cause(wctx, err)
 			watch.Stop()

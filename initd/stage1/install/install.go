@@ -28,89 +28,90 @@ import (
 // Options tune an install. The zero value installs on the running system with the defaults
 // below.
 type Options struct {
-	// Host is where disks are looked for.
-	Host Host
+	// host is where disks are looked for.
+	host host
 	// Cmdline is the raw kernel command line; kiln.config.url= is fetched from it as first
-	// boot will (variables, kiln.config.timeout=). "" means a line holding Params.ConfigURL.
+	// boot will (variables, kiln.config.timeout=). "" means a line holding only
+	// kiln.config.url= (params.configURL).
 	Cmdline string
-	// HTTPClient fetches the image and the config; nil means http.DefaultClient.
-	HTTPClient *http.Client
-	// Attempts bounds the tries of the image's initial request (default 5); RetryPause is
+	// httpClient fetches the image and the config; nil means http.DefaultClient.
+	httpClient *http.Client
+	// attempts bounds the tries of the image's initial request (default 5); retryPause is
 	// the first pause between them, doubling (default 2s). A body cut short is not
 	// retried: the install fails and the disk stays unbootable.
-	Attempts   int
-	RetryPause time.Duration
-	// StallTimeout ends a download during which nothing arrived for so long (default 60s).
-	StallTimeout time.Duration
-	// ProgressEvery is how often progress is logged (default 5s).
-	ProgressEvery time.Duration
+	attempts   int
+	retryPause time.Duration
+	// stallTimeout ends a download during which nothing arrived for so long (default 60s).
+	stallTimeout time.Duration
+	// progressEvery is how often progress is logged (default 5s).
+	progressEvery time.Duration
 	// DiskWait bounds the wait for the target disk to appear: the kernel probes disks while
 	// stage 1 runs, and udev, which would say when it is done, does not run (default 30s,
 	// kiln.rootwait=). Refusals that a later disk cannot change are not waited on.
 	DiskWait time.Duration
-	// Clock times the retries; nil is the wall clock.
-	Clock poll.Clock
+	// clock times the retries; nil is the wall clock.
+	clock poll.Clock
 }
 
-func (o Options) withDefaults(p Params) Options {
-	o.HTTPClient = cmp.Or(o.HTTPClient, http.DefaultClient)
-	o.Attempts = cmp.Or(o.Attempts, 5)
-	o.RetryPause = cmp.Or(o.RetryPause, 2*time.Second)
-	o.StallTimeout = cmp.Or(o.StallTimeout, time.Minute)
-	o.ProgressEvery = cmp.Or(o.ProgressEvery, 5*time.Second)
+func (o Options) withDefaults(p params) Options {
+	o.httpClient = cmp.Or(o.httpClient, http.DefaultClient)
+	o.attempts = cmp.Or(o.attempts, 5)
+	o.retryPause = cmp.Or(o.retryPause, 2*time.Second)
+	o.stallTimeout = cmp.Or(o.stallTimeout, time.Minute)
+	o.progressEvery = cmp.Or(o.progressEvery, 5*time.Second)
 	o.DiskWait = cmp.Or(o.DiskWait, 30*time.Second)
-	o.Cmdline = cmp.Or(o.Cmdline, paramKey(ParamConfigURL)+"="+p.ConfigURL)
+	o.Cmdline = cmp.Or(o.Cmdline, paramKey(paramConfigURL)+"="+p.configURL)
 	return o
 }
 
-// Result is a finished install.
-type Result struct {
-	Image  string // the image file's name
-	Device string
-	Bytes  int64 // the image's size, decompressed
-	// Options is the installed boot entry's kernel command line.
-	Options string
+// result is a finished install.
+type result struct {
+	image  string // the image file's name
+	device string
+	bytes  int64 // the image's size, decompressed
+	// options is the installed boot entry's kernel command line.
+	options string
 }
 
-// Install writes the image p names to the disk p names (or auto's choice) and returns once the
+// install writes the image p names to the disk p names (or auto's choice) and returns once the
 // disk is bootable; see the package comment for the order of the writes. A failed install
 // returns an error saying why and, once the disk was touched, that it no longer boots.
-func Install(ctx context.Context, log *slog.Logger, p Params, o Options) (Result, error) {
+func install(ctx context.Context, log *slog.Logger, p params, o Options) (result, error) {
 	o = o.withDefaults(p)
 	var etcd *stage1.EtcdVolume
-	if p.ConfigURL != "" {
+	if p.configURL != "" {
 		var err error
-		if etcd, err = stage1.FetchEtcdVolume(ctx, log, o.Cmdline, o.HTTPClient); err != nil {
-			return Result{}, fmt.Errorf("install: %w", err)
+		if etcd, err = stage1.FetchEtcdVolume(ctx, log, o.Cmdline, o.httpClient); err != nil {
+			return result{}, fmt.Errorf("install: %w", err)
 		}
 	}
 	h := sha256.New()
-	d, err := openImage(ctx, log, o, p.ImageURL, h)
+	d, err := openImage(ctx, log, o, p.imageURL, h)
 	if err != nil {
-		return Result{}, fmt.Errorf("install: %w", err)
+		return result{}, fmt.Errorf("install: %w", err)
 	}
 	defer d.close()
 	target, err := waitTarget(ctx, log, o, p, etcd, d.minSize)
 	if err != nil {
-		return Result{}, fmt.Errorf("install: %w", err)
+		return result{}, fmt.Errorf("install: %w", err)
 	}
-	if len(target.Holds) > 0 {
+	if len(target.holds) > 0 {
 		log.Warn("install: wiping the disk (kiln.install.wipe=1)", "disk", target.String(), "held", target.holding())
 	}
-	log.Info("install: writing", "image", p.ImageName(), "compression", d.kind, "served", d.served(), "disk", target.String())
+	log.Info("install: writing", "image", p.imageName(), "compression", d.kind, "served", d.served(), "disk", target.String())
 	res, err := write(ctx, log, o, p, d, h, target)
 	if err != nil {
-		return Result{}, fmt.Errorf("install %s to %s: %w", p.ImageName(), target.Path, err)
+		return result{}, fmt.Errorf("install %s to %s: %w", p.imageName(), target.path, err)
 	}
 	return res, nil
 }
 
 // waitTarget chooses the target, looking again while the error says a disk is missing (see
 // missing), until o.DiskWait has passed, and logs the disks it kept clear of.
-func waitTarget(ctx context.Context, log *slog.Logger, o Options, p Params, etcd *stage1.EtcdVolume, minSize int64) (Disk, error) {
+func waitTarget(ctx context.Context, log *slog.Logger, o Options, p params, etcd *stage1.EtcdVolume, minSize int64) (hostDisk, error) {
 	var (
-		d     Disk
-		disks []Disk
+		d     hostDisk
+		disks []hostDisk
 	)
 	logged := false
 	err := poll.Retry(ctx, poll.Options{
@@ -126,15 +127,15 @@ func waitTarget(ctx context.Context, log *slog.Logger, o Options, p Params, etcd
 		},
 	}, func(context.Context) error {
 		var err error
-		d, disks, err = pickTarget(o.Host, p, etcd, minSize)
+		d, disks, err = pickTarget(o.host, p, etcd, minSize)
 		return err
 	})
 	var pe *poll.Error
 	if errors.As(err, &pe) && pe.Last != nil {
-		return Disk{}, fmt.Errorf("after waiting %s for disks: %w", o.DiskWait, pe.Last)
+		return hostDisk{}, fmt.Errorf("after waiting %s for disks: %w", o.DiskWait, pe.Last)
 	}
 	if err != nil {
-		return Disk{}, err
+		return hostDisk{}, err
 	}
 	logSkipped(log, p, etcd, disks, d, minSize)
 	return d, nil
@@ -145,110 +146,110 @@ func waitTarget(ctx context.Context, log *slog.Logger, o Options, p Params, etcd
 // keep clear of it, wherever the installer could write over the etcd disk's data: with
 // kiln.install.dev=auto, and when the disk named holds data (kiln.install.wipe=1). A disk
 // named that is empty holds no etcd data, and a disk image (a regular file) is no etcd disk.
-func pickTarget(host Host, p Params, etcd *stage1.EtcdVolume, minSize int64) (Disk, []Disk, error) {
-	disks, err := host.Scan()
+func pickTarget(host host, p params, etcd *stage1.EtcdVolume, minSize int64) (hostDisk, []hostDisk, error) {
+	disks, err := host.scan()
 	if err != nil {
-		return Disk{}, nil, err
+		return hostDisk{}, nil, err
 	}
 	etcdErr := markEtcd(disks, etcd)
-	if etcdErr != nil && p.Dev == Auto {
-		return Disk{}, nil, fmt.Errorf("kiln.%s=%s: %w", ParamDev, Auto, etcdErr)
+	if etcdErr != nil && p.dev == auto {
+		return hostDisk{}, nil, fmt.Errorf("kiln.%s=%s: %w", paramDev, auto, etcdErr)
 	}
 	d, err := choose(disks, p, minSize)
 	if err != nil {
-		return Disk{}, nil, err
+		return hostDisk{}, nil, err
 	}
-	if etcdErr != nil && len(d.Holds) > 0 && isScanned(disks, d) {
-		return Disk{}, nil, fmt.Errorf("kiln.%s=%s with kiln.%s=1: %s %s, and %w", ParamDev, p.Dev, ParamWipe, d, d.holding(), etcdErr)
+	if etcdErr != nil && len(d.holds) > 0 && isScanned(disks, d) {
+		return hostDisk{}, nil, fmt.Errorf("kiln.%s=%s with kiln.%s=1: %s %s, and %w", paramDev, p.dev, paramWipe, d, d.holding(), etcdErr)
 	}
-	if d.SectorSize != imageSectorSize {
-		return Disk{}, nil, fmt.Errorf("kiln.%s=%s: %s has %d-byte sectors; kiln images are laid out for %d", ParamDev, p.Dev, d, d.SectorSize, imageSectorSize)
+	if d.sectorSize != imageSectorSize {
+		return hostDisk{}, nil, fmt.Errorf("kiln.%s=%s: %s has %d-byte sectors; kiln images are laid out for %d", paramDev, p.dev, d, d.sectorSize, imageSectorSize)
 	}
 	return d, disks, nil
 }
 
-// isScanned reports whether d is one of the disks Host.Scan found, not a disk image.
-func isScanned(disks []Disk, d Disk) bool {
-	return slices.ContainsFunc(disks, func(s Disk) bool { return s.Path == d.Path })
+// isScanned reports whether d is one of the disks host.scan found, not a disk image.
+func isScanned(disks []hostDisk, d hostDisk) bool {
+	return slices.ContainsFunc(disks, func(s hostDisk) bool { return s.path == d.path })
 }
 
 // logSkipped says on the console which disks the installer passed over for target and why:
 // the etcd volume always, and with auto every disk it may not or would not take. An etcd
 // volume selector that selects none of the disks is a warning.
-func logSkipped(log *slog.Logger, p Params, etcd *stage1.EtcdVolume, disks []Disk, target Disk, minSize int64) {
-	if etcd != nil && !slices.ContainsFunc(disks, func(d Disk) bool { return d.Etcd != "" }) {
+func logSkipped(log *slog.Logger, p params, etcd *stage1.EtcdVolume, disks []hostDisk, target hostDisk, minSize int64) {
+	if etcd != nil && !slices.ContainsFunc(disks, func(d hostDisk) bool { return d.etcd != "" }) {
 		why := "it is empty, so it holds no etcd data either way"
 		if !isScanned(disks, target) {
 			why = "it is a disk image, not a disk, so it is not the etcd volume"
 		}
-		log.Warn(fmt.Sprintf("install: the node config's %s selects none of the disks seen; kiln.%s=%s: %s", etcd, ParamDev, p.Dev, why),
+		log.Warn(fmt.Sprintf("install: the node config's %s selects none of the disks seen; kiln.%s=%s: %s", etcd, paramDev, p.dev, why),
 			"disk", target.String())
 	}
 	for _, d := range disks {
-		if d.Path == target.Path {
+		if d.path == target.path {
 			continue
 		}
 		why := d.exclusion(minSize)
 		switch {
-		case d.Etcd != "":
-			log.Info("install: skipped the etcd volume", "disk", d.String(), "selector", d.Etcd)
-		case p.Dev != Auto:
+		case d.etcd != "":
+			log.Info("install: skipped the etcd volume", "disk", d.String(), "selector", d.etcd)
+		case p.dev != auto:
 		case why != "":
 			log.Info("install: skipped", "disk", d.String(), "why", why)
-		case len(d.Holds) > 0:
+		case len(d.holds) > 0:
 			log.Info("install: skipped", "disk", d.String(), "why", d.holding())
 		}
 	}
 }
 
 // write destroys the target's partition tables, streams the image to it and commits it.
-func write(ctx context.Context, log *slog.Logger, o Options, p Params, d *download, h hash.Hash, target Disk) (Result, error) {
-	f, block, err := openTarget(target.Path)
+func write(ctx context.Context, log *slog.Logger, o Options, p params, d *download, h hash.Hash, target hostDisk) (result, error) {
+	f, block, err := openTarget(target.path)
 	if err != nil {
-		return Result{}, err
+		return result{}, err
 	}
 	defer f.Close()
 	size, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
-		return Result{}, fmt.Errorf("size: %w", err)
+		return result{}, fmt.Errorf("size: %w", err)
 	}
 	unbootable := func(err error) error {
-		return fmt.Errorf("%w; %s has no partition table now and does not boot (a network boot first retries the install)", err, target.Path)
+		return fmt.Errorf("%w; %s has no partition table now and does not boot (a network boot first retries the install)", err, target.path)
 	}
 	if err := destroyTables(f, size); err != nil {
-		return Result{}, unbootable(err)
+		return result{}, unbootable(err)
 	}
 	start := time.Now()
-	st := newStaging(f, size, log, o.ProgressEvery)
-	if err := stream(ctx, d, st, h, p.SHA256); err != nil {
-		return Result{}, unbootable(err)
+	st := newStaging(f, size, log, o.progressEvery)
+	if err := stream(ctx, d, st, h, p.sha256); err != nil {
+		return result{}, unbootable(err)
 	}
 	v := st.view()
 	esp, err := checkImage(v)
 	if err != nil {
-		return Result{}, unbootable(err)
+		return result{}, unbootable(err)
 	}
-	res := Result{Image: p.ImageName(), Device: target.Path, Bytes: st.n}
-	if p.ConfigURL == "" {
+	res := result{image: p.imageName(), device: target.path, bytes: st.n}
+	if p.configURL == "" {
 		log.Info("install: no kiln.config.url= to hand over; the image's boot entry is kept as it is")
-	} else if res.Options, err = addConfigURL(v, esp, p.ConfigURL); err != nil {
-		return Result{}, unbootable(err)
+	} else if res.options, err = addConfigURL(v, esp, p.configURL); err != nil {
+		return result{}, unbootable(err)
 	}
 	if err := st.commit(); err != nil {
-		return Result{}, unbootable(err)
+		return result{}, unbootable(err)
 	}
-	if _, err := blockdev.ReadGPT(target.Path, imageSectorSize); err != nil {
-		return Result{}, fmt.Errorf("the written GPT does not read back: %w", err)
+	if _, err := blockdev.ReadGPT(target.path, imageSectorSize); err != nil {
+		return result{}, fmt.Errorf("the written GPT does not read back: %w", err)
 	}
 	if block {
 		// The reboot reads the table anyway: a kernel that keeps the old one is no failure.
 		if err := rereadPartitions(ctx, f); err != nil {
-			log.Warn("install: "+err.Error(), "disk", target.Path)
+			log.Warn("install: "+err.Error(), "disk", target.path)
 		}
 	}
 	el := time.Since(start)
 	log.Info("install: written", "MiB", st.n>>20, "took", el.Round(time.Millisecond),
-		"MiB/s", fmt.Sprintf("%.1f", float64(st.n)/(1<<20)/max(el.Seconds(), 1e-3)), "options", res.Options)
+		"MiB/s", fmt.Sprintf("%.1f", float64(st.n)/(1<<20)/max(el.Seconds(), 1e-3)), "options", res.options)
 	return res, nil
 }
 
@@ -263,7 +264,7 @@ func stream(ctx context.Context, d *download, st *staging, h hash.Hash, want str
 	if err == nil {
 		err = d.finish()
 	}
-	if errors.Is(err, ErrTooLarge) || errors.Is(err, decompress.ErrMemoryLimit) {
+	if errors.Is(err, errTooLarge) || errors.Is(err, decompress.ErrMemoryLimit) {
 		return err
 	}
 	if err != nil {
@@ -273,7 +274,7 @@ func stream(ctx context.Context, d *download, st *staging, h hash.Hash, want str
 		return fmt.Errorf("download cut short after %d MiB of the image: %w", st.n>>20, err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != want {
-		return fmt.Errorf("sha256 mismatch: the server's file (%s) has sha256 %s, kiln.%s=%s", d.served(), got, ParamImageHash, want)
+		return fmt.Errorf("sha256 mismatch: the server's file (%s) has sha256 %s, kiln.%s=%s", d.served(), got, paramImageHash, want)
 	}
 	if st.n <= headSize {
 		return fmt.Errorf("the image is only %d bytes: not a kiln disk image", st.n)

@@ -83,8 +83,8 @@ func logBuffer() (*slog.Logger, *bytes.Buffer) {
 }
 
 func testOpts(t *testing.T) Options {
-	return Options{Host: Host{SysBlock: t.TempDir()}, RetryPause: time.Millisecond, Clock: &testkit.InstantClock{},
-		ProgressEvery: time.Millisecond, DiskWait: 200 * time.Millisecond}
+	return Options{host: host{sysBlock: t.TempDir()}, retryPause: time.Millisecond, clock: &testkit.InstantClock{},
+		progressEvery: time.Millisecond, DiskWait: 200 * time.Millisecond}
 }
 
 // TestInstall: an image served plain, zstd- or xz-compressed is installed to a blank disk
@@ -115,21 +115,21 @@ func TestInstall(t *testing.T) {
 			srv.files["/"+name] = served
 			target := sparseDisk(t, tt.diskSize)
 			if tt.earlier {
-				if _, err := Install(context.Background(), slog.New(slog.DiscardHandler), Params{Dev: target, ImageURL: srv.url(t, name), SHA256: sha(served)}, testOpts(t)); err != nil {
+				if _, err := install(context.Background(), slog.New(slog.DiscardHandler), params{dev: target, imageURL: srv.url(t, name), sha256: sha(served)}, testOpts(t)); err != nil {
 					t.Fatal(err)
 				}
 			}
 			log, logs := logBuffer()
 			configURL := srv.URL + "/config.ign"
-			p := Params{Dev: target, ImageURL: srv.url(t, name), SHA256: sha(served), ConfigURL: configURL, Wipe: tt.earlier}
-			res, err := Install(context.Background(), log, p, testOpts(t))
+			p := params{dev: target, imageURL: srv.url(t, name), sha256: sha(served), configURL: configURL, wipe: tt.earlier}
+			res, err := install(context.Background(), log, p, testOpts(t))
 			if err != nil {
 				t.Fatalf("Install: %v\nlog:\n%s", err, logs)
 			}
 			assertInstalled(t, target, img, testOptions+" kiln.config.url="+configURL)
 			assertESPClean(t, target, img)
 			want := fmt.Sprintf("kiln-init: installed %s to %s (56 MiB, sha256 ok); rebooting", name, target)
-			if got := InstalledLine(res); got != want {
+			if got := installedLine(res); got != want {
 				t.Errorf("console line %q, want %q", got, want)
 			}
 			if !strings.Contains(logs.String(), "msg=\"install: progress\" MiB=") {
@@ -176,15 +176,15 @@ func TestInstallFails(t *testing.T) {
 			// An earlier, bootable install is on the disk: wipe lets the installer at it.
 			target := sparseDisk(t, tt.diskSize)
 			if tt.diskSize >= imageSize {
-				if _, err := Install(context.Background(), slog.New(slog.DiscardHandler), Params{Dev: target, ImageURL: srv.url(t, "ok.raw"), SHA256: sha(img.raw)}, testOpts(t)); err != nil {
+				if _, err := install(context.Background(), slog.New(slog.DiscardHandler), params{dev: target, imageURL: srv.url(t, "ok.raw"), sha256: sha(img.raw)}, testOpts(t)); err != nil {
 					t.Fatal(err)
 				}
 			}
 			srv.cut, srv.stall = tt.cut, tt.stall
-			p := Params{Dev: target, ImageURL: srv.url(t, tt.file), SHA256: tt.sum, Wipe: true}
+			p := params{dev: target, imageURL: srv.url(t, tt.file), sha256: tt.sum, wipe: true}
 			o := testOpts(t)
-			o.StallTimeout = 300 * time.Millisecond
-			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), p, o)
+			o.stallTimeout = 300 * time.Millisecond
+			_, err := install(context.Background(), slog.New(slog.DiscardHandler), p, o)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "does not boot") {
 				t.Fatalf("Install error = %v, want one with %q that says the disk does not boot", err, tt.wantErr)
 			}
@@ -225,7 +225,7 @@ func TestInstallRefusesSmallDisk(t *testing.T) {
 			target := sparseDisk(t, 48*mib)
 			writeAtFile(t, target, 600*1024, "data before")
 			before := fileSHA(t, target)
-			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), Params{Dev: target, ImageURL: srv.url(t, name), SHA256: sum, Wipe: true}, testOpts(t))
+			_, err := install(context.Background(), slog.New(slog.DiscardHandler), params{dev: target, imageURL: srv.url(t, name), sha256: sum, wipe: true}, testOpts(t))
 			if !errors.Is(err, errNoTarget) || !strings.Contains(err.Error(), "is smaller than the image (at least 56 MiB)") {
 				t.Fatalf("Install error = %v", err)
 			}
@@ -255,8 +255,8 @@ func TestInstallRefusesData(t *testing.T) {
 	img := makeImage(t)
 	srv := newServer(t)
 	srv.files["/img.raw"] = img.raw
-	p := func(dev string) Params {
-		return Params{Dev: dev, ImageURL: srv.url(t, "img.raw"), SHA256: sha(img.raw)}
+	p := func(dev string) params {
+		return params{dev: dev, imageURL: srv.url(t, "img.raw"), sha256: sha(img.raw)}
 	}
 	tests := []struct {
 		name  string
@@ -275,7 +275,7 @@ func TestInstallRefusesData(t *testing.T) {
 		}},
 		{name: "installed before", holds: "holds gpt;", make: func(t *testing.T) string {
 			d := sparseDisk(t, 64*mib)
-			if _, err := Install(context.Background(), slog.New(slog.DiscardHandler), p(d), testOpts(t)); err != nil {
+			if _, err := install(context.Background(), slog.New(slog.DiscardHandler), p(d), testOpts(t)); err != nil {
 				t.Fatal(err)
 			}
 			return d
@@ -285,7 +285,7 @@ func TestInstallRefusesData(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			d := tt.make(t)
 			before := fileSHA(t, d)
-			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), p(d), testOpts(t))
+			_, err := install(context.Background(), slog.New(slog.DiscardHandler), p(d), testOpts(t))
 			if !errors.Is(err, errNoTarget) || !strings.Contains(err.Error(), tt.holds) || !strings.Contains(err.Error(), "without kiln.install.wipe=1") ||
 				!strings.Contains(err.Error(), "boot order to disk first") {
 				t.Errorf("Install error = %v, want a refusal naming %q, wipe and the boot order", err, tt.holds)
@@ -297,7 +297,7 @@ func TestInstallRefusesData(t *testing.T) {
 	}
 }
 
-// TestInstallRetries: the image's request is retried on 503 up to Options.Attempts; a 404
+// TestInstallRetries: the image's request is retried on 503 up to Options.attempts; a 404
 // fails at once. Nothing is written when the image cannot be fetched.
 func TestInstallRetries(t *testing.T) {
 	img := makeImage(t)
@@ -318,7 +318,7 @@ func TestInstallRetries(t *testing.T) {
 			srv.files["/img.raw"] = img.raw
 			srv.failures.Store(tt.failures)
 			target := sparseDisk(t, 64*mib)
-			_, err := Install(context.Background(), slog.New(slog.DiscardHandler), Params{Dev: target, ImageURL: srv.url(t, tt.file), SHA256: sha(img.raw)}, testOpts(t))
+			_, err := install(context.Background(), slog.New(slog.DiscardHandler), params{dev: target, imageURL: srv.url(t, tt.file), sha256: sha(img.raw)}, testOpts(t))
 			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
 				t.Fatalf("Install error = %v, want %q", err, tt.wantErr)
 			}

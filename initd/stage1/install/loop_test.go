@@ -39,9 +39,9 @@ func TestInstallBlockDevice(t *testing.T) {
 	}
 	scans := waitFor(partition(1), 2*time.Second)
 	o := testOpts(t)
-	o.Host = Host{}
-	p := Params{Dev: dev, ImageURL: srv.url(t, "img.raw"), SHA256: sha(img.raw), ConfigURL: srv.URL + "/node1.ign", Wipe: true}
-	if _, err := Install(context.Background(), slog.New(slog.NewTextHandler(testWriter{t}, nil)), p, o); err != nil {
+	o.host = host{}
+	p := params{dev: dev, imageURL: srv.url(t, "img.raw"), sha256: sha(img.raw), configURL: srv.URL + "/node1.ign", wipe: true}
+	if _, err := install(context.Background(), slog.New(slog.NewTextHandler(testWriter{t}, nil)), p, o); err != nil {
 		t.Fatal(err)
 	}
 	assertInstalled(t, backing, img, testOptions+" kiln.config.url="+srv.URL+"/node1.ign")

@@ -26,73 +26,73 @@ import (
 
 // Kernel parameters, without their "kiln." prefix (stage1.Cmdline.Kiln's keys).
 const (
-	ParamDev       = "install.dev"
-	ParamImageURL  = "install.image_url"
-	ParamImageHash = "install.image_sha256"
-	ParamWipe      = "install.wipe"
-	ParamConfigURL = "config.url"
+	paramDev       = "install.dev"
+	paramImageURL  = "install.image_url"
+	paramImageHash = "install.image_sha256"
+	paramWipe      = "install.wipe"
+	paramConfigURL = "config.url"
 )
 
-// Auto is the kiln.install.dev= value that lets the installer choose the disk.
-const Auto = "auto"
+// auto is the kiln.install.dev= value that lets the installer choose the disk.
+const auto = "auto"
 
 // byIDDir is where udev links disks by id; a kiln.install.dev= name may carry it as a prefix.
 const byIDDir = "/dev/disk/by-id/"
 
-// Params are the install parameters of the kernel command line.
-type Params struct {
-	// Dev is a device path (/dev/vda), a /dev/disk/by-id name (with or without its
-	// directory), or Auto.
-	Dev string
-	// ImageURL is the http(s) URL of the raw disk image, compressed when its path ends in
+// params are the install parameters of the kernel command line.
+type params struct {
+	// dev is a device path (/dev/vda), a /dev/disk/by-id name (with or without its
+	// directory), or auto.
+	dev string
+	// imageURL is the http(s) URL of the raw disk image, compressed when its path ends in
 	// .zst, .xz, .gz or .bz2.
-	ImageURL *url.URL
-	// SHA256 is the lowercase hex sha256 of the bytes the URL serves (the compressed file).
-	SHA256 string
-	// Wipe allows writing over a disk that holds data.
-	Wipe bool
-	// ConfigURL is kiln.config.url= as given, its ${…} variables unexpanded; "" when absent.
-	ConfigURL string
+	imageURL *url.URL
+	// sha256 is the lowercase hex sha256 of the bytes the URL serves (the compressed file).
+	sha256 string
+	// wipe allows writing over a disk that holds data.
+	wipe bool
+	// configURL is kiln.config.url= as given, its ${…} variables unexpanded; "" when absent.
+	configURL string
 }
 
-// ImageName is the last element of the image URL's path, for messages.
-func (p Params) ImageName() string { return path.Base(p.ImageURL.Path) }
+// imageName is the last element of the image URL's path, for messages.
+func (p params) imageName() string { return path.Base(p.imageURL.Path) }
 
-// knownParams are the kiln.install.* keys ParseParams takes; any other is an error, so a
+// knownParams are the kiln.install.* keys parseParams takes; any other is an error, so a
 // misspelt kiln.install.wipe does not silently mean "no".
-var knownParams = []string{ParamDev, ParamImageURL, ParamImageHash, ParamWipe}
+var knownParams = []string{paramDev, paramImageURL, paramImageHash, paramWipe}
 
-// ParseParams reads the install parameters from the kiln.* parameters of the kernel command
+// parseParams reads the install parameters from the kiln.* parameters of the kernel command
 // line (keys without "kiln."). Every error names the parameter.
-func ParseParams(kiln map[string]string) (Params, error) {
+func parseParams(kiln map[string]string) (params, error) {
 	for k := range kiln {
 		if strings.HasPrefix(k, "install.") && !slices.Contains(knownParams, k) {
-			return Params{}, fmt.Errorf("kernel cmdline: kiln.%s: unknown install parameter (known: kiln.%s)", k, strings.Join(knownParams, ", kiln."))
+			return params{}, fmt.Errorf("kernel cmdline: kiln.%s: unknown install parameter (known: kiln.%s)", k, strings.Join(knownParams, ", kiln."))
 		}
 	}
-	var p Params
+	var p params
 	var err error
-	if p.Dev, err = parseDev(kiln[ParamDev]); err != nil {
-		return Params{}, err
+	if p.dev, err = parseDev(kiln[paramDev]); err != nil {
+		return params{}, err
 	}
-	if p.ImageURL, err = parseImageURL(kiln[ParamImageURL]); err != nil {
-		return Params{}, err
+	if p.imageURL, err = parseImageURL(kiln[paramImageURL]); err != nil {
+		return params{}, err
 	}
-	h := strings.ToLower(kiln[ParamImageHash])
+	h := strings.ToLower(kiln[paramImageHash])
 	if _, err := hex.DecodeString(h); err != nil || len(h) != 64 {
-		return Params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: want the 64 hex digits of the image file's sha256", ParamImageHash, kiln[ParamImageHash])
+		return params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: want the 64 hex digits of the image file's sha256", paramImageHash, kiln[paramImageHash])
 	}
-	p.SHA256 = h
-	switch w, ok := kiln[ParamWipe]; {
+	p.sha256 = h
+	switch w, ok := kiln[paramWipe]; {
 	case !ok || w == "0":
 	case w == "1":
-		p.Wipe = true
+		p.wipe = true
 	default:
-		return Params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: want 1 (write over a disk holding data) or 0", ParamWipe, w)
+		return params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: want 1 (write over a disk holding data) or 0", paramWipe, w)
 	}
-	p.ConfigURL = kiln[ParamConfigURL]
-	if strings.ContainsAny(p.ConfigURL, " \t\n\"") {
-		return Params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: a URL with white space or quotes cannot be handed to the installed disk's boot entry", ParamConfigURL, p.ConfigURL)
+	p.configURL = kiln[paramConfigURL]
+	if strings.ContainsAny(p.configURL, " \t\n\"") {
+		return params{}, fmt.Errorf("kernel cmdline: kiln.%s=%q: a URL with white space or quotes cannot be handed to the installed disk's boot entry", paramConfigURL, p.configURL)
 	}
 	return p, nil
 }
@@ -100,38 +100,38 @@ func ParseParams(kiln map[string]string) (Params, error) {
 func parseDev(v string) (string, error) {
 	switch {
 	case v == "":
-		return "", fmt.Errorf("kernel cmdline: kiln.%s= is missing (want /dev/<disk>, a /dev/disk/by-id name, or auto)", ParamDev)
-	case v == Auto:
+		return "", fmt.Errorf("kernel cmdline: kiln.%s= is missing (want /dev/<disk>, a /dev/disk/by-id name, or auto)", paramDev)
+	case v == auto:
 		return v, nil
 	case strings.HasPrefix(v, byIDDir):
 		v = strings.TrimPrefix(v, byIDDir)
 	case strings.HasPrefix(v, "/dev/"):
 		if path.Clean(v) != v {
-			return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: not a clean path", ParamDev, v)
+			return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: not a clean path", paramDev, v)
 		}
 		return v, nil
 	case strings.HasPrefix(v, "/"):
-		return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: a device path must be under /dev", ParamDev, v)
+		return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: a device path must be under /dev", paramDev, v)
 	}
 	if v == "" || strings.ContainsRune(v, '/') || v == "." || v == ".." {
-		return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: not a name in %s", ParamDev, v, byIDDir)
+		return "", fmt.Errorf("kernel cmdline: kiln.%s=%s: not a name in %s", paramDev, v, byIDDir)
 	}
 	return v, nil
 }
 
 func parseImageURL(v string) (*url.URL, error) {
 	if v == "" {
-		return nil, fmt.Errorf("kernel cmdline: kiln.%s= is missing (want the http(s) URL of the disk image)", ParamImageURL)
+		return nil, fmt.Errorf("kernel cmdline: kiln.%s= is missing (want the http(s) URL of the disk image)", paramImageURL)
 	}
 	u, err := url.Parse(v)
 	if err != nil {
-		return nil, fmt.Errorf("kernel cmdline: kiln.%s: %w", ParamImageURL, err)
+		return nil, fmt.Errorf("kernel cmdline: kiln.%s: %w", paramImageURL, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("kernel cmdline: kiln.%s=%s: want an http:// or https:// URL with a host", ParamImageURL, u.Redacted())
+		return nil, fmt.Errorf("kernel cmdline: kiln.%s=%s: want an http:// or https:// URL with a host", paramImageURL, u.Redacted())
 	}
 	if p := path.Base(u.Path); p == "/" || p == "." {
-		return nil, fmt.Errorf("kernel cmdline: kiln.%s=%s: the URL names no file", ParamImageURL, u.Redacted())
+		return nil, fmt.Errorf("kernel cmdline: kiln.%s=%s: the URL names no file", paramImageURL, u.Redacted())
 	}
 	return u, nil
 }

@@ -18,15 +18,15 @@ import (
 // on the console, syncs and reboots. It returns only on failure; nothing was written then
 // unless the error says the disk no longer boots.
 func Run(ctx context.Context, log *slog.Logger, console io.Writer, kiln map[string]string, o Options) error {
-	p, err := ParseParams(kiln)
+	p, err := parseParams(kiln)
 	if err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
-	res, err := Install(ctx, log, p, o)
+	res, err := install(ctx, log, p, o)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(console, InstalledLine(res))
+	fmt.Fprintln(console, installedLine(res))
 	unix.Sync()
 	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
 		return fmt.Errorf("install: reboot: %w", err)
@@ -36,7 +36,7 @@ func Run(ctx context.Context, log *slog.Logger, console io.Writer, kiln map[stri
 	}
 }
 
-// InstalledLine is the console line of a finished install; test harnesses wait for it.
-func InstalledLine(r Result) string {
-	return fmt.Sprintf("kiln-init: installed %s to %s (%d MiB, sha256 ok); rebooting", r.Image, r.Device, r.Bytes>>20)
+// installedLine is the console line of a finished install; test harnesses wait for it.
+func installedLine(r result) string {
+	return fmt.Sprintf("kiln-init: installed %s to %s (%d MiB, sha256 ok); rebooting", r.image, r.device, r.bytes>>20)
 }

@@ -20,8 +20,8 @@ const (
 	tailSize = 1 << 20
 )
 
-// ErrTooLarge is returned (wrapped) when the image does not fit the disk.
-var ErrTooLarge = errors.New("the image is larger than the disk")
+// errTooLarge is returned (wrapped) when the image does not fit the disk.
+var errTooLarge = errors.New("the image is larger than the disk")
 
 // staging takes the decompressed image as a stream and writes it to the target, except for
 // its head and tail (the last one to two MiB), which it holds until commit. Only one image passes through a staging.
@@ -48,7 +48,7 @@ func newStaging(f *os.File, limit int64, log *slog.Logger, every time.Duration) 
 
 func (s *staging) Write(p []byte) (int, error) {
 	if s.n+int64(len(p)) > s.limit {
-		return 0, fmt.Errorf("%w (%d MiB): more than %d MiB arrived", ErrTooLarge, s.limit>>20, s.limit>>20)
+		return 0, fmt.Errorf("%w (%d MiB): more than %d MiB arrived", errTooLarge, s.limit>>20, s.limit>>20)
 	}
 	total := len(p)
 	if k := min(headSize-len(s.head), len(p)); k > 0 {

@@ -31,40 +31,40 @@ import (
 
 // Defaults for Fetcher's zero fields.
 const (
-	DefaultAttempts = 6
-	DefaultReserve  = 256 << 20
+	defaultAttempts = 6
+	defaultReserve  = 256 << 20
 	defaultStall    = 30 * time.Second
 	defaultProgress = 5 * time.Second
-	// FileName is the image's name in Fetcher.Dir.
-	FileName = "rootfs.img"
+	// fileName is the image's name in Fetcher.Dir.
+	fileName = "rootfs.img"
 )
 
-// DefaultBackoff paces the attempts: 1 s, 2 s, 4 s, 8 s, then 15 s.
-var DefaultBackoff = poll.Backoff{Initial: time.Second, Factor: 2, Max: 15 * time.Second, Jitter: 0.2}
+// defaultBackoff paces the attempts: 1 s, 2 s, 4 s, 8 s, then 15 s.
+var defaultBackoff = poll.Backoff{Initial: time.Second, Factor: 2, Max: 15 * time.Second, Jitter: 0.2}
 
 // Fetcher fetches a root image into RAM. Only Dir is required.
 type Fetcher struct {
 	// Dir is where the image is written; it must be on a tmpfs or ramfs.
 	Dir string
-	// Client makes the requests; nil means one with connection and header timeouts.
+	// httpClient makes the requests; nil means one with connection and header timeouts.
 	// Redirects from https to http are refused either way.
-	Client *http.Client
-	// Attempts bounds how often the image is requested; 0 means DefaultAttempts.
-	Attempts int
-	// Backoff paces the attempts; the zero value means DefaultBackoff.
-	Backoff poll.Backoff
-	// Clock times the pauses between attempts; nil means the wall clock.
-	Clock poll.Clock
-	// Reserve is the memory the image must leave free for the running system; 0 means
-	// DefaultReserve.
-	Reserve int64
-	// Stall ends an attempt whose body sends nothing for this long; 0 means 30 s.
-	Stall time.Duration
-	// MemInfo is the meminfo file read for MemAvailable; empty means /proc/meminfo.
-	MemInfo string
+	httpClient *http.Client
+	// attempts bounds how often the image is requested; 0 means defaultAttempts.
+	attempts int
+	// backoff paces the attempts; the zero value means defaultBackoff.
+	backoff poll.Backoff
+	// clock times the pauses between attempts; nil means the wall clock.
+	clock poll.Clock
+	// reserve is the memory the image must leave free for the running system; 0 means
+	// defaultReserve.
+	reserve int64
+	// stall ends an attempt whose body sends nothing for this long; 0 means 30 s.
+	stall time.Duration
+	// memInfo is the meminfo file read for MemAvailable; empty means /proc/meminfo.
+	memInfo string
 }
 
-// Fetch streams url into Dir/FileName and checks it has the sha256 want (lowercase hex). It
+// Fetch streams url into Dir/rootfs.img and checks it has the sha256 want (lowercase hex). It
 // returns the file's path; on any error the file is gone.
 func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) (string, error) {
 	if err := os.MkdirAll(f.Dir, 0o700); err != nil {
@@ -74,17 +74,17 @@ func (f Fetcher) Fetch(ctx context.Context, log *slog.Logger, url, want string) 
 	if err != nil {
 		return "", fmt.Errorf("live root: %w", err)
 	}
-	path := filepath.Join(f.Dir, FileName)
-	attempts := cmp.Or(f.Attempts, DefaultAttempts)
-	backoff := f.Backoff
+	path := filepath.Join(f.Dir, fileName)
+	attempts := cmp.Or(f.attempts, defaultAttempts)
+	backoff := f.backoff
 	if backoff == (poll.Backoff{}) {
-		backoff = DefaultBackoff
+		backoff = defaultBackoff
 	}
 	sum, part := "", &partial{}
 	retry := fetch.Retry{
 		Attempts: attempts,
 		Backoff:  backoff,
-		Clock:    f.Clock,
+		Clock:    f.clock,
 		OnRetry: func(a poll.Attempt) {
 			log.Warn("live root: fetch failed, trying again", "url", url, "attempt", a.N, "of", attempts, "in", a.Pause.Round(time.Millisecond), "err", a.Err)
 		},
@@ -120,7 +120,7 @@ type partial struct {
 // fetchOnce makes one request, streams the answer into path (after the bytes part says an
 // earlier attempt left, when the server resumes) and returns the whole file's sha256.
 func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path string, room int64, part *partial) (string, error) {
-	ctx, watch := fetch.Watch(ctx, cmp.Or(f.Stall, defaultStall))
+	ctx, watch := fetch.Watch(ctx, cmp.Or(f.stall, defaultStall))
 	defer watch.Stop()
 	resp, err := f.request(ctx, url, part)
 	if err != nil {
@@ -133,7 +133,7 @@ func (f Fetcher) fetchOnce(ctx context.Context, log *slog.Logger, url, path stri
 	}
 	if start+resp.ContentLength > room {
 		return "", fetch.Permanent(fmt.Errorf("the image is %s, more than the %s of RAM free for it (%s kept for the system)",
-			size(start+resp.ContentLength), size(room), size(cmp.Or(f.Reserve, DefaultReserve))))
+			size(start+resp.ContentLength), size(room), size(cmp.Or(f.reserve, defaultReserve))))
 	}
 	out, h, err := openAt(path, start)
 	if err != nil {
@@ -243,8 +243,8 @@ func (w fileWriter) Write(b []byte) (int, error) {
 }
 
 func (f Fetcher) client() *http.Client {
-	if f.Client != nil {
-		return f.Client
+	if f.httpClient != nil {
+		return f.httpClient
 	}
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.ResponseHeaderTimeout = 30 * time.Second

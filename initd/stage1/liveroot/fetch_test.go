@@ -177,7 +177,7 @@ func TestFetch(t *testing.T) {
 			srv := serve(t, tt.steps...)
 			clock := &testkit.InstantClock{}
 			var logs bytes.Buffer
-			f := Fetcher{Dir: dir, Attempts: tt.attempts, Clock: clock, Stall: tt.stall}
+			f := Fetcher{Dir: dir, attempts: tt.attempts, clock: clock, stall: tt.stall}
 			path, err := f.Fetch(t.Context(), slog.New(slog.NewTextHandler(&logs, nil)), srv.URL+"/rootfs.img", sum)
 			if hits := srv.hits.Load(); hits != tt.wantHits {
 				t.Errorf("server saw %d requests, want %d", hits, tt.wantHits)
@@ -237,7 +237,7 @@ func TestFetchRefusesWhenMemoryIsShort(t *testing.T) {
 	meminfo := filepath.Join(t.TempDir(), "meminfo")
 	os.WriteFile(meminfo, []byte("MemTotal:        1000000 kB\nMemAvailable:     200000 kB\n"), 0o644)
 	srv := serve(t, body([]byte("x")))
-	_, err := Fetcher{Dir: dir, MemInfo: meminfo}.Fetch(t.Context(), slog.New(slog.DiscardHandler), srv.URL, sha([]byte("x")))
+	_, err := Fetcher{Dir: dir, memInfo: meminfo}.Fetch(t.Context(), slog.New(slog.DiscardHandler), srv.URL, sha([]byte("x")))
 	if want := "no RAM free for the image: 195 MiB available, 256 MiB kept for the system"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Fetch = %v, want %q", err, want)
 	}
@@ -247,7 +247,7 @@ func TestFetchRefusesWhenMemoryIsShort(t *testing.T) {
 		w.Header().Set("Content-Length", strconv.Itoa(64<<20))
 		io.CopyN(w, zeros{}, 64<<20)
 	})
-	_, err = Fetcher{Dir: ramDir(t, 128<<20), MemInfo: meminfo}.Fetch(t.Context(), slog.New(slog.DiscardHandler), big.URL, sha(nil))
+	_, err = Fetcher{Dir: ramDir(t, 128<<20), memInfo: meminfo}.Fetch(t.Context(), slog.New(slog.DiscardHandler), big.URL, sha(nil))
 	if want := "the image is 64 MiB, more than the 44 MiB of RAM free for it (256 MiB kept for the system)"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Fetch = %v, want %q", err, want)
 	}
@@ -261,7 +261,7 @@ func TestFetchRefusesHTTPSDowngrade(t *testing.T) {
 	plain := serve(t, body([]byte("x")))
 	tls := httptest.NewTLSServer(http.RedirectHandler(plain.URL+"/rootfs.img", http.StatusFound))
 	t.Cleanup(tls.Close)
-	_, err := Fetcher{Dir: ramDir(t, 1<<20), Client: tls.Client()}.Fetch(t.Context(), slog.New(slog.DiscardHandler), tls.URL, sha([]byte("x")))
+	_, err := Fetcher{Dir: ramDir(t, 1<<20), httpClient: tls.Client()}.Fetch(t.Context(), slog.New(slog.DiscardHandler), tls.URL, sha([]byte("x")))
 	if err == nil || !strings.Contains(err.Error(), "a fetch that began on https must stay on https") {
 		t.Fatalf("Fetch = %v", err)
 	}

@@ -16,7 +16,7 @@ func TestAttachReadOnly(t *testing.T) {
 	mksquashfs := testkit.Tool(t, "mksquashfs", "squashfs-tools")
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "os-release"), []byte("ID=kiln\n"), 0o644)
-	img := filepath.Join(ramDir(t, 16<<20), FileName)
+	img := filepath.Join(ramDir(t, 16<<20), fileName)
 	testkit.Run(t, mksquashfs, src, img, "-quiet", "-noappend")
 
 	dev, err := Attach(img)

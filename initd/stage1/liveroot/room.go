@@ -14,18 +14,18 @@ import (
 const defaultMemInfo = "/proc/meminfo"
 
 // room is how many bytes the image may take in Dir: the space left on Dir's tmpfs (a ramfs has
-// no limit of its own), and no more than the kernel's MemAvailable less Reserve. Dir on any
+// no limit of its own), and no more than the kernel's MemAvailable less reserve. Dir on any
 // other filesystem is an error: the image must live in RAM.
 func (f Fetcher) room() (int64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(f.Dir, &st); err != nil {
 		return 0, fmt.Errorf("statfs %s: %w", f.Dir, err)
 	}
-	mem, err := memAvailable(cmp.Or(f.MemInfo, defaultMemInfo))
+	mem, err := memAvailable(cmp.Or(f.memInfo, defaultMemInfo))
 	if err != nil {
 		return 0, err
 	}
-	reserve := cmp.Or(f.Reserve, DefaultReserve)
+	reserve := cmp.Or(f.reserve, defaultReserve)
 	room := mem - reserve
 	switch int64(st.Type) {
 	case unix.TMPFS_MAGIC:

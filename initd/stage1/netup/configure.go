@@ -62,11 +62,11 @@ func addRoute(link netlink.Link, subnet *net.IPNet, r route) error {
 func writeResolvConf(path string, l Lease) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# written by kiln-init from the DHCP lease on %s\n", l.Link)
-	for _, d := range l.DNS {
+	for _, d := range l.dns {
 		fmt.Fprintf(&b, "nameserver %s\n", d)
 	}
-	if len(l.Search) > 0 {
-		fmt.Fprintf(&b, "search %s\n", strings.Join(l.Search, " "))
+	if len(l.search) > 0 {
+		fmt.Fprintf(&b, "search %s\n", strings.Join(l.search, " "))
 	}
 	if err := atomicfile.Write(path, []byte(b.String()), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)

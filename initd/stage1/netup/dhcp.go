@@ -78,20 +78,20 @@ func requestLease(ctx context.Context, link string, mac net.HardwareAddr) (*dhcp
 	return l.ACK, nil
 }
 
-// MinMessageSize is the size every DHCP message Up sends is padded to: a BOOTP message with
+// minMessageSize is the size every DHCP message Up sends is padded to: a BOOTP message with
 // the whole 312-byte options field. QEMU's user-mode network (libslirp 4.6 and later) drops
 // shorter requests without a word, and the DHCP library pads only to BOOTP's 300 bytes.
-const MinMessageSize = 548
+const minMessageSize = 548
 
 // paddedConn pads each message it sends with zeros (the Pad option, after End) to
-// MinMessageSize.
+// minMessageSize.
 type paddedConn struct{ net.PacketConn }
 
 func (c paddedConn) WriteTo(b []byte, addr net.Addr) (int, error) {
-	if len(b) >= MinMessageSize {
+	if len(b) >= minMessageSize {
 		return c.PacketConn.WriteTo(b, addr)
 	}
-	padded := make([]byte, MinMessageSize)
+	padded := make([]byte, minMessageSize)
 	copy(padded, b)
 	if _, err := c.PacketConn.WriteTo(padded, addr); err != nil {
 		return 0, err
@@ -121,35 +121,35 @@ func leaseOf(o *offered) (Lease, []route, error) {
 	if bits != 32 {
 		return Lease{}, nil, fmt.Errorf("DHCP lease on %s: subnet mask %s is not an IPv4 netmask", o.link, net.IP(mask))
 	}
-	l := Lease{Link: o.link, MAC: o.mac, Address: netip.PrefixFrom(addr, ones),
-		Duration: ack.IPAddressLeaseTime(defaultLease)}
-	l.Server, _ = netip.AddrFromSlice(ack.ServerIdentifier().To4())
+	l := Lease{Link: o.link, mac: o.mac, Address: netip.PrefixFrom(addr, ones),
+		duration: ack.IPAddressLeaseTime(defaultLease)}
+	l.server, _ = netip.AddrFromSlice(ack.ServerIdentifier().To4())
 	for _, d := range ack.DNS() {
 		if a, ok := netip.AddrFromSlice(d.To4()); ok {
-			l.DNS = append(l.DNS, a)
+			l.dns = append(l.dns, a)
 		}
 	}
 	if s := ack.DomainSearch(); s != nil {
-		l.Search = append(l.Search, s.Labels...)
+		l.search = append(l.search, s.Labels...)
 	}
-	if d := ack.DomainName(); d != "" && len(l.Search) == 0 {
-		l.Search = []string{d}
+	if d := ack.DomainName(); d != "" && len(l.search) == 0 {
+		l.search = []string{d}
 	}
 	var routes []route
 	if cs := ack.ClasslessStaticRoute(); len(cs) > 0 {
 		for _, r := range cs {
 			if ones, _ := r.Dest.Mask.Size(); ones == 0 {
-				l.Gateway, _ = netip.AddrFromSlice(r.Router.To4())
+				l.gateway, _ = netip.AddrFromSlice(r.Router.To4())
 				routes = append(routes, route{gw: r.Router})
 				continue
 			}
 			routes = append(routes, route{dst: r.Dest, gw: r.Router})
 		}
 	} else if gws := ack.Router(); len(gws) > 0 {
-		l.Gateway, _ = netip.AddrFromSlice(gws[0].To4())
+		l.gateway, _ = netip.AddrFromSlice(gws[0].To4())
 		routes = append(routes, route{gw: gws[0]})
 	}
-	if l.Gateway.IsValid() && l.Gateway.IsUnspecified() {
+	if l.gateway.IsValid() && l.gateway.IsUnspecified() {
 		return Lease{}, nil, errors.New("DHCP lease on " + o.link + ": the default route's router is 0.0.0.0")
 	}
 	return l, routes, nil

@@ -12,63 +12,63 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Error says why Up got no lease: no Ethernet link appeared, or none of them got a lease.
-type Error struct {
-	Waited time.Duration
-	// Links are the Ethernet links Up ran DHCP on, with what each one lacked.
-	Links []LinkReport
-	// Others are the other links seen (lo, tunnels), which Up does not use.
-	Others []string
+// noLeaseError says why Up got no lease: no Ethernet link appeared, or none of them got a lease.
+type noLeaseError struct {
+	waited time.Duration
+	// links are the Ethernet links Up ran DHCP on, with what each one lacked.
+	links []linkReport
+	// others are the other links seen (lo, tunnels), which Up does not use.
+	others []string
 }
 
-// LinkReport is one Ethernet link's state when Up gave up.
-type LinkReport struct {
-	Name    string
-	MAC     string
-	Carrier bool
-	// LastErr is the last DHCP attempt's failure, e.g. "no DHCP offer".
-	LastErr string
+// linkReport is one Ethernet link's state when Up gave up.
+type linkReport struct {
+	name    string
+	mac     string
+	carrier bool
+	// lastErr is the last DHCP attempt's failure, e.g. "no DHCP offer".
+	lastErr string
 }
 
-func (e *Error) Error() string {
-	others := strings.Join(e.Others, ", ")
+func (e *noLeaseError) Error() string {
+	others := strings.Join(e.others, ", ")
 	if others == "" {
 		others = "none"
 	}
-	if len(e.Links) == 0 {
+	if len(e.links) == 0 {
 		return fmt.Sprintf("network: no network link appeared within %s (links seen: %s); is the NIC's driver among the image's initramfs modules?",
-			e.Waited, others)
+			e.waited, others)
 	}
-	names := make([]string, len(e.Links))
-	states := make([]string, len(e.Links))
-	for i, l := range e.Links {
-		names[i] = l.Name
+	names := make([]string, len(e.links))
+	states := make([]string, len(e.links))
+	for i, l := range e.links {
+		names[i] = l.name
 		carrier := "link up"
-		if !l.Carrier {
+		if !l.carrier {
 			carrier = "no carrier"
 		}
-		states[i] = fmt.Sprintf("%s %s: %s, %s", l.Name, l.MAC, carrier, l.LastErr)
+		states[i] = fmt.Sprintf("%s %s: %s, %s", l.name, l.mac, carrier, l.lastErr)
 	}
-	return fmt.Sprintf("network: no DHCP lease within %s on %s (%s)", e.Waited, strings.Join(names, ", "), strings.Join(states, "; "))
+	return fmt.Sprintf("network: no DHCP lease within %s on %s (%s)", e.waited, strings.Join(names, ", "), strings.Join(states, "; "))
 }
 
-// failure is Up's error once ctx is done: an *Error when the timeout ran out, the context's
-// error when the caller cancelled.
+// failure is Up's error once ctx is done: a *noLeaseError when the timeout ran out, the
+// context's error when the caller cancelled.
 func (w *waiter) failure(ctx context.Context, timeout time.Duration) error {
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("network: %w", ctx.Err())
 	}
-	e := &Error{Waited: timeout, Others: append([]string(nil), w.others...)}
+	e := &noLeaseError{waited: timeout, others: append([]string(nil), w.others...)}
 	for _, name := range w.names() {
 		st := w.seen[name]
-		r := LinkReport{Name: name, MAC: st.mac.String(), LastErr: "no DHCP offer"}
+		r := linkReport{name: name, mac: st.mac.String(), lastErr: "no DHCP offer"}
 		if st.lastErr != nil {
-			r.LastErr = st.lastErr.Error()
+			r.lastErr = st.lastErr.Error()
 		}
 		if l, err := netlink.LinkByName(name); err == nil {
-			r.Carrier = l.Attrs().RawFlags&unix.IFF_LOWER_UP != 0
+			r.carrier = l.Attrs().RawFlags&unix.IFF_LOWER_UP != 0
 		}
-		e.Links = append(e.Links, r)
+		e.links = append(e.links, r)
 	}
 	return e
 }

@@ -20,12 +20,12 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// DefaultTimeout bounds Up when Options.Timeout is zero.
-const DefaultTimeout = 60 * time.Second
+// defaultTimeout bounds Up when Options.Timeout is zero.
+const defaultTimeout = 60 * time.Second
 
 // Defaults for the other Options.
 const (
-	DefaultResolvConf = "/etc/resolv.conf"
+	defaultResolvConf = "/etc/resolv.conf"
 	defaultProgress   = 5 * time.Second
 	linkScan          = 250 * time.Millisecond
 )
@@ -33,44 +33,44 @@ const (
 // Options tune Up.
 type Options struct {
 	// Timeout bounds the whole wait: for a link to appear and for a lease. Zero means
-	// DefaultTimeout.
+	// 60 s (defaultTimeout).
 	Timeout time.Duration
-	// ResolvConf is where the lease's DNS servers are written; empty means DefaultResolvConf.
-	ResolvConf string
-	// Progress is how often the wait is reported on the console; zero means every 5 s.
-	Progress time.Duration
+	// resolvConf is where the lease's DNS servers are written; empty means defaultResolvConf.
+	resolvConf string
+	// progress is how often the wait is reported on the console; zero means every 5 s.
+	progress time.Duration
 }
 
 // Lease is the DHCPv4 lease Up configured.
 type Lease struct {
 	Link     string // kernel name of the link, e.g. eth0
-	MAC      net.HardwareAddr
+	mac      net.HardwareAddr
 	Address  netip.Prefix // the leased address and its subnet, e.g. 10.0.2.15/24
-	Gateway  netip.Addr   // the default route's router; invalid when the server named none
-	DNS      []netip.Addr
-	Search   []string
-	Server   netip.Addr    // the DHCP server's identifier
-	Duration time.Duration // lease time
+	gateway  netip.Addr   // the default route's router; invalid when the server named none
+	dns      []netip.Addr
+	search   []string
+	server   netip.Addr    // the DHCP server's identifier
+	duration time.Duration // lease time
 }
 
 // String renders the lease for the console.
 func (l Lease) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s", l.Link, l.Address)
-	if l.Gateway.IsValid() {
-		fmt.Fprintf(&b, " via %s", l.Gateway)
+	if l.gateway.IsValid() {
+		fmt.Fprintf(&b, " via %s", l.gateway)
 	}
-	if len(l.DNS) > 0 {
-		dns := make([]string, len(l.DNS))
-		for i, d := range l.DNS {
+	if len(l.dns) > 0 {
+		dns := make([]string, len(l.dns))
+		for i, d := range l.dns {
 			dns[i] = d.String()
 		}
 		fmt.Fprintf(&b, " dns %s", strings.Join(dns, ","))
 	}
-	if l.Server.IsValid() {
-		fmt.Fprintf(&b, " from %s", l.Server)
+	if l.server.IsValid() {
+		fmt.Fprintf(&b, " from %s", l.server)
 	}
-	fmt.Fprintf(&b, " for %s", l.Duration)
+	fmt.Fprintf(&b, " for %s", l.duration)
 	return b.String()
 }
 
@@ -83,12 +83,12 @@ type attempt struct {
 
 // Up waits for non-loopback Ethernet links, sets them up, runs DHCPv4 on all of them and
 // configures the first lease it gets, all within opts.Timeout. The kernel's NIC drivers must
-// be loaded already. Without a link, or without a lease in time, it returns an *Error naming
-// the links it saw and what each one lacked.
+// be loaded already. Without a link, or without a lease in time, it returns an error
+// (*noLeaseError) naming the links it saw and what each one lacked.
 func Up(ctx context.Context, log *slog.Logger, opts Options) (Lease, error) {
-	opts.Timeout = cmp.Or(opts.Timeout, DefaultTimeout)
-	opts.ResolvConf = cmp.Or(opts.ResolvConf, DefaultResolvConf)
-	opts.Progress = cmp.Or(opts.Progress, defaultProgress)
+	opts.Timeout = cmp.Or(opts.Timeout, defaultTimeout)
+	opts.resolvConf = cmp.Or(opts.resolvConf, defaultResolvConf)
+	opts.progress = cmp.Or(opts.progress, defaultProgress)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
@@ -97,7 +97,7 @@ func Up(ctx context.Context, log *slog.Logger, opts Options) (Lease, error) {
 	defer func() { stopClients(); wg.Wait() }()
 
 	w := &waiter{log: log, start: start, results: make(chan attempt), seen: map[string]*linkState{}}
-	scan, progress := time.NewTicker(linkScan), time.NewTicker(opts.Progress)
+	scan, progress := time.NewTicker(linkScan), time.NewTicker(opts.progress)
 	defer scan.Stop()
 	defer progress.Stop()
 	for {
@@ -111,7 +111,7 @@ func Up(ctx context.Context, log *slog.Logger, opts Options) (Lease, error) {
 				continue
 			}
 			stopClients()
-			return configure(log, a.lease, opts.ResolvConf)
+			return configure(log, a.lease, opts.resolvConf)
 		case <-progress.C:
 			w.report()
 		case <-scan.C:

@@ -96,13 +96,13 @@ func serveDHCP() int {
 	return 0
 }
 
-// slirpConn drops requests shorter than MinMessageSize, as QEMU's user-mode DHCP server does.
+// slirpConn drops requests shorter than minMessageSize, as QEMU's user-mode DHCP server does.
 type slirpConn struct{ net.PacketConn }
 
 func (c slirpConn) ReadFrom(b []byte) (int, net.Addr, error) {
 	for {
 		n, addr, err := c.PacketConn.ReadFrom(b)
-		if err != nil || n >= MinMessageSize {
+		if err != nil || n >= minMessageSize {
 			return n, addr, err
 		}
 	}
@@ -112,13 +112,13 @@ func (c slirpConn) ReadFrom(b []byte) (int, net.Addr, error) {
 func runUp() int {
 	timeout, _ := time.ParseDuration(os.Getenv(timeoutEnv))
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	l, err := Up(context.Background(), log, Options{Timeout: timeout, ResolvConf: os.Getenv(resolvEnv), Progress: time.Second})
+	l, err := Up(context.Background(), log, Options{Timeout: timeout, resolvConf: os.Getenv(resolvEnv), progress: time.Second})
 	if err != nil {
 		fmt.Println("error: " + err.Error())
 		return 1
 	}
 	out, _ := json.Marshal(map[string]string{"link": l.Link, "address": l.Address.String(),
-		"gateway": l.Gateway.String(), "server": l.Server.String(), "string": l.String()})
+		"gateway": l.gateway.String(), "server": l.server.String(), "string": l.String()})
 	fmt.Println(string(out))
 	return 0
 }
