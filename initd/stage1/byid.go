@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 )
 
 // errNotFound is wrapped by chooseNamed's error when the named device is not there (yet).
@@ -19,7 +20,7 @@ var errNotFound = errors.New("not found")
 // blockdev.ReadDiskIDs derives it from sysfs, a by-id name's -part<N>) to a whole disk or a
 // partition of scan's disks and checks it may hold /var: not on the etcd volume (etcd), a
 // disk blank or a kiln data disk, a partition blank or ext4.
-func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *EtcdVolume) (varChoice, error) {
+func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *etcdvolume.Selection) (varChoice, error) {
 	disks := scan.disks
 	kname, part, err := resolveDataDev(sysBlock, dataDev, disks)
 	if err != nil {

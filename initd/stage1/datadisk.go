@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -51,7 +52,7 @@ type liveScan struct {
 
 // liveDisks scans the disks for a live boot's /var; etcd is the node config's etcd volume,
 // nil when it names none.
-func liveDisks(sysBlock, devDir string, removable bool, etcd *EtcdVolume) (liveScan, error) {
+func liveDisks(sysBlock, devDir string, removable bool, etcd *etcdvolume.Selection) (liveScan, error) {
 	disks, err := blockdev.ScanDisks(sysBlock, devDir)
 	if err != nil {
 		return liveScan{}, err
@@ -98,7 +99,7 @@ func sysFlag(sysBlock, name, attr string) bool {
 // disk, else tmpfs. A disk holding anything else is never chosen, nor the disk the node
 // config's etcd volume (etcd, nil when it names none) selects; while that selects none of
 // the disks, no blank disk is taken either, as it may be the etcd volume.
-func chooseVar(sysBlock, devDir, dataDev string, etcd *EtcdVolume) (varChoice, error) {
+func chooseVar(sysBlock, devDir, dataDev string, etcd *etcdvolume.Selection) (varChoice, error) {
 	scan, err := liveDisks(sysBlock, devDir, dataDev != "", etcd)
 	if err != nil {
 		return varChoice{}, err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
@@ -102,13 +103,13 @@ func copyInto(t *testing.T, src, dst string, off int64) {
 
 func TestChooseVar(t *testing.T) {
 	testkit.Tools(t, "sgdisk", "mkfs.ext4")
-	mainEtcd := &EtcdVolume{serial: "etcd-main"}
+	mainEtcd := &etcdvolume.Selection{Serial: "etcd-main"}
 	tests := []struct {
 		name     string
 		disks    map[string]diskMaker
-		ro       []string          // disks whose sysfs ro is 1
-		serials  map[string]string // the disks' virtio serials
-		etcd     *EtcdVolume       // the node config's etcd volume
+		ro       []string              // disks whose sysfs ro is 1
+		serials  map[string]string     // the disks' virtio serials
+		etcd     *etcdvolume.Selection // the node config's etcd volume
 		wantKind string
 		wantDisk string
 		wantWhy  string
@@ -165,7 +166,7 @@ func TestChooseVar(t *testing.T) {
 			name:     "never the etcd volume, by its by-id name",
 			disks:    map[string]diskMaker{"vda": blankDisk},
 			serials:  map[string]string{"vda": "etcd-main"},
-			etcd:     &EtcdVolume{byID: "virtio-etcd-main"},
+			etcd:     &etcdvolume.Selection{ByID: "virtio-etcd-main"},
 			wantKind: varTmpfs, wantWhy: "no blank disk",
 			skipped: []string{"vda: the etcd volume (etcd.volume.byId=virtio-etcd-main)"},
 		},
@@ -322,7 +323,7 @@ func TestChooseNamed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.dataDev, func(t *testing.T) {
-			got, err := chooseVar(sysBlock, dev, tt.dataDev, &EtcdVolume{serial: "etcd-main"})
+			got, err := chooseVar(sysBlock, dev, tt.dataDev, &etcdvolume.Selection{Serial: "etcd-main"})
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.HasPrefix(err.Error(), "kiln.data.dev="+tt.dataDev+": ") {
 					t.Fatalf("chooseVar error = %v, want kiln.data.dev=%s: …%s", err, tt.dataDev, tt.wantErr)
@@ -350,7 +351,7 @@ func TestChooseNamed(t *testing.T) {
 // probing it), then takes another blank disk, never the etcd volume, and says which it passed
 // over; when the etcd volume never appears, /var is in RAM and the console says why.
 func TestWaitChooseVarEtcd(t *testing.T) {
-	etcd := &EtcdVolume{serial: "etcd-main"}
+	etcd := &etcdvolume.Selection{Serial: "etcd-main"}
 	tests := []struct {
 		name     string
 		late     bool // the etcd volume appears after 300ms; else never

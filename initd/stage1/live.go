@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/stage1/liveroot"
 	"github.com/kilnproject/kiln/initd/stage1/netup"
@@ -32,10 +33,10 @@ func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []m
 		return info, err
 	}
 	info.RootDevice = dev
-	var etcd *EtcdVolume
+	var etcd *etcdvolume.Selection
 	if _, ok := cl.Kiln[strings.TrimPrefix(source.CmdlineURLKey, "kiln.")]; ok {
 		// First boot fetches the config again, as it does on any boot.
-		if etcd, err = FetchEtcdVolume(ctx, log, cl.Raw, nil); err != nil {
+		if etcd, err = etcdvolume.FetchSelection(ctx, log, cl.Raw, nil); err != nil {
 			return info, fmt.Errorf("live: %w", err)
 		}
 	}
@@ -83,7 +84,7 @@ func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, li
 // waitChooseVar runs chooseVar, waiting up to kiln.rootwait= for a disk kiln.data.dev= names,
 // or the etcd volume (etcd) while blank disks are passed over for want of it, to appear, and
 // says on the console where /var goes and which disks it passed over.
-func waitChooseVar(ctx context.Context, log *slog.Logger, sysBlock, devDir string, cl Cmdline, etcd *EtcdVolume) (varChoice, error) {
+func waitChooseVar(ctx context.Context, log *slog.Logger, sysBlock, devDir string, cl Cmdline, etcd *etcdvolume.Selection) (varChoice, error) {
 	var (
 		choice varChoice
 		chosen bool // choice is the last attempt's

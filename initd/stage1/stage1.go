@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -45,9 +46,10 @@ const (
 )
 
 // Run performs stage 1 and never returns on success (it execs systemd). It returns an error only
-// when it cannot go on; the caller prints it and waits.
-// An install boot is handed to install once the modules are loaded and the network is up.
-func Run(ctx context.Context, log *slog.Logger, install Installer) error {
+// when it cannot go on; the caller prints it and waits. console is where an install boot
+// prints its result line. An install boot is handed to package install once the modules are
+// loaded and the network is up.
+func Run(ctx context.Context, log *slog.Logger, console io.Writer) error {
 	start := time.Now()
 	if err := mountKernelFS(log); err != nil {
 		return err
@@ -67,7 +69,7 @@ func Run(ctx context.Context, log *slog.Logger, install Installer) error {
 	case modeLive:
 		info, err = bootLive(ctx, log, cl, modFailures)
 	case modeInstall:
-		return runInstall(ctx, log, cl, install, modFailures)
+		return runInstall(ctx, log, console, cl, modFailures)
 	default:
 		err = fmt.Errorf("kernel cmdline: a %s boot is not supported by this kiln-init", cl.mode())
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/initd/stage1"
-	"github.com/kilnproject/kiln/initd/stage1/install"
 )
 
 // runStage1 is PID 1. It must never return: a PID 1 that exits panics the kernel and hides why.
@@ -23,10 +22,7 @@ func runStage1() {
 			return a
 		},
 	})).With("prog", "kiln-init")
-	installer := func(ctx context.Context, log *slog.Logger, cl stage1.Cmdline) error {
-		return install.Run(ctx, log, console, cl.Kiln, install.Options{Cmdline: cl.Raw, DiskWait: cl.RootWait})
-	}
-	err := stage1.Run(context.Background(), log, installer)
+	err := stage1.Run(context.Background(), log, console)
 	fmt.Fprintf(console, "kiln-init: stage 1 failed: %v\n", err)
 	fmt.Fprintln(console, "kiln-init: cannot continue the boot; the machine waits here (power it off)")
 	for {

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
-	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 )
 
 // host is where the installer looks for disks: sysfs's block directory and the device nodes.
@@ -123,7 +123,7 @@ func readInt(file string) (int64, error) {
 
 // markEtcd sets hostDisk.etcd on the disks the etcd volume selector selects. It fails when the
 // selector selects none of them: the installer could not then tell the etcd disk apart.
-func markEtcd(disks []hostDisk, v *stage1.EtcdVolume) error {
+func markEtcd(disks []hostDisk, v *etcdvolume.Selection) error {
 	if v == nil {
 		return nil
 	}

@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
-	"github.com/kilnproject/kiln/initd/stage1"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/internal/decompress"
 	"github.com/kilnproject/kiln/internal/poll"
 )
@@ -78,10 +78,10 @@ type result struct {
 // returns an error saying why and, once the disk was touched, that it no longer boots.
 func install(ctx context.Context, log *slog.Logger, p params, o Options) (result, error) {
 	o = o.withDefaults(p)
-	var etcd *stage1.EtcdVolume
+	var etcd *etcdvolume.Selection
 	if p.configURL != "" {
 		var err error
-		if etcd, err = stage1.FetchEtcdVolume(ctx, log, o.Cmdline, o.httpClient); err != nil {
+		if etcd, err = etcdvolume.FetchSelection(ctx, log, o.Cmdline, o.httpClient); err != nil {
 			return result{}, fmt.Errorf("install: %w", err)
 		}
 	}
@@ -108,7 +108,7 @@ func install(ctx context.Context, log *slog.Logger, p params, o Options) (result
 
 // waitTarget chooses the target, looking again while the error says a disk is missing (see
 // missing), until o.DiskWait has passed, and logs the disks it kept clear of.
-func waitTarget(ctx context.Context, log *slog.Logger, o Options, p params, etcd *stage1.EtcdVolume, minSize int64) (hostDisk, error) {
+func waitTarget(ctx context.Context, log *slog.Logger, o Options, p params, etcd *etcdvolume.Selection, minSize int64) (hostDisk, error) {
 	var (
 		d     hostDisk
 		disks []hostDisk
@@ -146,7 +146,7 @@ func waitTarget(ctx context.Context, log *slog.Logger, o Options, p params, etcd
 // keep clear of it, wherever the installer could write over the etcd disk's data: with
 // kiln.install.dev=auto, and when the disk named holds data (kiln.install.wipe=1). A disk
 // named that is empty holds no etcd data, and a disk image (a regular file) is no etcd disk.
-func pickTarget(host host, p params, etcd *stage1.EtcdVolume, minSize int64) (hostDisk, []hostDisk, error) {
+func pickTarget(host host, p params, etcd *etcdvolume.Selection, minSize int64) (hostDisk, []hostDisk, error) {
 	disks, err := host.scan()
 	if err != nil {
 		return hostDisk{}, nil, err
@@ -176,7 +176,7 @@ func isScanned(disks []hostDisk, d hostDisk) bool {
 // logSkipped says on the console which disks the installer passed over for target and why:
 // the etcd volume always, and with auto every disk it may not or would not take. An etcd
 // volume selector that selects none of the disks is a warning.
-func logSkipped(log *slog.Logger, p params, etcd *stage1.EtcdVolume, disks []hostDisk, target hostDisk, minSize int64) {
+func logSkipped(log *slog.Logger, p params, etcd *etcdvolume.Selection, disks []hostDisk, target hostDisk, minSize int64) {
 	if etcd != nil && !slices.ContainsFunc(disks, func(d hostDisk) bool { return d.etcd != "" }) {
 		why := "it is empty, so it holds no etcd data either way"
 		if !isScanned(disks, target) {

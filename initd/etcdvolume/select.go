@@ -1,4 +1,4 @@
-package stage1
+package etcdvolume
 
 import (
 	"cmp"
@@ -14,33 +14,34 @@ import (
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// EtcdVolume is how a node config selects its etcd volume on metal: by serial or by a
-// /dev/disk/by-id name (etcd.volume.serial, etcd.volume.byId). A network boot keeps clear of
-// it: a live boot never puts /var on it, an install never writes it.
-type EtcdVolume struct {
-	serial string
-	byID   string
+// Selection is how a node config selects its etcd volume on metal: by serial or by a
+// /dev/disk/by-id name (etcd.volume.serial, etcd.volume.byId). Stage 1's network boots keep
+// clear of it: a live boot never puts /var on it, an install never writes it.
+type Selection struct {
+	Serial string
+	ByID   string
 }
 
-func (v EtcdVolume) String() string {
-	if v.serial != "" {
-		return "etcd.volume.serial=" + v.serial
+// String names the selection as node.yaml gives it: etcd.volume.serial=etcd-main.
+func (v Selection) String() string {
+	if v.Serial != "" {
+		return "etcd.volume.serial=" + v.Serial
 	}
-	return "etcd.volume.byId=" + v.byID
+	return "etcd.volume.byId=" + v.ByID
 }
 
 // Selects reports whether v selects the disk with ids (the names blockdev.ReadDiskIDs derives
 // from sysfs, as udev would).
-func (v EtcdVolume) Selects(ids blockdev.DiskIDs) bool {
-	return v.serial != "" && ids.SelectedBySerial(v.serial) || v.byID != "" && ids.SelectedByID(v.byID)
+func (v Selection) Selects(ids blockdev.DiskIDs) bool {
+	return v.Serial != "" && ids.SelectedBySerial(v.Serial) || v.ByID != "" && ids.SelectedByID(v.ByID)
 }
 
-// FetchEtcdVolume fetches the config kiln.config.url= names on the kernel command line cmdline
+// FetchSelection fetches the config kiln.config.url= names on the kernel command line cmdline
 // (as first boot will: same variables, retries and limits, and the configs it merges or
 // replaces itself with) and returns the etcd volume its node config (/etc/kiln/node.yaml in
 // storage.files) selects by serial or by-id name; nil when it has no node config, or one
 // without such an etcd volume. A nil client is http.DefaultClient.
-func FetchEtcdVolume(ctx context.Context, log *slog.Logger, cmdline string, client *http.Client) (*EtcdVolume, error) {
+func FetchSelection(ctx context.Context, log *slog.Logger, cmdline string, client *http.Client) (*Selection, error) {
 	client = cmp.Or(client, http.DefaultClient)
 	src := &source.CmdlineURL{Cmdline: cmdline, HTTPClient: client, Logger: log}
 	raw, err := src.Fetch(ctx)
@@ -58,7 +59,7 @@ func FetchEtcdVolume(ctx context.Context, log *slog.Logger, cmdline string, clie
 	if v.Serial == "" && v.ByID == "" {
 		return nil, nil
 	}
-	return &EtcdVolume{serial: v.Serial, byID: v.ByID}, nil
+	return &Selection{Serial: v.Serial, ByID: v.ByID}, nil
 }
 
 // nodeConfig parses the user config raw, renders it (ignition.config.merge and replace,
