@@ -88,18 +88,30 @@ func ScanDisks(sysBlock, devDir string) ([]Disk, error) {
 	var disks []Disk
 	for _, e := range ents {
 		name := e.Name()
-		sectors, err := ReadSysInt(filepath.Join(sysBlock, name, "size"))
-		if err != nil || sectors == 0 {
+		size, sectorSize, ok := DiskGeometry(filepath.Join(sysBlock, name))
+		if !ok {
 			continue
 		}
-		d := Disk{Name: name, Path: filepath.Join(devDir, name), Size: sectors * 512, SectorSize: 512}
-		if lbs, err := ReadSysInt(filepath.Join(sysBlock, name, "queue", "logical_block_size")); err == nil && lbs > 0 {
-			d.SectorSize = int(lbs)
-		}
+		d := Disk{Name: name, Path: filepath.Join(devDir, name), Size: size, SectorSize: sectorSize}
 		d.Partitions, d.Err = ReadGPT(d.Path, d.SectorSize)
 		disks = append(disks, d)
 	}
 	return disks, nil
+}
+
+// DiskGeometry reads a whole disk's size in bytes and its logical sector size (512 when sysfs
+// does not say) from its sysfs directory, /sys/block/<name>; ok is false for a disk without a
+// size (an empty loop device, a drive without a medium).
+func DiskGeometry(dir string) (size int64, sectorSize int, ok bool) {
+	sectors, err := ReadSysInt(filepath.Join(dir, "size"))
+	if err != nil || sectors == 0 {
+		return 0, 0, false
+	}
+	sectorSize = 512
+	if lbs, err := ReadSysInt(filepath.Join(dir, "queue", "logical_block_size")); err == nil && lbs > 0 {
+		sectorSize = int(lbs)
+	}
+	return sectors * 512, sectorSize, true
 }
 
 // ReadSysInt reads a sysfs attribute that holds one integer.

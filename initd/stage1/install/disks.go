@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
@@ -91,16 +90,13 @@ func (h host) scan() ([]hostDisk, error) {
 	var disks []hostDisk
 	for _, e := range ents {
 		dir := filepath.Join(h.sysBlockDir(), e.Name())
-		sectors, err := readInt(filepath.Join(dir, "size"))
-		if err != nil || sectors == 0 {
+		size, sectorSize, ok := blockdev.DiskGeometry(dir)
+		if !ok {
 			continue
 		}
-		d := hostDisk{name: e.Name(), path: filepath.Join(h.deviceDir(), e.Name()), size: sectors * 512, sectorSize: 512, ids: blockdev.ReadDiskIDs(dir)}
-		if lbs, err := readInt(filepath.Join(dir, "queue/logical_block_size")); err == nil && lbs > 0 {
-			d.sectorSize = int(lbs)
-		}
-		rm, _ := readInt(filepath.Join(dir, "removable"))
-		ro, _ := readInt(filepath.Join(dir, "ro"))
+		d := hostDisk{name: e.Name(), path: filepath.Join(h.deviceDir(), e.Name()), size: size, sectorSize: sectorSize, ids: blockdev.ReadDiskIDs(dir)}
+		rm, _ := blockdev.ReadSysInt(filepath.Join(dir, "removable"))
+		ro, _ := blockdev.ReadSysInt(filepath.Join(dir, "ro"))
 		d.removable, d.readOnly = rm == 1, ro == 1
 		if d.exclusion(0) == "" {
 			if d.holds, err = blockdev.ProbeDisk(d.path); err != nil {
@@ -111,14 +107,6 @@ func (h host) scan() ([]hostDisk, error) {
 		disks = append(disks, d)
 	}
 	return disks, nil
-}
-
-func readInt(file string) (int64, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
 // markEtcd sets hostDisk.etcd on the disks the etcd volume selector selects. It fails when the
