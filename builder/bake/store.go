@@ -43,13 +43,32 @@ func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifac
 		return err
 	}
 	defer os.RemoveAll(work)
-	var (
-		store []imagestore.Image
-		index []int // store[i] is images[index[i]]
-		flat  = map[digest.Digest]*rootfs.Tree{}
-	)
+	store, index, flat, err := b.flattenImages(images, infos, filepath.Join(work, "flat"))
+	if err != nil {
+		return err
+	}
+	o := b.storeOptions(work, runtime.Namespace)
+	if err := imagestore.Write(b.ctx, o, store); err != nil {
+		return fmt.Errorf("containerd store: %w", err)
+	}
+	if err := adoptStore(tree, o, store, flat); err != nil {
+		return err
+	}
+	for _, i := range index {
+		infos[i].Unpacked = true
+	}
+	b.log.Info("containerd store laid", "images", len(store), "of", len(images), "seconds", time.Since(t).Round(time.Millisecond).Seconds())
+	return nil
+}
+
+// flattenImages applies each image's layers into a tree below dir, for the store. An image
+// whose tree cannot be exact, or whose layers another image has too, is left to the import
+// at first boot, its info saying why. It returns the images for the store, the index in
+// images of each (store[i] is images[index[i]]), and their trees by chain ID.
+func (b *baker) flattenImages(images []*artifact.CachedImage, infos []nodeimage.ImageInfo, dir string) (store []imagestore.Image, index []int, flat map[digest.Digest]*rootfs.Tree, err error) {
+	flat = map[digest.Digest]*rootfs.Tree{}
 	for i, ci := range images {
-		im, sub, err := b.flattenImage(ci, filepath.Join(work, "flat", ci.Manifest.Digest.Hex))
+		im, sub, err := b.flattenImage(ci, filepath.Join(dir, ci.Manifest.Digest.Hex))
 		var inexact *rootfs.InexactError
 		if errors.As(err, &inexact) {
 			infos[i].ImportReason = err.Error()
@@ -57,7 +76,7 @@ func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifac
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("image %s: %w", ci.Name, err)
+			return nil, nil, nil, fmt.Errorf("image %s: %w", ci.Name, err)
 		}
 		if _, dup := flat[im.ChainID()]; dup {
 			infos[i].ImportReason = "another image of the profile has the same layers"
@@ -67,8 +86,13 @@ func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifac
 		store = append(store, im)
 		index = append(index, i)
 	}
-	treeDest := func(c digest.Digest) string { return filepath.Join(work, "trees", c.Encoded()) }
-	o := imagestore.Options{
+	return store, index, flat, nil
+}
+
+// storeOptions are the imagestore options of a store written below work, its images
+// recorded in the runtime's namespace.
+func (b *baker) storeOptions(work, namespace string) imagestore.Options {
+	return imagestore.Options{
 		Dir: filepath.Join(work, "store"),
 		HostBlob: func(d digest.Digest) string {
 			p, _ := b.o.Cache.Has(d.Encoded())
@@ -77,18 +101,20 @@ func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifac
 		NodeBlob: func(d digest.Digest) string {
 			return path.Join(nodeimage.ImagesPath, "blobs", d.Algorithm().String(), d.Encoded())
 		},
-		TreeDest:  treeDest,
+		TreeDest:  func(c digest.Digest) string { return filepath.Join(work, "trees", c.Encoded()) },
 		NodeTree:  func(c digest.Digest) string { return path.Join(nodeimage.SnapshotsPath, c.Encoded()) },
-		Namespace: runtime.Namespace,
+		Namespace: namespace,
 		Labels:    nodeimage.RuntimeImageLabels(),
 		Created:   b.o.Created,
 	}
-	if err := imagestore.Write(b.ctx, o, store); err != nil {
-		return fmt.Errorf("containerd store: %w", err)
-	}
+}
+
+// adoptStore puts the store written with o, and the trees of its images (flat, by chain ID),
+// into the image's tree, where only root enters them.
+func adoptStore(tree *rootfs.Tree, o imagestore.Options, store []imagestore.Image, flat map[digest.Digest]*rootfs.Tree) error {
 	for _, im := range store {
 		sub := flat[im.ChainID()]
-		sub.Dir = treeDest(im.ChainID())
+		sub.Dir = o.TreeDest(im.ChainID())
 		if err := tree.Adopt(path.Join(nodeimage.SnapshotsPath, im.ChainID().Encoded()), sub); err != nil {
 			return fmt.Errorf("image %s: %w", im.Name, err)
 		}
@@ -106,10 +132,6 @@ func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifac
 			return err
 		}
 	}
-	for _, i := range index {
-		infos[i].Unpacked = true
-	}
-	b.log.Info("containerd store laid", "images", len(store), "of", len(images), "seconds", time.Since(t).Round(time.Millisecond).Seconds())
 	return nil
 }
 

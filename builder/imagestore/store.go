@@ -115,9 +115,9 @@ func Write(ctx context.Context, o Options, imgs []Image) error {
 		}
 	}()
 	dbPath := filepath.Join(o.Dir, MetadataDir, MetadataFile)
-	bdb, err := bolt.Open(dbPath, 0o644, &bolt.Options{Timeout: 5 * time.Second})
+	bdb, db, err := openMetadata(ctx, dbPath, cs, sn)
 	if err != nil {
-		return fmt.Errorf("metadata database: %w", err)
+		return err
 	}
 	bdbClosed := false
 	defer func() {
@@ -125,32 +125,9 @@ func Write(ctx context.Context, o Options, imgs []Image) error {
 			bdb.Close()
 		}
 	}()
-	db := metadata.NewDB(bdb, cs, map[string]snapshots.Snapshotter{Snapshotter: sn})
-	if err := db.Init(ctx); err != nil {
-		return fmt.Errorf("metadata database: %w", err)
-	}
-
-	blobs := map[digest.Digest]blob{}
-	for _, im := range imgs {
-		if err := addBlobs(blobs, im); err != nil {
-			return err
-		}
-	}
-	for _, dg := range sortedDigests(blobs) {
-		if err := writeBlob(ctx, db.ContentStore(), o, blobs[dg]); err != nil {
-			return err
-		}
-	}
-	is := metadata.NewImageStore(db)
-	for _, im := range imgs {
-		if err := commitTree(ctx, db.Snapshotter(Snapshotter), o, im); err != nil {
-			return fmt.Errorf("image %s: %w", im.Name, err)
-		}
-		target := im.Manifest
-		target.Annotations, target.Platform = nil, nil
-		if _, err := is.Create(ctx, images.Image{Name: im.Name, Target: target, Labels: o.Labels}); err != nil {
-			return fmt.Errorf("image %s: %w", im.Name, err)
-		}
+	blobs, err := writeImages(ctx, db, o, imgs)
+	if err != nil {
+		return err
 	}
 	snClosed = true
 	if err := sn.Close(); err != nil {
@@ -160,8 +137,63 @@ func Write(ctx context.Context, o Options, imgs []Image) error {
 	if err := bdb.Close(); err != nil {
 		return err
 	}
-	// The blobs were read through symlinks to the host's copies; on the node they point at the
-	// image layout.
+	if err := linkBlobs(o, blobs); err != nil {
+		return err
+	}
+	for _, p := range []string{dbPath, filepath.Join(o.Dir, SnapshotterDir, "metadata.db")} {
+		if err := pinAndCompact(p, o.Created); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// openMetadata opens (creating it) the metadata database at dbPath over the content store cs
+// and the snapshotter sn. On an error, the database is closed again.
+func openMetadata(ctx context.Context, dbPath string, cs content.Store, sn snapshots.Snapshotter) (*bolt.DB, *metadata.DB, error) {
+	bdb, err := bolt.Open(dbPath, 0o644, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, nil, fmt.Errorf("metadata database: %w", err)
+	}
+	db := metadata.NewDB(bdb, cs, map[string]snapshots.Snapshotter{Snapshotter: sn})
+	if err := db.Init(ctx); err != nil {
+		bdb.Close()
+		return nil, nil, fmt.Errorf("metadata database: %w", err)
+	}
+	return bdb, db, nil
+}
+
+// writeImages records the images' blobs, their snapshots and the images themselves in db; it
+// returns the blobs.
+func writeImages(ctx context.Context, db *metadata.DB, o Options, imgs []Image) (map[digest.Digest]blob, error) {
+	blobs := map[digest.Digest]blob{}
+	for _, im := range imgs {
+		if err := addBlobs(blobs, im); err != nil {
+			return nil, err
+		}
+	}
+	for _, dg := range sortedDigests(blobs) {
+		if err := writeBlob(ctx, db.ContentStore(), o, blobs[dg]); err != nil {
+			return nil, err
+		}
+	}
+	is := metadata.NewImageStore(db)
+	for _, im := range imgs {
+		if err := commitTree(ctx, db.Snapshotter(Snapshotter), o, im); err != nil {
+			return nil, fmt.Errorf("image %s: %w", im.Name, err)
+		}
+		target := im.Manifest
+		target.Annotations, target.Platform = nil, nil
+		if _, err := is.Create(ctx, images.Image{Name: im.Name, Target: target, Labels: o.Labels}); err != nil {
+			return nil, fmt.Errorf("image %s: %w", im.Name, err)
+		}
+	}
+	return blobs, nil
+}
+
+// linkBlobs points the store's blobs at their copies on the node: they were read through
+// symlinks to the host's copies; on the node they point at the image layout.
+func linkBlobs(o Options, blobs map[digest.Digest]blob) error {
 	for dg := range blobs {
 		p := blobPath(o.Dir, dg)
 		if err := os.Remove(p); err != nil {
@@ -169,11 +201,6 @@ func Write(ctx context.Context, o Options, imgs []Image) error {
 		}
 		if err := os.Symlink(o.NodeBlob(dg), p); err != nil {
 			return err
-		}
-	}
-	for _, p := range []string{dbPath, filepath.Join(o.Dir, SnapshotterDir, "metadata.db")} {
-		if err := pinAndCompact(p, o.Created); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
 		}
 	}
 	return nil

@@ -70,6 +70,33 @@ func normalMAC(s string) (string, error) {
 
 // netArgs returns the QEMU arguments for cfg's links and its user network.
 func netArgs(cfg Config) ([]string, error) {
+	args, err := linkArgs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	user, err := userNetwork(cfg)
+	if err != nil {
+		return nil, err
+	}
+	nic := fmt.Sprintf("virtio-net-pci,netdev=%s,addr=%x", UserNetdev, userSlot)
+	if cfg.NetBoot != nil {
+		opt, err := cfg.NetBoot.userOption()
+		if err != nil {
+			return nil, err
+		}
+		nicOpts, err := cfg.NetBoot.nicOptions()
+		if err != nil {
+			return nil, err
+		}
+		user, nic = user+opt, nic+nicOpts
+	}
+	args = append(args, "-netdev", user, "-device", nic)
+	return args, nil
+}
+
+// linkArgs returns the QEMU arguments for cfg's links: a netdev on the link's multicast
+// group and a NIC with the link's MAC in the link's PCI slot.
+func linkArgs(cfg Config) ([]string, error) {
 	if len(cfg.Links) > MaxLinks {
 		return nil, fmt.Errorf("%d links: at most %d", len(cfg.Links), MaxLinks)
 	}
@@ -100,10 +127,16 @@ func netArgs(cfg Config) ([]string, error) {
 			"-netdev", fmt.Sprintf("socket,id=%s,mcast=%s,localaddr=127.0.0.1", id, LinkGroup(l.Name)),
 			"-device", fmt.Sprintf("virtio-net-pci,netdev=%s,mac=%s,addr=%x", id, mac, linkSlot+i))
 	}
+	return args, nil
+}
+
+// userNetwork returns the -netdev option of cfg's user network: its range, host and DHCP
+// addresses, whether it is restricted (offline), and its forwarded ports.
+func userNetwork(cfg Config) (string, error) {
 	user := "user,id=" + UserNetdev
 	if cfg.Net != "" {
 		if strings.Contains(cfg.Net, ",") {
-			return nil, fmt.Errorf("user network %q: want a range like 10.0.3.0/24", cfg.Net)
+			return "", fmt.Errorf("user network %q: want a range like 10.0.3.0/24", cfg.Net)
 		}
 		user += ",net=" + cfg.Net
 	}
@@ -115,15 +148,26 @@ func netArgs(cfg Config) ([]string, error) {
 		pfx, perr := netip.ParsePrefix(cfg.Net)
 		switch {
 		case err != nil || !ip.Is4():
-			return nil, fmt.Errorf("user network %s address %q: want an IPv4 address", a.opt, a.addr)
+			return "", fmt.Errorf("user network %s address %q: want an IPv4 address", a.opt, a.addr)
 		case cfg.Net == "" || perr != nil || !pfx.Contains(ip):
-			return nil, fmt.Errorf("user network %s address %s is not inside the network %q", a.opt, ip, cfg.Net)
+			return "", fmt.Errorf("user network %s address %s is not inside the network %q", a.opt, ip, cfg.Net)
 		}
 		user += "," + a.opt + "=" + ip.String()
 	}
 	if cfg.Offline {
 		user += ",restrict=on"
 	}
+	fwd, err := hostForwards(cfg)
+	if err != nil {
+		return "", err
+	}
+	return user + fwd, nil
+}
+
+// hostForwards returns the user network's hostfwd options for cfg's Forward and ForwardTo,
+// each in the order of its host side.
+func hostForwards(cfg Config) (string, error) {
+	var opts string
 	hosts := make([]string, 0, len(cfg.Forward))
 	for h := range cfg.Forward {
 		hosts = append(hosts, h)
@@ -135,12 +179,12 @@ func netArgs(cfg Config) ([]string, error) {
 			addr, port = "127.0.0.1", h
 		}
 		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || strings.Contains(addr, ",") {
-			return nil, fmt.Errorf("forward %q: want [ADDR:]PORT on the host", h)
+			return "", fmt.Errorf("forward %q: want [ADDR:]PORT on the host", h)
 		}
 		if g := cfg.Forward[h]; g < 1 || g > 65535 {
-			return nil, fmt.Errorf("forward %s: guest port %d out of range", h, g)
+			return "", fmt.Errorf("forward %s: guest port %d out of range", h, g)
 		}
-		user += fmt.Sprintf(",hostfwd=tcp:%s:%s-:%d", addr, port, cfg.Forward[h])
+		opts += fmt.Sprintf(",hostfwd=tcp:%s:%s-:%d", addr, port, cfg.Forward[h])
 	}
 	to := make([]string, 0, len(cfg.ForwardTo))
 	for h := range cfg.ForwardTo {
@@ -151,22 +195,9 @@ func netArgs(cfg Config) ([]string, error) {
 		hap, err := netip.ParseAddrPort(h)
 		gap, gerr := netip.ParseAddrPort(cfg.ForwardTo[h])
 		if err != nil || gerr != nil || !hap.Addr().Is4() || !gap.Addr().Is4() || hap.Port() == 0 || gap.Port() == 0 {
-			return nil, fmt.Errorf("forward %s to %s: want IPv4 ADDR:PORT on both sides", h, cfg.ForwardTo[h])
+			return "", fmt.Errorf("forward %s to %s: want IPv4 ADDR:PORT on both sides", h, cfg.ForwardTo[h])
 		}
-		user += fmt.Sprintf(",hostfwd=tcp:%s-%s", hap, gap)
+		opts += fmt.Sprintf(",hostfwd=tcp:%s-%s", hap, gap)
 	}
-	nic := fmt.Sprintf("virtio-net-pci,netdev=%s,addr=%x", UserNetdev, userSlot)
-	if cfg.NetBoot != nil {
-		opt, err := cfg.NetBoot.userOption()
-		if err != nil {
-			return nil, err
-		}
-		nicOpts, err := cfg.NetBoot.nicOptions()
-		if err != nil {
-			return nil, err
-		}
-		user, nic = user+opt, nic+nicOpts
-	}
-	args = append(args, "-netdev", user, "-device", nic)
-	return args, nil
+	return opts, nil
 }

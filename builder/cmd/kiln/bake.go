@@ -16,14 +16,8 @@ import (
 	"github.com/kilnproject/kiln/builder/bake"
 )
 
-func newBakeCmd() *cobra.Command {
-	var role, out, kilnInit string
-	var overlays []string
-	var withoutImages, importImages bool
-	cmd := &cobra.Command{
-		Use:   "bake DEFINITION --role ROLE",
-		Short: "Bake the image of one role from a definition",
-		Long: `Bake builds <out>/<image>-<role>.raw (GPT: ESP with systemd-boot, kernel and kiln's initramfs;
+// bakeLong is `kiln bake --help`.
+const bakeLong = `Bake builds <out>/<image>-<role>.raw (GPT: ESP with systemd-boot, kernel and kiln's initramfs;
 read-only root filesystem; a spare slot for updates), converts it to the definition's formats
 and writes <out>/<image>-<role>.json describing partitions, digests and versions. The pxe format
 is a directory <out>/<image>-<role>-pxe/ for network boots: the disk's kernel and initramfs, the
@@ -67,50 +61,72 @@ copies the store's few small files into /var/lib/containerd before containerd st
 are ready, nothing is imported or unpacked. An image holding what that directory cannot (file
 capabilities or other extended attributes, device nodes) is imported at first boot instead;
 image.json says which ("unpacked", "importReason"). --import-images lays the layout only, so that
-first boot imports every image, to measure what the store saves.`,
-		Example: `  kiln bake images/qemu.yaml --role worker -o out
+first boot imports every image, to measure what the store saves.`
+
+// bakeExample is `kiln bake`'s examples.
+const bakeExample = `  kiln bake images/qemu.yaml --role worker -o out
   kiln bake images/metal.yaml --role worker -o out   # metal-worker.raw and metal-worker-pxe/
   kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init
   kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml
   kiln bake images/qemu.yaml --role worker -o out-pull --without-images
-  kiln bake images/qemu.yaml --role worker -o out-import --import-images`,
-		Args: cobra.ExactArgs(1),
+  kiln bake images/qemu.yaml --role worker -o out-import --import-images`
+
+// bakeOptions are `kiln bake`'s flags.
+type bakeOptions struct {
+	role, out, kilnInit         string
+	overlays                    []string
+	withoutImages, importImages bool
+}
+
+func newBakeCmd() *cobra.Command {
+	var b bakeOptions
+	cmd := &cobra.Command{
+		Use:     "bake DEFINITION --role ROLE",
+		Short:   "Bake the image of one role from a definition",
+		Long:    bakeLong,
+		Example: bakeExample,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if kilnInit == "" {
-				kilnInit = defaultKilnInit()
-			}
-			cache, err := artifact.DefaultCache()
-			if err != nil {
-				return err
-			}
-			created, err := sourceDateEpoch()
-			if err != nil {
-				return err
-			}
-			res, err := bake.Bake(cmd.Context(), bake.Options{
-				Definition: args[0], Role: role, OutDir: out, KilnInit: kilnInit,
-				Cache: cache, Log: slog.Default(), Version: version, Created: created,
-				ProfileOverlays: overlays, WithoutImages: withoutImages, ImportImages: importImages,
-				ImageFetch: artifact.ImageFetch{Remote: artifact.RemoteOptions(authn.DefaultKeychain)},
-			})
-			if err != nil {
-				return err
-			}
-			logPeakMemory(slog.Default())
-			for _, o := range res.Outputs {
-				fmt.Fprintln(cmd.OutOrStdout(), o)
-			}
-			return nil
+			return b.run(cmd, args[0])
 		},
 	}
-	cmd.Flags().StringVar(&role, "role", "", "role profile to bake: worker, control-plane, etcd (profiles/<role>.yaml)")
-	cmd.Flags().StringVarP(&out, "output", "o", "out", "output directory")
-	cmd.Flags().StringVar(&kilnInit, "kiln-init", "", "static kiln-init binary to put in the image (default: $KILN_INIT, or kiln-init next to kiln)")
-	cmd.Flags().StringArrayVar(&overlays, "profile-overlay", nil, "YAML document replacing artifact url/path/sha256 and image source/digest by name (repeatable, applied in order)")
-	cmd.Flags().BoolVar(&withoutImages, "without-images", false, "leave the profile's pre-pulled images out: nodes pull them from a registry at first boot")
-	cmd.Flags().BoolVar(&importImages, "import-images", false, "lay the pre-pulled images as an OCI layout only, without containerd's store: first boot imports and unpacks them")
+	cmd.Flags().StringVar(&b.role, "role", "", "role profile to bake: worker, control-plane, etcd (profiles/<role>.yaml)")
+	cmd.Flags().StringVarP(&b.out, "output", "o", "out", "output directory")
+	cmd.Flags().StringVar(&b.kilnInit, "kiln-init", "", "static kiln-init binary to put in the image (default: $KILN_INIT, or kiln-init next to kiln)")
+	cmd.Flags().StringArrayVar(&b.overlays, "profile-overlay", nil, "YAML document replacing artifact url/path/sha256 and image source/digest by name (repeatable, applied in order)")
+	cmd.Flags().BoolVar(&b.withoutImages, "without-images", false, "leave the profile's pre-pulled images out: nodes pull them from a registry at first boot")
+	cmd.Flags().BoolVar(&b.importImages, "import-images", false, "lay the pre-pulled images as an OCI layout only, without containerd's store: first boot imports and unpacks them")
 	_ = cmd.MarkFlagRequired("role")
 	return cmd
+}
+
+// run bakes the role's image from definition and prints the outputs it wrote.
+func (b *bakeOptions) run(cmd *cobra.Command, definition string) error {
+	if b.kilnInit == "" {
+		b.kilnInit = defaultKilnInit()
+	}
+	cache, err := artifact.DefaultCache()
+	if err != nil {
+		return err
+	}
+	created, err := sourceDateEpoch()
+	if err != nil {
+		return err
+	}
+	res, err := bake.Bake(cmd.Context(), bake.Options{
+		Definition: definition, Role: b.role, OutDir: b.out, KilnInit: b.kilnInit,
+		Cache: cache, Log: slog.Default(), Version: version, Created: created,
+		ProfileOverlays: b.overlays, WithoutImages: b.withoutImages, ImportImages: b.importImages,
+		ImageFetch: artifact.ImageFetch{Remote: artifact.RemoteOptions(authn.DefaultKeychain)},
+	})
+	if err != nil {
+		return err
+	}
+	logPeakMemory(slog.Default())
+	for _, o := range res.Outputs {
+		fmt.Fprintln(cmd.OutOrStdout(), o)
+	}
+	return nil
 }
 
 // defaultKilnInit finds the kiln-init binary: $KILN_INIT, else next to the kiln executable.

@@ -23,16 +23,8 @@ func newClusterCmd() *cobra.Command {
 	return cmd
 }
 
-func newClusterInitCmd() *cobra.Command {
-	var (
-		s     cluster.Spec
-		out   string
-		force bool
-	)
-	cmd := &cobra.Command{
-		Use:   "init --name NAME --dns-zone ZONE -o DIR",
-		Short: "Write a new cluster's CAs, admin kubeconfig, bootstrap token and one Ignition config per node",
-		Long: `Init generates what a cluster needs before its first node boots, like kubeadm init and
+// clusterInitLong is `kiln cluster init --help`.
+const clusterInitLong = `Init generates what a cluster needs before its first node boots, like kubeadm init and
 talosctl gen config together: the cluster CA, front-proxy CA, etcd CA and service-account key
 (kubeadm layout in DIR/pki), DIR/admin.conf, DIR/bootstrap-token, DIR/cluster.yaml and one
 Ignition config per node, DIR/<node>.ign. Boot each node's image with its .ign (kiln run
@@ -53,8 +45,10 @@ one at a time as learners, each promoted once it caught up, so the nodes may boo
 order or all at once.
 
 Secrets are written 0600 and DIR is 0700. DIR is built beside itself and renamed into place;
-an existing non-empty DIR is refused unless --force.`,
-		Example: `  # one control plane, one worker, API on the default name api.internal.demo.k8s.example.com
+an existing non-empty DIR is refused unless --force.`
+
+// clusterInitExample is `kiln cluster init`'s examples.
+const clusterInitExample = `  # one control plane, one worker, API on the default name api.internal.demo.k8s.example.com
   kiln cluster init --name demo --dns-zone k8s.example.com -o demo
   kiln run out/qemu-control-plane.qcow2 --config demo/demo-cp-1.ign
 
@@ -71,8 +65,20 @@ an existing non-empty DIR is refused unless --force.`,
   kiln cluster init --name prod --dns-zone k8s.example.com --etcd-nodes 3 --control-planes 3 -o prod
 
   # control planes on emulated CPUs (kiln run --accel tcg): leader leases that survive stalls
-  kiln cluster init --name demo --dns-zone kiln.test --slow-control-plane -o demo`,
-		Args: cobra.NoArgs,
+  kiln cluster init --name demo --dns-zone kiln.test --slow-control-plane -o demo`
+
+func newClusterInitCmd() *cobra.Command {
+	var (
+		s     cluster.Spec
+		out   string
+		force bool
+	)
+	cmd := &cobra.Command{
+		Use:     "init --name NAME --dns-zone ZONE -o DIR",
+		Short:   "Write a new cluster's CAs, admin kubeconfig, bootstrap token and one Ignition config per node",
+		Long:    clusterInitLong,
+		Example: clusterInitExample,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := cluster.Init(out, s, force, time.Now())
 			if err != nil {

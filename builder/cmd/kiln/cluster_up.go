@@ -16,17 +16,8 @@ import (
 	"github.com/kilnproject/kiln/builder/vm"
 )
 
-func newClusterUpCmd() *cobra.Command {
-	var (
-		o        qemucluster.Options
-		accel    string
-		timeout  time.Duration
-		sshFiles []string
-	)
-	cmd := &cobra.Command{
-		Use:   "up --name NAME [--control-planes 1|3] [--etcd-nodes 0|1|3|5] [--workers N] [--image-dir out]",
-		Short: "Boot a whole cluster of baked images in QEMU in the background and wait until every node is Ready",
-		Long: `Up runs a cluster on this host as kind or talosctl cluster create do: it bakes nothing but
+// clusterUpLong is `kiln cluster up --help`; %s is the default state directory.
+const clusterUpLong = `Up runs a cluster on this host as kind or talosctl cluster create do: it bakes nothing but
 takes the baked images DIR/<image>-control-plane.qcow2 (or .raw), DIR/<image>-worker.qcow2 and,
 with --etcd-nodes, DIR/<image>-etcd.qcow2; runs cluster init (nodes NAME-cp-1..3,
 NAME-etcd-1..N, NAME-worker-1..N, the API at api.internal.NAME.ZONE), gives each node a
@@ -63,11 +54,13 @@ DNS: the hosts provider. Every node's config seeds /etc/hosts with every name of
 plane). The addresses are fixed before the first boot, so every name is known in advance;
 a BIND on the host would need the host's port 53 to be reachable from offline guests.
 
-The state directory (default ` + qemucluster.DefaultStateDir("NAME") + `) holds cluster.json,
+The state directory (default %s) holds cluster.json,
 admin.conf, init/ (cluster init's output), and nodes/<node>/ with disk.qcow2, etcd.qcow2,
 config.ign, console.log, qemu.log and qemu.pid. A second up of a cluster that exists is
-refused. When the wait times out the nodes keep running: kiln cluster status shows them.`,
-		Example: `  # three etcd nodes, one control plane and a worker from out/, under TCG
+refused. When the wait times out the nodes keep running: kiln cluster status shows them.`
+
+// clusterUpExample is `kiln cluster up`'s examples.
+const clusterUpExample = `  # three etcd nodes, one control plane and a worker from out/, under TCG
   kiln cluster up --name demo --etcd-nodes 3 --control-planes 1 --workers 1 --image-dir out --accel tcg
   KUBECONFIG=~/.local/state/kiln/clusters/demo/admin.conf kubectl get nodes
 
@@ -82,44 +75,29 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
   # one control plane and one worker, state in ./demo
   kiln cluster up --name demo --state-dir demo --image-dir out
   kiln cluster status --state-dir demo
-  kiln cluster down --state-dir demo`,
-		Args: cobra.NoArgs,
+  kiln cluster down --state-dir demo`
+
+// clusterUpOptions are `kiln cluster up`'s flags.
+type clusterUpOptions struct {
+	o        qemucluster.Options
+	accel    string
+	timeout  time.Duration
+	sshFiles []string
+}
+
+func newClusterUpCmd() *cobra.Command {
+	var u clusterUpOptions
+	cmd := &cobra.Command{
+		Use:     "up --name NAME [--control-planes 1|3] [--etcd-nodes 0|1|3|5] [--workers N] [--image-dir out]",
+		Short:   "Boot a whole cluster of baked images in QEMU in the background and wait until every node is Ready",
+		Long:    fmt.Sprintf(clusterUpLong, qemucluster.DefaultStateDir("NAME")),
+		Example: clusterUpExample,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			var err error
-			if o.SSHKeys, err = readSSHKeys(sshFiles); err != nil {
-				return err
-			}
-			if o.Accel, err = clusterAccel(ctx, accel, o); err != nil {
-				return err
-			}
-			if !cmd.Flags().Changed("slow-control-plane") {
-				// Emulated CPUs stall for seconds: the default timings time out there.
-				o.SlowCP = o.Accel == "tcg"
-			}
-			s, err := qemucluster.Create(ctx, o, time.Now())
-			if err != nil {
-				return err
-			}
-			w := cmd.OutOrStdout()
-			timings := "default timings"
-			if o.SlowCP {
-				timings = "slow-control-plane timings"
-			}
-			fmt.Fprintf(w, "cluster %s in %s (accel %s, %s, API %s)\n", s.Name, s.Dir, s.Accel, timings, s.APIEndpoint())
-			var names []string
-			for _, n := range s.Nodes {
-				names = append(names, n.Name)
-			}
-			p := newProgressPrinter(w, names)
-			start := time.Now()
-			if err := s.StartAll(ctx, timeout, p.report); err != nil {
-				return err
-			}
-			fmt.Fprintf(w, "every node Ready after %s\n  export KUBECONFIG=%s\n", time.Since(start).Round(time.Second), s.Kubeconfig())
-			return nil
+			return u.run(cmd)
 		},
 	}
+	o := &u.o
 	f := cmd.Flags()
 	f.StringVar(&o.Name, "name", "", "cluster name (an RFC 1123 label)")
 	f.StringVar(&o.Zone, "dns-zone", qemucluster.DefaultZone, "DNS zone of the cluster's names")
@@ -129,7 +107,7 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 	f.StringVar(&o.ImageDir, "image-dir", "out", "directory of the baked images")
 	f.StringVar(&o.Image, "image", "qemu", "image name: the disks are <image>-control-plane and <image>-worker")
 	f.StringVar(&o.StateDir, "state-dir", "", "state directory (default "+qemucluster.DefaultStateDir("NAME")+")")
-	f.StringVar(&accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL, else auto: KVM if a test boot works)")
+	f.StringVar(&u.accel, "accel", "", "auto, kvm or tcg (default $KILN_ACCEL, else auto: KVM if a test boot works)")
 	f.IntVar(&o.ControlPlane.CPUs, "cp-cpus", 2, "vCPUs per control plane (with 1, the control planes' preflight ignores kubeadm's 2-CPU check: node.yaml preflight.ignore [cpus])")
 	f.IntVar(&o.ControlPlane.MemoryMB, "cp-memory", 3072, "MiB per control plane")
 	f.IntVar(&o.Worker.CPUs, "worker-cpus", 1, "vCPUs per worker")
@@ -140,10 +118,49 @@ refused. When the wait times out the nodes keep running: kiln cluster status sho
 	f.StringVar(&o.EtcdDiskSize, "etcd-disk-size", "2G", "size of each etcd member's etcd disk (sparse)")
 	f.IntVar(&o.APIPort, "api-port", 0, "host port of the first control plane's API, the next ones on the following ports (default: free ports)")
 	f.BoolVar(&o.SlowCP, "slow-control-plane", false, "longer leader-election and etcd Raft timings, for emulated or shared CPUs (as cluster init --slow-control-plane); default on under TCG")
-	f.DurationVar(&timeout, "timeout", 60*time.Minute, "how long to wait for every node to be Ready")
-	f.StringArrayVar(&sshFiles, "ssh-key", nil, "public key file (authorized_keys format) root accepts on every node; enables each node's ssh server on a port of 127.0.0.1 that kiln cluster status names (repeatable)")
+	f.DurationVar(&u.timeout, "timeout", 60*time.Minute, "how long to wait for every node to be Ready")
+	f.StringArrayVar(&u.sshFiles, "ssh-key", nil, "public key file (authorized_keys format) root accepts on every node; enables each node's ssh server on a port of 127.0.0.1 that kiln cluster status names (repeatable)")
 	cmd.MarkFlagRequired("name")
 	return cmd
+}
+
+// run creates the cluster, starts every node and waits until each is Ready, printing its
+// progress on the command's output.
+func (u *clusterUpOptions) run(cmd *cobra.Command) error {
+	o := &u.o
+	ctx := cmd.Context()
+	var err error
+	if o.SSHKeys, err = readSSHKeys(u.sshFiles); err != nil {
+		return err
+	}
+	if o.Accel, err = clusterAccel(ctx, u.accel, *o); err != nil {
+		return err
+	}
+	if !cmd.Flags().Changed("slow-control-plane") {
+		// Emulated CPUs stall for seconds: the default timings time out there.
+		o.SlowCP = o.Accel == "tcg"
+	}
+	s, err := qemucluster.Create(ctx, *o, time.Now())
+	if err != nil {
+		return err
+	}
+	w := cmd.OutOrStdout()
+	timings := "default timings"
+	if o.SlowCP {
+		timings = "slow-control-plane timings"
+	}
+	fmt.Fprintf(w, "cluster %s in %s (accel %s, %s, API %s)\n", s.Name, s.Dir, s.Accel, timings, s.APIEndpoint())
+	var names []string
+	for _, n := range s.Nodes {
+		names = append(names, n.Name)
+	}
+	p := newProgressPrinter(w, names)
+	start := time.Now()
+	if err := s.StartAll(ctx, u.timeout, p.report); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "every node Ready after %s\n  export KUBECONFIG=%s\n", time.Since(start).Round(time.Second), s.Kubeconfig())
+	return nil
 }
 
 // clusterAccel resolves --accel; auto boots the control-plane image's kernel under KVM.

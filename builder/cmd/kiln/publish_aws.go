@@ -17,14 +17,8 @@ import (
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
-func newPublishAWSCmd() *cobra.Command {
-	var region, name, format, endpoint string
-	var tags, shareWith, copyTo []string
-	var insecureHTTP bool
-	cmd := &cobra.Command{
-		Use:   "aws IMAGE.raw --region REGION --name NAME",
-		Short: "Upload a raw image into an EBS snapshot and register it as an AMI",
-		Long: `Publish aws uploads the raw output of a bake through the EBS direct APIs (no S3 bucket, no VM
+// publishAWSLong is `kiln publish aws --help`.
+const publishAWSLong = `Publish aws uploads the raw output of a bake through the EBS direct APIs (no S3 bucket, no VM
 import role): every 512 KiB block that is not all zeros is put, in parallel, with its SHA-256,
 and the snapshot is completed with the blocks' aggregate checksum. The file is checked against
 the SHA-256 in its metadata (<image>-<role>.json beside it) as it is read. kiln then waits for
@@ -60,55 +54,77 @@ anything is sent (the signature and session token would go in clear text) unless
 
 -o json prints {"imageId","snapshotId","region","copies":{region: id},"reused","reason"}
 for the next CI step; "reason", present when an AMI or a snapshot was reused, names it and
-says why kiln took it for this file.`,
-		Example: `  kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-aws-worker-$(date +%Y%m%d)
+says why kiln took it for this file.`
+
+// publishAWSExample is `kiln publish aws`'s examples.
+const publishAWSExample = `  kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-aws-worker-$(date +%Y%m%d)
   kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-worker-v1.2.0 \
       --tag team=platform --share-with 123456789012 --copy-to us-east-1 -o json
 
   # against a local emulator that speaks plain http
   kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-test \
-      --endpoint-url http://127.0.0.1:4566 --insecure-http`,
-		Args: cobra.ExactArgs(1),
+      --endpoint-url http://127.0.0.1:4566 --insecure-http`
+
+// publishAWSOptions are `kiln publish aws`'s flags.
+type publishAWSOptions struct {
+	region, name, format, endpoint string
+	tags, shareWith, copyTo        []string
+	insecureHTTP                   bool
+}
+
+func newPublishAWSCmd() *cobra.Command {
+	var p publishAWSOptions
+	cmd := &cobra.Command{
+		Use:     "aws IMAGE.raw --region REGION --name NAME",
+		Short:   "Upload a raw image into an EBS snapshot and register it as an AMI",
+		Long:    publishAWSLong,
+		Example: publishAWSExample,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if format != "table" && format != "json" {
-				return exitcode.Usagef("-o: unknown output format %q (want table or json)", format)
-			}
-			req, err := awsRequest(name, region, tags, shareWith, copyTo)
-			if err != nil {
-				return err
-			}
-			if err := checkEndpoint(endpoint, insecureHTTP, "--insecure-http"); err != nil {
-				return exitcode.Usagef("--endpoint-url: %v", err)
-			}
-			im, err := publish.Load(args[0])
-			if err != nil {
-				return err
-			}
-			if im.Format() != "raw" {
-				return exitcode.Usagef("%s is a %s image: publish the .raw output of the bake", args[0], im.Format())
-			}
-			cfg, err := config.LoadDefaultConfig(cmd.Context(), config.WithRegion(region))
-			if err != nil {
-				return fmt.Errorf("publish aws: AWS configuration: %w", err)
-			}
-			a := aws.New(aws.Config{Config: cfg, Endpoint: endpoint, InsecureHTTP: insecureHTTP})
-			a.Request, a.Log = req, slog.Default()
-			a.Progress = newProgress(cmd.ErrOrStderr(), a.Log)
-			return publishTo(cmd, a, im, format)
+			return p.run(cmd, args[0])
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&region, "region", "", "the region to publish in (required)")
-	f.StringVar(&name, "name", "", "the AMI's name, in every region (required)")
-	f.StringArrayVar(&tags, "tag", nil, "K=V: a tag on the snapshot and the AMIs (repeatable)")
-	f.StringArrayVar(&shareWith, "share-with", nil, "an account id allowed to launch the AMI (repeatable)")
-	f.StringArrayVar(&copyTo, "copy-to", nil, "a region to copy the AMI to (repeatable)")
-	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
-	f.StringVar(&endpoint, "endpoint-url", "", "the URL of EBS, EC2 and STS (an emulator or a private endpoint)")
-	f.BoolVar(&insecureHTTP, "insecure-http", false, "allow an http:// endpoint, the signatures and session token in clear text (emulators only)")
+	f.StringVar(&p.region, "region", "", "the region to publish in (required)")
+	f.StringVar(&p.name, "name", "", "the AMI's name, in every region (required)")
+	f.StringArrayVar(&p.tags, "tag", nil, "K=V: a tag on the snapshot and the AMIs (repeatable)")
+	f.StringArrayVar(&p.shareWith, "share-with", nil, "an account id allowed to launch the AMI (repeatable)")
+	f.StringArrayVar(&p.copyTo, "copy-to", nil, "a region to copy the AMI to (repeatable)")
+	f.StringVarP(&p.format, "output", "o", "table", "output format: table or json")
+	f.StringVar(&p.endpoint, "endpoint-url", "", "the URL of EBS, EC2 and STS (an emulator or a private endpoint)")
+	f.BoolVar(&p.insecureHTTP, "insecure-http", false, "allow an http:// endpoint, the signatures and session token in clear text (emulators only)")
 	_ = cmd.MarkFlagRequired("region")
 	_ = cmd.MarkFlagRequired("name")
 	return cmd
+}
+
+// run checks the flags and publishes the raw image at file as an AMI.
+func (p *publishAWSOptions) run(cmd *cobra.Command, file string) error {
+	if p.format != "table" && p.format != "json" {
+		return exitcode.Usagef("-o: unknown output format %q (want table or json)", p.format)
+	}
+	req, err := awsRequest(p.name, p.region, p.tags, p.shareWith, p.copyTo)
+	if err != nil {
+		return err
+	}
+	if err := checkEndpoint(p.endpoint, p.insecureHTTP, "--insecure-http"); err != nil {
+		return exitcode.Usagef("--endpoint-url: %v", err)
+	}
+	im, err := publish.Load(file)
+	if err != nil {
+		return err
+	}
+	if im.Format() != "raw" {
+		return exitcode.Usagef("%s is a %s image: publish the .raw output of the bake", file, im.Format())
+	}
+	cfg, err := config.LoadDefaultConfig(cmd.Context(), config.WithRegion(p.region))
+	if err != nil {
+		return fmt.Errorf("publish aws: AWS configuration: %w", err)
+	}
+	a := aws.New(aws.Config{Config: cfg, Endpoint: p.endpoint, InsecureHTTP: p.insecureHTTP})
+	a.Request, a.Log = req, slog.Default()
+	a.Progress = newProgress(cmd.ErrOrStderr(), a.Log)
+	return publishTo(cmd, a, im, p.format)
 }
 
 // awsRequest makes the publish request of the flags, refusing bad ones as usage errors

@@ -14,19 +14,8 @@ import (
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
-func newPublishGCECmd() *cobra.Command {
-	var (
-		o         gce.Options
-		labels    []string
-		format    string
-		chunkMiB  int
-		noAuth    bool
-		endpoints = map[string]*string{"--storage-endpoint": &o.StorageEndpoint, "--compute-endpoint": &o.ComputeEndpoint}
-	)
-	cmd := &cobra.Command{
-		Use:   "gce IMAGE.tar.gz --project P --bucket B --name N",
-		Short: "Upload a gce image to Cloud Storage and create a Compute Engine image from it",
-		Long: `Publish gce takes the gce output of a bake (<image>-<role>.tar.gz: disk.raw in a sparse tar,
+// publishGCELong is `kiln publish gce --help`.
+const publishGCELong = `Publish gce takes the gce output of a bake (<image>-<role>.tar.gz: disk.raw in a sparse tar,
 with <image>-<role>.json beside it), checks its SHA-256 against that metadata, uploads it to
 the bucket as gs://B/<name>.tar.gz (--object) in a resumable upload whose CRC32C and MD5
 Cloud Storage checks, creates the image N from it (UEFI_COMPATIBLE, VIRTIO_SCSI_MULTIQUEUE,
@@ -60,68 +49,95 @@ fakes; a plain-http endpoint is refused without it, so credentials never go in c
 -o json prints {"image", "selfLink", "object", "reused", "reason"} for the next step of a CI
 job; "object" is the gs:// URL the image was made from, empty when it was reused; "reason",
 present when the image was reused, says which image it is and why kiln took it for this
-file.`,
-		Example: `  kiln bake images/gce.yaml --role worker -o out
+file.`
+
+// publishGCEExample is `kiln publish gce`'s examples.
+const publishGCEExample = `  kiln bake images/gce.yaml --role worker -o out
   kiln publish gce out/gce-worker.tar.gz --project my-project --bucket my-images \
       --name kiln-worker-20261203 --family kiln-worker --label role=worker -o json
 
   # against a local Cloud Storage emulator and Compute fake
   kiln publish gce out/gce-worker.tar.gz --project p --bucket b --name n --no-auth \
-      --storage-endpoint http://127.0.0.1:4443 --compute-endpoint http://127.0.0.1:8080`,
-		Args: cobra.ExactArgs(1),
+      --storage-endpoint http://127.0.0.1:4443 --compute-endpoint http://127.0.0.1:8080`
+
+// publishGCEOptions are `kiln publish gce`'s flags.
+type publishGCEOptions struct {
+	o        gce.Options
+	labels   []string
+	format   string
+	chunkMiB int
+	noAuth   bool
+}
+
+func newPublishGCECmd() *cobra.Command {
+	var g publishGCEOptions
+	cmd := &cobra.Command{
+		Use:     "gce IMAGE.tar.gz --project P --bucket B --name N",
+		Short:   "Upload a gce image to Cloud Storage and create a Compute Engine image from it",
+		Long:    publishGCELong,
+		Example: publishGCEExample,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if format != "table" && format != "json" {
-				return exitcode.Usagef("-o: unknown output format %q (want table or json)", format)
-			}
-			if err := gce.CheckImageName(o.Name); err != nil {
-				return exitcode.Usagef("--name: %v", err)
-			}
-			if o.Family != "" {
-				if err := gce.CheckImageName(o.Family); err != nil {
-					return exitcode.Usagef("--family: %v", err)
-				}
-			}
-			var err error
-			if o.Labels, err = gce.ParseLabels(labels); err != nil {
-				return exitcode.Usagef("--label %v", err)
-			}
-			if chunkMiB < 1 {
-				return exitcode.Usagef("--chunk-size: %d MiB, want at least 1", chunkMiB)
-			}
-			for flag, ep := range endpoints {
-				if err := checkEndpoint(*ep, noAuth, "--no-auth"); err != nil {
-					return exitcode.Usagef("%s: %v", flag, err)
-				}
-			}
-			if noAuth {
-				o.ClientOptions = append(o.ClientOptions, option.WithoutAuthentication())
-			}
-			im, err := gce.Load(args[0])
-			if err != nil {
-				return fmt.Errorf("publish gce: %w", err)
-			}
-			o.ChunkSize, o.Log = chunkMiB<<20, slog.Default()
-			o.Progress = gceProgress(cmd.ErrOrStderr())
-			return publishTo(cmd, &gce.Publisher{Options: o}, im, format)
+			return g.run(cmd, args[0])
 		},
 	}
+	o := &g.o
 	f := cmd.Flags()
 	f.StringVar(&o.Project, "project", "", "the Google Cloud project of the image")
 	f.StringVar(&o.Bucket, "bucket", "", "the Cloud Storage bucket the tarball is uploaded to")
 	f.StringVar(&o.Name, "name", "", "the image's name")
 	f.StringVar(&o.Family, "family", "", "the image family")
-	f.StringArrayVar(&labels, "label", nil, "a label KEY=VALUE on the image (repeatable; lowercase letters, digits, _ and -)")
+	f.StringArrayVar(&g.labels, "label", nil, "a label KEY=VALUE on the image (repeatable; lowercase letters, digits, _ and -)")
 	f.StringVar(&o.Object, "object", "", "the object's name in the bucket (default <name>.tar.gz)")
 	f.BoolVar(&o.KeepObject, "keep-object", false, "keep the uploaded object once the image is created (by default it is deleted)")
-	f.IntVar(&chunkMiB, "chunk-size", 16, "MiB sent per request of the resumable upload; a failed chunk is sent again")
+	f.IntVar(&g.chunkMiB, "chunk-size", 16, "MiB sent per request of the resumable upload; a failed chunk is sent again")
 	f.StringVar(&o.StorageEndpoint, "storage-endpoint", "", "Cloud Storage API endpoint URL (private endpoint, emulator)")
 	f.StringVar(&o.ComputeEndpoint, "compute-endpoint", "", "Compute Engine API endpoint URL (private endpoint, fake)")
-	f.BoolVar(&noAuth, "no-auth", false, "send no credentials (emulators and test fakes only)")
-	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
+	f.BoolVar(&g.noAuth, "no-auth", false, "send no credentials (emulators and test fakes only)")
+	f.StringVarP(&g.format, "output", "o", "table", "output format: table or json")
 	for _, name := range []string{"project", "bucket", "name"} {
 		_ = cmd.MarkFlagRequired(name)
 	}
 	return cmd
+}
+
+// run checks the flags and publishes the gce image at file.
+func (g *publishGCEOptions) run(cmd *cobra.Command, file string) error {
+	o := &g.o
+	if g.format != "table" && g.format != "json" {
+		return exitcode.Usagef("-o: unknown output format %q (want table or json)", g.format)
+	}
+	if err := gce.CheckImageName(o.Name); err != nil {
+		return exitcode.Usagef("--name: %v", err)
+	}
+	if o.Family != "" {
+		if err := gce.CheckImageName(o.Family); err != nil {
+			return exitcode.Usagef("--family: %v", err)
+		}
+	}
+	var err error
+	if o.Labels, err = gce.ParseLabels(g.labels); err != nil {
+		return exitcode.Usagef("--label %v", err)
+	}
+	if g.chunkMiB < 1 {
+		return exitcode.Usagef("--chunk-size: %d MiB, want at least 1", g.chunkMiB)
+	}
+	endpoints := map[string]*string{"--storage-endpoint": &o.StorageEndpoint, "--compute-endpoint": &o.ComputeEndpoint}
+	for flag, ep := range endpoints {
+		if err := checkEndpoint(*ep, g.noAuth, "--no-auth"); err != nil {
+			return exitcode.Usagef("%s: %v", flag, err)
+		}
+	}
+	if g.noAuth {
+		o.ClientOptions = append(o.ClientOptions, option.WithoutAuthentication())
+	}
+	im, err := gce.Load(file)
+	if err != nil {
+		return fmt.Errorf("publish gce: %w", err)
+	}
+	o.ChunkSize, o.Log = g.chunkMiB<<20, slog.Default()
+	o.Progress = gceProgress(cmd.ErrOrStderr())
+	return publishTo(cmd, &gce.Publisher{Options: *o}, im, g.format)
 }
 
 // checkEndpoint refuses an endpoint that is not an http(s) URL, and a plain-http one unless
