@@ -20,117 +20,168 @@ import (
 // what the config gives programs the image lacks (checkPrograms). Every
 // finding is a FieldError naming the JSON path; all are returned together.
 func (c *Config) CheckImage(img *nodeimage.Contents) error {
-	ign := c.Ignition
-	var errs []error
-	where := strings.Join(img.Writable, ", ")
-	writable := func(field, p string) {
-		if !img.IsWritable(p) {
-			errs = append(errs, &FieldError{Path: field, Err: fmt.Errorf("%s is on the image's read-only root; a node writes only below %s", p, where)})
-		}
-	}
-	users := slices.Clone(img.Users)
-	groups := slices.Clone(img.Groups)
-	for _, g := range ign.Passwd.Groups {
-		groups = append(groups, g.Name)
-	}
-	for _, u := range ign.Passwd.Users {
-		users = append(users, u.Name)
-		if u.NoUserGroup == nil || !*u.NoUserGroup {
-			groups = append(groups, u.Name) // useradd makes the user's own group
-		}
-	}
+	k := newImageCheck(c, img)
+	written := k.checkNodes(c.Ignition.Storage)
+	k.checkUsers(c.Ignition.Passwd.Users)
+	k.checkUnits(c.Ignition.Systemd.Units, written)
+	c.checkPrograms(img, k.add)
+	return k.err()
+}
+
+// imageCheck gathers what CheckImage finds, in the order it finds it.
+type imageCheck struct {
+	img    *nodeimage.Contents
+	where  string   // the image's writable locations, for messages
+	users  []string // the image's users and the config's
+	groups []string // the image's groups, the config's and its users' own
+	errs   []error
 	// A finding that many fields share (a missing user or group, a missing program) is named
 	// once, at its first field, with how many more name it.
-	findings := map[string]*finding{}
-	add := func(key, field string, msg func(more int) string) {
-		if f := findings[key]; f != nil {
-			f.more++
-			return
-		}
-		f := &finding{msg: msg, err: &FieldError{Path: field}}
-		findings[key] = f
-		errs = append(errs, f.err)
-	}
-	note := func(kind, field, name string) {
-		add(kind+" "+name, field, func(more int) string {
-			msg := fmt.Sprintf("%s %q is neither in the image nor in passwd.%ss", kind, name, kind)
-			if more > 0 {
-				msg += fmt.Sprintf(" (%d more fields name it too)", more)
-			}
-			return msg
-		})
-	}
-	group := func(field, name string) {
-		if name != "" && !slices.Contains(groups, name) {
-			note("group", field, name)
-		}
-	}
-	owner := func(field string, n types.Node) {
-		if name := deref(n.User.Name); name != "" && !slices.Contains(users, name) {
-			note("user", field+".user.name", name)
-		}
-		group(field+".group.name", deref(n.Group.Name))
-	}
+	findings map[string]*finding
+}
 
-	// Every file, directory and link is written below a writable location with owners that
-	// exist; unit files the config writes itself count as shipped.
+// newImageCheck starts checking c against img, knowing the users and groups either has.
+func newImageCheck(c *Config, img *nodeimage.Contents) *imageCheck {
+	ign := c.Ignition
+	k := &imageCheck{
+		img:      img,
+		where:    strings.Join(img.Writable, ", "),
+		users:    slices.Clone(img.Users),
+		groups:   slices.Clone(img.Groups),
+		findings: map[string]*finding{},
+	}
+	for _, g := range ign.Passwd.Groups {
+		k.groups = append(k.groups, g.Name)
+	}
+	for _, u := range ign.Passwd.Users {
+		k.users = append(k.users, u.Name)
+		if u.NoUserGroup == nil || !*u.NoUserGroup {
+			k.groups = append(k.groups, u.Name) // useradd makes the user's own group
+		}
+	}
+	return k
+}
+
+// writable refuses the path p at field when it is on the image's read-only root.
+func (k *imageCheck) writable(field, p string) {
+	if !k.img.IsWritable(p) {
+		k.errs = append(k.errs, &FieldError{Path: field, Err: fmt.Errorf("%s is on the image's read-only root; a node writes only below %s", p, k.where)})
+	}
+}
+
+// add records the finding key at field, or counts field as one more naming it.
+func (k *imageCheck) add(key, field string, msg func(more int) string) {
+	if f := k.findings[key]; f != nil {
+		f.more++
+		return
+	}
+	f := &finding{msg: msg, err: &FieldError{Path: field}}
+	k.findings[key] = f
+	k.errs = append(k.errs, f.err)
+}
+
+// note records that field names a user or group (kind) that neither the image nor the
+// config has.
+func (k *imageCheck) note(kind, field, name string) {
+	k.add(kind+" "+name, field, func(more int) string {
+		msg := fmt.Sprintf("%s %q is neither in the image nor in passwd.%ss", kind, name, kind)
+		if more > 0 {
+			msg += fmt.Sprintf(" (%d more fields name it too)", more)
+		}
+		return msg
+	})
+}
+
+// group refuses the group name at field unless the image or the config has it.
+func (k *imageCheck) group(field, name string) {
+	if name != "" && !slices.Contains(k.groups, name) {
+		k.note("group", field, name)
+	}
+}
+
+// owner refuses the user and group of the node at field unless the image or the config has
+// them.
+func (k *imageCheck) owner(field string, n types.Node) {
+	if name := deref(n.User.Name); name != "" && !slices.Contains(k.users, name) {
+		k.note("user", field+".user.name", name)
+	}
+	k.group(field+".group.name", deref(n.Group.Name))
+}
+
+// checkNodes checks that every file, directory and link is written below a writable location
+// with owners that exist. It returns the unit files the config writes itself, which count as
+// shipped.
+func (k *imageCheck) checkNodes(st types.Storage) (written map[string]bool) {
 	type entry struct {
 		field string
 		node  types.Node
 	}
 	var entries []entry
-	for i, f := range ign.Storage.Files {
+	for i, f := range st.Files {
 		entries = append(entries, entry{fmt.Sprintf("storage.files[%d]", i), f.Node})
 	}
-	for i, d := range ign.Storage.Directories {
+	for i, d := range st.Directories {
 		entries = append(entries, entry{fmt.Sprintf("storage.directories[%d]", i), d.Node})
 	}
-	for i, l := range ign.Storage.Links {
+	for i, l := range st.Links {
 		entries = append(entries, entry{fmt.Sprintf("storage.links[%d]", i), l.Node})
 	}
-	written := map[string]bool{}
+	written = map[string]bool{}
 	for _, e := range entries {
-		writable(e.field+".path", e.node.Path)
-		owner(e.field, e.node)
+		k.writable(e.field+".path", e.node.Path)
+		k.owner(e.field, e.node)
 		if dir, name := path.Split(path.Clean(e.node.Path)); dir == "/etc/systemd/system/" {
 			written[name] = true
 		}
 	}
-	for i, u := range ign.Passwd.Users {
+	return written
+}
+
+// checkUsers checks the users' groups and that the home directories they get are writable.
+func (k *imageCheck) checkUsers(users []types.PasswdUser) {
+	for i, u := range users {
 		field := fmt.Sprintf("passwd.users[%d]", i)
 		if u.PrimaryGroup != nil {
-			group(field+".primaryGroup", *u.PrimaryGroup)
+			k.group(field+".primaryGroup", *u.PrimaryGroup)
 		}
 		for j, g := range u.Groups {
-			group(fmt.Sprintf("%s.groups[%d]", field, j), string(g))
+			k.group(fmt.Sprintf("%s.groups[%d]", field, j), string(g))
 		}
 		if u.NoCreateHome == nil || !*u.NoCreateHome {
 			home := deref(u.HomeDir)
 			if home == "" {
 				home = "/home/" + u.Name
 			}
-			if !img.IsWritable(home) && !slices.Contains(img.Users, u.Name) {
-				errs = append(errs, &FieldError{Path: field + ".homeDir", Err: fmt.Errorf("home directory %s is on the image's read-only root; a node writes only below %s", home, where)})
+			if !k.img.IsWritable(home) && !slices.Contains(k.img.Users, u.Name) {
+				k.errs = append(k.errs, &FieldError{Path: field + ".homeDir", Err: fmt.Errorf("home directory %s is on the image's read-only root; a node writes only below %s", home, k.where)})
 			}
 		}
 	}
-	for i, u := range ign.Systemd.Units {
+}
+
+// checkUnits refuses units enabled or given drop-ins that neither the image ships nor the
+// config writes (written: the unit files among its storage entries).
+func (k *imageCheck) checkUnits(units []types.Unit, written map[string]bool) {
+	for i, u := range units {
 		field := fmt.Sprintf("systemd.units[%d]", i)
-		if u.Contents != nil || written[u.Name] || img.HasUnit(u.Name) || (u.Mask != nil && *u.Mask) {
+		if u.Contents != nil || written[u.Name] || k.img.HasUnit(u.Name) || (u.Mask != nil && *u.Mask) {
 			continue
 		}
 		switch {
 		case u.Enabled != nil && *u.Enabled:
-			errs = append(errs, &FieldError{Path: field + ".enabled", Err: fmt.Errorf("%s is not a unit the image ships and the config gives it no contents", u.Name)})
+			k.errs = append(k.errs, &FieldError{Path: field + ".enabled", Err: fmt.Errorf("%s is not a unit the image ships and the config gives it no contents", u.Name)})
 		case len(u.Dropins) > 0:
-			errs = append(errs, &FieldError{Path: field + ".dropins", Err: fmt.Errorf("drop-ins for %s, which is not a unit the image ships and the config gives no contents", u.Name)})
+			k.errs = append(k.errs, &FieldError{Path: field + ".dropins", Err: fmt.Errorf("drop-ins for %s, which is not a unit the image ships and the config gives no contents", u.Name)})
 		}
 	}
-	c.checkPrograms(img, add)
-	for _, f := range findings {
+}
+
+// err is every finding, in order, each shared one with how many more fields name it.
+func (k *imageCheck) err() error {
+	for _, f := range k.findings {
 		f.err.Err = errors.New(f.msg(f.more))
 	}
-	return errors.Join(errs...)
+	return errors.Join(k.errs...)
 }
 
 // finding is one reason a config does not fit the image, named at the first field it concerns.

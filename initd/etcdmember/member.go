@@ -33,11 +33,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kilnproject/kiln/initd/config"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kilnproject/kiln/initd/config"
 )
 
 // The values of etcd's --initial-cluster-state.
@@ -181,8 +182,28 @@ func Join(ctx context.Context, o Options) (Plan, error) {
 		return Plan{}, err
 	}
 	defer c.Close()
-	changed := false
-	found := false
+	found, changed, err := o.removeStale(ctx, c, list)
+	if err != nil {
+		return joinFailed(changed, err), err
+	}
+	if !found {
+		if err := o.addLearner(ctx, c, list); err != nil {
+			return joinFailed(changed, err), err
+		}
+		changed = true
+	}
+	if changed {
+		if list, err = o.memberList(ctx, c); err != nil {
+			return Plan{}, err
+		}
+	}
+	return o.joinPlan(list, changed), nil
+}
+
+// removeStale removes from list the members of this one's name or peer URL that have
+// started before. It reports whether list holds this member's place, never started (found),
+// and whether it removed a member (changed).
+func (o Options) removeStale(ctx context.Context, c *clientv3.Client, list []*etcdserverpb.Member) (found, changed bool, err error) {
 	for _, m := range list {
 		if !o.isSelf(m) {
 			continue
@@ -198,40 +219,54 @@ func Join(ctx context.Context, o Options) (Plan, error) {
 			return err
 		})
 		if timedOut(err) {
-			return Plan{Changed: changed}, &WaitError{Reason: fmt.Sprintf("the removal of the stale member %s was not answered in time (%v): asking again", m.Name, err)}
+			return found, changed, &WaitError{Reason: fmt.Sprintf("the removal of the stale member %s was not answered in time (%v): asking again", m.Name, err)}
 		}
 		if err != nil {
-			return Plan{}, fmt.Errorf("remove stale etcd member %s (%x): %w", m.Name, m.ID, err)
+			return found, changed, fmt.Errorf("remove stale etcd member %s (%x): %w", m.Name, m.ID, err)
 		}
 		changed = true
 	}
-	if !found {
-		if l := otherLearner(list, o); l != "" {
-			return Plan{Changed: changed}, &WaitError{Reason: "etcd member " + l + " is joining as a learner; etcd takes one at a time: waiting for its promotion"}
-		}
-		o.Log.Info("adding this etcd member as a learner", "name", o.Name, "peerURL", o.PeerURL)
-		err := o.retryUnhealthy(ctx, func(ctx context.Context) error {
-			_, err := c.MemberAddAsLearner(ctx, []string{o.PeerURL})
-			return err
-		})
-		if errors.Is(err, rpctypes.ErrTooManyLearners) {
-			return Plan{Changed: changed}, &WaitError{Reason: "another etcd member is joining as a learner; etcd takes one at a time: waiting for its promotion"}
-		}
-		if timedOut(err) {
-			// Two members that add themselves at once: etcd applies one and holds the other
-			// until its deadline. The next run finds this one listed, or the other.
-			return Plan{Changed: changed}, &WaitError{Reason: fmt.Sprintf("adding this member as a learner was not answered in time (%v): asking again", err)}
-		}
-		if err != nil {
-			return Plan{}, fmt.Errorf("add etcd member %s (%s) as a learner: %w", o.Name, o.PeerURL, err)
-		}
-		changed = true
+	return found, changed, nil
+}
+
+// addLearner adds this member to the cluster as a learner, unless another member of list is
+// a learner: etcd takes one at a time, and this one waits (*WaitError).
+func (o Options) addLearner(ctx context.Context, c *clientv3.Client, list []*etcdserverpb.Member) error {
+	if l := otherLearner(list, o); l != "" {
+		return &WaitError{Reason: "etcd member " + l + " is joining as a learner; etcd takes one at a time: waiting for its promotion"}
 	}
-	if changed {
-		if list, err = o.memberList(ctx, c); err != nil {
-			return Plan{}, err
-		}
+	o.Log.Info("adding this etcd member as a learner", "name", o.Name, "peerURL", o.PeerURL)
+	err := o.retryUnhealthy(ctx, func(ctx context.Context) error {
+		_, err := c.MemberAddAsLearner(ctx, []string{o.PeerURL})
+		return err
+	})
+	if errors.Is(err, rpctypes.ErrTooManyLearners) {
+		return &WaitError{Reason: "another etcd member is joining as a learner; etcd takes one at a time: waiting for its promotion"}
 	}
+	if timedOut(err) {
+		// Two members that add themselves at once: etcd applies one and holds the other
+		// until its deadline. The next run finds this one listed, or the other.
+		return &WaitError{Reason: fmt.Sprintf("adding this member as a learner was not answered in time (%v): asking again", err)}
+	}
+	if err != nil {
+		return fmt.Errorf("add etcd member %s (%s) as a learner: %w", o.Name, o.PeerURL, err)
+	}
+	return nil
+}
+
+// joinFailed is the plan Join returns with err: with a *WaitError, it says whether Join
+// changed the membership before it had to wait.
+func joinFailed(changed bool, err error) Plan {
+	var wait *WaitError
+	if errors.As(err, &wait) {
+		return Plan{Changed: changed}
+	}
+	return Plan{}
+}
+
+// joinPlan is the plan of a member that joined the cluster of membership list (changed: by
+// this run) and starts as "existing".
+func (o Options) joinPlan(list []*etcdserverpb.Member, changed bool) Plan {
 	p := Plan{State: StateExisting, Changed: changed, Members: o.initialCluster(list)}
 	for _, m := range list {
 		if slices.Contains(m.PeerURLs, o.PeerURL) {
@@ -243,7 +278,7 @@ func Join(ctx context.Context, o Options) (Plan, error) {
 	} else {
 		p.Why = "empty data directory in a running cluster that already lists " + o.Name + " as not started"
 	}
-	return p, nil
+	return p
 }
 
 // timedOut reports whether a membership change ended without an answer: it may have been

@@ -39,6 +39,7 @@ func (a *applier) disks(ctx context.Context, st types.Storage) error {
 	return nil
 }
 
+// disk partitions the storage.disks entry d at field (see disks).
 func (a *applier) disk(ctx context.Context, field string, d types.Disk) error {
 	real, err := a.device(ctx, field+".device", d.Device)
 	if err != nil {
@@ -61,16 +62,54 @@ func (a *applier) disk(ctx context.Context, field string, d types.Disk) error {
 	} else if !sig.Blank && sig.PTType != "gpt" {
 		return fieldErr(field+".device", "%s holds %s, not a GPT; refusing to partition it (wipeTable: true erases it)", describeDev(d.Device, real), sig)
 	}
-	var args []string // sgdisk arguments, in order
 	if wipe {
 		parts = nil
 	}
+	plan, err := planPartitions(field, d, parts, ss)
+	if err != nil {
+		return err
+	}
+	if !wipe && len(plan.args) == 0 {
+		return a.waitPartitions(ctx, field, real, plan.want)
+	}
+	if err := a.writable(field+".device", d.Device, real); err != nil {
+		return err
+	}
+	if wipe {
+		if err := a.wipeTable(ctx, field, d.Device, real, sig); err != nil {
+			return err
+		}
+	}
+	if len(plan.args) > 0 {
+		if _, err := run(ctx, "sgdisk", append(plan.args, "--", real)...); err != nil {
+			return fieldErr(field, "%w", err)
+		}
+		for _, n := range plan.notes {
+			a.note(field, "%s on %s", n, d.Device)
+		}
+	}
+	if err := a.rereadPartitions(ctx, field, real); err != nil {
+		return err
+	}
+	return a.waitPartitions(ctx, field, real, plan.want)
+}
+
+// partitionPlan is what partitioning a disk takes.
+type partitionPlan struct {
+	args  []string // sgdisk arguments, in order
+	want  []int    // the partition numbers that must show in /dev afterwards
+	notes []string // what the arguments change, for the log
+}
+
+// planPartitions works out how to bring the disk d at field, holding parts, to the
+// partitions it lists: which to keep, delete and create. It refuses to change or delete a
+// partition without wipePartitionEntry.
+func planPartitions(field string, d types.Disk, parts []blockdev.Partition, ss int) (partitionPlan, error) {
+	var plan partitionPlan
 	used := map[int]bool{}
 	for _, p := range parts {
 		used[p.Index] = true
 	}
-	var want []int // the partition numbers that must show in /dev afterwards
-	var notes []string
 	for j, p := range d.Partitions {
 		pf := fmt.Sprintf("%s.partitions[%d]", field, j)
 		cur, found := findPartition(parts, p)
@@ -78,18 +117,18 @@ func (a *applier) disk(ctx context.Context, field string, d types.Disk) error {
 		if found {
 			mismatch := partitionMismatch(cur, p, ss)
 			if shouldExist && mismatch == "" {
-				want = append(want, cur.Index)
+				plan.want = append(plan.want, cur.Index)
 				continue
 			}
 			if !deref(p.WipePartitionEntry) {
 				if !shouldExist {
-					return fieldErr(pf, "partition %d of %s exists and shouldExist is false; refusing to delete it (wipePartitionEntry: true deletes it)", cur.Index, d.Device)
+					return plan, fieldErr(pf, "partition %d of %s exists and shouldExist is false; refusing to delete it (wipePartitionEntry: true deletes it)", cur.Index, d.Device)
 				}
-				return fieldErr(pf, "partition %d of %s %s; refusing to change it (wipePartitionEntry: true replaces it)", cur.Index, d.Device, mismatch)
+				return plan, fieldErr(pf, "partition %d of %s %s; refusing to change it (wipePartitionEntry: true replaces it)", cur.Index, d.Device, mismatch)
 			}
-			args = append(args, "--delete="+strconv.Itoa(cur.Index))
+			plan.args = append(plan.args, "--delete="+strconv.Itoa(cur.Index))
 			delete(used, cur.Index)
-			notes = append(notes, fmt.Sprintf("deleted partition %d", cur.Index))
+			plan.notes = append(plan.notes, fmt.Sprintf("deleted partition %d", cur.Index))
 			if !shouldExist {
 				continue
 			}
@@ -103,37 +142,24 @@ func (a *applier) disk(ctx context.Context, field string, d types.Disk) error {
 			}
 		}
 		used[n] = true
-		args = append(args, newPartitionArgs(n, p, ss)...)
-		want = append(want, n)
-		notes = append(notes, fmt.Sprintf("created partition %d%s", n, labelNote(p.Label)))
+		plan.args = append(plan.args, newPartitionArgs(n, p, ss)...)
+		plan.want = append(plan.want, n)
+		plan.notes = append(plan.notes, fmt.Sprintf("created partition %d%s", n, labelNote(p.Label)))
 	}
-	if !wipe && len(args) == 0 {
-		return a.waitPartitions(ctx, field, real, want)
+	return plan, nil
+}
+
+// wipeTable erases the partition table and signatures of the disk real (dev in the config),
+// which held sig.
+func (a *applier) wipeTable(ctx context.Context, field, dev, real string, sig blockdev.Signature) error {
+	if _, err := run(ctx, "wipefs", "-a", "--", real); err != nil {
+		return fieldErr(field+".wipeTable", "%w", err)
 	}
-	if err := a.writable(field+".device", d.Device, real); err != nil {
-		return err
+	if _, err := run(ctx, "sgdisk", "--zap-all", "--", real); err != nil {
+		return fieldErr(field+".wipeTable", "%w", err)
 	}
-	if wipe {
-		if _, err := run(ctx, "wipefs", "-a", "--", real); err != nil {
-			return fieldErr(field+".wipeTable", "%w", err)
-		}
-		if _, err := run(ctx, "sgdisk", "--zap-all", "--", real); err != nil {
-			return fieldErr(field+".wipeTable", "%w", err)
-		}
-		a.note(field, "erased the partition table of %s (it held %s)", d.Device, sig)
-	}
-	if len(args) > 0 {
-		if _, err := run(ctx, "sgdisk", append(args, "--", real)...); err != nil {
-			return fieldErr(field, "%w", err)
-		}
-		for _, n := range notes {
-			a.note(field, "%s on %s", n, d.Device)
-		}
-	}
-	if err := a.rereadPartitions(ctx, field, real); err != nil {
-		return err
-	}
-	return a.waitPartitions(ctx, field, real, want)
+	a.note(field, "erased the partition table of %s (it held %s)", dev, sig)
+	return nil
 }
 
 func labelNote(l *string) string {

@@ -35,6 +35,7 @@ func (a *applier) filesystems(ctx context.Context, st types.Storage) error {
 	return nil
 }
 
+// filesystem makes the storage.filesystems entry f at field (see filesystems).
 func (a *applier) filesystem(ctx context.Context, field string, f types.Filesystem) error {
 	real, err := a.device(ctx, field+".device", f.Device)
 	if err != nil {
@@ -44,63 +45,97 @@ func (a *applier) filesystem(ctx context.Context, field string, f types.Filesyst
 	if format == "vfat" && uuid != "" && !strings.Contains(uuid, "-") {
 		uuid = uuid[:4] + "-" + uuid[4:] // blkid shows FAT volume ids as XXXX-XXXX
 	}
-	sig, err := blockdev.Probe(ctx, real)
+	sig, err := a.ensureFilesystem(ctx, field, f, real, format, label, uuid)
 	if err != nil {
-		return fieldErr(field+".device", "%s: %w", f.Device, err)
-	}
-	mismatch := ""
-	switch {
-	case sig.Blank:
-	case sig.Type != format:
-		mismatch = fmt.Sprintf("holds %s, not %s", sig, format)
-	case label != "" && sig.Label != label:
-		mismatch = fmt.Sprintf("holds %s, not labelled %q", sig, label)
-	case uuid != "" && !strings.EqualFold(sig.UUID, uuid):
-		mismatch = fmt.Sprintf("holds %s, not UUID %s", sig, uuid)
-	}
-	if mismatch != "" && !deref(f.WipeFilesystem) {
-		return fieldErr(field+".device", "%s %s; refusing to format it (wipeFilesystem: true erases it)", describeDev(f.Device, real), mismatch)
-	}
-	st, err := loadState(a.o.Root)
-	if err != nil {
-		return fieldErr(field, "%w", err)
-	}
-	stateKey := "filesystem " + f.Device
-	ours := !sig.Blank && mismatch == "" && st.Made[stateKey] == strings.ToLower(sig.UUID)
-	if sig.Blank || mismatch != "" || deref(f.WipeFilesystem) && !ours {
-		if err := a.writable(field+".device", f.Device, real); err != nil {
-			return err
-		}
-		if !sig.Blank {
-			if _, err := run(ctx, "wipefs", "-a", "--", real); err != nil {
-				return fieldErr(field+".wipeFilesystem", "%w", err)
-			}
-		}
-		args := mkfsArgs(format, label, uuid)
-		for _, o := range f.Options {
-			args = append(args, string(o))
-		}
-		if _, err := run(ctx, args[0], append(args[1:], "--", real)...); err != nil {
-			return fieldErr(field, "format %s: %w", f.Device, err)
-		}
-		was := sig
-		if sig, err = blockdev.Probe(ctx, real); err != nil || sig.Type != format {
-			return fieldErr(field, "after %s, blkid finds %s on %s (%v)", args[0], sig, f.Device, err)
-		}
-		st.Made[stateKey] = strings.ToLower(sig.UUID)
-		if err := st.save(a.o.Root); err != nil {
-			return fieldErr(field, "%w", err)
-		}
-		if was.Blank {
-			a.note(field, "formatted %s as %s (UUID %s)", f.Device, format, sig.UUID)
-		} else {
-			a.note(field, "erased %s (it held %s) and formatted it as %s (UUID %s)", f.Device, was, format, sig.UUID)
-		}
+		return err
 	}
 	what := blockdev.ByUUIDPath(sig.UUID)
 	if format == "swap" {
 		return a.swap(ctx, field, what, real)
 	}
+	return a.mountFilesystem(ctx, field, f, real, what, format)
+}
+
+// ensureFilesystem keeps the filesystem on real when it is the one wanted (format, label,
+// uuid) or kiln formatted it for this entry, and formats real otherwise, refusing to erase
+// anything but a blank device unless wipeFilesystem; it returns what real holds then.
+func (a *applier) ensureFilesystem(ctx context.Context, field string, f types.Filesystem, real, format, label, uuid string) (blockdev.Signature, error) {
+	sig, err := blockdev.Probe(ctx, real)
+	if err != nil {
+		return sig, fieldErr(field+".device", "%s: %w", f.Device, err)
+	}
+	mismatch := filesystemMismatch(sig, format, label, uuid)
+	if mismatch != "" && !deref(f.WipeFilesystem) {
+		return sig, fieldErr(field+".device", "%s %s; refusing to format it (wipeFilesystem: true erases it)", describeDev(f.Device, real), mismatch)
+	}
+	st, err := loadState(a.o.Root)
+	if err != nil {
+		return sig, fieldErr(field, "%w", err)
+	}
+	stateKey := "filesystem " + f.Device
+	ours := !sig.Blank && mismatch == "" && st.Made[stateKey] == strings.ToLower(sig.UUID)
+	if reformat := sig.Blank || mismatch != "" || deref(f.WipeFilesystem) && !ours; !reformat {
+		return sig, nil
+	}
+	was := sig
+	if sig, err = a.formatFilesystem(ctx, field, f, real, mkfsArgs(format, label, uuid), was.Blank); err != nil {
+		return sig, err
+	}
+	st.Made[stateKey] = strings.ToLower(sig.UUID)
+	if err := st.save(a.o.Root); err != nil {
+		return sig, fieldErr(field, "%w", err)
+	}
+	if was.Blank {
+		a.note(field, "formatted %s as %s (UUID %s)", f.Device, format, sig.UUID)
+	} else {
+		a.note(field, "erased %s (it held %s) and formatted it as %s (UUID %s)", f.Device, was, format, sig.UUID)
+	}
+	return sig, nil
+}
+
+// filesystemMismatch says how what the device holds (sig) is not the filesystem wanted
+// (format, label, uuid), or is "" when it is (or the device is blank).
+func filesystemMismatch(sig blockdev.Signature, format, label, uuid string) string {
+	switch {
+	case sig.Blank:
+	case sig.Type != format:
+		return fmt.Sprintf("holds %s, not %s", sig, format)
+	case label != "" && sig.Label != label:
+		return fmt.Sprintf("holds %s, not labelled %q", sig, label)
+	case uuid != "" && !strings.EqualFold(sig.UUID, uuid):
+		return fmt.Sprintf("holds %s, not UUID %s", sig, uuid)
+	}
+	return ""
+}
+
+// formatFilesystem erases real (unless blank) and makes the entry's filesystem on it with
+// the mkfs command args and the entry's options; it returns what real holds then.
+func (a *applier) formatFilesystem(ctx context.Context, field string, f types.Filesystem, real string, args []string, blank bool) (blockdev.Signature, error) {
+	if err := a.writable(field+".device", f.Device, real); err != nil {
+		return blockdev.Signature{}, err
+	}
+	if !blank {
+		if _, err := run(ctx, "wipefs", "-a", "--", real); err != nil {
+			return blockdev.Signature{}, fieldErr(field+".wipeFilesystem", "%w", err)
+		}
+	}
+	for _, o := range f.Options {
+		args = append(args, string(o))
+	}
+	if _, err := run(ctx, args[0], append(args[1:], "--", real)...); err != nil {
+		return blockdev.Signature{}, fieldErr(field, "format %s: %w", f.Device, err)
+	}
+	sig, err := blockdev.Probe(ctx, real)
+	if err != nil || sig.Type != deref(f.Format) {
+		return sig, fieldErr(field, "after %s, blkid finds %s on %s (%v)", args[0], sig, f.Device, err)
+	}
+	return sig, nil
+}
+
+// mountFilesystem writes the mount unit of the filesystem on real (what: its
+// /dev/disk/by-uuid name) when the entry has a path, unless the config writes that unit
+// itself, and with Options.Live mounts it now.
+func (a *applier) mountFilesystem(ctx context.Context, field string, f types.Filesystem, real, what, format string) error {
 	where := deref(f.Path)
 	if where == "" {
 		return nil

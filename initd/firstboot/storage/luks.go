@@ -50,9 +50,9 @@ func (a *applier) luksVolumes(ctx context.Context, st types.Storage) error {
 	return nil
 }
 
+// luks sets up the storage.luks volume l at field (see luksVolumes).
 func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
-	dev := deref(l.Device)
-	real, err := a.device(ctx, field+".device", dev)
+	real, err := a.device(ctx, field+".device", deref(l.Device))
 	if err != nil {
 		return err
 	}
@@ -65,77 +65,118 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 		return err
 	}
 	defer os.Remove(newKey)
-	sig, err := blockdev.Probe(ctx, real)
+	uuid, err := a.luksVolume(ctx, field, l, real, newKey)
 	if err != nil {
-		return fieldErr(field+".device", "%s: %w", dev, err)
-	}
-	mismatch := ""
-	switch {
-	case sig.Blank:
-	case sig.Type != "crypto_LUKS":
-		mismatch = fmt.Sprintf("holds %s", sig)
-	case deref(l.UUID) != "" && !strings.EqualFold(sig.UUID, deref(l.UUID)):
-		mismatch = fmt.Sprintf("holds %s, not UUID %s", sig, deref(l.UUID))
-	case deref(l.Label) != "" && sig.Label != deref(l.Label):
-		mismatch = fmt.Sprintf("holds %s, not labelled %q", sig, deref(l.Label))
-	}
-	st, err := loadState(a.o.Root)
-	if err != nil {
-		return fieldErr(field, "%w", err)
-	}
-	stateKey := "luks " + l.Name + " " + dev
-	ours := !sig.Blank && mismatch == "" && st.Made[stateKey] == strings.ToLower(sig.UUID)
-	format := sig.Blank || mismatch != "" || deref(l.WipeVolume) && !ours
-	if mismatch != "" && !deref(l.WipeVolume) {
-		return fieldErr(field+".device", "%s %s; refusing to format it (wipeVolume: true erases it)", describeDev(dev, real), mismatch)
-	}
-	if !format {
-		if _, err := run(ctx, "cryptsetup", "open", "--test-passphrase", "--key-file", newKey, "--", real); err != nil {
-			return fieldErr(field+".keyFile", "the key does not open the LUKS volume on %s, which is kept (wipeVolume: true formats it anew): %w", dev, err)
-		}
-	} else {
-		if err := a.writable(field+".device", dev, real); err != nil {
-			return err
-		}
-		if !sig.Blank {
-			if _, err := run(ctx, "wipefs", "-a", "--", real); err != nil {
-				return fieldErr(field+".wipeVolume", "%w", err)
-			}
-		}
-		args := []string{"luksFormat", "--type", "luks2", "--batch-mode", "--key-file", newKey}
-		if v := deref(l.Label); v != "" {
-			args = append(args, "--label", v)
-		}
-		if v := deref(l.UUID); v != "" {
-			args = append(args, "--uuid", v)
-		}
-		if a.o.cheapKDF {
-			args = append(args, "--pbkdf", "pbkdf2", "--iter-time", "1")
-		}
-		for _, o := range l.Options {
-			args = append(args, string(o))
-		}
-		if _, err := run(ctx, "cryptsetup", append(args, "--", real)...); err != nil {
-			return fieldErr(field, "luksFormat %s: %w", dev, err)
-		}
-		if sig, err = blockdev.Probe(ctx, real); err != nil || sig.Type != "crypto_LUKS" {
-			return fieldErr(field, "after luksFormat, blkid finds %s on %s (%v)", sig, dev, err)
-		}
-		st.Made[stateKey] = strings.ToLower(sig.UUID)
-		if err := st.save(a.o.Root); err != nil {
-			return fieldErr(field, "%w", err)
-		}
-		a.note(field, "formatted %s as LUKS volume %s (UUID %s)", dev, l.Name, sig.UUID)
+		return err
 	}
 	if err := a.storeKey(field, l.Name, hostKey, newKey); err != nil {
 		return err
 	}
-	if err := a.writeCrypttab(field, l, sig.UUID, keyPath); err != nil {
+	if err := a.writeCrypttab(field, l, uuid, keyPath); err != nil {
 		return err
 	}
 	if !a.o.Live {
 		return nil
 	}
+	return a.openLuks(ctx, field, l, real, hostKey)
+}
+
+// luksVolume keeps the LUKS volume on real when it is the one l wants and newKey opens it,
+// or formats it with newKey (refusing to erase anything but a blank device unless
+// wipeVolume); it returns the volume's UUID.
+func (a *applier) luksVolume(ctx context.Context, field string, l types.Luks, real, newKey string) (string, error) {
+	dev := deref(l.Device)
+	sig, err := blockdev.Probe(ctx, real)
+	if err != nil {
+		return "", fieldErr(field+".device", "%s: %w", dev, err)
+	}
+	mismatch := luksMismatch(sig, l)
+	st, err := loadState(a.o.Root)
+	if err != nil {
+		return "", fieldErr(field, "%w", err)
+	}
+	stateKey := "luks " + l.Name + " " + dev
+	ours := !sig.Blank && mismatch == "" && st.Made[stateKey] == strings.ToLower(sig.UUID)
+	format := sig.Blank || mismatch != "" || deref(l.WipeVolume) && !ours
+	if mismatch != "" && !deref(l.WipeVolume) {
+		return "", fieldErr(field+".device", "%s %s; refusing to format it (wipeVolume: true erases it)", describeDev(dev, real), mismatch)
+	}
+	if !format {
+		if _, err := run(ctx, "cryptsetup", "open", "--test-passphrase", "--key-file", newKey, "--", real); err != nil {
+			return "", fieldErr(field+".keyFile", "the key does not open the LUKS volume on %s, which is kept (wipeVolume: true formats it anew): %w", dev, err)
+		}
+		return sig.UUID, nil
+	}
+	if sig, err = a.luksFormat(ctx, field, l, real, newKey, sig.Blank); err != nil {
+		return "", err
+	}
+	st.Made[stateKey] = strings.ToLower(sig.UUID)
+	if err := st.save(a.o.Root); err != nil {
+		return "", fieldErr(field, "%w", err)
+	}
+	a.note(field, "formatted %s as LUKS volume %s (UUID %s)", dev, l.Name, sig.UUID)
+	return sig.UUID, nil
+}
+
+// luksMismatch says how what the device holds (sig) is not the LUKS volume l wants, or is ""
+// when it is (or the device is blank).
+func luksMismatch(sig blockdev.Signature, l types.Luks) string {
+	switch {
+	case sig.Blank:
+	case sig.Type != "crypto_LUKS":
+		return fmt.Sprintf("holds %s", sig)
+	case deref(l.UUID) != "" && !strings.EqualFold(sig.UUID, deref(l.UUID)):
+		return fmt.Sprintf("holds %s, not UUID %s", sig, deref(l.UUID))
+	case deref(l.Label) != "" && sig.Label != deref(l.Label):
+		return fmt.Sprintf("holds %s, not labelled %q", sig, deref(l.Label))
+	}
+	return ""
+}
+
+// luksFormat erases real (unless blank) and formats it as the LUKS volume l with newKey; it
+// returns what the device holds then.
+func (a *applier) luksFormat(ctx context.Context, field string, l types.Luks, real, newKey string, blank bool) (blockdev.Signature, error) {
+	dev := deref(l.Device)
+	if err := a.writable(field+".device", dev, real); err != nil {
+		return blockdev.Signature{}, err
+	}
+	if !blank {
+		if _, err := run(ctx, "wipefs", "-a", "--", real); err != nil {
+			return blockdev.Signature{}, fieldErr(field+".wipeVolume", "%w", err)
+		}
+	}
+	if _, err := run(ctx, "cryptsetup", append(a.luksFormatArgs(l, newKey), "--", real)...); err != nil {
+		return blockdev.Signature{}, fieldErr(field, "luksFormat %s: %w", dev, err)
+	}
+	sig, err := blockdev.Probe(ctx, real)
+	if err != nil || sig.Type != "crypto_LUKS" {
+		return sig, fieldErr(field, "after luksFormat, blkid finds %s on %s (%v)", sig, dev, err)
+	}
+	return sig, nil
+}
+
+// luksFormatArgs are cryptsetup's arguments formatting the LUKS2 volume l with newKey.
+func (a *applier) luksFormatArgs(l types.Luks, newKey string) []string {
+	args := []string{"luksFormat", "--type", "luks2", "--batch-mode", "--key-file", newKey}
+	if v := deref(l.Label); v != "" {
+		args = append(args, "--label", v)
+	}
+	if v := deref(l.UUID); v != "" {
+		args = append(args, "--uuid", v)
+	}
+	if a.o.cheapKDF {
+		args = append(args, "--pbkdf", "pbkdf2", "--iter-time", "1")
+	}
+	for _, o := range l.Options {
+		args = append(args, string(o))
+	}
+	return args
+}
+
+// openLuks opens the LUKS volume l on real with the key in hostKey as /dev/mapper/<name>,
+// unless it is open already.
+func (a *applier) openLuks(ctx context.Context, field string, l types.Luks, real, hostKey string) error {
+	dev := deref(l.Device)
 	mapped := filepath.Join(mapperDir, l.Name)
 	if _, err := os.Stat(mapped); err == nil {
 		return nil
@@ -151,7 +192,7 @@ func (a *applier) luks(ctx context.Context, field string, l types.Luks) error {
 		return fieldErr(field, "open %s as %s: %w", dev, l.Name, err)
 	}
 	a.note(field, "opened %s as %s", dev, mapped)
-	_, err = a.device(ctx, field, mapped)
+	_, err := a.device(ctx, field, mapped)
 	return err
 }
 

@@ -72,79 +72,39 @@ func mdName(s string) string {
 	return s
 }
 
+// raidMember is a device of an array: as the config names it (dev), the device node it
+// resolves to (real) and the config field naming it.
+type raidMember struct{ dev, real, field string }
+
+// raid creates or assembles the storage.raid array r at field (see raids).
 func (a *applier) raid(ctx context.Context, field string, r types.Raid) error {
 	level, _ := config.RaidLevel(deref(r.Level)) // validated
-	type member struct{ dev, real, field string }
-	var members []member
+	var members []raidMember
 	for i, d := range r.Devices {
 		f := fmt.Sprintf("%s.devices[%d]", field, i)
 		real, err := a.device(ctx, f, string(d))
 		if err != nil {
 			return err
 		}
-		members = append(members, member{string(d), real, f})
+		members = append(members, raidMember{string(d), real, f})
 	}
 	target := filepath.Join(mdDir, r.Name)
-	var blank, ours int
-	uuids := map[string]bool{}
-	for _, m := range members {
-		sig, err := blockdev.Probe(ctx, m.real)
-		if err != nil {
-			return fieldErr(m.field, "%s: %w", m.dev, err)
-		}
-		switch {
-		case sig.Blank:
-			blank++
-		case sig.Type == "linux_raid_member":
-			e, err := examine(ctx, m.real)
-			if err != nil {
-				return fieldErr(m.field, "%s: %w", m.dev, err)
-			}
-			if mdName(e.name) != r.Name || e.level != level {
-				return fieldErr(m.field, "%s is a member of RAID array %q (%s, UUID %s), not of %s %q; refusing to use it (wipe it by hand: wipefs -a)",
-					describeDev(m.dev, m.real), mdName(e.name), e.level, e.uuid, level, r.Name)
-			}
-			uuids[e.uuid] = true
-			ours++
-		default:
-			return fieldErr(m.field, "%s holds %s; refusing to make it a RAID member (wipe it by hand: wipefs -a)", describeDev(m.dev, m.real), sig)
-		}
+	blank, ours, arrays, err := probeMembers(ctx, r.Name, level, members)
+	if err != nil {
+		return err
 	}
 	switch {
-	case ours == len(members) && len(uuids) == 1:
+	case ours == len(members) && arrays == 1:
 		if active(target) {
 			return nil
 		}
-		args := []string{"--assemble", target}
-		for _, m := range members {
-			args = append(args, m.real)
+		if err := a.assembleRaid(ctx, field, target, members); err != nil {
+			return err
 		}
-		if _, err := run(ctx, "mdadm", args...); err != nil {
-			return fieldErr(field, "assemble %s: %w", target, err)
-		}
-		a.note(field, "assembled %s", target)
 	case blank == len(members):
-		for _, m := range members {
-			if err := a.writable(m.field, m.dev, m.real); err != nil {
-				return err
-			}
+		if err := a.createRaid(ctx, field, target, level, r, members); err != nil {
+			return err
 		}
-		spares := deref(r.Spares)
-		args := []string{"--create", target, "--run", "--homehost=any", "--name=" + r.Name,
-			"--level=" + level, "--raid-devices=" + strconv.Itoa(len(members)-spares)}
-		if spares > 0 {
-			args = append(args, "--spare-devices="+strconv.Itoa(spares))
-		}
-		for _, o := range r.Options {
-			args = append(args, string(o))
-		}
-		for _, m := range members {
-			args = append(args, m.real)
-		}
-		if _, err := run(ctx, "mdadm", args...); err != nil {
-			return fieldErr(field, "create %s: %w", target, err)
-		}
-		a.note(field, "created %s %s over %d devices", level, target, len(members))
 	default:
 		return fieldErr(field, "of its %d devices, %d carry array %q and %d are blank (or they carry more than one array UUID); refusing to create or assemble it",
 			len(members), ours, r.Name, blank)
@@ -152,6 +112,75 @@ func (a *applier) raid(ctx context.Context, field string, r types.Raid) error {
 	if _, err := a.device(ctx, field, target); err != nil {
 		return err
 	}
+	return nil
+}
+
+// probeMembers counts the members that are blank and those that carry the superblock of the
+// array name at level, and the array UUIDs these carry; anything else on a member is refused.
+func probeMembers(ctx context.Context, name, level string, members []raidMember) (blank, ours, arrays int, err error) {
+	uuids := map[string]bool{}
+	for _, m := range members {
+		sig, err := blockdev.Probe(ctx, m.real)
+		if err != nil {
+			return 0, 0, 0, fieldErr(m.field, "%s: %w", m.dev, err)
+		}
+		switch {
+		case sig.Blank:
+			blank++
+		case sig.Type == "linux_raid_member":
+			e, err := examine(ctx, m.real)
+			if err != nil {
+				return 0, 0, 0, fieldErr(m.field, "%s: %w", m.dev, err)
+			}
+			if mdName(e.name) != name || e.level != level {
+				return 0, 0, 0, fieldErr(m.field, "%s is a member of RAID array %q (%s, UUID %s), not of %s %q; refusing to use it (wipe it by hand: wipefs -a)",
+					describeDev(m.dev, m.real), mdName(e.name), e.level, e.uuid, level, name)
+			}
+			uuids[e.uuid] = true
+			ours++
+		default:
+			return 0, 0, 0, fieldErr(m.field, "%s holds %s; refusing to make it a RAID member (wipe it by hand: wipefs -a)", describeDev(m.dev, m.real), sig)
+		}
+	}
+	return blank, ours, len(uuids), nil
+}
+
+// assembleRaid assembles the array target from the members that carry its superblock.
+func (a *applier) assembleRaid(ctx context.Context, field, target string, members []raidMember) error {
+	args := []string{"--assemble", target}
+	for _, m := range members {
+		args = append(args, m.real)
+	}
+	if _, err := run(ctx, "mdadm", args...); err != nil {
+		return fieldErr(field, "assemble %s: %w", target, err)
+	}
+	a.note(field, "assembled %s", target)
+	return nil
+}
+
+// createRaid creates the array r as target, of level, over its blank members.
+func (a *applier) createRaid(ctx context.Context, field, target, level string, r types.Raid, members []raidMember) error {
+	for _, m := range members {
+		if err := a.writable(m.field, m.dev, m.real); err != nil {
+			return err
+		}
+	}
+	spares := deref(r.Spares)
+	args := []string{"--create", target, "--run", "--homehost=any", "--name=" + r.Name,
+		"--level=" + level, "--raid-devices=" + strconv.Itoa(len(members)-spares)}
+	if spares > 0 {
+		args = append(args, "--spare-devices="+strconv.Itoa(spares))
+	}
+	for _, o := range r.Options {
+		args = append(args, string(o))
+	}
+	for _, m := range members {
+		args = append(args, m.real)
+	}
+	if _, err := run(ctx, "mdadm", args...); err != nil {
+		return fieldErr(field, "create %s: %w", target, err)
+	}
+	a.note(field, "created %s %s over %d devices", level, target, len(members))
 	return nil
 }
 
