@@ -251,15 +251,10 @@ func (a *applier) sectorSize(real string) int {
 	if err != nil {
 		return 512
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "queue/logical_block_size"))
-	if err != nil {
-		return 512
+	if _, n, ok := blockdev.DiskGeometry(dir); ok {
+		return n
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || n <= 0 {
-		return 512
-	}
-	return n
+	return 512
 }
 
 // rereadPartitions makes the kernel see the new table: partx -u updates the partitions
