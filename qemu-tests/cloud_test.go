@@ -18,9 +18,8 @@ import (
 	"testing"
 	"time"
 
-	gdns "google.golang.org/api/dns/v1"
-
 	"github.com/kilnproject/kiln/builder/vm"
+	"github.com/kilnproject/kiln/internal/cloudfake"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -214,12 +213,18 @@ func consoleHas(lines []string, subs ...string) bool {
 	return i == len(subs)
 }
 
+// noRefusals fails t with the requests the fake of what refused: the node sent requests
+// the cloud would refuse.
 func noRefusals(t *testing.T, what string, refused []string) {
 	t.Helper()
 	if len(refused) > 0 {
 		t.Errorf("%s refused requests: %s", what, strings.Join(slices.Compact(refused), "; "))
 	}
 }
+
+// roleCreds are the temporary credentials of the instance role: the IMDS fake hands them
+// out, the EC2 and Route 53 fakes accept requests signed with them and nothing else.
+var roleCreds = cloudfake.AWSCredentials{AccessKeyID: "ASIAKILNTESTROLE0001", SecretAccessKey: "kiln-role-secret", SessionToken: "kiln-session-token"}
 
 // testEC2Boot: the aws image on an "EC2" instance: root volume on NVMe, IMDSv2 required,
 // the etcd volume found by its kOps tags and attached through EC2 (an NVMe disk whose serial
@@ -229,23 +234,22 @@ func testEC2Boot(t *testing.T, e *env) {
 	etcdDisk := filepath.Join(e.dir, "ebs-etcd-a.img")
 	sparseDisk(t, etcdDisk, 2<<30)
 	sock := filepath.Join(e.dir, "ec2-qmp.sock")
-	creds := roleCreds{key: "ASIAKILNTESTROLE0001", secret: "kiln-role-secret", token: "kiln-session-token"}
-	ec2 := &fakeEC2{creds: creds, region: "eu-west-1", vols: []*ec2Volume{
-		{id: volID, az: az, state: "available", sizeGiB: 2, tags: map[string]string{
+	ec2 := &cloudfake.EC2{Creds: roleCreds, Region: "eu-west-1", Instances: map[string]string{instanceID: az}, Volumes: []*cloudfake.EC2Volume{
+		{ID: volID, AZ: az, State: "available", SizeGiB: 2, Tags: map[string]string{
 			"k8s.io/etcd/main": "a/a", "kubernetes.io/cluster/demo": "owned", "k8s.io/role/master": "1"}},
 		// Member a's volume of another cluster, and one in another zone: never attached.
-		{id: "vol-0ffff0000000000a1", az: az, state: "available", sizeGiB: 2, tags: map[string]string{
+		{ID: "vol-0ffff0000000000a1", AZ: az, State: "available", SizeGiB: 2, Tags: map[string]string{
 			"k8s.io/etcd/main": "a/a", "kubernetes.io/cluster/other": "owned"}},
-		{id: "vol-0ffff0000000000b2", az: "eu-west-1b", state: "available", sizeGiB: 2, tags: map[string]string{
+		{ID: "vol-0ffff0000000000b2", AZ: "eu-west-1b", State: "available", SizeGiB: 2, Tags: map[string]string{
 			"k8s.io/etcd/main": "a/a", "kubernetes.io/cluster/demo": "owned"}},
 	}}
 	plug := hotplug(t, sock, etcdDisk, map[string]any{"driver": "nvme", "bus": "hotplug0", "serial": strings.ReplaceAll(volID, "-", "")})
-	ec2.attach = func(*ec2Volume, string) error { return plug() }
-	r53 := &fakeRoute53{creds: creds, zoneID: "Z0KILNTEST0001", zone: "kiln.test.", sets: map[string]r53Set{}}
+	ec2.Attach = func(string, string) error { return plug() }
+	r53 := &cloudfake.Route53{Creds: roleCreds, ZoneID: "Z0KILNTEST0001", Zone: "kiln.test."}
 	ec2Port, r53Port := listenAPI(t, ec2), listenAPI(t, r53)
-	imds := &fakeIMDS{instanceID: instanceID, az: az, hostname: "ip-169-255-0-15.eu-west-1.compute.internal",
-		role: "kiln-control-plane", creds: creds}
-	imds.userData = []byte(cloudNode("{awsTags: {k8s.io/role/master: \"1\"}}", "{provider: route53}",
+	imds := &cloudfake.IMDS{InstanceID: instanceID, AZ: az, Hostname: "ip-169-255-0-15.eu-west-1.compute.internal",
+		Role: "kiln-control-plane", Creds: roleCreds}
+	imds.UserData = []byte(cloudNode("{awsTags: {k8s.io/role/master: \"1\"}}", "{provider: route53}",
 		fmt.Sprintf("aws: {route53HostedZoneId: Z0KILNTEST0001, endpoints: {ec2: \"http://%[1]s:%[2]d\", route53: \"http://%[1]s:%[3]d\"}}", metadataIP, ec2Port, r53Port)))
 	listenMetadata(t, imds)
 
@@ -254,30 +258,28 @@ func testEC2Boot(t *testing.T, e *env) {
 	t.Logf("EC2 boot: firstboot ok %s after QEMU started", took.Round(time.Second))
 	logTimings(t, m.Lines())
 
-	imds.mu.Lock()
-	noRefusals(t, "IMDS", imds.refused)
-	if !slices.Contains(imds.served, "/latest/user-data") || !slices.Contains(imds.served, "/latest/meta-data/iam/security-credentials/kiln-control-plane") {
-		t.Errorf("IMDS served %q; want the user data and the role's credentials", imds.served)
+	noRefusals(t, "IMDS", imds.Refused())
+	if served := imds.Calls(); !slices.Contains(served, "GET /latest/user-data") ||
+		!slices.Contains(served, "GET /latest/meta-data/iam/security-credentials/kiln-control-plane") {
+		t.Errorf("IMDS served %q; want the user data and the role's credentials", served)
 	}
-	imds.mu.Unlock()
-	ec2.mu.Lock()
-	noRefusals(t, "EC2", ec2.refused)
-	for _, v := range ec2.vols {
-		want := map[bool]string{true: "attached to " + instanceID, false: "available"}[v.id == volID]
-		got := v.state
-		if v.instance != "" {
-			got = v.attachState + " to " + v.instance
+	noRefusals(t, "EC2", ec2.Refused())
+	ec2.Lock()
+	for _, v := range ec2.Volumes {
+		want := map[bool]string{true: "attached to " + instanceID, false: "available"}[v.ID == volID]
+		got, err := v.State, error(nil)
+		if len(v.Attachments) > 0 {
+			a := v.Attachments[0]
+			got, err = a.State+" to "+a.Instance, a.Err
 		}
-		if got != want || v.attachErr != nil {
-			t.Errorf("volume %s: %s (%v), want %s", v.id, got, v.attachErr, want)
+		if got != want || err != nil {
+			t.Errorf("volume %s: %s (%v), want %s", v.ID, got, err, want)
 		}
 	}
-	ec2.mu.Unlock()
-	r53.mu.Lock()
-	noRefusals(t, "Route 53", r53.refused)
-	r53.mu.Unlock()
+	ec2.Unlock()
+	noRefusals(t, "Route 53", r53.Refused())
 	for _, name := range []string{"etcd-a.internal.demo.kiln.test.", "api.internal.demo.kiln.test."} {
-		if got := r53.records(name, "A"); got != guestIP {
+		if got := strings.Join(r53.Records(name, "A"), " "); got != guestIP {
 			t.Errorf("Route 53 %s A = %q, want %s", name, got, guestIP)
 		}
 	}
@@ -295,19 +297,19 @@ func testGCEBoot(t *testing.T, e *env) {
 	etcdDisk := filepath.Join(e.dir, "pd-etcd-a.img")
 	sparseDisk(t, etcdDisk, 2<<30)
 	sock := filepath.Join(e.dir, "gce-qmp.sock")
-	comp := &fakeCompute{project: project, zone: zone, token: token, disks: map[string]*gceDisk{
-		"demo-etcd-a": {name: "demo-etcd-a", sizeGB: 2},
-		"demo-etcd-b": {name: "demo-etcd-b", sizeGB: 2, users: []string{"cp-b"}, devices: map[string]string{"cp-b": "demo-etcd-b"}},
+	comp := &cloudfake.Compute{Token: token, Project: project, Zone: zone, Instances: []string{"cp-a", "cp-b"}, Disks: map[string]*cloudfake.GCEDisk{
+		"demo-etcd-a": {SizeGB: 2},
+		"demo-etcd-b": {SizeGB: 2, Users: []string{"cp-b"}, Devices: map[string]string{"cp-b": "demo-etcd-b"}},
 	}}
 	plug := hotplug(t, sock, etcdDisk, map[string]any{"driver": "scsi-hd", "bus": "scsi0.0", "vendor": "Google",
 		"product": "PersistentDisk", "serial": "demo-etcd-a"})
-	comp.attach = func(*gceDisk, string) error { return plug() }
-	cdns := &fakeCloudDNS{project: project, zoneName: "kiln-test", dnsName: "kiln.test.", token: token, sets: map[string]*gdns.ResourceRecordSet{}}
+	comp.Attach = func(string, string) error { return plug() }
+	cdns := &cloudfake.CloudDNS{Token: token, Project: project, ZoneName: "kiln-test", DNSName: "kiln.test."}
 	compPort, dnsPort := listenAPI(t, comp), listenAPI(t, cdns)
-	md := &fakeGCEMetadata{project: project, zone: zone, name: "cp-a", id: "4520031799277581759",
-		hostname: "cp-a.europe-west4-b.c.kiln-test.internal", token: token, serviceAcct: "cp@kiln-test.iam.gserviceaccount.com"}
-	md.userData = []byte(cloudNode("{gceName: demo-etcd-a}", "{provider: clouddns}",
-		fmt.Sprintf("gce: {endpoints: {compute: \"http://%[1]s:%[2]d/compute/v1/\", dns: \"http://%[1]s:%[3]d/\"}}", metadataIP, compPort, dnsPort)))
+	md := &cloudfake.GCEMetadata{Project: project, Zone: zone, Name: "cp-a", ID: "4520031799277581759",
+		Hostname: "cp-a.europe-west4-b.c.kiln-test.internal", Token: token, ServiceAccount: "cp@kiln-test.iam.gserviceaccount.com"}
+	md.Attributes = map[string]string{"user-data": cloudNode("{gceName: demo-etcd-a}", "{provider: clouddns}",
+		fmt.Sprintf("gce: {endpoints: {compute: \"http://%[1]s:%[2]d/compute/v1/\", dns: \"http://%[1]s:%[3]d/\"}}", metadataIP, compPort, dnsPort))}
 	listenMetadata(t, md)
 
 	m, image, took := bootCloud(t, e, "gce", vm.Config{
@@ -316,23 +318,20 @@ func testGCEBoot(t *testing.T, e *env) {
 	t.Logf("GCE boot: firstboot ok %s after QEMU started", took.Round(time.Second))
 	logTimings(t, m.Lines())
 
-	md.mu.Lock()
-	noRefusals(t, "metadata server", md.refused)
-	if !slices.Contains(md.served, "/computeMetadata/v1/instance/attributes/user-data") || !slices.Contains(md.served, "/computeMetadata/v1/instance/service-accounts/default/token") {
-		t.Errorf("metadata served %q; want the user data and the service account's token", md.served)
+	noRefusals(t, "metadata server", md.Refused())
+	if served := md.Calls(); !slices.Contains(served, "GET /computeMetadata/v1/instance/attributes/user-data") ||
+		!slices.Contains(served, "GET /computeMetadata/v1/instance/service-accounts/default/token") {
+		t.Errorf("metadata served %q; want the user data and the service account's token", served)
 	}
-	md.mu.Unlock()
-	comp.mu.Lock()
-	noRefusals(t, "Compute", comp.refused)
-	if d := comp.disks["demo-etcd-a"]; !slices.Equal(d.users, []string{"cp-a"}) || d.devices["cp-a"] != "demo-etcd-a" {
-		t.Errorf("disk demo-etcd-a: users %q devices %v, want attached to cp-a as demo-etcd-a", d.users, d.devices)
+	noRefusals(t, "Compute", comp.Refused())
+	comp.Lock()
+	if d := comp.Disks["demo-etcd-a"]; !slices.Equal(d.Users, []string{"cp-a"}) || d.Devices["cp-a"] != "demo-etcd-a" {
+		t.Errorf("disk demo-etcd-a: users %q devices %v, want attached to cp-a as demo-etcd-a", d.Users, d.Devices)
 	}
-	comp.mu.Unlock()
-	cdns.mu.Lock()
-	noRefusals(t, "Cloud DNS", cdns.refused)
-	cdns.mu.Unlock()
+	comp.Unlock()
+	noRefusals(t, "Cloud DNS", cdns.Refused())
 	for _, name := range []string{"etcd-a.internal.demo.kiln.test.", "api.internal.demo.kiln.test."} {
-		if got := cdns.records(name, "A"); got != guestIP {
+		if got := strings.Join(cdns.Records(name, "A"), " "); got != guestIP {
 			t.Errorf("Cloud DNS %s A = %q, want %s", name, got, guestIP)
 		}
 	}

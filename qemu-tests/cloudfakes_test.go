@@ -3,7 +3,6 @@ package qemutests
 import (
 	"context"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -11,46 +10,45 @@ import (
 	"testing"
 	"time"
 
-	gdns "google.golang.org/api/dns/v1"
-
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/firstboot"
+	"github.com/kilnproject/kiln/internal/cloudfake"
 )
 
-// The cloud fakes speak to the node's own clients as the clouds would, without a VM:
-// `kiln-init dns` (firstboot.RegisterDNS) on this host takes the instance role's
-// credentials from the IMDS fake and writes through the Route 53 fake, or takes the
-// service account's token from the metadata fake and writes through the Cloud DNS fake.
-// The fakes accept nothing else, so the records landing proves the credential chains.
+// The cloud fakes the cloud boots use (internal/cloudfake, whose own tests cover what each
+// refuses) speak to the node's own clients as the clouds would, without a VM: `kiln-init
+// dns` (firstboot.RegisterDNS) on this host takes the instance role's credentials from the
+// IMDS fake and writes through the Route 53 fake, or takes the service account's token
+// from the metadata fake and writes through the Cloud DNS fake. The fakes accept nothing
+// else, so the records landing proves the credential chains.
 func TestCloudFakesWithTheNodesClients(t *testing.T) {
 	t.Run("route53", func(t *testing.T) {
-		creds := roleCreds{key: "ASIAKILNTESTROLE0001", secret: "kiln-role-secret", token: "kiln-session-token"}
-		imds := &fakeIMDS{instanceID: "i-0kiln", az: "eu-west-1a", hostname: "ip-10-0-0-1", role: "kiln-node", creds: creds}
-		r53 := &fakeRoute53{creds: creds, zoneID: "Z0KILNTEST0001", zone: "kiln.test.", sets: map[string]r53Set{}}
+		imds := &cloudfake.IMDS{InstanceID: "i-0kiln", AZ: "eu-west-1a", Hostname: "ip-10-0-0-1", Role: "kiln-node", Creds: roleCreds}
+		r53 := &cloudfake.Route53{Creds: roleCreds, ZoneID: "Z0KILNTEST0001", Zone: "kiln.test."}
 		imdsURL, r53URL := httptest.NewServer(imds), httptest.NewServer(r53)
 		defer imdsURL.Close()
 		defer r53URL.Close()
 		clearAWSEnv(t)
 		root := nodeRoot(t, "{provider: route53}", "aws: {route53HostedZoneId: Z0KILNTEST0001, endpoints: {imds: \""+imdsURL.URL+"\", route53: \""+r53URL.URL+"\"}}")
 		st := registerDNS(t, root)
-		noRefusals(t, "IMDS", imds.refused)
-		noRefusals(t, "Route 53", r53.refused)
-		if got, want := r53.records("etcd-a.internal.demo.kiln.test.", "A"), registered(st, "etcd-a.", "A"); got != want {
+		noRefusals(t, "IMDS", imds.Refused())
+		noRefusals(t, "Route 53", r53.Refused())
+		if got, want := strings.Join(r53.Records("etcd-a.internal.demo.kiln.test.", "A"), " "), registered(st, "etcd-a.", "A"); got != want {
 			t.Errorf("Route 53 etcd-a = %q, want %s", got, want)
 		}
 	})
 	t.Run("clouddns", func(t *testing.T) {
-		md := &fakeGCEMetadata{project: "kiln-test", zone: "europe-west4-b", name: "cp-a", id: "1", hostname: "cp-a.c.kiln-test.internal", token: "ya29.kiln"}
-		cdns := &fakeCloudDNS{project: "kiln-test", zoneName: "kiln-test", dnsName: "kiln.test.", token: "ya29.kiln", sets: map[string]*gdns.ResourceRecordSet{}}
+		md := &cloudfake.GCEMetadata{Project: "kiln-test", Zone: "europe-west4-b", Name: "cp-a", ID: "1", Hostname: "cp-a.c.kiln-test.internal", Token: "ya29.kiln"}
+		cdns := &cloudfake.CloudDNS{Token: "ya29.kiln", Project: "kiln-test", ZoneName: "kiln-test", DNSName: "kiln.test."}
 		mdURL, dnsURL := httptest.NewServer(md), httptest.NewServer(cdns)
 		defer mdURL.Close()
 		defer dnsURL.Close()
 		t.Setenv("GCE_METADATA_HOST", mdURL.Listener.Addr().String())
 		root := nodeRoot(t, "{provider: clouddns}", "gce: {endpoints: {dns: \""+dnsURL.URL+"/\"}}")
 		st := registerDNS(t, root)
-		noRefusals(t, "metadata server", md.refused)
-		noRefusals(t, "Cloud DNS", cdns.refused)
-		if got, want := cdns.records("api.internal.demo.kiln.test.", "A"), registered(st, "api.", "A"); got != want {
+		noRefusals(t, "metadata server", md.Refused())
+		noRefusals(t, "Cloud DNS", cdns.Refused())
+		if got, want := strings.Join(cdns.Records("api.internal.demo.kiln.test.", "A"), " "), registered(st, "api.", "A"); got != want {
 			t.Errorf("Cloud DNS api = %q, want %s", got, want)
 		}
 	})
@@ -99,53 +97,4 @@ func registered(st dns.State, prefix, typ string) string {
 		}
 	}
 	return "none"
-}
-
-// The fakes refuse what the clouds refuse: IMDSv1 GETs and proxied token requests,
-// metadata requests without Metadata-Flavor, API requests without the instance's
-// credentials.
-func TestCloudFakesRefuse(t *testing.T) {
-	creds := roleCreds{key: "ASIAKILNTESTROLE0001", secret: "kiln-role-secret", token: "kiln-session-token"}
-	imds := httptest.NewServer(&fakeIMDS{instanceID: "i-0kiln", role: "r", creds: creds})
-	defer imds.Close()
-	gce := httptest.NewServer(&fakeGCEMetadata{id: "1", token: "ya29.kiln"})
-	defer gce.Close()
-	ec2 := httptest.NewServer(&fakeEC2{creds: creds, region: "eu-west-1"})
-	defer ec2.Close()
-	r53 := httptest.NewServer(&fakeRoute53{creds: creds, zoneID: "Z1", zone: "kiln.test."})
-	defer r53.Close()
-	comp := httptest.NewServer(&fakeCompute{project: "p", zone: "z", token: "ya29.kiln"})
-	defer comp.Close()
-	cdns := httptest.NewServer(&fakeCloudDNS{project: "p", zoneName: "z", dnsName: "kiln.test.", token: "ya29.kiln"})
-	defer cdns.Close()
-	for _, tc := range []struct {
-		name, method, url string
-		header            map[string]string
-		want              int
-	}{
-		{"IMDSv1 GET", "GET", imds.URL + "/latest/meta-data/instance-id", nil, http.StatusUnauthorized},
-		{"IMDSv2 GET with a made-up token", "GET", imds.URL + "/latest/meta-data/instance-id", map[string]string{"X-aws-ec2-metadata-token": "guess"}, http.StatusUnauthorized},
-		{"IMDS token through a proxy", "PUT", imds.URL + "/latest/api/token", map[string]string{"X-aws-ec2-metadata-token-ttl-seconds": "60", "X-Forwarded-For": "10.0.0.9"}, http.StatusForbidden},
-		{"IMDS token without a TTL", "PUT", imds.URL + "/latest/api/token", nil, http.StatusBadRequest},
-		{"GCE metadata without Metadata-Flavor", "GET", gce.URL + "/computeMetadata/v1/instance/id", nil, http.StatusForbidden},
-		{"GCE metadata with it", "GET", gce.URL + "/computeMetadata/v1/instance/id", map[string]string{"Metadata-Flavor": "Google"}, http.StatusOK},
-		{"EC2 unsigned", "POST", ec2.URL + "/?Action=DescribeVolumes&Version=2016-11-15", nil, http.StatusUnauthorized},
-		{"Route 53 signed by someone else", "GET", r53.URL + "/2013-04-01/hostedzone/Z1/rrset", map[string]string{
-			"Authorization": "AWS4-HMAC-SHA256 Credential=AKIDOTHER/20260101/us-east-1/route53/aws4_request, SignedHeaders=host;x-amz-date, Signature=" + strings.Repeat("0", 64)}, http.StatusForbidden},
-		{"Compute without a token", "GET", comp.URL + "/compute/v1/projects/p/zones/z/disks/d", nil, http.StatusUnauthorized},
-		{"Cloud DNS with another token", "GET", cdns.URL + "/dns/v1/projects/p/managedZones", map[string]string{"Authorization": "Bearer ya29.other"}, http.StatusUnauthorized},
-	} {
-		req, _ := http.NewRequest(tc.method, tc.url, nil)
-		for k, v := range tc.header {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != tc.want {
-			t.Errorf("%s: %s, want %d", tc.name, resp.Status, tc.want)
-		}
-	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnproject/kiln/internal/cloudfake"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -379,12 +380,9 @@ func TestCloudSelectorsRefusePartitions(t *testing.T) {
 			name: "aws",
 			finder: func(t *testing.T, byID string) Finder {
 				vols := etcdVolumes()
-				for _, v := range vols {
-					if v.id == "vol-0b" {
-						v.attachedTo(me, "/dev/xvdu")
-					}
-				}
-				f := &fakeEC2{t: t, vols: vols}
+				attachedTo(volume(vols, "vol-0b"), me, "/dev/xvdu")
+				f := newFakeEC2(nil, vols)
+				t.Cleanup(func() { noRefusals(t, f.Refused()) })
 				return AWS{Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: "b",
 					DevDir: byID, Timeout: time.Minute, Poll: 10 * time.Millisecond, Log: quiet}
 			},
@@ -394,8 +392,9 @@ func TestCloudSelectorsRefusePartitions(t *testing.T) {
 		{
 			name: "gce",
 			finder: func(t *testing.T, byID string) Finder {
-				f := &fakeCompute{t: t, disks: map[string][]string{"prod-etcd-b": {gceMe}},
-					deviceNames: map[string]string{gceMe + "/prod-etcd-b": "prod-etcd-b"}}
+				f := newFakeCompute(nil, map[string]*cloudfake.GCEDisk{
+					"prod-etcd-b": {Users: []string{gceMe}, Devices: map[string]string{gceMe: "prod-etcd-b"}}})
+				t.Cleanup(func() { noRefusals(t, f.Refused()) })
 				return GCE{Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
 					DiskName: "prod-etcd-b", DevDir: byID, Timeout: time.Minute, Poll: 10 * time.Millisecond, Log: quiet}
 			},

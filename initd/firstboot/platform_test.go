@@ -2,7 +2,6 @@ package firstboot
 
 import (
 	"context"
-	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
@@ -10,46 +9,29 @@ import (
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
+	"github.com/kilnproject/kiln/internal/cloudfake"
 )
 
-// imdsV2 is an IMDSv2-only metadata service: a GET without the session token a PUT
-// handed out is refused with 401, as on an instance that requires IMDSv2.
-func imdsV2(t *testing.T, meta map[string]string) *httptest.Server {
-	const token = "kiln-imds-token"
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPut && r.URL.Path == "/latest/api/token" {
-			ttl := r.Header.Get("X-aws-ec2-metadata-token-ttl-seconds")
-			if ttl == "" {
-				http.Error(w, "", http.StatusBadRequest)
-				return
-			}
-			w.Header().Set("X-aws-ec2-metadata-token-ttl-seconds", ttl)
-			w.Write([]byte(token))
-			return
+// imdsV2 serves f, the metadata service of an instance that requires IMDSv2, for the test,
+// and fails the test at its end if f refused a request.
+func imdsV2(t *testing.T, f *cloudfake.IMDS) *httptest.Server {
+	srv := httptest.NewServer(f)
+	t.Cleanup(func() {
+		srv.Close()
+		if refused := f.Refused(); len(refused) > 0 {
+			t.Errorf("requests IMDS refuses: %q", refused)
 		}
-		if r.Header.Get("X-aws-ec2-metadata-token") != token {
-			http.Error(w, "", http.StatusUnauthorized)
-			return
-		}
-		v, ok := meta[strings.TrimPrefix(r.URL.Path, "/latest/meta-data/")]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		w.Write([]byte(v))
-	}))
-	t.Cleanup(srv.Close)
+	})
 	return srv
 }
 
-var ec2Meta = map[string]string{
-	"instance-id":                 "i-0123456789abcdef0",
-	"placement/availability-zone": "eu-west-1b",
-	"local-hostname":              "ip-10-0-1-5.eu-west-1.compute.internal",
+// ec2Instance is the EC2 instance the tests run on.
+func ec2Instance() *cloudfake.IMDS {
+	return &cloudfake.IMDS{InstanceID: "i-0123456789abcdef0", AZ: "eu-west-1b", Hostname: "ip-10-0-1-5.eu-west-1.compute.internal"}
 }
 
 func TestReadEC2Instance(t *testing.T) {
-	srv := imdsV2(t, ec2Meta)
+	srv := imdsV2(t, ec2Instance())
 	in, err := readEC2Instance(context.Background(), srv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -58,45 +40,32 @@ func TestReadEC2Instance(t *testing.T) {
 		t.Errorf("instance = %+v", in)
 	}
 	// No local-hostname (resource-name hostnames, IPv6-only subnets): no platform hostname.
-	noName := imdsV2(t, map[string]string{"instance-id": "i-1", "placement/availability-zone": "eu-west-1b"})
+	noName := imdsV2(t, &cloudfake.IMDS{InstanceID: "i-1", AZ: "eu-west-1b"})
 	if in, err := readEC2Instance(context.Background(), noName.URL); err != nil || in.Hostname != "" || in.InstanceID != "i-1" {
 		t.Errorf("without local-hostname: %+v, %v", in, err)
 	}
-	noZone := imdsV2(t, map[string]string{"instance-id": "i-1"})
+	noZone := imdsV2(t, &cloudfake.IMDS{InstanceID: "i-1"})
 	if _, err := readEC2Instance(context.Background(), noZone.URL); err == nil || !strings.Contains(err.Error(), "placement/availability-zone") {
 		t.Errorf("without a zone: %v", err)
 	}
 }
 
-// gceMetadata is a GCE metadata server: requests without Metadata-Flavor: Google are
-// refused with 403, answers carry the header.
-func gceMetadata(t *testing.T, meta map[string]string) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Metadata-Flavor", "Google")
-		if r.Header.Get("Metadata-Flavor") != "Google" {
-			http.Error(w, "Missing Metadata-Flavor:Google header.", http.StatusForbidden)
-			return
+// gceMetadata serves f, a GCE metadata server, as the one the metadata client asks for the
+// test, and fails the test at its end if f refused a request.
+func gceMetadata(t *testing.T, f *cloudfake.GCEMetadata) {
+	srv := httptest.NewServer(f)
+	t.Cleanup(func() {
+		srv.Close()
+		if refused := f.Refused(); len(refused) > 0 {
+			t.Errorf("requests the metadata server refuses: %q", refused)
 		}
-		v, ok := meta[strings.TrimPrefix(r.URL.Path, "/computeMetadata/v1/")]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		w.Write([]byte(v))
-	}))
-	t.Cleanup(srv.Close)
+	})
 	t.Setenv("GCE_METADATA_HOST", srv.Listener.Addr().String())
 }
 
 func TestReadGCEInstance(t *testing.T) {
-	gceMetadata(t, map[string]string{
-		"instance/id":        "4520031799277581759",
-		"instance/name":      "cp-a",
-		"instance/zone":      "projects/123456789/zones/europe-west4-b",
-		"project/project-id": "kiln-prod",
-		"instance/hostname":  "cp-a.europe-west4-b.c.kiln-prod.internal",
-		"instance/service-accounts/default/token": `{"access_token":"ya29.kiln","expires_in":3599,"token_type":"Bearer"}`,
-	})
+	gceMetadata(t, &cloudfake.GCEMetadata{ID: "4520031799277581759", Name: "cp-a", Zone: "europe-west4-b", Project: "kiln-prod",
+		Hostname: "cp-a.europe-west4-b.c.kiln-prod.internal", Token: "ya29.kiln"})
 	in, err := readGCEInstance(context.Background(), source.GCEMetadataClient())
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +84,7 @@ func TestReadGCEInstance(t *testing.T) {
 // On aws the facts carry the instance's identity and its hostname from IMDS, unless the
 // node config names the node.
 func TestFactsFromPlatform(t *testing.T) {
-	srv := imdsV2(t, ec2Meta)
+	srv := imdsV2(t, ec2Instance())
 	for _, tc := range []struct{ hostname, want, source string }{
 		{"", "ip-10-0-1-5", "platform"},
 		{"cp-1", "cp-1", "config"},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 
+	"github.com/kilnproject/kiln/internal/cloudfake"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -49,7 +50,7 @@ func (s *streamer) stream(w http.ResponseWriter) {
 // hostileIMDS is an IMDSv2 service whose user data, or whose session token, never ends.
 type hostileIMDS struct {
 	streamer
-	fakeIMDS
+	cloudfake.IMDS
 	streamToken bool
 }
 
@@ -61,14 +62,14 @@ func (h *hostileIMDS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case !h.streamToken && r.Method == http.MethodGet && r.URL.Path == "/latest/user-data":
 		h.stream(w)
 	default:
-		h.fakeIMDS.ServeHTTP(w, r)
+		h.IMDS.ServeHTTP(w, r)
 	}
 }
 
 // hostileGCE is a Google metadata server whose user-data attribute never ends.
 type hostileGCE struct {
 	streamer
-	fakeGCE
+	cloudfake.GCEMetadata
 }
 
 func (h *hostileGCE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -77,7 +78,7 @@ func (h *hostileGCE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.stream(w)
 		return
 	}
-	h.fakeGCE.ServeHTTP(w, r)
+	h.GCEMetadata.ServeHTTP(w, r)
 }
 
 // hostileURL is a web server whose config never ends.
@@ -105,7 +106,7 @@ func TestAttackEndlessAnswer(t *testing.T) {
 	}{
 		{
 			name:    "aws user data",
-			handler: &hostileIMDS{},
+			handler: &hostileIMDS{IMDS: cloudfake.IMDS{InstanceID: testInstanceID}},
 			provider: func(srv *httptest.Server) Provider {
 				return &AWS{Endpoint: srv.URL, ProbeTimeout: time.Minute}
 			},
@@ -113,7 +114,7 @@ func TestAttackEndlessAnswer(t *testing.T) {
 		},
 		{
 			name:    "aws session token",
-			handler: &hostileIMDS{streamToken: true},
+			handler: &hostileIMDS{IMDS: cloudfake.IMDS{InstanceID: testInstanceID}, streamToken: true},
 			provider: func(srv *httptest.Server) Provider {
 				return &AWS{Endpoint: srv.URL, ProbeTimeout: time.Minute}
 			},
@@ -122,7 +123,7 @@ func TestAttackEndlessAnswer(t *testing.T) {
 		},
 		{
 			name:    "gce user data",
-			handler: &hostileGCE{},
+			handler: &hostileGCE{GCEMetadata: cloudfake.GCEMetadata{ID: testGCEID}},
 			provider: func(srv *httptest.Server) Provider {
 				return &GCE{Host: srv.Listener.Addr().String(), ProbeTimeout: time.Minute}
 			},
@@ -285,13 +286,13 @@ func awsEnv(t *testing.T, srv *httptest.Server, region string) {
 // never ends.
 type hostileLookup struct {
 	streamer
-	fakeIMDS
+	cloudfake.IMDS
 }
 
 func (h *hostileLookup) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPut:
-		h.fakeIMDS.ServeHTTP(w, r) // the session token
+		h.IMDS.ServeHTTP(w, r) // the session token
 	default:
 		w.Header().Set("Metadata-Flavor", "Google")
 		h.stream(w)

@@ -2,92 +2,50 @@ package source
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
+	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kilnproject/kiln/internal/cloudfake"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
-// fakeIMDS speaks the EC2 instance metadata protocol as EC2 does with IMDSv2 required
-// (HttpTokens=required): PUT /latest/api/token with a TTL header of 1..21600 seconds
-// yields a token; every GET must carry it, else 401.
-type fakeIMDS struct {
-	userData  []byte // nil: the instance has no user data (404)
-	failUser  int    // status to answer user-data with, when not 0
-	tokenPath string // "" means /latest/api/token; another path makes the token request 404
+// The instance the metadata fakes describe.
+const (
+	testInstanceID = "i-0123456789abcdef0"
+	testGCEID      = "4520031799277581759"
+)
 
-	mu        sync.Mutex
-	tokens    map[string]time.Time
-	ttls      []string
-	tokenless int // GETs without a valid token: IMDSv1 attempts
+// newIMDS is the metadata service of an EC2 instance with IMDSv2 required and userData
+// (nil for none).
+func newIMDS(userData []byte) *cloudfake.IMDS {
+	return &cloudfake.IMDS{InstanceID: testInstanceID, UserData: userData}
 }
 
-func (f *fakeIMDS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	tokenPath := f.tokenPath
-	if tokenPath == "" {
-		tokenPath = "/latest/api/token"
+// newGCEMetadata is the metadata server of a GCE instance with attrs.
+func newGCEMetadata(attrs map[string]string) *cloudfake.GCEMetadata {
+	return &cloudfake.GCEMetadata{ID: testGCEID, Attributes: attrs}
+}
+
+// checkIMDSv2Only fails t unless the client asked f for a session token and sent nothing
+// IMDS would refuse (a GET without the token, a token request without a TTL), nor, to a
+// service without IMDSv2, any GET.
+func checkIMDSv2Only(t *testing.T, f *cloudfake.IMDS) {
+	t.Helper()
+	if refused := f.Refused(); len(refused) != 0 {
+		t.Errorf("metadata requests IMDS refuses: %q", refused)
 	}
-	if r.Method == http.MethodPut {
-		f.ttls = append(f.ttls, r.Header.Get("X-aws-ec2-metadata-token-ttl-seconds"))
+	calls := f.Calls()
+	if !slices.Contains(calls, "PUT /latest/api/token") {
+		t.Errorf("no token request: %q", calls)
 	}
-	switch {
-	case r.Method == http.MethodPut && r.URL.Path == tokenPath:
-		if r.Header.Get("X-Forwarded-For") != "" {
-			http.Error(w, "Forbidden", http.StatusForbidden)
-			return
-		}
-		ttl := r.Header.Get("X-aws-ec2-metadata-token-ttl-seconds")
-		n, err := strconv.Atoi(ttl)
-		if err != nil || n < 1 || n > 21600 {
-			http.Error(w, "Bad Request", http.StatusBadRequest)
-			return
-		}
-		b := make([]byte, 16)
-		rand.Read(b)
-		tok := base64.StdEncoding.EncodeToString(b)
-		if f.tokens == nil {
-			f.tokens = map[string]time.Time{}
-		}
-		f.tokens[tok] = time.Now().Add(time.Duration(n) * time.Second)
-		w.Header().Set("X-aws-ec2-metadata-token-ttl-seconds", ttl)
-		w.Write([]byte(tok))
-	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/latest/"):
-		exp, ok := f.tokens[r.Header.Get("X-aws-ec2-metadata-token")]
-		if !ok || time.Now().After(exp) {
-			f.tokenless++
-			http.Error(w, "Unauthorized", http.StatusUnauthorized)
-			return
-		}
-		switch r.URL.Path {
-		case "/latest/meta-data/instance-id":
-			w.Write([]byte("i-0123456789abcdef0"))
-		case "/latest/user-data":
-			if f.failUser != 0 {
-				http.Error(w, http.StatusText(f.failUser), f.failUser)
-				return
-			}
-			if f.userData == nil {
-				http.NotFound(w, r)
-				return
-			}
-			w.Write(f.userData)
-		default:
-			http.NotFound(w, r)
-		}
-	case r.Method != http.MethodGet && r.Method != http.MethodPut:
-		http.Error(w, "Method Not Allowed", http.StatusMethodNotAllowed)
-	default:
-		http.NotFound(w, r)
+	if f.V1Only && slices.ContainsFunc(calls, func(c string) bool { return strings.HasPrefix(c, "GET ") }) {
+		t.Errorf("IMDSv1 requests: %q", calls)
 	}
 }
 
@@ -118,16 +76,18 @@ func checkProbeFetch(t *testing.T, p Provider, fetchTimeout time.Duration, wantP
 func TestAWS(t *testing.T) {
 	tests := []struct {
 		name      string
-		imds      *fakeIMDS
+		imds      *cloudfake.IMDS
 		endpoint  string // overrides the fake
 		wantProbe bool
 		wantData  string
 		wantErr   string
 	}{
-		{name: "user data", imds: &fakeIMDS{userData: []byte(ign)}, wantProbe: true, wantData: ign},
-		{name: "no user data falls through", imds: &fakeIMDS{}, wantProbe: true},
-		{name: "user data error", imds: &fakeIMDS{failUser: http.StatusForbidden}, wantProbe: true, wantErr: "imds user-data"},
-		{name: "IMDSv1-only service is not used", imds: &fakeIMDS{tokenPath: "/nowhere", userData: []byte(ign)}, wantErr: "imds user-data"},
+		{name: "user data", imds: newIMDS([]byte(ign)), wantProbe: true, wantData: ign},
+		{name: "no user data falls through", imds: newIMDS(nil), wantProbe: true},
+		{name: "user data error", imds: &cloudfake.IMDS{InstanceID: testInstanceID, Status: map[string]int{"/latest/user-data": http.StatusForbidden}},
+			wantProbe: true, wantErr: "imds user-data"},
+		{name: "IMDSv1-only service is not used", imds: &cloudfake.IMDS{InstanceID: testInstanceID, UserData: []byte(ign), V1Only: true},
+			wantErr: "imds user-data"},
 		{name: "no metadata service", endpoint: "http://" + testkit.ClosedAddr(t), wantErr: "imds user-data"},
 	}
 	for _, tc := range tests {
@@ -141,60 +101,11 @@ func TestAWS(t *testing.T) {
 			// Each probe here is answered, or refused, at once: however slow the machine, the
 			// timeout must not decide it (TestProbeHungService covers the timeout).
 			checkProbeFetch(t, &AWS{Endpoint: endpoint, ProbeTimeout: time.Minute}, 5*time.Second, tc.wantProbe, tc.wantData, tc.wantErr)
-			if tc.imds == nil {
-				return
-			}
-			tc.imds.mu.Lock()
-			defer tc.imds.mu.Unlock()
-			if tc.imds.tokenless != 0 {
-				t.Errorf("%d metadata requests without a token (IMDSv1)", tc.imds.tokenless)
-			}
-			if len(tc.imds.ttls) == 0 {
-				t.Error("no token request")
-			}
-			for _, ttl := range tc.imds.ttls {
-				if ttl == "" {
-					t.Error("token request without a TTL")
-				}
+			if tc.imds != nil {
+				checkIMDSv2Only(t, tc.imds)
 			}
 		})
 	}
-}
-
-// fakeGCE answers like the GCE metadata server: 403 without Metadata-Flavor: Google,
-// and Metadata-Flavor: Google on every answer.
-type fakeGCE struct {
-	attrs map[string]string
-
-	mu         sync.Mutex
-	noFlavored int
-}
-
-func (f *fakeGCE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Metadata-Flavor", "Google")
-	if r.Header.Get("Metadata-Flavor") != "Google" {
-		f.mu.Lock()
-		f.noFlavored++
-		f.mu.Unlock()
-		http.Error(w, "Missing Metadata-Flavor:Google header.", http.StatusForbidden)
-		return
-	}
-	p, ok := strings.CutPrefix(r.URL.Path, "/computeMetadata/v1/")
-	if !ok {
-		http.NotFound(w, r)
-		return
-	}
-	if p == "instance/id" {
-		w.Write([]byte("4520031799277581759"))
-		return
-	}
-	if name, ok := strings.CutPrefix(p, "instance/attributes/"); ok {
-		if v, ok := f.attrs[name]; ok {
-			w.Write([]byte(v))
-			return
-		}
-	}
-	http.NotFound(w, r)
 }
 
 func TestGCE(t *testing.T) {
@@ -207,10 +118,10 @@ func TestGCE(t *testing.T) {
 		wantData  string
 		wantErr   string
 	}{
-		{name: "user data", handler: &fakeGCE{attrs: map[string]string{"user-data": ign, "ssh-keys": "x"}}, wantProbe: true, wantData: ign},
-		{name: "binary user data kept", handler: &fakeGCE{attrs: map[string]string{"user-data": gzipped}}, wantProbe: true, wantData: gzipped},
-		{name: "no user data falls through", handler: &fakeGCE{attrs: map[string]string{"ssh-keys": "x"}}, wantProbe: true},
-		{name: "another cloud's metadata service", handler: &fakeIMDS{userData: []byte(ign)},
+		{name: "user data", handler: newGCEMetadata(map[string]string{"user-data": ign, "ssh-keys": "x"}), wantProbe: true, wantData: ign},
+		{name: "binary user data kept", handler: newGCEMetadata(map[string]string{"user-data": gzipped}), wantProbe: true, wantData: gzipped},
+		{name: "no user data falls through", handler: newGCEMetadata(map[string]string{"ssh-keys": "x"}), wantProbe: true},
+		{name: "another cloud's metadata service", handler: newIMDS([]byte(ign)),
 			wantErr: "not a Google metadata server"},
 		{name: "no metadata service", host: testkit.ClosedAddr(t), wantErr: "connection refused"},
 	}
@@ -226,8 +137,8 @@ func TestGCE(t *testing.T) {
 			if !checkProbeFetch(t, g, 2*time.Second, tc.wantProbe, tc.wantData, tc.wantErr) {
 				return
 			}
-			if f, ok := tc.handler.(*fakeGCE); ok && f.noFlavored != 0 {
-				t.Errorf("%d requests without Metadata-Flavor: Google", f.noFlavored)
+			if f, ok := tc.handler.(*cloudfake.GCEMetadata); ok && len(f.Refused()) != 0 {
+				t.Errorf("requests the metadata server refuses: %q", f.Refused())
 			}
 		})
 	}
@@ -257,9 +168,11 @@ func TestProbeHungService(t *testing.T) {
 // with base64-of-gzip user data.
 func TestCloudSelect(t *testing.T) {
 	encoded := []byte(base64.StdEncoding.EncodeToString(testkit.Gzip(t, []byte(ign))))
-	imdsSrv := httptest.NewServer(&fakeIMDS{userData: encoded})
+	imds := newIMDS(encoded)
+	imdsSrv := httptest.NewServer(imds)
 	defer imdsSrv.Close()
-	gceSrv := httptest.NewServer(&fakeGCE{attrs: map[string]string{"user-data": string(encoded)}})
+	gce := newGCEMetadata(map[string]string{"user-data": string(encoded)})
+	gceSrv := httptest.NewServer(gce)
 	defer gceSrv.Close()
 	for _, p := range []Provider{
 		&AWS{Endpoint: imdsSrv.URL},
@@ -271,5 +184,9 @@ func TestCloudSelect(t *testing.T) {
 				t.Errorf("Select = %q from %q, %v; want the decoded config from %s", data, src, err, p.Name())
 			}
 		})
+	}
+	checkIMDSv2Only(t, imds)
+	if refused := gce.Refused(); len(refused) != 0 {
+		t.Errorf("requests the metadata server refuses: %q", refused)
 	}
 }

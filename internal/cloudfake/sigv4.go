@@ -1,7 +1,28 @@
-// Package cloudfake holds what kiln's local fakes of cloud APIs share, so that every fake
-// checks requests the way the cloud does, written once: today the AWS SigV4 check that the
-// EC2, EBS, STS and Route 53 fakes of the unit tests, the publisher tests and the QEMU tests
-// all make. Only tests and test helpers import it.
+// Package cloudfake holds kiln's local fakes of the cloud APIs a node talks to, and the
+// request checks they share, so that every fake answers and refuses requests the way the
+// cloud does, written once. Each fake is an http.Handler for an httptest.Server (or any
+// listener) that the official SDK clients are pointed at:
+//
+//   - EC2: the EC2 Query API's DescribeVolumes and AttachVolume (ec2.go);
+//   - Route53: the Route 53 REST-XML API for one hosted zone (route53.go);
+//   - IMDS: the EC2 instance metadata service with IMDSv2 required (imds.go);
+//   - Compute: the Compute Engine v1 API's disks, instances and zone operations (compute.go);
+//   - CloudDNS: the Cloud DNS v1 API for one managed zone (clouddns.go);
+//   - GCEMetadata: the GCE metadata server (gcemeta.go);
+//
+// and CheckSigV4, the AWS SigV4 check that the EC2 and Route 53 fakes here and the EC2,
+// EBS and STS fakes of the publisher tests make.
+//
+// A fake records the requests it refused (Refused): what a correct client never sends,
+// such as an unsigned or wrongly signed request, an unknown action or filter, or a body
+// the API does not take. It answers them with the cloud's own error, and a test asserts
+// on the record. Answers about the state of things (a volume in use, a disk not found)
+// are not refusals. A fake's exported state is guarded by its lock: a test reads or
+// changes it while the fake serves only holding the lock, and hooks run holding it unless
+// their documentation says otherwise.
+//
+// Only tests and test harnesses (the unit tests, builder/publish/publishtest and
+// qemu-tests) import it.
 package cloudfake
 
 import (
@@ -99,4 +120,19 @@ func CheckSigV4(r *http.Request, body []byte, creds AWSCredentials) (SigV4Scope,
 		return scope, &CredentialsError{fmt.Sprintf("signature does not match the request:\n got  %s\n want %s", auth, got)}
 	}
 	return scope, nil
+}
+
+// checkAWS checks r as AWS does (CheckSigV4) with creds, and that it was signed for
+// service, and for region unless region is "".
+func checkAWS(r *http.Request, body []byte, creds AWSCredentials, service, region string) error {
+	scope, err := CheckSigV4(r, body, creds)
+	switch {
+	case err != nil:
+		return err
+	case scope.Service != service:
+		return fmt.Errorf("signed for service %s, not %s", scope.Service, service)
+	case region != "" && scope.Region != region:
+		return fmt.Errorf("signed for region %s, the endpoint is in %s", scope.Region, region)
+	}
+	return nil
 }
