@@ -14,11 +14,17 @@ const module = "github.com/kilnproject/kiln/"
 var builderMayImport = []string{"initd/config", "initd/pki", "initd/rootpath", "initd/systemd"}
 
 // testOnly are the packages of helpers and fakes for tests: only test files may import them.
-var testOnly = []string{"internal/testkit", "builder/publish/publishtest"}
+var testOnly = []string{"internal/testkit", "internal/cloudfake", "builder/publish/publishtest"}
+
+// phases are kiln-init's boot phases: each folder holds one, with the packages only it uses.
+// Only kiln-init's main (initd/cmd) ties them together.
+var phases = []string{"initd/stage1", "initd/firstboot"}
 
 // The import rule of docs/architecture.md: internal/ imports neither builder/ nor initd/,
 // initd/ never imports builder/, and builder/ imports only the node-side packages it runs the
-// way the node does. Test files count too, but only they may import the test-only packages.
+// way the node does; on the node, no phase imports another, and the packages the phases share
+// import no phase. Test files count too (except for the phase rule), but only they may import
+// the test-only packages.
 func TestImportRule(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f",
 		`{{.ImportPath}} {{join .Imports " "}} | {{join .TestImports " "}} {{join .XTestImports " "}}`,
@@ -44,6 +50,9 @@ func TestImportRule(t *testing.T) {
 			if why == "" && !inTests && slices.Contains(testOnly, imp) && !slices.Contains(testOnly, pkg) {
 				why = "only test files may import it"
 			}
+			if why == "" && !inTests {
+				why = crossesPhase(pkg, imp)
+			}
 			if why != "" {
 				t.Errorf("%s imports %s: %s", pkg, imp, why)
 			}
@@ -64,6 +73,25 @@ func forbidden(pkg, imp string) string {
 		return "the node never depends on the builder"
 	case top(pkg) == "builder" && top(imp) == "initd" && !slices.Contains(builderMayImport, imp):
 		return "the builder may import only " + strings.Join(builderMayImport, ", ")
+	}
+	return ""
+}
+
+// crossesPhase says why pkg may not import imp across kiln-init's phases, or "". Tests may:
+// kube's render the real templates with first boot's renderer.
+func crossesPhase(pkg, imp string) string {
+	if strings.HasPrefix(pkg, "initd/") && !strings.HasPrefix(pkg, "initd/cmd/") && phaseOf(imp) != "" && phaseOf(imp) != phaseOf(pkg) {
+		return "a phase of kiln-init imports no other phase, and what the phases share imports none"
+	}
+	return ""
+}
+
+// phaseOf is the phase folder p belongs to, or "" for a package the phases share.
+func phaseOf(p string) string {
+	for _, ph := range phases {
+		if p == ph || strings.HasPrefix(p, ph+"/") {
+			return ph
+		}
 	}
 	return ""
 }
