@@ -13,8 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kilnproject/kiln/internal/cloudfake"
-	"github.com/kilnproject/kiln/internal/testkit"
+	"github.com/kilnproject/kiln/initd/etcdvolume/etcdvolumetest"
 )
 
 // The attack: an etcd volume selector (serial, by-id name, AWS tags, GCE disk name) that
@@ -23,53 +22,15 @@ import (
 // mkfs, mount and swapon, and the machine's own boot disk; device-mapper and RAID holders
 // are a sysfs tree of the test's own (see fakeHolder).
 
-// needTools skips the test unless it runs as root with the tools it needs.
-func needTools(t *testing.T, tools ...string) {
-	t.Helper()
-	testkit.RequireRoot(t, "loop devices")
-	testkit.Tools(t, tools...)
-	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skipf("no loop devices: %v", err)
-	}
-}
-
-// shTrim runs a command like sh and returns its output without the trailing newline.
-func shTrim(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	return strings.TrimSpace(testkit.Run(t, name, args...))
-}
-
-// loopDisk attaches a 64 MiB sparse image as a loop device, with one GPT partition
-// filling it when partitioned, and returns the disk's device node.
-func loopDisk(t *testing.T, partitioned bool) string {
-	t.Helper()
-	img := testkit.SparseFile(t, 64<<20)
-	if partitioned {
-		shTrim(t, "sgdisk", "-n", "1:0:0", img)
-	}
-	dev := shTrim(t, "losetup", "--find", "--show", "--partscan", img)
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	if partitioned {
-		if _, err := os.Stat(dev + "p1"); err != nil {
-			// Without udev the kernel's partition scan may not have run; ask for it.
-			exec.Command("partx", "-a", dev).Run()
-		}
-		if _, err := os.Stat(dev + "p1"); err != nil {
-			t.Fatalf("partition of %s: %v", dev, err)
-		}
-	}
-	return dev
-}
-
 // mountAt makes an ext4 filesystem labelled label on dev (unless label is "") and mounts
 // dev on a new directory, which it returns.
 func mountAt(t *testing.T, dev, label string) string {
 	t.Helper()
 	if label != "" {
-		shTrim(t, "mkfs.ext4", "-q", "-F", "-L", label, dev)
+		etcdvolumetest.ShTrim(t, "mkfs.ext4", "-q", "-F", "-L", label, dev)
 	}
 	dir := t.TempDir()
-	shTrim(t, "mount", "-t", "ext4", dev, dir)
+	etcdvolumetest.ShTrim(t, "mount", "-t", "ext4", dev, dir)
 	t.Cleanup(func() { exec.Command("umount", dir).Run() })
 	return dir
 }
@@ -130,12 +91,12 @@ func fakeHolder(t *testing.T, dev string, part bool, holder string) string {
 // when / is on a whole disk). It skips the test when / is not on a block device.
 func rootDevice(t *testing.T) (dev, disk string) {
 	t.Helper()
-	dev = shTrim(t, "findmnt", "-n", "-o", "SOURCE", "/")
+	dev = etcdvolumetest.ShTrim(t, "findmnt", "-n", "-o", "SOURCE", "/")
 	if fi, err := os.Stat(dev); err != nil || fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0 {
 		t.Skipf("/ is on %q, not a block device", dev)
 	}
 	disk = dev
-	if parent := shTrim(t, "lsblk", "-n", "-d", "-o", "PKNAME", dev); parent != "" {
+	if parent := etcdvolumetest.ShTrim(t, "lsblk", "-n", "-d", "-o", "PKNAME", dev); parent != "" {
 		disk = "/dev/" + parent
 	}
 	return dev, disk
@@ -186,7 +147,7 @@ var selectorCases = []selectorCase{
 	{
 		name: "partition of a free disk",
 		setup: func(t *testing.T) (string, string) {
-			return loopDisk(t, true) + "p1", ""
+			return etcdvolumetest.LoopDisk(t, true) + "p1", ""
 		},
 		reason: " of disk loop",
 		direct: true,
@@ -194,7 +155,7 @@ var selectorCases = []selectorCase{
 	{
 		name: "mounted disk",
 		setup: func(t *testing.T) (string, string) {
-			dev := loopDisk(t, false)
+			dev := etcdvolumetest.LoopDisk(t, false)
 			mountAt(t, dev, "data")
 			return dev, ""
 		},
@@ -204,7 +165,7 @@ var selectorCases = []selectorCase{
 	{
 		name: "volume mounted at its mount path and elsewhere",
 		setup: func(t *testing.T) (string, string) {
-			dev := loopDisk(t, false)
+			dev := etcdvolumetest.LoopDisk(t, false)
 			own := mountAt(t, dev, "etcd")
 			mountAt(t, dev, "")
 			return dev, own
@@ -214,7 +175,7 @@ var selectorCases = []selectorCase{
 	{
 		name: "disk with a mounted partition",
 		setup: func(t *testing.T) (string, string) {
-			dev := loopDisk(t, true)
+			dev := etcdvolumetest.LoopDisk(t, true)
 			mountAt(t, dev+"p1", "data")
 			return dev, ""
 		},
@@ -224,7 +185,7 @@ var selectorCases = []selectorCase{
 	{
 		name: "disk held by device-mapper",
 		setup: func(t *testing.T) (string, string) {
-			return loopDisk(t, false), ""
+			return etcdvolumetest.LoopDisk(t, false), ""
 		},
 		holder: "dm-0",
 		reason: "is in use by dm-0 (device-mapper etcd-vg-data)",
@@ -233,7 +194,7 @@ var selectorCases = []selectorCase{
 	{
 		name: "disk in a RAID",
 		setup: func(t *testing.T) (string, string) {
-			return loopDisk(t, false), ""
+			return etcdvolumetest.LoopDisk(t, false), ""
 		},
 		holder: "md0",
 		reason: "is in use by md0 (RAID)",
@@ -242,7 +203,7 @@ var selectorCases = []selectorCase{
 	{
 		name: "disk whose partition device-mapper holds",
 		setup: func(t *testing.T) (string, string) {
-			return loopDisk(t, true), ""
+			return etcdvolumetest.LoopDisk(t, true), ""
 		},
 		holder:     "dm-0",
 		holderPart: true,
@@ -252,7 +213,7 @@ var selectorCases = []selectorCase{
 	{
 		name: "disk whose partition is in a RAID",
 		setup: func(t *testing.T) (string, string) {
-			return loopDisk(t, true), ""
+			return etcdvolumetest.LoopDisk(t, true), ""
 		},
 		holder:     "md0",
 		holderPart: true,
@@ -262,9 +223,9 @@ var selectorCases = []selectorCase{
 	{
 		name: "swap disk",
 		setup: func(t *testing.T) (string, string) {
-			dev := loopDisk(t, false)
-			shTrim(t, "mkswap", dev)
-			shTrim(t, "swapon", dev)
+			dev := etcdvolumetest.LoopDisk(t, false)
+			etcdvolumetest.ShTrim(t, "mkswap", dev)
+			etcdvolumetest.ShTrim(t, "swapon", dev)
 			t.Cleanup(func() { exec.Command("swapoff", dev).Run() })
 			return dev, ""
 		},
@@ -274,13 +235,13 @@ var selectorCases = []selectorCase{
 	{
 		name: "free whole disk",
 		setup: func(t *testing.T) (string, string) {
-			return loopDisk(t, false), ""
+			return etcdvolumetest.LoopDisk(t, false), ""
 		},
 	},
 	{
 		name: "volume mounted at its mount path by an earlier run",
 		setup: func(t *testing.T) (string, string) {
-			dev := loopDisk(t, false)
+			dev := etcdvolumetest.LoopDisk(t, false)
 			return dev, mountAt(t, dev, "etcd")
 		},
 	},
@@ -293,7 +254,7 @@ var selectorCases = []selectorCase{
 // to wipe or format it too. A free whole disk, and the volume mounted at its own mount
 // path by an earlier run, are accepted.
 func TestSelectorRefusesDisksInUse(t *testing.T) {
-	needTools(t, "losetup", "sgdisk", "partx", "mkfs.ext4", "mkswap", "swapon", "blkid", "findmnt", "lsblk")
+	etcdvolumetest.NeedTools(t, "losetup", "sgdisk", "partx", "mkfs.ext4", "mkswap", "swapon", "blkid", "findmnt", "lsblk")
 	for _, tt := range selectorCases {
 		t.Run(tt.name, func(t *testing.T) { checkSelectorCase(t, tt) })
 	}
@@ -352,69 +313,15 @@ func checkSelectorRefuses(t *testing.T, finder ByID, dev string, want Want, tt s
 		t.Errorf("wipe %v: Find accepted %s", wipe, got)
 	} else {
 		t.Log(err)
-		if !errors.Is(err, errUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
+		if !errors.Is(err, ErrUnsafeDisk) || !strings.Contains(err.Error(), "by-id volume serial etcd-main: "+dev+" ") ||
 			!strings.Contains(err.Error(), tt.reason) {
 			t.Errorf("wipe %v: Find error %q; want it to name the selector, %s and %q", wipe, err, dev, tt.reason)
 		}
 	}
 	if tt.direct {
 		_, err := Prepare(ctx, dev, want)
-		if err == nil || wipe && !errors.Is(err, errUnsafeDisk) {
+		if err == nil || wipe && !errors.Is(err, ErrUnsafeDisk) {
 			t.Errorf("wipe %v: Prepare(%s) = %v; want it refused", wipe, dev, err)
 		}
-	}
-}
-
-// TestCloudSelectorsRefusePartitions: the AWS and GCE finders check the device the
-// volume's link leads to like ByID does: a link to a partition is refused, naming the
-// volume or disk.
-func TestCloudSelectorsRefusePartitions(t *testing.T) {
-	needTools(t, "losetup", "sgdisk", "partx")
-	tests := []struct {
-		name     string
-		finder   func(t *testing.T, byID string) Finder
-		link     string // the by-id link the finder follows
-		selector string
-	}{
-		{
-			name: "aws",
-			finder: func(t *testing.T, byID string) Finder {
-				vols := etcdVolumes()
-				attachedTo(volume(vols, "vol-0b"), me, "/dev/xvdu")
-				f := newFakeEC2(nil, vols)
-				t.Cleanup(func() { noRefusals(t, f.Refused()) })
-				return AWS{Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: "b",
-					DevDir: byID, Timeout: time.Minute, Poll: 10 * time.Millisecond, Log: quiet}
-			},
-			link:     "nvme-Amazon_Elastic_Block_Store_vol0b",
-			selector: "aws volume vol-0b (k8s.io/etcd/main, member b): ",
-		},
-		{
-			name: "gce",
-			finder: func(t *testing.T, byID string) Finder {
-				f := newFakeCompute(nil, map[string]*cloudfake.GCEDisk{
-					"prod-etcd-b": {Users: []string{gceMe}, Devices: map[string]string{gceMe: "prod-etcd-b"}}})
-				t.Cleanup(func() { noRefusals(t, f.Refused()) })
-				return GCE{Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
-					DiskName: "prod-etcd-b", DevDir: byID, Timeout: time.Minute, Poll: 10 * time.Millisecond, Log: quiet}
-			},
-			link:     "google-prod-etcd-b",
-			selector: "gce disk prod-etcd-b: ",
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			part := loopDisk(t, true) + "p1"
-			byID := t.TempDir()
-			if err := os.Symlink(part, filepath.Join(byID, tt.link)); err != nil {
-				t.Fatal(err)
-			}
-			got, err := tt.finder(t, byID).Find(context.Background())
-			if !errors.Is(err, errUnsafeDisk) || !strings.Contains(err.Error(), tt.selector+part+" is ") ||
-				!strings.Contains(err.Error(), "is partition loop") {
-				t.Fatalf("Find = %q, %v; want the partition refused, naming %q", got, err, tt.selector)
-			}
-			t.Log(err)
-		})
 	}
 }

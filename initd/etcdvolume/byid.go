@@ -34,8 +34,8 @@ type ByID struct {
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
 	// defaultSysDir.
 	SysDir string
-	// Timeout bounds the wait for the link (defaultTimeout when zero); Poll is how often
-	// the directory is read (defaultPoll when zero).
+	// Timeout bounds the wait for the link (DefaultTimeout when zero); Poll is how often
+	// the directory is read (DefaultPoll when zero).
 	Timeout, Poll time.Duration
 }
 
@@ -65,7 +65,7 @@ func (b ByID) Find(ctx context.Context) (string, error) {
 		what = filepath.Join(dir, id)
 	}
 	var dev string
-	err := waitFor(ctx, b.Timeout, b.Poll, what, func() (bool, error) {
+	err := WaitFor(ctx, b.Timeout, b.Poll, what, func() (bool, error) {
 		var err error
 		dev, err = b.lookup(dir)
 		return dev != "", err
@@ -77,7 +77,7 @@ func (b ByID) Find(ctx context.Context) (string, error) {
 	if b.ID != "" {
 		selector = "by-id volume id " + b.ID
 	}
-	if err := checkDisk(b.SysDir, selector, dev, b.MountPath); err != nil {
+	if err := CheckDisk(b.SysDir, selector, dev, b.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil

@@ -3,41 +3,13 @@ package etcdvolume
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/initd/etcdvolume/etcdvolumetest"
 )
-
-// fakeDev makes a udev-like tree: device nodes (empty files) in dev/ and relative
-// links to them in dev/disk/by-id, as udev makes them.
-type fakeDev struct {
-	t          *testing.T
-	devs, byID string
-}
-
-func newFakeDev(t *testing.T) *fakeDev {
-	root := t.TempDir()
-	f := &fakeDev{t: t, devs: filepath.Join(root, "dev"), byID: filepath.Join(root, "dev/disk/by-id")}
-	if err := os.MkdirAll(f.byID, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-// link makes by-id/<name> -> ../../<dev>, creating the device node.
-func (f *fakeDev) link(name, dev string) string {
-	f.t.Helper()
-	node := filepath.Join(f.devs, dev)
-	if err := os.WriteFile(node, nil, 0o600); err != nil {
-		f.t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Join("../..", dev), filepath.Join(f.byID, name)); err != nil {
-		f.t.Fatal(err)
-	}
-	return node
-}
 
 // byIDCase is a /dev/disk/by-id tree and a selector, and the device or error the selector finds.
 type byIDCase struct {
@@ -106,11 +78,11 @@ var byIDCases = []byIDCase{
 func TestByID(t *testing.T) {
 	for _, tt := range byIDCases {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFakeDev(t)
+			f := etcdvolumetest.NewDev(t)
 			for name, dev := range tt.links {
-				f.link(name, dev)
+				f.Link(name, dev)
 			}
-			tt.finder.DevDir = f.byID
+			tt.finder.DevDir = f.ByID
 			got, err := tt.finder.Find(context.Background())
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -118,8 +90,8 @@ func TestByID(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != filepath.Join(f.devs, tt.want) {
-				t.Fatalf("Find = %q, %v; want %s", got, err, filepath.Join(f.devs, tt.want))
+			if err != nil || got != filepath.Join(f.Devs, tt.want) {
+				t.Fatalf("Find = %q, %v; want %s", got, err, filepath.Join(f.Devs, tt.want))
 			}
 		})
 	}
@@ -127,14 +99,14 @@ func TestByID(t *testing.T) {
 
 // TestByIDWaitsForUdev: the link appears while Find waits.
 func TestByIDWaitsForUdev(t *testing.T) {
-	f := newFakeDev(t)
+	f := etcdvolumetest.NewDev(t)
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		f.link("virtio-etcd-main", "vdb")
+		f.Link("virtio-etcd-main", "vdb")
 	}()
 	start := time.Now()
-	got, err := ByID{Serial: "etcd-main", DevDir: f.byID, Poll: 20 * time.Millisecond}.Find(context.Background())
-	if err != nil || got != filepath.Join(f.devs, "vdb") {
+	got, err := ByID{Serial: "etcd-main", DevDir: f.ByID, Poll: 20 * time.Millisecond}.Find(context.Background())
+	if err != nil || got != filepath.Join(f.Devs, "vdb") {
 		t.Fatalf("Find = %q, %v", got, err)
 	}
 	if d := time.Since(start); d < 250*time.Millisecond {
@@ -144,7 +116,7 @@ func TestByIDWaitsForUdev(t *testing.T) {
 	// A cancelled context ends the wait.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err = ByID{Serial: "other", DevDir: f.byID}.Find(ctx)
+	_, err = ByID{Serial: "other", DevDir: f.ByID}.Find(ctx)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Find with a cancelled context: %v", err)
 	}

@@ -7,8 +7,8 @@ import (
 	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
-// errUnsafeDisk is matched (errors.Is) by every *unsafeDiskError.
-var errUnsafeDisk = errors.New("not a free whole disk")
+// ErrUnsafeDisk is matched (errors.Is) by every *unsafeDiskError.
+var ErrUnsafeDisk = errors.New("not a free whole disk")
 
 // unsafeDiskError is returned when a selector leads to a device the etcd volume must
 // never be: the boot disk, a partition, or a disk in use (mounted, swapped on, held by
@@ -31,14 +31,14 @@ func (e *unsafeDiskError) Error() string {
 	return msg
 }
 
-// Is makes errors.Is(err, errUnsafeDisk) true.
-func (e *unsafeDiskError) Is(target error) bool { return target == errUnsafeDisk }
+// Is makes errors.Is(err, ErrUnsafeDisk) true.
+func (e *unsafeDiskError) Is(target error) bool { return target == ErrUnsafeDisk }
 
-// checkDisk returns an *unsafeDiskError unless dev is a whole disk that nothing uses
+// CheckDisk returns an *unsafeDiskError unless dev is a whole disk that nothing uses
 // (sysDir is where sysfs is mounted, "" for /sys).
 // A disk mounted at mountPath only (when set) is accepted: it is the volume, mounted by
 // an earlier run. A regular file (a disk image) is not a disk and is not checked.
-func checkDisk(sysDir, selector, dev, mountPath string) error {
+func CheckDisk(sysDir, selector, dev, mountPath string) error {
 	reason, err := blockdev.WholeDiskUse(sysDir, dev, mountPath)
 	if err != nil {
 		if selector != "" {

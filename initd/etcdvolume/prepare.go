@@ -159,7 +159,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 		return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 	}
 	if sig.Blank {
-		if err := checkDisk(want.SysDir, "", dev, ""); err != nil {
+		if err := CheckDisk(want.SysDir, "", dev, ""); err != nil {
 			return Result{}, fmt.Errorf("prepare: %w", err)
 		}
 		return format(ctx, dev, want, false, false)
@@ -168,7 +168,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 		if !want.Wipe {
 			return Result{}, &refusedError{Device: dev, Found: found}
 		}
-		if err := checkDisk(want.SysDir, "", dev, ""); err != nil {
+		if err := CheckDisk(want.SysDir, "", dev, ""); err != nil {
 			return Result{}, fmt.Errorf("prepare: %w", err)
 		}
 		if _, err := blockdev.RunTool(ctx, "wipefs", "-a", dev); err != nil {
@@ -182,7 +182,7 @@ func Prepare(ctx context.Context, dev string, want Want) (Result, error) {
 			return Result{}, fmt.Errorf("prepare %s: %w", dev, err)
 		}
 		if interrupted {
-			if err := checkDisk(want.SysDir, "", dev, ""); err != nil {
+			if err := CheckDisk(want.SysDir, "", dev, ""); err != nil {
 				return Result{}, fmt.Errorf("prepare: %w", err)
 			}
 			return format(ctx, dev, want, false, true)

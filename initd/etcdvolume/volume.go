@@ -6,7 +6,7 @@
 //     /dev/disk/by-id, for metal and QEMU), AWS (EBS volumes selected by tags in the
 //     node's availability zone, attached with AttachVolume) and GCE (a persistent disk
 //     by name, attached with instances.attachDisk). Losing an attach race to another
-//     node is normal: it gives errAttachedElsewhere and the caller retries later.
+//     node is normal: it gives ErrAttachedElsewhere and the caller retries later.
 //   - Prepare makes the disk safe to use without ever formatting one that holds data: a
 //     blank disk is formatted, a disk with the wanted filesystem (and label and UUID) is
 //     checked and accepted, anything else is refused unless the config says wipe.
@@ -29,30 +29,30 @@ type Finder interface {
 	Find(ctx context.Context) (device string, err error)
 }
 
-// errAttachedElsewhere is returned (wrapped) when the volume is attached to another
+// ErrAttachedElsewhere is returned (wrapped) when the volume is attached to another
 // instance: another node won the attach race, or still holds the disk. It is the normal
 // outcome of a race between nodes; retry later (the other node may release it).
-var errAttachedElsewhere = errors.New("volume is attached to another instance")
+var ErrAttachedElsewhere = errors.New("volume is attached to another instance")
 
-// errNotFound is returned (wrapped) when no volume or device matches the selector.
-var errNotFound = errors.New("no matching volume")
+// ErrNotFound is returned (wrapped) when no volume or device matches the selector.
+var ErrNotFound = errors.New("no matching volume")
 
 // Defaults for how long a Finder waits for an attachment or a device node to appear,
 // and how often it looks.
 const (
-	defaultTimeout = 2 * time.Minute
-	defaultPoll    = 500 * time.Millisecond
+	DefaultTimeout = 2 * time.Minute
+	DefaultPoll    = 500 * time.Millisecond
 )
 
-// waitFor calls try every interval until it reports done or fails, the timeout passes or
+// WaitFor calls try every interval until it reports done or fails, the timeout passes or
 // ctx ends. what names the awaited state in the timeout error. An error from try ends the
 // wait at once: try reports "not yet" as (false, nil).
-func waitFor(ctx context.Context, timeout, interval time.Duration, what string, try func() (bool, error)) error {
+func WaitFor(ctx context.Context, timeout, interval time.Duration, what string, try func() (bool, error)) error {
 	if timeout <= 0 {
-		timeout = defaultTimeout
+		timeout = DefaultTimeout
 	}
 	if interval <= 0 {
-		interval = defaultPoll
+		interval = DefaultPoll
 	}
 	return poll.Until(ctx, poll.Options{
 		What:      what,

@@ -3,7 +3,6 @@ package firstboot
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io/fs"
 	"log/slog"
 	"net/netip"
@@ -11,7 +10,6 @@ import (
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/firstboot/facts"
-	"github.com/kilnproject/kiln/initd/source"
 )
 
 // RegisterDNS publishes this node's cluster names (etcd-<member>.internal…, api.internal…)
@@ -47,11 +45,7 @@ func RegisterDNS(ctx context.Context, root string, log *slog.Logger) (dns.State,
 	if prev, err := status.Read(); err == nil {
 		recs = dns.WithStale(recs, prev.Records)
 	}
-	clouds, err := cloudClients(ctx, n)
-	if err != nil {
-		return dns.State{}, err
-	}
-	p, err := dns.FromConfig(n, root, clouds)
+	p, err := dnsProvider(ctx, n, root)
 	if err != nil || p == nil {
 		return dns.State{}, err
 	}
@@ -62,26 +56,14 @@ func RegisterDNS(ctx context.Context, root string, log *slog.Logger) (dns.State,
 	}})
 }
 
-// cloudClients builds the SDK client the node's DNS provider needs, from the instance's
-// own credentials.
-func cloudClients(ctx context.Context, n *config.Node) (dns.Clouds, error) {
-	switch n.DNS.Provider {
-	case config.DNSRoute53:
-		cfg, err := awsConfig(ctx, n)
-		if err != nil {
-			return dns.Clouds{}, fmt.Errorf("route53: %w", err)
+// dnsProvider is the provider n's dns.provider names: a cloud's DNS service, else one
+// of package dns's (nil for none).
+func dnsProvider(ctx context.Context, n *config.Node, root string) (dns.Provider, error) {
+	for _, c := range clouds {
+		p, err := c.DNS(ctx, n)
+		if err != nil || p != nil {
+			return p, err
 		}
-		return dns.Clouds{Route53: route53Client(cfg, n)}, nil
-	case config.DNSCloudDNS:
-		project, err := source.GCEMetadataClient().ProjectIDWithContext(ctx)
-		if err != nil {
-			return dns.Clouds{}, fmt.Errorf("clouddns: GCE metadata: %w", err)
-		}
-		svc, err := cloudDNSService(ctx, n)
-		if err != nil {
-			return dns.Clouds{}, fmt.Errorf("clouddns: %w", err)
-		}
-		return dns.Clouds{CloudDNS: svc, GCPProject: project}, nil
 	}
-	return dns.Clouds{}, nil
+	return dns.FromConfig(n, root, dns.Clouds{})
 }

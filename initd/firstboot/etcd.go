@@ -157,56 +157,35 @@ func (p *plan) prepareEtcdVolume(ctx context.Context) (bool, error) {
 	return res.Formatted || res.Wiped || unit, nil
 }
 
-// volumeFinder picks the discovery the node config asks for.
+// volumeFinder picks the discovery the node config asks for: by-id, or the cloud's whose
+// selector it is (awsTags: EBS through EC2; gceName, gceLabels: a disk through the
+// Compute API), with the instance's credentials and identity.
 func (p *plan) volumeFinder(ctx context.Context, v *config.Volume) (etcdvolume.Finder, error) {
-	switch {
-	case v.Serial != "" || v.ByID != "":
+	if v.Serial != "" || v.ByID != "" {
 		return etcdvolume.ByID{Serial: v.Serial, ID: v.ByID, MountPath: v.MountPath}, nil
-	case len(v.AWSTags) > 0:
-		return p.awsFinder(ctx, v)
-	case v.GCEName != "" || len(v.GCELabels) > 0:
-		return p.gceFinder(ctx, v)
+	}
+	for _, c := range clouds {
+		if !c.SelectsVolume(v) {
+			continue
+		}
+		in, err := p.instanceOn(ctx, c.Name())
+		if err != nil {
+			return nil, fmt.Errorf("etcd volume: %w", err)
+		}
+		f, err := c.EtcdVolume(ctx, p.node, v, in, p.opts.Log)
+		if err != nil {
+			return nil, fmt.Errorf("etcd volume: %w", err)
+		}
+		return f, nil
 	}
 	return nil, errors.New("etcd.volume: no selector (serial, byId, awsTags, gceName or gceLabels)")
-}
-
-// awsFinder discovers the volume through EC2 with the instance's role credentials; the
-// instance id and zone are the instance's, from IMDSv2.
-func (p *plan) awsFinder(ctx context.Context, v *config.Volume) (etcdvolume.Finder, error) {
-	in, err := p.instanceOn(ctx, "aws")
-	if err != nil {
-		return nil, fmt.Errorf("etcd volume: %w", err)
-	}
-	cfg, err := awsConfig(ctx, p.node)
-	if err != nil {
-		return nil, fmt.Errorf("etcd volume: %w", err)
-	}
-	return etcdvolume.AWS{Client: ec2Client(cfg, p.node), InstanceID: in.InstanceID, AZ: in.Zone, Cluster: p.node.Cluster.Name,
-		EtcdCluster: p.node.AWS.EtcdCluster, Member: p.node.Etcd.Member, Tags: v.AWSTags, MountPath: v.MountPath,
-		Log: p.opts.Log}, nil
-}
-
-// gceFinder attaches the disk (named, or selected by its labels) through the Compute API
-// with the instance's service account; project, zone and instance are the instance's,
-// from the metadata server.
-func (p *plan) gceFinder(ctx context.Context, v *config.Volume) (etcdvolume.Finder, error) {
-	in, err := p.instanceOn(ctx, "gce")
-	if err != nil {
-		return nil, fmt.Errorf("etcd volume: %w", err)
-	}
-	svc, err := computeService(ctx, p.node)
-	if err != nil {
-		return nil, fmt.Errorf("etcd volume: %w", err)
-	}
-	return etcdvolume.GCE{Service: svc, Project: in.Project, Zone: in.Zone, Instance: in.InstanceName, DiskName: v.GCEName,
-		Labels: v.GCELabels, MountPath: v.MountPath, Log: p.opts.Log}, nil
 }
 
 // instanceOn is the instance's identity on cloud (aws, gce): the one the facts task read
 // when the node runs there, else read now (a node config asking for a cloud volume on a
 // node booted with another kiln.platform=).
 func (p *plan) instanceOn(ctx context.Context, cloud string) (instance, error) {
-	if p.instance != nil && p.instance.Platform.Name == cloud {
+	if p.instance != nil && p.instance.Cloud == cloud {
 		return *p.instance, nil
 	}
 	return readInstance(ctx, cloud, p.node)

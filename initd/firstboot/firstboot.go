@@ -389,16 +389,16 @@ func loadConfig(ctx context.Context, opts Options, kernelLine, platform string, 
 // network-online.target, so fw_cfg and CIDATA boots do not wait for DHCP; the URL source
 // retries until its own deadline), a CIDATA volume once udev has named it.
 func platformProviders(ctx context.Context, opts Options, kernelLine, platform string) ([]source.Provider, error) {
-	ps, err := source.ForPlatform(platform, kernelLine)
+	ps, err := source.ForPlatform(platform, kernelLine, cloudSources())
 	if err != nil {
 		return nil, err
 	}
-	switch platform {
-	case "aws", "gce":
+	switch {
+	case cloudNamed(platform) != nil:
 		if err := waitForRoute(ctx, "/proc/net/route", 2*time.Minute); err != nil {
 			opts.Log.Warn("no default route; asking the metadata service anyway", "error", err)
 		}
-	case "qemu", "metal":
+	case platform == "qemu" || platform == "metal":
 		// A CIDATA volume is found through udev's /dev/disk/by-label: let udev finish.
 		if opts.Root == "/" {
 			if out, err := exec.CommandContext(ctx, "udevadm", "settle", "--timeout=30").CombinedOutput(); err != nil {

@@ -30,54 +30,26 @@ func ec2Instance() *cloudfake.IMDS {
 	return &cloudfake.IMDS{InstanceID: "i-0123456789abcdef0", AZ: "eu-west-1b", Hostname: "ip-10-0-1-5.eu-west-1.compute.internal"}
 }
 
-func TestReadEC2Instance(t *testing.T) {
-	srv := imdsV2(t, ec2Instance())
-	in, err := readEC2Instance(context.Background(), srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if in.Platform.Name != "aws" || in.InstanceID != "i-0123456789abcdef0" || in.Zone != "eu-west-1b" || in.Hostname != "ip-10-0-1-5" {
-		t.Errorf("instance = %+v", in)
-	}
-	// No local-hostname (resource-name hostnames, IPv6-only subnets): no platform hostname.
-	noName := imdsV2(t, &cloudfake.IMDS{InstanceID: "i-1", AZ: "eu-west-1b"})
-	if in, err := readEC2Instance(context.Background(), noName.URL); err != nil || in.Hostname != "" || in.InstanceID != "i-1" {
-		t.Errorf("without local-hostname: %+v, %v", in, err)
-	}
-	noZone := imdsV2(t, &cloudfake.IMDS{InstanceID: "i-1"})
-	if _, err := readEC2Instance(context.Background(), noZone.URL); err == nil || !strings.Contains(err.Error(), "placement/availability-zone") {
-		t.Errorf("without a zone: %v", err)
-	}
-}
-
-// gceMetadata serves f, a GCE metadata server, as the one the metadata client asks for the
-// test, and fails the test at its end if f refused a request.
-func gceMetadata(t *testing.T, f *cloudfake.GCEMetadata) {
-	srv := httptest.NewServer(f)
-	t.Cleanup(func() {
-		srv.Close()
-		if refused := f.Refused(); len(refused) > 0 {
-			t.Errorf("requests the metadata server refuses: %q", refused)
+// TestPlatformSources: the clouds' config sources follow the URL's for their
+// kiln.platform=, and an unknown platform's error names the clouds.
+func TestPlatformSources(t *testing.T) {
+	for platform, want := range map[string]string{"aws": "cmdline-url,aws-imds", "gce": "cmdline-url,gce-metadata",
+		"qemu": "cmdline-url,fw_cfg,cidata", "metal": "cmdline-url,cidata"} {
+		ps, err := source.ForPlatform(platform, "ro", cloudSources())
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	t.Setenv("GCE_METADATA_HOST", srv.Listener.Addr().String())
-}
-
-func TestReadGCEInstance(t *testing.T) {
-	gceMetadata(t, &cloudfake.GCEMetadata{ID: "4520031799277581759", Name: "cp-a", Zone: "europe-west4-b", Project: "kiln-prod",
-		Hostname: "cp-a.europe-west4-b.c.kiln-prod.internal", Token: "ya29.kiln"})
-	in, err := readGCEInstance(context.Background(), source.GCEMetadataClient())
-	if err != nil {
-		t.Fatal(err)
+		var names []string
+		for _, p := range ps {
+			names = append(names, p.Name())
+		}
+		if got := strings.Join(names, ","); got != want {
+			t.Errorf("ForPlatform(%s) = %s, want %s", platform, got, want)
+		}
 	}
-	want := instance{InstanceName: "cp-a", Project: "kiln-prod"}
-	want.Platform.Name, want.InstanceID, want.Zone, want.Hostname = "gce", "4520031799277581759", "europe-west4-b", "cp-a"
-	if in != want {
-		t.Errorf("instance = %+v, want %+v", in, want)
-	}
-	tok, err := metadataToken{source.GCEMetadataClient()}.Token()
-	if err != nil || tok.AccessToken != "ya29.kiln" || tok.Type() != "Bearer" {
-		t.Errorf("token = %+v, %v", tok, err)
+	_, err := source.ForPlatform("azure", "ro", cloudSources())
+	if err == nil || !strings.Contains(err.Error(), "kiln.platform=azure: unknown platform (one of qemu, aws, gce, metal)") {
+		t.Errorf("azure: %v", err)
 	}
 }
 

@@ -300,7 +300,7 @@ func (p *plan) factsOptions() facts.Options {
 	o := facts.Options{Root: p.opts.Root, ProcRoot: p.opts.Facts.ProcRoot,
 		SysRoot: p.opts.Facts.SysRoot, Hostname: name, Addrs: p.opts.Facts.Addrs}
 	if p.instance != nil {
-		o.Platform = p.instance.Platform
+		o.Platform = platformFacts(*p.instance)
 	}
 	return o
 }

@@ -126,7 +126,7 @@ func readUserData(fsys filesystem.FileSystem, dev string) ([]byte, error) {
 			return nil, fmt.Errorf("read %s: %w", what, err)
 		}
 		defer f.Close()
-		return readLimited(f, MaxConfigSize, what)
+		return ReadLimited(f, MaxConfigSize, what)
 	}
 	return nil, nil
 }

@@ -45,7 +45,7 @@ func gunzip(data []byte) ([]byte, error) {
 		return nil, err
 	}
 	defer zr.Close()
-	return readLimited(zr, MaxConfigSize, "the gunzipped user data")
+	return ReadLimited(zr, MaxConfigSize, "the gunzipped user data")
 }
 
 // decodeBase64 returns the decoded payload and true when data is base64 by the rule in

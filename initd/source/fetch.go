@@ -77,7 +77,7 @@ func (f Fetcher) Once(ctx context.Context, u *url.URL) ([]byte, error) {
 	if err := fetch.CheckStatus(resp, time.Now()); err != nil {
 		return nil, err
 	}
-	data, err := readLimited(resp.Body, MaxConfigSize, "the answer")
+	data, err := ReadLimited(resp.Body, MaxConfigSize, "the answer")
 	var tooLarge *TooLargeError
 	if errors.As(err, &tooLarge) {
 		return nil, fetch.Permanent(err)

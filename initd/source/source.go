@@ -59,9 +59,9 @@ func sizeString(n int64) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
-// readLimited reads r to the end, failing with a *TooLargeError naming what once it has
+// ReadLimited reads r to the end, failing with a *TooLargeError naming what once it has
 // seen more than limit bytes; it never holds more than limit bytes.
-func readLimited(r io.Reader, limit int64, what string) ([]byte, error) {
+func ReadLimited(r io.Reader, limit int64, what string) ([]byte, error) {
 	tooLarge := &TooLargeError{What: what, Limit: limit}
 	data, err := bounded.ReadAll(r, limit, tooLarge)
 	if errors.Is(err, tooLarge) {
@@ -73,10 +73,10 @@ func readLimited(r io.Reader, limit int64, what string) ([]byte, error) {
 	return data, nil
 }
 
-// limitBody passes through the first limit bytes of a response body and then fails with a
+// LimitBody passes through the first limit bytes of a response body and then fails with a
 // *TooLargeError, so that a client library that reads whole answers into memory (the AWS
 // SDK, the GCE metadata client) stops at the cap.
-func limitBody(rc io.ReadCloser, limit int64, what string) io.ReadCloser {
+func LimitBody(rc io.ReadCloser, limit int64, what string) io.ReadCloser {
 	return struct {
 		io.Reader
 		io.Closer
@@ -166,7 +166,7 @@ func readFileLimited(name string) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return readLimited(f, MaxConfigSize, name)
+	return ReadLimited(f, MaxConfigSize, name)
 }
 
 // isRegular reports whether name exists and is a regular file (following symlinks).

@@ -1,4 +1,4 @@
-package etcdvolume
+package aws
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 )
 
 // EC2API is the part of *ec2.Client the AWS finder calls.
@@ -29,7 +30,7 @@ type EC2API interface {
 // empty: kOps tags them k8s.io/etcd/main.
 const defaultEtcdCluster = "main"
 
-// AWS finds this member's etcd EBS volume as kOps tags it and attaches it to this
+// EBS finds this member's etcd EBS volume as kOps tags it and attaches it to this
 // instance. The volumes are selected in the instance's availability zone by the tags
 // kubernetes.io/cluster/<Cluster>=owned (when Cluster is set), the key
 // k8s.io/etcd/<EtcdCluster> and every entry of Tags; among them, the volume for Member
@@ -38,12 +39,12 @@ const defaultEtcdCluster = "main"
 //
 // A volume attached to this instance is used as it is; an available one is attached
 // with AttachVolume to the first free device name; one attached to another instance,
-// or taken by another instance while this one tries, gives errAttachedElsewhere: nodes
+// or taken by another instance while this one tries, gives etcdvolume.ErrAttachedElsewhere: nodes
 // race for volumes and the loser retries later. On Nitro instances the volume appears
 // as /dev/disk/by-id/aws-ebs-<volume id> (the kiln image's udev rule) or
 // nvme-Amazon_Elastic_Block_Store_vol<id without the dash> (systemd's); on Xen instances
 // as the device name it was attached under.
-type AWS struct {
+type EBS struct {
 	Client     EC2API
 	InstanceID string
 	AZ         string
@@ -76,7 +77,7 @@ type AWS struct {
 
 // Find returns the device node of this member's volume, attaching it first if needed.
 // A device that is not a whole disk free for the volume is an *unsafeDiskError.
-func (a AWS) Find(ctx context.Context) (string, error) {
+func (a EBS) Find(ctx context.Context) (string, error) {
 	switch {
 	case a.Client == nil:
 		return "", errors.New("aws volume: no EC2 client")
@@ -110,13 +111,13 @@ func (a AWS) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := checkDisk(a.SysDir, fmt.Sprintf("aws volume %s (%s, member %s)", id, a.etcdTag(), a.Member), dev, a.MountPath); err != nil {
+	if err := etcdvolume.CheckDisk(a.SysDir, fmt.Sprintf("aws volume %s (%s, member %s)", id, a.etcdTag(), a.Member), dev, a.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil
 }
 
-func (a AWS) etcdTag() string {
+func (a EBS) etcdTag() string {
 	name := a.EtcdCluster
 	if name == "" {
 		name = defaultEtcdCluster
@@ -124,7 +125,7 @@ func (a AWS) etcdTag() string {
 	return "k8s.io/etcd/" + name
 }
 
-func (a AWS) filters() []types.Filter {
+func (a EBS) filters() []types.Filter {
 	f := []types.Filter{{Name: aws.String("availability-zone"), Values: []string{a.AZ}}}
 	if a.Cluster != "" {
 		f = append(f, types.Filter{Name: aws.String("tag:kubernetes.io/cluster/" + a.Cluster), Values: []string{"owned"}})
@@ -141,7 +142,7 @@ func (a AWS) filters() []types.Filter {
 }
 
 // find selects this member's volume.
-func (a AWS) find(ctx context.Context) (types.Volume, error) {
+func (a EBS) find(ctx context.Context) (types.Volume, error) {
 	vols, err := a.describe(ctx, &ec2.DescribeVolumesInput{Filters: a.filters()})
 	if err != nil {
 		return types.Volume{}, fmt.Errorf("aws volume: %w", err)
@@ -158,7 +159,7 @@ func (a AWS) find(ctx context.Context) (types.Volume, error) {
 	}
 	switch len(mine) {
 	case 0:
-		return types.Volume{}, fmt.Errorf("aws volume: %w for member %s in %s (tag %s=%s/…, %d volumes match the other filters)", errNotFound, a.Member, a.AZ, key, a.Member, len(vols))
+		return types.Volume{}, fmt.Errorf("aws volume: %w for member %s in %s (tag %s=%s/…, %d volumes match the other filters)", etcdvolume.ErrNotFound, a.Member, a.AZ, key, a.Member, len(vols))
 	case 1:
 		return mine[0], nil
 	}
@@ -169,7 +170,7 @@ func (a AWS) find(ctx context.Context) (types.Volume, error) {
 	return types.Volume{}, fmt.Errorf("aws volume: %d volumes are tagged for member %s (%s); expected one", len(mine), a.Member, strings.Join(ids, ", "))
 }
 
-func (a AWS) describe(ctx context.Context, in *ec2.DescribeVolumesInput) ([]types.Volume, error) {
+func (a EBS) describe(ctx context.Context, in *ec2.DescribeVolumesInput) ([]types.Volume, error) {
 	var vols []types.Volume
 	p := ec2.NewDescribeVolumesPaginator(a.Client, in)
 	for p.HasMorePages() {
@@ -183,14 +184,14 @@ func (a AWS) describe(ctx context.Context, in *ec2.DescribeVolumesInput) ([]type
 }
 
 // attachment returns vol's live attachment to this instance, nil when it has none, or
-// errAttachedElsewhere when another instance holds it.
-func (a AWS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
+// etcdvolume.ErrAttachedElsewhere when another instance holds it.
+func (a EBS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
 	for i, att := range vol.Attachments {
 		if att.State == types.VolumeAttachmentStateDetached {
 			continue
 		}
 		if other := aws.ToString(att.InstanceId); other != a.InstanceID {
-			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", aws.ToString(vol.VolumeId), errAttachedElsewhere, other, att.State)
+			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", aws.ToString(vol.VolumeId), etcdvolume.ErrAttachedElsewhere, other, att.State)
 		}
 		return &vol.Attachments[i], nil
 	}
@@ -198,7 +199,7 @@ func (a AWS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
 }
 
 // attach attaches volume id to this instance under the first free device name.
-func (a AWS) attach(ctx context.Context, id string) error {
+func (a EBS) attach(ctx context.Context, id string) error {
 	// Device names this instance's volumes already use.
 	attached, err := a.describe(ctx, &ec2.DescribeVolumesInput{Filters: []types.Filter{
 		{Name: aws.String("attachment.instance-id"), Values: []string{a.InstanceID}},
@@ -244,7 +245,7 @@ func (a AWS) attach(ctx context.Context, id string) error {
 					return aerr
 				}
 			}
-			return fmt.Errorf("aws volume %s: %w (attach refused: %s)", id, errAttachedElsewhere, ae.ErrorMessage())
+			return fmt.Errorf("aws volume %s: %w (attach refused: %s)", id, etcdvolume.ErrAttachedElsewhere, ae.ErrorMessage())
 		}
 		return fmt.Errorf("aws volume %s: attach as %s: %w", id, dev, err)
 	}
@@ -253,9 +254,9 @@ func (a AWS) attach(ctx context.Context, id string) error {
 
 // waitAttached waits until volume id is attached to this instance and returns the
 // device name it was attached under.
-func (a AWS) waitAttached(ctx context.Context, id string) (string, error) {
+func (a EBS) waitAttached(ctx context.Context, id string) (string, error) {
 	var device string
-	err := waitFor(ctx, a.Timeout, a.Poll, "volume "+id+" to be attached", func() (bool, error) {
+	err := etcdvolume.WaitFor(ctx, a.Timeout, a.Poll, "volume "+id+" to be attached", func() (bool, error) {
 		vols, err := a.describe(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
 		if err != nil {
 			return false, err
@@ -289,7 +290,7 @@ func (a AWS) waitAttached(ctx context.Context, id string) (string, error) {
 //   - nvme-Amazon_Elastic_Block_Store_vol…: systemd's stock link, which also needs EBS's model
 //     string (an image without kiln's rule on EC2);
 //   - on Xen instances, the device name the volume was attached under.
-func (a AWS) waitDevice(ctx context.Context, id, device string) (string, error) {
+func (a EBS) waitDevice(ctx context.Context, id, device string) (string, error) {
 	dir := a.DevDir
 	if dir == "" {
 		dir = blockdev.ByIDDir
@@ -302,7 +303,7 @@ func (a AWS) waitDevice(ctx context.Context, id, device string) (string, error) 
 		links = append(links, device)
 	}
 	var found string
-	err := waitFor(ctx, a.Timeout, a.Poll, links[0], func() (bool, error) {
+	err := etcdvolume.WaitFor(ctx, a.Timeout, a.Poll, links[0], func() (bool, error) {
 		for _, p := range links {
 			if dev, err := filepath.EvalSymlinks(p); err == nil {
 				found = dev
@@ -317,7 +318,7 @@ func (a AWS) waitDevice(ctx context.Context, id, device string) (string, error) 
 	return found, nil
 }
 
-func (a AWS) logger() *slog.Logger {
+func (a EBS) logger() *slog.Logger {
 	if a.Log != nil {
 		return a.Log
 	}

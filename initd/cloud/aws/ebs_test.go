@@ -1,9 +1,8 @@
-package etcdvolume
+package aws
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -19,6 +18,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
+	"github.com/kilnproject/kiln/initd/etcdvolume"
+	"github.com/kilnproject/kiln/initd/etcdvolume/etcdvolumetest"
 	"github.com/kilnproject/kiln/internal/cloudfake"
 )
 
@@ -36,24 +37,12 @@ var testCreds = cloudfake.AWSCredentials{AccessKeyID: testAKID, SecretAccessKey:
 // testAZ. An attachment is reported attached at the second DescribeVolumes answer that
 // shows it, and attaching a volume makes the NVMe by-id link udev would make in dev
 // (none when dev is nil).
-func newFakeEC2(dev *fakeDev, vols []*cloudfake.EC2Volume) *cloudfake.EC2 {
+func newFakeEC2(dev *etcdvolumetest.Dev, vols []*cloudfake.EC2Volume) *cloudfake.EC2 {
 	f := &cloudfake.EC2{Creds: testCreds, Region: testRegion, Instances: map[string]string{me: testAZ}, Volumes: vols, SettleLooks: 1}
 	if dev != nil {
-		f.Attach = func(id, _ string) error { return plugLink(dev, "aws-ebs-"+id, "nvme1n1") }
+		f.Attach = func(id, _ string) error { _, err := dev.Plug("aws-ebs-"+id, "nvme1n1"); return err }
 	}
 	return f
-}
-
-// plugLink makes by-id/<name> -> ../../<node> as fakeDev.link does, from a fake's own
-// goroutine: it returns what fails instead of failing the test.
-func plugLink(dev *fakeDev, name, node string) error {
-	if err := os.WriteFile(filepath.Join(dev.devs, node), nil, 0o600); err != nil {
-		return fmt.Errorf("plug %s: %w", name, err)
-	}
-	if err := os.Symlink(filepath.Join("../..", node), filepath.Join(dev.byID, name)); err != nil {
-		return fmt.Errorf("plug %s: %w", name, err)
-	}
-	return nil
 }
 
 // attachedTo attaches v to instance right away (another node, or a previous boot).
@@ -186,7 +175,7 @@ var awsCases = []awsCase{
 			return v
 		},
 		member:  "b",
-		wantErr: errAttachedElsewhere,
+		wantErr: etcdvolume.ErrAttachedElsewhere,
 		wantMsg: "vol-0b: volume is attached to another instance (i-0old, attached)",
 	},
 	{
@@ -197,14 +186,14 @@ var awsCases = []awsCase{
 			attachedTo(v, "i-0rival", "/dev/xvdu")
 		},
 		wantAttaches: []string{"vol-0b " + me + " /dev/xvdu"},
-		wantErr:      errAttachedElsewhere,
+		wantErr:      etcdvolume.ErrAttachedElsewhere,
 		wantMsg:      "i-0rival",
 	},
 	{
 		name:    "no volume for the member",
 		vols:    etcdVolumes,
 		member:  "d",
-		wantErr: errNotFound,
+		wantErr: etcdvolume.ErrNotFound,
 		wantMsg: "for member d in eu-west-1a (tag k8s.io/etcd/main=d/…, 3 volumes match the other filters)",
 	},
 	{
@@ -227,18 +216,18 @@ func TestAWS(t *testing.T) {
 
 // checkAWS attaches tt.member's volume against a fake EC2 holding tt.vols and checks the outcome.
 func checkAWS(t *testing.T, tt awsCase) {
-	dev := newFakeDev(t)
+	dev := etcdvolumetest.NewDev(t)
 	f := newFakeEC2(dev, tt.vols())
 	f.BeforeAttach = tt.beforeAttach
 	// A volume this instance holds, or is being given, from an earlier run was plugged then.
 	for _, v := range f.Volumes {
 		if len(v.Attachments) > 0 && v.Attachments[0].Instance == me && v.Attachments[0].State != "detached" {
-			dev.link("aws-ebs-"+v.ID, "nvme1n1")
+			dev.Link("aws-ebs-"+v.ID, "nvme1n1")
 		}
 	}
-	finder := AWS{
+	finder := EBS{
 		Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: tt.member,
-		DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
+		DevDir: dev.ByID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
 	}
 	got, err := finder.Find(context.Background())
 	noRefusals(t, f.Refused())
@@ -268,7 +257,7 @@ func checkAWS(t *testing.T, tt awsCase) {
 	if err != nil {
 		t.Fatalf("Find: %v", err)
 	}
-	if want := dev.devs + "/nvme1n1"; got != want {
+	if want := dev.Devs + "/nvme1n1"; got != want {
 		t.Errorf("Find = %q, want %q", got, want)
 	}
 	if v := volume(f.Volumes, "vol-0b"); len(v.Attachments) != 1 || v.Attachments[0].Instance != me || v.Attachments[0].State != "attached" {
@@ -280,19 +269,19 @@ func checkAWS(t *testing.T, tt awsCase) {
 }
 
 func TestAWSExtraTagsAndEtcdCluster(t *testing.T) {
-	dev := newFakeDev(t)
+	dev := etcdvolumetest.NewDev(t)
 	vols := etcdVolumes()
 	events := &cloudfake.EC2Volume{ID: "vol-0bev", AZ: testAZ, State: "available", Tags: map[string]string{
 		"kubernetes.io/cluster/prod": "owned", "k8s.io/etcd/events": "b/a,b,c", "team": "infra", "k8s.io/role/control-plane": "1",
 	}}
 	f := newFakeEC2(dev, append(vols, events))
-	finder := AWS{
+	finder := EBS{
 		Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: "b",
 		EtcdCluster: "events", Tags: map[string]string{"team": "infra", "k8s.io/role/control-plane": ""},
-		DevDir: dev.byID, Poll: 10 * time.Millisecond, Log: quiet,
+		DevDir: dev.ByID, Poll: 10 * time.Millisecond, Log: quiet,
 	}
 	got, err := finder.Find(context.Background())
-	if err != nil || got != dev.devs+"/nvme1n1" {
+	if err != nil || got != dev.Devs+"/nvme1n1" {
 		t.Fatalf("Find = %q, %v", got, err)
 	}
 	noRefusals(t, f.Refused())
@@ -315,19 +304,19 @@ func TestAWSFallbackLinks(t *testing.T) {
 		"Xen device name": "",
 	} {
 		t.Run(name, func(t *testing.T) {
-			dev := newFakeDev(t)
+			dev := etcdvolumetest.NewDev(t)
 			vols := etcdVolumes()
-			xvdu := filepath.Join(dev.devs, "xvdu")
+			xvdu := filepath.Join(dev.Devs, "xvdu")
 			attachedTo(vols[1], me, xvdu) // member b's volume, attached by an earlier run
-			want := filepath.Join(dev.devs, "nvme2n1")
+			want := filepath.Join(dev.Devs, "nvme2n1")
 			if link != "" {
-				dev.link(link, "nvme2n1")
+				dev.Link(link, "nvme2n1")
 			} else {
-				want = dev.link("unrelated", "xvdu")
+				want = dev.Link("unrelated", "xvdu")
 			}
 			f := newFakeEC2(dev, vols)
-			finder := AWS{Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: "b",
-				DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet}
+			finder := EBS{Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: "b",
+				DevDir: dev.ByID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet}
 			got, err := finder.Find(context.Background())
 			if err != nil || got != want {
 				t.Fatalf("Find = %q, %v; want %q", got, err, want)
@@ -346,7 +335,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // so the other tests prove the SDK client signs as AWS expects.
 func TestFakeEC2ChecksSignatures(t *testing.T) {
 	f := newFakeEC2(nil, etcdVolumes())
-	_, err := AWS{Client: newEC2Signed(t, f, "wrong-secret"), InstanceID: me, AZ: testAZ, Member: "b"}.Find(context.Background())
+	_, err := EBS{Client: newEC2Signed(t, f, "wrong-secret"), InstanceID: me, AZ: testAZ, Member: "b"}.Find(context.Background())
 	if refused := f.Refused(); len(refused) != 1 || !strings.Contains(refused[0], "signature does not match") {
 		t.Errorf("refused requests = %q; want the wrongly signed request", refused)
 	}
@@ -356,9 +345,33 @@ func TestFakeEC2ChecksSignatures(t *testing.T) {
 }
 
 func TestAWSBadConfig(t *testing.T) {
-	for _, a := range []AWS{{}, {Client: &ec2.Client{}}, {Client: &ec2.Client{}, InstanceID: me, AZ: testAZ}} {
+	for _, a := range []EBS{{}, {Client: &ec2.Client{}}, {Client: &ec2.Client{}, InstanceID: me, AZ: testAZ}} {
 		if _, err := a.Find(context.Background()); err == nil || !strings.Contains(err.Error(), "aws volume: ") {
 			t.Errorf("Find(%+v) = %v; want a configuration error", a, err)
 		}
 	}
+}
+
+// TestFinderRefusesPartition: the EBS finder checks the device the volume's link leads to
+// like etcdvolume.ByID does: a link to a partition is refused, naming the volume.
+func TestFinderRefusesPartition(t *testing.T) {
+	etcdvolumetest.NeedTools(t, "losetup", "sgdisk", "partx")
+	part := etcdvolumetest.LoopDisk(t, true) + "p1"
+	byID := t.TempDir()
+	if err := os.Symlink(part, filepath.Join(byID, "nvme-Amazon_Elastic_Block_Store_vol0b")); err != nil {
+		t.Fatal(err)
+	}
+	vols := etcdVolumes()
+	attachedTo(volume(vols, "vol-0b"), me, "/dev/xvdu")
+	f := newFakeEC2(nil, vols)
+	t.Cleanup(func() { noRefusals(t, f.Refused()) })
+	finder := EBS{Client: newEC2(t, f), InstanceID: me, AZ: testAZ, Cluster: "prod", Member: "b",
+		DevDir: byID, Timeout: time.Minute, Poll: 10 * time.Millisecond, Log: quiet}
+	const selector = "aws volume vol-0b (k8s.io/etcd/main, member b): "
+	got, err := finder.Find(context.Background())
+	if !errors.Is(err, etcdvolume.ErrUnsafeDisk) || !strings.Contains(err.Error(), selector+part+" is ") ||
+		!strings.Contains(err.Error(), "is partition loop") {
+		t.Fatalf("Find = %q, %v; want the partition refused, naming %q", got, err, selector)
+	}
+	t.Log(err)
 }

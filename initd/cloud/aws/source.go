@@ -1,4 +1,4 @@
-package source
+package aws
 
 import (
 	"context"
@@ -14,18 +14,20 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials/ec2rolecreds"
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+
+	"github.com/kilnproject/kiln/initd/source"
 )
 
-// AWS reads EC2 user data from the instance metadata service, IMDSv2 only: the client
+// IMDS reads EC2 user data from the instance metadata service, IMDSv2 only: the client
 // PUTs for a session token (with a TTL) and sends it with every GET; it never falls back
 // to the unauthenticated IMDSv1 flow. An instance without user data (404) has no config.
 //
-// An AWS must not be copied after first use.
-type AWS struct {
+// An IMDS must not be copied after first use.
+type IMDS struct {
 	// Endpoint is the IMDS base URL; "" means the SDK's default (http://169.254.169.254).
 	Endpoint string
 	// HTTPClient sends the requests; nil means one with the SDK's default timeouts. Every
-	// answer (session token, metadata, user data) is cut off at MaxConfigSize.
+	// answer (session token, metadata, user data) is cut off at source.MaxConfigSize.
 	HTTPClient imds.HTTPClient
 	// ProbeTimeout bounds Probe; 0 means 2s.
 	ProbeTimeout time.Duration
@@ -34,10 +36,10 @@ type AWS struct {
 	client *imds.Client
 }
 
-// Name implements Provider.
-func (*AWS) Name() string { return "aws-imds" }
+// Name implements source.Provider.
+func (*IMDS) Name() string { return "aws-imds" }
 
-func (a *AWS) imds() *imds.Client {
+func (a *IMDS) imds() *imds.Client {
 	a.once.Do(func() {
 		a.client = imds.New(imds.Options{
 			Endpoint:       a.Endpoint,
@@ -48,9 +50,9 @@ func (a *AWS) imds() *imds.Client {
 	return a.client
 }
 
-// Probe implements Provider: true when the metadata service grants a session token and
+// Probe implements source.Provider: true when the metadata service grants a session token and
 // answers with it (it reads meta-data/instance-id) within ProbeTimeout.
-func (a *AWS) Probe(ctx context.Context) bool {
+func (a *IMDS) Probe(ctx context.Context) bool {
 	timeout := a.ProbeTimeout
 	if timeout <= 0 {
 		timeout = 2 * time.Second
@@ -65,8 +67,8 @@ func (a *AWS) Probe(ctx context.Context) bool {
 	return true
 }
 
-// Fetch implements Provider: the instance's user data, or nothing when it has none.
-func (a *AWS) Fetch(ctx context.Context) ([]byte, error) {
+// Fetch implements source.Provider: the instance's user data, or nothing when it has none.
+func (a *IMDS) Fetch(ctx context.Context) ([]byte, error) {
 	out, err := a.imds().GetUserData(ctx, &imds.GetUserDataInput{})
 	if err != nil {
 		if httpStatus(err) == http.StatusNotFound {
@@ -75,11 +77,11 @@ func (a *AWS) Fetch(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("imds user-data: %w", err)
 	}
 	defer out.Content.Close()
-	return readLimited(out.Content, MaxConfigSize, "imds user-data")
+	return source.ReadLimited(out.Content, source.MaxConfigSize, "imds user-data")
 }
 
 // CapIMDS returns an HTTP client for an IMDS client (imds.Options.HTTPClient) that cuts
-// every answer off at MaxConfigSize with a *TooLargeError: the SDK reads each answer
+// every answer off at source.MaxConfigSize with a *source.TooLargeError: the SDK reads each answer
 // whole into memory before it hands it over. c nil, or the SDK's buildable client, gets
 // the SDK's short IMDS timeouts, which make a probe fail fast off EC2.
 func CapIMDS(c imds.HTTPClient) imds.HTTPClient {
@@ -93,13 +95,13 @@ func CapIMDS(c imds.HTTPClient) imds.HTTPClient {
 	return cappedClient{c}
 }
 
-// AWSConfig loads the SDK's default configuration for a node's own AWS calls (Route 53, EC2),
+// Config loads the SDK's default configuration for a node's own IMDS calls (Route 53, EC2),
 // with the region from IMDS when the environment names none. Every IMDS answer it reads —
 // the region, and later the instance role's credentials — goes through CapIMDS: the SDK's
 // default clients would read an answer of any size into memory. imdsEndpoint is the IMDS
 // base URL; "" takes it from the environment and shared config as the SDK's own would
 // (AWS_EC2_METADATA_SERVICE_ENDPOINT), else http://169.254.169.254.
-func AWSConfig(ctx context.Context, imdsEndpoint string) (aws.Config, error) {
+func Config(ctx context.Context, imdsEndpoint string) (aws.Config, error) {
 	var opts []func(*awsconfig.LoadOptions) error
 	if imdsEndpoint != "" {
 		opts = append(opts, awsconfig.WithEC2IMDSEndpoint(imdsEndpoint))
@@ -127,7 +129,7 @@ func (c cappedClient) Do(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp.Body = limitBody(resp.Body, MaxConfigSize, "imds "+req.Method+" "+req.URL.Path)
+	resp.Body = source.LimitBody(resp.Body, source.MaxConfigSize, "imds "+req.Method+" "+req.URL.Path)
 	return resp, nil
 }
 

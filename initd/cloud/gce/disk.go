@@ -1,4 +1,4 @@
-package etcdvolume
+package gce
 
 import (
 	"context"
@@ -15,13 +15,14 @@ import (
 	"google.golang.org/api/googleapi"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
+	"github.com/kilnproject/kiln/initd/etcdvolume"
 )
 
-// GCE finds a zonal persistent disk by name, or by its labels, and attaches it to this
+// Disk finds a zonal persistent disk by name, or by its labels, and attaches it to this
 // instance (read-write, under DeviceName) when it is not attached yet. A disk attached to another
 // instance, or taken by another instance while this one tries, gives
-// errAttachedElsewhere. The disk appears as /dev/disk/by-id/google-<device name>.
-type GCE struct {
+// etcdvolume.ErrAttachedElsewhere. The disk appears as /dev/disk/by-id/google-<device name>.
+type Disk struct {
 	Service  *compute.Service
 	Project  string
 	Zone     string
@@ -50,7 +51,7 @@ type GCE struct {
 
 // Find returns the device node of the disk, attaching it first if needed. A device that
 // is not a whole disk free for the volume is an *unsafeDiskError.
-func (g GCE) Find(ctx context.Context) (string, error) {
+func (g Disk) Find(ctx context.Context) (string, error) {
 	switch {
 	case g.Service == nil:
 		return "", errors.New("gce disk: no compute service")
@@ -70,7 +71,7 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 	disk, err := g.Service.Disks.Get(g.Project, g.Zone, g.DiskName).Context(ctx).Do()
 	if err != nil {
 		if isNotFound(err) {
-			return fail(fmt.Errorf("%w in project %s, zone %s", errNotFound, g.Project, g.Zone))
+			return fail(fmt.Errorf("%w in project %s, zone %s", etcdvolume.ErrNotFound, g.Project, g.Zone))
 		}
 		return fail(fmt.Errorf("get: %w", err))
 	}
@@ -80,7 +81,7 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 		if strings.HasSuffix(u, self) {
 			mine = true
 		} else {
-			return fail(fmt.Errorf("%w (%s)", errAttachedElsewhere, u))
+			return fail(fmt.Errorf("%w (%s)", etcdvolume.ErrAttachedElsewhere, u))
 		}
 	}
 	device := g.DeviceName
@@ -105,14 +106,14 @@ func (g GCE) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := checkDisk(g.SysDir, "gce disk "+g.DiskName, dev, g.MountPath); err != nil {
+	if err := etcdvolume.CheckDisk(g.SysDir, "gce disk "+g.DiskName, dev, g.MountPath); err != nil {
 		return "", err
 	}
 	return dev, nil
 }
 
 // byLabels returns the name of the one disk in the zone that carries every label.
-func (g GCE) byLabels(ctx context.Context) (string, error) {
+func (g Disk) byLabels(ctx context.Context) (string, error) {
 	var exprs, want []string
 	for _, k := range slices.Sorted(maps.Keys(g.Labels)) {
 		if v := g.Labels[k]; v != "" {
@@ -137,7 +138,7 @@ func (g GCE) byLabels(ctx context.Context) (string, error) {
 	}
 	switch len(names) {
 	case 0:
-		return "", fmt.Errorf("gce disk with labels %s: %w in project %s, zone %s", strings.Join(want, ","), errNotFound, g.Project, g.Zone)
+		return "", fmt.Errorf("gce disk with labels %s: %w in project %s, zone %s", strings.Join(want, ","), etcdvolume.ErrNotFound, g.Project, g.Zone)
 	case 1:
 		return names[0], nil
 	}
@@ -154,18 +155,18 @@ func hasLabels(have, want map[string]string) bool {
 	return true
 }
 
-func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) error {
+func (g Disk) attach(ctx context.Context, disk *compute.Disk, device string) error {
 	op, err := g.Service.Instances.AttachDisk(g.Project, g.Zone, g.Instance, &compute.AttachedDisk{
 		Source: disk.SelfLink, DeviceName: device, Mode: "READ_WRITE", Type: "PERSISTENT",
 	}).Context(ctx).Do()
 	if err != nil {
 		if inUse(err) {
-			return fmt.Errorf("%w (attach refused: %v)", errAttachedElsewhere, err)
+			return fmt.Errorf("%w (attach refused: %v)", etcdvolume.ErrAttachedElsewhere, err)
 		}
 		return fmt.Errorf("attach to %s: %w", g.Instance, err)
 	}
 	g.logger().InfoContext(ctx, "attaching etcd disk", "disk", g.DiskName, "instance", g.Instance, "device", device, "operation", op.Name)
-	err = waitFor(ctx, g.Timeout, g.Poll, "attach operation "+op.Name, func() (bool, error) {
+	err = etcdvolume.WaitFor(ctx, g.Timeout, g.Poll, "attach operation "+op.Name, func() (bool, error) {
 		if op.Status == "DONE" {
 			return true, nil
 		}
@@ -187,21 +188,21 @@ func (g GCE) attach(ctx context.Context, disk *compute.Disk, device string) erro
 			elsewhere = elsewhere || e.Code == "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE"
 		}
 		if elsewhere {
-			return fmt.Errorf("%w (%s)", errAttachedElsewhere, strings.Join(msgs, "; "))
+			return fmt.Errorf("%w (%s)", etcdvolume.ErrAttachedElsewhere, strings.Join(msgs, "; "))
 		}
 		return fmt.Errorf("attach to %s failed: %s", g.Instance, strings.Join(msgs, "; "))
 	}
 	return nil
 }
 
-func (g GCE) waitDevice(ctx context.Context, device string) (string, error) {
+func (g Disk) waitDevice(ctx context.Context, device string) (string, error) {
 	dir := g.DevDir
 	if dir == "" {
 		dir = blockdev.ByIDDir
 	}
 	link := filepath.Join(dir, "google-"+device)
 	var dev string
-	err := waitFor(ctx, g.Timeout, g.Poll, link, func() (bool, error) {
+	err := etcdvolume.WaitFor(ctx, g.Timeout, g.Poll, link, func() (bool, error) {
 		d, err := filepath.EvalSymlinks(link)
 		if err != nil {
 			return false, nil
@@ -212,7 +213,7 @@ func (g GCE) waitDevice(ctx context.Context, device string) (string, error) {
 	return dev, err
 }
 
-func (g GCE) logger() *slog.Logger {
+func (g Disk) logger() *slog.Logger {
 	if g.Log != nil {
 		return g.Log
 	}

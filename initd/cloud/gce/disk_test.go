@@ -1,9 +1,13 @@
-package etcdvolume
+package gce
 
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +17,8 @@ import (
 	compute "google.golang.org/api/compute/v1"
 	"google.golang.org/api/option"
 
+	"github.com/kilnproject/kiln/initd/etcdvolume"
+	"github.com/kilnproject/kiln/initd/etcdvolume/etcdvolumetest"
 	"github.com/kilnproject/kiln/internal/cloudfake"
 )
 
@@ -26,10 +32,10 @@ const (
 // newFakeCompute is the Compute API of the test project's zone holding disks, where this
 // instance (gceMe) runs. Attaching a disk makes the by-id link udev would make in dev
 // (none when dev is nil).
-func newFakeCompute(dev *fakeDev, disks map[string]*cloudfake.GCEDisk) *cloudfake.Compute {
+func newFakeCompute(dev *etcdvolumetest.Dev, disks map[string]*cloudfake.GCEDisk) *cloudfake.Compute {
 	f := &cloudfake.Compute{Token: gceToken, Project: gceProject, Zone: gceZone, Instances: []string{gceMe}, Disks: disks}
 	if dev != nil {
-		f.Attach = func(_, device string) error { return plugLink(dev, "google-"+device, "sdb") }
+		f.Attach = func(_, device string) error { _, err := dev.Plug("google-"+device, "sdb"); return err }
 	}
 	return f
 }
@@ -83,7 +89,7 @@ var gceCases = []gceCase{
 		name:     "disk used by another instance",
 		disks:    map[string][]string{"prod-etcd-b": {"cp-old"}},
 		diskName: "prod-etcd-b",
-		wantErr:  errAttachedElsewhere,
+		wantErr:  etcdvolume.ErrAttachedElsewhere,
 		wantMsg:  "instances/cp-old",
 	},
 	{
@@ -92,7 +98,7 @@ var gceCases = []gceCase{
 		race:       "request",
 		diskName:   "prod-etcd-b",
 		wantAttach: []string{"prod-etcd-b"},
-		wantErr:    errAttachedElsewhere,
+		wantErr:    etcdvolume.ErrAttachedElsewhere,
 		wantMsg:    "already being used by",
 	},
 	{
@@ -101,14 +107,14 @@ var gceCases = []gceCase{
 		race:       "operation",
 		diskName:   "prod-etcd-b",
 		wantAttach: []string{"prod-etcd-b"},
-		wantErr:    errAttachedElsewhere,
+		wantErr:    etcdvolume.ErrAttachedElsewhere,
 		wantMsg:    "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE",
 	},
 	{
 		name:     "no such disk",
 		disks:    map[string][]string{},
 		diskName: "prod-etcd-b",
-		wantErr:  errNotFound,
+		wantErr:  etcdvolume.ErrNotFound,
 		wantMsg:  "gce disk prod-etcd-b: no matching volume in project kiln-prod, zone europe-west4-a",
 	},
 }
@@ -142,7 +148,7 @@ var gceLabelCases = []gceCase{
 		disks:      map[string][]string{"prod-etcd-a": nil},
 		diskLabels: etcdDiskLabels,
 		labels:     map[string]string{"k8s-io-etcd-main": "c", "kubernetes-io-cluster-prod": ""},
-		wantErr:    errNotFound,
+		wantErr:    etcdvolume.ErrNotFound,
 		wantMsg:    "gce disk with labels k8s-io-etcd-main=c,kubernetes-io-cluster-prod: no matching volume in project kiln-prod, zone europe-west4-a",
 	},
 }
@@ -158,7 +164,7 @@ func TestGCE(t *testing.T) {
 
 // checkGCE attaches tt.diskName against a fake Compute API and checks the outcome.
 func checkGCE(t *testing.T, tt gceCase) {
-	dev := newFakeDev(t)
+	dev := etcdvolumetest.NewDev(t)
 	// The fake attaches disks by changing its own copy: the case table stays as written, so a
 	// second run (go test -count=2) starts from the same disks.
 	disks := map[string]*cloudfake.GCEDisk{}
@@ -168,7 +174,7 @@ func checkGCE(t *testing.T, tt gceCase) {
 	for k, v := range tt.deviceNames {
 		instance, disk, _ := strings.Cut(k, "/")
 		disks[disk].Devices[instance] = v
-		dev.link("google-"+v, "sdb")
+		dev.Link("google-"+v, "sdb")
 	}
 	f := newFakeCompute(dev, disks)
 	switch tt.race {
@@ -179,9 +185,9 @@ func checkGCE(t *testing.T, tt gceCase) {
 			return &cloudfake.GCEOperationError{Code: "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", Message: "The disk resource is already being used by 'cp-rival'"}
 		}
 	}
-	g := GCE{
+	g := Disk{
 		Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
-		DiskName: tt.diskName, Labels: tt.labels, DevDir: dev.byID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
+		DiskName: tt.diskName, Labels: tt.labels, DevDir: dev.ByID, Timeout: 5 * time.Second, Poll: 10 * time.Millisecond, Log: quiet,
 	}
 	got, err := g.Find(context.Background())
 	noRefusals(t, f.Refused())
@@ -207,8 +213,8 @@ func checkGCE(t *testing.T, tt gceCase) {
 	if err != nil {
 		t.Fatalf("Find: %v (requests %+v)", err, calls)
 	}
-	if got != dev.devs+"/sdb" {
-		t.Errorf("Find = %q, want %s", got, dev.devs+"/sdb")
+	if got != dev.Devs+"/sdb" {
+		t.Errorf("Find = %q, want %s", got, dev.Devs+"/sdb")
 	}
 	f.Lock()
 	defer f.Unlock()
@@ -220,14 +226,14 @@ func checkGCE(t *testing.T, tt gceCase) {
 // TestGCEWithoutToken: the fake insists on the bearer token, so the tests above prove
 // the client sends it.
 func TestGCEWithoutToken(t *testing.T) {
-	f := newFakeCompute(newFakeDev(t), map[string]*cloudfake.GCEDisk{"d": {}})
+	f := newFakeCompute(etcdvolumetest.NewDev(t), map[string]*cloudfake.GCEDisk{"d": {}})
 	srv := httptest.NewServer(f)
 	defer srv.Close()
 	svc, err := compute.NewService(context.Background(), option.WithEndpoint(srv.URL+"/compute/v1/"), option.WithoutAuthentication())
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = GCE{Service: svc, Project: gceProject, Zone: gceZone, Instance: gceMe, DiskName: "d"}.Find(context.Background())
+	_, err = Disk{Service: svc, Project: gceProject, Zone: gceZone, Instance: gceMe, DiskName: "d"}.Find(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("Find without a token = %v; want a 401", err)
 	}
@@ -237,10 +243,43 @@ func TestGCEWithoutToken(t *testing.T) {
 }
 
 func TestGCEBadConfig(t *testing.T) {
-	if _, err := (GCE{}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "no compute service") {
+	if _, err := (Disk{}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "no compute service") {
 		t.Errorf("Find = %v", err)
 	}
-	if _, err := (GCE{Service: &compute.Service{}, Project: "p"}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "are required") {
+	if _, err := (Disk{Service: &compute.Service{}, Project: "p"}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "are required") {
 		t.Errorf("Find = %v", err)
 	}
+}
+
+// noRefusals fails t with the requests a fake refused: requests the cloud would refuse.
+func noRefusals(t *testing.T, refused []string) {
+	t.Helper()
+	if len(refused) > 0 {
+		t.Errorf("the fake refused requests the cloud would refuse:\n%s", strings.Join(refused, "\n"))
+	}
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// TestFinderRefusesPartition: the disk finder checks the device the disk's link leads to
+// like etcdvolume.ByID does: a link to a partition is refused, naming the disk.
+func TestFinderRefusesPartition(t *testing.T) {
+	etcdvolumetest.NeedTools(t, "losetup", "sgdisk", "partx")
+	part := etcdvolumetest.LoopDisk(t, true) + "p1"
+	byID := t.TempDir()
+	if err := os.Symlink(part, filepath.Join(byID, "google-prod-etcd-b")); err != nil {
+		t.Fatal(err)
+	}
+	f := newFakeCompute(nil, map[string]*cloudfake.GCEDisk{
+		"prod-etcd-b": {Users: []string{gceMe}, Devices: map[string]string{gceMe: "prod-etcd-b"}}})
+	t.Cleanup(func() { noRefusals(t, f.Refused()) })
+	finder := Disk{Service: newCompute(t, f, gceToken), Project: gceProject, Zone: gceZone, Instance: gceMe,
+		DiskName: "prod-etcd-b", DevDir: byID, Timeout: time.Minute, Poll: 10 * time.Millisecond, Log: quiet}
+	const selector = "gce disk prod-etcd-b: "
+	got, err := finder.Find(context.Background())
+	if !errors.Is(err, etcdvolume.ErrUnsafeDisk) || !strings.Contains(err.Error(), selector+part+" is ") ||
+		!strings.Contains(err.Error(), "is partition loop") {
+		t.Fatalf("Find = %q, %v; want the partition refused, naming %q", got, err, selector)
+	}
+	t.Log(err)
 }

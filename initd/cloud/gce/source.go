@@ -1,4 +1,4 @@
-package source
+package gce
 
 import (
 	"context"
@@ -9,19 +9,21 @@ import (
 	"time"
 
 	"cloud.google.com/go/compute/metadata"
+
+	"github.com/kilnproject/kiln/initd/source"
 )
 
-// GCEUserDataAttribute is the instance attribute that holds the config
+// UserDataAttribute is the instance attribute that holds the config
 // (gcloud compute instances create --metadata-from-file user-data=config.ign).
-const GCEUserDataAttribute = "user-data"
+const UserDataAttribute = "user-data"
 
-// GCE reads the config from the Google Compute Engine metadata server's instance
+// Metadata reads the config from the Google Compute Engine metadata server's instance
 // attribute user-data. Requests carry Metadata-Flavor: Google, and an answer without that
 // response header is rejected, so another cloud's metadata service at the same address
 // is never taken for Google's. An instance without the attribute has no config.
 //
-// A GCE must not be copied after first use.
-type GCE struct {
+// A Metadata must not be copied after first use.
+type Metadata struct {
 	// Host is the metadata server as host[:port]; "" means the library's default
 	// (169.254.169.254, or $GCE_METADATA_HOST).
 	Host string
@@ -35,10 +37,10 @@ type GCE struct {
 	last   *lastError
 }
 
-// Name implements Provider.
-func (*GCE) Name() string { return "gce-metadata" }
+// Name implements source.Provider.
+func (*Metadata) Name() string { return "gce-metadata" }
 
-func (g *GCE) metadata() *metadata.Client {
+func (g *Metadata) metadata() *metadata.Client {
 	g.once.Do(func() {
 		g.last = &lastError{}
 		g.client = gceClient(g.Host, g.Transport, g.last)
@@ -46,12 +48,12 @@ func (g *GCE) metadata() *metadata.Client {
 	return g.client
 }
 
-// GCEMetadataClient returns a client of the GCE metadata server for first-boot lookups
-// (project, zone, instance name): it cuts every answer off at MaxConfigSize with a
-// *TooLargeError, follows no redirect and accepts answers only from a Google metadata
+// MetadataClient returns a client of the Metadata metadata server for first-boot lookups
+// (project, zone, instance name): it cuts every answer off at source.MaxConfigSize with a
+// *source.TooLargeError, follows no redirect and accepts answers only from a Google metadata
 // server. Use it instead of the metadata package's functions, whose client reads
 // answers of any size into memory.
-func GCEMetadataClient() *metadata.Client {
+func MetadataClient() *metadata.Client {
 	return gceClient("", nil, &lastError{})
 }
 
@@ -67,9 +69,9 @@ func gceClient(host string, base http.RoundTripper, last *lastError) *metadata.C
 	})
 }
 
-// Probe implements Provider: true when a Google metadata server answers instance/id
+// Probe implements source.Provider: true when a Google metadata server answers instance/id
 // within ProbeTimeout.
-func (g *GCE) Probe(ctx context.Context) bool {
+func (g *Metadata) Probe(ctx context.Context) bool {
 	timeout := g.ProbeTimeout
 	if timeout <= 0 {
 		timeout = 2 * time.Second
@@ -81,9 +83,9 @@ func (g *GCE) Probe(ctx context.Context) bool {
 	return err == nil
 }
 
-// Fetch implements Provider: the user-data attribute, or nothing when it is not defined.
-func (g *GCE) Fetch(ctx context.Context) ([]byte, error) {
-	v, err := g.metadata().InstanceAttributeValueWithContext(ctx, GCEUserDataAttribute)
+// Fetch implements source.Provider: the user-data attribute, or nothing when it is not defined.
+func (g *Metadata) Fetch(ctx context.Context) ([]byte, error) {
+	v, err := g.metadata().InstanceAttributeValueWithContext(ctx, UserDataAttribute)
 	if err != nil {
 		var nd metadata.NotDefinedError
 		if errors.As(err, &nd) {
@@ -93,13 +95,13 @@ func (g *GCE) Fetch(ctx context.Context) ([]byte, error) {
 		if last := g.last.get(); last != nil && ctx.Err() != nil {
 			err = fmt.Errorf("%w (last attempt: %v)", err, last)
 		}
-		return nil, fmt.Errorf("gce metadata instance/attributes/%s: %w", GCEUserDataAttribute, err)
+		return nil, fmt.Errorf("gce metadata instance/attributes/%s: %w", UserDataAttribute, err)
 	}
 	return []byte(v), nil
 }
 
 // gceTransport sends metadata requests to host (when set), rejects answers that do not
-// come from a Google metadata server and cuts every answer off at MaxConfigSize (the
+// come from a Google metadata server and cuts every answer off at source.MaxConfigSize (the
 // metadata client reads each answer whole into memory).
 type gceTransport struct {
 	host string
@@ -145,6 +147,6 @@ func (t gceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Body.Close()
 		return nil, fmt.Errorf("%s is not a Google metadata server (no Metadata-Flavor: Google in the answer, status %s)", req.URL.Host, resp.Status)
 	}
-	resp.Body = limitBody(resp.Body, MaxConfigSize, "the answer")
+	resp.Body = source.LimitBody(resp.Body, source.MaxConfigSize, "the answer")
 	return resp, nil
 }
