@@ -1,30 +1,20 @@
 package dns
 
 import (
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
 
-	gdns "google.golang.org/api/dns/v1"
-
 	"github.com/kilnproject/kiln/initd/config"
 )
 
-// Clouds are the API clients FromConfig gives the cloud providers; only the one the
-// node config names is needed.
-type Clouds struct {
-	Route53    Route53API    // for dns.provider route53
-	CloudDNS   *gdns.Service // for dns.provider clouddns
-	GCPProject string        // the project of the Cloud DNS managed zone
-}
-
-// FromConfig returns the Provider node config n names (nil for dns.provider none).
-// root is the node's "/": the TSIG secret file and /etc/hosts are read below it. The
-// hosted zone (Route 53) is aws.route53HostedZoneId, else the one named dns.zone; the
-// managed zone (Cloud DNS) is the one named dns.zone. The TSIG algorithm is
-// dns.tsigAlgorithm, else the secret file's, else hmac-sha256.
-func FromConfig(n *config.Node, root string, c Clouds) (Provider, error) {
+// FromConfig returns the Provider node config n names (nil for dns.provider none) among
+// those that need no cloud: hosts and rfc2136. A cloud's DNS service (route53, clouddns)
+// is that cloud's to give (cloud.Cloud's DNS, in initd/cloud/<cloud>); FromConfig says
+// it is not supported. root is the node's "/": the TSIG secret file and /etc/hosts are
+// read below it. The TSIG algorithm is dns.tsigAlgorithm, else the secret file's, else
+// hmac-sha256.
+func FromConfig(n *config.Node, root string) (Provider, error) {
 	d := n.DNS
 	switch d.Provider {
 	case config.DNSNone, "":
@@ -47,16 +37,6 @@ func FromConfig(n *config.Node, root string, c Clouds) (Provider, error) {
 			}
 		}
 		return p, nil
-	case config.DNSRoute53:
-		if c.Route53 == nil {
-			return nil, errors.New("dns.provider route53: no Route 53 client")
-		}
-		return &Route53{Client: c.Route53, Zone: d.Zone, HostedZoneID: n.AWS.Route53HostedZoneID}, nil
-	case config.DNSCloudDNS:
-		if c.CloudDNS == nil || c.GCPProject == "" {
-			return nil, errors.New("dns.provider clouddns: no Cloud DNS service or project")
-		}
-		return &CloudDNS{Service: c.CloudDNS, Project: c.GCPProject, Zone: d.Zone}, nil
 	default:
 		return nil, fmt.Errorf("dns.provider %q is not supported", d.Provider)
 	}

@@ -43,10 +43,10 @@ type Provider interface {
 // errNoLookup is wrapped by Lookup errors of providers that cannot read records back.
 var errNoLookup = errors.New("lookup not supported")
 
-// Record types.
+// Record types: TypeA for IPv4 addresses, TypeAAAA for IPv6.
 const (
-	typeA    = "A"
-	typeAAAA = "AAAA"
+	TypeA    = "A"
+	TypeAAAA = "AAAA"
 )
 
 // Record is one record set: every address name answers for type.
@@ -54,7 +54,7 @@ type Record struct {
 	// Name is an absolute name, with or without the final dot
 	// (api.internal.prod.k8s.example.com).
 	Name string `json:"name"`
-	// Type is typeA or typeAAAA.
+	// Type is TypeA or TypeAAAA.
 	Type string `json:"type"`
 	// Addrs are IPv4 addresses for A, IPv6 for AAAA.
 	Addrs []netip.Addr `json:"addrs"`
@@ -73,17 +73,17 @@ func (r Record) String() string {
 	for i, a := range r.Addrs {
 		addrs[i] = a.String()
 	}
-	return fmt.Sprintf("%s %s %s (ttl %d)", hostName(r.Name), r.Type, strings.Join(addrs, ","), r.TTL)
+	return fmt.Sprintf("%s %s %s (ttl %d)", HostName(r.Name), r.Type, strings.Join(addrs, ","), r.TTL)
 }
 
 // check validates r; every provider calls it before acting.
 func (r Record) check() error {
-	name := hostName(r.Name)
+	name := HostName(r.Name)
 	if name == "" || strings.ContainsAny(name, " \t\n") {
 		return fmt.Errorf("record %q: name is not a DNS name", r.Name)
 	}
 	switch r.Type {
-	case typeA, typeAAAA:
+	case TypeA, TypeAAAA:
 	default:
 		return fmt.Errorf("record %s: type %q is not A or AAAA", name, r.Type)
 	}
@@ -97,7 +97,7 @@ func (r Record) check() error {
 		return fmt.Errorf("record %s %s: stale addresses are only for shared records", name, r.Type)
 	}
 	for _, a := range slices.Concat(r.Addrs, r.Stale) {
-		if !a.IsValid() || a.Is4() != (r.Type == typeA) || a.Is4In6() || a.Zone() != "" {
+		if !a.IsValid() || a.Is4() != (r.Type == TypeA) || a.Is4In6() || a.Zone() != "" {
 			return fmt.Errorf("record %s %s: %v is not an address for this type", name, r.Type, a)
 		}
 	}
@@ -112,36 +112,36 @@ func checkRecords(recs []Record) error {
 	return invalid(errors.Join(errs...))
 }
 
-// fqdn is name in lower case with the final dot, as DNS messages and the clouds want it.
-func fqdn(name string) string {
+// FQDN is name in lower case with the final dot, as DNS messages and the clouds want it.
+func FQDN(name string) string {
 	return strings.ToLower(strings.TrimSuffix(name, ".")) + "."
 }
 
-// hostName is name in lower case without the final dot, as /etc/hosts wants it.
-func hostName(name string) string {
+// HostName is name in lower case without the final dot, as /etc/hosts wants it.
+func HostName(name string) string {
 	return strings.ToLower(strings.TrimSuffix(name, "."))
 }
 
 // inZone reports whether name is zone or below it.
 func inZone(name, zone string) bool {
-	n, z := fqdn(name), fqdn(zone)
+	n, z := FQDN(name), FQDN(zone)
 	return n == z || strings.HasSuffix(n, "."+z)
 }
 
 func checkInZone(recs []Record, zone string) error {
 	for _, r := range recs {
 		if !inZone(r.Name, zone) {
-			return invalid(fmt.Errorf("record %s is not inside zone %s", hostName(r.Name), hostName(zone)))
+			return invalid(fmt.Errorf("record %s is not inside zone %s", HostName(r.Name), HostName(zone)))
 		}
 	}
 	return nil
 }
 
-// want is the record set a provider should hold for r when it holds have now, and
+// Want is the record set a provider should hold for r when it holds have now, and
 // whether that differs from have.
-func (r Record) want(have []netip.Addr) ([]netip.Addr, bool) {
+func (r Record) Want(have []netip.Addr) ([]netip.Addr, bool) {
 	if !r.Shared {
-		return sortedAddrs(r.Addrs), !sameAddrs(have, r.Addrs)
+		return SortedAddrs(r.Addrs), !sameAddrs(have, r.Addrs)
 	}
 	var out []netip.Addr
 	for _, a := range have {
@@ -149,7 +149,7 @@ func (r Record) want(have []netip.Addr) ([]netip.Addr, bool) {
 			out = append(out, a)
 		}
 	}
-	out = sortedAddrs(append(out, r.Addrs...))
+	out = SortedAddrs(append(out, r.Addrs...))
 	return out, !sameAddrs(have, out)
 }
 
@@ -165,7 +165,7 @@ func WithStale(recs, previous []Record) []Record {
 		}
 		r.Stale = nil
 		for _, p := range previous {
-			if fqdn(p.Name) != fqdn(r.Name) || p.Type != r.Type {
+			if FQDN(p.Name) != FQDN(r.Name) || p.Type != r.Type {
 				continue
 			}
 			for _, a := range slices.Concat(p.Addrs, p.Stale) {
@@ -179,8 +179,8 @@ func WithStale(recs, previous []Record) []Record {
 	return out
 }
 
-// sortedAddrs returns a sorted copy of addrs without duplicates.
-func sortedAddrs(addrs []netip.Addr) []netip.Addr {
+// SortedAddrs returns a sorted copy of addrs without duplicates.
+func SortedAddrs(addrs []netip.Addr) []netip.Addr {
 	out := slices.Clone(addrs)
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
@@ -188,15 +188,15 @@ func sortedAddrs(addrs []netip.Addr) []netip.Addr {
 
 // sameAddrs reports whether a and b hold the same addresses, in any order.
 func sameAddrs(a, b []netip.Addr) bool {
-	return slices.Equal(sortedAddrs(a), sortedAddrs(b))
+	return slices.Equal(SortedAddrs(a), SortedAddrs(b))
 }
 
-// parseAddrs parses record data (rrdatas) of type typ.
-func parseAddrs(typ string, data []string) ([]netip.Addr, error) {
+// ParseAddrs parses record data (rrdatas) of type typ.
+func ParseAddrs(typ string, data []string) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, d := range data {
 		a, err := netip.ParseAddr(strings.TrimSpace(d))
-		if err != nil || a.Is4() != (typ == typeA) {
+		if err != nil || a.Is4() != (typ == TypeA) {
 			return nil, fmt.Errorf("%s record data %q is not an address", typ, d)
 		}
 		out = append(out, a)
@@ -204,9 +204,9 @@ func parseAddrs(typ string, data []string) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// checkUpsert is every provider's check before an update: the records are well formed and,
+// CheckUpsert is every provider's check before an update: the records are well formed and,
 // when the zone is known, inside it. It reports whether there is anything to send.
-func checkUpsert(recs []Record, zone string) (bool, error) {
+func CheckUpsert(recs []Record, zone string) (bool, error) {
 	if err := checkRecords(recs); err != nil {
 		return false, err
 	}

@@ -131,7 +131,7 @@ func parseHosts(data []byte) (*hostsFile, error) {
 			if strings.HasPrefix(n, "#") {
 				break
 			}
-			h.entries = append(h.entries, hostsEntry{a, hostName(n)})
+			h.entries = append(h.entries, hostsEntry{a, HostName(n)})
 		}
 	}
 	return h, nil
@@ -169,7 +169,7 @@ func (p *Hosts) Upsert(ctx context.Context, recs []Record) error {
 	}
 	old := slices.Clone(h.entries)
 	for _, r := range recs {
-		name, v4 := hostName(r.Name), r.Type == typeA
+		name, v4 := HostName(r.Name), r.Type == TypeA
 		h.entries = slices.DeleteFunc(h.entries, func(e hostsEntry) bool {
 			if e.name != name || e.addr.Is4() != v4 {
 				return false
@@ -221,7 +221,7 @@ func (p *Hosts) Lookup(ctx context.Context, name string) ([]netip.Addr, error) {
 	}
 	var out []netip.Addr
 	for _, e := range h.entries {
-		if e.name == hostName(name) {
+		if e.name == HostName(name) {
 			out = append(out, e.addr)
 		}
 	}

@@ -13,9 +13,9 @@ const hostsHead = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n"
 
 // Records the hosts file tests register.
 var (
-	hostsEtcd  = Record{Name: "etcd-a.internal.prod.example.test.", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60}
-	hostsEtcd6 = Record{Name: "etcd-a.internal.prod.example.test", Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60}
-	hostsAPI   = Record{Name: "api.internal.prod.example.test", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}
+	hostsEtcd  = Record{Name: "etcd-a.internal.prod.example.test.", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60}
+	hostsEtcd6 = Record{Name: "etcd-a.internal.prod.example.test", Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60}
+	hostsAPI   = Record{Name: "api.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}
 )
 
 // hostsBlock is kiln's block in a hosts file holding lines.
@@ -44,7 +44,7 @@ var hostsCases = []hostsCase{
 		hostsHead + hostsBlock("10.0.0.5\tetcd-a.internal.prod.example.test", "fd00::5\tetcd-a.internal.prod.example.test") + "# mine\n10.9.9.9 db\n"},
 	{"shared name keeps the other nodes",
 		hostsHead + hostsBlock("10.0.0.7\tapi.internal.prod.example.test", "10.0.0.8\tapi.internal.prod.example.test"), false,
-		WithStale([]Record{hostsAPI}, []Record{{Name: hostsAPI.Name, Type: typeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}}),
+		WithStale([]Record{hostsAPI}, []Record{{Name: hostsAPI.Name, Type: TypeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}}),
 		hostsHead + hostsBlock("10.0.0.5\tapi.internal.prod.example.test", "10.0.0.7\tapi.internal.prod.example.test")},
 }
 
@@ -131,7 +131,7 @@ func TestHostsRefusesBrokenBlock(t *testing.T) {
 			path := filepath.Join(root, "etc", "hosts")
 			os.MkdirAll(filepath.Dir(path), 0o755)
 			os.WriteFile(path, []byte(c.data), 0o644)
-			err := (&Hosts{Root: root}).Upsert(context.Background(), []Record{{Name: "a.example.test", Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+			err := (&Hosts{Root: root}).Upsert(context.Background(), []Record{{Name: "a.example.test", Type: TypeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("err = %v, want %q", err, c.want)
 			}

@@ -51,10 +51,10 @@ func Names(n *config.Node, addrs ...netip.Addr) ([]Record, error) {
 	for _, h := range hosts {
 		name := n.InternalName(h)
 		if len(v4) > 0 {
-			recs = append(recs, Record{Name: name, Type: typeA, Addrs: sortedAddrs(v4), TTL: ttl, Shared: h == "api"})
+			recs = append(recs, Record{Name: name, Type: TypeA, Addrs: SortedAddrs(v4), TTL: ttl, Shared: h == "api"})
 		}
 		if len(v6) > 0 {
-			recs = append(recs, Record{Name: name, Type: typeAAAA, Addrs: sortedAddrs(v6), TTL: ttl, Shared: h == "api"})
+			recs = append(recs, Record{Name: name, Type: TypeAAAA, Addrs: SortedAddrs(v6), TTL: ttl, Shared: h == "api"})
 		}
 	}
 	return recs, nil

@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/route53"
-
 	"github.com/kilnproject/kiln/initd/config"
 )
 
@@ -106,8 +104,8 @@ func (m *memProvider) Upsert(ctx context.Context, recs []Record) error {
 		return errors.New("server unreachable")
 	}
 	for _, r := range recs {
-		key := fqdn(r.Name) + " " + r.Type
-		m.recs[key], _ = r.want(m.recs[key])
+		key := FQDN(r.Name) + " " + r.Type
+		m.recs[key], _ = r.Want(m.recs[key])
 	}
 	return nil
 }
@@ -118,11 +116,11 @@ func (m *memProvider) Lookup(ctx context.Context, name string) ([]netip.Addr, er
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Concat(m.recs[fqdn(name)+" A"], m.recs[fqdn(name)+" AAAA"]), nil
+	return slices.Concat(m.recs[FQDN(name)+" A"], m.recs[FQDN(name)+" AAAA"]), nil
 }
 
 func TestRegister(t *testing.T) {
-	rec := Record{Name: "etcd-a.internal.prod.example.test", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60}
+	rec := Record{Name: "etcd-a.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60}
 	cases := []struct {
 		name        string
 		p           *memProvider
@@ -133,8 +131,8 @@ func TestRegister(t *testing.T) {
 		wantErr     string
 	}{
 		{"registers", &memProvider{}, []Record{rec}, time.Minute, "registered", 1, ""},
-		{"already there: nothing to do", &memProvider{recs: map[string][]netip.Addr{fqdn(rec.Name) + " A": addrs("10.0.0.5")}}, []Record{rec}, time.Minute, "registered", 0, ""},
-		{"other address: updated", &memProvider{recs: map[string][]netip.Addr{fqdn(rec.Name) + " A": addrs("10.0.0.4")}}, []Record{rec}, time.Minute, "registered", 1, ""},
+		{"already there: nothing to do", &memProvider{recs: map[string][]netip.Addr{FQDN(rec.Name) + " A": addrs("10.0.0.5")}}, []Record{rec}, time.Minute, "registered", 0, ""},
+		{"other address: updated", &memProvider{recs: map[string][]netip.Addr{FQDN(rec.Name) + " A": addrs("10.0.0.4")}}, []Record{rec}, time.Minute, "registered", 1, ""},
 		{"without lookup: always updated", &memProvider{noLookup: true}, []Record{rec}, time.Minute, "registered", 1, ""},
 		{"retries", &memProvider{failures: 3}, []Record{rec}, time.Minute, "registered", 4, ""},
 		{"gives up when ctx ends", &memProvider{failures: 1 << 30}, []Record{rec}, 100 * time.Millisecond, "pending: server unreachable", -1, "not registered after"},
@@ -168,7 +166,7 @@ func TestStatusFile(t *testing.T) {
 	if _, err := f.Read(); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Read of a missing file = %v", err)
 	}
-	recs := []Record{{Name: "api.internal.prod.example.test", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}}
+	recs := []Record{{Name: "api.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}}
 	st, _ := Register(context.Background(), &memProvider{recs: map[string][]netip.Addr{}, failures: 1}, recs, Options{
 		MinBackoff: time.Millisecond,
 		OnState: func(s State) {
@@ -188,7 +186,7 @@ func TestStatusFile(t *testing.T) {
 		t.Errorf("files: %v %v", fi, err)
 	}
 	// The next boot, with a new address, removes the old one from the shared name.
-	next := WithStale([]Record{{Name: recs[0].Name, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}}, got.Records)
+	next := WithStale([]Record{{Name: recs[0].Name, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}}, got.Records)
 	if len(next[0].Stale) != 1 || next[0].Stale[0] != addrs("10.0.0.5")[0] {
 		t.Errorf("WithStale = %+v", next)
 	}
@@ -212,11 +210,11 @@ func TestFromConfig(t *testing.T) {
 		{name: "rfc2136 default algorithm for a bare secret", dns: rfc + "tsigSecretFile: /etc/kiln/bare.key}\n", want: "rfc2136 10.0.0.53:53 zone k8s.example.com", alg: ""},
 		{name: "rfc2136 algorithm against the key clause", dns: rfc + "tsigSecretFile: /etc/kiln/tsig.key, tsigAlgorithm: hmac-sha256}\n", err: "dns.tsigAlgorithm is hmac-sha256, but the key clause in /etc/kiln/tsig.key says hmac-sha512"},
 		{name: "rfc2136 missing secret", dns: rfc + "tsigSecretFile: /etc/kiln/nope}\n", err: "dns.tsigSecretFile: tsig secret: open"},
-		{name: "route53 without client", dns: "dns: {provider: route53}\n", err: "no Route 53 client"},
+		{name: "route53 is the aws cloud's", dns: "dns: {provider: route53}\n", err: `dns.provider "route53" is not supported`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, err := FromConfig(node(t, base+c.dns), root, Clouds{})
+			p, err := FromConfig(node(t, base+c.dns), root)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("err = %v, want %q", err, c.err)
@@ -237,17 +235,5 @@ func TestFromConfig(t *testing.T) {
 				t.Errorf("rfc2136 = %+v", r)
 			}
 		})
-	}
-}
-
-// aws.route53HostedZoneId names the hosted zone, so no lookup by name is made.
-func TestFromConfigRoute53HostedZoneID(t *testing.T) {
-	n := node(t, "cluster: {name: prod, dnsZone: k8s.example.com}\nrole: worker\ndns: {provider: route53}\naws: {route53HostedZoneId: Z0KILN12345}\n")
-	p, err := FromConfig(n, t.TempDir(), Clouds{Route53: route53.New(route53.Options{Region: "us-east-1"})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := p.Name(); got != "route53 hosted zone Z0KILN12345" {
-		t.Errorf("provider %q, want the hosted zone by ID", got)
 	}
 }

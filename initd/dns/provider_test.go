@@ -49,7 +49,7 @@ func checkUpsertRefused(t *testing.T, ctx context.Context, p Provider, zone, wan
 	if zone != "" {
 		name = "x." + zone
 	}
-	err := p.Upsert(ctx, []Record{{Name: name, Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+	err := p.Upsert(ctx, []Record{{Name: name, Type: TypeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("err = %v, want %q", err, want)
 	}

@@ -11,11 +11,11 @@ import (
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
-// Registration states.
+// Registration states, the values of State.State.
 const (
-	statePending    = "pending"    // not published yet; Register keeps trying
-	stateRegistered = "registered" // the provider holds the records
-	stateFailed     = "failed"     // the records or the provider's settings are wrong; no retry
+	StatePending    = "pending"    // not published yet; Register keeps trying
+	StateRegistered = "registered" // the provider holds the records
+	StateFailed     = "failed"     // the records or the provider's settings are wrong; no retry
 )
 
 // State is where a registration stands. It is what StatusFile stores.
@@ -93,7 +93,7 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 		maxB = 2 * time.Minute
 	}
 	maxB = max(maxB, minB)
-	st := State{State: statePending, Provider: p.Name(), Records: recs}
+	st := State{State: StatePending, Provider: p.Name(), Records: recs}
 	report := func() {
 		st.Updated = time.Now().UTC()
 		if opts.OnState != nil {
@@ -106,7 +106,7 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 		}
 	}
 	if err := checkRecords(recs); err != nil {
-		st.State, st.LastError = stateFailed, err.Error()
+		st.State, st.LastError = StateFailed, err.Error()
 		report()
 		return st, fmt.Errorf("dns %s: %w", p.Name(), err)
 	}
@@ -132,7 +132,7 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 	var pe *poll.Error
 	switch {
 	case err == nil:
-		st.State, st.LastError = stateRegistered, ""
+		st.State, st.LastError = StateRegistered, ""
 		report()
 		log.Info("dns: registered", "provider", p.Name(), "records", len(recs), "changed", changed, "attempts", st.Attempts)
 		return st, nil
@@ -143,7 +143,7 @@ func Register(ctx context.Context, p Provider, recs []Record, opts Options) (Sta
 		report()
 		return st, fmt.Errorf("dns %s: not registered after %d attempts (%w): %w", p.Name(), st.Attempts, ctx.Err(), pe.Last)
 	default:
-		st.State, st.LastError = stateFailed, err.Error()
+		st.State, st.LastError = StateFailed, err.Error()
 		report()
 		log.Error("dns: cannot register", "provider", p.Name(), "err", err)
 		return st, fmt.Errorf("dns %s: %w", p.Name(), err)
@@ -159,26 +159,26 @@ func registerOnce(ctx context.Context, p Provider, recs []Record, log *slog.Logg
 	var todo []Record
 	looked := map[string][]netip.Addr{}
 	for _, r := range recs {
-		have, ok := looked[fqdn(r.Name)]
+		have, ok := looked[FQDN(r.Name)]
 		if !ok {
 			var err error
 			have, err = p.Lookup(ctx, r.Name)
 			if err != nil {
 				if !errors.Is(err, errNoLookup) {
-					log.Debug("dns: lookup failed; updating", "name", hostName(r.Name), "err", err)
+					log.Debug("dns: lookup failed; updating", "name", HostName(r.Name), "err", err)
 				}
 				todo = recs
 				break
 			}
-			looked[fqdn(r.Name)] = have
+			looked[FQDN(r.Name)] = have
 		}
 		var family []netip.Addr
 		for _, a := range have {
-			if a.Is4() == (r.Type == typeA) {
+			if a.Is4() == (r.Type == TypeA) {
 				family = append(family, a)
 			}
 		}
-		if _, differs := r.want(family); differs {
+		if _, differs := r.Want(family); differs {
 			todo = append(todo, r)
 		}
 	}

@@ -48,7 +48,7 @@ type RFC2136 struct {
 
 // Name implements Provider.
 func (p *RFC2136) Name() string {
-	return fmt.Sprintf("rfc2136 %s zone %s", p.Server, hostName(p.Zone))
+	return fmt.Sprintf("rfc2136 %s zone %s", p.Server, HostName(p.Zone))
 }
 
 // RcodeError is a server's refusal of a query or update.
@@ -104,7 +104,7 @@ func (p *RFC2136) client() (*mdns.Client, string, error) {
 	if _, err := base64.StdEncoding.DecodeString(p.Secret); err != nil || p.Secret == "" {
 		return nil, "", invalid(fmt.Errorf("rfc2136: TSIG secret of key %s is not base64", p.KeyName))
 	}
-	c.TsigSecret = map[string]string{fqdn(p.KeyName): p.Secret}
+	c.TsigSecret = map[string]string{FQDN(p.KeyName): p.Secret}
 	return c, mAlg, nil
 }
 
@@ -113,7 +113,7 @@ func (p *RFC2136) Upsert(ctx context.Context, recs []Record) error {
 	if p.Zone == "" {
 		return invalid(fmt.Errorf("rfc2136: no zone to update"))
 	}
-	if todo, err := checkUpsert(recs, p.Zone); err != nil || !todo {
+	if todo, err := CheckUpsert(recs, p.Zone); err != nil || !todo {
 		return err
 	}
 	c, alg, err := p.client()
@@ -121,21 +121,21 @@ func (p *RFC2136) Upsert(ctx context.Context, recs []Record) error {
 		return err
 	}
 	m := new(mdns.Msg)
-	m.SetUpdate(fqdn(p.Zone))
+	m.SetUpdate(FQDN(p.Zone))
 	for _, r := range recs {
 		if r.Shared {
 			if stale := rrs(r, r.Stale); len(stale) > 0 {
 				m.Remove(stale)
 			}
 		} else {
-			m.RemoveRRset([]mdns.RR{&mdns.ANY{Hdr: mdns.RR_Header{Name: fqdn(r.Name), Rrtype: rrtype(r.Type)}}})
+			m.RemoveRRset([]mdns.RR{&mdns.ANY{Hdr: mdns.RR_Header{Name: FQDN(r.Name), Rrtype: rrtype(r.Type)}}})
 		}
 		m.Insert(rrs(r, r.Addrs))
 	}
 	if alg != "" {
-		m.SetTsig(fqdn(p.KeyName), alg, 300, time.Now().Unix())
+		m.SetTsig(FQDN(p.KeyName), alg, 300, time.Now().Unix())
 	}
-	op := "update zone " + hostName(p.Zone)
+	op := "update zone " + HostName(p.Zone)
 	in, _, err := c.ExchangeContext(ctx, m, p.Server)
 	if in != nil && in.Rcode != mdns.RcodeSuccess {
 		return rcodeError(op, p.Server, in)
@@ -160,7 +160,7 @@ func (p *RFC2136) checkReply(in *mdns.Msg, err error, alg string) error {
 		return err
 	}
 	notSigned := func(why string) error {
-		return fmt.Errorf("%w %s (%s): refusing to trust it, as anyone on the path could have sent it", errReplyNotSigned, hostName(p.KeyName), why)
+		return fmt.Errorf("%w %s (%s): refusing to trust it, as anyone on the path could have sent it", errReplyNotSigned, HostName(p.KeyName), why)
 	}
 	switch {
 	case errors.Is(err, mdns.ErrTime):
@@ -176,10 +176,10 @@ func (p *RFC2136) checkReply(in *mdns.Msg, err error, alg string) error {
 	switch {
 	case t == nil:
 		return notSigned("it carries no TSIG signature")
-	case !strings.EqualFold(t.Hdr.Name, fqdn(p.KeyName)):
-		return notSigned("signed with key " + hostName(t.Hdr.Name))
-	case !strings.EqualFold(fqdn(t.Algorithm), fqdn(alg)):
-		return notSigned("signed with algorithm " + hostName(t.Algorithm))
+	case !strings.EqualFold(t.Hdr.Name, FQDN(p.KeyName)):
+		return notSigned("signed with key " + HostName(t.Hdr.Name))
+	case !strings.EqualFold(FQDN(t.Algorithm), FQDN(alg)):
+		return notSigned("signed with algorithm " + HostName(t.Algorithm))
 	case t.Error != 0:
 		return notSigned("TSIG error " + rcodeName(int(t.Error)))
 	}
@@ -204,14 +204,14 @@ func (p *RFC2136) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 		return nil, err
 	}
 	var out []netip.Addr
-	for _, typ := range []string{typeA, typeAAAA} {
+	for _, typ := range []string{TypeA, TypeAAAA} {
 		m := new(mdns.Msg)
-		m.SetQuestion(fqdn(name), rrtype(typ))
+		m.SetQuestion(FQDN(name), rrtype(typ))
 		m.RecursionDesired = false
 		if alg != "" {
-			m.SetTsig(fqdn(p.KeyName), alg, 300, time.Now().Unix())
+			m.SetTsig(FQDN(p.KeyName), alg, 300, time.Now().Unix())
 		}
-		op := "query " + hostName(name) + " " + typ
+		op := "query " + HostName(name) + " " + typ
 		in, _, err := c.ExchangeContext(ctx, m, p.Server)
 		if in != nil && in.Rcode != mdns.RcodeSuccess && in.Rcode != mdns.RcodeNameError {
 			return nil, rcodeError(op, p.Server, in)
@@ -220,7 +220,7 @@ func (p *RFC2136) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 			return nil, fmt.Errorf("%s at %s: %w", op, p.Server, err)
 		}
 		for _, rr := range in.Answer {
-			if !strings.EqualFold(rr.Header().Name, fqdn(name)) {
+			if !strings.EqualFold(rr.Header().Name, FQDN(name)) {
 				continue
 			}
 			switch rr := rr.(type) {
@@ -247,7 +247,7 @@ func rcodeError(op, server string, in *mdns.Msg) error {
 }
 
 func rrtype(typ string) uint16 {
-	if typ == typeAAAA {
+	if typ == TypeAAAA {
 		return mdns.TypeAAAA
 	}
 	return mdns.TypeA
@@ -256,7 +256,7 @@ func rrtype(typ string) uint16 {
 func rrs(r Record, addrs []netip.Addr) []mdns.RR {
 	var out []mdns.RR
 	for _, a := range addrs {
-		hdr := mdns.RR_Header{Name: fqdn(r.Name), Rrtype: rrtype(r.Type), Class: mdns.ClassINET, Ttl: uint32(r.TTL)}
+		hdr := mdns.RR_Header{Name: FQDN(r.Name), Rrtype: rrtype(r.Type), Class: mdns.ClassINET, Ttl: uint32(r.TTL)}
 		if a.Is4() {
 			out = append(out, &mdns.A{Hdr: hdr, A: a.AsSlice()})
 		} else {

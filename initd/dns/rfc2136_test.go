@@ -20,8 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnproject/kiln/internal/testkit"
 	mdns "github.com/miekg/dns"
+
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 const (
@@ -202,19 +203,19 @@ type bindStep struct {
 
 var bindSteps = []bindStep{
 	{"create", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-		{Name: testEtcd, Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-		{Name: testAPI + ".", Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+		{Name: testEtcd, Type: TypeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
+		{Name: testAPI + ".", Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
 	}, map[string][]string{testEtcd + " A": {"10.0.0.5"}, testEtcd + " AAAA": {"fd00::5"}, testAPI + " A": {"10.0.0.5"}}},
 	{"new IP replaces the old", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+		{Name: testEtcd, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60},
 	}, map[string][]string{testEtcd + " A": {"10.0.0.6"}, testEtcd + " AAAA": {"fd00::5"}}},
 	{"another control-plane node joins the shared api name", []Record{
-		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+		{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
 	}, map[string][]string{testAPI + " A": {"10.0.0.5", "10.0.0.7"}}},
 	{"a control-plane node's address changes", WithStale(
-		[]Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
-		[]Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
+		[]Record{{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
+		[]Record{{Name: testAPI, Type: TypeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
 	), map[string][]string{testAPI + " A": {"10.0.0.6", "10.0.0.7"}}},
 }
 
@@ -251,7 +252,7 @@ func TestRFC2136WithBIND(t *testing.T) {
 	t.Run("refused", func(t *testing.T) { testRefusedUpdates(t, ctx, b) })
 
 	t.Run("record outside the zone", func(t *testing.T) {
-		err := p.Upsert(ctx, []Record{{Name: "api.example.org", Type: typeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
+		err := p.Upsert(ctx, []Record{{Name: "api.example.org", Type: TypeA, Addrs: addrs("10.0.0.1"), TTL: 60}})
 		if err == nil || !strings.Contains(err.Error(), "not inside zone example.test") || !errors.Is(err, errConfig) {
 			t.Errorf("err = %v", err)
 		}
@@ -277,7 +278,7 @@ func testRefusedUpdates(t *testing.T, ctx context.Context, b *bind) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			err := c.p.Upsert(ctx, []Record{{Name: etcd, Type: typeA, Addrs: addrs("192.0.2.66"), TTL: 60}})
+			err := c.p.Upsert(ctx, []Record{{Name: etcd, Type: TypeA, Addrs: addrs("192.0.2.66"), TTL: 60}})
 			var rc *RcodeError
 			if !errors.As(err, &rc) || rc.Rcode != c.rcode || rc.TSIGError != c.tsig {
 				t.Fatalf("err = %v, want rcode %s tsig %d", err, rcodeName(c.rcode), c.tsig)
@@ -299,7 +300,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 	b := newBind(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	recs := []Record{{Name: "etcd-b.internal.prod.example.test", Type: typeA, Addrs: addrs("10.1.0.2"), TTL: 30}}
+	recs := []Record{{Name: "etcd-b.internal.prod.example.test", Type: TypeA, Addrs: addrs("10.1.0.2"), TTL: 30}}
 
 	var mu sync.Mutex
 	var states []State
@@ -314,7 +315,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 			states = append(states, s)
 			times = append(times, time.Now())
 			mu.Unlock()
-			if s.State == statePending && s.LastError != "" {
+			if s.State == StatePending && s.LastError != "" {
 				pendingErrs <- struct{}{}
 			}
 		},
@@ -335,7 +336,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("not registered after the server came up")
 	}
-	if r.Err != nil || r.State.State != stateRegistered || r.State.String() != "registered" {
+	if r.Err != nil || r.State.State != StateRegistered || r.State.String() != "registered" {
 		t.Fatalf("result = %+v", r)
 	}
 	if got := b.dig(t, "etcd-b.internal.prod.example.test", "A"); !slices.Equal(got, []string{"10.1.0.2"}) {
@@ -348,7 +349,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 
 	// A second run finds the record in place and changes nothing.
 	st, err := Register(ctx, b.provider(), recs, Options{})
-	if err != nil || st.Attempts != 1 || st.State != stateRegistered {
+	if err != nil || st.Attempts != 1 || st.State != StateRegistered {
 		t.Errorf("second Register = %+v, %v", st, err)
 	}
 }
@@ -357,7 +358,7 @@ func TestRegisterWaitsForBIND(t *testing.T) {
 // update error, and waited between attempts as its backoff says.
 func checkPendingThenBackoffs(t *testing.T, b *bind, states []State, times []time.Time, waits []time.Duration) {
 	t.Helper()
-	if states[0].State != statePending || states[0].LastError != "" {
+	if states[0].State != StatePending || states[0].LastError != "" {
 		t.Errorf("first state = %v, want pending", states[0])
 	}
 	p := states[1]
@@ -478,13 +479,13 @@ func newForger(t *testing.T, sign forgerSign) *forger {
 			if sig := r.IsTsig(); sig != nil {
 				alg = sig.Algorithm
 			}
-			m.SetTsig(fqdn(sign.keyName), alg, 300, time.Now().Unix())
+			m.SetTsig(FQDN(sign.keyName), alg, 300, time.Now().Unix())
 		}
 		w.WriteMsg(m)
 	})
 	var secrets map[string]string
 	if sign.keyName != "" {
-		secrets = map[string]string{fqdn(sign.keyName): sign.secret}
+		secrets = map[string]string{FQDN(sign.keyName): sign.secret}
 	}
 	for _, network := range []string{"tcp", "udp"} {
 		started := make(chan struct{})
@@ -530,7 +531,7 @@ func TestRFC2136RefusesForgedReplies(t *testing.T) {
 			f := newForger(t, c.sign)
 			p := &RFC2136{Server: f.addr, Zone: testZone, KeyName: testKey, Secret: nodeSecret, Timeout: 30 * time.Second}
 			ctx := context.Background()
-			recs := []Record{{Name: name, Type: typeA, Addrs: addrs(forgedAddr), TTL: 60}}
+			recs := []Record{{Name: name, Type: TypeA, Addrs: addrs(forgedAddr), TTL: 60}}
 			checkErr := func(what string, err error) {
 				t.Helper()
 				if c.why == "" {
@@ -561,12 +562,12 @@ func TestRFC2136RefusesForgedReplies(t *testing.T) {
 				}
 			}})
 			if c.why == "" {
-				if err != nil || st.State != stateRegistered {
+				if err != nil || st.State != StateRegistered {
 					t.Errorf("Register = %v, %v; want registered", st, err)
 				}
 				return
 			}
-			if st.State == stateRegistered || !errors.Is(err, errReplyNotSigned) {
+			if st.State == StateRegistered || !errors.Is(err, errReplyNotSigned) {
 				t.Errorf("Register = %v, %v; want pending with the unsigned reply's error", st, err)
 			}
 		})
@@ -594,8 +595,8 @@ func TestRFC2136WithoutTSIGWarns(t *testing.T) {
 			for run, addr := range []string{"10.2.0.3", "10.2.0.4"} {
 				var logs bytes.Buffer
 				log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-				st, err := Register(ctx, c.p, []Record{{Name: rec, Type: typeA, Addrs: addrs(addr), TTL: 30}}, Options{Log: log})
-				if err != nil || st.State != stateRegistered {
+				st, err := Register(ctx, c.p, []Record{{Name: rec, Type: TypeA, Addrs: addrs(addr), TTL: 30}}, Options{Log: log})
+				if err != nil || st.State != StateRegistered {
 					t.Fatalf("Register %d = %v, %v", run+1, st, err)
 				}
 				if got := b.dig(t, rec, "A"); !slices.Equal(got, []string{addr}) {

@@ -65,5 +65,5 @@ func dnsProvider(ctx context.Context, n *config.Node, root string) (dns.Provider
 			return p, err
 		}
 	}
-	return dns.FromConfig(n, root, dns.Clouds{})
+	return dns.FromConfig(n, root)
 }

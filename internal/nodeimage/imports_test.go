@@ -14,7 +14,7 @@ const module = "github.com/kilnproject/kiln/"
 var builderMayImport = []string{"initd/config", "initd/pki", "initd/rootpath", "initd/systemd"}
 
 // testOnly are the packages of helpers and fakes for tests: only test files may import them.
-var testOnly = []string{"internal/testkit", "internal/cloudfake", "builder/publish/publishtest", "initd/etcdvolume/etcdvolumetest"}
+var testOnly = []string{"internal/testkit", "internal/cloudfake", "builder/publish/publishtest", "initd/etcdvolume/etcdvolumetest", "initd/dns/dnstest"}
 
 // phases are kiln-init's boot phases: each folder holds one, with the packages only it uses.
 // Only kiln-init's main (initd/cmd) ties them together.

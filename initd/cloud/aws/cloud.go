@@ -110,7 +110,7 @@ func (Cloud) DNS(ctx context.Context, n *config.Node) (dns.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("route53: %w", err)
 	}
-	return dns.FromConfig(n, "/", dns.Clouds{Route53: route53Client(cfg, n)})
+	return route53Provider(n, route53Client(cfg, n)), nil
 }
 
 // The node's AWS API clients. Credentials come from the instance, as the SDK's default
@@ -142,4 +142,10 @@ func route53Client(cfg sdkaws.Config, n *config.Node) *route53.Client {
 			o.BaseEndpoint = sdkaws.String(e)
 		}
 	})
+}
+
+// route53Provider is the Route 53 provider of n: the hosted zone aws.route53HostedZoneId,
+// else the one named dns.zone.
+func route53Provider(n *config.Node, client Route53API) *Route53 {
+	return &Route53{Client: client, Zone: n.DNS.Zone, HostedZoneID: n.AWS.Route53HostedZoneID}
 }

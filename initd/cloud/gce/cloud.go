@@ -104,7 +104,7 @@ func (Cloud) DNS(ctx context.Context, n *config.Node) (dns.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clouddns: %w", err)
 	}
-	return dns.FromConfig(n, "/", dns.Clouds{CloudDNS: svc, GCPProject: project})
+	return &CloudDNS{Service: svc, Project: project, Zone: n.DNS.Zone}, nil
 }
 
 // The node's GCE API clients. Credentials come from the instance: the default service

@@ -1,4 +1,4 @@
-package dns
+package gce
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	gdns "google.golang.org/api/dns/v1"
+
+	"github.com/kilnproject/kiln/initd/dns"
 )
 
 // CloudDNS publishes records in a Google Cloud DNS managed zone. An Upsert is one
@@ -31,7 +33,7 @@ func (p *CloudDNS) Name() string {
 	if p.ManagedZone != "" {
 		return fmt.Sprintf("clouddns %s/%s", p.Project, p.ManagedZone)
 	}
-	return fmt.Sprintf("clouddns %s zone %s", p.Project, hostName(p.Zone))
+	return fmt.Sprintf("clouddns %s zone %s", p.Project, dns.HostName(p.Zone))
 }
 
 func (p *CloudDNS) managedZone(ctx context.Context) (string, error) {
@@ -49,31 +51,31 @@ func (p *CloudDNS) managedZone(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("clouddns: neither a managed zone nor a zone name")
 	}
 	var names []string
-	err := p.Service.ManagedZones.List(p.Project).DnsName(fqdn(p.Zone)).Pages(ctx, func(r *gdns.ManagedZonesListResponse) error {
+	err := p.Service.ManagedZones.List(p.Project).DnsName(dns.FQDN(p.Zone)).Pages(ctx, func(r *gdns.ManagedZonesListResponse) error {
 		for _, z := range r.ManagedZones {
-			if strings.EqualFold(z.DnsName, fqdn(p.Zone)) {
+			if strings.EqualFold(z.DnsName, dns.FQDN(p.Zone)) {
 				names = append(names, z.Name)
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return "", fmt.Errorf("clouddns: find managed zone for %s in project %s: %w", hostName(p.Zone), p.Project, err)
+		return "", fmt.Errorf("clouddns: find managed zone for %s in project %s: %w", dns.HostName(p.Zone), p.Project, err)
 	}
 	switch len(names) {
 	case 0:
-		return "", fmt.Errorf("clouddns: project %s has no managed zone for %s", p.Project, hostName(p.Zone))
+		return "", fmt.Errorf("clouddns: project %s has no managed zone for %s", p.Project, dns.HostName(p.Zone))
 	case 1:
 		p.zoneName = names[0]
 		return p.zoneName, nil
 	default:
-		return "", fmt.Errorf("clouddns: project %s has %d managed zones for %s (%s); name the one to use", p.Project, len(names), hostName(p.Zone), strings.Join(names, ", "))
+		return "", fmt.Errorf("clouddns: project %s has %d managed zones for %s (%s); name the one to use", p.Project, len(names), dns.HostName(p.Zone), strings.Join(names, ", "))
 	}
 }
 
 // Upsert implements Provider.
-func (p *CloudDNS) Upsert(ctx context.Context, recs []Record) error {
-	if todo, err := checkUpsert(recs, p.Zone); err != nil || !todo {
+func (p *CloudDNS) Upsert(ctx context.Context, recs []dns.Record) error {
+	if todo, err := dns.CheckUpsert(recs, p.Zone); err != nil || !todo {
 		return err
 	}
 	zone, err := p.managedZone(ctx)
@@ -88,16 +90,16 @@ func (p *CloudDNS) Upsert(ctx context.Context, recs []Record) error {
 		}
 		var have []netip.Addr
 		if len(cur) > 0 {
-			if have, err = parseAddrs(r.Type, cur[0].Rrdatas); err != nil {
-				return fmt.Errorf("clouddns: %s: %w", hostName(r.Name), err)
+			if have, err = dns.ParseAddrs(r.Type, cur[0].Rrdatas); err != nil {
+				return fmt.Errorf("clouddns: %s: %w", dns.HostName(r.Name), err)
 			}
 		}
-		want, differs := r.want(have)
+		want, differs := r.Want(have)
 		if len(cur) > 0 && !differs && cur[0].Ttl == int64(r.TTL) {
 			continue
 		}
 		change.Deletions = append(change.Deletions, cur...)
-		add := &gdns.ResourceRecordSet{Name: fqdn(r.Name), Type: r.Type, Ttl: int64(r.TTL)}
+		add := &gdns.ResourceRecordSet{Name: dns.FQDN(r.Name), Type: r.Type, Ttl: int64(r.TTL)}
 		for _, a := range want {
 			add.Rrdatas = append(add.Rrdatas, a.String())
 		}
@@ -113,21 +115,21 @@ func (p *CloudDNS) Upsert(ctx context.Context, recs []Record) error {
 }
 
 func (p *CloudDNS) recordSets(ctx context.Context, zone, name, typ string) ([]*gdns.ResourceRecordSet, error) {
-	call := p.Service.ResourceRecordSets.List(p.Project, zone).Name(fqdn(name))
+	call := p.Service.ResourceRecordSets.List(p.Project, zone).Name(dns.FQDN(name))
 	if typ != "" {
 		call = call.Type(typ)
 	}
 	var sets []*gdns.ResourceRecordSet
 	err := call.Pages(ctx, func(r *gdns.ResourceRecordSetsListResponse) error {
 		for _, s := range r.Rrsets {
-			if strings.EqualFold(s.Name, fqdn(name)) && (typ == "" || s.Type == typ) {
+			if strings.EqualFold(s.Name, dns.FQDN(name)) && (typ == "" || s.Type == typ) {
 				sets = append(sets, s)
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("clouddns: list record sets of %s in %s/%s: %w", hostName(name), p.Project, zone, err)
+		return nil, fmt.Errorf("clouddns: list record sets of %s in %s/%s: %w", dns.HostName(name), p.Project, zone, err)
 	}
 	return sets, nil
 }
@@ -144,12 +146,12 @@ func (p *CloudDNS) Lookup(ctx context.Context, name string) ([]netip.Addr, error
 	}
 	var out []netip.Addr
 	for _, s := range sets {
-		if s.Type != typeA && s.Type != typeAAAA {
+		if s.Type != dns.TypeA && s.Type != dns.TypeAAAA {
 			continue
 		}
-		addrs, err := parseAddrs(s.Type, s.Rrdatas)
+		addrs, err := dns.ParseAddrs(s.Type, s.Rrdatas)
 		if err != nil {
-			return nil, fmt.Errorf("clouddns: %s: %w", hostName(name), err)
+			return nil, fmt.Errorf("clouddns: %s: %w", dns.HostName(name), err)
 		}
 		out = append(out, addrs...)
 	}

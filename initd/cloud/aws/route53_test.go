@@ -1,4 +1,4 @@
-package dns
+package aws
 
 import (
 	"context"
@@ -13,6 +13,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/route53"
 
+	"github.com/kilnproject/kiln/initd/config"
+	"github.com/kilnproject/kiln/initd/dns"
+	"github.com/kilnproject/kiln/initd/dns/dnstest"
 	"github.com/kilnproject/kiln/internal/cloudfake"
 )
 
@@ -33,8 +36,8 @@ func newFakeRoute53(t *testing.T) (*cloudfake.Route53, string) {
 	return f, srv.URL
 }
 
-// route53Client is a Route 53 client of endpoint that signs with the test key and secret.
-func route53Client(endpoint, secret string) *route53.Client {
+// testRoute53Client is a Route 53 client of endpoint that signs with the test key and secret.
+func testRoute53Client(endpoint, secret string) *route53.Client {
 	return route53.New(route53.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String(endpoint),
@@ -55,35 +58,27 @@ func lastBatch(f *cloudfake.Route53) []string {
 	return out
 }
 
-// noRefusals fails t with the requests a fake refused: requests the cloud would refuse.
-func noRefusals(t *testing.T, refused []string) {
-	t.Helper()
-	if len(refused) > 0 {
-		t.Errorf("the fake refused requests the cloud would refuse:\n%s", strings.Join(refused, "\n"))
-	}
-}
-
 // route53Steps are the registrations TestRoute53 makes, in order, and the change batch each
 // sends.
 var route53Steps = []providerStep{
-	{"create", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-		{Name: testEtcd, Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+	{"create", []dns.Record{
+		{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.5"), TTL: 60},
+		{Name: dnstest.Etcd, Type: dns.TypeAAAA, Addrs: dnstest.Addrs("fd00::5"), TTL: 60},
+		{Name: dnstest.API, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.5"), TTL: 60, Shared: true},
 	}, []string{
 		"UPSERT etcd-a.internal.prod.example.test. A 60 10.0.0.5",
 		"UPSERT etcd-a.internal.prod.example.test. AAAA 60 fd00::5",
 		"CREATE api.internal.prod.example.test. A 60 10.0.0.5",
 	}},
-	{"unchanged: nothing sent", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+	{"unchanged: nothing sent", []dns.Record{
+		{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.5"), TTL: 60},
+		{Name: dnstest.API, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.5"), TTL: 60, Shared: true},
 	}, nil},
-	{"new IP", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+	{"new IP", []dns.Record{
+		{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.6"), TTL: 60},
 	}, []string{"UPSERT etcd-a.internal.prod.example.test. A 60 10.0.0.6"}},
-	{"second control-plane node", []Record{
-		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+	{"second control-plane node", []dns.Record{
+		{Name: dnstest.API, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.7"), TTL: 60, Shared: true},
 	}, []string{
 		"DELETE api.internal.prod.example.test. A 60 10.0.0.5",
 		"CREATE api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
@@ -92,19 +87,19 @@ var route53Steps = []providerStep{
 
 func TestRoute53(t *testing.T) {
 	f, endpoint := newFakeRoute53(t)
-	client := route53Client(endpoint, r53Secret)
+	client := testRoute53Client(endpoint, r53Secret)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := &Route53{Client: client, Zone: "example.test"} // hosted zone found by name
-	register := func(recs []Record) error {
-		st, err := Register(ctx, p, recs, Options{})
-		if err != nil || st.State != stateRegistered {
+	register := func(recs []dns.Record) error {
+		st, err := dns.Register(ctx, p, recs, dns.Options{})
+		if err != nil || st.State != dns.StateRegistered {
 			return fmt.Errorf("%v %v", st, err)
 		}
 		return nil
 	}
-	runProviderSteps(t, route53Steps, register, func() int { return len(f.Batches()) }, func() []string { return lastBatch(f) })
-	if got, err := p.Lookup(ctx, testEtcd); err != nil || !sameAddrs(got, addrs("10.0.0.6", "fd00::5")) {
+	dnstest.RunSteps(t, steps(route53Steps), register, func() int { return len(f.Batches()) }, func() []string { return lastBatch(f) })
+	if got, err := p.Lookup(ctx, dnstest.Etcd); err != nil || !dnstest.SameAddrs(got, dnstest.Addrs("10.0.0.6", "fd00::5")) {
 		t.Errorf("Lookup = %v, %v", got, err)
 	}
 
@@ -127,15 +122,15 @@ func testRoute53Race(t *testing.T, ctx context.Context, f *cloudfake.Route53, p 
 	}
 	f.Unlock()
 	var states []string
-	st, err := Register(ctx, p, []Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.8"), TTL: 60, Shared: true}},
-		Options{MinBackoff: time.Millisecond, OnState: func(s State) { states = append(states, s.String()) }})
+	st, err := dns.Register(ctx, p, []dns.Record{{Name: dnstest.API, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.8"), TTL: 60, Shared: true}},
+		dns.Options{MinBackoff: time.Millisecond, OnState: func(s dns.State) { states = append(states, s.String()) }})
 	if err != nil || st.Attempts != 2 {
 		t.Fatalf("Register = %+v, %v", st, err)
 	}
 	if len(states) != 3 || !strings.Contains(states[1], "InvalidChangeBatch") {
 		t.Errorf("states = %q", states)
 	}
-	if got, _ := p.Lookup(ctx, testAPI); !sameAddrs(got, addrs("10.0.0.5", "10.0.0.7", "10.0.0.8", "10.0.0.9")) {
+	if got, _ := p.Lookup(ctx, dnstest.API); !dnstest.SameAddrs(got, dnstest.Addrs("10.0.0.5", "10.0.0.7", "10.0.0.8", "10.0.0.9")) {
 		t.Errorf("api = %v", got)
 	}
 }
@@ -158,7 +153,7 @@ func testRoute53WaitInSync(t *testing.T, ctx context.Context, f *cloudfake.Route
 	f.Unlock()
 	calls := getChanges(f)
 	w := &Route53{Client: client, HostedZoneID: "/hostedzone/" + f.ZoneID, Wait: 5 * time.Second, PollInterval: 10 * time.Millisecond}
-	if err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.10"), TTL: 30}}); err != nil {
+	if err := w.Upsert(ctx, []dns.Record{{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.10"), TTL: 30}}); err != nil {
 		t.Fatal(err)
 	}
 	if n := getChanges(f) - calls; n != 3 {
@@ -168,7 +163,7 @@ func testRoute53WaitInSync(t *testing.T, ctx context.Context, f *cloudfake.Route
 	f.PendingPolls = 1000
 	f.Unlock()
 	w.Wait = 100 * time.Millisecond
-	err := w.Upsert(ctx, []Record{{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.11"), TTL: 30}})
+	err := w.Upsert(ctx, []dns.Record{{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.11"), TTL: 30}})
 	if err == nil || !strings.Contains(err.Error(), "still PENDING") {
 		t.Errorf("err = %v, want still PENDING", err)
 	}
@@ -183,18 +178,46 @@ func testRoute53Errors(t *testing.T, ctx context.Context, f *cloudfake.Route53, 
 		want        string
 		wantRefused string
 	}{
-		{"wrong secret", &Route53{Client: route53Client(endpoint, "wrong"), HostedZoneID: f.ZoneID}, "SignatureDoesNotMatch", "signature does not match"},
+		{"wrong secret", &Route53{Client: testRoute53Client(endpoint, "wrong"), HostedZoneID: f.ZoneID}, "SignatureDoesNotMatch", "signature does not match"},
 		{"unknown zone name", &Route53{Client: client, Zone: "example.org"}, "no hosted zone is named example.org", ""},
 		{"unknown zone ID", &Route53{Client: client, HostedZoneID: "ZNOPE"}, "NoSuchHostedZone", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			before := len(f.Refused())
-			checkUpsertRefused(t, ctx, c.p, c.p.Zone, c.want)
+			dnstest.CheckUpsertRefused(t, ctx, c.p, c.p.Zone, c.want)
 			refused := f.Refused()[before:]
 			if c.wantRefused == "" && len(refused) > 0 || c.wantRefused != "" && (len(refused) == 0 || !strings.Contains(refused[0], c.wantRefused)) {
 				t.Errorf("refused %q, want %q", refused, c.wantRefused)
 			}
 		})
+	}
+}
+
+// providerStep is a dnstest.Step of this package's, so its literals may be unkeyed.
+type providerStep dnstest.Step
+
+// steps are ps as dnstest.RunSteps takes them.
+func steps(ps []providerStep) []dnstest.Step {
+	out := make([]dnstest.Step, len(ps))
+	for i, p := range ps {
+		out[i] = dnstest.Step(p)
+	}
+	return out
+}
+
+// aws.route53HostedZoneId names the hosted zone, so no lookup by name is made; without it
+// the zone is the one named dns.zone.
+func TestRoute53Provider(t *testing.T) {
+	n, err := config.ParseNode([]byte("cluster: {name: prod, dnsZone: k8s.example.com}\nrole: worker\ndns: {provider: route53}\naws: {route53HostedZoneId: Z0KILN12345}\n"), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := route53Provider(n, route53.New(route53.Options{Region: "us-east-1"}))
+	if got := p.Name(); got != "route53 hosted zone Z0KILN12345" {
+		t.Errorf("provider %q, want the hosted zone by ID", got)
+	}
+	if p, err := (Cloud{}).DNS(context.Background(), &config.Node{}); p != nil || err != nil {
+		t.Errorf("DNS without dns.provider route53 = %v, %v; want nil, nil", p, err)
 	}
 }

@@ -1,4 +1,4 @@
-package dns
+package gce
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	gdns "google.golang.org/api/dns/v1"
 	"google.golang.org/api/option"
 
+	"github.com/kilnproject/kiln/initd/dns"
+	"github.com/kilnproject/kiln/initd/dns/dnstest"
 	"github.com/kilnproject/kiln/internal/cloudfake"
 )
 
@@ -54,39 +56,39 @@ func lastChange(f *cloudfake.CloudDNS) []string {
 
 // cloudDNSSteps are the Upserts TestCloudDNS makes, in order, and the change each sends.
 var cloudDNSSteps = []providerStep{
-	{"create", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
-		{Name: testEtcd, Type: typeAAAA, Addrs: addrs("fd00::5"), TTL: 60},
-		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true},
+	{"create", []dns.Record{
+		{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.5"), TTL: 60},
+		{Name: dnstest.Etcd, Type: dns.TypeAAAA, Addrs: dnstest.Addrs("fd00::5"), TTL: 60},
+		{Name: dnstest.API, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.5"), TTL: 60, Shared: true},
 	}, []string{
 		"+etcd-a.internal.prod.example.test. A 60 10.0.0.5",
 		"+etcd-a.internal.prod.example.test. AAAA 60 fd00::5",
 		"+api.internal.prod.example.test. A 60 10.0.0.5",
 	}},
-	{"unchanged: nothing sent", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60},
+	{"unchanged: nothing sent", []dns.Record{
+		{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.5"), TTL: 60},
 	}, nil},
-	{"new IP replaces the set", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60},
+	{"new IP replaces the set", []dns.Record{
+		{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.6"), TTL: 60},
 	}, []string{
 		"-etcd-a.internal.prod.example.test. A 60 10.0.0.5",
 		"+etcd-a.internal.prod.example.test. A 60 10.0.0.6",
 	}},
-	{"new TTL", []Record{
-		{Name: testEtcd, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 30},
+	{"new TTL", []dns.Record{
+		{Name: dnstest.Etcd, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.6"), TTL: 30},
 	}, []string{
 		"-etcd-a.internal.prod.example.test. A 60 10.0.0.6",
 		"+etcd-a.internal.prod.example.test. A 30 10.0.0.6",
 	}},
-	{"second control-plane node", []Record{
-		{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.7"), TTL: 60, Shared: true},
+	{"second control-plane node", []dns.Record{
+		{Name: dnstest.API, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.7"), TTL: 60, Shared: true},
 	}, []string{
 		"-api.internal.prod.example.test. A 60 10.0.0.5",
 		"+api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
 	}},
-	{"the first one's address changes", WithStale(
-		[]Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.6"), TTL: 60, Shared: true}},
-		[]Record{{Name: testAPI, Type: typeA, Addrs: addrs("10.0.0.5"), TTL: 60, Shared: true}},
+	{"the first one's address changes", dns.WithStale(
+		[]dns.Record{{Name: dnstest.API, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.6"), TTL: 60, Shared: true}},
+		[]dns.Record{{Name: dnstest.API, Type: dns.TypeA, Addrs: dnstest.Addrs("10.0.0.5"), TTL: 60, Shared: true}},
 	), []string{
 		"-api.internal.prod.example.test. A 60 10.0.0.5,10.0.0.7",
 		"+api.internal.prod.example.test. A 60 10.0.0.6,10.0.0.7",
@@ -98,9 +100,9 @@ func TestCloudDNS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := &CloudDNS{Service: svc, Project: f.Project, Zone: "example.test"} // managed zone found by DNS name
-	runProviderSteps(t, cloudDNSSteps, func(recs []Record) error { return p.Upsert(ctx, recs) },
+	dnstest.RunSteps(t, steps(cloudDNSSteps), func(recs []dns.Record) error { return p.Upsert(ctx, recs) },
 		func() int { return len(f.Changes()) }, func() []string { return lastChange(f) })
-	if got, err := p.Lookup(ctx, testEtcd); err != nil || !sameAddrs(got, addrs("10.0.0.6", "fd00::5")) {
+	if got, err := p.Lookup(ctx, dnstest.Etcd); err != nil || !dnstest.SameAddrs(got, dnstest.Addrs("10.0.0.6", "fd00::5")) {
 		t.Errorf("Lookup = %v, %v", got, err)
 	}
 	if got, err := p.Lookup(ctx, "nothing.example.test"); err != nil || len(got) != 0 {
@@ -122,7 +124,7 @@ func TestCloudDNS(t *testing.T) {
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
 				before := len(f.Refused())
-				checkUpsertRefused(t, ctx, c.p, c.p.Zone, c.want)
+				dnstest.CheckUpsertRefused(t, ctx, c.p, c.p.Zone, c.want)
 				refused := f.Refused()[before:]
 				if c.wantRefused == "" && len(refused) > 0 || c.wantRefused != "" && (len(refused) == 0 || !strings.Contains(refused[0], c.wantRefused)) {
 					t.Errorf("refused %q, want %q", refused, c.wantRefused)
@@ -130,4 +132,16 @@ func TestCloudDNS(t *testing.T) {
 			})
 		}
 	})
+}
+
+// providerStep is a dnstest.Step of this package's, so its literals may be unkeyed.
+type providerStep dnstest.Step
+
+// steps are ps as dnstest.RunSteps takes them.
+func steps(ps []providerStep) []dnstest.Step {
+	out := make([]dnstest.Step, len(ps))
+	for i, p := range ps {
+		out[i] = dnstest.Step(p)
+	}
+	return out
 }

@@ -1,4 +1,4 @@
-package dns
+package aws
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/route53"
 	"github.com/aws/aws-sdk-go-v2/service/route53/types"
+
+	"github.com/kilnproject/kiln/initd/dns"
 )
 
 // Route53API is the part of *route53.Client that Route53 uses.
@@ -47,7 +49,7 @@ func (p *Route53) Name() string {
 	if p.HostedZoneID != "" {
 		return "route53 hosted zone " + p.HostedZoneID
 	}
-	return "route53 zone " + hostName(p.Zone)
+	return "route53 zone " + dns.HostName(p.Zone)
 }
 
 // hostedZone returns the hosted zone's ID, looking it up by name once.
@@ -64,30 +66,30 @@ func (p *Route53) hostedZone(ctx context.Context) (string, error) {
 	if p.Zone == "" {
 		return "", fmt.Errorf("route53: neither a hosted zone ID nor a zone name")
 	}
-	out, err := p.Client.ListHostedZonesByName(ctx, &route53.ListHostedZonesByNameInput{DNSName: aws.String(fqdn(p.Zone)), MaxItems: aws.Int32(10)})
+	out, err := p.Client.ListHostedZonesByName(ctx, &route53.ListHostedZonesByNameInput{DNSName: aws.String(dns.FQDN(p.Zone)), MaxItems: aws.Int32(10)})
 	if err != nil {
-		return "", fmt.Errorf("route53: find hosted zone %s: %w", hostName(p.Zone), err)
+		return "", fmt.Errorf("route53: find hosted zone %s: %w", dns.HostName(p.Zone), err)
 	}
 	var ids []string
 	for _, z := range out.HostedZones {
-		if z.Name != nil && strings.EqualFold(*z.Name, fqdn(p.Zone)) && z.Id != nil {
+		if z.Name != nil && strings.EqualFold(*z.Name, dns.FQDN(p.Zone)) && z.Id != nil {
 			ids = append(ids, strings.TrimPrefix(*z.Id, "/hostedzone/"))
 		}
 	}
 	switch len(ids) {
 	case 0:
-		return "", fmt.Errorf("route53: no hosted zone is named %s", hostName(p.Zone))
+		return "", fmt.Errorf("route53: no hosted zone is named %s", dns.HostName(p.Zone))
 	case 1:
 		p.zoneID = ids[0]
 		return p.zoneID, nil
 	default:
-		return "", fmt.Errorf("route53: %d hosted zones are named %s (%s); name the one to use by its ID", len(ids), hostName(p.Zone), strings.Join(ids, ", "))
+		return "", fmt.Errorf("route53: %d hosted zones are named %s (%s); name the one to use by its ID", len(ids), dns.HostName(p.Zone), strings.Join(ids, ", "))
 	}
 }
 
 // Upsert implements Provider.
-func (p *Route53) Upsert(ctx context.Context, recs []Record) error {
-	if todo, err := checkUpsert(recs, p.Zone); err != nil || !todo {
+func (p *Route53) Upsert(ctx context.Context, recs []dns.Record) error {
+	if todo, err := dns.CheckUpsert(recs, p.Zone); err != nil || !todo {
 		return err
 	}
 	zone, err := p.hostedZone(ctx)
@@ -107,10 +109,10 @@ func (p *Route53) Upsert(ctx context.Context, recs []Record) error {
 		var have []netip.Addr
 		if cur != nil {
 			if have, err = r53Addrs(*cur); err != nil {
-				return fmt.Errorf("route53: %s %s: %w", hostName(r.Name), r.Type, err)
+				return fmt.Errorf("route53: %s %s: %w", dns.HostName(r.Name), r.Type, err)
 			}
 		}
-		want, differs := r.want(have)
+		want, differs := r.Want(have)
 		if cur != nil && !differs && aws.ToInt64(cur.TTL) == int64(r.TTL) {
 			continue
 		}
@@ -196,7 +198,7 @@ func (p *Route53) recordSet(ctx context.Context, zone, name, typ string) (*types
 func (p *Route53) list(ctx context.Context, zone, name, typ string) ([]types.ResourceRecordSet, error) {
 	in := &route53.ListResourceRecordSetsInput{
 		HostedZoneId:    aws.String(zone),
-		StartRecordName: aws.String(fqdn(name)),
+		StartRecordName: aws.String(dns.FQDN(name)),
 		StartRecordType: types.RRType(typ),
 		MaxItems:        aws.Int32(10),
 	}
@@ -204,15 +206,15 @@ func (p *Route53) list(ctx context.Context, zone, name, typ string) ([]types.Res
 	for {
 		out, err := p.Client.ListResourceRecordSets(ctx, in)
 		if err != nil {
-			return nil, fmt.Errorf("route53: list record sets of %s in hosted zone %s: %w", hostName(name), zone, err)
+			return nil, fmt.Errorf("route53: list record sets of %s in hosted zone %s: %w", dns.HostName(name), zone, err)
 		}
 		for _, s := range out.ResourceRecordSets {
-			if !strings.EqualFold(fqdn(aws.ToString(s.Name)), fqdn(name)) {
+			if !strings.EqualFold(dns.FQDN(aws.ToString(s.Name)), dns.FQDN(name)) {
 				return sets, nil
 			}
 			sets = append(sets, s)
 		}
-		if !out.IsTruncated || !strings.EqualFold(fqdn(aws.ToString(out.NextRecordName)), fqdn(name)) {
+		if !out.IsTruncated || !strings.EqualFold(dns.FQDN(aws.ToString(out.NextRecordName)), dns.FQDN(name)) {
 			return sets, nil
 		}
 		in.StartRecordType, in.StartRecordIdentifier = out.NextRecordType, out.NextRecordIdentifier
@@ -225,7 +227,7 @@ func (p *Route53) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 	if err != nil {
 		return nil, err
 	}
-	sets, err := p.list(ctx, zone, name, typeA)
+	sets, err := p.list(ctx, zone, name, dns.TypeA)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +238,7 @@ func (p *Route53) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 		}
 		addrs, err := r53Addrs(s)
 		if err != nil {
-			return nil, fmt.Errorf("route53: %s: %w", hostName(name), err)
+			return nil, fmt.Errorf("route53: %s: %w", dns.HostName(name), err)
 		}
 		out = append(out, addrs...)
 	}
@@ -244,8 +246,8 @@ func (p *Route53) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 }
 
 func r53Set(name, typ string, ttl int, addrs []netip.Addr) *types.ResourceRecordSet {
-	s := &types.ResourceRecordSet{Name: aws.String(fqdn(name)), Type: types.RRType(typ), TTL: aws.Int64(int64(ttl))}
-	for _, a := range sortedAddrs(addrs) {
+	s := &types.ResourceRecordSet{Name: aws.String(dns.FQDN(name)), Type: types.RRType(typ), TTL: aws.Int64(int64(ttl))}
+	for _, a := range dns.SortedAddrs(addrs) {
 		s.ResourceRecords = append(s.ResourceRecords, types.ResourceRecord{Value: aws.String(a.String())})
 	}
 	return s
@@ -259,5 +261,5 @@ func r53Addrs(s types.ResourceRecordSet) ([]netip.Addr, error) {
 	for _, rr := range s.ResourceRecords {
 		vals = append(vals, aws.ToString(rr.Value))
 	}
-	return parseAddrs(string(s.Type), slices.Clip(vals))
+	return dns.ParseAddrs(string(s.Type), slices.Clip(vals))
 }
