@@ -7,7 +7,8 @@ import (
 	"github.com/kilnproject/kiln/initd/blockdev"
 )
 
-// ErrUnsafeDisk is matched (errors.Is) by every *unsafeDiskError.
+// ErrUnsafeDisk is matched (errors.Is) by CheckDisk's error for a device the etcd volume
+// must never be (the boot disk, a partition, a disk in use).
 var ErrUnsafeDisk = errors.New("not a free whole disk")
 
 // unsafeDiskError is returned when a selector leads to a device the etcd volume must
@@ -34,7 +35,7 @@ func (e *unsafeDiskError) Error() string {
 // Is makes errors.Is(err, ErrUnsafeDisk) true.
 func (e *unsafeDiskError) Is(target error) bool { return target == ErrUnsafeDisk }
 
-// CheckDisk returns an *unsafeDiskError unless dev is a whole disk that nothing uses
+// CheckDisk returns an error matching ErrUnsafeDisk unless dev is a whole disk that nothing uses
 // (sysDir is where sysfs is mounted, "" for /sys).
 // A disk mounted at mountPath only (when set) is accepted: it is the volume, mounted by
 // an earlier run. A regular file (a disk image) is not a disk and is not checked.

@@ -3,10 +3,11 @@
 // block devices in general (probes, use checks, by-id names, mount units):
 //
 //   - A Finder locates the disk and returns its device node: ByID (a serial or a name in
-//     /dev/disk/by-id, for metal and QEMU), AWS (EBS volumes selected by tags in the
-//     node's availability zone, attached with AttachVolume) and GCE (a persistent disk
-//     by name, attached with instances.attachDisk). Losing an attach race to another
-//     node is normal: it gives ErrAttachedElsewhere and the caller retries later.
+//     /dev/disk/by-id, for metal and QEMU), and each cloud's own (initd/cloud/aws: EBS
+//     volumes selected by tags, attached with AttachVolume; initd/cloud/gce: a persistent
+//     disk by name or labels, attached with instances.attachDisk), built on CheckDisk,
+//     WaitFor and the errors below. Losing an attach race to another node is normal: it
+//     gives ErrAttachedElsewhere and the caller retries later.
 //   - Prepare makes the disk safe to use without ever formatting one that holds data: a
 //     blank disk is formatted, a disk with the wanted filesystem (and label and UUID) is
 //     checked and accepted, anything else is refused unless the config says wipe.

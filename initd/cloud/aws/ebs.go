@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
@@ -90,7 +90,7 @@ func (a EBS) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	id := aws.ToString(vol.VolumeId)
+	id := sdkaws.ToString(vol.VolumeId)
 	att, err := a.attachment(vol)
 	if err != nil {
 		return "", err
@@ -126,16 +126,16 @@ func (a EBS) etcdTag() string {
 }
 
 func (a EBS) filters() []types.Filter {
-	f := []types.Filter{{Name: aws.String("availability-zone"), Values: []string{a.AZ}}}
+	f := []types.Filter{{Name: sdkaws.String("availability-zone"), Values: []string{a.AZ}}}
 	if a.Cluster != "" {
-		f = append(f, types.Filter{Name: aws.String("tag:kubernetes.io/cluster/" + a.Cluster), Values: []string{"owned"}})
+		f = append(f, types.Filter{Name: sdkaws.String("tag:kubernetes.io/cluster/" + a.Cluster), Values: []string{"owned"}})
 	}
-	f = append(f, types.Filter{Name: aws.String("tag-key"), Values: []string{a.etcdTag()}})
+	f = append(f, types.Filter{Name: sdkaws.String("tag-key"), Values: []string{a.etcdTag()}})
 	for _, k := range slices.Sorted(maps.Keys(a.Tags)) {
 		if v := a.Tags[k]; v != "" {
-			f = append(f, types.Filter{Name: aws.String("tag:" + k), Values: []string{v}})
+			f = append(f, types.Filter{Name: sdkaws.String("tag:" + k), Values: []string{v}})
 		} else {
-			f = append(f, types.Filter{Name: aws.String("tag-key"), Values: []string{k}})
+			f = append(f, types.Filter{Name: sdkaws.String("tag-key"), Values: []string{k}})
 		}
 	}
 	return f
@@ -151,8 +151,8 @@ func (a EBS) find(ctx context.Context) (types.Volume, error) {
 	var mine []types.Volume
 	for _, v := range vols {
 		for _, t := range v.Tags {
-			member, _, _ := strings.Cut(aws.ToString(t.Value), "/")
-			if aws.ToString(t.Key) == key && member == a.Member {
+			member, _, _ := strings.Cut(sdkaws.ToString(t.Value), "/")
+			if sdkaws.ToString(t.Key) == key && member == a.Member {
 				mine = append(mine, v)
 			}
 		}
@@ -165,7 +165,7 @@ func (a EBS) find(ctx context.Context) (types.Volume, error) {
 	}
 	var ids []string
 	for _, v := range mine {
-		ids = append(ids, aws.ToString(v.VolumeId))
+		ids = append(ids, sdkaws.ToString(v.VolumeId))
 	}
 	return types.Volume{}, fmt.Errorf("aws volume: %d volumes are tagged for member %s (%s); expected one", len(mine), a.Member, strings.Join(ids, ", "))
 }
@@ -190,8 +190,8 @@ func (a EBS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
 		if att.State == types.VolumeAttachmentStateDetached {
 			continue
 		}
-		if other := aws.ToString(att.InstanceId); other != a.InstanceID {
-			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", aws.ToString(vol.VolumeId), etcdvolume.ErrAttachedElsewhere, other, att.State)
+		if other := sdkaws.ToString(att.InstanceId); other != a.InstanceID {
+			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", sdkaws.ToString(vol.VolumeId), etcdvolume.ErrAttachedElsewhere, other, att.State)
 		}
 		return &vol.Attachments[i], nil
 	}
@@ -202,7 +202,7 @@ func (a EBS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
 func (a EBS) attach(ctx context.Context, id string) error {
 	// Device names this instance's volumes already use.
 	attached, err := a.describe(ctx, &ec2.DescribeVolumesInput{Filters: []types.Filter{
-		{Name: aws.String("attachment.instance-id"), Values: []string{a.InstanceID}},
+		{Name: sdkaws.String("attachment.instance-id"), Values: []string{a.InstanceID}},
 	}})
 	if err != nil {
 		return fmt.Errorf("aws volume %s: %w", id, err)
@@ -210,7 +210,7 @@ func (a EBS) attach(ctx context.Context, id string) error {
 	used := map[string]bool{}
 	for _, v := range attached {
 		for _, att := range v.Attachments {
-			used[aws.ToString(att.Device)] = true
+			used[sdkaws.ToString(att.Device)] = true
 		}
 	}
 	devices := a.Devices
@@ -222,7 +222,7 @@ func (a EBS) attach(ctx context.Context, id string) error {
 			continue
 		}
 		_, err := a.Client.AttachVolume(ctx, &ec2.AttachVolumeInput{
-			VolumeId: aws.String(id), InstanceId: aws.String(a.InstanceID), Device: aws.String(dev),
+			VolumeId: sdkaws.String(id), InstanceId: sdkaws.String(a.InstanceID), Device: sdkaws.String(dev),
 		})
 		if err == nil {
 			a.logger().InfoContext(ctx, "attaching etcd volume", "volume", id, "instance", a.InstanceID, "device", dev)
@@ -274,7 +274,7 @@ func (a EBS) waitAttached(ctx context.Context, id string) (string, error) {
 		if att.State == types.VolumeAttachmentStateDetaching {
 			return false, fmt.Errorf("volume %s is being detached from this instance; retry later", id)
 		}
-		device = aws.ToString(att.Device)
+		device = sdkaws.ToString(att.Device)
 		return att.State == types.VolumeAttachmentStateAttached, nil
 	})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
@@ -85,7 +85,7 @@ func newEC2Signed(t *testing.T, f *cloudfake.EC2, secret string) *ec2.Client {
 	return ec2.New(ec2.Options{
 		Region:       testRegion,
 		Credentials:  credentials.NewStaticCredentialsProvider(testAKID, secret, ""),
-		BaseEndpoint: aws.String(srv.URL),
+		BaseEndpoint: sdkaws.String(srv.URL),
 		HTTPClient:   srv.Client(),
 	})
 }

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/route53"
 	"github.com/aws/aws-sdk-go-v2/service/route53/types"
 
@@ -66,7 +66,7 @@ func (p *Route53) hostedZone(ctx context.Context) (string, error) {
 	if p.Zone == "" {
 		return "", fmt.Errorf("route53: neither a hosted zone ID nor a zone name")
 	}
-	out, err := p.Client.ListHostedZonesByName(ctx, &route53.ListHostedZonesByNameInput{DNSName: aws.String(dns.FQDN(p.Zone)), MaxItems: aws.Int32(10)})
+	out, err := p.Client.ListHostedZonesByName(ctx, &route53.ListHostedZonesByNameInput{DNSName: sdkaws.String(dns.FQDN(p.Zone)), MaxItems: sdkaws.Int32(10)})
 	if err != nil {
 		return "", fmt.Errorf("route53: find hosted zone %s: %w", dns.HostName(p.Zone), err)
 	}
@@ -113,7 +113,7 @@ func (p *Route53) Upsert(ctx context.Context, recs []dns.Record) error {
 			}
 		}
 		want, differs := r.Want(have)
-		if cur != nil && !differs && aws.ToInt64(cur.TTL) == int64(r.TTL) {
+		if cur != nil && !differs && sdkaws.ToInt64(cur.TTL) == int64(r.TTL) {
 			continue
 		}
 		if cur != nil {
@@ -125,8 +125,8 @@ func (p *Route53) Upsert(ctx context.Context, recs []dns.Record) error {
 		return nil
 	}
 	out, err := p.Client.ChangeResourceRecordSets(ctx, &route53.ChangeResourceRecordSetsInput{
-		HostedZoneId: aws.String(zone),
-		ChangeBatch:  &types.ChangeBatch{Comment: aws.String("kiln-init"), Changes: changes},
+		HostedZoneId: sdkaws.String(zone),
+		ChangeBatch:  &types.ChangeBatch{Comment: sdkaws.String("kiln-init"), Changes: changes},
 	})
 	if err != nil {
 		var bad *types.InvalidChangeBatch
@@ -168,7 +168,7 @@ func (p *Route53) waitInsync(ctx context.Context, id string, status types.Change
 			return insync(ctx, in, out, err)
 		}
 	})
-	err := w.Wait(wctx, &route53.GetChangeInput{Id: aws.String(id)}, p.Wait)
+	err := w.Wait(wctx, &route53.GetChangeInput{Id: sdkaws.String(id)}, p.Wait)
 	switch {
 	case err == nil:
 		return nil
@@ -197,10 +197,10 @@ func (p *Route53) recordSet(ctx context.Context, zone, name, typ string) (*types
 // list returns name's record sets from type typ on (A, then AAAA, …).
 func (p *Route53) list(ctx context.Context, zone, name, typ string) ([]types.ResourceRecordSet, error) {
 	in := &route53.ListResourceRecordSetsInput{
-		HostedZoneId:    aws.String(zone),
-		StartRecordName: aws.String(dns.FQDN(name)),
+		HostedZoneId:    sdkaws.String(zone),
+		StartRecordName: sdkaws.String(dns.FQDN(name)),
 		StartRecordType: types.RRType(typ),
-		MaxItems:        aws.Int32(10),
+		MaxItems:        sdkaws.Int32(10),
 	}
 	var sets []types.ResourceRecordSet
 	for {
@@ -209,12 +209,12 @@ func (p *Route53) list(ctx context.Context, zone, name, typ string) ([]types.Res
 			return nil, fmt.Errorf("route53: list record sets of %s in hosted zone %s: %w", dns.HostName(name), zone, err)
 		}
 		for _, s := range out.ResourceRecordSets {
-			if !strings.EqualFold(dns.FQDN(aws.ToString(s.Name)), dns.FQDN(name)) {
+			if !strings.EqualFold(dns.FQDN(sdkaws.ToString(s.Name)), dns.FQDN(name)) {
 				return sets, nil
 			}
 			sets = append(sets, s)
 		}
-		if !out.IsTruncated || !strings.EqualFold(dns.FQDN(aws.ToString(out.NextRecordName)), dns.FQDN(name)) {
+		if !out.IsTruncated || !strings.EqualFold(dns.FQDN(sdkaws.ToString(out.NextRecordName)), dns.FQDN(name)) {
 			return sets, nil
 		}
 		in.StartRecordType, in.StartRecordIdentifier = out.NextRecordType, out.NextRecordIdentifier
@@ -246,20 +246,20 @@ func (p *Route53) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 }
 
 func r53Set(name, typ string, ttl int, addrs []netip.Addr) *types.ResourceRecordSet {
-	s := &types.ResourceRecordSet{Name: aws.String(dns.FQDN(name)), Type: types.RRType(typ), TTL: aws.Int64(int64(ttl))}
+	s := &types.ResourceRecordSet{Name: sdkaws.String(dns.FQDN(name)), Type: types.RRType(typ), TTL: sdkaws.Int64(int64(ttl))}
 	for _, a := range dns.SortedAddrs(addrs) {
-		s.ResourceRecords = append(s.ResourceRecords, types.ResourceRecord{Value: aws.String(a.String())})
+		s.ResourceRecords = append(s.ResourceRecords, types.ResourceRecord{Value: sdkaws.String(a.String())})
 	}
 	return s
 }
 
 func r53Addrs(s types.ResourceRecordSet) ([]netip.Addr, error) {
 	if s.AliasTarget != nil {
-		return nil, fmt.Errorf("%s record is an alias to %s, not addresses", s.Type, aws.ToString(s.AliasTarget.DNSName))
+		return nil, fmt.Errorf("%s record is an alias to %s, not addresses", s.Type, sdkaws.ToString(s.AliasTarget.DNSName))
 	}
 	vals := make([]string, 0, len(s.ResourceRecords))
 	for _, rr := range s.ResourceRecords {
-		vals = append(vals, aws.ToString(rr.Value))
+		vals = append(vals, sdkaws.ToString(rr.Value))
 	}
 	return dns.ParseAddrs(string(s.Type), slices.Clip(vals))
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/route53"
 
@@ -40,7 +40,7 @@ func newFakeRoute53(t *testing.T) (*cloudfake.Route53, string) {
 func testRoute53Client(endpoint, secret string) *route53.Client {
 	return route53.New(route53.Options{
 		Region:       "us-east-1",
-		BaseEndpoint: aws.String(endpoint),
+		BaseEndpoint: sdkaws.String(endpoint),
 		Credentials:  credentials.NewStaticCredentialsProvider(r53Key, secret, ""),
 	})
 }

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials/ec2rolecreds"
@@ -44,7 +44,7 @@ func (a *IMDS) imds() *imds.Client {
 		a.client = imds.New(imds.Options{
 			Endpoint:       a.Endpoint,
 			HTTPClient:     CapIMDS(a.HTTPClient),
-			EnableFallback: aws.FalseTernary,
+			EnableFallback: sdkaws.FalseTernary,
 		})
 	})
 	return a.client
@@ -101,14 +101,14 @@ func CapIMDS(c imds.HTTPClient) imds.HTTPClient {
 // default clients would read an answer of any size into memory. imdsEndpoint is the IMDS
 // base URL; "" takes it from the environment and shared config as the SDK's own would
 // (AWS_EC2_METADATA_SERVICE_ENDPOINT), else http://169.254.169.254.
-func Config(ctx context.Context, imdsEndpoint string) (aws.Config, error) {
+func Config(ctx context.Context, imdsEndpoint string) (sdkaws.Config, error) {
 	var opts []func(*awsconfig.LoadOptions) error
 	if imdsEndpoint != "" {
 		opts = append(opts, awsconfig.WithEC2IMDSEndpoint(imdsEndpoint))
 	}
 	base, err := awsconfig.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
-		return aws.Config{}, err
+		return sdkaws.Config{}, err
 	}
 	md := NewIMDS(base)
 	return awsconfig.LoadDefaultConfig(ctx, append(opts,
@@ -118,7 +118,7 @@ func Config(ctx context.Context, imdsEndpoint string) (aws.Config, error) {
 
 // NewIMDS returns an IMDSv2 client for cfg (its IMDS endpoint) whose answers are capped
 // by CapIMDS.
-func NewIMDS(cfg aws.Config) *imds.Client {
+func NewIMDS(cfg sdkaws.Config) *imds.Client {
 	return imds.NewFromConfig(cfg, func(o *imds.Options) { o.HTTPClient = CapIMDS(o.HTTPClient) })
 }
 
