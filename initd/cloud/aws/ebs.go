@@ -20,13 +20,13 @@ import (
 	"github.com/kilnproject/kiln/initd/etcdvolume"
 )
 
-// EC2API is the part of *ec2.Client the AWS finder calls.
+// EC2API is the part of *ec2.Client the EBS finder calls.
 type EC2API interface {
 	DescribeVolumes(ctx context.Context, in *ec2.DescribeVolumesInput, optFns ...func(*ec2.Options)) (*ec2.DescribeVolumesOutput, error)
 	AttachVolume(ctx context.Context, in *ec2.AttachVolumeInput, optFns ...func(*ec2.Options)) (*ec2.AttachVolumeOutput, error)
 }
 
-// defaultEtcdCluster is the etcd cluster whose volumes AWS selects when EtcdCluster is
+// defaultEtcdCluster is the etcd cluster whose volumes EBS selects when EtcdCluster is
 // empty: kOps tags them k8s.io/etcd/main.
 const defaultEtcdCluster = "main"
 

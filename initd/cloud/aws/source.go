@@ -95,7 +95,7 @@ func CapIMDS(c imds.HTTPClient) imds.HTTPClient {
 	return cappedClient{c}
 }
 
-// Config loads the SDK's default configuration for a node's own IMDS calls (Route 53, EC2),
+// Config loads the SDK's default configuration for a node's own AWS calls (Route 53, EC2),
 // with the region from IMDS when the environment names none. Every IMDS answer it reads —
 // the region, and later the instance role's credentials — goes through CapIMDS: the SDK's
 // default clients would read an answer of any size into memory. imdsEndpoint is the IMDS

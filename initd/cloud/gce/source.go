@@ -48,7 +48,7 @@ func (g *Metadata) metadata() *metadata.Client {
 	return g.client
 }
 
-// MetadataClient returns a client of the Metadata metadata server for first-boot lookups
+// MetadataClient returns a client of the GCE metadata server for first-boot lookups
 // (project, zone, instance name): it cuts every answer off at source.MaxConfigSize with a
 // *source.TooLargeError, follows no redirect and accepts answers only from a Google metadata
 // server. Use it instead of the metadata package's functions, whose client reads
