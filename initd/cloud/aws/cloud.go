@@ -5,18 +5,9 @@ package aws
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"strings"
 	"time"
-
-	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
-	"github.com/aws/aws-sdk-go-v2/service/ec2"
-	"github.com/aws/aws-sdk-go-v2/service/route53"
 
 	"github.com/kilnproject/kiln/initd/cloud"
 	"github.com/kilnproject/kiln/initd/config"
@@ -51,41 +42,6 @@ func (Cloud) Identify(ctx context.Context, n *config.Node) (cloud.Instance, erro
 	return readInstance(ctx, endpoint)
 }
 
-// readInstance reads the instance's identity from IMDSv2 at endpoint ("" the default).
-// The hostname is the first label of EC2's local-hostname.
-func readInstance(ctx context.Context, endpoint string) (cloud.Instance, error) {
-	md := imds.New(imds.Options{Endpoint: endpoint, HTTPClient: CapIMDS(nil), EnableFallback: sdkaws.FalseTernary})
-	get := func(path string, optional bool) (string, error) {
-		out, err := md.GetMetadata(ctx, &imds.GetMetadataInput{Path: path})
-		if err != nil {
-			var se interface{ HTTPStatusCode() int }
-			if optional && errors.As(err, &se) && se.HTTPStatusCode() == http.StatusNotFound {
-				return "", nil
-			}
-			return "", fmt.Errorf("instance identity: IMDS %s: %w", path, err)
-		}
-		defer out.Content.Close()
-		b, err := io.ReadAll(out.Content)
-		if err != nil {
-			return "", fmt.Errorf("instance identity: IMDS %s: %w", path, err)
-		}
-		return strings.TrimSpace(string(b)), nil
-	}
-	in := cloud.Instance{Cloud: "aws"}
-	var err error
-	if in.InstanceID, err = get("instance-id", false); err != nil {
-		return in, err
-	}
-	if in.Zone, err = get("placement/availability-zone", false); err != nil {
-		return in, err
-	}
-	// An instance whose hostname type is resource name, or one in an IPv6-only subnet,
-	// may have no local-hostname.
-	host, err := get("local-hostname", true)
-	in.Hostname = cloud.FirstLabel(host)
-	return in, err
-}
-
 // SelectsVolume implements cloud.Cloud: etcd.volume.awsTags.
 func (Cloud) SelectsVolume(v *config.Volume) bool { return len(v.AWSTags) > 0 }
 
@@ -111,37 +67,6 @@ func (Cloud) DNS(ctx context.Context, n *config.Node) (dns.Provider, error) {
 		return nil, fmt.Errorf("route53: %w", err)
 	}
 	return route53Provider(n, route53Client(cfg, n)), nil
-}
-
-// The node's AWS API clients. Credentials come from the instance, as the SDK's default
-// chain finds them there: the instance role's, from IMDS. node.yaml's aws.endpoints
-// point the clients elsewhere (VPC endpoints).
-
-// awsConfig is the SDK configuration for the node's AWS calls.
-func awsConfig(ctx context.Context, n *config.Node) (sdkaws.Config, error) {
-	cfg, err := Config(ctx, n.AWS.Endpoints.IMDS)
-	if err != nil {
-		return sdkaws.Config{}, fmt.Errorf("AWS config: %w", err)
-	}
-	return cfg, nil
-}
-
-// ec2Client is the EC2 client for the node's etcd volume.
-func ec2Client(cfg sdkaws.Config, n *config.Node) *ec2.Client {
-	return ec2.NewFromConfig(cfg, func(o *ec2.Options) {
-		if e := n.AWS.Endpoints.EC2; e != "" {
-			o.BaseEndpoint = sdkaws.String(e)
-		}
-	})
-}
-
-// route53Client is the Route 53 client for the node's names.
-func route53Client(cfg sdkaws.Config, n *config.Node) *route53.Client {
-	return route53.NewFromConfig(cfg, func(o *route53.Options) {
-		if e := n.AWS.Endpoints.Route53; e != "" {
-			o.BaseEndpoint = sdkaws.String(e)
-		}
-	})
 }
 
 // route53Provider is the Route 53 provider of n: the hosted zone aws.route53HostedZoneId,
