@@ -2,7 +2,6 @@ package firstboot
 
 import (
 	"context"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -11,19 +10,6 @@ import (
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/internal/cloudfake"
 )
-
-// imdsV2 serves f, the metadata service of an instance that requires IMDSv2, for the test,
-// and fails the test at its end if f refused a request.
-func imdsV2(t *testing.T, f *cloudfake.IMDS) *httptest.Server {
-	srv := httptest.NewServer(f)
-	t.Cleanup(func() {
-		srv.Close()
-		if refused := f.Refused(); len(refused) > 0 {
-			t.Errorf("requests IMDS refuses: %q", refused)
-		}
-	})
-	return srv
-}
 
 // ec2Instance is the EC2 instance the tests run on.
 func ec2Instance() *cloudfake.IMDS {
@@ -56,7 +42,7 @@ func TestPlatformSources(t *testing.T) {
 // On aws the facts carry the instance's identity and its hostname from IMDS, unless the
 // node config names the node.
 func TestFactsFromPlatform(t *testing.T) {
-	srv := imdsV2(t, ec2Instance())
+	srv := cloudfake.Serve(t, ec2Instance())
 	for _, tc := range []struct{ hostname, want, source string }{
 		{"", "ip-10-0-1-5", "platform"},
 		{"cp-1", "cp-1", "config"},

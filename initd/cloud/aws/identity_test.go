@@ -2,26 +2,12 @@ package aws
 
 import (
 	"context"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/internal/cloudfake"
 )
-
-// imdsV2 serves f, the metadata service of an instance that requires IMDSv2, for the test,
-// and fails the test at its end if f refused a request.
-func imdsV2(t *testing.T, f *cloudfake.IMDS) *httptest.Server {
-	srv := httptest.NewServer(f)
-	t.Cleanup(func() {
-		srv.Close()
-		if refused := f.Refused(); len(refused) > 0 {
-			t.Errorf("requests IMDS refuses: %q", refused)
-		}
-	})
-	return srv
-}
 
 // ec2Instance is the EC2 instance the tests run on.
 func ec2Instance() *cloudfake.IMDS {
@@ -30,7 +16,7 @@ func ec2Instance() *cloudfake.IMDS {
 
 // TestIdentify: the instance's identity from IMDSv2, the hostname without EC2's domain.
 func TestIdentify(t *testing.T) {
-	srv := imdsV2(t, ec2Instance())
+	srv := cloudfake.Serve(t, ec2Instance())
 	in, err := readInstance(context.Background(), srv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -39,11 +25,11 @@ func TestIdentify(t *testing.T) {
 		t.Errorf("instance = %+v", in)
 	}
 	// No local-hostname (resource-name hostnames, IPv6-only subnets): no platform hostname.
-	noName := imdsV2(t, &cloudfake.IMDS{InstanceID: "i-1", AZ: "eu-west-1b"})
+	noName := cloudfake.Serve(t, &cloudfake.IMDS{InstanceID: "i-1", AZ: "eu-west-1b"})
 	if in, err := readInstance(context.Background(), noName.URL); err != nil || in.Hostname != "" || in.InstanceID != "i-1" {
 		t.Errorf("without local-hostname: %+v, %v", in, err)
 	}
-	noZone := imdsV2(t, &cloudfake.IMDS{InstanceID: "i-1"})
+	noZone := cloudfake.Serve(t, &cloudfake.IMDS{InstanceID: "i-1"})
 	if _, err := readInstance(context.Background(), noZone.URL); err == nil || !strings.Contains(err.Error(), "placement/availability-zone") {
 		t.Errorf("without a zone: %v", err)
 	}
@@ -51,7 +37,7 @@ func TestIdentify(t *testing.T) {
 
 // TestIdentifyEndpoint: Identify asks the IMDS of node.yaml's aws.endpoints.imds.
 func TestIdentifyEndpoint(t *testing.T) {
-	srv := imdsV2(t, ec2Instance())
+	srv := cloudfake.Serve(t, ec2Instance())
 	n := &config.Node{}
 	n.AWS.Endpoints.IMDS = srv.URL
 	if in, err := (Cloud{}).Identify(context.Background(), n); err != nil || in.InstanceID != "i-0123456789abcdef0" {

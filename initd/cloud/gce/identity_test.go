@@ -2,7 +2,6 @@ package gce
 
 import (
 	"context"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/kilnproject/kiln/initd/cloud"
@@ -12,13 +11,7 @@ import (
 // gceMetadata serves f, a GCE metadata server, as the one the metadata client asks for the
 // test, and fails the test at its end if f refused a request.
 func gceMetadata(t *testing.T, f *cloudfake.GCEMetadata) {
-	srv := httptest.NewServer(f)
-	t.Cleanup(func() {
-		srv.Close()
-		if refused := f.Refused(); len(refused) > 0 {
-			t.Errorf("requests the metadata server refuses: %q", refused)
-		}
-	})
+	srv := cloudfake.Serve(t, f)
 	t.Setenv("GCE_METADATA_HOST", srv.Listener.Addr().String())
 }
 
