@@ -27,12 +27,12 @@ type ByID struct {
 	ID     string
 	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
-	// found (see unsafeDiskError) is refused.
+	// found (see CheckDisk) is refused.
 	MountPath string
 	// DevDir is the by-id directory; empty means blockdev.ByIDDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
-	// defaultSysDir.
+	// /sys.
 	SysDir string
 	// Timeout bounds the wait for the link (DefaultTimeout when zero); Poll is how often
 	// the directory is read (DefaultPoll when zero).
@@ -41,7 +41,7 @@ type ByID struct {
 
 // Find waits for the disk's link and returns the device node it resolves to, e.g.
 // /dev/vdb. Links for the same serial on different devices are an error, and so is a
-// device that is not a whole disk free for the volume (an *unsafeDiskError).
+// device that is not a whole disk free for the volume (an error matching ErrUnsafeDisk).
 func (b ByID) Find(ctx context.Context) (string, error) {
 	dir := b.DevDir
 	if dir == "" {

@@ -35,7 +35,7 @@ type Want struct {
 	// refused (a *tooSmallError), whatever it carries.
 	MinSize int64
 	// SysDir is where sysfs is mounted, which the checks on a disk about to be formatted
-	// read; empty means defaultSysDir.
+	// read; empty means /sys.
 	SysDir string
 }
 
@@ -128,7 +128,7 @@ func deviceSize(dev string) (int64, error) {
 // Before it wipes or formats a block device Prepare makes sure it is a whole disk that
 // nothing uses: not the boot disk, not a partition, not mounted, swapped on or held by
 // device-mapper or RAID, nor any of its partitions. Otherwise it returns an
-// *unsafeDiskError and leaves the device untouched, whatever want.Wipe says.
+// error matching ErrUnsafeDisk and leaves the device untouched, whatever want.Wipe says.
 //
 // Prepare is idempotent and safe to run again after a power cut at any point.
 // mke2fs zeroes the old superblock area first and writes the primary superblock last,

@@ -59,12 +59,12 @@ type EBS struct {
 	Tags map[string]string
 	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
-	// found (see unsafeDiskError) is refused.
+	// found (see etcdvolume.CheckDisk) is refused.
 	MountPath string
 	// DevDir is the by-id directory; empty means blockdev.ByIDDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
-	// defaultSysDir.
+	// /sys.
 	SysDir string
 	// Devices are the device names tried for AttachVolume, in order; empty means
 	// /dev/xvdu to /dev/xvdz (the range kOps uses for etcd volumes).
@@ -76,7 +76,7 @@ type EBS struct {
 }
 
 // Find returns the device node of this member's volume, attaching it first if needed.
-// A device that is not a whole disk free for the volume is an *unsafeDiskError.
+// A device that is not a whole disk free for the volume is an error matching etcdvolume.ErrUnsafeDisk.
 func (a EBS) Find(ctx context.Context) (string, error) {
 	switch {
 	case a.Client == nil:

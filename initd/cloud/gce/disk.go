@@ -35,12 +35,12 @@ type Disk struct {
 	DeviceName string
 	// MountPath is the volume's mount point: a disk mounted there and nowhere else is
 	// the volume, mounted by an earlier run, and is accepted. Any other use of the disk
-	// found (see unsafeDiskError) is refused.
+	// found (see etcdvolume.CheckDisk) is refused.
 	MountPath string
 	// DevDir is the by-id directory; empty means blockdev.ByIDDir.
 	DevDir string
 	// SysDir is where sysfs is mounted, which the disk checks read; empty means
-	// defaultSysDir.
+	// /sys.
 	SysDir string
 	// Timeout bounds each wait (the attach operation, the device node); Poll is how
 	// often to look.
@@ -50,7 +50,7 @@ type Disk struct {
 }
 
 // Find returns the device node of the disk, attaching it first if needed. A device that
-// is not a whole disk free for the volume is an *unsafeDiskError.
+// is not a whole disk free for the volume is an error matching etcdvolume.ErrUnsafeDisk.
 func (g Disk) Find(ctx context.Context) (string, error) {
 	switch {
 	case g.Service == nil:
