@@ -151,6 +151,9 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := b.appendVerity(rootImg, md); err != nil {
+		return nil, nil, err
+	}
 	if err := scanned(); err != nil {
 		return nil, nil, err
 	}

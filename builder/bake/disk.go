@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/disk"
@@ -27,7 +26,7 @@ func (b *baker) writeDisk(rootImg string, boot bootFiles, initrd string, imageJS
 		Size: def.Disk.Size.Bytes(), ESPSize: def.Disk.ESPSize.Bytes(), SizeMultiple: multiple,
 		RootFS: rootImg, RootFSType: def.Disk.RootFS,
 		Kernel: boot.kernel, Initrd: initrd, Bootloader: boot.bootloader,
-		Cmdline: strings.Join(def.Kernel.Args, " "), Platform: def.Platform,
+		Cmdline: b.kernelArgs(md), Platform: def.Platform,
 		ImageJSON: imageJSON, Title: fmt.Sprintf("kiln %s %s (%s)", def.Name, b.prof.Role, md.Kernel.Version),
 		Seed: b.stem + "@" + md.Base.Digest,
 	})

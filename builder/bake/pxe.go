@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/disk"
@@ -24,7 +23,7 @@ func (b *baker) writePXE(rootImg string, boot bootFiles, initrd string, md *node
 	dir := filepath.Join(b.work, b.stem+nodeimage.PXEDirSuffix)
 	info, err := output.WritePXE(dir, output.PXESource{
 		Kernel: boot.kernel, Initrd: initrd, RootFS: rootImg,
-		KernelArgs: disk.BootArgs(b.def.Platform, strings.Join(b.def.Kernel.Args, " ")),
+		KernelArgs: disk.BootArgs(b.def.Platform, b.kernelArgs(md)),
 		Title:      fmt.Sprintf("%s %s (%s)", b.def.Name, b.prof.Role, md.Kernel.Version),
 	})
 	if err != nil {

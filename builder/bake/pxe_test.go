@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -64,7 +65,8 @@ func TestBakePXE(t *testing.T) {
 	if got := readAt(t, raw, rootA.Start, md.PXE.RootFS.Size); !bytes.Equal(got, []byte(readFile(t, filepath.Join(dir, "rootfs.img")))) {
 		t.Error("rootfs.img is not the root filesystem image in root-a")
 	}
-	if md.PXE.KernelArgs != withoutRoot(boot.Cmdline) || md.PXE.KernelArgs != "ro kiln.platform=metal console=ttyS0" {
+	verityArgs := fmt.Sprintf(" kiln.verity.roothash=%s kiln.verity.hashoffset=%d", md.Verity.RootHash, md.Verity.HashOffset)
+	if md.PXE.KernelArgs != withoutRoot(boot.Cmdline) || md.PXE.KernelArgs != "ro kiln.platform=metal console=ttyS0"+verityArgs {
 		t.Errorf("pxe kernelArgs %q; the disk's command line is %q", md.PXE.KernelArgs, boot.Cmdline)
 	}
 	script := readFile(t, filepath.Join(dir, "boot.ipxe"))

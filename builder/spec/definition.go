@@ -90,7 +90,7 @@ type Disk struct {
 
 // Kernel holds what is added to the kernel command line and initramfs.
 type Kernel struct {
-	// Args follow kiln's own root=, rootfstype=, ro and kiln.platform=.
+	// Args follow kiln's own root=, rootfstype=, ro, kiln.platform= and kiln.verity.*.
 	Args []string
 	// Modules are extra modules (by name) for the initramfs.
 	Modules []string
@@ -101,7 +101,7 @@ var (
 	dirNameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 	moduleRE   = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 	digestRE   = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-	kernelArgs = []string{"root", "rootfstype", "ro", "rw", "kiln.platform"}
+	kernelArgs = []string{"root", "rootfstype", "ro", "rw", "kiln.platform", "kiln.verity.roothash", "kiln.verity.hashoffset"}
 )
 
 // LoadDefinition reads and validates the image definition at path. All

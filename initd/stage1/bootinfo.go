@@ -20,6 +20,10 @@ type BootInfo struct {
 	// RootDevice is the device the root is mounted from: root-a's partition or the loop device
 	// of a live root.
 	RootDevice string `json:"rootDevice"`
+	// VerifiedDevice is the dm-verity device mounted over RootDevice and RootHash its root
+	// hash; both empty when the root is not verified.
+	VerifiedDevice string `json:"verifiedDevice,omitempty"`
+	RootHash       string `json:"rootHash,omitempty"`
 	// RootURL and RootSHA256 are a live root's source and digest.
 	RootURL    string `json:"rootURL,omitempty"`
 	RootSHA256 string `json:"rootSHA256,omitempty"`
@@ -42,6 +46,11 @@ func (b BootInfo) String() string {
 	fmt.Fprintf(&s, "%s: root %s", b.Mode, b.RootDevice)
 	if b.RootURL != "" {
 		fmt.Fprintf(&s, " (%s, sha256 %s)", b.RootURL, b.RootSHA256)
+	}
+	if b.RootHash != "" {
+		fmt.Fprintf(&s, " verified by dm-verity (%s, root hash %s)", b.VerifiedDevice, b.RootHash)
+	} else {
+		s.WriteString(" not verified")
 	}
 	fmt.Fprintf(&s, ", /var on %s (%s)", b.VarDevice, b.VarKind)
 	if b.Link != "" {

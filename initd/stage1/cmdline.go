@@ -55,6 +55,9 @@ type Cmdline struct {
 	// live is the root image of a live boot (kiln.live.rootfs_url, kiln.live.rootfs_sha256),
 	// zero unless mode() is modeLive.
 	live liveRoot
+	// verity is kiln.verity.*: the root hash of the root image's dm-verity tree and where the
+	// tree's superblock is; nil when the line has none.
+	verity *verityArgs
 	// dataDev is kiln.data.dev=: the disk a live boot puts /var on, a /dev path or a
 	// /dev/disk/by-id name. Empty lets stage 1 choose.
 	dataDev string
@@ -145,6 +148,9 @@ func parseCmdline(s string) (Cmdline, error) {
 		*d.to = v
 	}
 	if err := c.parseLive(); err != nil {
+		return Cmdline{}, err
+	}
+	if err := c.parseVerity(); err != nil {
 		return Cmdline{}, err
 	}
 	return c, nil

@@ -2,6 +2,7 @@ package stage1
 
 import (
 	"cmp"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -96,6 +97,16 @@ func TestParseCmdline(t *testing.T) {
 		{name: "net timeout zero", in: "root=PARTUUID=" + id + " kiln.net.timeout=0", wantErr: "kiln.net.timeout=0: must be more than 0"},
 		{name: "net timeout bad", in: "root=PARTUUID=" + id + " kiln.net.timeout=long", wantErr: "kiln.net.timeout=long: not a duration"},
 		{name: "root by device name", in: "root=/dev/vda2 ro", wantErr: "root=/dev/vda2 is not supported"},
+		{
+			name: "verified root",
+			in:   "root=PARTUUID=" + id + " kiln.verity.roothash=" + sum + " kiln.verity.hashoffset=8192",
+			want: Cmdline{rootPARTUUID: id, RootWait: defaultRootWait, verity: &verityArgs{rootHash: mustHex(sum), hashOffset: 8192},
+				Kiln: map[string]string{"verity.roothash": sum, "verity.hashoffset": "8192"}},
+		},
+		{name: "verity hash without offset", in: "root=PARTUUID=" + id + " kiln.verity.roothash=" + sum, wantErr: "kiln.verity.roothash= and kiln.verity.hashoffset= go together"},
+		{name: "verity offset not a block", in: "root=PARTUUID=" + id + " kiln.verity.roothash=" + sum + " kiln.verity.hashoffset=1000", wantErr: "kiln.verity.hashoffset=1000: want a positive multiple of 4096"},
+		{name: "verity hash short", in: "root=PARTUUID=" + id + " kiln.verity.roothash=" + sum[:60] + " kiln.verity.hashoffset=4096", wantErr: "want 64 hex digits"},
+		{name: "unknown verity key", in: "root=PARTUUID=" + id + " kiln.verity.salt=00", wantErr: "kiln.verity.salt is not a verity parameter"},
 		{name: "root by fs uuid", in: "root=UUID=" + id, wantErr: "want root=PARTUUID=<guid>"},
 		{name: "bad guid", in: "root=PARTUUID=1234", wantErr: `"1234" is not a partition GUID`},
 		{name: "partnroff form", in: "root=PARTUUID=" + id + "/PARTNROFF=1", wantErr: "is not a partition GUID"},
@@ -119,7 +130,8 @@ func TestParseCmdline(t *testing.T) {
 			}
 			if got.rootPARTUUID != tt.want.rootPARTUUID || got.rootFSType != tt.want.rootFSType ||
 				got.readWrite != tt.want.readWrite || got.RootWait != tt.want.RootWait ||
-				got.live != tt.want.live || got.dataDev != tt.want.dataDev {
+				got.live != tt.want.live || got.dataDev != tt.want.dataDev || got.verity.hex() != tt.want.verity.hex() ||
+				(got.verity != nil && got.verity.hashOffset != tt.want.verity.hashOffset) {
 				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
 			if len(got.Kiln) != len(tt.want.Kiln) {
@@ -141,4 +153,12 @@ func TestParseCmdline(t *testing.T) {
 			}
 		})
 	}
+}
+
+func mustHex(s string) []byte {
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

@@ -28,11 +28,11 @@ func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []m
 		return info, withModules(err, modFailures)
 	}
 	info.Link, info.Address = lease.Link, lease.Address.String()
-	dev, err := mountLiveRoot(ctx, log, liveroot.Fetcher{Dir: liveDir}, cl.live, cl.rootFSType, sysRoot)
+	dev, mounted, err := mountLiveRoot(ctx, log, liveroot.Fetcher{Dir: liveDir}, cl.live, cl.rootFSType, cl.verity, sysRoot)
 	if err != nil {
 		return info, err
 	}
-	info.RootDevice = dev
+	info.RootDevice, info.VerifiedDevice, info.RootHash = dev, verifiedDev(mounted, dev), cl.verity.hex()
 	var etcd *etcdvolume.Selection
 	if _, ok := cl.Kiln[strings.TrimPrefix(source.CmdlineURLKey, "kiln.")]; ok {
 		// First boot fetches the config again, as it does on any boot.
@@ -59,26 +59,27 @@ func withModules(err error, mods []moduleError) error {
 }
 
 // mountLiveRoot fetches the root image, verifies it, attaches it to a loop device and mounts
-// it read-only on target; it returns the loop device. Nothing is attached or mounted unless the
-// image's sha256 matched.
-func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, live liveRoot, fstype, target string) (string, error) {
+// it read-only on target, through dm-verity when v is set; it returns the loop device and the
+// device mounted. Nothing is attached or mounted unless the image's sha256 matched.
+func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, live liveRoot, fstype string, v *verityArgs, target string) (loop, mounted string, err error) {
 	start := time.Now()
 	path, err := f.Fetch(ctx, log, live.url, live.sha256)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	log.Info("live root verified", "sha256", live.sha256, "took", time.Since(start).Round(time.Millisecond))
 	dev, err := liveroot.Attach(path)
 	if err != nil {
-		return "", fmt.Errorf("live root: %w", err)
+		return "", "", fmt.Errorf("live root: %w", err)
 	}
-	if err := mountRootAt(log, dev, target, fstype); err != nil {
+	mounted, err = mountVerified(log, "live root", dev, target, fstype, v)
+	if err != nil {
 		if derr := liveroot.Detach(dev); derr != nil {
 			err = errors.Join(err, derr)
 		}
-		return "", fmt.Errorf("live root %s: %w", live.url, err)
+		return "", "", fmt.Errorf("live root %s: %w", live.url, err)
 	}
-	return dev, nil
+	return dev, mounted, nil
 }
 
 // waitChooseVar runs chooseVar, waiting up to kiln.rootwait= for a disk kiln.data.dev= names,

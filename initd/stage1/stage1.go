@@ -98,13 +98,15 @@ func bootDisk(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []m
 	if err != nil {
 		return BootInfo{}, err
 	}
-	if err := mountRootAt(log, rootDev, sysRoot, cl.rootFSType); err != nil {
+	mounted, err := mountVerified(log, nodeimage.RootAName, rootDev, sysRoot, cl.rootFSType, cl.verity)
+	if err != nil {
 		return BootInfo{}, err
 	}
 	if err := mountVar(ctx, log, dataDev); err != nil {
 		return BootInfo{}, err
 	}
-	return BootInfo{Mode: modeDisk, RootDevice: rootDev, VarDevice: dataDev, VarKind: varKindDisk}, nil
+	return BootInfo{Mode: modeDisk, RootDevice: rootDev, VerifiedDevice: verifiedDev(mounted, rootDev), RootHash: cl.verity.hex(),
+		VarDevice: dataDev, VarKind: varKindDisk}, nil
 }
 
 // readCmdline parses the running kernel's command line and logs what stage 1 acts on.

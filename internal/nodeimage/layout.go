@@ -14,6 +14,15 @@ const (
 	DataLabel = "kiln-data"
 )
 
+// Kernel command line keys of the verified root (without the "kiln." prefix): the root hash of
+// the root image's dm-verity tree and the byte offset of the tree's superblock in the image (the
+// image's filesystem ends there). The bake writes both on the boot entry and in the pxe output's
+// kernel arguments; stage 1 opens the root through dm-verity with them.
+const (
+	VerityRootHashKey   = "verity.roothash"
+	VerityHashOffsetKey = "verity.hashoffset"
+)
+
 // Partition type GUIDs, lowercase as blkid and lsblk print them.
 const (
 	TypeESP       = "c12a7328-f81f-11d2-ba4b-00a0c93ec93b"

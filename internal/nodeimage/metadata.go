@@ -24,6 +24,9 @@ type Metadata struct {
 	Kernel    KernelInfo       `json:"kernel"`
 	Artifacts []ArtifactInfo   `json:"artifacts"`
 	RootFS    string           `json:"rootfs"`
+	// Verity is the root image's dm-verity tree. It is only in <image>-<role>.json and on the
+	// boot entry, not in the image's own image.json (the root cannot hold its own hash).
+	Verity *VerityInfo `json:"verity,omitempty"`
 	Disk      *DiskInfo        `json:"disk,omitempty"`
 	Outputs   []OutputInfo     `json:"outputs,omitempty"`
 	Initramfs *InitramfsDigest `json:"initramfs,omitempty"`
@@ -80,6 +83,19 @@ type ArtifactInfo struct {
 	Source string `json:"source"`
 	SHA256 string `json:"sha256"`
 	Dest   string `json:"dest"`
+}
+
+// VerityInfo describes the dm-verity hash tree the bake appended to the root image (the same
+// file is root-a and the pxe output's rootfs.img): the filesystem fills DataBlocks 4096-byte
+// blocks, the tree's superblock is at HashOffset (= DataBlocks × 4096) and the tree ends at
+// Size, the image's size.
+type VerityInfo struct {
+	RootHash   string `json:"rootHash"`
+	Salt       string `json:"salt"`
+	Algorithm  string `json:"algorithm"`
+	DataBlocks uint64 `json:"dataBlocks"`
+	HashOffset int64  `json:"hashOffset"`
+	Size       int64  `json:"size"`
 }
 
 // InitramfsDigest summarises the initramfs.

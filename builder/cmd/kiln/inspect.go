@@ -23,7 +23,9 @@ func newInspectCmd() *cobra.Command {
 		Short: "Show an image's partitions, boot entry, kernel, metadata and PXE files",
 		Long: `Inspect reads a raw image without booting or mounting it: the GPT partitions, the systemd-boot
 entry and kernel command line on the ESP, and the image metadata (/kiln/image.json on the ESP,
-the same as /etc/kiln/image.json in the root).
+the same as /etc/kiln/image.json in the root). It reads every block of root-a and checks it
+against the dm-verity root hash of the boot entry (kiln.verity.roothash=), as the node does at
+boot: a block changed since the bake is named and inspect exits 1.
 
 Given the bake's <image>-<role>.json, it shows the metadata and every output file with its
 sha256; given a pxe directory (<image>-<role>-pxe/, read with the .json beside it), the kernel
@@ -77,11 +79,15 @@ func inspectDisk(w io.Writer, image string, asJSON bool) error {
 			return fmt.Errorf("%s: %s: %w", image, nodeimage.ESPImageJSONPath, err)
 		}
 	}
+	ver, checkErr := checkVerity(image, res)
 	if asJSON {
-		return writeJSON(w, map[string]any{"disk": res, "esp": esp, "metadata": md})
+		if err := writeJSON(w, map[string]any{"disk": res, "esp": esp, "metadata": md, "verity": ver}); err != nil {
+			return err
+		}
+		return checkErr
 	}
-	printInspect(w, image, res, esp, md)
-	return nil
+	printInspect(w, image, res, esp, md, ver)
+	return checkErr
 }
 
 // writeJSON writes v as indented JSON.
@@ -92,7 +98,7 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 // printInspect writes what inspect found for people to read.
-func printInspect(w io.Writer, image string, res *disk.Result, esp *disk.ESPInfo, md *nodeimage.Metadata) {
+func printInspect(w io.Writer, image string, res *disk.Result, esp *disk.ESPInfo, md *nodeimage.Metadata, ver *verityReport) {
 	fmt.Fprintf(w, "disk %s  GUID %s\n\n", image, res.DiskGUID)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\tNAME\tSTART\tSIZE\tTYPE\tPARTUUID")
@@ -101,6 +107,7 @@ func printInspect(w io.Writer, image string, res *disk.Result, esp *disk.ESPInfo
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\ncmdline: %s\n", res.Cmdline)
+	printVerity(w, ver)
 	if md != nil {
 		fmt.Fprintf(w, "image:   %s, role %s, platform %s\n", md.Name, md.Role, md.Platform)
 		fmt.Fprintf(w, "kernel:  %s\n", md.Kernel.Version)

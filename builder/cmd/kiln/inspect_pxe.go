@@ -91,6 +91,9 @@ func printOutputs(w io.Writer, mdFile string, md *nodeimage.Metadata, rep *pxeRe
 	if md.Disk != nil {
 		fmt.Fprintf(w, "cmdline: %s\n", md.Disk.Cmdline)
 	}
+	if v := md.Verity; v != nil {
+		fmt.Fprintf(w, "verity:  root hash %s (%d data blocks, tree %d KiB at byte %d)\n", v.RootHash, v.DataBlocks, (v.Size-v.HashOffset)>>10, v.HashOffset)
+	}
 	fmt.Fprintf(w, "\noutputs:\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "FORMAT\tFILE\tSIZE\tSHA256")
