@@ -15,18 +15,18 @@ import (
 // ESPImageJSONPath on the ESP and, with the disk layout and outputs added, <image>-<role>.json
 // beside the bake's outputs.
 type Metadata struct {
-	Name      string           `json:"name"`
-	Role      string           `json:"role"`
-	Platform  string           `json:"platform"`
-	Created   time.Time        `json:"created"`
-	Kiln      string           `json:"kiln"`
-	Base      BaseInfo         `json:"base"`
-	Kernel    KernelInfo       `json:"kernel"`
-	Artifacts []ArtifactInfo   `json:"artifacts"`
-	RootFS    string           `json:"rootfs"`
+	Name      string         `json:"name"`
+	Role      string         `json:"role"`
+	Platform  string         `json:"platform"`
+	Created   time.Time      `json:"created"`
+	Kiln      string         `json:"kiln"`
+	Base      BaseInfo       `json:"base"`
+	Kernel    KernelInfo     `json:"kernel"`
+	Artifacts []ArtifactInfo `json:"artifacts"`
+	RootFS    string         `json:"rootfs"`
 	// Verity is the root image's dm-verity tree. It is only in <image>-<role>.json and on the
 	// boot entry, not in the image's own image.json (the root cannot hold its own hash).
-	Verity *VerityInfo `json:"verity,omitempty"`
+	Verity    *VerityInfo      `json:"verity,omitempty"`
 	Disk      *DiskInfo        `json:"disk,omitempty"`
 	Outputs   []OutputInfo     `json:"outputs,omitempty"`
 	Initramfs *InitramfsDigest `json:"initramfs,omitempty"`
