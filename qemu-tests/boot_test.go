@@ -95,6 +95,7 @@ func TestWorkerBootsTwice(t *testing.T) {
 	storage1 := storageSeen(t, ssh.run(t, "yes", time.Minute, storageCommand))
 	m.Stop() // kiln-init syncs before it prints the line
 	requireTSCClock(t, m.Lines())
+	requireVerifiedRoot(t, m.Lines())
 
 	// /etc is an overlay whose upper dir lives on the data partition (mounted on /var).
 	got, err := e.dataFile(disk, "/lib/kiln/etc/upper/kiln/hello.txt")
@@ -195,4 +196,15 @@ func requireTSCClock(t *testing.T, console []string) {
 	if clock != "tsc" {
 		t.Errorf("the guest's clock source is %q, want tsc (the HPET has no vDSO: every clock read traps)", clock)
 	}
+}
+
+// requireVerifiedRoot fails unless stage 1 mounted root-a through dm-verity.
+func requireVerifiedRoot(t *testing.T, lines []string) {
+	t.Helper()
+	for _, l := range lines {
+		if strings.Contains(l, "root verified by dm-verity") && strings.Contains(l, "root="+nodeimage.RootAName) {
+			return
+		}
+	}
+	t.Errorf("stage 1 did not say it mounted root-a through dm-verity (no \"root verified by dm-verity\" line)")
 }

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kilnproject/kiln/initd/devmapper"
+	"github.com/kilnproject/kiln/initd/stage1/devmapper"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/verity"
 )
