@@ -123,7 +123,7 @@ type baker struct {
 // the files to publish: the outputs (raw first) and then <stem>.json.
 func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	md := &nodeimage.Metadata{Name: b.def.Name, Role: b.prof.Role, Platform: b.def.Platform, Created: b.o.Created.UTC(),
-		Kiln: b.o.Version, RootFS: b.def.Disk.RootFS, Artifacts: []nodeimage.ArtifactInfo{}}
+		Kiln: b.o.Version, Contract: nodeimage.ContractVersion, RootFS: b.def.Disk.RootFS, Artifacts: []nodeimage.ArtifactInfo{}}
 	// Inputs first: a bad hash fails before any heavy work.
 	blobs, images, err := b.fetch()
 	if err != nil {

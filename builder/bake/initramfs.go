@@ -15,13 +15,14 @@ import (
 // defaultModules are the kernel modules every initramfs carries: enough to find the root on
 // virtio, SCSI or NVMe disks, to mount squashfs/erofs, ext4 and the /etc overlay, and loop for
 // the root image a live boot fetches into RAM (the same initramfs boots disks and networks),
-// dm_verity, through which stage 1 mounts the root, and virtio_rng: a network boot's DHCP
-// client draws random transaction ids, and without RDRAND (QEMU TCG's CPU) the kernel's pool
-// never fills in the initramfs, so getrandom blocks the first request for good. What they need comes with them, soft dependencies included (crc32c for
-// libcrc32c, ext4 and jbd2).
+// dm_verity, through which stage 1 mounts the root, efivarfs, where it reads whether an
+// update's slot is on trial, and virtio_rng: a network boot's DHCP client draws random
+// transaction ids, and without RDRAND (QEMU TCG's CPU) the kernel's pool never fills in the
+// initramfs, so getrandom blocks the first request for good. What they need comes with them,
+// soft dependencies included (crc32c for libcrc32c, ext4 and jbd2).
 var defaultModules = []string{
 	"virtio_pci", "virtio_blk", "virtio_scsi", "sd_mod", "nvme",
-	"squashfs", "erofs", "ext4", "overlay", "loop", "virtio_rng", "dm_verity",
+	"squashfs", "erofs", "ext4", "overlay", "loop", "virtio_rng", "dm_verity", "efivarfs",
 }
 
 // writeInitramfs writes the initramfs to the work directory: kiln-init as its init and the

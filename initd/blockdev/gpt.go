@@ -134,3 +134,22 @@ func FindPartition(disks []Disk, partuuid string) (Disk, Partition, bool) {
 	}
 	return Disk{}, Partition{}, false
 }
+
+// PartitionDevice finds the kernel name of partition number index of disk (vda4, nvme0n1p4) in
+// sysBlock and returns its node in devDir.
+func PartitionDevice(sysBlock, devDir, disk string, index int) (string, bool) {
+	ents, err := os.ReadDir(filepath.Join(sysBlock, disk))
+	if err != nil {
+		return "", false
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), disk) {
+			continue
+		}
+		n, err := ReadSysInt(filepath.Join(sysBlock, disk, e.Name(), "partition"))
+		if err == nil && int(n) == index {
+			return filepath.Join(devDir, e.Name()), true
+		}
+	}
+	return "", false
+}

@@ -31,7 +31,7 @@ func chooseNamed(sysBlock, devDir, dataDev string, scan liveScan, etcd *etcdvolu
 			dataDev, filepath.Join(devDir, kname), etcd)
 	}
 	if part != 0 {
-		node, ok := partitionDevice(sysBlock, devDir, kname, part)
+		node, ok := blockdev.PartitionDevice(sysBlock, devDir, kname, part)
 		if !ok {
 			return varChoice{}, fmt.Errorf("kiln.data.dev=%s: partition %d of %s: %w", dataDev, part, kname, errNotFound)
 		}

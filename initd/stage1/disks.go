@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -90,25 +89,6 @@ func disksSeen(disks []blockdev.Disk) string {
 	return strings.Join(seen, "; ")
 }
 
-// partitionDevice finds the kernel name of partition number index of disk (vda4, nvme0n1p4) in
-// sysBlock and returns its node in devDir.
-func partitionDevice(sysBlock, devDir, disk string, index int) (string, bool) {
-	ents, err := os.ReadDir(filepath.Join(sysBlock, disk))
-	if err != nil {
-		return "", false
-	}
-	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), disk) {
-			continue
-		}
-		n, err := blockdev.ReadSysInt(filepath.Join(sysBlock, disk, e.Name(), "partition"))
-		if err == nil && int(n) == index {
-			return filepath.Join(devDir, e.Name()), true
-		}
-	}
-	return "", false
-}
-
 // waitForPartition waits until the kernel knows partition index of disk and its device node exists.
 func waitForPartition(ctx context.Context, sysBlock, devDir, disk string, index int, wait time.Duration) (string, error) {
 	var dev string
@@ -117,7 +97,7 @@ func waitForPartition(ctx context.Context, sysBlock, devDir, disk string, index 
 		Timeout: max(wait, time.Nanosecond),
 		Backoff: poll.Constant(100 * time.Millisecond),
 	}, func(context.Context) (bool, error) {
-		d, ok := partitionDevice(sysBlock, devDir, disk, index)
+		d, ok := blockdev.PartitionDevice(sysBlock, devDir, disk, index)
 		if !ok {
 			return false, nil
 		}

@@ -73,11 +73,11 @@ func TestScanDisksFindsRoot(t *testing.T) {
 	if d.Size != imageSize || d.SectorSize != 512 || len(d.Partitions) != 3 {
 		t.Errorf("disk %+v", d)
 	}
-	dp, ok := partitionDevice(sysBlock, dev, "nvme0n1", 2)
+	dp, ok := blockdev.PartitionDevice(sysBlock, dev, "nvme0n1", 2)
 	if !ok || dp != filepath.Join(dev, "nvme0n1p2") {
 		t.Errorf("partitionDevice = %q %v, want %s/nvme0n1p2", dp, ok, dev)
 	}
-	if _, ok := partitionDevice(sysBlock, dev, "nvme0n1", 4); ok {
+	if _, ok := blockdev.PartitionDevice(sysBlock, dev, "nvme0n1", 4); ok {
 		t.Error("partitionDevice found partition 4 that the kernel does not know")
 	}
 	for _, d := range disks {

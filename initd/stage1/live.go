@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/stage1/liveroot"
@@ -149,7 +150,7 @@ func mountLiveVar(ctx context.Context, log *slog.Logger, choice varChoice) (stri
 	default:
 		d := choice.disk
 		var err error
-		if _, ok := partitionDevice(sysBlock, devDir, d.Name, d.Partitions[0].Index); !ok {
+		if _, ok := blockdev.PartitionDevice(sysBlock, devDir, d.Name, d.Partitions[0].Index); !ok {
 			if err := rereadPartitions(log, d.Path, d.Partitions[0], d.SectorSize); err != nil {
 				return "", err
 			}

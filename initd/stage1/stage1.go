@@ -159,7 +159,7 @@ func findPartitions(ctx context.Context, log *slog.Logger, cl Cmdline, modFailur
 	}
 	// Re-read whenever the kernel does not know the partition, not only right after creating it:
 	// a power cut between the GPT write and the re-read must converge too.
-	if _, ok := partitionDevice(sysBlock, devDir, disk.Name, data.Index); !ok {
+	if _, ok := blockdev.PartitionDevice(sysBlock, devDir, disk.Name, data.Index); !ok {
 		if err := rereadPartitions(log, disk.Path, data, disk.SectorSize); err != nil {
 			return "", "", err
 		}

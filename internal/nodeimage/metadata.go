@@ -11,15 +11,23 @@ import (
 	"time"
 )
 
+// ContractVersion is the version of the bake↔boot contract this package describes: what the
+// bake lays where, and what kiln-init reads. It changes when an image of the new layout could
+// not be booted or updated by an older kiln-init.
+const ContractVersion = 1
+
 // Metadata describes a baked image. It is ImageJSONPath in the root filesystem and
 // ESPImageJSONPath on the ESP and, with the disk layout and outputs added, <image>-<role>.json
 // beside the bake's outputs.
 type Metadata struct {
-	Name      string         `json:"name"`
-	Role      string         `json:"role"`
-	Platform  string         `json:"platform"`
-	Created   time.Time      `json:"created"`
-	Kiln      string         `json:"kiln"`
+	Name     string    `json:"name"`
+	Role     string    `json:"role"`
+	Platform string    `json:"platform"`
+	Created  time.Time `json:"created"`
+	Kiln     string    `json:"kiln"`
+	// Contract is the version of the bake↔boot contract the image follows (ContractVersion
+	// when baked); an update refuses an image of a contract its kiln-init does not know.
+	Contract  int            `json:"contract,omitempty"`
 	Base      BaseInfo       `json:"base"`
 	Kernel    KernelInfo     `json:"kernel"`
 	Artifacts []ArtifactInfo `json:"artifacts"`

@@ -46,7 +46,7 @@ units then run its verbs.
 	root.CompletionOptions.DisableDefaultCmd = true // a node agent run by units: nothing to complete
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	root.AddCommand(newFirstbootCmd(log), newStatusCmd(), newDNSCmd(log), newKubeCmd(log), newEtcdCmd(log),
-		newPreflightCmd(), newVersionCmd())
+		newPreflightCmd(), newUpdateCmd(log), newVersionCmd())
 	return root
 }
 

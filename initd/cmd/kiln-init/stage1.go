@@ -8,8 +8,13 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kilnproject/kiln/initd/stage1"
 )
+
+// trialRebootDelay leaves the failure on the console a while before a trial boot reboots.
+const trialRebootDelay = 10 * time.Second
 
 // runStage1 is PID 1. It must never return: a PID 1 that exits panics the kernel and hides why.
 func runStage1() {
@@ -24,6 +29,16 @@ func runStage1() {
 	})).With("prog", "kiln-init")
 	err := stage1.Run(context.Background(), log, console)
 	fmt.Fprintf(console, "kiln-init: stage 1 failed: %v\n", err)
+	if entry, trial := stage1.TrialEntry(); trial {
+		// An update's slot on trial: the boot loader counts this try only if the machine
+		// boots again, and boots the old slot once the tries are used up.
+		fmt.Fprintf(console, "kiln-init: this boot tried %s, an update on trial: rebooting in %s so that the try counts\n", entry, trialRebootDelay)
+		time.Sleep(trialRebootDelay)
+		unix.Sync()
+		if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
+			fmt.Fprintf(console, "kiln-init: reboot: %v\n", err)
+		}
+	}
 	fmt.Fprintln(console, "kiln-init: cannot continue the boot; the machine waits here (power it off)")
 	for {
 		time.Sleep(time.Hour)
