@@ -46,20 +46,46 @@ func (c *sshClient) addr() string { return fmt.Sprintf("127.0.0.1:%d", c.port) }
 // the node's key is known).
 func (c *sshClient) run(t *testing.T, hostKeys string, timeout time.Duration, command string) string {
 	t.Helper()
+	return c.runAs(t, "core", hostKeys, timeout, command)
+}
+
+// runAs is run as user.
+func (c *sshClient) runAs(t *testing.T, user, hostKeys string, timeout time.Duration, command string) string {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		out, err := exec.Command("ssh", "-p", fmt.Sprint(c.port), "-i", c.key, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-			"-o", "StrictHostKeyChecking="+hostKeys, "-o", "UserKnownHostsFile="+c.knownHosts, "-o", "ConnectTimeout=20",
-			"-o", "LogLevel=ERROR", "core@127.0.0.1", command).CombinedOutput()
+		out, err := c.command(user, hostKeys, command).CombinedOutput()
 		if err == nil {
 			return string(out)
 		}
 		if strings.Contains(string(out), "HOST IDENTIFICATION HAS CHANGED") || strings.Contains(string(out), "Host key verification failed") {
-			t.Fatalf("ssh core@127.0.0.1 -p %d: the node's host key changed: %s", c.port, out)
+			t.Fatalf("ssh %s@127.0.0.1 -p %d: the node's host key changed: %s", user, c.port, out)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ssh core@127.0.0.1 -p %d %q: %v\n%s", c.port, command, err, out)
+			t.Fatalf("ssh %s@127.0.0.1 -p %d %q: %v\n%s", user, c.port, command, err, out)
 		}
 		time.Sleep(5 * time.Second)
+	}
+}
+
+func (c *sshClient) command(user, hostKeys, command string) *exec.Cmd {
+	return exec.Command("ssh", "-p", fmt.Sprint(c.port), "-i", c.key, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+		"-o", "StrictHostKeyChecking="+hostKeys, "-o", "UserKnownHostsFile="+c.knownHosts, "-o", "ConnectTimeout=20",
+		"-o", "LogLevel=ERROR", user+"@127.0.0.1", command)
+}
+
+// fire runs command as user once, not waiting for its answer longer than 30 s: for a
+// command that takes the connection down with it (a reboot).
+func (c *sshClient) fire(user, command string) {
+	cmd := c.command(user, "yes", command)
+	if err := cmd.Start(); err != nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
 	}
 }

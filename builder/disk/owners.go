@@ -151,7 +151,7 @@ func erofsOwners(ctx context.Context, cmd *exec.Cmd, tree string, entries []pseu
 	// -u: entries the pseudo file does not name keep their real owner, as with mksquashfs.
 	// FAKEROOTDONTTRYCHOWN: the tree's real owners are left alone.
 	wrapped := exec.CommandContext(ctx, fr, append([]string{"-u", "--", "sh", script}, cmd.Args...)...)
-	wrapped.Env = append(os.Environ(), "FAKEROOTDONTTRYCHOWN=1")
+	wrapped.Env = append(withoutEnv(os.Environ(), "SOURCE_DATE_EPOCH"), "FAKEROOTDONTTRYCHOWN=1")
 	return wrapped, nil
 }
 

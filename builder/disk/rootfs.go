@@ -139,6 +139,9 @@ func MakeRootFS(ctx context.Context, tree, out string, o RootFSOptions) error {
 	}
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, bin, args...)
+	// The options carry SourceDateEpoch; mksquashfs refuses to run when SOURCE_DATE_EPOCH is
+	// also in its environment (as when kiln bake is run with it), so the tools never see it.
+	cmd.Env = withoutEnv(os.Environ(), "SOURCE_DATE_EPOCH")
 	if o.Type == EROFS && o.PseudoFile != "" {
 		dir, err := os.MkdirTemp(filepath.Dir(out), ".kiln-erofs-owners-")
 		if err != nil {
@@ -257,4 +260,15 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// withoutEnv returns env without the variable name.
+func withoutEnv(env []string, name string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

@@ -17,7 +17,7 @@ const BootInfoPath = "/run/kiln/boot.json"
 // BootInfo is how stage 1 booted the node: the mode, the root, and where /var is.
 type BootInfo struct {
 	Mode Mode `json:"mode"`
-	// RootDevice is the device the root is mounted from: root-a's partition or the loop device
+	// RootDevice is the device the root is mounted from: the root slot's partition or the loop device
 	// of a live root.
 	RootDevice string `json:"rootDevice"`
 	// VerifiedDevice is the dm-verity device mounted over RootDevice and RootHash its root
@@ -37,7 +37,7 @@ type BootInfo struct {
 	Address string `json:"address,omitempty"`
 }
 
-// varKindDisk is BootInfo.VarKind on a disk boot: the data partition beside root-a.
+// varKindDisk is BootInfo.VarKind on a disk boot: the data partition beside the root slots.
 const varKindDisk = "data partition"
 
 // String renders the record as one line for kiln-init status.

@@ -25,7 +25,7 @@ const defaultNetTimeout = 60 * time.Second
 type Mode string
 
 const (
-	// modeDisk boots root-a of the disk named by root=PARTUUID=… (the default).
+	// modeDisk boots the root slot named by root=PARTUUID=… (the default).
 	modeDisk Mode = "disk"
 	// modeLive runs from a root image fetched into RAM (kiln.live.*); /var goes on a data disk or
 	// in RAM.

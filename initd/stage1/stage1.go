@@ -1,9 +1,10 @@
 // Package stage1 is kiln-init's initramfs PID 1: it mounts the kernel filesystems, loads the
 // modules listed in /etc/kiln/modules.load and, as the kernel command line says (Cmdline.mode):
 //
-//   - disk boot (root=PARTUUID=…): finds the root-a partition by its PARTUUID, creates the data
-//     partition on first boot, mounts the read-only root at /sysroot and makes (first boot),
-//     checks and mounts the ext4 data filesystem on /sysroot/var;
+//   - disk boot (root=PARTUUID=…): finds the root partition (root-a, or root-b after an update)
+//     by its PARTUUID, creates the data partition on first boot, mounts the read-only root at
+//     /sysroot through dm-verity and makes (first boot), checks and mounts the ext4 data
+//     filesystem on /sysroot/var;
 //   - live boot (kiln.live.rootfs_url=…): brings the network up (package netup), fetches the root
 //     image into RAM and verifies its sha256 before mounting it read-only at /sysroot through a
 //     loop device (package liveroot), and mounts /var from the disk kiln.data.dev= names, a data
@@ -92,13 +93,14 @@ func Run(ctx context.Context, log *slog.Logger, console io.Writer) error {
 	return switchRoot(sysRoot, initPath, os.Args[1:])
 }
 
-// bootDisk mounts a disk boot's root-a and its data partition on /var.
+// bootDisk mounts a disk boot's root (root-a, or root-b after an update) and its data
+// partition on /var.
 func bootDisk(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []moduleError) (BootInfo, error) {
-	rootDev, dataDev, err := findPartitions(ctx, log, cl, modFailures)
+	rootName, rootDev, dataDev, err := findPartitions(ctx, log, cl, modFailures)
 	if err != nil {
 		return BootInfo{}, err
 	}
-	mounted, err := mountVerified(log, nodeimage.RootAName, rootDev, sysRoot, cl.rootFSType, cl.verity)
+	mounted, err := mountVerified(log, rootName, rootDev, sysRoot, cl.rootFSType, cl.verity)
 	if err != nil {
 		return BootInfo{}, err
 	}
@@ -137,9 +139,10 @@ func readCmdline(log *slog.Logger) (Cmdline, error) {
 }
 
 // findPartitions waits for the root partition, creates the data partition beside it when
-// the disk has none yet, and returns both device nodes. A root that does not show up is a
+// the disk has none yet, and returns the root's GPT name (root-a, or root-b after an update)
+// and both device nodes. A root that does not show up is a
 // *rootNotFoundError that also lists the command line and the modules that failed to load.
-func findPartitions(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []moduleError) (rootDev, dataDev string, err error) {
+func findPartitions(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []moduleError) (rootName, rootDev, dataDev string, err error) {
 	disk, rootPart, _, err := waitForRoot(ctx, log, sysBlock, devDir, cl.rootPARTUUID, cl.RootWait)
 	if err != nil {
 		var nf *rootNotFoundError
@@ -147,11 +150,11 @@ func findPartitions(ctx context.Context, log *slog.Logger, cl Cmdline, modFailur
 			nf.cmdline = cl.Raw
 			nf.modules = modFailures
 		}
-		return "", "", err
+		return "", "", "", err
 	}
 	data, created, err := ensureDataPartition(disk.Path, disk.SectorSize)
 	if err != nil {
-		return "", "", fmt.Errorf("data partition on %s: %w", disk.Path, err)
+		return "", "", "", fmt.Errorf("data partition on %s: %w", disk.Path, err)
 	}
 	if created {
 		log.Info("created data partition", "disk", disk.Path, "partition", data.Index, "partuuid", data.GUID,
@@ -161,16 +164,16 @@ func findPartitions(ctx context.Context, log *slog.Logger, cl Cmdline, modFailur
 	// a power cut between the GPT write and the re-read must converge too.
 	if _, ok := blockdev.PartitionDevice(sysBlock, devDir, disk.Name, data.Index); !ok {
 		if err := rereadPartitions(log, disk.Path, data, disk.SectorSize); err != nil {
-			return "", "", err
+			return "", "", "", err
 		}
 	}
 	if rootDev, err = waitForPartition(ctx, sysBlock, devDir, disk.Name, rootPart.Index, partWait); err != nil {
-		return "", "", fmt.Errorf("root partition: %w", err)
+		return "", "", "", fmt.Errorf("root partition: %w", err)
 	}
 	if dataDev, err = waitForPartition(ctx, sysBlock, devDir, disk.Name, data.Index, partWait); err != nil {
-		return "", "", fmt.Errorf("data partition: %w", err)
+		return "", "", "", fmt.Errorf("data partition: %w", err)
 	}
-	return rootDev, dataDev, nil
+	return rootPart.Name, rootDev, dataDev, nil
 }
 
 // mountVar prepares the data filesystem on dataDev, seeds it from the root's /var on its

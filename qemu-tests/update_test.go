@@ -1,0 +1,156 @@
+package qemutests
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kilnproject/kiln/builder/vm"
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// An installed node updates itself in place and rolls back a bad update by itself. v1 boots
+// and keeps a file on /var; v2 (a file more, another kiln-init) is written to slot b from the
+// bake's output served over HTTP, boots on trial and is blessed, and the node kept /var, its
+// name and its ssh host key. v3, whose stage 1 fails, is written to slot a: after its three
+// tries systemd-boot boots v2 again by itself, and kiln-init update status says so.
+func TestUpdateInPlace(t *testing.T) {
+	e := newEnv(t)
+	kilnInitV2 := filepath.Join(e.dir, "kiln-init-v2")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=v2-update-test", "-o", kilnInitV2, "./initd/cmd/kiln-init")
+	build.Dir, build.Env = repoRoot(t), append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build kiln-init v2: %v\n%s", err, out)
+	}
+	def, err := os.ReadFile(filepath.Join(e.repo, "images", "qemu.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := strings.Replace(string(def), "formats: [raw, qcow2]", "formats: [raw, pxe]", 1)
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v1.yaml"), base)
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v2.yaml"), strings.Replace(base, "overlays: [base]", "overlays: [base, v2-marker]", 1))
+	writeTestFile(t, filepath.Join(e.repo, "overlays", "v2-marker", "etc", "kiln-v2-marker"), "v2\n")
+	// v3's stage 1 refuses its own command line: the boot fails before any root is mounted.
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v3.yaml"), strings.Replace(base, `"tsc=reliable"]`, `"tsc=reliable", "kiln.rootwait=never"]`, 1))
+	v1 := e.bakeAs("update-v1", "worker", "out-v1", "1000")
+	e.bakeAs("update-v2", "worker", "out-v2", "2000", "--kiln-init", kilnInitV2)
+	e.bakeAs("update-v3", "worker", "out-v3", "3000")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.FileServer(http.Dir(e.dir))}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	url := func(out string) string {
+		return fmt.Sprintf("http://10.0.2.2:%d/%s/qemu-worker.json", ln.Addr().(*net.TCPAddr).Port, out)
+	}
+
+	disk := filepath.Join(e.dir, "node.raw")
+	copySparse(t, v1, disk)
+	ssh := newSSHClient(t, e.dir)
+	cfg := filepath.Join(e.dir, "node.ign")
+	writeTestFile(t, cfg, `{"ignition":{"version":"3.4.0"},
+		"storage":{"files":[{"path":"/var/lib/kiln-test/kept.txt","contents":{"source":"data:,kept%0A"}}]},
+		"passwd":{"users":[{"name":"root","sshAuthorizedKeys":[`+strconv.Quote(ssh.publicKey)+`]}]},
+		"systemd":{"units":[{"name":"ssh.service","enabled":true}]}}`)
+	m, line := e.bootWith(vm.Config{Image: disk, Config: cfg, Forward: map[string]int{ssh.addr(): 22}},
+		regexp.MustCompile(firstbootDone.String()), 10*time.Minute)
+	if firstbootOutcome(line) != nodeimage.OutcomeOK {
+		t.Fatalf("first boot of v1: %s\n%s", line, tail(m.Lines(), 30))
+	}
+	before := ssh.runAs(t, "root", "accept-new", 3*time.Minute, "hostname; kiln-init --version")
+
+	out := ssh.runAs(t, "root", "yes", time.Minute, "kiln-init update --from "+url("out-v2"))
+	if !strings.Contains(out, "slot b (") || !strings.Contains(out, "entry kiln-b+3.conf boots next, on trial") {
+		t.Fatalf("kiln-init update to v2:\n%s", out)
+	}
+	t.Logf("update to v2: %s", strings.TrimSpace(out))
+	ssh.fire("root", "systemctl reboot")
+	waitConsole(t, m, `kiln-init: slot b is good: entry kiln-b.conf blessed`, 10*time.Minute)
+	after := ssh.runAs(t, "root", "yes", 3*time.Minute, "hostname; kiln-init --version; cat /etc/kiln-v2-marker /var/lib/kiln-test/kept.txt; kiln-init update status")
+	t.Logf("on v2:\n%s", after)
+	hostname := strings.SplitN(before, "\n", 2)[0]
+	for _, want := range []string{hostname + "\n", "v2-update-test\n", "v2\nkept\n", "found good"} {
+		if !strings.Contains(after, want) {
+			t.Errorf("after the update to v2 the node lacks %q:\n%s", want, after)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^b .*qemu-worker.*kiln-b\.conf\s+-\s+good, booted, boots next$`).MatchString(after) {
+		t.Errorf("update status does not show slot b good, booted and next:\n%s", after)
+	}
+
+	out = ssh.runAs(t, "root", "yes", time.Minute, "kiln-init update --from "+url("out-v3"))
+	if !strings.Contains(out, "entry kiln-a+3.conf boots next, on trial") {
+		t.Fatalf("kiln-init update to v3:\n%s", out)
+	}
+	ssh.fire("root", "systemctl reboot")
+	waitConsole(t, m, `kiln-init: update rolled back: booted slot b again: slot a \(qemu-worker\) failed its 3 tries`, 15*time.Minute)
+	tries := 0
+	for _, l := range m.Lines() {
+		if strings.Contains(l, `kiln-init: this boot tried \loader\entries\kiln-a+`) {
+			tries++
+		}
+	}
+	if tries != 3 {
+		t.Errorf("stage 1 rebooted %d failed tries of slot a, want 3", tries)
+	}
+	status := ssh.runAs(t, "root", "yes", 3*time.Minute, "cat /etc/kiln-v2-marker; kiln-init update status")
+	t.Logf("after the rollback:\n%s", status)
+	for _, want := range []string{"v2\n", "rolled back to slot b", "failed its 3 tries"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("after the rollback the node lacks %q:\n%s", want, status)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^a .*kiln-a\+0-3\.conf\s+0\s+failed$`).MatchString(status) {
+		t.Errorf("update status does not show slot a failed:\n%s", status)
+	}
+}
+
+// bakeAs locks and bakes images/<def>.yaml for role into e.dir/out with SOURCE_DATE_EPOCH
+// epoch and more bake flags, and returns the raw image's path.
+func (e *env) bakeAs(def, role, out, epoch string, flags ...string) string {
+	e.t.Helper()
+	start := time.Now()
+	environ := e.environ
+	e.environ = append(append([]string(nil), environ...), "SOURCE_DATE_EPOCH="+epoch)
+	defer func() { e.environ = environ }()
+	e.run(e.repo, e.kiln, "lock", "images/"+def+".yaml")
+	e.run(e.repo, e.kiln, append([]string{"bake", "images/" + def + ".yaml", "--role", role, "-o", filepath.Join(e.dir, out)}, flags...)...)
+	e.t.Logf("baked %s-%s in %s", def, role, time.Since(start).Round(time.Millisecond))
+	return filepath.Join(e.dir, out, "qemu-"+role+".raw")
+}
+
+func writeTestFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitConsole waits for a console line matching re, failing the test with the console's tail.
+func waitConsole(t *testing.T, m *vm.Machine, re string, timeout time.Duration) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	line, err := waitUnstalled(ctx, m, regexp.MustCompile(re), stallGrace, t.Logf)
+	if err != nil {
+		t.Fatalf("waiting for %q: %v\n%s", re, err, tail(m.Lines(), 40))
+	}
+	t.Logf("console %q after %s", strings.TrimSpace(line), time.Since(start).Round(time.Millisecond))
+	return line
+}
