@@ -164,7 +164,7 @@ func TestStatusShowsBoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, _ := runCLI(t, "status", "--root", root)
-	want := "\nBoot live: root /dev/loop0 (http://10.0.2.2:8080/w/rootfs.img, sha256 ab12), /var on tmpfs (tmpfs), network eth0 10.0.2.15/24\n"
+	want := "\nBoot live: root /dev/loop0 (http://10.0.2.2:8080/w/rootfs.img, sha256 ab12) not verified, /var on tmpfs (tmpfs), network eth0 10.0.2.15/24\n"
 	if code != 0 || !strings.Contains(out, want) {
 		t.Errorf("status: exit %d, want %q in\n%s", code, want, out)
 	}

@@ -138,7 +138,7 @@ func systemctl(args ...string) error {
 
 func newUpdateStatusCmd() *cobra.Command {
 	var format string
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the root slots, which boots next, tries left and the last update or rollback",
 		Args:  noArgs,
@@ -161,6 +161,8 @@ func newUpdateStatusCmd() *cobra.Command {
 			})
 		},
 	}
+	outputFlag(cmd, &format)
+	return cmd
 }
 
 func printUpdateStatus(w io.Writer, st update.Status) {
