@@ -154,3 +154,107 @@ func waitConsole(t *testing.T, m *vm.Machine, re string, timeout time.Duration) 
 	t.Logf("console %q after %s", strings.TrimSpace(line), time.Since(start).Round(time.Millisecond))
 	return line
 }
+
+// A power cut while an update writes the other slot leaves the node booting its running
+// image: QEMU is killed while the root image goes onto slot b and again while the kernel and
+// initramfs go onto the ESP; each time v1 boots, with slot b without an entry, and the next
+// update goes through and boots.
+func TestUpdatePowerCut(t *testing.T) {
+	e := newEnv(t)
+	def, err := os.ReadFile(filepath.Join(e.repo, "images", "qemu.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := strings.Replace(string(def), "formats: [raw, qcow2]", "formats: [raw, pxe]", 1)
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v1.yaml"), base)
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v2.yaml"), strings.Replace(base, "overlays: [base]", "overlays: [base, v2-marker]", 1))
+	writeTestFile(t, filepath.Join(e.repo, "overlays", "v2-marker", "etc", "kiln-v2-marker"), "v2\n")
+	v1 := e.bakeAs("update-v1", "worker", "out-v1", "1000")
+	e.bakeAs("update-v2", "worker", "out-v2", "2000")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.FileServer(http.Dir(e.dir))}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	from := fmt.Sprintf("http://10.0.2.2:%d/out-v2/qemu-worker.json", ln.Addr().(*net.TCPAddr).Port)
+
+	disk := filepath.Join(e.dir, "node.raw")
+	copySparse(t, v1, disk)
+	ssh := newSSHClient(t, e.dir)
+	cfg := filepath.Join(e.dir, "node.ign")
+	writeTestFile(t, cfg, `{"ignition":{"version":"3.4.0"},
+		"passwd":{"users":[{"name":"root","sshAuthorizedKeys":[`+strconv.Quote(ssh.publicKey)+`]}]},
+		"systemd":{"units":[{"name":"ssh.service","enabled":true}]}}`)
+	boot := func(what string) *vm.Machine {
+		m, line := e.bootWith(vm.Config{Image: disk, Config: cfg, Forward: map[string]int{ssh.addr(): 22}},
+			regexp.MustCompile(firstbootDone.String()), 10*time.Minute)
+		if o := firstbootOutcome(line); o != nodeimage.OutcomeOK && !strings.Contains(line, "done already") {
+			t.Fatalf("%s: %s\n%s", what, line, tail(m.Lines(), 30))
+		}
+		return m
+	}
+	hostKeys := "accept-new"
+	for _, cut := range []struct {
+		name  string
+		after string        // the update's log line to wait for
+		delay time.Duration // then this long before the cut
+	}{
+		{"while the root image is written", `msg="writing the root image"`, 3 * time.Second},
+		{"while the kernel and initramfs are written", `msg="root image written"`, 0},
+	} {
+		m := boot("boot before the cut " + cut.name)
+		ssh.runAs(t, "root", hostKeys, 3*time.Minute, "true")
+		hostKeys = "yes"
+		logPath := filepath.Join(e.dir, "update.log")
+		logf, err := os.Create(logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := ssh.command("root", "yes", "kiln-init update --from "+from)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			b, _ := os.ReadFile(logPath)
+			if strings.Contains(string(b), cut.after) {
+				break
+			}
+			if strings.Contains(string(b), "boots next") || time.Now().After(deadline) {
+				t.Fatalf("the update ended before the cut %s:\n%s", cut.name, b)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		time.Sleep(cut.delay)
+		m.Stop() // the power cut
+		cmd.Process.Kill()
+		cmd.Wait()
+		logf.Close()
+		b, _ := os.ReadFile(logPath)
+		t.Logf("power cut %s; the update had logged:\n%s", cut.name, b)
+		if strings.Contains(string(b), "boots next") {
+			t.Fatalf("the update finished before the cut %s", cut.name)
+		}
+
+		m = boot("boot after the cut " + cut.name)
+		status := ssh.runAs(t, "root", "yes", 3*time.Minute, "test ! -e /etc/kiln-v2-marker && kiln-init update status")
+		if !regexp.MustCompile(`(?m)^a .*kiln-a\.conf\s+-\s+good, booted, boots next$`).MatchString(status) ||
+			!regexp.MustCompile(`(?m)^b .*no entry$`).MatchString(status) {
+			t.Fatalf("after the power cut %s, update status:\n%s", cut.name, status)
+		}
+		m.Stop()
+	}
+	m := boot("boot before the last update")
+	out := ssh.runAs(t, "root", "yes", 3*time.Minute, "kiln-init update --from "+from)
+	if !strings.Contains(out, "entry kiln-b+3.conf boots next, on trial") {
+		t.Fatalf("update after the power cuts:\n%s", out)
+	}
+	ssh.fire("root", "systemctl reboot")
+	waitConsole(t, m, `kiln-init: slot b is good: entry kiln-b.conf blessed`, 10*time.Minute)
+	if got := ssh.runAs(t, "root", "yes", 3*time.Minute, "cat /etc/kiln-v2-marker"); got != "v2\n" {
+		t.Errorf("v2's file after the update: %q", got)
+	}
+}

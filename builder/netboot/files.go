@@ -79,6 +79,11 @@ func (t *fileTable) image(name string) (*image, error) {
 		return nil, fmt.Errorf("image %s: %s: pxe.dir is %q, want %q", name, mdPath, md.PXE.Dir, want)
 	}
 	im := &image{name: name, md: md}
+	// The metadata is served too, as what a node's kiln-init update reads first.
+	sum := sha256.Sum256(data)
+	if _, err := t.add(name+".json", hex.EncodeToString(sum[:]), int64(len(data))); err != nil {
+		return nil, fmt.Errorf("image %s: %w", name, err)
+	}
 	for _, f := range []struct {
 		rec *nodeimage.PXEFile
 		dst **servedFile

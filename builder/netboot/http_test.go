@@ -181,6 +181,11 @@ func TestImageFiles(t *testing.T) {
 	if resp, _ := get(t, ts.URL+"/images/metal-control-plane.raw", ""); resp.StatusCode != 200 {
 		t.Errorf("install image: status %d", resp.StatusCode)
 	}
+	// An image's metadata is what kiln-init update --from reads first.
+	md, _ := os.ReadFile(filepath.Join(dir, "metal-worker.json"))
+	if resp, body := get(t, ts.URL+"/images/metal-worker.json", ""); resp.StatusCode != 200 || body != string(md) {
+		t.Errorf("metadata: status %d, %d bytes (want %d)", resp.StatusCode, len(body), len(md))
+	}
 }
 
 // Only files checked at startup are served: no path leads to anything else in the
@@ -192,7 +197,6 @@ func TestNoTraversal(t *testing.T) {
 	for _, p := range []string{
 		"/images/secret.key",
 		"/images/machines.yaml",
-		"/images/metal-worker.json",
 		"/images/metal-worker-pxe/boot.ipxe", // the bake's own script: kiln serve renders its own
 		"/images/../secret.key",
 		"/images/metal-worker-pxe/../../secret.key",

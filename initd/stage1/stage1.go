@@ -55,11 +55,13 @@ func Run(ctx context.Context, log *slog.Logger, console io.Writer) error {
 	if err := mountKernelFS(log); err != nil {
 		return err
 	}
-	cl, err := readCmdline(log)
+	// The modules load before the command line is read: a stage 1 that fails on its command
+	// line still needs efivarfs to tell whether it is an update's try (TrialEntry).
+	modFailures, err := loadModuleList(ctx, log, nodeimage.ModulesLoadPath)
 	if err != nil {
 		return err
 	}
-	modFailures, err := loadModuleList(ctx, log, nodeimage.ModulesLoadPath)
+	cl, err := readCmdline(log)
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,8 @@ otherwise):
                                         install (kiln.install.*), with kiln.config.url; an
                                         unknown machine gets a 404 and the log names its MAC
   GET /config/ID                        the machine's Ignition config, rendered per machine
-  GET /images/NAME                      pxe files and install images (Range, ETag)
+  GET /images/NAME                      pxe files, install images (Range, ETag) and each
+                                        image's <image>-<role>.json (kiln-init update --from)
   GET /healthz
 
 Before it listens, serve hashes every file a machine can be handed and compares it with the
