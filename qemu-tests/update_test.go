@@ -31,30 +31,11 @@ func TestUpdateInPlace(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build kiln-init v2: %v\n%s", err, out)
 	}
-	def, err := os.ReadFile(filepath.Join(e.repo, "images", "qemu.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := strings.Replace(string(def), "formats: [raw, qcow2]", "formats: [raw, pxe]", 1)
-	writeTestFile(t, filepath.Join(e.repo, "images", "update-v1.yaml"), base)
-	writeTestFile(t, filepath.Join(e.repo, "images", "update-v2.yaml"), strings.Replace(base, "overlays: [base]", "overlays: [base, v2-marker]", 1))
-	writeTestFile(t, filepath.Join(e.repo, "overlays", "v2-marker", "etc", "kiln-v2-marker"), "v2\n")
-	// v3's stage 1 refuses its own command line: the boot fails before any root is mounted.
-	writeTestFile(t, filepath.Join(e.repo, "images", "update-v3.yaml"), strings.Replace(base, `"tsc=reliable"]`, `"tsc=reliable", "kiln.rootwait=never"]`, 1))
+	updateDefinitions(t, e)
 	v1 := e.bakeAs("update-v1", "worker", "out-v1", "1000")
 	e.bakeAs("update-v2", "worker", "out-v2", "2000", "--kiln-init", kilnInitV2)
 	e.bakeAs("update-v3", "worker", "out-v3", "3000")
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.FileServer(http.Dir(e.dir))}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	url := func(out string) string {
-		return fmt.Sprintf("http://10.0.2.2:%d/%s/qemu-worker.json", ln.Addr().(*net.TCPAddr).Port, out)
-	}
+	url := serveOutputs(t, e)
 
 	disk := filepath.Join(e.dir, "node.raw")
 	copySparse(t, v1, disk)
@@ -117,6 +98,38 @@ func TestUpdateInPlace(t *testing.T) {
 	}
 }
 
+// updateDefinitions writes the update tests' definitions into the repository copy: v1, the
+// default qemu image with the pxe format (what an update reads); v2, v1 and a file
+// (/etc/kiln-v2-marker); v3, v1 whose stage 1 refuses its own command line.
+func updateDefinitions(t *testing.T, e *env) {
+	t.Helper()
+	def, err := os.ReadFile(filepath.Join(e.repo, "images", "qemu.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := strings.Replace(string(def), "formats: [raw, qcow2]", "formats: [raw, pxe]", 1)
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v1.yaml"), base)
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v2.yaml"), strings.Replace(base, "overlays: [base]", "overlays: [base, v2-marker]", 1))
+	writeTestFile(t, filepath.Join(e.repo, "overlays", "v2-marker", "etc", "kiln-v2-marker"), "v2\n")
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v3.yaml"), strings.Replace(base, `"tsc=reliable"]`, `"tsc=reliable", "kiln.rootwait=never"]`, 1))
+}
+
+// serveOutputs serves e.dir over HTTP on the host and returns the URL of out/qemu-worker.json
+// as a guest reaches it.
+func serveOutputs(t *testing.T, e *env) func(out string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.FileServer(http.Dir(e.dir))}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return func(out string) string {
+		return fmt.Sprintf("http://10.0.2.2:%d/%s/qemu-worker.json", ln.Addr().(*net.TCPAddr).Port, out)
+	}
+}
+
 // bakeAs locks and bakes images/<def>.yaml for role into e.dir/out with SOURCE_DATE_EPOCH
 // epoch and more bake flags, and returns the raw image's path.
 func (e *env) bakeAs(def, role, out, epoch string, flags ...string) string {
@@ -161,24 +174,10 @@ func waitConsole(t *testing.T, m *vm.Machine, re string, timeout time.Duration) 
 // update goes through and boots.
 func TestUpdatePowerCut(t *testing.T) {
 	e := newEnv(t)
-	def, err := os.ReadFile(filepath.Join(e.repo, "images", "qemu.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := strings.Replace(string(def), "formats: [raw, qcow2]", "formats: [raw, pxe]", 1)
-	writeTestFile(t, filepath.Join(e.repo, "images", "update-v1.yaml"), base)
-	writeTestFile(t, filepath.Join(e.repo, "images", "update-v2.yaml"), strings.Replace(base, "overlays: [base]", "overlays: [base, v2-marker]", 1))
-	writeTestFile(t, filepath.Join(e.repo, "overlays", "v2-marker", "etc", "kiln-v2-marker"), "v2\n")
+	updateDefinitions(t, e)
 	v1 := e.bakeAs("update-v1", "worker", "out-v1", "1000")
 	e.bakeAs("update-v2", "worker", "out-v2", "2000")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.FileServer(http.Dir(e.dir))}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	from := fmt.Sprintf("http://10.0.2.2:%d/out-v2/qemu-worker.json", ln.Addr().(*net.TCPAddr).Port)
+	from := serveOutputs(t, e)("out-v2")
 
 	disk := filepath.Join(e.dir, "node.raw")
 	copySparse(t, v1, disk)

@@ -140,6 +140,12 @@ func Apply(ctx context.Context, log *slog.Logger, src Source, md *nodeimage.Meta
 	if err != nil {
 		return res, err
 	}
+	// The slot to write is the fallback while the booted one is on trial.
+	for _, e := range entries {
+		if e.Slot == disk.Booted && e.Counting {
+			return res, fmt.Errorf("the booted slot %s is on trial (%s) and slot %s is what the node falls back to: wait until kiln-update-check.service finds it good, or roll back", disk.Booted, e.File, slot.Letter)
+		}
+	}
 	// 1. Nothing may boot the slot while it is written.
 	for _, e := range entries {
 		if e.Slot != slot.Letter {

@@ -320,6 +320,10 @@ func TestBootCheckAndRollBack(t *testing.T) {
 	os.Rename(filepath.Join(dir, "kiln-b+3.conf"), filepath.Join(dir, "kiln-b+2-1.conf"))
 	onB := n.disk
 	onB.Booted = "b"
+	// While b is on trial, slot a is the fallback: no update writes it.
+	if _, err := Apply(t.Context(), quiet, src, md, onB, n.root, Options{}); err == nil || !strings.Contains(err.Error(), "the booted slot b is on trial (kiln-b+2-1.conf)") {
+		t.Fatalf("Apply while on trial = %v", err)
+	}
 	sick := func(context.Context) error { return errors.New("kubelet.service is failed") }
 	out, err := BootCheck(t.Context(), quiet, onB, n.root, sick, 10*time.Millisecond, now)
 	if err == nil || !out.Trial || out.Blessed {
