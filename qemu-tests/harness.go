@@ -149,7 +149,8 @@ func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration
 	if cfg.Serial != nil {
 		serial = io.MultiWriter(logf, cfg.Serial)
 	}
-	cfg.Accel, cfg.Serial, cfg.WorkDir = "tcg", serial, e.t.TempDir()
+	// A guest reboot is a cold start: under TCG a warm reset of OVMF can hang QEMU.
+	cfg.Accel, cfg.Serial, cfg.WorkDir, cfg.ColdReset = "tcg", serial, e.t.TempDir(), true
 	m, err := vm.Start(context.Background(), cfg)
 	if err != nil {
 		e.t.Fatal(err)

@@ -22,7 +22,8 @@ import (
 // and keeps a file on /var; v2 (a file more, another kiln-init) is written to slot b from the
 // bake's output served over HTTP, boots on trial and is blessed, and the node kept /var, its
 // name and its ssh host key. v3, whose stage 1 fails, is written to slot a: after its three
-// tries systemd-boot boots v2 again by itself, and kiln-init update status says so.
+// tries systemd-boot boots v2 again by itself, and kiln-init update status says so. v4, whose
+// kernel panics, goes the same way.
 func TestUpdateInPlace(t *testing.T) {
 	e := newEnv(t)
 	kilnInitV2 := filepath.Join(e.dir, "kiln-init-v2")
@@ -35,6 +36,7 @@ func TestUpdateInPlace(t *testing.T) {
 	v1 := e.bakeAs("update-v1", "worker", "out-v1", "1000")
 	e.bakeAs("update-v2", "worker", "out-v2", "2000", "--kiln-init", kilnInitV2)
 	e.bakeAs("update-v3", "worker", "out-v3", "3000")
+	e.bakeAs("update-v4", "worker", "out-v4", "4000")
 	url := serveOutputs(t, e)
 
 	disk := filepath.Join(e.dir, "node.raw")
@@ -96,6 +98,23 @@ func TestUpdateInPlace(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^a .*kiln-a\+0-3\.conf\s+0\s+failed$`).MatchString(status) {
 		t.Errorf("update status does not show slot a failed:\n%s", status)
 	}
+
+	out = ssh.runAs(t, "root", "yes", time.Minute, "kiln-init update --from "+url("out-v4"))
+	if !strings.Contains(out, "entry kiln-a+3.conf boots next, on trial") {
+		t.Fatalf("kiln-init update to v4:\n%s", out)
+	}
+	from := len(m.Lines())
+	ssh.fire("root", "systemctl reboot")
+	waitConsoleAfter(t, m, from, `kiln-init: update rolled back: booted slot b again: slot a \(qemu-worker\) failed its 3 tries`, 15*time.Minute)
+	panics := 0
+	for _, l := range m.Lines()[from:] {
+		if strings.Contains(l, "Kernel panic - not syncing") {
+			panics++
+		}
+	}
+	if panics != 3 {
+		t.Errorf("slot a's kernel panicked %d times before the rollback, want 3", panics)
+	}
 }
 
 // updateDefinitions writes the update tests' definitions into the repository copy: v1, the
@@ -112,6 +131,9 @@ func updateDefinitions(t *testing.T, e *env) {
 	writeTestFile(t, filepath.Join(e.repo, "images", "update-v2.yaml"), strings.Replace(base, "overlays: [base]", "overlays: [base, v2-marker]", 1))
 	writeTestFile(t, filepath.Join(e.repo, "overlays", "v2-marker", "etc", "kiln-v2-marker"), "v2\n")
 	writeTestFile(t, filepath.Join(e.repo, "images", "update-v3.yaml"), strings.Replace(base, `"tsc=reliable"]`, `"tsc=reliable", "kiln.rootwait=never"]`, 1))
+	// v4's kernel panics: it finds no init in the initramfs and cannot mount a root without
+	// the initramfs' modules.
+	writeTestFile(t, filepath.Join(e.repo, "images", "update-v4.yaml"), strings.Replace(base, `"tsc=reliable"]`, `"tsc=reliable", "rdinit=/nonexistent"]`, 1))
 }
 
 // serveOutputs serves e.dir over HTTP on the host and returns the URL of out/qemu-worker.json
@@ -154,6 +176,25 @@ func writeTestFile(t *testing.T, path, text string) {
 	}
 }
 
+// waitConsoleAfter waits for a console line matching re among the lines from index from on.
+func waitConsoleAfter(t *testing.T, m *vm.Machine, from int, re string, timeout time.Duration) string {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	start := time.Now()
+	for time.Since(start) < timeout {
+		lines := m.Lines()
+		for _, l := range lines[min(from, len(lines)):] {
+			if rx.MatchString(l) {
+				t.Logf("console %q after %s", strings.TrimSpace(l), time.Since(start).Round(time.Millisecond))
+				return l
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("waiting for %q: none in %s\n%s", re, timeout, tail(m.Lines(), 40))
+	return ""
+}
+
 // waitConsole waits for a console line matching re, failing the test with the console's tail.
 func waitConsole(t *testing.T, m *vm.Machine, re string, timeout time.Duration) string {
 	t.Helper()
@@ -169,9 +210,10 @@ func waitConsole(t *testing.T, m *vm.Machine, re string, timeout time.Duration) 
 }
 
 // A power cut while an update writes the other slot leaves the node booting its running
-// image: QEMU is killed while the root image goes onto slot b and again while the kernel and
-// initramfs go onto the ESP; each time v1 boots, with slot b without an entry, and the next
-// update goes through and boots.
+// image: QEMU is killed while the root image goes onto slot b, while it is read back and
+// while the kernel and initramfs go onto the ESP (the moment between those and the entry is
+// too short to hit from outside; TestApplyStopped in initd/update stops there); each time v1
+// boots, with slot b without an entry, and the next update goes through and boots.
 func TestUpdatePowerCut(t *testing.T) {
 	e := newEnv(t)
 	updateDefinitions(t, e)
@@ -201,7 +243,8 @@ func TestUpdatePowerCut(t *testing.T) {
 		delay time.Duration // then this long before the cut
 	}{
 		{"while the root image is written", `msg="writing the root image"`, 3 * time.Second},
-		{"while the kernel and initramfs are written", `msg="root image written"`, 0},
+		{"while the root image is read back", `msg="root image written"`, 0},
+		{"while the kernel and initramfs are written", `msg="root image verified on the disk"`, 0},
 	} {
 		m := boot("boot before the cut " + cut.name)
 		ssh.runAs(t, "root", hostKeys, 3*time.Minute, "true")
@@ -251,7 +294,9 @@ func TestUpdatePowerCut(t *testing.T) {
 	if !strings.Contains(out, "entry kiln-b+3.conf boots next, on trial") {
 		t.Fatalf("update after the power cuts:\n%s", out)
 	}
-	ssh.fire("root", "systemctl reboot")
+	// The power goes once more, after the update: the next boot is slot b's first try.
+	m.Stop()
+	m = boot("boot after the last update")
 	waitConsole(t, m, `kiln-init: slot b is good: entry kiln-b.conf blessed`, 10*time.Minute)
 	if got := ssh.runAs(t, "root", "yes", 3*time.Minute, "cat /etc/kiln-v2-marker"); got != "v2\n" {
 		t.Errorf("v2's file after the update: %q", got)

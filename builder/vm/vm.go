@@ -106,6 +106,14 @@ type Config struct {
 	Serial  io.Writer // every console line is copied here (may be nil)
 	QEMU    string    // qemu-system-x86_64 binary; from PATH when empty
 	Extra   []string  // extra QEMU arguments
+	// ColdReset turns every guest reboot into a cold boot: QEMU runs with -no-reboot, and when
+	// it exits after the guest kernel said "reboot: Restarting system" (or, panicking,
+	// "Rebooting in N seconds"), Start runs it again
+	// with the same disks and variable store, its console going on in the same Machine. Under
+	// TCG a warm reset of an OVMF guest can hang QEMU for good (a vCPU spinning, nothing on the
+	// console); a cold start does not. With Snapshot it has no effect: a new QEMU would start
+	// from a new overlay, without what the guest wrote.
+	ColdReset bool
 	// Nice lowers QEMU's host CPU priority (1..19, as nice(1)): on a host with fewer cores than
 	// its VMs' vCPUs, a VM that may wait (a worker joining) leaves the cycles to one that must
 	// meet deadlines (an emulated control plane's leases and probes). 0 keeps the caller's.
@@ -134,15 +142,17 @@ func fileExists(p string) bool {
 
 // Machine is a running QEMU.
 type Machine struct {
-	cmd     *exec.Cmd
 	workDir string
 	ownWork bool
 
-	mu      sync.Mutex
-	lines   []string
-	changed chan struct{} // closed and replaced on every new line or exit
-	done    bool
-	exitErr error
+	mu       sync.Mutex
+	cmd      *exec.Cmd // the QEMU running now (another after each cold reset)
+	stopping bool
+	restarts int
+	lines    []string
+	changed  chan struct{} // closed and replaced on every new line or exit
+	done     bool
+	exitErr  error
 }
 
 // Args returns the QEMU command line for cfg (without the binary), after creating the variable
@@ -428,53 +438,117 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 		}
 		return nil, fmt.Errorf("nice %d: want 0 (unchanged) to 19", cfg.Nice)
 	}
-	cmd := exec.Command(bin, args...)
-	if cfg.Nice > 0 {
-		// nice(1) before exec, so every QEMU thread (vCPUs included) inherits the priority:
-		// setpriority on a started process reaches its main thread only.
-		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(cfg.Nice), bin}, args...)...)
+	coldReset := cfg.ColdReset && !cfg.Snapshot
+	if coldReset {
+		args = append(args, "-no-reboot")
 	}
-	cmd.Stdin = nil
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.StdoutPipe()
+	newCmd := func() *exec.Cmd {
+		cmd := exec.Command(bin, args...)
+		if cfg.Nice > 0 {
+			// nice(1) before exec, so every QEMU thread (vCPUs included) inherits the priority:
+			// setpriority on a started process reaches its main thread only.
+			cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(cfg.Nice), bin}, args...)...)
+		}
+		cmd.Stdin = nil
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		return cmd
+	}
+	m := &Machine{workDir: work, ownWork: own, changed: make(chan struct{})}
+	cmd := newCmd()
+	out, stderr, err := startQEMU(cmd)
 	if err != nil {
 		return nil, err
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	m := &Machine{cmd: cmd, workDir: work, ownWork: own, changed: make(chan struct{})}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start qemu: %w", err)
-	}
+	m.cmd = cmd
 	go func() {
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := strings.TrimRight(sc.Text(), "\r")
-			if cfg.Serial != nil {
-				fmt.Fprintln(cfg.Serial, line)
+		for {
+			m.readConsole(out, cfg.Serial)
+			err := cmd.Wait()
+			if err != nil && stderr.Len() > 0 {
+				err = fmt.Errorf("qemu: %w: %s", err, strings.TrimSpace(stderr.String()))
+			}
+			if err == nil && coldReset && m.guestReset() {
+				next := newCmd()
+				m.mu.Lock()
+				if !m.stopping {
+					out, stderr, err = startQEMU(next)
+					if err == nil {
+						cmd, m.cmd = next, next
+						m.restarts++
+						m.mu.Unlock()
+						continue
+					}
+				}
+				m.mu.Unlock()
 			}
 			m.mu.Lock()
-			m.lines = append(m.lines, line)
+			m.done, m.exitErr = true, err
 			close(m.changed)
 			m.changed = make(chan struct{})
 			m.mu.Unlock()
+			return
 		}
-		err := cmd.Wait()
-		if err != nil && stderr.Len() > 0 {
-			err = fmt.Errorf("qemu: %w: %s", err, strings.TrimSpace(stderr.String()))
-		}
-		m.mu.Lock()
-		m.done, m.exitErr = true, err
-		close(m.changed)
-		m.changed = make(chan struct{})
-		m.mu.Unlock()
 	}()
 	go func() {
 		<-ctx.Done()
 		m.Stop()
 	}()
 	return m, nil
+}
+
+// startQEMU starts cmd with its console (stdout) piped and its stderr kept.
+func startQEMU(cmd *exec.Cmd) (io.ReadCloser, *strings.Builder, error) {
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	stderr := new(strings.Builder)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start qemu: %w", err)
+	}
+	return out, stderr, nil
+}
+
+// readConsole appends QEMU's console lines until it closes them.
+func (m *Machine) readConsole(out io.Reader, serial io.Writer) {
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		if serial != nil {
+			fmt.Fprintln(serial, line)
+		}
+		m.mu.Lock()
+		m.lines = append(m.lines, line)
+		close(m.changed)
+		m.changed = make(chan struct{})
+		m.mu.Unlock()
+	}
+}
+
+// guestReset says whether the guest's kernel rebooted last (reboot(2), or a panic with panic=N)
+// rather than powered off.
+func (m *Machine) guestReset() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := len(m.lines) - 1; i >= 0 && i >= len(m.lines)-20; i-- {
+		switch {
+		case strings.Contains(m.lines[i], "reboot: Restarting system"), // reboot(2)
+			strings.Contains(m.lines[i], "Rebooting in "): // a panic with panic=N
+			return true
+		case strings.Contains(m.lines[i], "reboot: Power down"):
+			return false
+		}
+	}
+	return false
+}
+
+// Restarts is how many times a cold reset (Config.ColdReset) started QEMU again.
+func (m *Machine) Restarts() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.restarts
 }
 
 // ErrExited is returned by WaitFor when QEMU ends before the pattern shows.
@@ -531,16 +605,20 @@ func (m *Machine) Wait() error {
 // Stop ends QEMU: SIGTERM (QEMU flushes its disks and exits), SIGKILL after 10 s. The guest is
 // not shut down cleanly; callers that need its writes on disk wait for a line printed after sync.
 func (m *Machine) Stop() {
-	if m.cmd.Process == nil {
+	m.mu.Lock()
+	m.stopping = true
+	cmd := m.cmd
+	m.mu.Unlock()
+	if cmd.Process == nil {
 		return
 	}
-	_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGTERM)
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { _ = m.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	}
 	if m.ownWork {

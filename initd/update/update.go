@@ -165,6 +165,7 @@ func Apply(ctx context.Context, log *slog.Logger, src Source, md *nodeimage.Meta
 		return res, err
 	}
 	res.Wrote = n
+	log.Info("root image verified on the disk", "slot", slot.Name, "root_hash", md.Verity.RootHash)
 	// 3. Kernel, initramfs and the image's metadata on the ESP.
 	for _, f := range []struct {
 		file nodeimage.PXEFile
@@ -182,6 +183,7 @@ func Apply(ctx context.Context, log *slog.Logger, src Source, md *nodeimage.Meta
 	if err := atomicfile.Write(espPath(disk.ESPDir, slotImageJSON(slot.Letter)), append(mdJSON, '\n'), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
 		return res, err
 	}
+	log.Info("kernel and initramfs written", "dir", "/kiln/"+slot.Letter)
 	// 4. The entry, on trial, and a loader.conf that boots the first good entry.
 	gen := 1
 	for _, e := range entries {

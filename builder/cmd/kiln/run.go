@@ -209,6 +209,8 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 	if err := o.chooseAccel(ctx, &cfg, tmp); err != nil {
 		return err
 	}
+	// Under TCG a warm reset of OVMF can hang QEMU: a guest reboot restarts it instead.
+	cfg.ColdReset = cfg.Accel == "tcg"
 	timeout := o.timeout
 	if (o.untilBoot || untilRE != nil) && timeout == 0 {
 		timeout = 15 * time.Minute

@@ -1,0 +1,61 @@
+package vm
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A guest that reboots, panics (panic=N) and then powers off, under a stand-in QEMU that counts its
+// starts in a file and insists on -no-reboot: with ColdReset the Machine runs it three times,
+// one console throughout, and ends with the power-off.
+func TestColdReset(t *testing.T) {
+	if _, _, err := Firmware(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	img := filepath.Join(dir, "disk.raw")
+	if err := os.WriteFile(img, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	count := filepath.Join(dir, "starts")
+	qemu := filepath.Join(dir, "qemu-system-x86_64")
+	script := `#!/bin/sh
+case " $* " in *" -no-reboot "*) ;; *) echo "no -no-reboot"; exit 1 ;; esac
+echo x >> ` + count + `
+n=$(wc -l < ` + count + `)
+echo "boot $n"
+case $n in
+1) echo "[   1.0] reboot: Restarting system" ;;
+2) echo "[   1.0] Kernel panic - not syncing: VFS: Unable to mount root fs"; echo "[   1.1] Rebooting in 10 seconds.." ;;
+*) echo "[   1.0] reboot: Power down" ;;
+esac
+`
+	if err := os.WriteFile(qemu, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := Start(ctx, Config{Image: img, Accel: "tcg", QEMU: qemu, WorkDir: t.TempDir(), ColdReset: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.WaitFor(ctx, regexp.MustCompile(`reboot: Power down`)); err != nil {
+		t.Fatalf("%v\n%s", err, strings.Join(m.Lines(), "\n"))
+	}
+	m.Wait()
+	var boots []string
+	for _, l := range m.Lines() {
+		if strings.HasPrefix(l, "boot ") {
+			boots = append(boots, l)
+		}
+	}
+	if !slices.Equal(boots, []string{"boot 1", "boot 2", "boot 3"}) || m.Restarts() != 2 {
+		t.Errorf("boots %q, restarts %d; want three boots, two restarts", boots, m.Restarts())
+	}
+}
