@@ -86,6 +86,11 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"kube", "cni", "--wait", "soon"}, exitcode.BadUsage, "invalid argument"},
 		{[]string{"status", "--root", t.TempDir()}, exitcode.Failure, "first boot has not run"},
 		{[]string{"kube", "bootstrap", "--root", t.TempDir()}, exitcode.Failure, "node.yaml"},
+		{[]string{"update"}, exitcode.BadUsage, "--from is required"},
+		{[]string{"update", "--from", "http://h/qemu-worker.json", "--tries", "0"}, exitcode.BadUsage, "--tries 0: want 1 to 9"},
+		{[]string{"update", "--from", "ftp://h/qemu-worker.json"}, exitcode.BadUsage, "scheme not supported"},
+		{[]string{"update", "--from", "/var/tmp/qemu-worker.raw"}, exitcode.BadUsage, "want the bake's <image>-<role>.json"},
+		{[]string{"update", "status", "-o", "yaml"}, exitcode.BadUsage, `unknown output format "yaml"`},
 		{[]string{"status", "--root", root}, 0, ""},
 		{[]string{"version"}, 0, ""},
 	}

@@ -32,8 +32,9 @@ boot entry on trial (systemd-boot's boot counting, kiln-<slot>+3.conf) that boot
 running one. The running slot is never written, and a power cut at any point leaves the old
 slot booting.
 
---from names the bake's <image>-<role>.json, by http(s) URL (kiln serve serves a bake's output
-directory) or path; the kernel, initramfs and root image are read from the pxe directory beside
+--from names the bake's <image>-<role>.json, by http(s) URL (kiln serve serves each image of its
+machines.yaml at /images/<image>-<role>.json; any static server of the output directory does) or
+path; the kernel, initramfs and root image are read from the pxe directory beside
 it, so the image must be baked with the pxe format. Before anything is written the image is
 refused if it is of another role or platform, of a bake↔boot contract this kiln-init does not
 know, older than the running image (unless --allow-downgrade), too big for the slot, or the
@@ -65,6 +66,9 @@ func newUpdateCmd(log *slog.Logger) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.from == "" {
 				return exitcode.Usagef("update: --from is required (the URL or path of the bake's <image>-<role>.json)")
+			}
+			if o.tries < 1 || o.tries > 9 {
+				return exitcode.Usagef("update: --tries %d: want 1 to 9", o.tries)
 			}
 			return runUpdate(cmd.Context(), log, cmd.OutOrStdout(), o.from, o.reboot, update.Options{AllowDowngrade: o.allowDowngrade, Tries: o.tries})
 		},
