@@ -54,9 +54,9 @@ func (c *Cmdline) parseVerity() error {
 }
 
 // openVerity reads the verity superblock of dev (what names the root in messages) at
-// v.hashOffset and maps dev through dm-verity with v's root hash; it returns the verified
-// device's node.
-func openVerity(log *slog.Logger, what, dev string, v verityArgs) (devmapper.VerityDevice, error) {
+// v.hashOffset and maps dev through dm-verity with v's root hash, through the control node c;
+// it returns the verified device's node.
+func openVerity(log *slog.Logger, c *devmapper.Control, what, dev string, v verityArgs) (devmapper.VerityDevice, error) {
 	f, err := os.Open(dev)
 	if err != nil {
 		return devmapper.VerityDevice{}, err
@@ -67,11 +67,6 @@ func openVerity(log *slog.Logger, what, dev string, v verityArgs) (devmapper.Ver
 		return devmapper.VerityDevice{}, fmt.Errorf("%s %s: %w: the root image is not the one this boot entry was baked with", what, dev, err)
 	}
 	p.RootHash = v.rootHash
-	c, err := devmapper.Open(devmapper.ControlPath)
-	if err != nil {
-		return devmapper.VerityDevice{}, err
-	}
-	defer c.Close()
 	vd, err := c.OpenVerity(verityName, dev, p)
 	if err != nil {
 		return devmapper.VerityDevice{}, fmt.Errorf("%s %s: %w", what, dev, err)
@@ -91,7 +86,12 @@ func mountVerified(log *slog.Logger, what, dev, target, fstype string, v *verity
 			"root", what, "device", dev)
 		return dev, mountRootAt(log, dev, target, fstype)
 	}
-	vd, err := openVerity(log, what, dev, *v)
+	c, err := devmapper.Open(devmapper.ControlPath)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	vd, err := openVerity(log, c, what, dev, *v)
 	if err != nil {
 		return "", err
 	}
@@ -99,11 +99,6 @@ func mountVerified(log *slog.Logger, what, dev, target, fstype string, v *verity
 	if err == nil {
 		return vd.Path, nil
 	}
-	c, cerr := devmapper.Open(devmapper.ControlPath)
-	if cerr != nil {
-		return "", errors.Join(err, cerr)
-	}
-	defer c.Close()
 	if bad, serr := c.Corrupted(verityName); serr == nil && bad {
 		err = fmt.Errorf("%s %s does not match its root hash %x: a block of the root image was changed after the bake, so it is not mounted (%w)",
 			what, dev, v.rootHash, err)

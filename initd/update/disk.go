@@ -64,16 +64,12 @@ var HostSystem = System{SysBlock: "/sys/block", DevDir: "/dev", Cmdline: cmdline
 // line and returns its slots and the ESP's device. A network (live) boot has no slots to
 // update: it is refused.
 func (s System) FindDisk() (Disk, string, error) {
-	raw, err := os.ReadFile(s.Cmdline)
+	line, err := cmdline.Read(s.Cmdline)
 	if err != nil {
-		return Disk{}, "", fmt.Errorf("read kernel cmdline: %w", err)
+		return Disk{}, "", err
 	}
-	var partuuid string
-	for _, p := range cmdline.Parse(string(raw)).Params {
-		if p.Key == "root" {
-			partuuid, _ = strings.CutPrefix(p.Value, "PARTUUID=")
-		}
-	}
+	root, _ := line.Lookup("root")
+	partuuid, _ := strings.CutPrefix(root, "PARTUUID=")
 	if partuuid == "" {
 		return Disk{}, "", errors.New("the node did not boot from a disk (no root=PARTUUID= on the kernel command line): a live boot is updated by booting the new image, not in place")
 	}

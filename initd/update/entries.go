@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/cmdline"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -51,12 +52,8 @@ func (e Entry) Generation() int {
 
 // RootHash is the kiln.verity.roothash= of the entry's command line.
 func (e Entry) RootHash() string {
-	for _, f := range strings.Fields(e.Options) {
-		if v, ok := strings.CutPrefix(f, "kiln."+nodeimage.VerityRootHashKey+"="); ok {
-			return v
-		}
-	}
-	return ""
+	v, _ := cmdline.Parse(e.Options).Lookup("kiln." + nodeimage.VerityRootHashKey)
+	return v
 }
 
 // entryFile names the entry file of slot with tries boots to go (0: blessed, no counting).

@@ -18,7 +18,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"log/slog"
 	"os"
@@ -30,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
+	"github.com/kilnproject/kiln/internal/cmdline"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/verity"
 )
@@ -62,17 +62,12 @@ func ReadRunning(root, cmdlinePath string) (Running, error) {
 	if err := json.Unmarshal(b, &md); err != nil {
 		return Running{}, fmt.Errorf("%s: %w", nodeimage.ImageJSONPath, err)
 	}
-	raw, err := os.ReadFile(cmdlinePath)
+	line, err := cmdline.Read(cmdlinePath)
 	if err != nil {
 		return Running{}, err
 	}
-	r := Running{Image: &md}
-	for _, f := range strings.Fields(string(raw)) {
-		if v, ok := strings.CutPrefix(f, "kiln."+nodeimage.VerityRootHashKey+"="); ok {
-			r.RootHash = v
-		}
-	}
-	return r, nil
+	hash, _ := line.Lookup("kiln." + nodeimage.VerityRootHashKey)
+	return Running{Image: &md, RootHash: hash}, nil
 }
 
 // ErrUpToDate is returned when the node already runs the image.
@@ -192,10 +187,10 @@ func Apply(ctx context.Context, log *slog.Logger, src Source, md *nodeimage.Meta
 	res.Generation, res.Entry = gen, entryFile(slot.Letter, tries)
 	title := fmt.Sprintf("kiln %s %s (%s) slot %s", md.Name, md.Role, md.Kernel.Version, slot.Letter)
 	text := entryText(title, gen, slot.Letter, entryOptions(md.Disk.Cmdline, slot.PARTUUID))
-	if err := atomicfile.Write(espPath(disk.ESPDir, nodeimage.LoaderConfPath), []byte(loaderConf), atomicfile.Options{Mode: 0o644}); err != nil {
+	if err := atomicWrite(espPath(disk.ESPDir, nodeimage.LoaderConfPath), loaderConf); err != nil {
 		return res, err
 	}
-	if err := atomicfile.Write(filepath.Join(disk.ESPDir, nodeimage.LoaderEntriesDir, res.Entry), []byte(text), atomicfile.Options{Mode: 0o644}); err != nil {
+	if err := atomicWrite(filepath.Join(disk.ESPDir, nodeimage.LoaderEntriesDir, res.Entry), text); err != nil {
 		return res, err
 	}
 	if err := syncDir(disk.ESPDir); err != nil {
@@ -240,12 +235,8 @@ func writeRoot(ctx context.Context, log *slog.Logger, src Source, md *nodeimage.
 	}
 	defer dev.Close()
 	log.Info("writing the root image", "slot", slot.Name, "device", slot.Device, "bytes", want.Size)
-	h := sha256.New()
-	n, err := io.CopyBuffer(dev, io.TeeReader(io.LimitReader(r, want.Size+1), h), make([]byte, 1<<20))
+	n, err := copyChecked(dev, r, "the root image", slot.Device, want)
 	if err != nil {
-		return n, fmt.Errorf("write the root image to %s: %w", slot.Device, err)
-	}
-	if err := sameDigest("the root image", h, n, want); err != nil {
 		return n, err
 	}
 	if err := dev.Sync(); err != nil {
@@ -304,12 +295,7 @@ func writeESPFile(ctx context.Context, src Source, name string, want nodeimage.P
 			os.Remove(tmp)
 		}
 	}()
-	h := sha256.New()
-	n, err := io.Copy(f, io.TeeReader(io.LimitReader(r, want.Size+1), h))
-	if err != nil {
-		return fmt.Errorf("write %s: %w", dst, err)
-	}
-	if err := sameDigest(want.File, h, n, want); err != nil {
+	if _, err := copyChecked(f, r, want.File, dst, want); err != nil {
 		return err
 	}
 	if err := f.Sync(); err != nil {
@@ -321,10 +307,17 @@ func writeESPFile(ctx context.Context, src Source, name string, want nodeimage.P
 	return os.Rename(tmp, dst)
 }
 
-func sameDigest(what string, h hash.Hash, n int64, want nodeimage.PXEFile) error {
-	got := hex.EncodeToString(h.Sum(nil))
-	if n != want.Size || got != want.SHA256 {
-		return fmt.Errorf("%s: %d bytes with sha256 %s; the metadata says %d bytes, sha256 %s: refusing it", what, n, got, want.Size, want.SHA256)
+// copyChecked copies what (a file of the pxe directory) from src to dst (named to in errors),
+// at most one byte past its recorded size, and refuses it unless its size and sha256 are the
+// metadata's.
+func copyChecked(dst io.Writer, src io.Reader, what, to string, want nodeimage.PXEFile) (int64, error) {
+	h := sha256.New()
+	n, err := io.CopyBuffer(dst, io.TeeReader(io.LimitReader(src, want.Size+1), h), make([]byte, 1<<20))
+	if err != nil {
+		return n, fmt.Errorf("write %s to %s: %w", what, to, err)
 	}
-	return nil
+	if got := hex.EncodeToString(h.Sum(nil)); n != want.Size || got != want.SHA256 {
+		return n, fmt.Errorf("%s: %d bytes with sha256 %s; the metadata says %d bytes, sha256 %s: refusing it", what, n, got, want.Size, want.SHA256)
+	}
+	return n, nil
 }

@@ -30,12 +30,9 @@ type verityReport struct {
 // before kiln wrote verity trees); a report whose OK is false with an error naming the
 // partition, the block and the root hash when a block does not match.
 func checkVerity(image string, res *disk.Result) (*verityReport, error) {
-	keys := map[string]string{}
-	for _, p := range cmdline.Parse(res.Cmdline).Params {
-		keys[p.Key] = p.Value
-	}
-	hash, hasHash := keys["kiln."+nodeimage.VerityRootHashKey]
-	off, hasOff := keys["kiln."+nodeimage.VerityHashOffsetKey]
+	line := cmdline.Parse(res.Cmdline)
+	hash, hasHash := line.Lookup("kiln." + nodeimage.VerityRootHashKey)
+	off, hasOff := line.Lookup("kiln." + nodeimage.VerityHashOffsetKey)
 	if !hasHash && !hasOff {
 		return nil, nil
 	}

@@ -82,11 +82,16 @@ func newUpdateCmd(log *slog.Logger) *cobra.Command {
 }
 
 // withDisk finds the boot disk, mounts its ESP and runs fn.
-func withDisk(fn func(update.Disk) error) (err error) {
+func withDisk(fn func(update.Disk) error) error {
 	disk, espDev, err := update.HostSystem.FindDisk()
 	if err != nil {
 		return err
 	}
+	return withESP(disk, espDev, fn)
+}
+
+// withESP mounts the ESP espDev of disk and runs fn.
+func withESP(disk update.Disk, espDev string, fn func(update.Disk) error) (err error) {
 	dir, unmount, err := update.MountESP(espDev)
 	if err != nil {
 		return err
@@ -261,7 +266,8 @@ func newUpdateCheckCmd(log *slog.Logger) *cobra.Command {
 		Hidden: true, // kiln-update-check.service runs it
 		Args:   noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, _, err := update.HostSystem.FindDisk(); err != nil {
+			disk, espDev, err := update.HostSystem.FindDisk()
+			if err != nil {
 				log.Info("no slots to check", "why", err)
 				return nil
 			}
@@ -270,7 +276,7 @@ func newUpdateCheckCmd(log *slog.Logger) *cobra.Command {
 				return err
 			}
 			var checkErr error
-			err = withDisk(func(disk update.Disk) error {
+			err = withESP(disk, espDev, func(disk update.Disk) error {
 				out, err := update.BootCheck(cmd.Context(), log, disk, "/", nodeHealth("/", run.Image), healthBound, time.Now)
 				if out.RolledBack != nil {
 					fmt.Fprintf(cmd.OutOrStdout(), "kiln-init: update rolled back: booted slot %s again: %s\n", out.RolledBack.To, out.RolledBack.Reason)
