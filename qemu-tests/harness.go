@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,11 +157,12 @@ func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(m.Stop)
+	frozen := watchFrozen(ctx, m, frozenAfter, e.t.Logf)
 	line, err := waitUnstalled(ctx, m, want, stallGrace, e.t.Logf)
 	if err != nil {
 		m.Stop()
 		lines := m.Lines()
-		e.t.Fatalf("boot %s: %v\n%slast console lines:\n%s", filepath.Base(image), err, stallReport(lines), tail(lines, 40))
+		e.t.Fatalf("boot %s: %v%s\n%slast console lines:\n%s", filepath.Base(image), err, frozen(), stallReport(lines), tail(lines, 40))
 	}
 	e.t.Logf("console %q after %s", strings.TrimSpace(line), time.Since(start).Round(time.Millisecond))
 	return m, line
@@ -211,6 +213,68 @@ func stallReport(lines []string) string {
 		}
 	}
 	return ""
+}
+
+// frozenAfter is how long a console may stay silent before the harness calls QEMU frozen. A
+// running guest kernel is never silent that long while a test waits on it: its hung-task
+// detector reports a blocked task after 120 s (checked every 120 s), its RCU stall detector
+// after 21 s. Under TCG on this machine QEMU itself freezes now and then (the console stops
+// mid-line for good and no watchdog of the guest ever speaks): what a hardware watchdog does
+// then, power-cycling the machine, is what the harness does, once per boot.
+const frozenAfter = 5 * time.Minute
+
+// quietMachine is the part of a *vm.Machine that watchFrozen uses.
+type quietMachine interface {
+	Quiet() time.Duration
+	PowerCycle() error
+	Stop()
+}
+
+// watchFrozen watches m until ctx ends: the first time its console is silent for after, it
+// power-cycles m (the guest boots again on the same disks, as after a power cut); the second
+// time it stops m, so the wait fails now rather than at its timeout. The function it returns
+// says what it did, for a failure's message ("" when nothing).
+func watchFrozen(ctx context.Context, m quietMachine, after time.Duration, logf func(string, ...any)) func() string {
+	var mu sync.Mutex
+	var did string
+	say := func(format string, args ...any) {
+		mu.Lock()
+		did = fmt.Sprintf(format, args...)
+		mu.Unlock()
+	}
+	go func() {
+		tick := time.NewTicker(min(after/10, 10*time.Second))
+		defer tick.Stop()
+		cycled := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			q := m.Quiet()
+			if q < after {
+				continue
+			}
+			if q = q.Round(time.Second); cycled {
+				say(" (QEMU was power-cycled once after %s of silence; its console was silent for %s again: stopped)", after, q)
+				m.Stop()
+				return
+			}
+			if err := m.PowerCycle(); err != nil {
+				say(" (the console was silent for %s: %v)", q, err)
+				return
+			}
+			logf("the console was silent for %s: QEMU froze (a running guest kernel reports a blocked task within 4 min); power-cycled it once", q)
+			say(" (QEMU was power-cycled once after %s of silence)", q)
+			cycled = true
+		}
+	}()
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return did
+	}
 }
 
 // logDir is where consoles and server logs go: KILN_TEST_LOGS, which keeps them after the

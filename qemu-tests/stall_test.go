@@ -5,6 +5,7 @@ import (
 	"errors"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -102,5 +103,75 @@ func TestStallReport(t *testing.T) {
 	}
 	if got := stallReport([]string{"a", "b"}); got != "" {
 		t.Errorf("stallReport without a stall = %q, want empty", got)
+	}
+}
+
+// silentMachine is a machine whose console is silent from a given time on (after each power
+// cycle, from cycleQuiet on), counting power cycles and stops.
+type silentMachine struct {
+	mu         sync.Mutex
+	start      time.Time
+	quietFrom  time.Duration // console lines until then; silence after
+	cycleQuiet time.Duration // after a power cycle: lines until then (0: talks for good)
+	cycles     int
+	stops      int
+	cycleErr   error
+}
+
+func (s *silentMachine) Quiet() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.quietFrom == 0 {
+		return 0
+	}
+	return max(0, time.Since(s.start)-s.quietFrom)
+}
+
+func (s *silentMachine) PowerCycle() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cycleErr != nil {
+		return s.cycleErr
+	}
+	s.cycles++
+	s.start, s.quietFrom = time.Now(), s.cycleQuiet
+	return nil
+}
+
+func (s *silentMachine) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stops++
+}
+
+func TestWatchFrozen(t *testing.T) {
+	const after = 60 * time.Millisecond
+	for _, tc := range []struct {
+		name          string
+		m             *silentMachine
+		cycles, stops int
+		says          string
+	}{
+		{"talks", &silentMachine{}, 0, 0, ""},
+		{"freezes once", &silentMachine{quietFrom: time.Millisecond}, 1, 0, "power-cycled once after"},
+		{"freezes twice", &silentMachine{quietFrom: time.Millisecond, cycleQuiet: time.Millisecond}, 1, 1, "silent for"},
+		{"cannot cycle", &silentMachine{quietFrom: time.Millisecond, cycleErr: errors.New("power cycle: the machine runs on a snapshot")}, 0, 0, "snapshot"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.m.start = time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*after)
+			defer cancel()
+			did := watchFrozen(ctx, tc.m, after, t.Logf)
+			<-ctx.Done()
+			time.Sleep(after / 5)
+			tc.m.mu.Lock()
+			defer tc.m.mu.Unlock()
+			if tc.m.cycles != tc.cycles || tc.m.stops != tc.stops {
+				t.Errorf("%d power cycles, %d stops; want %d, %d", tc.m.cycles, tc.m.stops, tc.cycles, tc.stops)
+			}
+			if got := did(); tc.says == "" && got != "" || !strings.Contains(got, tc.says) {
+				t.Errorf("says %q, want %q in it", got, tc.says)
+			}
+		})
 	}
 }

@@ -59,3 +59,68 @@ esac
 		t.Errorf("boots %q, restarts %d; want three boots, two restarts", boots, m.Restarts())
 	}
 }
+
+// A guest that hangs silently on its first start: PowerCycle kills that QEMU and starts another
+// on the same disk, whose console goes on in the same Machine; a snapshot machine refuses.
+func TestPowerCycle(t *testing.T) {
+	if _, _, err := Firmware(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	img := filepath.Join(dir, "disk.raw")
+	if err := os.WriteFile(img, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	count := filepath.Join(dir, "starts")
+	qemu := filepath.Join(dir, "qemu-system-x86_64")
+	script := `#!/bin/sh
+echo x >> ` + count + `
+n=$(wc -l < ` + count + `)
+echo "boot $n"
+case $n in
+1) exec sleep 600 ;;
+*) echo "[   1.0] reboot: Power down" ;;
+esac
+`
+	if err := os.WriteFile(qemu, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := Start(ctx, Config{Image: img, Accel: "tcg", QEMU: qemu, WorkDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Stop()
+	if _, err := m.WaitFor(ctx, regexp.MustCompile(`^boot 1$`)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if q := m.Quiet(); q < 300*time.Millisecond {
+		t.Errorf("Quiet() = %s after 300ms of silence", q)
+	}
+	if err := m.PowerCycle(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.WaitFor(ctx, regexp.MustCompile(`reboot: Power down`)); err != nil {
+		t.Fatalf("%v\n%s", err, strings.Join(m.Lines(), "\n"))
+	}
+	if err := m.Wait(); err != nil {
+		t.Errorf("the second QEMU: %v", err)
+	}
+	if got := strings.Join(m.Lines(), "|"); got != "boot 1|boot 2|[   1.0] reboot: Power down" || m.Restarts() != 1 {
+		t.Errorf("console %q, restarts %d; want both boots in one console, one restart", got, m.Restarts())
+	}
+	if err := m.PowerCycle(); err == nil {
+		t.Error("PowerCycle of an exited machine: no error")
+	}
+
+	s, err := Start(ctx, Config{Image: img, Accel: "tcg", QEMU: qemu, WorkDir: t.TempDir(), Snapshot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if err := s.PowerCycle(); err == nil || !strings.Contains(err.Error(), "snapshot") {
+		t.Errorf("PowerCycle of a snapshot machine: %v, want a refusal naming the snapshot", err)
+	}
+}

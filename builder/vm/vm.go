@@ -149,7 +149,10 @@ type Machine struct {
 	cmd      *exec.Cmd // the QEMU running now (another after each cold reset)
 	stopping bool
 	restarts int
+	cycling  bool // PowerCycle killed the running QEMU: start the next one
+	snapshot bool // Config.Snapshot: a new QEMU would lose the guest's writes
 	lines    []string
+	lastLine time.Time     // when the last console line (or QEMU's start) came
 	changed  chan struct{} // closed and replaced on every new line or exit
 	done     bool
 	exitErr  error
@@ -453,7 +456,7 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		return cmd
 	}
-	m := &Machine{workDir: work, ownWork: own, changed: make(chan struct{})}
+	m := &Machine{workDir: work, ownWork: own, changed: make(chan struct{}), snapshot: cfg.Snapshot, lastLine: time.Now()}
 	cmd := newCmd()
 	out, stderr, err := startQEMU(cmd)
 	if err != nil {
@@ -467,7 +470,11 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 			if err != nil && stderr.Len() > 0 {
 				err = fmt.Errorf("qemu: %w: %s", err, strings.TrimSpace(stderr.String()))
 			}
-			if err == nil && coldReset && m.guestReset() {
+			m.mu.Lock()
+			cycled := m.cycling
+			m.cycling = false
+			m.mu.Unlock()
+			if cycled || err == nil && coldReset && m.guestReset() {
 				next := newCmd()
 				m.mu.Lock()
 				if !m.stopping {
@@ -475,6 +482,7 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 					if err == nil {
 						cmd, m.cmd = next, next
 						m.restarts++
+						m.lastLine = time.Now()
 						m.mu.Unlock()
 						continue
 					}
@@ -521,6 +529,7 @@ func (m *Machine) readConsole(out io.Reader, serial io.Writer) {
 		}
 		m.mu.Lock()
 		m.lines = append(m.lines, line)
+		m.lastLine = time.Now()
 		close(m.changed)
 		m.changed = make(chan struct{})
 		m.mu.Unlock()
@@ -544,7 +553,36 @@ func (m *Machine) guestReset() bool {
 	return false
 }
 
-// Restarts is how many times a cold reset (Config.ColdReset) started QEMU again.
+// PowerCycle pulls the plug and starts QEMU again on the same disks and variable store, as a
+// cold reset does: the console goes on in the same Machine. It is refused for a Snapshot
+// machine, whose writes a new QEMU would not see, and once the Machine is stopping or done.
+func (m *Machine) PowerCycle() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.snapshot:
+		return errors.New("power cycle: the machine runs on a snapshot, which a new QEMU would lose")
+	case m.stopping || m.done:
+		return errors.New("power cycle: the machine is stopped")
+	case m.cmd.Process == nil:
+		return errors.New("power cycle: QEMU has not started")
+	}
+	m.cycling = true
+	if err := syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		m.cycling = false
+		return fmt.Errorf("power cycle: kill qemu: %w", err)
+	}
+	return nil
+}
+
+// Quiet is how long ago the console's last line came (or QEMU started, if later).
+func (m *Machine) Quiet() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return time.Since(m.lastLine)
+}
+
+// Restarts is how many times a cold reset (Config.ColdReset) or a PowerCycle started QEMU again.
 func (m *Machine) Restarts() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
