@@ -227,6 +227,23 @@ func (p Params) superblock() []byte {
 	return b
 }
 
+// Verify reads the superblock at hashOffset of r and checks every data and hash block against
+// rootHash (hex), as a root must pass before it is trusted: at inspect, after an update's write.
+// Once the superblock is read it returns its parameters (RootHash set), with a *CorruptError
+// when a block does not match.
+func Verify(r io.ReaderAt, hashOffset int64, rootHash string) (Params, error) {
+	root, err := ParseRootHash(rootHash)
+	if err != nil {
+		return Params{}, err
+	}
+	p, err := ReadSuperblock(r, hashOffset)
+	if err != nil {
+		return Params{}, err
+	}
+	p.RootHash = root
+	return p, Check(r, p)
+}
+
 // ReadSuperblock reads the superblock at offset off of r and returns its parameters, without
 // RootHash. It refuses anything but format 1, SHA-256 and 4096-byte blocks, and a tree whose
 // data would reach past off.

@@ -219,3 +219,46 @@ func TestParseRootHash(t *testing.T) {
 		}
 	}
 }
+
+// TestVerify: a root as Append left it verifies against its hex root hash; a flipped data byte
+// and another root hash fail with a *CorruptError and the superblock's parameters; a malformed
+// hash or a missing superblock fail before any block is read.
+func TestVerify(t *testing.T) {
+	img := randomFile(t, 40*BlockSize)
+	p, err := Append(img, []byte("salt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, _ := os.ReadFile(img)
+	flipped := bytes.Clone(good)
+	flipped[5*BlockSize+3] ^= 1
+	for _, tc := range []struct {
+		name    string
+		b       []byte
+		off     int64
+		hash    string
+		corrupt bool
+		ok      bool
+	}{
+		{"untouched", good, p.HashOffset, p.RootHashHex(), false, true},
+		{"a data byte flipped", flipped, p.HashOffset, p.RootHashHex(), true, false},
+		{"another root hash", good, p.HashOffset, strings.Repeat("01", 32), true, false},
+		{"not a hash", good, p.HashOffset, "xyz", false, false},
+		{"no superblock there", good, 0, p.RootHashHex(), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Verify(bytes.NewReader(tc.b), tc.off, tc.hash)
+			var ce *CorruptError
+			switch {
+			case tc.ok && err != nil:
+				t.Fatalf("Verify: %v", err)
+			case !tc.ok && err == nil:
+				t.Fatal("Verify: no error")
+			case tc.corrupt != errors.As(err, &ce):
+				t.Fatalf("Verify = %v; a corrupt block: %v", err, tc.corrupt)
+			case (tc.ok || tc.corrupt) && (got.DataBlocks != p.DataBlocks || got.HashOffset != p.HashOffset):
+				t.Errorf("parameters %+v, want the superblock's (%d blocks at %d)", got, p.DataBlocks, p.HashOffset)
+			}
+		})
+	}
+}

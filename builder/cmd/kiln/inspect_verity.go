@@ -41,10 +41,7 @@ func checkVerity(image string, res *disk.Result) (*verityReport, error) {
 		rep.Problem = err.Error()
 		return rep, fmt.Errorf("%s: %s does not verify against the boot entry's root hash %s: %w", image, rep.Partition, hash, err)
 	}
-	root, err := verity.ParseRootHash(hash)
-	if err != nil {
-		return fail(err)
-	}
+	var err error
 	if rep.HashOffset, err = strconv.ParseInt(off, 10, 64); err != nil {
 		return fail(fmt.Errorf("kiln.%s=%s: %w", nodeimage.VerityHashOffsetKey, off, err))
 	}
@@ -58,13 +55,11 @@ func checkVerity(image string, res *disk.Result) (*verityReport, error) {
 	}
 	defer f.Close()
 	r := io.NewSectionReader(f, part.Start, part.Size)
-	p, err := verity.ReadSuperblock(r, rep.HashOffset)
-	if err != nil {
-		return fail(err)
+	p, err := verity.Verify(r, rep.HashOffset, hash)
+	if p.DataBlocks != 0 {
+		rep.DataBlocks, rep.TreeBytes = p.DataBlocks, p.End()-p.HashOffset
 	}
-	p.RootHash = root
-	rep.DataBlocks, rep.TreeBytes = p.DataBlocks, p.End()-p.HashOffset
-	if err := verity.Check(r, p); err != nil {
+	if err != nil {
 		var ce *verity.CorruptError
 		if errors.As(err, &ce) {
 			err = fmt.Errorf("%w (disk byte %d)", err, part.Start+ce.Offset)
