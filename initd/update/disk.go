@@ -112,25 +112,30 @@ func (s System) FindDisk() (Disk, string, error) {
 	return d, esp, nil
 }
 
-// espMountDir is where kiln-init mounts the ESP while it works on it.
-const espMountDir = "/run/kiln/esp"
+// espMountRoot holds the directories kiln-init mounts the ESP on while it works on it: one per
+// mount, so that the boot check (which keeps its mount while it waits for the node's health)
+// and a status read or an update at the same time mount and unmount their own.
+const espMountRoot = "/run/kiln"
 
-// MountESP mounts the ESP device read-write (vfat) on a directory of its own and returns it
-// and a function that unmounts it; an ESP already mounted there is reused.
+// MountESP mounts the ESP device read-write (vfat) on a new directory under /run/kiln and
+// returns it and a function that unmounts it and removes the directory.
 func MountESP(dev string) (string, func() error, error) {
-	if err := os.MkdirAll(espMountDir, 0o700); err != nil {
+	if err := os.MkdirAll(espMountRoot, 0o755); err != nil {
 		return "", nil, err
 	}
-	if err := unix.Mount(dev, espMountDir, "vfat", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "umask=0077,quiet"); err != nil {
-		if !errors.Is(err, unix.EBUSY) {
-			return "", nil, fmt.Errorf("mount the ESP %s on %s: %w", dev, espMountDir, err)
-		}
+	dir, err := os.MkdirTemp(espMountRoot, "esp-")
+	if err != nil {
+		return "", nil, err
 	}
-	return espMountDir, func() error {
-		if err := unix.Unmount(espMountDir, 0); err != nil {
-			return fmt.Errorf("unmount the ESP from %s: %w", espMountDir, err)
+	if err := unix.Mount(dev, dir, "vfat", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "umask=0077,quiet"); err != nil {
+		os.Remove(dir)
+		return "", nil, fmt.Errorf("mount the ESP %s on %s: %w", dev, dir, err)
+	}
+	return dir, func() error {
+		if err := unix.Unmount(dir, 0); err != nil {
+			return fmt.Errorf("unmount the ESP from %s: %w", dir, err)
 		}
-		return nil
+		return os.Remove(dir)
 	}, nil
 }
 
