@@ -117,11 +117,24 @@ func (e *env) run(dir, name string, args ...string) string {
 // bake locks and bakes images/<def>.yaml for role and returns the raw image's path.
 func (e *env) bake(def, role string) string {
 	e.t.Helper()
+	return e.bakeInto(def, role, "out", def, "")
+}
+
+// bakeInto locks and bakes images/<def>.yaml for role into e.dir/<out>, with SOURCE_DATE_EPOCH
+// epoch unless "", and more bake flags; it returns the raw image's path, named after the
+// definition's name field.
+func (e *env) bakeInto(def, role, out, name, epoch string, flags ...string) string {
+	e.t.Helper()
 	start := time.Now()
+	if epoch != "" {
+		environ := e.environ
+		e.environ = append(append([]string(nil), environ...), "SOURCE_DATE_EPOCH="+epoch)
+		defer func() { e.environ = environ }()
+	}
 	e.run(e.repo, e.kiln, "lock", "images/"+def+".yaml")
-	e.run(e.repo, e.kiln, "bake", "images/"+def+".yaml", "--role", role, "-o", filepath.Join(e.dir, "out"))
+	e.run(e.repo, e.kiln, append([]string{"bake", "images/" + def + ".yaml", "--role", role, "-o", filepath.Join(e.dir, out)}, flags...)...)
 	e.t.Logf("baked %s-%s in %s", def, role, time.Since(start).Round(time.Millisecond))
-	return filepath.Join(e.dir, "out", def+"-"+role+".raw")
+	return filepath.Join(e.dir, out, name+"-"+role+".raw")
 }
 
 // boot starts QEMU (TCG) on image and waits for a console line matching want.

@@ -126,7 +126,7 @@ func updateDefinitions(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := strings.Replace(string(def), "formats: [raw, qcow2]", "formats: [raw, pxe]", 1)
+	base := strings.Replace(string(def), "formats: [raw, qcow2, pxe]", "formats: [raw, pxe]", 1)
 	writeTestFile(t, filepath.Join(e.repo, "images", "update-v1.yaml"), base)
 	writeTestFile(t, filepath.Join(e.repo, "images", "update-v2.yaml"), strings.Replace(base, "overlays: [base]", "overlays: [base, v2-marker]", 1))
 	writeTestFile(t, filepath.Join(e.repo, "overlays", "v2-marker", "etc", "kiln-v2-marker"), "v2\n")
@@ -152,18 +152,11 @@ func serveOutputs(t *testing.T, e *env) func(out string) string {
 	}
 }
 
-// bakeAs locks and bakes images/<def>.yaml for role into e.dir/out with SOURCE_DATE_EPOCH
-// epoch and more bake flags, and returns the raw image's path.
+// bakeAs bakes images/<def>.yaml (an update definition, named qemu) for role into
+// e.dir/<out> as created at epoch.
 func (e *env) bakeAs(def, role, out, epoch string, flags ...string) string {
 	e.t.Helper()
-	start := time.Now()
-	environ := e.environ
-	e.environ = append(append([]string(nil), environ...), "SOURCE_DATE_EPOCH="+epoch)
-	defer func() { e.environ = environ }()
-	e.run(e.repo, e.kiln, "lock", "images/"+def+".yaml")
-	e.run(e.repo, e.kiln, append([]string{"bake", "images/" + def + ".yaml", "--role", role, "-o", filepath.Join(e.dir, out)}, flags...)...)
-	e.t.Logf("baked %s-%s in %s", def, role, time.Since(start).Round(time.Millisecond))
-	return filepath.Join(e.dir, out, "qemu-"+role+".raw")
+	return e.bakeInto(def, role, out, "qemu", epoch, flags...)
 }
 
 func writeTestFile(t *testing.T, path, text string) {
@@ -176,37 +169,35 @@ func writeTestFile(t *testing.T, path, text string) {
 	}
 }
 
-// waitConsoleAfter waits for a console line matching re among the lines from index from on.
+// waitConsoleAfter waits for a console line matching re among those from line from on (what
+// came after an earlier wait), failing the test with the console's tail.
 func waitConsoleAfter(t *testing.T, m *vm.Machine, from int, re string, timeout time.Duration) string {
-	t.Helper()
-	rx := regexp.MustCompile(re)
-	start := time.Now()
-	for time.Since(start) < timeout {
-		lines := m.Lines()
-		for _, l := range lines[min(from, len(lines)):] {
-			if rx.MatchString(l) {
-				t.Logf("console %q after %s", strings.TrimSpace(l), time.Since(start).Round(time.Millisecond))
-				return l
-			}
-		}
-		time.Sleep(time.Second)
-	}
-	t.Fatalf("waiting for %q: none in %s\n%s", re, timeout, tail(m.Lines(), 40))
-	return ""
-}
-
-// waitConsole waits for a console line matching re, failing the test with the console's tail.
-func waitConsole(t *testing.T, m *vm.Machine, re string, timeout time.Duration) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start := time.Now()
-	line, err := waitUnstalled(ctx, m, regexp.MustCompile(re), stallGrace, t.Logf)
+	line, err := waitUnstalled(ctx, consoleFrom{m, from}, regexp.MustCompile(re), stallGrace, t.Logf)
 	if err != nil {
 		t.Fatalf("waiting for %q: %v\n%s", re, err, tail(m.Lines(), 40))
 	}
 	t.Logf("console %q after %s", strings.TrimSpace(line), time.Since(start).Round(time.Millisecond))
 	return line
+}
+
+// waitConsole waits for a console line matching re, failing the test with the console's tail.
+func waitConsole(t *testing.T, m *vm.Machine, re string, timeout time.Duration) string {
+	t.Helper()
+	return waitConsoleAfter(t, m, 0, re, timeout)
+}
+
+// consoleFrom is a machine's console from a line on.
+type consoleFrom struct {
+	m    *vm.Machine
+	from int
+}
+
+func (c consoleFrom) WaitFor(ctx context.Context, re *regexp.Regexp) (string, error) {
+	return c.m.WaitFrom(ctx, c.from, re)
 }
 
 // A power cut while an update writes the other slot leaves the node booting its running

@@ -594,7 +594,12 @@ var ErrExited = errors.New("qemu exited")
 
 // WaitFor blocks until a console line (from the start of the boot) matches re and returns it.
 func (m *Machine) WaitFor(ctx context.Context, re *regexp.Regexp) (string, error) {
-	seen := 0
+	return m.WaitFrom(ctx, 0, re)
+}
+
+// WaitFrom is WaitFor from console line from on (len(Lines()) taken earlier: what came since).
+func (m *Machine) WaitFrom(ctx context.Context, from int, re *regexp.Regexp) (string, error) {
+	seen := max(from, 0)
 	for {
 		m.mu.Lock()
 		for ; seen < len(m.lines); seen++ {
