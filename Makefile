@@ -9,7 +9,7 @@ OUT ?= out
 RUNTIME ?= containerd
 BASE := $(KILN_CACHE)/base/index.json
 
-.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-import e2e-pull e2e-ha components etcd-component local-sources bench bench-ready bench-idle bench-serve fuzz vet clean
+.PHONY: all build deps base base-generic base-cloudinit lock bake image run test test-unit e2e e2e-import e2e-pull e2e-ha e2e-update components etcd-component local-sources bench bench-ready bench-idle bench-serve fuzz vet clean
 
 all: build
 
@@ -155,6 +155,15 @@ e2e-ha: deps build base
 	@builder/scripts/deps.sh e2e
 	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E_HA=1 KILN_E2E_HA_SHAPE=$(SHAPE) KILN_ACCEL=tcg \
 		$(GO) test -count=1 -v -timeout 300m -run '^TestE2EHA$$' ./qemu-tests/
+
+# The rolling update (docs/updates.md, "A cluster"): kiln cluster up --ssh-key with the e2e's
+# control plane and worker, a v2 of both baked into another directory, kiln cluster update rolling
+# the control plane (its etcd member kept) and then the worker; both on v2 from slot b, Ready.
+e2e-update: deps build base
+	@builder/scripts/deps.sh test
+	@builder/scripts/deps.sh e2e
+	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_E2E_UPDATE=1 KILN_ACCEL=tcg \
+		$(GO) test -count=1 -v -timeout 120m -run '^TestE2EUpdate$$' ./qemu-tests/
 
 # What an idle cluster costs this host under TCG (bench/idle.sh): each VM's CPU and memory
 # 13 minutes after power-on, per component. SHAPE=stacked (one control plane and a worker,

@@ -14,12 +14,12 @@ import (
 func newClusterCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cluster",
-		Short: "Generate a cluster's configs (init), or run a whole cluster in QEMU (up, status, stop, start, replace, down)",
+		Short: "Generate a cluster's configs (init), or run a whole cluster in QEMU (up, status, stop, start, replace, update, down)",
 		Args:  cobra.NoArgs,
 		RunE:  showHelp,
 	}
 	cmd.AddCommand(newClusterInitCmd(), newClusterUpCmd(), newClusterStatusCmd(), newClusterStopCmd(),
-		newClusterStartCmd(), newClusterReplaceCmd(), newClusterDownCmd())
+		newClusterStartCmd(), newClusterReplaceCmd(), newClusterUpdateCmd(), newClusterDownCmd())
 	return cmd
 }
 
