@@ -16,8 +16,8 @@ import (
 // and `kiln cluster update` rolls the control plane, then the worker: each writes its other
 // slot, boots it on trial, is Ready again and blessed, and the control plane keeps its etcd
 // member (kiln cluster update checks its ID). Afterwards both nodes run v2 from slot b under
-// the same names, Ready, with the ConfigMap written before the update, and no kube-system
-// container restarted more than the e2e allows.
+// the same names, Ready, with the ConfigMap written before the update. Every kube-system
+// container restarts once with its node (logged, not counted against the test).
 func TestE2EUpdate(t *testing.T) {
 	if os.Getenv("KILN_E2E_UPDATE") != "1" {
 		t.Skip("the rolling update runs with make e2e-update (KILN_E2E_UPDATE=1)")

@@ -157,13 +157,15 @@ func (s *State) updateNode(ctx context.Context, u nodeUpdate, o UpdateOptions, p
 	}
 
 	progress(n.Name, "writing "+filepath.Base(u.json)+" to its other slot")
+	start := time.Now()
 	if err := s.writeSlot(ctx, u, o); err != nil {
 		return err
 	}
-	progress(n.Name, "written; powering off")
+	progress(n.Name, fmt.Sprintf("written in %s; powering off", time.Since(start).Round(time.Second)))
 	if err := s.powerCycle(ctx, n, o); err != nil {
 		return err
 	}
+	start = time.Now()
 	progress(n.Name, "started")
 	if err := s.wait(ctx, []string{n.Name}, untilReady, progress); err != nil {
 		return err
@@ -172,7 +174,7 @@ func (s *State) updateNode(ctx context.Context, u nodeUpdate, o UpdateOptions, p
 	if err != nil {
 		return err
 	}
-	progress(n.Name, fmt.Sprintf("runs %s from slot %s (blessed)", filepath.Base(u.json), slot))
+	progress(n.Name, fmt.Sprintf("runs %s from slot %s (blessed %s after the power-on)", filepath.Base(u.json), slot, time.Since(start).Round(time.Second)))
 	if member != nil {
 		if err := s.waitMemberKept(ctx, n, *member); err != nil {
 			return err
