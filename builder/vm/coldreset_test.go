@@ -11,34 +11,37 @@ import (
 	"time"
 )
 
-// A guest that reboots, panics (panic=N) and then powers off, under a stand-in QEMU that counts its
-// starts in a file and insists on -no-reboot: with ColdReset the Machine runs it three times,
-// one console throughout, and ends with the power-off.
-func TestColdReset(t *testing.T) {
+// standIn writes a disk image and a stand-in QEMU: a shell script that appends a line to a
+// file on each start, prints "boot N" (N its start) and then does what cases (a shell case
+// body on $n) say, after the lines of prelude. It returns the image and the script.
+func standIn(t *testing.T, prelude, cases string) (img, qemu string) {
+	t.Helper()
 	if _, _, err := Firmware(); err != nil {
 		t.Skip(err)
 	}
 	dir := t.TempDir()
-	img := filepath.Join(dir, "disk.raw")
+	img = filepath.Join(dir, "disk.raw")
 	if err := os.WriteFile(img, make([]byte, 4096), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	count := filepath.Join(dir, "starts")
-	qemu := filepath.Join(dir, "qemu-system-x86_64")
-	script := `#!/bin/sh
-case " $* " in *" -no-reboot "*) ;; *) echo "no -no-reboot"; exit 1 ;; esac
-echo x >> ` + count + `
-n=$(wc -l < ` + count + `)
-echo "boot $n"
-case $n in
-1) echo "[   1.0] reboot: Restarting system" ;;
-2) echo "[   1.0] Kernel panic - not syncing: VFS: Unable to mount root fs"; echo "[   1.1] Rebooting in 10 seconds.." ;;
-*) echo "[   1.0] reboot: Power down" ;;
-esac
-`
+	qemu = filepath.Join(dir, "qemu-system-x86_64")
+	script := "#!/bin/sh\n" + prelude + "echo x >> " + count + "\nn=$(wc -l < " + count + ")\necho \"boot $n\"\ncase $n in\n" + cases + "esac\n"
 	if err := os.WriteFile(qemu, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return img, qemu
+}
+
+// A guest that reboots, panics (panic=N) and then powers off, under a stand-in QEMU that counts its
+// starts in a file and insists on -no-reboot: with ColdReset the Machine runs it three times,
+// one console throughout, and ends with the power-off.
+func TestColdReset(t *testing.T) {
+	img, qemu := standIn(t, `case " $* " in *" -no-reboot "*) ;; *) echo "no -no-reboot"; exit 1 ;; esac
+`, `1) echo "[   1.0] reboot: Restarting system" ;;
+2) echo "[   1.0] Kernel panic - not syncing: VFS: Unable to mount root fs"; echo "[   1.1] Rebooting in 10 seconds.." ;;
+*) echo "[   1.0] reboot: Power down" ;;
+`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m, err := Start(ctx, Config{Image: img, Accel: "tcg", QEMU: qemu, WorkDir: t.TempDir(), ColdReset: true})
@@ -63,28 +66,9 @@ esac
 // A guest that hangs silently on its first start: PowerCycle kills that QEMU and starts another
 // on the same disk, whose console goes on in the same Machine; a snapshot machine refuses.
 func TestPowerCycle(t *testing.T) {
-	if _, _, err := Firmware(); err != nil {
-		t.Skip(err)
-	}
-	dir := t.TempDir()
-	img := filepath.Join(dir, "disk.raw")
-	if err := os.WriteFile(img, make([]byte, 4096), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	count := filepath.Join(dir, "starts")
-	qemu := filepath.Join(dir, "qemu-system-x86_64")
-	script := `#!/bin/sh
-echo x >> ` + count + `
-n=$(wc -l < ` + count + `)
-echo "boot $n"
-case $n in
-1) exec sleep 600 ;;
+	img, qemu := standIn(t, "", `1) exec sleep 600 ;;
 *) echo "[   1.0] reboot: Power down" ;;
-esac
-`
-	if err := os.WriteFile(qemu, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m, err := Start(ctx, Config{Image: img, Accel: "tcg", QEMU: qemu, WorkDir: t.TempDir()})
