@@ -1,13 +1,14 @@
 package qemutests
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnproject/kiln/builder/qemucluster"
 )
 
 // The rolling update (make e2e-update, KILN_E2E_UPDATE=1): the e2e's control-plane and worker
@@ -66,18 +67,9 @@ func TestE2EUpdate(t *testing.T) {
 	})
 	t.Logf("e2e-update: rolling update of 2 nodes: %s", took.Round(time.Second))
 
-	var st struct {
-		Nodes []struct {
-			Name    string `json:"name"`
-			SSHPort int    `json:"sshPort"`
-		} `json:"nodes"`
-	}
-	b, err := os.ReadFile(filepath.Join(h.state, "cluster.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &st)
-	}
+	st, err := qemucluster.Load(h.state)
 	if err != nil {
-		t.Fatalf("cluster.json: %v", err)
+		t.Fatal(err)
 	}
 	for _, n := range st.Nodes {
 		c := *ssh

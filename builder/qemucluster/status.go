@@ -170,5 +170,11 @@ func (n Node) sshCommand() string {
 	if n.SSHPort == 0 {
 		return ""
 	}
-	return fmt.Sprintf("ssh -p %d -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null root@127.0.0.1", n.SSHPort)
+	return "ssh " + strings.Join(n.sshLogin(), " ") + " root@127.0.0.1"
+}
+
+// sshLogin are ssh's options that reach node n's forwarded ssh server without recording its
+// host key, which is new on every fresh node.
+func (n Node) sshLogin() []string {
+	return []string{"-p", strconv.Itoa(n.SSHPort), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"}
 }

@@ -149,7 +149,7 @@ func (s *State) updateNode(ctx context.Context, u nodeUpdate, o UpdateOptions, p
 	n := u.node
 	var member *EtcdMember
 	if n.EtcdMember != "" {
-		m, err := s.nodeMember(ctx, n)
+		m, _, err := s.nodeMember(ctx, n)
 		if err != nil {
 			return fmt.Errorf("before the update: %w", err)
 		}
@@ -186,9 +186,8 @@ func (s *State) updateNode(ctx context.Context, u nodeUpdate, o UpdateOptions, p
 
 // sshArgs are ssh's arguments to run command as root on node n.
 func (s *State) sshArgs(n *Node, o UpdateOptions, extra ...string) []string {
-	args := []string{"-p", fmt.Sprint(n.SSHPort), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=20",
-		"-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"}
+	args := append(n.sshLogin(), "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=20",
+		"-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")
 	if o.Identity != "" {
 		args = append(args, "-i", o.Identity, "-o", "IdentitiesOnly=yes")
 	}
@@ -311,24 +310,24 @@ func booted(st slotStatus) string {
 	return "?"
 }
 
-// nodeMember is node n's etcd member as the cluster lists it.
-func (s *State) nodeMember(ctx context.Context, n *Node) (*EtcdMember, error) {
+// nodeMember asks the cluster for node n's etcd member and returns it with the state it read.
+func (s *State) nodeMember(ctx context.Context, n *Node) (*EtcdMember, *EtcdState, error) {
 	es := s.Etcd(ctx)
 	if es == nil {
-		return nil, errors.New("no etcd member answers")
+		return nil, nil, errors.New("no etcd member answers")
 	}
 	if es.Error != "" {
-		return nil, fmt.Errorf("etcd membership: %s", es.Error)
+		return nil, es, fmt.Errorf("etcd membership: %s", es.Error)
 	}
 	for _, m := range es.Members {
 		if m.Name == n.Name || m.Name == n.EtcdMember {
 			if m.Learner || !m.Started {
-				return nil, fmt.Errorf("etcd member %s (%s) is not a started voting member", m.Name, m.ID)
+				return nil, es, fmt.Errorf("etcd member %s (%s) is not a started voting member", m.Name, m.ID)
 			}
-			return &m, nil
+			return &m, es, nil
 		}
 	}
-	return nil, fmt.Errorf("no etcd member of node %s among %d", n.Name, len(es.Members))
+	return nil, es, fmt.Errorf("no etcd member of node %s among %d", n.Name, len(es.Members))
 }
 
 // waitMemberKept waits until node n's etcd member is what it was: the same ID, started,
@@ -336,19 +335,16 @@ func (s *State) nodeMember(ctx context.Context, n *Node) (*EtcdMember, error) {
 func (s *State) waitMemberKept(ctx context.Context, n *Node, was EtcdMember) error {
 	var last string
 	for {
-		m, err := s.nodeMember(ctx, n)
+		m, es, err := s.nodeMember(ctx, n)
 		switch {
 		case err != nil:
 			last = err.Error()
 		case m.ID != was.ID:
 			return fmt.Errorf("etcd member %s is %s now, was %s: the node did not keep its member", m.Name, m.ID, was.ID)
+		case es.Nodes[n.Name] == "leader" || es.Nodes[n.Name] == "follower":
+			return nil
 		default:
-			es := s.Etcd(ctx)
-			st := es.Nodes[n.Name]
-			if st == "leader" || st == "follower" {
-				return nil
-			}
-			last = "its member says " + st
+			last = "its member says " + es.Nodes[n.Name]
 		}
 		select {
 		case <-ctx.Done():

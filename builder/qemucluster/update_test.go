@@ -128,3 +128,20 @@ func TestServeFiles(t *testing.T) {
 		}
 	}
 }
+
+// The ssh line kiln cluster status prints and the options kiln cluster update runs ssh with
+// reach the node the same way.
+func TestSSHLogin(t *testing.T) {
+	n := Node{SSHPort: 2222}
+	if got, want := n.sshCommand(), "ssh -p 2222 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null root@127.0.0.1"; got != want {
+		t.Errorf("sshCommand() = %q, want %q", got, want)
+	}
+	args := strings.Join((&State{}).sshArgs(&n, UpdateOptions{Identity: "/k"}, "-R", "x"), " ")
+	if !strings.HasPrefix(args, "-p 2222 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes") ||
+		!strings.HasSuffix(args, "-i /k -o IdentitiesOnly=yes -R x root@127.0.0.1") {
+		t.Errorf("sshArgs: %s", args)
+	}
+	if (Node{}).sshCommand() != "" {
+		t.Error("a node without ssh has an ssh line")
+	}
+}
