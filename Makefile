@@ -13,14 +13,18 @@ BASE := $(KILN_CACHE)/base/index.json
 
 all: build
 
-build: bin/kiln bin/kiln-init
+build: bin/kiln bin/kiln-init bin/kiln-stage1
 
 bin/kiln: FORCE
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $@ ./builder/cmd/kiln
 
-# kiln-init runs as PID 1 in the initramfs: static, no cgo.
+# kiln-init is the node agent on the image's root, kiln-stage1 the initramfs' /init (PID 1):
+# both static, no cgo.
 bin/kiln-init: FORCE
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $@ ./initd/cmd/kiln-init
+
+bin/kiln-stage1: FORCE
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $@ ./initd/cmd/kiln-stage1
 
 deps:
 	@builder/scripts/deps.sh
@@ -184,6 +188,7 @@ bench: deps build base base-cloudinit $(SOURCES)
 	@builder/scripts/deps.sh test
 	@builder/scripts/deps.sh bench
 	KILN_PROFILE_OVERLAY=$(if $(SOURCES),$(LOCAL_OVERLAY)) bench/bench.sh
+	KILN_PROFILE_OVERLAY=$(if $(SOURCES),$(LOCAL_OVERLAY)) bench/stage1.sh
 	$(MAKE) --no-print-directory bench-ready
 
 # Boot-to-Ready side by side (make bench runs it too): the e2e's kiln control plane and worker,

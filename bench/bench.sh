@@ -9,7 +9,7 @@
 #   - boot time under TCG to kiln-init's first-boot status line (first and second boot)
 #   - image sizes: raw (apparent and allocated), qcow2
 #   - kiln serve under load on loopback (bench/serve): requests/s, p99 per route, peak RSS
-# Needs the base (make base) and bin/kiln, bin/kiln-init (make build).
+# Needs the base (make base) and bin/kiln, bin/kiln-init, bin/kiln-stage1 (make build).
 set -euo pipefail
 trap 'echo "bench: failed at line $LINENO (logs in $work)" >&2' ERR
 cd "$(dirname "$0")/.."

@@ -84,10 +84,13 @@ func newRepoEnv(t *testing.T) *env {
 	require(t, err == nil, "no base OS image in %s/base", cache)
 	init := os.Getenv("KILN_INIT")
 	require(t, init != "", "KILN_INIT does not name a static kiln-init")
+	stage1 := filepath.Join(filepath.Dir(init), "kiln-stage1")
+	_, err = os.Stat(stage1)
+	require(t, err == nil, "no kiln-stage1 beside KILN_INIT %s (make build writes both)", init)
 	root := repoRoot(t)
 	dir := t.TempDir()
 	e := &env{t: t, dir: dir, kiln: filepath.Join(dir, "kiln"), repo: filepath.Join(dir, "repo")}
-	e.environ = append(os.Environ(), "KILN_CACHE="+cache, "KILN_INIT="+init, "KILN_ACCEL=tcg")
+	e.environ = append(os.Environ(), "KILN_CACHE="+cache, "KILN_INIT="+init, "KILN_STAGE1="+stage1, "KILN_ACCEL=tcg")
 	e.run(root, "go", "build", "-o", e.kiln, "./builder/cmd/kiln")
 	for _, d := range []string{"images", "profiles", "overlays"} {
 		e.run(root, "cp", "-a", filepath.Join(root, d), filepath.Join(e.repo, d))

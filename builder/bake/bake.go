@@ -6,7 +6,7 @@
 //	tree        base ⊕ artifacts ⊕ overlays ⊕ templates ⊕ kiln-init ⊕ Kubernetes ⊕ units ⊕ image.json
 //	kubernetes  the binaries' versions checked (skew), the runtime's units, the pre-pulled images (images)
 //	secrets     the tree searched for private keys and Kubernetes credentials
-//	initramfs   kiln-init as /init and the kernel modules that find and mount the root
+//	initramfs   kiln-stage1 as /init and the kernel modules that find and mount the root
 //	rootfs      the tree as a squashfs or erofs, with its owners
 //	disk        the GPT disk: the ESP (kernel, initramfs, systemd-boot, image.json) and the root
 //	pxe         with the pxe format: the kernel, initramfs and root image for network boots
@@ -38,7 +38,8 @@ type Options struct {
 	Definition string // path of images/<name>.yaml
 	Role       string
 	OutDir     string
-	KilnInit   string // host path of the static kiln-init binary
+	KilnInit   string // host path of the static kiln-init binary, the node agent on the root
+	Stage1     string // host path of the static kiln-stage1 binary, the initramfs' /init
 	Cache      *artifact.Cache
 	Log        *slog.Logger
 	Version    string    // kiln's version, recorded in the image
@@ -81,6 +82,9 @@ func Bake(ctx context.Context, o Options) (*Result, error) {
 	}
 	if _, err := os.Stat(o.KilnInit); err != nil {
 		return nil, fmt.Errorf("kiln-init binary: %w (build it with `make build`)", err)
+	}
+	if _, err := os.Stat(o.Stage1); err != nil {
+		return nil, fmt.Errorf("kiln-stage1 binary: %w (build it with `make build`)", err)
 	}
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return nil, err

@@ -130,7 +130,7 @@ func (r *testRepo) lock(t *testing.T) {
 func (r *testRepo) bake(t *testing.T) (*Result, error) {
 	t.Helper()
 	return Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
-		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0)})
+		KilnInit: r.init, Stage1: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0)})
 }
 
 // wantBakeError fails the test unless err mentions every part of want and the failed bake

@@ -25,7 +25,7 @@ var defaultModules = []string{
 	"squashfs", "erofs", "ext4", "overlay", "loop", "virtio_rng", "dm_verity", "efivarfs",
 }
 
-// writeInitramfs writes the initramfs to the work directory: kiln-init as its init and the
+// writeInitramfs writes the initramfs to the work directory: kiln-stage1 as its init and the
 // tree's modules for md's kernel, the default ones and the definition's, compressed or, when
 // the cache holds the same archive, copied from the cache's initramfs/. It returns its path
 // and records its digest and modules in md.
@@ -37,11 +37,11 @@ func (b *baker) writeInitramfs(tree *rootfs.Tree, md *nodeimage.Metadata) (strin
 		return "", err
 	}
 	spec := initramfs.Spec{
-		Root: tree.Dir, KernelVersion: md.Kernel.Version, Init: b.o.KilnInit,
+		Root: tree.Dir, KernelVersion: md.Kernel.Version, Init: b.o.Stage1,
 		Modules: slices.Concat(defaultModules, b.def.Kernel.Modules),
 	}
 	if b.o.Cache != nil {
-		// Compressing is most of the work; the archive of the same kiln-init and modules is
+		// Compressing is most of the work; the archive of the same kiln-stage1 and modules is
 		// taken from the cache.
 		spec.CacheDir = filepath.Join(b.o.Cache.Root, "initramfs")
 	}

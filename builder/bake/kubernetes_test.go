@@ -124,7 +124,7 @@ overlays: [kubernetes]
 func (r *k8sRepo) bakeWith(t *testing.T, overlays ...string) (*Result, error) {
 	t.Helper()
 	return Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
-		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), ProfileOverlays: overlays})
+		KilnInit: r.init, Stage1: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), ProfileOverlays: overlays})
 }
 
 func TestBakeKubernetes(t *testing.T) {
@@ -291,7 +291,7 @@ func TestBakeKubernetesWithoutImages(t *testing.T) {
 	before := r.hits.Load()
 	// Asked to leave the images out and to lay them for import: refused, nothing written.
 	_, err := Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
-		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), WithoutImages: true, ImportImages: true})
+		KilnInit: r.init, Stage1: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), WithoutImages: true, ImportImages: true})
 	if err == nil || !strings.Contains(err.Error(), "--import-images and --without-images together") {
 		t.Errorf("bake --without-images --import-images: %v, want it refused", err)
 	}
@@ -299,7 +299,7 @@ func TestBakeKubernetesWithoutImages(t *testing.T) {
 		t.Errorf("the refused bake left %d entries in %s", len(entries), r.out)
 	}
 	res, err := Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
-		KilnInit: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), WithoutImages: true})
+		KilnInit: r.init, Stage1: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), WithoutImages: true})
 	if err != nil {
 		t.Fatal(err)
 	}

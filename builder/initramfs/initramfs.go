@@ -53,7 +53,7 @@ type Spec struct {
 	// and post) are added in modprobe's load order, built-in modules are
 	// skipped (see resolveModules).
 	Modules []string
-	// Init is the host path of the static kiln-init binary, written as /init.
+	// Init is the host path of the static init binary (kiln-stage1), written as /init.
 	Init string
 	// Compression is Zstd (when empty), Gzip or None.
 	Compression string

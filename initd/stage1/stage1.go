@@ -393,3 +393,11 @@ func mountOverlays(log *slog.Logger) error {
 	}
 	return nil
 }
+
+// IsInitramfsInit reports whether the process is an initramfs' /init: PID 1 started as /init
+// (the kernel's argv[0]), whatever the other arguments (the kernel passes unknown command-line
+// words on). PID 1 alone is not enough: a container runs kiln-init as its PID 1 too, as the
+// controller-manager's init container does with "kube wait-api".
+func IsInitramfsInit(pid int, argv0 string) bool {
+	return pid == 1 && filepath.Base(argv0) == "init"
+}

@@ -95,3 +95,32 @@ func phaseOf(p string) string {
 	}
 	return ""
 }
+
+// The node's binaries link only what they use: the initramfs carries kiln-stage1, which
+// needs neither a cloud's API nor etcd's client; kiln-init on the root talks to the clouds
+// with small REST clients of its own, not their generated SDKs (tens of MB for a few calls).
+func TestNodeBinariesLeaveOut(t *testing.T) {
+	for _, tc := range []struct {
+		cmd      string
+		leaveOut []string
+	}{
+		{"initd/cmd/kiln-stage1", []string{"github.com/aws/aws-sdk-go-v2/service/", "github.com/aws/smithy-go",
+			"google.golang.org/api/", "google.golang.org/grpc", "cloud.google.com/", "go.etcd.io/", "go.opentelemetry.io/"}},
+	} {
+		out, err := exec.Command("go", "list", "-deps", module+tc.cmd).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", tc.cmd, err)
+		}
+		deps := strings.Fields(string(out))
+		if !slices.Contains(deps, module+tc.cmd) {
+			t.Fatalf("go list -deps %s does not name it:\n%s", tc.cmd, out)
+		}
+		for _, d := range deps {
+			for _, p := range tc.leaveOut {
+				if strings.HasPrefix(d, p) {
+					t.Errorf("%s links %s", tc.cmd, d)
+				}
+			}
+		}
+	}
+}

@@ -66,14 +66,14 @@ first boot imports every image, to measure what the store saves.`
 // bakeExample is `kiln bake`'s examples.
 const bakeExample = `  kiln bake images/qemu.yaml --role worker -o out
   kiln bake images/metal.yaml --role worker -o out   # metal-worker.raw and metal-worker-pxe/
-  kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init
+  kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init --kiln-stage1 bin/kiln-stage1
   kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml
   kiln bake images/qemu.yaml --role worker -o out-pull --without-images
   kiln bake images/qemu.yaml --role worker -o out-import --import-images`
 
 // bakeOptions are `kiln bake`'s flags.
 type bakeOptions struct {
-	role, out, kilnInit         string
+	role, out, kilnInit, stage1 string
 	overlays                    []string
 	withoutImages, importImages bool
 }
@@ -92,7 +92,8 @@ func newBakeCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&b.role, "role", "", "role profile to bake: worker, control-plane, etcd (profiles/<role>.yaml)")
 	cmd.Flags().StringVarP(&b.out, "output", "o", "out", "output directory")
-	cmd.Flags().StringVar(&b.kilnInit, "kiln-init", "", "static kiln-init binary to put in the image (default: $KILN_INIT, or kiln-init next to kiln)")
+	cmd.Flags().StringVar(&b.kilnInit, "kiln-init", "", "static kiln-init binary, the node agent on the image's root (default: $KILN_INIT, or kiln-init next to kiln)")
+	cmd.Flags().StringVar(&b.stage1, "kiln-stage1", "", "static kiln-stage1 binary, the initramfs' /init (default: $KILN_STAGE1, or kiln-stage1 next to the kiln-init binary)")
 	cmd.Flags().StringArrayVar(&b.overlays, "profile-overlay", nil, "YAML document replacing artifact url/path/sha256 and image source/digest by name (repeatable, applied in order)")
 	cmd.Flags().BoolVar(&b.withoutImages, "without-images", false, "leave the profile's pre-pulled images out: nodes pull them from a registry at first boot")
 	cmd.Flags().BoolVar(&b.importImages, "import-images", false, "lay the pre-pulled images as an OCI layout only, without containerd's store: first boot imports and unpacks them")
@@ -105,6 +106,9 @@ func (b *bakeOptions) run(cmd *cobra.Command, definition string) error {
 	if b.kilnInit == "" {
 		b.kilnInit = defaultKilnInit()
 	}
+	if b.stage1 == "" {
+		b.stage1 = defaultStage1(b.kilnInit)
+	}
 	cache, err := artifact.DefaultCache()
 	if err != nil {
 		return err
@@ -114,7 +118,7 @@ func (b *bakeOptions) run(cmd *cobra.Command, definition string) error {
 		return err
 	}
 	res, err := bake.Bake(cmd.Context(), bake.Options{
-		Definition: definition, Role: b.role, OutDir: b.out, KilnInit: b.kilnInit,
+		Definition: definition, Role: b.role, OutDir: b.out, KilnInit: b.kilnInit, Stage1: b.stage1,
 		Cache: cache, Log: slog.Default(), Version: version, Created: created,
 		ProfileOverlays: b.overlays, WithoutImages: b.withoutImages, ImportImages: b.importImages,
 		ImageFetch: artifact.ImageFetch{Remote: artifact.RemoteOptions(authn.DefaultKeychain)},
@@ -138,6 +142,15 @@ func defaultKilnInit() string {
 		return filepath.Join(filepath.Dir(exe), "kiln-init")
 	}
 	return "kiln-init"
+}
+
+// defaultStage1 finds the kiln-stage1 binary: $KILN_STAGE1, else next to kilnInit (make
+// build writes both to bin/).
+func defaultStage1(kilnInit string) string {
+	if p := os.Getenv("KILN_STAGE1"); p != "" {
+		return p
+	}
+	return filepath.Join(filepath.Dir(kilnInit), "kiln-stage1")
 }
 
 // sourceDateEpoch is the creation time SOURCE_DATE_EPOCH asks for, 1970-01-01 without it.

@@ -1,24 +1,26 @@
-// Command kiln-init is the one binary kiln puts in every image: PID 1 of the initramfs (stage 1:
-// mount the read-only root and the persistent /var and /etc, then switch_root to systemd) and the
-// node agent run by systemd (`firstboot`, `status`, `dns`, `kube images|cni|bootstrap`, `etcd`,
-// `preflight`). Each verb is one file here.
+// Command kiln-init is the node agent kiln puts on every image's root, run by systemd
+// (`firstboot`, `status`, `dns`, `kube images|cni|bootstrap`, `etcd`, `preflight`, `update`).
+// Each verb is one file here. The initramfs' /init is kiln-stage1 (initd/cmd/kiln-stage1), a
+// binary of its own so that stage 1 does not carry the agent's cloud and etcd clients.
 package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
+	"time"
+
+	"github.com/kilnproject/kiln/initd/stage1"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
 func main() {
-	if isStage1(os.Getpid(), os.Args[0]) {
-		runStage1()
-		return
+	if stage1.IsInitramfsInit(os.Getpid(), os.Args[0]) {
+		wrongInit()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -26,10 +28,15 @@ func main() {
 	os.Exit(code)
 }
 
-// isStage1 reports whether kiln-init runs as the initramfs' /init: PID 1 started as /init
-// (the kernel's argv[0]), whatever the other arguments (the kernel passes unknown command-line
-// words on). PID 1 alone is not enough: a container runs kiln-init as its PID 1 too, as the
-// controller-manager's init container does with "kube wait-api".
-func isStage1(pid int, argv0 string) bool {
-	return pid == 1 && filepath.Base(argv0) == "init"
+// wrongInit is kiln-init started as an initramfs' /init, where kiln-stage1 belongs: it says
+// so and waits, since a PID 1 that exits panics the kernel and hides why.
+func wrongInit() {
+	console := os.Stderr
+	if f, err := os.OpenFile("/dev/console", os.O_WRONLY, 0); err == nil {
+		console = f
+	}
+	fmt.Fprintln(console, "kiln-init: stage 1 failed: this initramfs' /init is kiln-init, the node agent; stage 1 is kiln-stage1 (rebake the image: kiln bake puts kiln-stage1 there); the machine waits here (power it off)")
+	for {
+		time.Sleep(time.Hour)
+	}
 }

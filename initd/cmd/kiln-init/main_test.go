@@ -174,24 +174,3 @@ func TestStatusShowsBoot(t *testing.T) {
 		t.Errorf("status: exit %d, want %q in\n%s", code, want, out)
 	}
 }
-
-// Stage 1 runs only as the initramfs' /init: a container that runs kiln-init as its PID 1
-// (the controller-manager's wait-api init container) gets the command line.
-func TestIsStage1(t *testing.T) {
-	for _, tc := range []struct {
-		pid   int
-		argv0 string
-		want  bool
-	}{
-		{1, "/init", true},
-		{1, "init", true},
-		{1, "/usr/local/bin/kiln-init", false},
-		{1, "kiln-init", false},
-		{4242, "/init", false},
-		{4242, "/usr/bin/kiln-init", false},
-	} {
-		if got := isStage1(tc.pid, tc.argv0); got != tc.want {
-			t.Errorf("isStage1(%d, %q) = %v, want %v", tc.pid, tc.argv0, got, tc.want)
-		}
-	}
-}

@@ -28,9 +28,9 @@ func newRoot(stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "kiln-init",
 		Short: "The kiln node agent",
-		Long: `kiln-init is the kiln node agent. As /init in the initramfs (PID 1) it runs stage 1 (mount
-the read-only root and the persistent /var and /etc) and hands over to systemd; the image's
-units then run its verbs.
+		Long: `kiln-init is the kiln node agent on the image's root: the image's units run its verbs.
+Stage 1 (the initramfs' /init: mount the read-only root and the persistent /var and /etc, then
+hand over to systemd) is kiln-stage1, a binary of its own.
 
 ` + exitHelp,
 		Example: `  kiln-init firstboot            # kiln-firstboot.service, once

@@ -1,3 +1,9 @@
+// Command kiln-stage1 is kiln-init's stage 1, the initramfs' /init (PID 1): it mounts the
+// read-only root and the persistent /var and /etc (or installs the image on a disk, or boots it
+// live from the network) and switches root to systemd; package initd/stage1 does the work. It
+// is a binary of its own so that the initramfs carries only what stage 1 links (no cloud or
+// etcd clients): the node's agent, kiln-init, lives on the root. On the console it speaks as
+// kiln-init, so that a boot's lines read the same from the initramfs to the first boot.
 package main
 
 import (
@@ -12,6 +18,21 @@ import (
 
 	"github.com/kilnproject/kiln/initd/stage1"
 )
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	if !stage1.IsInitramfsInit(os.Getpid(), os.Args[0]) {
+		if len(os.Args) == 2 && (os.Args[1] == "version" || os.Args[1] == "--version") {
+			fmt.Println(version)
+			return
+		}
+		fmt.Fprintln(os.Stderr, "kiln-stage1 runs only as an initramfs' /init (PID 1), where kiln bake puts it; `kiln-stage1 version` prints its version")
+		os.Exit(2)
+	}
+	runStage1()
+}
 
 // trialRebootDelay leaves the failure on the console a while before a trial boot reboots.
 const trialRebootDelay = 10 * time.Second
