@@ -35,7 +35,7 @@ func (Cloud) Source() source.Provider { return &Metadata{} }
 func (Cloud) Identify(ctx context.Context, _ *config.Node) (cloud.Instance, error) {
 	ctx, cancel := context.WithTimeout(ctx, identityTimeout)
 	defer cancel()
-	return readInstance(ctx, MetadataClient())
+	return readInstance(ctx, newMetadataClient("", nil))
 }
 
 // SelectsVolume implements cloud.Cloud: etcd.volume.gceName or gceLabels.
@@ -45,7 +45,7 @@ func (Cloud) SelectsVolume(v *config.Volume) bool { return v.GCEName != "" || le
 // attached through the Compute API with the instance's service account; project, zone
 // and instance are in's.
 func (Cloud) EtcdVolume(ctx context.Context, n *config.Node, v *config.Volume, in cloud.Instance, log *slog.Logger) (etcdvolume.Finder, error) {
-	svc, err := computeService(ctx, n)
+	svc, err := computeService(n, newMetadataClient("", nil))
 	if err != nil {
 		return nil, err
 	}
@@ -59,11 +59,12 @@ func (Cloud) DNS(ctx context.Context, n *config.Node) (dns.Provider, error) {
 	if n.DNS.Provider != config.DNSCloudDNS {
 		return nil, nil
 	}
-	project, err := MetadataClient().ProjectIDWithContext(ctx)
+	md := newMetadataClient("", nil)
+	project, err := md.getTrimmed(ctx, "project/project-id")
 	if err != nil {
-		return nil, fmt.Errorf("clouddns: GCE metadata: %w", err)
+		return nil, fmt.Errorf("clouddns: GCE metadata project/project-id: %w", err)
 	}
-	svc, err := cloudDNSService(ctx, n)
+	svc, err := cloudDNSService(n, md)
 	if err != nil {
 		return nil, fmt.Errorf("clouddns: %w", err)
 	}

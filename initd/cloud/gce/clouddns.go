@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 
-	gdns "google.golang.org/api/dns/v1"
-
 	"github.com/kilnproject/kiln/initd/dns"
 )
 
@@ -17,7 +15,7 @@ import (
 // deletion and the new one as an addition — Cloud DNS's way to replace a set, refused
 // as a whole if the set changed since it was read (the next attempt reads it again).
 type CloudDNS struct {
-	Service *gdns.Service
+	Service *DNSService
 	Project string
 	// ManagedZone is the managed zone's name (prod-zone). When empty, the one managed
 	// zone of Project whose DNS name is Zone is used.
@@ -51,13 +49,12 @@ func (p *CloudDNS) managedZone(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("clouddns: neither a managed zone nor a zone name")
 	}
 	var names []string
-	err := p.Service.ManagedZones.List(p.Project).DnsName(dns.FQDN(p.Zone)).Pages(ctx, func(r *gdns.ManagedZonesListResponse) error {
-		for _, z := range r.ManagedZones {
-			if strings.EqualFold(z.DnsName, dns.FQDN(p.Zone)) {
+	err := p.Service.managedZones(ctx, p.Project, dns.FQDN(p.Zone), func(zones []dnsManagedZone) {
+		for _, z := range zones {
+			if strings.EqualFold(z.DNSName, dns.FQDN(p.Zone)) {
 				names = append(names, z.Name)
 			}
 		}
-		return nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("clouddns: find managed zone for %s in project %s: %w", dns.HostName(p.Zone), p.Project, err)
@@ -82,7 +79,7 @@ func (p *CloudDNS) Upsert(ctx context.Context, recs []dns.Record) error {
 	if err != nil {
 		return err
 	}
-	change := &gdns.Change{}
+	change := &dnsChange{}
 	for _, r := range recs {
 		cur, err := p.recordSets(ctx, zone, r.Name, r.Type)
 		if err != nil {
@@ -95,11 +92,11 @@ func (p *CloudDNS) Upsert(ctx context.Context, recs []dns.Record) error {
 			}
 		}
 		want, differs := r.Want(have)
-		if len(cur) > 0 && !differs && cur[0].Ttl == int64(r.TTL) {
+		if len(cur) > 0 && !differs && cur[0].TTL == int64(r.TTL) {
 			continue
 		}
 		change.Deletions = append(change.Deletions, cur...)
-		add := &gdns.ResourceRecordSet{Name: dns.FQDN(r.Name), Type: r.Type, Ttl: int64(r.TTL)}
+		add := dnsRecordSet{Name: dns.FQDN(r.Name), Type: r.Type, TTL: int64(r.TTL)}
 		for _, a := range want {
 			add.Rrdatas = append(add.Rrdatas, a.String())
 		}
@@ -108,25 +105,20 @@ func (p *CloudDNS) Upsert(ctx context.Context, recs []dns.Record) error {
 	if len(change.Additions) == 0 {
 		return nil
 	}
-	if _, err := p.Service.Changes.Create(p.Project, zone, change).Context(ctx).Do(); err != nil {
+	if err := p.Service.createChange(ctx, p.Project, zone, change); err != nil {
 		return fmt.Errorf("clouddns: change %s/%s: %w", p.Project, zone, err)
 	}
 	return nil
 }
 
-func (p *CloudDNS) recordSets(ctx context.Context, zone, name, typ string) ([]*gdns.ResourceRecordSet, error) {
-	call := p.Service.ResourceRecordSets.List(p.Project, zone).Name(dns.FQDN(name))
-	if typ != "" {
-		call = call.Type(typ)
-	}
-	var sets []*gdns.ResourceRecordSet
-	err := call.Pages(ctx, func(r *gdns.ResourceRecordSetsListResponse) error {
-		for _, s := range r.Rrsets {
+func (p *CloudDNS) recordSets(ctx context.Context, zone, name, typ string) ([]dnsRecordSet, error) {
+	var sets []dnsRecordSet
+	err := p.Service.recordSets(ctx, p.Project, zone, dns.FQDN(name), typ, func(page []dnsRecordSet) {
+		for _, s := range page {
 			if strings.EqualFold(s.Name, dns.FQDN(name)) && (typ == "" || s.Type == typ) {
 				sets = append(sets, s)
 			}
 		}
-		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("clouddns: list record sets of %s in %s/%s: %w", dns.HostName(name), p.Project, zone, err)

@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/oauth2"
-	gdns "google.golang.org/api/dns/v1"
-	"google.golang.org/api/option"
-
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/dns/dnstest"
 	"github.com/kilnproject/kiln/internal/cloudfake"
@@ -20,7 +16,7 @@ import (
 // newFakeCloudDNS is Cloud DNS holding managed zone prod-zone (example.test.) of project
 // kiln-proj that takes bearer token ya29.kiln, and a client of it that sends token, and its
 // URL.
-func newFakeCloudDNS(t *testing.T, token string) (*cloudfake.CloudDNS, *gdns.Service, string) {
+func newFakeCloudDNS(t *testing.T, token string) (*cloudfake.CloudDNS, *DNSService, string) {
 	f := &cloudfake.CloudDNS{Token: "ya29.kiln", Project: "kiln-proj", ZoneName: "prod-zone", DNSName: "example.test."}
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
@@ -28,9 +24,8 @@ func newFakeCloudDNS(t *testing.T, token string) (*cloudfake.CloudDNS, *gdns.Ser
 }
 
 // dnsService is a Cloud DNS client of endpoint that sends token.
-func dnsService(t *testing.T, endpoint, token string) *gdns.Service {
-	svc, err := gdns.NewService(context.Background(), option.WithEndpoint(endpoint+"/"),
-		option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: token, Expiry: time.Now().Add(time.Hour)})))
+func dnsService(t *testing.T, endpoint, token string) *DNSService {
+	svc, err := newDNSService(endpoint+"/", staticToken(token))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
-
-	compute "google.golang.org/api/compute/v1"
-	"google.golang.org/api/googleapi"
 
 	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/etcdvolume"
@@ -23,7 +21,7 @@ import (
 // instance, or taken by another instance while this one tries, gives
 // etcdvolume.ErrAttachedElsewhere. The disk appears as /dev/disk/by-id/google-<device name>.
 type Disk struct {
-	Service  *compute.Service
+	Service  *ComputeService
 	Project  string
 	Zone     string
 	Instance string
@@ -68,7 +66,7 @@ func (g Disk) Find(ctx context.Context) (string, error) {
 	fail := func(err error) (string, error) {
 		return "", fmt.Errorf("gce disk %s: %w", g.DiskName, err)
 	}
-	disk, err := g.Service.Disks.Get(g.Project, g.Zone, g.DiskName).Context(ctx).Do()
+	disk, err := g.Service.getDisk(ctx, g.Project, g.Zone, g.DiskName)
 	if err != nil {
 		if isNotFound(err) {
 			return fail(fmt.Errorf("%w in project %s, zone %s", etcdvolume.ErrNotFound, g.Project, g.Zone))
@@ -90,7 +88,7 @@ func (g Disk) Find(ctx context.Context) (string, error) {
 	}
 	if mine {
 		// Attached already, maybe under another device name.
-		inst, err := g.Service.Instances.Get(g.Project, g.Zone, g.Instance).Context(ctx).Do()
+		inst, err := g.Service.getInstance(ctx, g.Project, g.Zone, g.Instance)
 		if err != nil {
 			return fail(fmt.Errorf("get instance %s: %w", g.Instance, err))
 		}
@@ -125,13 +123,12 @@ func (g Disk) byLabels(ctx context.Context) (string, error) {
 		}
 	}
 	var names []string
-	err := g.Service.Disks.List(g.Project, g.Zone).Filter(strings.Join(exprs, " ")).Pages(ctx, func(l *compute.DiskList) error {
-		for _, d := range l.Items {
+	err := g.Service.listDisks(ctx, g.Project, g.Zone, strings.Join(exprs, " "), func(disks []computeDisk) {
+		for _, d := range disks {
 			if hasLabels(d.Labels, g.Labels) { // the filter is the server's; check what it answered
 				names = append(names, d.Name)
 			}
 		}
-		return nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("gce disk with labels %s: list: %w", strings.Join(want, ","), err)
@@ -155,10 +152,10 @@ func hasLabels(have, want map[string]string) bool {
 	return true
 }
 
-func (g Disk) attach(ctx context.Context, disk *compute.Disk, device string) error {
-	op, err := g.Service.Instances.AttachDisk(g.Project, g.Zone, g.Instance, &compute.AttachedDisk{
+func (g Disk) attach(ctx context.Context, disk *computeDisk, device string) error {
+	op, err := g.Service.attachDisk(ctx, g.Project, g.Zone, g.Instance, newRequestID(), computeAttachedDisk{
 		Source: disk.SelfLink, DeviceName: device, Mode: "READ_WRITE", Type: "PERSISTENT",
-	}).Context(ctx).Do()
+	})
 	if err != nil {
 		if inUse(err) {
 			return fmt.Errorf("%w (attach refused: %v)", etcdvolume.ErrAttachedElsewhere, err)
@@ -171,7 +168,7 @@ func (g Disk) attach(ctx context.Context, disk *compute.Disk, device string) err
 			return true, nil
 		}
 		// Wait returns when the operation is done or after up to two minutes.
-		op, err = g.Service.ZoneOperations.Wait(g.Project, g.Zone, op.Name).Context(ctx).Do()
+		op, err = g.Service.waitOperation(ctx, g.Project, g.Zone, op.Name)
 		if err != nil {
 			return false, fmt.Errorf("wait for operation: %w", err)
 		}
@@ -233,20 +230,15 @@ func sameResource(a, b string) bool {
 }
 
 func isNotFound(err error) bool {
-	var ge *googleapi.Error
-	return errors.As(err, &ge) && ge.Code == 404
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Code == http.StatusNotFound
 }
 
 // inUse reports whether an API error says the disk is used by another instance.
 func inUse(err error) bool {
-	var ge *googleapi.Error
-	if !errors.As(err, &ge) {
+	var ae *APIError
+	if !errors.As(err, &ae) {
 		return false
 	}
-	for _, item := range ge.Errors {
-		if item.Reason == "resourceInUseByAnotherResource" {
-			return true
-		}
-	}
-	return strings.Contains(ge.Message, "already being used by")
+	return ae.HasReason("resourceInUseByAnotherResource") || strings.Contains(ae.Message, "already being used by")
 }

@@ -13,10 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/oauth2"
-	compute "google.golang.org/api/compute/v1"
-	"google.golang.org/api/option"
-
 	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/initd/etcdvolume/etcdvolumetest"
 	"github.com/kilnproject/kiln/internal/cloudfake"
@@ -40,12 +36,10 @@ func newFakeCompute(dev *etcdvolumetest.Dev, disks map[string]*cloudfake.GCEDisk
 	return f
 }
 
-func newCompute(t *testing.T, f *cloudfake.Compute, token string) *compute.Service {
+func newCompute(t *testing.T, f *cloudfake.Compute, token string) *ComputeService {
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
-	svc, err := compute.NewService(context.Background(),
-		option.WithEndpoint(srv.URL+"/compute/v1/"),
-		option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: token})))
+	svc, err := newComputeService(srv.URL+"/compute/v1/", staticToken(token))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +223,7 @@ func TestGCEWithoutToken(t *testing.T) {
 	f := newFakeCompute(etcdvolumetest.NewDev(t), map[string]*cloudfake.GCEDisk{"d": {}})
 	srv := httptest.NewServer(f)
 	defer srv.Close()
-	svc, err := compute.NewService(context.Background(), option.WithEndpoint(srv.URL+"/compute/v1/"), option.WithoutAuthentication())
+	svc, err := newComputeService(srv.URL+"/compute/v1/", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +240,7 @@ func TestGCEBadConfig(t *testing.T) {
 	if _, err := (Disk{}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "no compute service") {
 		t.Errorf("Find = %v", err)
 	}
-	if _, err := (Disk{Service: &compute.Service{}, Project: "p"}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "are required") {
+	if _, err := (Disk{Service: &ComputeService{}, Project: "p"}).Find(context.Background()); err == nil || !strings.Contains(err.Error(), "are required") {
 		t.Errorf("Find = %v", err)
 	}
 }
