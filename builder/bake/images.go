@@ -24,34 +24,38 @@ import (
 // it. artifact.RefNameAnnotation beside it is the tag, 3.10.2.
 const imageNameAnnotation = "io.containerd.image.name"
 
-// layImages lays the pre-pulled images, fetched in the profile's order, into the tree as one
-// OCI image layout at nodeimage.ImagesPath and returns their records for image.json.
-func (b *baker) layImages(tree *rootfs.Tree, images []*artifact.CachedImage) ([]nodeimage.ImageInfo, error) {
+// imageInfos are the records in image.json of the pre-pulled images, fetched in the
+// profile's order.
+func (b *baker) imageInfos(images []*artifact.CachedImage) []nodeimage.ImageInfo {
 	infos := []nodeimage.ImageInfo{}
+	for i, im := range b.prof.Images {
+		infos = append(infos, nodeimage.ImageInfo{Name: im.Name, Digest: images[i].Manifest.Digest.String()})
+	}
+	return infos
+}
+
+// layImages lays the pre-pulled images, fetched in the profile's order, into the tree as one
+// OCI image layout at nodeimage.ImagesPath: every image's manifest and config, and the
+// compressed layers of the images first boot imports (infos, in images' order, say which are
+// Unpacked in containerd's store instead; a layer one of those shares with an imported image
+// stays) or of every image when the runtime keeps them (nodeimage.Runtime.KeepLayers).
+func (b *baker) layImages(tree *rootfs.Tree, images []*artifact.CachedImage, infos []nodeimage.ImageInfo, keepLayers bool) error {
 	if len(images) == 0 {
-		return infos, nil
+		return nil
 	}
 	t := time.Now()
 	tags := make([]string, len(b.prof.Images))
+	withLayers := make([]bool, len(images))
 	for i, im := range b.prof.Images {
 		tags[i] = im.Tag()
-		infos = append(infos, nodeimage.ImageInfo{Name: im.Name, Digest: images[i].Manifest.Digest.String()})
+		withLayers[i] = keepLayers || !infos[i].Unpacked
 	}
-	if err := writeImageLayout(tree, nodeimage.ImagesPath, b.o.Cache, images, tags); err != nil {
-		return nil, fmt.Errorf("pre-pulled images: %w", err)
+	n, size, err := writeImageLayout(tree, nodeimage.ImagesPath, b.o.Cache, images, tags, withLayers)
+	if err != nil {
+		return fmt.Errorf("pre-pulled images: %w", err)
 	}
-	var size int64
-	seen := map[string]bool{}
-	for _, im := range images {
-		for _, d := range im.Blobs() {
-			if !seen[d.Digest.Hex] {
-				seen[d.Digest.Hex] = true
-				size += d.Size
-			}
-		}
-	}
-	b.log.Info("images laid", "images", len(images), "blobs", len(seen), "bytes", size, "seconds", time.Since(t).Round(time.Millisecond).Seconds())
-	return infos, nil
+	b.log.Info("images laid", "images", len(images), "blobs", n, "bytes", size, "seconds", time.Since(t).Round(time.Millisecond).Seconds())
+	return nil
 }
 
 // fileWriter writes files into a root tree (rootfs.Tree does).
@@ -61,19 +65,27 @@ type fileWriter interface {
 
 // writeImageLayout writes one OCI image layout at dir in the tree holding every image of imgs,
 // copying each blob from the cache once (layers shared between images are stored once) and
-// re-hashing it on the way. Each index entry carries the image's name and tag as annotations.
-func writeImageLayout(w fileWriter, dir string, cache *artifact.Cache, imgs []*artifact.CachedImage, tags []string) error {
+// re-hashing it on the way; an image's layers only where withLayers says so. Each index entry
+// carries the image's name and tag as annotations. It returns how many blobs it wrote and
+// their bytes.
+func writeImageLayout(w fileWriter, dir string, cache *artifact.Cache, imgs []*artifact.CachedImage, tags []string, withLayers []bool) (int, int64, error) {
 	written := map[v1.Hash]bool{}
+	var size int64
 	idx := v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex}
 	for i, im := range imgs {
-		for _, b := range im.Blobs() {
+		blobs := im.Blobs()
+		if !withLayers[i] {
+			blobs = []v1.Descriptor{im.Manifest, im.Config}
+		}
+		for _, b := range blobs {
 			if written[b.Digest] {
 				continue
 			}
 			if err := copyBlob(w, path.Join(dir, "blobs", b.Digest.Algorithm, b.Digest.Hex), cache, b.Digest); err != nil {
-				return fmt.Errorf("image %q: %w", im.Name, err)
+				return 0, 0, fmt.Errorf("image %q: %w", im.Name, err)
 			}
 			written[b.Digest] = true
+			size += b.Size
 		}
 		d := im.Manifest
 		d.Annotations = map[string]string{imageNameAnnotation: im.Name, artifact.RefNameAnnotation: tags[i]}
@@ -82,12 +94,13 @@ func writeImageLayout(w fileWriter, dir string, cache *artifact.Cache, imgs []*a
 	}
 	data, err := json.MarshalIndent(idx, "", "  ")
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	if err := w.WriteFile(path.Join(dir, "index.json"), bytes.NewReader(append(data, '\n')), 0o644); err != nil {
-		return err
+		return 0, 0, err
 	}
-	return w.WriteFile(path.Join(dir, "oci-layout"), bytes.NewReader([]byte(`{"imageLayoutVersion":"1.0.0"}`+"\n")), 0o644)
+	err = w.WriteFile(path.Join(dir, "oci-layout"), bytes.NewReader([]byte(`{"imageLayoutVersion":"1.0.0"}`+"\n")), 0o644)
+	return len(written), size, err
 }
 
 // copyBlob copies the cached blob h to rel and checks that what was copied hashes to h.

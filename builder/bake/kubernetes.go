@@ -32,10 +32,14 @@ func (b *baker) addKubernetes(tree *rootfs.Tree, k spec.Kubernetes, images []*ar
 		b.log.Warn("pre-pulled images left out: nodes pull them from a registry at first boot", "images", len(b.prof.Images))
 		return info, nil
 	}
-	if info.Images, err = b.layImages(tree, images); err != nil {
+	info.Images = b.imageInfos(images)
+	// The store first: it says which images are ready, whose compressed layers the layout
+	// then leaves out.
+	if err := b.layStore(tree, k, images, info.Images); err != nil {
 		return nil, err
 	}
-	if err := b.layStore(tree, k, images, info.Images); err != nil {
+	runtime, _ := nodeimage.RuntimeOf(k.Runtime)
+	if err := b.layImages(tree, images, info.Images, runtime.KeepLayers); err != nil {
 		return nil, err
 	}
 	return info, nil

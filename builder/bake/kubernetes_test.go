@@ -41,7 +41,7 @@ type k8sRepo struct {
 	registry string // host:port
 	hits     *atomic.Int32
 	digests  map[string]string // image name -> manifest digest
-	blobs    int               // distinct blobs of the two images
+	blobs    int               // distinct blobs of the two images, 2 manifests and 2 configs among them
 }
 
 func newK8sRepo(t *testing.T, profileExtra string) *k8sRepo {
@@ -164,7 +164,9 @@ func TestBakeKubernetes(t *testing.T) {
 		t.Errorf("containerd.service is not enabled:\n%s", ls)
 	}
 
-	checkImagesLayout(t, r, raw, root.Start)
+	// Both images are ready in containerd's store: the layout keeps their manifests and
+	// configs, not the compressed layers the store has applied.
+	checkImagesLayout(t, r, raw, root.Start, 4)
 	checkStore(t, ls)
 
 	// A second bake takes everything from the cache (the images' applied layers too) and
@@ -225,9 +227,9 @@ func checkStore(t *testing.T, ls string) {
 			closed++
 		}
 	}
-	// pause and kube-proxy: 2 manifests, 2 configs, 3 layers (one shared).
-	if blobLinks != 7 || snapLinks != 2 || closed != 2 {
-		t.Errorf("store has %d content blob links (want 7), %d snapshots (want 2), %d of its 2 directories listed", blobLinks, snapLinks, closed)
+	// pause and kube-proxy: 2 manifests, 2 configs; their layers are applied, not kept.
+	if blobLinks != 4 || snapLinks != 2 || closed != 2 {
+		t.Errorf("store has %d content blob links (want 4), %d snapshots (want 2), %d of its 2 directories listed", blobLinks, snapLinks, closed)
 	}
 	if !strings.Contains(ls, "squashfs-root/usr/lib/kiln/containerd/io.containerd.metadata.v1.bolt/meta.db") {
 		t.Error("the store has no metadata database")
@@ -235,8 +237,8 @@ func checkStore(t *testing.T, ls string) {
 }
 
 // checkImagesLayout checks the image layout in the root partition at offset of raw: one
-// index entry per image, annotated; every blob once; readable by ggcr.
-func checkImagesLayout(t *testing.T, r *k8sRepo, raw string, offset int64) {
+// index entry per image, annotated; wantBlobs blobs, each once and whole; readable by ggcr.
+func checkImagesLayout(t *testing.T, r *k8sRepo, raw string, offset int64, wantBlobs int) {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "root")
 	if b, err := exec.Command("unsquashfs", "-o", fmt.Sprint(offset), "-d", out, raw, "/usr/lib/kiln/images").CombinedOutput(); err != nil {
@@ -244,8 +246,8 @@ func checkImagesLayout(t *testing.T, r *k8sRepo, raw string, offset int64) {
 	}
 	lp := filepath.Join(out, nodeimage.ImagesPath)
 	blobs, _ := os.ReadDir(filepath.Join(lp, "blobs/sha256"))
-	if len(blobs) != r.blobs {
-		t.Errorf("layout holds %d blobs, want %d (the shared layer once)", len(blobs), r.blobs)
+	if len(blobs) != wantBlobs {
+		t.Errorf("layout holds %d blobs, want %d", len(blobs), wantBlobs)
 	}
 	for _, b := range blobs {
 		if got := sum(readFile(t, filepath.Join(lp, "blobs/sha256", b.Name()))); got != b.Name() {
@@ -317,6 +319,33 @@ func TestBakeKubernetesWithoutImages(t *testing.T) {
 	root, _ := parts.Partition("root-a")
 	if ls := unsquash(t, raw, root.Start, "-lln"); strings.Contains(ls, nodeimage.ImagesPath) {
 		t.Errorf("the image holds %s although its images were left out", nodeimage.ImagesPath)
+	}
+}
+
+// --import-images: no store, and the layout holds every blob, the shared layer once, for
+// first boot's import.
+func TestBakeKubernetesImportImages(t *testing.T) {
+	r := newK8sRepo(t, "")
+	r.lock(t)
+	res, err := Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
+		KilnInit: r.init, Stage1: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), ImportImages: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, im := range res.Metadata.Kubernetes.Images {
+		if im.Unpacked || im.ImportReason != "baked with --import-images" {
+			t.Errorf("image.json: %+v, want it imported at first boot", im)
+		}
+	}
+	raw := filepath.Join(r.out, "test-worker.raw")
+	parts, _, err := disk.Read(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := parts.Partition("root-a")
+	checkImagesLayout(t, r, raw, root.Start, r.blobs)
+	if ls := unsquash(t, raw, root.Start, "-lln"); strings.Contains(ls, nodeimage.StoreSeedPath) {
+		t.Errorf("the image holds %s although every image is imported", nodeimage.StoreSeedPath)
 	}
 }
 

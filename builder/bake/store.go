@@ -48,6 +48,7 @@ func (b *baker) layStore(tree *rootfs.Tree, k spec.Kubernetes, images []*artifac
 		return err
 	}
 	o := b.storeOptions(work, runtime.Namespace)
+	o.KeepLayers = runtime.KeepLayers
 	if err := imagestore.Write(b.ctx, o, store); err != nil {
 		return fmt.Errorf("containerd store: %w", err)
 	}

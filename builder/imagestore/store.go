@@ -5,10 +5,14 @@
 // The store is written with containerd's own libraries (its metadata database, local content
 // store and overlayfs snapshotter), the way a pull would leave it: image records, content
 // records with the garbage-collection labels a pull sets, and one committed snapshot per image.
-// Nothing large is copied into it. Each content blob is a symlink to the blob in the image's
-// OCI layout, and each image's snapshot is a symlink to a read-only directory holding the
-// image's layers applied in order (whiteouts resolved), keyed by the image's chain ID. A
-// container is then stacked directly on that directory by the overlayfs snapshotter.
+// Nothing large is copied into it. The content store holds each image's manifest and config,
+// as symlinks to the blobs in the image's OCI layout, and, unless Options.KeepLayers, not its
+// compressed layers: as containerd keeps an image pulled with discard_unpacked_layers, the
+// manifest then references its config only, so the layers, once applied, are neither kept nor
+// needed (the node runs the image; it cannot push or export it). Each image's snapshot is a symlink to a read-only
+// directory holding the image's layers applied in order (whiteouts resolved), keyed by the
+// image's chain ID. A container is then stacked directly on that directory by the overlayfs
+// snapshotter.
 //
 // One snapshot holds the whole image rather than one per layer: the intermediate chain IDs do
 // not exist, so an image pulled later that shares lower layers unpacks its own, and one that
@@ -86,6 +90,9 @@ type Options struct {
 	Labels map[string]string
 	// Created is the time every record carries.
 	Created time.Time
+	// KeepLayers records the images' compressed layers too (symlinks into the layout, which
+	// must then hold them), as a pull without discard_unpacked_layers leaves them.
+	KeepLayers bool
 }
 
 // Write lays the store for images in o.Dir. On an error, o.Dir may hold a partial store
@@ -168,7 +175,7 @@ func openMetadata(ctx context.Context, dbPath string, cs content.Store, sn snaps
 func writeImages(ctx context.Context, db *metadata.DB, o Options, imgs []Image) (map[digest.Digest]blob, error) {
 	blobs := map[digest.Digest]blob{}
 	for _, im := range imgs {
-		if err := addBlobs(blobs, im); err != nil {
+		if err := addBlobs(blobs, im, o.KeepLayers); err != nil {
 			return nil, err
 		}
 	}
@@ -212,16 +219,21 @@ type blob struct {
 	labels map[string]string
 }
 
-// addBlobs adds im's manifest, config and layers with their labels: the manifest references
-// its config and layers for the garbage collector, the config the image's snapshot, each layer
-// its uncompressed digest.
-func addBlobs(blobs map[digest.Digest]blob, im Image) error {
+// addBlobs adds im's manifest and config with their labels: the manifest references its
+// config for the garbage collector, the config the image's snapshot. The layers, with
+// keepLayers, are added too, the manifest referencing them and each labelled with its
+// uncompressed digest; without, they are left out and the manifest does not reference them,
+// as a pull with discard_unpacked_layers leaves an image (containerd's
+// images.ChildGCLabelsFilterLayers).
+func addBlobs(blobs map[digest.Digest]blob, im Image, keepLayers bool) error {
 	if len(im.Layers) != len(im.DiffIDs) {
 		return fmt.Errorf("image %s: %d layers, %d diff IDs", im.Name, len(im.Layers), len(im.DiffIDs))
 	}
 	ml := map[string]string{"containerd.io/gc.ref.content.config": im.Config.Digest.String()}
-	for i, l := range im.Layers {
-		ml["containerd.io/gc.ref.content.l."+strconv.Itoa(i)] = l.Digest.String()
+	if keepLayers {
+		for i, l := range im.Layers {
+			ml["containerd.io/gc.ref.content.l."+strconv.Itoa(i)] = l.Digest.String()
+		}
 	}
 	add := func(d ocispec.Descriptor, labels map[string]string) error {
 		d = ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size}
@@ -243,9 +255,11 @@ func addBlobs(blobs map[digest.Digest]blob, im Image) error {
 	if err := add(im.Config, map[string]string{"containerd.io/gc.ref.snapshot." + Snapshotter: im.ChainID().String()}); err != nil {
 		return err
 	}
-	for i, l := range im.Layers {
-		if err := add(l, map[string]string{"containerd.io/uncompressed": im.DiffIDs[i].String()}); err != nil {
-			return err
+	if keepLayers {
+		for i, l := range im.Layers {
+			if err := add(l, map[string]string{"containerd.io/uncompressed": im.DiffIDs[i].String()}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -65,9 +66,10 @@ func layer(t *testing.T, entries ...entry) v1.Layer {
 // fixture is two images sharing a base layer, the second deleting a file of it, with their
 // blobs in a directory as in an OCI layout.
 type fixture struct {
-	blobs     string
-	imgs      map[string]v1.Image
-	namespace string
+	blobs      string
+	imgs       map[string]v1.Image
+	namespace  string
+	keepLayers bool // Options.KeepLayers
 }
 
 func newFixture(t *testing.T) fixture {
@@ -154,6 +156,7 @@ func (f fixture) write(t *testing.T, work string) Options {
 	o := Options{
 		Dir: filepath.Join(work, "store"), HostBlob: host, NodeBlob: host, TreeDest: tree, NodeTree: tree,
 		Namespace: f.namespace, Labels: map[string]string{"io.cri-containerd.image": "managed"}, Created: time.Unix(1.7e9, 0),
+		KeepLayers: f.keepLayers,
 	}
 	if err := Write(context.Background(), o, imgs); err != nil {
 		t.Fatal(err)
@@ -186,12 +189,37 @@ func open(t *testing.T, root string) (*metadata.DB, snapshots.Snapshotter) {
 }
 
 // The images are recorded in the namespace of the runtime the store is laid for: Docker
-// Engine's ("moby") lists them, the CRI's ("k8s.io") has none.
+// Engine's ("moby") lists them, the CRI's ("k8s.io") has none. Docker's store keeps the
+// layers (KeepLayers): each is in the content store, labelled with its uncompressed digest
+// and referenced by its manifest, through containerd's garbage collection.
 func TestStoreNamespace(t *testing.T) {
 	f := newFixture(t)
-	f.namespace = "moby"
+	f.namespace, f.keepLayers = "moby", true
 	o := f.write(t, t.TempDir())
 	db, _ := open(t, o.Dir)
+	ctx := namespaces.WithNamespace(context.Background(), "moby")
+	if _, err := db.GarbageCollect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, err := metadata.NewImageStore(db).List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, im := range list {
+		manifest, err := images.Manifest(ctx, db.ContentStore(), im.Target, platforms.All)
+		if err != nil {
+			t.Fatalf("%s: manifest: %v", im.Name, err)
+		}
+		for _, l := range manifest.Layers {
+			info, err := db.ContentStore().Info(ctx, l.Digest)
+			if err != nil || info.Labels["containerd.io/uncompressed"] == "" {
+				t.Errorf("%s: layer %s: %+v, %v, want it kept with its uncompressed digest", im.Name, l.Digest, info, err)
+			}
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Join(o.Dir, ContentDir, "blobs", "sha256")); len(entries) != 7 {
+		t.Errorf("%d content blobs, want 7 (2 manifests, 2 configs, 3 layers)", len(entries))
+	}
 	for ns, want := range map[string]int{"moby": len(f.imgs), "k8s.io": 0} {
 		list, err := metadata.NewImageStore(db).List(namespaces.WithNamespace(context.Background(), ns))
 		if err != nil {
@@ -271,6 +299,21 @@ func TestStoreAsContainerdSeesIt(t *testing.T) {
 			if _, err := content.ReadBlob(ctx, cs, im.Target); err != nil {
 				t.Errorf("%s: %s: manifest: %v", when, im.Name, err)
 			}
+			// The compressed layers are not kept once applied; the image's size is still
+			// known from its manifest, as the CRI reports it.
+			manifest, err := images.Manifest(ctx, cs, im.Target, platforms.All)
+			if err != nil {
+				t.Fatalf("%s: %s: manifest: %v", when, im.Name, err)
+			}
+			for _, l := range manifest.Layers {
+				if _, err := cs.Info(ctx, l.Digest); !errdefs.IsNotFound(err) {
+					t.Errorf("%s: %s: layer %s in the content store (%v), want it left out", when, im.Name, l.Digest, err)
+				}
+			}
+			record := im
+			if size, err := record.Size(ctx, cs, platforms.All); err != nil || size == 0 {
+				t.Errorf("%s: %s: size %d, %v", when, im.Name, size, err)
+			}
 		}
 	}
 	check("laid")
@@ -288,8 +331,8 @@ func TestStoreAsContainerdSeesIt(t *testing.T) {
 			t.Errorf("content blob %s is a copy, want a symlink into the layout", e.Name())
 		}
 	}
-	if len(entries) != 7 { // 2 manifests, 2 configs, the shared base layer, 2 top layers
-		t.Errorf("%d content blobs, want 7", len(entries))
+	if len(entries) != 4 { // 2 manifests, 2 configs: no layer, as with discard_unpacked_layers
+		t.Errorf("%d content blobs, want 4", len(entries))
 	}
 }
 

@@ -103,12 +103,17 @@ type Runtime struct {
 	Namespace string
 	// Socket is the CRI socket kubelet's containerRuntimeEndpoint names.
 	Socket string
+	// KeepLayers says whether an image ready in the store laid at bake keeps its compressed
+	// layers in the image. The CRI runs images without them (containerd's
+	// discard_unpacked_layers); Docker Engine's containerd image store is not known to, so its
+	// images keep them.
+	KeepLayers bool
 }
 
 // Runtimes are the container runtimes a bake can lay, by kubernetes.runtime.
 var runtimes = map[string]Runtime{
 	"containerd": {Name: "containerd", Namespace: "k8s.io", Socket: ContainerdSocket},
-	"docker":     {Name: "docker", Namespace: "moby", Socket: "/run/cri-dockerd.sock"},
+	"docker":     {Name: "docker", Namespace: "moby", Socket: "/run/cri-dockerd.sock", KeepLayers: true},
 }
 
 // RuntimeNames are the kubernetes.runtime names a bake can lay, the default (containerd) first.
