@@ -4,13 +4,11 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
-
+	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/internal/cloudfake"
 	"github.com/kilnproject/kiln/internal/testkit"
@@ -100,36 +98,33 @@ func (h *hostileIMDS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // AWS calls) stop at the cap too.
 func TestAttackEndlessLookup(t *testing.T) {
 	tests := []struct {
-		name    string
-		handler http.Handler
-		lookup  func(ctx context.Context, srv *httptest.Server) error
+		name   string
+		lookup func(ctx context.Context, srv *httptest.Server) error
 	}{
 		{name: "imds instance-id", lookup: func(ctx context.Context, srv *httptest.Server) error {
-			md := imds.New(imds.Options{Endpoint: srv.URL, HTTPClient: CapIMDS(nil)})
-			out, err := md.GetMetadata(ctx, &imds.GetMetadataInput{Path: "instance-id"})
-			if err == nil {
-				out.Content.Close()
-			}
+			_, err := newIMDSClient(srv.URL, nil).metadata(ctx, "instance-id")
 			return err
 		}},
-		{name: "imds region for the node's AWS calls", lookup: func(ctx context.Context, srv *httptest.Server) error {
-			awsEnv(t, srv, "")
-			_, err := Config(ctx, "")
+		{name: "imds identity", lookup: func(ctx context.Context, srv *httptest.Server) error {
+			_, err := readInstance(ctx, srv.URL)
 			return err
 		}},
 		{name: "imds region from node.yaml's aws.endpoints.imds", lookup: func(ctx context.Context, srv *httptest.Server) error {
-			awsEnv(t, srv, "")
-			t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1") // not asked: the endpoint given wins
-			_, err := Config(ctx, srv.URL)
+			// The environment does not name the node's IMDS: the endpoint given is asked.
+			t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1")
+			n := &config.Node{}
+			n.AWS.Endpoints.IMDS = srv.URL
+			_, err := newAPISession(ctx, n)
+			return err
+		}},
+		{name: "imds region for the node's Route 53 calls", lookup: func(ctx context.Context, srv *httptest.Server) error {
+			n := &config.Node{DNS: config.DNS{Provider: config.DNSRoute53}}
+			n.AWS.Endpoints.IMDS = srv.URL
+			_, err := (Cloud{}).DNS(ctx, n)
 			return err
 		}},
 		{name: "imds instance-role credentials for the node's AWS calls", lookup: func(ctx context.Context, srv *httptest.Server) error {
-			awsEnv(t, srv, "eu-west-1") // the region from the environment: only the credentials come from IMDS
-			cfg, err := Config(ctx, "")
-			if err != nil {
-				return err
-			}
-			_, err = cfg.Credentials.Retrieve(ctx)
+			_, err := (&roleCredentials{imds: newIMDSClient(srv.URL, nil)}).retrieve(ctx)
 			return err
 		}},
 	}
@@ -146,21 +141,6 @@ func TestAttackEndlessLookup(t *testing.T) {
 			}
 			h.CheckStopped(t, grown, source.MaxConfigSize)
 		})
-	}
-}
-
-// awsEnv points the SDK's default configuration at srv as its IMDS, with no other source of
-// credentials, and region as its region ("" for none).
-func awsEnv(t *testing.T, srv *httptest.Server, region string) {
-	t.Helper()
-	dir := t.TempDir()
-	for k, v := range map[string]string{
-		"AWS_EC2_METADATA_SERVICE_ENDPOINT": srv.URL, "AWS_REGION": region, "AWS_DEFAULT_REGION": "",
-		"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": "", "AWS_PROFILE": "",
-		"AWS_CONFIG_FILE": filepath.Join(dir, "config"), "AWS_SHARED_CREDENTIALS_FILE": filepath.Join(dir, "credentials"),
-		"AWS_CONTAINER_CREDENTIALS_FULL_URI": "", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "", "AWS_WEB_IDENTITY_TOKEN_FILE": "",
-	} {
-		t.Setenv(k, v)
 	}
 }
 

@@ -4,40 +4,49 @@ import (
 	"context"
 	"fmt"
 
-	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/ec2"
-	"github.com/aws/aws-sdk-go-v2/service/route53"
-
 	"github.com/kilnproject/kiln/initd/config"
 )
 
-// The node's AWS API clients. Credentials come from the instance, as the SDK's default
-// chain finds them there: the instance role's, from IMDS. node.yaml's aws.endpoints
-// point the clients elsewhere (VPC endpoints).
+// The node's AWS API clients. Credentials and region come from the instance, through
+// IMDS at node.yaml's aws.endpoints.imds: the instance role's credentials, and the
+// region the instance runs in. node.yaml's aws.endpoints.ec2 and .route53 point the
+// clients elsewhere (VPC endpoints); the default endpoints are the region's.
 
-// awsConfig is the SDK configuration for the node's AWS calls.
-func awsConfig(ctx context.Context, n *config.Node) (sdkaws.Config, error) {
-	cfg, err := Config(ctx, n.AWS.Endpoints.IMDS)
+// apiSession is what the node's API clients share: the region, the instance role's
+// credentials and node.yaml's endpoints.
+type apiSession struct {
+	region    string
+	creds     credentialSource
+	endpoints config.AWSEndpoints
+}
+
+// newAPISession reads the region from IMDS at n's aws.endpoints.imds (the default
+// without one); the credentials are read when the first call needs them.
+func newAPISession(ctx context.Context, n *config.Node) (*apiSession, error) {
+	md := newIMDSClient(n.AWS.Endpoints.IMDS, nil)
+	region, err := md.region(ctx)
 	if err != nil {
-		return sdkaws.Config{}, fmt.Errorf("AWS config: %w", err)
+		return nil, fmt.Errorf("AWS config: %w", err)
 	}
-	return cfg, nil
+	return &apiSession{region: region, creds: &roleCredentials{imds: md}, endpoints: n.AWS.Endpoints}, nil
 }
 
-// ec2Client is the EC2 client for the node's etcd volume.
-func ec2Client(cfg sdkaws.Config, n *config.Node) *ec2.Client {
-	return ec2.NewFromConfig(cfg, func(o *ec2.Options) {
-		if e := n.AWS.Endpoints.EC2; e != "" {
-			o.BaseEndpoint = sdkaws.String(e)
-		}
-	})
+// ec2Client is the EC2 client for the node's etcd volume, signing for the instance's region.
+func (s *apiSession) ec2Client() (*EC2Client, error) {
+	endpoint := s.endpoints.EC2
+	if endpoint == "" {
+		endpoint = ec2Endpoint(s.region)
+	}
+	return newEC2Client(endpoint, s.region, s.creds)
 }
 
-// route53Client is the Route 53 client for the node's names.
-func route53Client(cfg sdkaws.Config, n *config.Node) *route53.Client {
-	return route53.NewFromConfig(cfg, func(o *route53.Options) {
-		if e := n.AWS.Endpoints.Route53; e != "" {
-			o.BaseEndpoint = sdkaws.String(e)
-		}
-	})
+// route53Client is the Route 53 client for the node's names. Route 53 is a global
+// service: requests are signed for its partition's region (us-east-1), also when
+// node.yaml names another endpoint.
+func (s *apiSession) route53Client() (*Route53Client, error) {
+	endpoint, region := route53Endpoint(s.region)
+	if s.endpoints.Route53 != "" {
+		endpoint = s.endpoints.Route53
+	}
+	return newRoute53Client(endpoint, region, s.creds)
 }

@@ -1,6 +1,9 @@
 // Package aws is kiln-init's AWS: the IMDSv2 config source, the instance's identity from
-// IMDS, the SDK clients with node.yaml's endpoints, the EBS finder of the etcd volume and
-// Route 53 for the node's names, behind cloud.Cloud.
+// IMDS, the EBS finder of the etcd volume and Route 53 for the node's names, behind
+// cloud.Cloud. It speaks to AWS with small clients of its own rather than the AWS SDK's
+// generated ones (tens of MB for a few calls): IMDSv2, the instance role's credentials
+// from IMDS, SigV4 signing, and the EC2 Query and Route 53 REST-XML calls it makes, at
+// node.yaml's endpoints.
 package aws
 
 import (
@@ -48,11 +51,15 @@ func (Cloud) SelectsVolume(v *config.Volume) bool { return len(v.AWSTags) > 0 }
 // EtcdVolume implements cloud.Cloud: the EBS volume selected by tags, found and attached
 // through EC2 with the instance's role credentials, in the instance's zone.
 func (Cloud) EtcdVolume(ctx context.Context, n *config.Node, v *config.Volume, in cloud.Instance, log *slog.Logger) (etcdvolume.Finder, error) {
-	cfg, err := awsConfig(ctx, n)
+	s, err := newAPISession(ctx, n)
 	if err != nil {
 		return nil, err
 	}
-	return EBS{Client: ec2Client(cfg, n), InstanceID: in.InstanceID, AZ: in.Zone, Cluster: n.Cluster.Name,
+	client, err := s.ec2Client()
+	if err != nil {
+		return nil, err
+	}
+	return EBS{Client: client, InstanceID: in.InstanceID, AZ: in.Zone, Cluster: n.Cluster.Name,
 		EtcdCluster: n.AWS.EtcdCluster, Member: n.Etcd.Member, Tags: v.AWSTags, MountPath: v.MountPath,
 		Log: log}, nil
 }
@@ -62,11 +69,15 @@ func (Cloud) DNS(ctx context.Context, n *config.Node) (dns.Provider, error) {
 	if n.DNS.Provider != config.DNSRoute53 {
 		return nil, nil
 	}
-	cfg, err := awsConfig(ctx, n)
+	s, err := newAPISession(ctx, n)
 	if err != nil {
 		return nil, fmt.Errorf("route53: %w", err)
 	}
-	return route53Provider(n, route53Client(cfg, n)), nil
+	client, err := s.route53Client()
+	if err != nil {
+		return nil, fmt.Errorf("route53: %w", err)
+	}
+	return route53Provider(n, client), nil
 }
 
 // route53Provider is the Route 53 provider of n: the hosted zone aws.route53HostedZoneId,

@@ -11,19 +11,15 @@ import (
 	"strings"
 	"time"
 
-	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/ec2"
-	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
-	"github.com/aws/smithy-go"
-
 	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/etcdvolume"
 )
 
-// EC2API is the part of *ec2.Client the EBS finder calls.
+// EC2API is the part of the EC2 API the EBS finder calls (*EC2Client).
 type EC2API interface {
-	DescribeVolumes(ctx context.Context, in *ec2.DescribeVolumesInput, optFns ...func(*ec2.Options)) (*ec2.DescribeVolumesOutput, error)
-	AttachVolume(ctx context.Context, in *ec2.AttachVolumeInput, optFns ...func(*ec2.Options)) (*ec2.AttachVolumeOutput, error)
+	// DescribeVolumes returns the volumes among ids (all when none) that pass every filter.
+	DescribeVolumes(ctx context.Context, ids []string, filters []Filter) ([]Volume, error)
+	AttachVolume(ctx context.Context, id, instance, device string) error
 }
 
 // defaultEtcdCluster is the etcd cluster whose volumes EBS selects when EtcdCluster is
@@ -90,13 +86,13 @@ func (a EBS) Find(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	id := sdkaws.ToString(vol.VolumeId)
+	id := vol.ID
 	att, err := a.attachment(vol)
 	if err != nil {
 		return "", err
 	}
 	if att == nil {
-		if vol.State != types.VolumeStateAvailable {
+		if vol.State != volumeAvailable {
 			return "", fmt.Errorf("aws volume %s is %s, not available to attach", id, vol.State)
 		}
 		if err := a.attach(ctx, id); err != nil {
@@ -125,73 +121,68 @@ func (a EBS) etcdTag() string {
 	return "k8s.io/etcd/" + name
 }
 
-func (a EBS) filters() []types.Filter {
-	f := []types.Filter{{Name: sdkaws.String("availability-zone"), Values: []string{a.AZ}}}
+func (a EBS) filters() []Filter {
+	f := []Filter{{Name: "availability-zone", Values: []string{a.AZ}}}
 	if a.Cluster != "" {
-		f = append(f, types.Filter{Name: sdkaws.String("tag:kubernetes.io/cluster/" + a.Cluster), Values: []string{"owned"}})
+		f = append(f, Filter{Name: "tag:kubernetes.io/cluster/" + a.Cluster, Values: []string{"owned"}})
 	}
-	f = append(f, types.Filter{Name: sdkaws.String("tag-key"), Values: []string{a.etcdTag()}})
+	f = append(f, Filter{Name: "tag-key", Values: []string{a.etcdTag()}})
 	for _, k := range slices.Sorted(maps.Keys(a.Tags)) {
 		if v := a.Tags[k]; v != "" {
-			f = append(f, types.Filter{Name: sdkaws.String("tag:" + k), Values: []string{v}})
+			f = append(f, Filter{Name: "tag:" + k, Values: []string{v}})
 		} else {
-			f = append(f, types.Filter{Name: sdkaws.String("tag-key"), Values: []string{k}})
+			f = append(f, Filter{Name: "tag-key", Values: []string{k}})
 		}
 	}
 	return f
 }
 
 // find selects this member's volume.
-func (a EBS) find(ctx context.Context) (types.Volume, error) {
-	vols, err := a.describe(ctx, &ec2.DescribeVolumesInput{Filters: a.filters()})
+func (a EBS) find(ctx context.Context) (Volume, error) {
+	vols, err := a.describe(ctx, nil, a.filters())
 	if err != nil {
-		return types.Volume{}, fmt.Errorf("aws volume: %w", err)
+		return Volume{}, fmt.Errorf("aws volume: %w", err)
 	}
 	key := a.etcdTag()
-	var mine []types.Volume
+	var mine []Volume
 	for _, v := range vols {
 		for _, t := range v.Tags {
-			member, _, _ := strings.Cut(sdkaws.ToString(t.Value), "/")
-			if sdkaws.ToString(t.Key) == key && member == a.Member {
+			member, _, _ := strings.Cut(t.Value, "/")
+			if t.Key == key && member == a.Member {
 				mine = append(mine, v)
 			}
 		}
 	}
 	switch len(mine) {
 	case 0:
-		return types.Volume{}, fmt.Errorf("aws volume: %w for member %s in %s (tag %s=%s/…, %d volumes match the other filters)", etcdvolume.ErrNotFound, a.Member, a.AZ, key, a.Member, len(vols))
+		return Volume{}, fmt.Errorf("aws volume: %w for member %s in %s (tag %s=%s/…, %d volumes match the other filters)", etcdvolume.ErrNotFound, a.Member, a.AZ, key, a.Member, len(vols))
 	case 1:
 		return mine[0], nil
 	}
 	var ids []string
 	for _, v := range mine {
-		ids = append(ids, sdkaws.ToString(v.VolumeId))
+		ids = append(ids, v.ID)
 	}
-	return types.Volume{}, fmt.Errorf("aws volume: %d volumes are tagged for member %s (%s); expected one", len(mine), a.Member, strings.Join(ids, ", "))
+	return Volume{}, fmt.Errorf("aws volume: %d volumes are tagged for member %s (%s); expected one", len(mine), a.Member, strings.Join(ids, ", "))
 }
 
-func (a EBS) describe(ctx context.Context, in *ec2.DescribeVolumesInput) ([]types.Volume, error) {
-	var vols []types.Volume
-	p := ec2.NewDescribeVolumesPaginator(a.Client, in)
-	for p.HasMorePages() {
-		out, err := p.NextPage(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("describe volumes: %w", err)
-		}
-		vols = append(vols, out.Volumes...)
+func (a EBS) describe(ctx context.Context, ids []string, filters []Filter) ([]Volume, error) {
+	vols, err := a.Client.DescribeVolumes(ctx, ids, filters)
+	if err != nil {
+		return nil, fmt.Errorf("describe volumes: %w", err)
 	}
 	return vols, nil
 }
 
 // attachment returns vol's live attachment to this instance, nil when it has none, or
 // etcdvolume.ErrAttachedElsewhere when another instance holds it.
-func (a EBS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
+func (a EBS) attachment(vol Volume) (*VolumeAttachment, error) {
 	for i, att := range vol.Attachments {
-		if att.State == types.VolumeAttachmentStateDetached {
+		if att.State == attachmentDetached {
 			continue
 		}
-		if other := sdkaws.ToString(att.InstanceId); other != a.InstanceID {
-			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", sdkaws.ToString(vol.VolumeId), etcdvolume.ErrAttachedElsewhere, other, att.State)
+		if other := att.InstanceID; other != a.InstanceID {
+			return nil, fmt.Errorf("aws volume %s: %w (%s, %s)", vol.ID, etcdvolume.ErrAttachedElsewhere, other, att.State)
 		}
 		return &vol.Attachments[i], nil
 	}
@@ -201,16 +192,14 @@ func (a EBS) attachment(vol types.Volume) (*types.VolumeAttachment, error) {
 // attach attaches volume id to this instance under the first free device name.
 func (a EBS) attach(ctx context.Context, id string) error {
 	// Device names this instance's volumes already use.
-	attached, err := a.describe(ctx, &ec2.DescribeVolumesInput{Filters: []types.Filter{
-		{Name: sdkaws.String("attachment.instance-id"), Values: []string{a.InstanceID}},
-	}})
+	attached, err := a.describe(ctx, nil, []Filter{{Name: "attachment.instance-id", Values: []string{a.InstanceID}}})
 	if err != nil {
 		return fmt.Errorf("aws volume %s: %w", id, err)
 	}
 	used := map[string]bool{}
 	for _, v := range attached {
 		for _, att := range v.Attachments {
-			used[sdkaws.ToString(att.Device)] = true
+			used[att.Device] = true
 		}
 	}
 	devices := a.Devices
@@ -221,31 +210,29 @@ func (a EBS) attach(ctx context.Context, id string) error {
 		if used[dev] {
 			continue
 		}
-		_, err := a.Client.AttachVolume(ctx, &ec2.AttachVolumeInput{
-			VolumeId: sdkaws.String(id), InstanceId: sdkaws.String(a.InstanceID), Device: sdkaws.String(dev),
-		})
+		err := a.Client.AttachVolume(ctx, id, a.InstanceID, dev)
 		if err == nil {
 			a.logger().InfoContext(ctx, "attaching etcd volume", "volume", id, "instance", a.InstanceID, "device", dev)
 			return nil
 		}
-		var ae smithy.APIError
+		var ae *APIError
 		if !errors.As(err, &ae) {
 			return fmt.Errorf("aws volume %s: attach as %s: %w", id, dev, err)
 		}
-		switch ae.ErrorCode() {
+		switch ae.Code {
 		case "InvalidParameterValue":
-			if strings.Contains(ae.ErrorMessage(), "in use") {
+			if strings.Contains(ae.Message, "in use") {
 				continue // the device name is taken after all
 			}
 		case "IncorrectState", "VolumeInUse":
 			// Lost the race: see who holds it now.
-			vols, derr := a.describe(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
+			vols, derr := a.describe(ctx, []string{id}, nil)
 			if derr == nil && len(vols) == 1 {
 				if _, aerr := a.attachment(vols[0]); aerr != nil {
 					return aerr
 				}
 			}
-			return fmt.Errorf("aws volume %s: %w (attach refused: %s)", id, etcdvolume.ErrAttachedElsewhere, ae.ErrorMessage())
+			return fmt.Errorf("aws volume %s: %w (attach refused: %s)", id, etcdvolume.ErrAttachedElsewhere, ae.Message)
 		}
 		return fmt.Errorf("aws volume %s: attach as %s: %w", id, dev, err)
 	}
@@ -257,7 +244,7 @@ func (a EBS) attach(ctx context.Context, id string) error {
 func (a EBS) waitAttached(ctx context.Context, id string) (string, error) {
 	var device string
 	err := etcdvolume.WaitFor(ctx, a.Timeout, a.Poll, "volume "+id+" to be attached", func() (bool, error) {
-		vols, err := a.describe(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
+		vols, err := a.describe(ctx, []string{id}, nil)
 		if err != nil {
 			return false, err
 		}
@@ -271,11 +258,11 @@ func (a EBS) waitAttached(ctx context.Context, id string) (string, error) {
 		if att == nil {
 			return false, nil // DescribeVolumes is eventually consistent: the attachment shows up later
 		}
-		if att.State == types.VolumeAttachmentStateDetaching {
+		if att.State == attachmentDetaching {
 			return false, fmt.Errorf("volume %s is being detached from this instance; retry later", id)
 		}
-		device = sdkaws.ToString(att.Device)
-		return att.State == types.VolumeAttachmentStateAttached, nil
+		device = att.Device
+		return att.State == attachmentAttached, nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("aws volume %s: %w", id, err)

@@ -14,10 +14,6 @@ import (
 	"testing"
 	"time"
 
-	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/ec2"
-
 	"github.com/kilnproject/kiln/initd/etcdvolume"
 	"github.com/kilnproject/kiln/initd/etcdvolume/etcdvolumetest"
 	"github.com/kilnproject/kiln/internal/cloudfake"
@@ -74,20 +70,19 @@ func noRefusals(t *testing.T, refused []string) {
 	}
 }
 
-func newEC2(t *testing.T, f *cloudfake.EC2) *ec2.Client {
+func newEC2(t *testing.T, f *cloudfake.EC2) *EC2Client {
 	return newEC2Signed(t, f, testSecret)
 }
 
 // newEC2Signed is a client of f that signs with secret.
-func newEC2Signed(t *testing.T, f *cloudfake.EC2, secret string) *ec2.Client {
+func newEC2Signed(t *testing.T, f *cloudfake.EC2, secret string) *EC2Client {
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
-	return ec2.New(ec2.Options{
-		Region:       testRegion,
-		Credentials:  credentials.NewStaticCredentialsProvider(testAKID, secret, ""),
-		BaseEndpoint: sdkaws.String(srv.URL),
-		HTTPClient:   srv.Client(),
-	})
+	c, err := newEC2Client(srv.URL, testRegion, staticCredentials{AccessKeyID: testAKID, SecretAccessKey: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // etcdVolumes are kOps-style volumes of cluster prod: one per member a, b, c in the
@@ -345,7 +340,7 @@ func TestFakeEC2ChecksSignatures(t *testing.T) {
 }
 
 func TestAWSBadConfig(t *testing.T) {
-	for _, a := range []EBS{{}, {Client: &ec2.Client{}}, {Client: &ec2.Client{}, InstanceID: me, AZ: testAZ}} {
+	for _, a := range []EBS{{}, {Client: &EC2Client{}}, {Client: &EC2Client{}, InstanceID: me, AZ: testAZ}} {
 		if _, err := a.Find(context.Background()); err == nil || !strings.Contains(err.Error(), "aws volume: ") {
 			t.Errorf("Find(%+v) = %v; want a configuration error", a, err)
 		}

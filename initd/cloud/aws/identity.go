@@ -2,14 +2,8 @@ package aws
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
-
-	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 
 	"github.com/kilnproject/kiln/initd/cloud"
 )
@@ -17,19 +11,13 @@ import (
 // readInstance reads the instance's identity from IMDSv2 at endpoint ("" the default).
 // The hostname is the first label of EC2's local-hostname.
 func readInstance(ctx context.Context, endpoint string) (cloud.Instance, error) {
-	md := imds.New(imds.Options{Endpoint: endpoint, HTTPClient: CapIMDS(nil), EnableFallback: sdkaws.FalseTernary})
+	md := newIMDSClient(endpoint, nil)
 	get := func(path string, optional bool) (string, error) {
-		out, err := md.GetMetadata(ctx, &imds.GetMetadataInput{Path: path})
+		b, err := md.metadata(ctx, path)
 		if err != nil {
-			var se interface{ HTTPStatusCode() int }
-			if optional && errors.As(err, &se) && se.HTTPStatusCode() == http.StatusNotFound {
+			if optional && imdsNotFound(err, metadataPath(path)) {
 				return "", nil
 			}
-			return "", fmt.Errorf("instance identity: IMDS %s: %w", path, err)
-		}
-		defer out.Content.Close()
-		b, err := io.ReadAll(out.Content)
-		if err != nil {
 			return "", fmt.Errorf("instance identity: IMDS %s: %w", path, err)
 		}
 		return strings.TrimSpace(string(b)), nil

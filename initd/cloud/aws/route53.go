@@ -2,7 +2,6 @@ package aws
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -10,19 +9,15 @@ import (
 	"sync"
 	"time"
 
-	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/route53"
-	"github.com/aws/aws-sdk-go-v2/service/route53/types"
-
 	"github.com/kilnproject/kiln/initd/dns"
 )
 
-// Route53API is the part of *route53.Client that Route53 uses.
+// Route53API is the part of the Route 53 API that Route53 uses (*Route53Client).
 type Route53API interface {
-	ChangeResourceRecordSets(context.Context, *route53.ChangeResourceRecordSetsInput, ...func(*route53.Options)) (*route53.ChangeResourceRecordSetsOutput, error)
-	ListResourceRecordSets(context.Context, *route53.ListResourceRecordSetsInput, ...func(*route53.Options)) (*route53.ListResourceRecordSetsOutput, error)
-	GetChange(context.Context, *route53.GetChangeInput, ...func(*route53.Options)) (*route53.GetChangeOutput, error)
-	ListHostedZonesByName(context.Context, *route53.ListHostedZonesByNameInput, ...func(*route53.Options)) (*route53.ListHostedZonesByNameOutput, error)
+	ChangeResourceRecordSets(ctx context.Context, zoneID, comment string, changes []Change) (ChangeInfo, error)
+	ListResourceRecordSets(ctx context.Context, zoneID string, start RecordSetStart, maxItems int) (RecordSetPage, error)
+	GetChange(ctx context.Context, id string) (ChangeInfo, error)
+	ListHostedZonesByName(ctx context.Context, dnsName string, maxItems int) ([]HostedZone, error)
 }
 
 // Route53 publishes records in an AWS Route 53 hosted zone. An Upsert is one change
@@ -66,14 +61,14 @@ func (p *Route53) hostedZone(ctx context.Context) (string, error) {
 	if p.Zone == "" {
 		return "", fmt.Errorf("route53: neither a hosted zone ID nor a zone name")
 	}
-	out, err := p.Client.ListHostedZonesByName(ctx, &route53.ListHostedZonesByNameInput{DNSName: sdkaws.String(dns.FQDN(p.Zone)), MaxItems: sdkaws.Int32(10)})
+	zones, err := p.Client.ListHostedZonesByName(ctx, dns.FQDN(p.Zone), 10)
 	if err != nil {
 		return "", fmt.Errorf("route53: find hosted zone %s: %w", dns.HostName(p.Zone), err)
 	}
 	var ids []string
-	for _, z := range out.HostedZones {
-		if z.Name != nil && strings.EqualFold(*z.Name, dns.FQDN(p.Zone)) && z.Id != nil {
-			ids = append(ids, strings.TrimPrefix(*z.Id, "/hostedzone/"))
+	for _, z := range zones {
+		if strings.EqualFold(z.Name, dns.FQDN(p.Zone)) && z.ID != "" {
+			ids = append(ids, strings.TrimPrefix(z.ID, "/hostedzone/"))
 		}
 	}
 	switch len(ids) {
@@ -96,10 +91,10 @@ func (p *Route53) Upsert(ctx context.Context, recs []dns.Record) error {
 	if err != nil {
 		return err
 	}
-	var changes []types.Change
+	var changes []Change
 	for _, r := range recs {
 		if !r.Shared {
-			changes = append(changes, types.Change{Action: types.ChangeActionUpsert, ResourceRecordSet: r53Set(r.Name, r.Type, r.TTL, r.Addrs)})
+			changes = append(changes, Change{Action: "UPSERT", Set: r53Set(r.Name, r.Type, r.TTL, r.Addrs)})
 			continue
 		}
 		cur, err := p.recordSet(ctx, zone, r.Name, r.Type)
@@ -113,38 +108,32 @@ func (p *Route53) Upsert(ctx context.Context, recs []dns.Record) error {
 			}
 		}
 		want, differs := r.Want(have)
-		if cur != nil && !differs && sdkaws.ToInt64(cur.TTL) == int64(r.TTL) {
+		if cur != nil && !differs && cur.TTL != nil && *cur.TTL == int64(r.TTL) {
 			continue
 		}
 		if cur != nil {
-			changes = append(changes, types.Change{Action: types.ChangeActionDelete, ResourceRecordSet: cur})
+			changes = append(changes, Change{Action: "DELETE", Set: *cur})
 		}
-		changes = append(changes, types.Change{Action: types.ChangeActionCreate, ResourceRecordSet: r53Set(r.Name, r.Type, r.TTL, want)})
+		changes = append(changes, Change{Action: "CREATE", Set: r53Set(r.Name, r.Type, r.TTL, want)})
 	}
 	if len(changes) == 0 {
 		return nil
 	}
-	out, err := p.Client.ChangeResourceRecordSets(ctx, &route53.ChangeResourceRecordSetsInput{
-		HostedZoneId: sdkaws.String(zone),
-		ChangeBatch:  &types.ChangeBatch{Comment: sdkaws.String("kiln-init"), Changes: changes},
-	})
+	// A refused batch (InvalidChangeBatch) carries Route 53's reasons in its message.
+	info, err := p.Client.ChangeResourceRecordSets(ctx, zone, "kiln-init", changes)
 	if err != nil {
-		var bad *types.InvalidChangeBatch
-		if errors.As(err, &bad) && len(bad.Messages) > 0 {
-			return fmt.Errorf("route53: change record sets in hosted zone %s: %w (%s)", zone, err, strings.Join(bad.Messages, "; "))
-		}
 		return fmt.Errorf("route53: change record sets in hosted zone %s: %w", zone, err)
 	}
-	if p.Wait <= 0 || out.ChangeInfo == nil || out.ChangeInfo.Id == nil {
+	if p.Wait <= 0 || info.ID == "" {
 		return nil
 	}
-	return p.waitInsync(ctx, *out.ChangeInfo.Id, out.ChangeInfo.Status)
+	return p.waitInsync(ctx, info.ID, info.Status)
 }
 
-// waitInsync waits up to p.Wait for change id to be INSYNC, with the SDK's waiter polling
-// every p.PollInterval.
-func (p *Route53) waitInsync(ctx context.Context, id string, status types.ChangeStatus) error {
-	if status == types.ChangeStatusInsync {
+// waitInsync waits up to p.Wait for change id to be INSYNC, asking GetChange at once and
+// then every p.PollInterval.
+func (p *Route53) waitInsync(ctx context.Context, id, status string) error {
+	if status == changeInsync {
 		return nil
 	}
 	every := p.PollInterval
@@ -153,41 +142,34 @@ func (p *Route53) waitInsync(ctx context.Context, id string, status types.Change
 	}
 	wctx, cancel := context.WithTimeout(ctx, p.Wait)
 	defer cancel()
-	var getErr error // GetChange's own failure, not the end of the wait
-	w := route53.NewResourceRecordSetsChangedWaiter(p.Client, func(o *route53.ResourceRecordSetsChangedWaiterOptions) {
-		o.MinDelay, o.MaxDelay = every, every
-		insync := o.Retryable
-		o.Retryable = func(ctx context.Context, in *route53.GetChangeInput, out *route53.GetChangeOutput, err error) (bool, error) {
-			if err != nil && wctx.Err() == nil {
-				getErr = fmt.Errorf("route53: get change %s: %w", id, err)
-				return false, getErr
+	for {
+		info, err := p.Client.GetChange(wctx, id)
+		switch {
+		case err == nil:
+			if status = info.Status; status == changeInsync {
+				return nil
 			}
-			if out != nil && out.ChangeInfo != nil {
-				status = out.ChangeInfo.Status
-			}
-			return insync(ctx, in, out, err)
+		case wctx.Err() == nil:
+			return fmt.Errorf("route53: get change %s: %w", id, err)
 		}
-	})
-	err := w.Wait(wctx, &route53.GetChangeInput{Id: sdkaws.String(id)}, p.Wait)
-	switch {
-	case err == nil:
-		return nil
-	case getErr != nil:
-		return getErr
-	case ctx.Err() != nil:
+		if sleepCtx(wctx, every) != nil {
+			break
+		}
+	}
+	if ctx.Err() != nil {
 		return fmt.Errorf("route53: change %s: %w", id, ctx.Err())
 	}
 	return fmt.Errorf("route53: change %s still %s after %s: %w", id, status, p.Wait, context.DeadlineExceeded)
 }
 
 // recordSet returns the simple-routing record set of name and type, nil if none.
-func (p *Route53) recordSet(ctx context.Context, zone, name, typ string) (*types.ResourceRecordSet, error) {
+func (p *Route53) recordSet(ctx context.Context, zone, name, typ string) (*ResourceRecordSet, error) {
 	sets, err := p.list(ctx, zone, name, typ)
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range sets {
-		if string(s.Type) == typ && s.SetIdentifier == nil {
+		if s.Type == typ && s.SetIdentifier == "" {
 			return &s, nil
 		}
 	}
@@ -195,29 +177,24 @@ func (p *Route53) recordSet(ctx context.Context, zone, name, typ string) (*types
 }
 
 // list returns name's record sets from type typ on (A, then AAAA, …).
-func (p *Route53) list(ctx context.Context, zone, name, typ string) ([]types.ResourceRecordSet, error) {
-	in := &route53.ListResourceRecordSetsInput{
-		HostedZoneId:    sdkaws.String(zone),
-		StartRecordName: sdkaws.String(dns.FQDN(name)),
-		StartRecordType: types.RRType(typ),
-		MaxItems:        sdkaws.Int32(10),
-	}
-	var sets []types.ResourceRecordSet
+func (p *Route53) list(ctx context.Context, zone, name, typ string) ([]ResourceRecordSet, error) {
+	start := RecordSetStart{Name: dns.FQDN(name), Type: typ}
+	var sets []ResourceRecordSet
 	for {
-		out, err := p.Client.ListResourceRecordSets(ctx, in)
+		page, err := p.Client.ListResourceRecordSets(ctx, zone, start, 10)
 		if err != nil {
 			return nil, fmt.Errorf("route53: list record sets of %s in hosted zone %s: %w", dns.HostName(name), zone, err)
 		}
-		for _, s := range out.ResourceRecordSets {
-			if !strings.EqualFold(dns.FQDN(sdkaws.ToString(s.Name)), dns.FQDN(name)) {
+		for _, s := range page.Sets {
+			if !strings.EqualFold(dns.FQDN(s.Name), dns.FQDN(name)) {
 				return sets, nil
 			}
 			sets = append(sets, s)
 		}
-		if !out.IsTruncated || !strings.EqualFold(dns.FQDN(sdkaws.ToString(out.NextRecordName)), dns.FQDN(name)) {
+		if !page.IsTruncated || !strings.EqualFold(dns.FQDN(page.NextRecordName), dns.FQDN(name)) {
 			return sets, nil
 		}
-		in.StartRecordType, in.StartRecordIdentifier = out.NextRecordType, out.NextRecordIdentifier
+		start.Type, start.Identifier = page.NextRecordType, page.NextRecordIdentifier
 	}
 }
 
@@ -233,7 +210,7 @@ func (p *Route53) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 	}
 	var out []netip.Addr
 	for _, s := range sets {
-		if s.Type != types.RRTypeA && s.Type != types.RRTypeAaaa {
+		if s.Type != dns.TypeA && s.Type != dns.TypeAAAA {
 			continue
 		}
 		addrs, err := r53Addrs(s)
@@ -245,21 +222,22 @@ func (p *Route53) Lookup(ctx context.Context, name string) ([]netip.Addr, error)
 	return out, nil
 }
 
-func r53Set(name, typ string, ttl int, addrs []netip.Addr) *types.ResourceRecordSet {
-	s := &types.ResourceRecordSet{Name: sdkaws.String(dns.FQDN(name)), Type: types.RRType(typ), TTL: sdkaws.Int64(int64(ttl))}
+func r53Set(name, typ string, ttl int, addrs []netip.Addr) ResourceRecordSet {
+	ttl64 := int64(ttl)
+	s := ResourceRecordSet{Name: dns.FQDN(name), Type: typ, TTL: &ttl64}
 	for _, a := range dns.SortedAddrs(addrs) {
-		s.ResourceRecords = append(s.ResourceRecords, types.ResourceRecord{Value: sdkaws.String(a.String())})
+		s.ResourceRecords = append(s.ResourceRecords, ResourceRecord{Value: a.String()})
 	}
 	return s
 }
 
-func r53Addrs(s types.ResourceRecordSet) ([]netip.Addr, error) {
+func r53Addrs(s ResourceRecordSet) ([]netip.Addr, error) {
 	if s.AliasTarget != nil {
-		return nil, fmt.Errorf("%s record is an alias to %s, not addresses", s.Type, sdkaws.ToString(s.AliasTarget.DNSName))
+		return nil, fmt.Errorf("%s record is an alias to %s, not addresses", s.Type, s.AliasTarget.DNSName)
 	}
 	vals := make([]string, 0, len(s.ResourceRecords))
 	for _, rr := range s.ResourceRecords {
-		vals = append(vals, sdkaws.ToString(rr.Value))
+		vals = append(vals, rr.Value)
 	}
-	return dns.ParseAddrs(string(s.Type), slices.Clip(vals))
+	return dns.ParseAddrs(s.Type, slices.Clip(vals))
 }

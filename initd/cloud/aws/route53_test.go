@@ -9,10 +9,6 @@ import (
 	"testing"
 	"time"
 
-	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/route53"
-
 	"github.com/kilnproject/kiln/initd/config"
 	"github.com/kilnproject/kiln/initd/dns"
 	"github.com/kilnproject/kiln/initd/dns/dnstest"
@@ -37,12 +33,12 @@ func newFakeRoute53(t *testing.T) (*cloudfake.Route53, string) {
 }
 
 // testRoute53Client is a Route 53 client of endpoint that signs with the test key and secret.
-func testRoute53Client(endpoint, secret string) *route53.Client {
-	return route53.New(route53.Options{
-		Region:       "us-east-1",
-		BaseEndpoint: sdkaws.String(endpoint),
-		Credentials:  credentials.NewStaticCredentialsProvider(r53Key, secret, ""),
-	})
+func testRoute53Client(t *testing.T, endpoint, secret string) *Route53Client {
+	c, err := newRoute53Client(endpoint, "us-east-1", staticCredentials{AccessKeyID: r53Key, SecretAccessKey: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // lastBatch is f's last change batch as "ACTION name type ttl values" lines.
@@ -87,7 +83,7 @@ var route53Steps = []providerStep{
 
 func TestRoute53(t *testing.T) {
 	f, endpoint := newFakeRoute53(t)
-	client := testRoute53Client(endpoint, r53Secret)
+	client := testRoute53Client(t, endpoint, r53Secret)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := &Route53{Client: client, Zone: "example.test"} // hosted zone found by name
@@ -147,7 +143,7 @@ func getChanges(f *cloudfake.Route53) int {
 }
 
 // testRoute53WaitInSync checks Upsert polls GetChange until INSYNC and gives up after Wait.
-func testRoute53WaitInSync(t *testing.T, ctx context.Context, f *cloudfake.Route53, client *route53.Client) {
+func testRoute53WaitInSync(t *testing.T, ctx context.Context, f *cloudfake.Route53, client *Route53Client) {
 	f.Lock()
 	f.PendingPolls = 2
 	f.Unlock()
@@ -171,14 +167,14 @@ func testRoute53WaitInSync(t *testing.T, ctx context.Context, f *cloudfake.Route
 
 // testRoute53Errors checks a wrong secret and unknown zones fail with Route 53's own words,
 // and that the fake refused the wrongly signed request.
-func testRoute53Errors(t *testing.T, ctx context.Context, f *cloudfake.Route53, endpoint string, client *route53.Client) {
+func testRoute53Errors(t *testing.T, ctx context.Context, f *cloudfake.Route53, endpoint string, client *Route53Client) {
 	cases := []struct {
 		name        string
 		p           *Route53
 		want        string
 		wantRefused string
 	}{
-		{"wrong secret", &Route53{Client: testRoute53Client(endpoint, "wrong"), HostedZoneID: f.ZoneID}, "SignatureDoesNotMatch", "signature does not match"},
+		{"wrong secret", &Route53{Client: testRoute53Client(t, endpoint, "wrong"), HostedZoneID: f.ZoneID}, "SignatureDoesNotMatch", "signature does not match"},
 		{"unknown zone name", &Route53{Client: client, Zone: "example.org"}, "no hosted zone is named example.org", ""},
 		{"unknown zone ID", &Route53{Client: client, HostedZoneID: "ZNOPE"}, "NoSuchHostedZone", ""},
 	}
@@ -213,7 +209,7 @@ func TestRoute53Provider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := route53Provider(n, route53.New(route53.Options{Region: "us-east-1"}))
+	p := route53Provider(n, &Route53Client{})
 	if got := p.Name(); got != "route53 hosted zone Z0KILN12345" {
 		t.Errorf("provider %q, want the hosted zone by ID", got)
 	}
