@@ -7,7 +7,7 @@
 #   - kiln's base made from Debian's packages (make base's steps), and mkosi (Debian's, v14)
 #     building the same content: packages downloaded, cold, warm (bench/mkosi.sh)
 #   - boot time under TCG to kiln-init's first-boot status line (first and second boot)
-#   - image sizes: raw (apparent and allocated), qcow2
+#   - image sizes: raw (apparent and allocated), qcow2; the control plane's too
 #   - kiln serve under load on loopback (bench/serve): requests/s, p99 per route, peak RSS
 # Needs the base (make base) and bin/kiln, bin/kiln-init, bin/kiln-stage1 (make build).
 set -euo pipefail
@@ -89,6 +89,10 @@ mkosi_net=$(awk '$2 == "network" { print $3 }' <<<"$mkosi_out")
 mkosi_cold=$(awk '$2 == "cold" { print $3 }' <<<"$mkosi_out")
 mkosi_warm=$(awk '$2 == "warm" { print $3 }' <<<"$mkosi_out")
 
+# The control plane's image too, for its size (seven pre-pulled images, every one ready in
+# containerd's store).
+$KILN bake images/qemu.yaml --role control-plane "${overlay[@]}" -o "$work/warm" 2> "$work/cp.log" >/dev/null
+
 # Boots under TCG: first boot (creates /var) and second boot of the same disk.
 cp --sparse=always "$work/warm/qemu-worker.raw" "$work/boot.raw"
 boot() {
@@ -121,6 +125,10 @@ printf '  first boot to status line     %6s s wall (guest clock %s s)\n' "$b1" "
 printf '  second boot to status line    %6s s wall (guest clock %s s)\n' "$b2" "$g2"
 printf '  raw                           %6s MiB apparent, %s MiB allocated\n' "$(( $(stat -c %s "$raw") >> 20 ))" "$(( $(stat -c %b "$raw") * 512 >> 20 ))"
 printf '  qcow2                         %6s MiB\n' "$(( $(stat -c %s "$work/warm/qemu-worker.qcow2") >> 20 ))"
+cp_raw=$work/warm/qemu-control-plane.raw
+printf '  control plane raw             %6s MiB allocated, qcow2 %s MiB, %s\n' "$(( $(stat -c %b "$cp_raw") * 512 >> 20 ))" \
+  "$(( $(stat -c %s "$work/warm/qemu-control-plane.qcow2") >> 20 ))" \
+  "$(python3 -c 'import json,sys; i=json.load(open(sys.argv[1]))["kubernetes"]["images"]; print(len(i), "images,", sum(1 for x in i if x.get("unpacked")), "ready in the store")' "$work/warm/qemu-control-plane.json")"
 printf '  root squashfs (same tree)     %6s MiB\n' "$(( $(stat -c %s "$work/floor.squashfs") >> 20 ))"
 
 # First boot: kiln-firstboot against cloud-init doing the same writes, user and unit, in two
