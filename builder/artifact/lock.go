@@ -24,7 +24,8 @@ const lockVersion = 1
 //	  "version": 1,
 //	  "base": {"ref": "oci:${KILN_CACHE}/base/bookworm:bookworm", "digest": "sha256:…"},
 //	  "artifacts": {
-//	    "worker/crictl": {"source": "https://…/crictl.tar.gz", "sha256": "…"}
+//	    "worker/crictl": {"source": "https://…/crictl.tar.gz", "sha256": "…",
+//	                      "pinnedFrom": "https://…/crictl.tar.gz.sha256"}
 //	  },
 //	  "images": {
 //	    "worker/registry.k8s.io/pause:3.10.2": {"source": "registry.k8s.io/pause:3.10.2", "digest": "sha256:…"}
@@ -59,6 +60,11 @@ type LockedBase struct {
 type LockedArtifact struct {
 	Source string `json:"source"`
 	SHA256 string `json:"sha256"`
+	// PinnedFrom says where the pin came from: the URL of the publisher's checksum file that
+	// confirmed the first download, or PinnedByDownload when none was beside the file (the
+	// sha256 is then the first download's alone). Empty in locks written before kiln
+	// recorded it.
+	PinnedFrom string `json:"pinnedFrom,omitempty"`
 }
 
 // LockPath returns the lock file of def: <name>.lock next to it.
@@ -284,19 +290,21 @@ func (pn *Pinner) Pin(ctx context.Context, def *spec.Definition, profiles []*spe
 				continue
 			}
 			key := lockKey(p.Role, a.Name)
-			sum := old.SHA256(p.Role, a)
-			if sum == "" {
+			entry := LockedArtifact{Source: a.Source, SHA256: old.SHA256(p.Role, a)}
+			if entry.SHA256 != "" {
+				entry.PinnedFrom = old.Artifacts[key].PinnedFrom
+			} else {
+				var note string
 				var err error
-				sum, _, err = pn.Cache.Add(ctx, Source{Name: a.Name, URL: a.URL, Path: a.Path})
-				if err != nil {
+				if entry, note, err = pn.pinArtifact(ctx, key, a); err != nil {
 					return nil, nil, fmt.Errorf("%s: %w", a.Pos, err)
 				}
-				notes = append(notes, fmt.Sprintf("pinned %s: downloaded %s once, sha256 %s", key, a.Source, sum))
+				notes = append(notes, note)
 			}
 			if l.Artifacts == nil {
 				l.Artifacts = map[string]LockedArtifact{}
 			}
-			l.Artifacts[key] = LockedArtifact{Source: a.Source, SHA256: sum}
+			l.Artifacts[key] = entry
 		}
 		for _, im := range p.Images {
 			if im.Digest != "" {
@@ -328,6 +336,33 @@ func (pn *Pinner) Pin(ctx context.Context, def *spec.Definition, profiles []*spe
 		}
 	}
 	return l, notes, nil
+}
+
+// pinArtifact downloads a once into the cache and checks its sha256 against the publisher's
+// checksum (the profile's checksum URL, else a checksum file beside a URL); it returns the
+// lock entry and a note saying what was pinned and how.
+func (pn *Pinner) pinArtifact(ctx context.Context, key string, a spec.Artifact) (LockedArtifact, string, error) {
+	sum, _, err := pn.Cache.Add(ctx, Source{Name: a.Name, URL: a.URL, Path: a.Path})
+	if err != nil {
+		return LockedArtifact{}, "", err
+	}
+	from := PinnedByDownload
+	if a.URL != "" || a.ChecksumURL != "" {
+		name := a.URL
+		if name == "" {
+			name = a.Path
+		}
+		if from, err = pn.Cache.checkPublisherSum(ctx, name, a.ChecksumURL, sum); err != nil {
+			return LockedArtifact{}, "", fmt.Errorf("artifact %s: %w", a.Name, err)
+		}
+	}
+	note := fmt.Sprintf("pinned %s: downloaded %s once, sha256 %s", key, a.Source, sum)
+	if from == PinnedByDownload {
+		note += ", no publisher's checksum beside it to check"
+	} else {
+		note += ", as the publisher's " + from + " says"
+	}
+	return LockedArtifact{Source: a.Source, SHA256: sum, PinnedFrom: from}, note, nil
 }
 
 func validDigest(d string) bool {

@@ -171,7 +171,8 @@ func (o *ProfileOverlay) Check(profiles []*Profile) error {
 // Apply returns a copy of p with o's replacements made. Entries naming
 // nothing in p are ignored (they may be meant for another role; see Check).
 // A replaced source keeps the profile's sha256 or digest unless o gives
-// one too.
+// one too, and drops the profile's checksum URL (it names the checksum of
+// the file replaced; kiln lock looks beside the new one).
 func (o *ProfileOverlay) Apply(p *Profile) *Profile {
 	out := *p
 	out.Artifacts = append([]Artifact(nil), p.Artifacts...)
@@ -183,7 +184,7 @@ func (o *ProfileOverlay) Apply(p *Profile) *Profile {
 				continue
 			}
 			if ov.sourceReplaced {
-				a.Source, a.URL, a.Path = ov.Source, ov.URL, ov.Path
+				a.Source, a.URL, a.Path, a.ChecksumURL = ov.Source, ov.URL, ov.Path, ""
 			}
 			if ov.SHA256 != "" {
 				a.SHA256 = ov.SHA256

@@ -15,6 +15,7 @@ func overlayRepo(t *testing.T) (root string, all []*Profile) {
 artifacts:
   - name: kubelet
     url: https://dl.k8s.io/release/v1.37.2/bin/linux/amd64/kubelet
+    checksum: https://dl.k8s.io/release/v1.37.2/SHA256SUMS
     dest: /usr/bin/kubelet
     mode: "0755"
   - name: crictl
@@ -64,11 +65,12 @@ images:
 	}
 	worker := all[1]
 	got := ov.Apply(worker)
-	if worker.Artifacts[0].URL != "https://dl.k8s.io/release/v1.37.2/bin/linux/amd64/kubelet" || worker.Images[0].Digest != "" {
+	if worker.Artifacts[0].URL != "https://dl.k8s.io/release/v1.37.2/bin/linux/amd64/kubelet" || worker.Artifacts[0].ChecksumURL == "" || worker.Images[0].Digest != "" {
 		t.Errorf("Apply changed the profile it was given: %+v", worker)
 	}
 	kubelet, crictl, pause := got.Artifacts[0], got.Artifacts[1], got.Images[0]
-	if kubelet.URL != "http://127.0.0.1:8080/kubelet" || kubelet.Source != kubelet.URL || kubelet.Path != "" || kubelet.SHA256 != other || kubelet.Dest != "/usr/bin/kubelet" || kubelet.Mode != 0o755 || kubelet.Pos != (Pos{file, 3}) {
+	// A replaced source drops the checksum URL, which named the replaced file's checksum.
+	if kubelet.URL != "http://127.0.0.1:8080/kubelet" || kubelet.Source != kubelet.URL || kubelet.Path != "" || kubelet.ChecksumURL != "" || kubelet.SHA256 != other || kubelet.Dest != "/usr/bin/kubelet" || kubelet.Mode != 0o755 || kubelet.Pos != (Pos{file, 3}) {
 		t.Errorf("kubelet = %+v", kubelet)
 	}
 	// A replaced source keeps the profile's sha256; the path is relative to the overlay.

@@ -50,6 +50,10 @@ type Artifact struct {
 	Path   string
 	// SHA256 is 64 lower-case hex digits, or empty: then the lock pins it.
 	SHA256 string
+	// ChecksumURL is the publisher's checksum file for it (a digest alone, or sha256sum's
+	// lines), when it is not beside the file as <url>.sha256 or <url>.sha256sum; kiln lock
+	// checks the download against it.
+	ChecksumURL string
 	// Dest is the absolute path in the image of a plain file (Extract nil).
 	Dest string
 	// Mode of a plain file; default 0644.
@@ -272,10 +276,18 @@ type artifactNodes struct{ extract, mode, dest *yaml.Node }
 func (d *decoder) artifact(n *yaml.Node, at, dir string) Artifact {
 	a := Artifact{Pos: d.pos(n)}
 	var nodes artifactNodes
-	seen, ok := d.Fields(n, at, []string{"name", "url", "path", "sha256", "dest", "mode", "extract"}, func(key, field string, v *yaml.Node) {
+	seen, ok := d.Fields(n, at, []string{"name", "url", "path", "sha256", "checksum", "dest", "mode", "extract"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "extract":
 			nodes.extract = v
+		case "checksum":
+			if s, ok := d.String(v, field); ok {
+				if u, err := url.Parse(s); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					d.FailAt(v, field, "%q is not an http(s) URL of the publisher's checksum file", s)
+				} else {
+					a.ChecksumURL = s
+				}
+			}
 		case "sha256":
 			d.artifactSHA256(v, field, &a)
 		case "mode":

@@ -22,7 +22,7 @@ func TestLoadProfileErrors(t *testing.T) {
 		{"role mismatch", "role: etcd\n", []string{"F:1: role: \"etcd\" does not match the file name (worker.yaml)"}},
 		{"no role", "units: {}\n", []string{"F:1: role: required"}},
 		{"unknown field", "role: worker\nartifacts:\n  - name: a\n    url: https://example.com/a\n    dest: /a\n    sha: " + sum + "\n", []string{
-			"F:6: artifacts[0].sha: unknown field (known: dest, extract, mode, name, path, sha256, url)"}},
+			"F:6: artifacts[0].sha: unknown field (known: checksum, dest, extract, mode, name, path, sha256, url)"}},
 		{"wrong type", "role: worker\nartifacts:\n  name: a\n", []string{"F:3: artifacts: expected a list, got a mapping"}},
 		{"bad sha256", "role: worker\nartifacts:\n  - name: a\n    url: https://example.com/a\n    dest: /a\n    sha256: " + sum[:63] + "\n", []string{
 			"F:6: artifacts[0].sha256: \"" + sum[:63] + "\" is not a sha256 (64 lower-case hex digits)"}},
@@ -35,6 +35,8 @@ func TestLoadProfileErrors(t *testing.T) {
 			"F:3: artifacts[0].dest: required (or extract)"}},
 		{"bad url", "role: worker\nartifacts:\n  - name: a\n    url: ftp://example.com/a\n    dest: /a\n", []string{
 			"F:4: artifacts[0].url: \"ftp://example.com/a\" is not an http(s) URL"}},
+		{"bad checksum url", "role: worker\nartifacts:\n  - name: a\n    url: https://example.com/a\n    checksum: SHA256SUMS\n    dest: /a\n", []string{
+			"F:5: artifacts[0].checksum: \"SHA256SUMS\" is not an http(s) URL of the publisher's checksum file"}},
 		{"relative dest", "role: worker\nartifacts:\n  - name: a\n    path: a\n    dest: usr/bin/a\n", []string{
 			"F:5: artifacts[0].dest: \"usr/bin/a\": want an absolute path in the image"}},
 		{"dotdot dest", "role: worker\nartifacts:\n  - name: a\n    path: a\n    dest: /usr/../../a\n", []string{

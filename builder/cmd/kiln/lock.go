@@ -20,7 +20,11 @@ func newLockCmd() *cobra.Command {
 		Short: "Pin the base image, every artifact and every container image of a definition in its lock file",
 		Long: `Lock resolves what a definition names by tag (the base image, the profiles' container
 images) to a digest — for a multi-platform image, that of its linux/amd64 manifest — and
-downloads once any artifact given without a sha256 to record its hash. It writes <name>.lock next
+downloads once any artifact given without a sha256 to record its hash, checked against the
+publisher's checksum: the profile's checksum URL, else <url>.sha256 or <url>.sha256sum beside the
+file (dl.k8s.io, containerd, crictl, the CNI plugins put one there). A download the checksum
+contradicts is refused; the lock records which checksum file confirmed each pin ("pinnedFrom"),
+or "download" when there was none to check. It writes <name>.lock next
 to the definition, covering every role profile. Entries that still match are kept; --update re-resolves
 them all. ` + "`kiln bake`" + ` refuses anything the definition and its lock leave unpinned.
 Registry credentials come from the docker config and credential helpers, as for kiln bake.`,
