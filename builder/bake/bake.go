@@ -5,6 +5,7 @@
 //	base        the base OS image flattened into the root tree; kernel and systemd-boot copied out
 //	tree        base ⊕ artifacts ⊕ overlays ⊕ templates ⊕ kiln-init ⊕ Kubernetes ⊕ units ⊕ image.json
 //	kubernetes  the binaries' versions checked (skew), the runtime's units, the pre-pulled images (images)
+//	sbom        <image>-<role>.spdx.json: the tree's Debian packages, artifacts, images, Go modules, kernel
 //	secrets     the tree searched for private keys and Kubernetes credentials
 //	initramfs   kiln-stage1 as /init and the kernel modules that find and mount the root
 //	rootfs      the tree as a squashfs or erofs, with its owners
@@ -62,7 +63,7 @@ type Options struct {
 
 // Result names what a bake wrote.
 type Result struct {
-	Outputs  []string // every file (and the pxe directory) written to OutDir, in the definition's order, metadata last
+	Outputs  []string // every file (and the pxe directory) written to OutDir, in the definition's order, then the SBOM, metadata last
 	Metadata *nodeimage.Metadata
 }
 
@@ -141,6 +142,10 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	sbomFile, err := b.writeSBOM(tree, md)
+	if err != nil {
+		return nil, nil, err
+	}
 	// The secret scan reads the tree while the initramfs and the root filesystem are made
 	// from it (the three only read it); the disk is written only once the scan passed.
 	scan := make(chan error, 1)
@@ -189,7 +194,7 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return md, append(files, mdFile), nil
+	return md, append(files, sbomFile, mdFile), nil
 }
 
 // step logs that the stage name took since start, with attrs (key-value pairs) before the time.

@@ -355,4 +355,12 @@ func TestBakeRecordsEachOutputsHash(t *testing.T) {
 	if want := []string{"test-worker.qcow2", "test-worker.raw", "test-worker.vhd"}; !slices.Equal(files, want) {
 		t.Errorf("outputs %v, want %v", files, want)
 	}
+	// The SBOM beside them, named with its hash: kiln's Go modules (this test's build), the
+	// two stand-in init binaries (not Go programs) as files, the kernel; the fake base has no
+	// dpkg database and the profile no artifact.
+	s := md.SBOM
+	if s == nil || s.File != "test-worker.spdx.json" || fileSHA256(filepath.Join(r.out, s.File)) != s.SHA256 ||
+		s.Packages["file"] != 2 || s.Packages["kernel"] != 1 || s.Packages["go"] == 0 || s.Packages["deb"] != 0 {
+		t.Errorf("metadata sbom = %+v", s)
+	}
 }

@@ -172,6 +172,12 @@ func TestBakeKubernetes(t *testing.T) {
 	// A second bake takes everything from the cache (the images' applied layers too) and
 	// gives the same image.
 	first := fileSum(t, raw)
+	sbomFile := filepath.Join(r.out, "test-worker.spdx.json")
+	firstSBOM := readFile(t, sbomFile)
+	if k := res.Metadata.SBOM; k == nil || k.Packages["image"] != 2 ||
+		!strings.Contains(firstSBOM, `"referenceLocator": "pkg:oci/pause@sha256%3A`+strings.TrimPrefix(r.digests["registry.k8s.io/pause:3.10.2"], "sha256:")+`?repository_url=registry.k8s.io/pause"`) {
+		t.Errorf("sbom %+v does not list the images:\n%s", k, firstSBOM)
+	}
 	os.RemoveAll(r.out)
 	before := r.hits.Load()
 	if _, err := r.bakeWith(t); err != nil {
@@ -182,6 +188,9 @@ func TestBakeKubernetes(t *testing.T) {
 	}
 	if fileSum(t, raw) != first {
 		t.Error("the second bake, from the cache, gave another raw image")
+	}
+	if readFile(t, sbomFile) != firstSBOM {
+		t.Error("the second bake gave another SBOM")
 	}
 	if got := unsquash(t, raw, root.Start, "-cat", "/etc/os-release"); got != "ID=kiln-overlay\n" {
 		t.Errorf("/etc/os-release in the image = %q, want the overlay's", got)

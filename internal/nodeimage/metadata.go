@@ -44,6 +44,9 @@ type Metadata struct {
 	PXE *PXEInfo `json:"pxe,omitempty"`
 	// Kubernetes is set when the role's profile has a kubernetes section.
 	Kubernetes *KubernetesInfo `json:"kubernetes,omitempty"`
+	// SBOM is the image's software bill of materials written beside it. It is only in
+	// <image>-<role>.json, not in the image's own image.json (the SBOM lists the tree).
+	SBOM *SBOMInfo `json:"sbom,omitempty"`
 	// Contents is what a node config may rely on in the image (writable locations, users,
 	// groups, unit files). Images baked before kiln recorded it lack it.
 	Contents *Contents `json:"contents,omitempty"`
@@ -83,6 +86,14 @@ type BaseInfo struct {
 type KernelInfo struct {
 	Version string `json:"version"`
 	SHA256  string `json:"sha256,omitempty"`
+}
+
+// SBOMInfo names the image's SPDX document (<image>-<role>.spdx.json) and how many packages
+// of each kind it lists (deb, artifact, image, go, kernel).
+type SBOMInfo struct {
+	File     string         `json:"file"`
+	SHA256   string         `json:"sha256"`
+	Packages map[string]int `json:"packages"`
 }
 
 // ArtifactInfo records one artifact laid into the image.

@@ -1,0 +1,114 @@
+package qemutests
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// The default worker's SBOM, read beside the bake: its Debian packages are those dpkg-query
+// lists in the image's own root filesystem (names, versions, architectures), it lists every
+// artifact and pre-pulled image the metadata records and kiln-init's Go modules, and
+// kiln inspect names it with its counts. No VM is booted.
+func TestSBOMOfTheWorker(t *testing.T) {
+	e := newEnv(t)
+	raw := e.bake("qemu", "worker")
+	var md nodeimage.Metadata
+	if err := json.Unmarshal([]byte(readText(t, strings.TrimSuffix(raw, ".raw")+".json")), &md); err != nil {
+		t.Fatal(err)
+	}
+	if md.SBOM == nil {
+		t.Fatal("the metadata names no SBOM")
+	}
+	var doc struct {
+		SPDXVersion string `json:"spdxVersion"`
+		Packages    []struct {
+			Name         string `json:"name"`
+			SPDXID       string `json:"SPDXID"`
+			VersionInfo  string `json:"versionInfo"`
+			Comment      string `json:"comment"`
+			ExternalRefs []struct {
+				ReferenceLocator string `json:"referenceLocator"`
+			} `json:"externalRefs"`
+		} `json:"packages"`
+	}
+	sbomFile := filepath.Join(filepath.Dir(raw), md.SBOM.File)
+	if err := json.Unmarshal([]byte(readText(t, sbomFile)), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var debs []string
+	kinds := map[string]int{}
+	kilnInit := false
+	for _, p := range doc.Packages[1:] {
+		kind := strings.Split(strings.TrimPrefix(p.SPDXID, "SPDXRef-"), "-")[0]
+		kinds[kind]++
+		if kind == "deb" {
+			arch := p.ExternalRefs[0].ReferenceLocator
+			arch = arch[strings.Index(arch, "arch=")+5:]
+			arch, _, _ = strings.Cut(arch, "&")
+			debs = append(debs, p.Name+" "+p.VersionInfo+" "+arch)
+		}
+		if kind == "go" && p.Name == "github.com/kilnproject/kiln" && p.Comment == "built into kiln-init" {
+			kilnInit = true
+		}
+	}
+
+	// dpkg-query on the image's own root.
+	dir := t.TempDir()
+	part, err := extractPartition(raw, nodeimage.RootAName, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := filepath.Join(dir, "tree")
+	if out, err := exec.Command("unsquashfs", "-q", "-n", "-d", tree, part, "var/lib/dpkg").CombinedOutput(); err != nil {
+		t.Fatalf("unsquashfs: %v\n%s", err, out)
+	}
+	out, err := exec.Command("dpkg-query", "--admindir="+filepath.Join(tree, "var/lib/dpkg"), "-W", "-f", `${db:Status-Abbrev}\t${Package}\t${Version}\t${Architecture}\n`).Output()
+	if err != nil {
+		t.Fatalf("dpkg-query: %v", err)
+	}
+	var want []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Split(line, "\t"); len(f) == 4 && len(f[0]) >= 2 && f[0][1] == 'i' {
+			want = append(want, f[1]+" "+f[2]+" "+f[3])
+		}
+	}
+	slices.Sort(debs)
+	slices.Sort(want)
+	if doc.SPDXVersion != "SPDX-2.3" || len(want) < 100 || !slices.Equal(debs, want) {
+		t.Errorf("SBOM lists %d Debian packages, dpkg-query %d in the image's root", len(debs), len(want))
+	}
+	images := 0
+	if md.Kubernetes != nil {
+		images = len(md.Kubernetes.Images)
+	}
+	if kinds["artifact"] != len(md.Artifacts) || kinds["image"] != images || kinds["kernel"] != 1 || !kilnInit {
+		t.Errorf("SBOM kinds %v (kiln-init's module listed: %v), want %d artifacts, %d images, the kernel", kinds, kilnInit, len(md.Artifacts), images)
+	}
+	for k, n := range kinds {
+		if md.SBOM.Packages[k] != n {
+			t.Errorf("metadata counts %v, the document %v", md.SBOM.Packages, kinds)
+			break
+		}
+	}
+	inspect := e.run(e.repo, e.kiln, "inspect", strings.TrimSuffix(raw, ".raw")+".json")
+	if !strings.Contains(inspect, "sbom:    "+md.SBOM.File+" (sha256 "+md.SBOM.SHA256+"): ") {
+		t.Errorf("kiln inspect does not name the SBOM:\n%s", inspect)
+	}
+	t.Logf("SBOM of the worker: %v", md.SBOM.Packages)
+}
+
+func readText(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
