@@ -1,7 +1,11 @@
 package qemutests
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,13 +16,21 @@ import (
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// The default worker's SBOM, read beside the bake: its Debian packages are those dpkg-query
-// lists in the image's own root filesystem (names, versions, architectures), it lists every
-// artifact and pre-pulled image the metadata records and kiln-init's Go modules, and
-// kiln inspect names it with its counts. No VM is booted.
+// The default worker's SBOM and signed provenance, read beside the bake: its Debian packages
+// are those dpkg-query lists in the image's own root filesystem (names, versions,
+// architectures), it lists every artifact and pre-pulled image the metadata records and
+// kiln-init's Go modules, and kiln inspect names it with its counts; kiln verify checks the
+// bake's provenance (signed with --sign-key) and names the SBOM once a byte of it changed.
+// No VM is booted.
 func TestSBOMOfTheWorker(t *testing.T) {
 	e := newEnv(t)
-	raw := e.bake("qemu", "worker")
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	der, _ := x509.MarshalPKCS8PrivateKey(key)
+	pubDER, _ := x509.MarshalPKIXPublicKey(key.Public())
+	keyFile, pubFile := filepath.Join(e.dir, "kiln.key"), filepath.Join(e.dir, "kiln.pub")
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+	os.WriteFile(pubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o644)
+	raw := e.bakeInto("qemu", "worker", "out", "qemu", "", "--sign-key", keyFile)
 	var md nodeimage.Metadata
 	if err := json.Unmarshal([]byte(readText(t, strings.TrimSuffix(raw, ".raw")+".json")), &md); err != nil {
 		t.Fatal(err)
@@ -102,6 +114,24 @@ func TestSBOMOfTheWorker(t *testing.T) {
 		t.Errorf("kiln inspect does not name the SBOM:\n%s", inspect)
 	}
 	t.Logf("SBOM of the worker: %v", md.SBOM.Packages)
+
+	outDir := filepath.Dir(raw)
+	verified := e.run(e.repo, e.kiln, "verify", outDir, "--key", pubFile)
+	if !strings.Contains(verified, md.SBOM.File+": the signed SBOM") || !strings.Contains(verified, "qemu-worker.raw: sha256 ok") {
+		t.Errorf("kiln verify:\n%s", verified)
+	}
+	// One byte of the SBOM changed: kiln verify fails and names it.
+	b := []byte(readText(t, sbomFile))
+	b[len(b)-3] ^= 1
+	if err := os.WriteFile(sbomFile, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(e.kiln, "verify", outDir, "--key", pubFile)
+	cmd.Env = e.environ
+	failed, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(failed), md.SBOM.File+": sha256 ") {
+		t.Errorf("kiln verify after the SBOM changed: %v\n%s", err, failed)
+	}
 }
 
 func readText(t *testing.T, p string) string {

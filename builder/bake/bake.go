@@ -13,6 +13,7 @@
 //	pxe         with the pxe format: the kernel, initramfs and root image for network boots
 //	formats     the raw disk converted to the definition's formats
 //	metadata    image.json in the tree and <image>-<role>.json beside the outputs
+//	provenance  with a signing key: <image>-<role>.intoto.jsonl, SLSA provenance of every output
 //
 // Everything is written in a work directory inside the output directory and renamed into place
 // at the end, so a failed bake leaves no output behind.
@@ -20,6 +21,7 @@ package bake
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -55,6 +57,8 @@ type Options struct {
 	// laid): the node's runtime pulls them at first boot. For measuring what pre-pulling
 	// saves, and for sites that prefer a registry mirror to image size.
 	WithoutImages bool
+	// SignKey, when set, signs the bake's provenance (<image>-<role>.intoto.jsonl).
+	SignKey crypto.Signer
 	// ImportImages lays the pre-pulled images as the OCI layout only, without containerd's
 	// store: first boot imports and unpacks them (kiln-init kube images), as before the store
 	// was laid at bake. For measuring what laying the store saves.
@@ -63,7 +67,7 @@ type Options struct {
 
 // Result names what a bake wrote.
 type Result struct {
-	Outputs  []string // every file (and the pxe directory) written to OutDir, in the definition's order, then the SBOM, metadata last
+	Outputs  []string // every file (and the pxe directory) written to OutDir, in the definition's order, then the SBOM, the metadata and the signed provenance (with a SignKey)
 	Metadata *nodeimage.Metadata
 }
 
@@ -194,7 +198,15 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return md, append(files, sbomFile, mdFile), nil
+	files = append(files, sbomFile, mdFile)
+	if b.o.SignKey != nil {
+		prov, err := b.writeProvenance(md, mdFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		files = append(files, prov)
+	}
+	return md, files, nil
 }
 
 // step logs that the stage name took since start, with attrs (key-value pairs) before the time.

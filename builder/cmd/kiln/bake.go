@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/bake"
+	"github.com/kilnproject/kiln/builder/provenance"
 )
 
 // bakeLong is `kiln bake --help`.
@@ -69,11 +71,13 @@ const bakeExample = `  kiln bake images/qemu.yaml --role worker -o out
   kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init --kiln-stage1 bin/kiln-stage1
   kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml
   kiln bake images/qemu.yaml --role worker -o out-pull --without-images
-  kiln bake images/qemu.yaml --role worker -o out-import --import-images`
+  kiln bake images/qemu.yaml --role worker -o out-import --import-images
+  kiln bake images/qemu.yaml --role worker -o out --sign-key kiln.key   # + qemu-worker.intoto.jsonl (kiln verify)`
 
 // bakeOptions are `kiln bake`'s flags.
 type bakeOptions struct {
 	role, out, kilnInit, stage1 string
+	signKey                     string
 	overlays                    []string
 	withoutImages, importImages bool
 }
@@ -94,6 +98,7 @@ func newBakeCmd() *cobra.Command {
 	cmd.Flags().StringVarP(&b.out, "output", "o", "out", "output directory")
 	cmd.Flags().StringVar(&b.kilnInit, "kiln-init", "", "static kiln-init binary, the node agent on the image's root (default: $KILN_INIT, or kiln-init next to kiln)")
 	cmd.Flags().StringVar(&b.stage1, "kiln-stage1", "", "static kiln-stage1 binary, the initramfs' /init (default: $KILN_STAGE1, or kiln-stage1 next to the kiln-init binary)")
+	cmd.Flags().StringVar(&b.signKey, "sign-key", "", "PEM private key (ed25519 or ECDSA P-256) to sign the bake's provenance with, <image>-<role>.intoto.jsonl (default: $KILN_SIGN_KEY; kiln verify checks it)")
 	cmd.Flags().StringArrayVar(&b.overlays, "profile-overlay", nil, "YAML document replacing artifact url/path/sha256 and image source/digest by name (repeatable, applied in order)")
 	cmd.Flags().BoolVar(&b.withoutImages, "without-images", false, "leave the profile's pre-pulled images out: nodes pull them from a registry at first boot")
 	cmd.Flags().BoolVar(&b.importImages, "import-images", false, "lay the pre-pulled images as an OCI layout only, without containerd's store: first boot imports and unpacks them")
@@ -109,6 +114,16 @@ func (b *bakeOptions) run(cmd *cobra.Command, definition string) error {
 	if b.stage1 == "" {
 		b.stage1 = defaultStage1(b.kilnInit)
 	}
+	if b.signKey == "" {
+		b.signKey = os.Getenv("KILN_SIGN_KEY")
+	}
+	var signer crypto.Signer
+	if b.signKey != "" {
+		var err error
+		if signer, err = provenance.LoadPrivateKey(b.signKey); err != nil {
+			return fmt.Errorf("--sign-key: %w", err)
+		}
+	}
 	cache, err := artifact.DefaultCache()
 	if err != nil {
 		return err
@@ -120,7 +135,7 @@ func (b *bakeOptions) run(cmd *cobra.Command, definition string) error {
 	res, err := bake.Bake(cmd.Context(), bake.Options{
 		Definition: definition, Role: b.role, OutDir: b.out, KilnInit: b.kilnInit, Stage1: b.stage1,
 		Cache: cache, Log: slog.Default(), Version: version, Created: created,
-		ProfileOverlays: b.overlays, WithoutImages: b.withoutImages, ImportImages: b.importImages,
+		ProfileOverlays: b.overlays, WithoutImages: b.withoutImages, ImportImages: b.importImages, SignKey: signer,
 		ImageFetch: artifact.ImageFetch{Remote: artifact.RemoteOptions(authn.DefaultKeychain)},
 	})
 	if err != nil {
