@@ -78,7 +78,8 @@ func TestSBOMOfTheWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	tree := filepath.Join(dir, "tree")
-	if out, err := exec.Command("unsquashfs", "-q", "-n", "-d", tree, part, "var/lib/dpkg").CombinedOutput(); err != nil {
+	// kiln's base keeps dpkg's database in /usr/lib/kiln/dpkg, /var/lib/dpkg a link to it.
+	if out, err := exec.Command("unsquashfs", "-q", "-n", "-d", tree, part, "var/lib/dpkg", "usr/lib/kiln/dpkg").CombinedOutput(); err != nil {
 		t.Fatalf("unsquashfs: %v\n%s", err, out)
 	}
 	out, err := exec.Command("dpkg-query", "--admindir="+filepath.Join(tree, "var/lib/dpkg"), "-W", "-f", `${db:Status-Abbrev}\t${Package}\t${Version}\t${Architecture}\n`).Output()

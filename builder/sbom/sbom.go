@@ -70,15 +70,22 @@ type Document struct {
 // file; distro qualifies their package URLs (debian-12, from the tree's os-release). A tree
 // without a dpkg database has none.
 func DebianPackages(root string) ([]Package, error) {
+	// Read through os.Root: the tree's links (Debian's /var/lib/dpkg may be one, as kiln's
+	// base makes it) resolve inside the tree, never on the host.
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
 	status := filepath.Join(root, "var/lib/dpkg/status")
-	data, err := os.ReadFile(status)
+	data, err := r.ReadFile("var/lib/dpkg/status")
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	vendor, distro := osRelease(root)
+	vendor, distro := osRelease(r)
 	var pkgs []Package
 	for i, para := range bytes.Split(data, []byte("\n\n")) {
 		f := fields(para)
@@ -120,12 +127,12 @@ func fields(para []byte) map[string]string {
 }
 
 // osRelease is the purl namespace (os-release's ID, "debian" by default) and distro qualifier
-// (ID-VERSION_ID, "debian-12") of the tree at root.
-func osRelease(root string) (vendor, distro string) {
+// (ID-VERSION_ID, "debian-12") of the tree root.
+func osRelease(root *os.Root) (vendor, distro string) {
 	vendor = "debian"
 	var data []byte
 	for _, p := range []string{"etc/os-release", "usr/lib/os-release"} {
-		if b, err := os.ReadFile(filepath.Join(root, p)); err == nil {
+		if b, err := root.ReadFile(p); err == nil {
 			data = b
 			break
 		}

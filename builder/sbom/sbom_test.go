@@ -64,7 +64,10 @@ func TestDebianPackagesOfATree(t *testing.T) {
 	root := t.TempDir()
 	os.MkdirAll(filepath.Join(root, "var/lib/dpkg"), 0o755)
 	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
-	os.WriteFile(filepath.Join(root, "etc/os-release"), []byte("PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\nVERSION_ID=\"12\"\n"), 0o644)
+	// /etc/os-release a link to /usr/lib/os-release, resolved in the tree, as in Debian.
+	os.MkdirAll(filepath.Join(root, "usr/lib"), 0o755)
+	os.Symlink("../usr/lib/os-release", filepath.Join(root, "etc/os-release"))
+	os.WriteFile(filepath.Join(root, "usr/lib/os-release"), []byte("PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\nVERSION_ID=\"12\"\n"), 0o644)
 	os.WriteFile(filepath.Join(root, "var/lib/dpkg/status"), []byte(`Package: libc6
 Status: install ok installed
 Architecture: amd64
