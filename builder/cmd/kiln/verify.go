@@ -2,7 +2,6 @@ package main
 
 import (
 	"crypto"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/provenance"
-	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 const verifyLong = `Verify checks a bake's signed provenance (<image>-<role>.intoto.jsonl, written by
@@ -109,11 +107,8 @@ func verifyOne(w io.Writer, env string, pub crypto.PublicKey) []string {
 	}
 	// The SBOM the metadata names is one of the signed subjects, with the same digest.
 	mdFile := strings.TrimSuffix(env, provenance.EnvelopeSuffix) + ".json"
-	var md nodeimage.Metadata
-	if data, err := os.ReadFile(mdFile); err != nil {
+	if md, err := readMetadata(mdFile); err != nil {
 		failed = append(failed, err.Error())
-	} else if err := json.Unmarshal(data, &md); err != nil {
-		failed = append(failed, fmt.Sprintf("%s: %v", mdFile, err))
 	} else if md.SBOM == nil {
 		failed = append(failed, fmt.Sprintf("%s names no SBOM", mdFile))
 	} else if i := slices.Index(names, md.SBOM.File); i < 0 || st.Subject[i].Digest["sha256"] != md.SBOM.SHA256 {
