@@ -65,7 +65,12 @@ func (c *Cache) checkPublisherSum(ctx context.Context, fileURL, checksumURL, sum
 		}
 	}
 	for _, u := range candidates {
-		data, err := c.getChecksumFile(ctx, u)
+		var data []byte
+		err := c.retry(ctx, u, nil, func(ctx context.Context) error {
+			var err error
+			data, err = c.getChecksumFile(ctx, u)
+			return err
+		})
 		if errors.Is(err, errNoChecksum) && checksumURL == "" {
 			continue
 		}
@@ -84,32 +89,36 @@ func (c *Cache) checkPublisherSum(ctx context.Context, fileURL, checksumURL, sum
 	return PinnedByDownload, nil
 }
 
-// getChecksumFile fetches a checksum file, following only safe redirects (fetch.Do).
+// getChecksumFile makes one attempt at fetching a checksum file, following only safe
+// redirects (fetch.Do). Its errors are marked as the artifact downloads' are for c.retry: a
+// missing file (errNoChecksum) and answers that will not change are permanent; a 5xx, a 429
+// and a broken connection are tried again.
 func (c *Cache) getChecksumFile(ctx context.Context, u string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, checksumTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, err
+		return nil, fetch.Permanent(err)
 	}
+	req.Header.Set("User-Agent", "kiln")
 	resp, err := fetch.Do(c.Client, req)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("GET %s: %w", u, fetch.Cause(ctx, err))
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
-	case http.StatusOK:
 	case http.StatusNotFound, http.StatusGone, http.StatusUnauthorized, http.StatusForbidden:
-		return nil, fmt.Errorf("%w (%s)", errNoChecksum, resp.Status)
-	default:
-		return nil, fmt.Errorf("server answered %s", resp.Status)
+		return nil, fetch.Permanent(fmt.Errorf("%w (%s)", errNoChecksum, resp.Status))
+	}
+	if err := fetch.CheckStatus(resp, c.Retry.now()); err != nil {
+		return nil, fmt.Errorf("server answered: %w", err)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxChecksumFile+1))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("GET %s: %w", u, fetch.Cause(ctx, err))
 	}
 	if len(data) > maxChecksumFile {
-		return nil, fmt.Errorf("more than %d bytes: not a checksum file", maxChecksumFile)
+		return nil, fetch.Permanent(fmt.Errorf("more than %d bytes: not a checksum file", maxChecksumFile))
 	}
 	return data, nil
 }

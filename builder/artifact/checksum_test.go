@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kilnproject/kiln/builder/spec"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // A release mirror as publishers lay theirs out: files with a checksum beside them in
@@ -145,6 +146,59 @@ func TestChecksumFor(t *testing.T) {
 			got, err := checksumFor([]byte(tc.file), "x.tar.gz")
 			if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 				t.Errorf("checksumFor = %q, %v; want %q, %q", got, err, tc.want, tc.err)
+			}
+		})
+	}
+}
+
+// A checksum file the server fails to give at first (a 503, a 500) is fetched again as an
+// artifact download would be, and the pin it confirms is recorded; a server that keeps
+// failing stops kiln lock naming the checksum's URL and the answer.
+func TestPinRetriesTheChecksumFile(t *testing.T) {
+	kubelet := []byte("kubelet v1")
+	for _, tc := range []struct {
+		name     string
+		failures int // answers of 503 before the checksum file is served
+		want     string
+	}{
+		{"two failures", 2, ""},
+		{"always failing", 100, "503 Service Unavailable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var asked int
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/v1/kubelet":
+					w.Write(kubelet)
+				case "/v1/kubelet.sha256":
+					if asked++; asked <= tc.failures {
+						http.Error(w, "busy", http.StatusServiceUnavailable)
+						return
+					}
+					w.Write([]byte(hexSum(kubelet) + "\n"))
+				default:
+					http.NotFound(w, r)
+				}
+			}))
+			defer srv.Close()
+			def, prof := pinProfile(t, fmt.Sprintf("  - name: kubelet\n    url: %s/v1/kubelet\n    dest: /usr/bin/kubelet\n", srv.URL))
+			c := NewCache(t.TempDir())
+			c.Retry = DownloadRetry{Clock: &testkit.InstantClock{}}
+			l, _, err := (&Pinner{Cache: c}).Pin(context.Background(), def, []*spec.Profile{prof}, nil)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), srv.URL+"/v1/kubelet.sha256") {
+					t.Fatalf("Pin = %v; want an error naming the checksum URL and %q", err, tc.want)
+				}
+				if asked != 5 {
+					t.Errorf("the checksum file was asked for %d times, want the 5 attempts of a download", asked)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := l.Artifacts["worker/kubelet"].PinnedFrom; got != srv.URL+"/v1/kubelet.sha256" || asked != tc.failures+1 {
+				t.Errorf("pinned from %q after %d requests, want the checksum file after %d", got, asked, tc.failures+1)
 			}
 		})
 	}
