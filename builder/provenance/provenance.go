@@ -15,12 +15,15 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 )
 
 // The types and URIs of the formats.
@@ -272,4 +275,58 @@ func readPEM(path string) (*pem.Block, error) {
 		return nil, fmt.Errorf("%s: no PEM block", path)
 	}
 	return block, nil
+}
+
+// SubjectSHA256 returns the sha256 the statement records for the subject name.
+func (s *Statement) SubjectSHA256(name string) (string, bool) {
+	for _, sub := range s.Subject {
+		if sub.Name == name {
+			return sub.Digest["sha256"], true
+		}
+	}
+	return "", false
+}
+
+// Signed is an image's provenance, checked: its statement and the sha256 of the envelope file,
+// the digest a published image records so the provenance it was checked against can be found
+// again.
+type Signed struct {
+	Statement *Statement
+	File      string // the envelope's path
+	SHA256    string // hex digest of the envelope file's bytes
+}
+
+// VerifyImage checks the provenance of the image whose metadata (<image>-<role>.json) is at
+// mdPath and holds mdData: that <image>-<role>.intoto.jsonl beside it is signed by pub and
+// names the metadata, with these bytes' sha256, as a subject. Every file the metadata records
+// with its sha256 is then as signed as the metadata is: a caller that checks a file against the
+// metadata's digest before using it needs no more. Errors name the envelope and what failed.
+func VerifyImage(mdPath string, mdData []byte, pub crypto.PublicKey) (*Signed, error) {
+	base := filepath.Base(mdPath)
+	if filepath.Ext(base) != ".json" {
+		return nil, fmt.Errorf("%s: not an image's metadata (<image>-<role>.json)", mdPath)
+	}
+	env := filepath.Join(filepath.Dir(mdPath), strings.TrimSuffix(base, ".json")+EnvelopeSuffix)
+	data, err := os.ReadFile(env)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: no signed provenance beside it (%s): bake with --sign-key", mdPath, filepath.Base(env))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provenance: %w", err)
+	}
+	st, err := Verify(data, pub)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", env, err)
+	}
+	sum := sha256.Sum256(mdData)
+	got := hex.EncodeToString(sum[:])
+	want, ok := st.SubjectSHA256(base)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%s: does not name %s among its subjects", env, base)
+	case want != got:
+		return nil, fmt.Errorf("%s: sha256 %s, the provenance %s says %s: the metadata changed since it was signed", mdPath, got, filepath.Base(env), want)
+	}
+	es := sha256.Sum256(data)
+	return &Signed{Statement: st, File: env, SHA256: hex.EncodeToString(es[:])}, nil
 }

@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"crypto"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kilnproject/kiln/builder/output"
+	"github.com/kilnproject/kiln/builder/provenance"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -18,6 +20,12 @@ type Image struct {
 	Metadata *nodeimage.Metadata // <stem>.json beside it
 	Output   nodeimage.OutputInfo
 	SHA256   string // hex digest of the whole file, from the metadata: the image's identity
+	// Provenance is the image's signed provenance, checked by VerifyProvenance; nil when
+	// none was asked for. A publisher records its digest on the cloud image.
+	Provenance *provenance.Signed
+
+	metadataPath string
+	metadataData []byte
 }
 
 var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -42,7 +50,7 @@ func Load(path string) (*Image, error) {
 	if err := json.Unmarshal(data, md); err != nil {
 		return nil, fmt.Errorf("%s: %w", sidecar, err)
 	}
-	im := &Image{Path: path, Metadata: md}
+	im := &Image{Path: path, Metadata: md, metadataPath: sidecar, metadataData: data}
 	found := false
 	for _, o := range md.Outputs {
 		if o.File == name {
@@ -76,4 +84,32 @@ func (im *Image) DiskSize() int64 {
 		return d.Size
 	}
 	return im.Output.Size
+}
+
+// VerifyProvenance checks the image's signed provenance with pub (its envelope beside the
+// metadata, see provenance.VerifyImage) and that it names the output file with the metadata's
+// digest, then keeps it in im.Provenance. The file itself is hashed against that digest before
+// any request, as without a key; so what is published is what was signed.
+func (im *Image) VerifyProvenance(pub crypto.PublicKey) error {
+	signed, err := provenance.VerifyImage(im.metadataPath, im.metadataData, pub)
+	if err != nil {
+		return fmt.Errorf("%s: %w", im.Path, err)
+	}
+	got, ok := signed.Statement.SubjectSHA256(im.Output.File)
+	switch {
+	case !ok:
+		return fmt.Errorf("%s: the provenance %s does not name it among its subjects", im.Path, filepath.Base(signed.File))
+	case got != im.SHA256:
+		return fmt.Errorf("%s: the provenance %s says sha256 %s, the metadata %s", im.Path, filepath.Base(signed.File), got, im.SHA256)
+	}
+	im.Provenance = signed
+	return nil
+}
+
+// ProvenanceSHA256 is the hex digest of the image's checked provenance envelope, or "".
+func (im *Image) ProvenanceSHA256() string {
+	if im.Provenance == nil {
+		return ""
+	}
+	return im.Provenance.SHA256
 }

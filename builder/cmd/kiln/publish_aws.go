@@ -52,12 +52,14 @@ one service's. An http:// endpoint, from the flag or the environment, is refused
 anything is sent (the signature and session token would go in clear text) unless
 --insecure-http is given; so is a --region that is not a region name (like eu-west-1).
 
--o json prints {"imageId","snapshotId","region","copies":{region: id},"reused","reason"}
-for the next CI step; "reason", present when an AMI or a snapshot was reused, names it and
-says why kiln took it for this file.`
+-o json prints {"imageId","snapshotId","region","copies":{region: id},"reused","reason",
+"provenance"} for the next CI step; "reason", present when an AMI or a snapshot was reused,
+names it and says why kiln took it for this file; "provenance", with --key, is the SHA-256
+of the signed provenance checked (see kiln publish --help).`
 
 // publishAWSExample is `kiln publish aws`'s examples.
 const publishAWSExample = `  kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-aws-worker-$(date +%Y%m%d)
+  kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-worker-v1.2.0 --key release.pub
   kiln publish aws out/aws-worker.raw --region eu-west-1 --name kiln-worker-v1.2.0 \
       --tag team=platform --share-with 123456789012 --copy-to us-east-1 -o json
 
@@ -68,6 +70,7 @@ const publishAWSExample = `  kiln publish aws out/aws-worker.raw --region eu-wes
 // publishAWSOptions are `kiln publish aws`'s flags.
 type publishAWSOptions struct {
 	region, name, format, endpoint string
+	key                            string
 	tags, shareWith, copyTo        []string
 	insecureHTTP                   bool
 }
@@ -92,6 +95,7 @@ func newPublishAWSCmd() *cobra.Command {
 	f.StringArrayVar(&p.copyTo, "copy-to", nil, "a region to copy the AMI to (repeatable)")
 	f.StringVarP(&p.format, "output", "o", "table", "output format: table or json")
 	f.StringVar(&p.endpoint, "endpoint-url", "", "the URL of EBS, EC2 and STS (an emulator or a private endpoint)")
+	keyFlag(cmd, &p.key)
 	f.BoolVar(&p.insecureHTTP, "insecure-http", false, "allow an http:// endpoint, the signatures and session token in clear text (emulators only)")
 	_ = cmd.MarkFlagRequired("region")
 	_ = cmd.MarkFlagRequired("name")
@@ -116,6 +120,9 @@ func (p *publishAWSOptions) run(cmd *cobra.Command, file string) error {
 	}
 	if im.Format() != "raw" {
 		return exitcode.Usagef("%s is a %s image: publish the .raw output of the bake", file, im.Format())
+	}
+	if err := verifyBeforePublish(im, p.key); err != nil {
+		return err
 	}
 	cfg, err := config.LoadDefaultConfig(cmd.Context(), config.WithRegion(p.region))
 	if err != nil {

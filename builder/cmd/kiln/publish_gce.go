@@ -46,7 +46,7 @@ without one); STORAGE_EMULATOR_HOST is honoured as by every Cloud Storage client
 no credentials to Cloud Storage. --no-auth sends none to either API, for emulators and test
 fakes; a plain-http endpoint is refused without it, so credentials never go in clear text.
 
--o json prints {"image", "selfLink", "object", "reused", "reason"} for the next step of a CI
+-o json prints {"image", "selfLink", "object", "reused", "reason", "provenance"} for the next step of a CI
 job; "object" is the gs:// URL the image was made from, empty when it was reused; "reason",
 present when the image was reused, says which image it is and why kiln took it for this
 file.`
@@ -55,6 +55,8 @@ file.`
 const publishGCEExample = `  kiln bake images/gce.yaml --role worker -o out
   kiln publish gce out/gce-worker.tar.gz --project my-project --bucket my-images \
       --name kiln-worker-20261203 --family kiln-worker --label role=worker -o json
+  kiln publish gce out/gce-worker.tar.gz --project my-project --bucket my-images \
+      --name kiln-worker-v1-2-0 --key release.pub
 
   # against a local Cloud Storage emulator and Compute fake
   kiln publish gce out/gce-worker.tar.gz --project p --bucket b --name n --no-auth \
@@ -67,6 +69,7 @@ type publishGCEOptions struct {
 	format   string
 	chunkMiB int
 	noAuth   bool
+	key      string
 }
 
 func newPublishGCECmd() *cobra.Command {
@@ -95,6 +98,7 @@ func newPublishGCECmd() *cobra.Command {
 	f.StringVar(&o.ComputeEndpoint, "compute-endpoint", "", "Compute Engine API endpoint URL (private endpoint, fake)")
 	f.BoolVar(&g.noAuth, "no-auth", false, "send no credentials (emulators and test fakes only)")
 	f.StringVarP(&g.format, "output", "o", "table", "output format: table or json")
+	keyFlag(cmd, &g.key)
 	for _, name := range []string{"project", "bucket", "name"} {
 		_ = cmd.MarkFlagRequired(name)
 	}
@@ -134,6 +138,9 @@ func (g *publishGCEOptions) run(cmd *cobra.Command, file string) error {
 	im, err := gce.Load(file)
 	if err != nil {
 		return fmt.Errorf("publish gce: %w", err)
+	}
+	if err := verifyBeforePublish(im, g.key); err != nil {
+		return err
 	}
 	o.ChunkSize, o.Log = g.chunkMiB<<20, slog.Default()
 	o.Progress = gceProgress(cmd.ErrOrStderr())

@@ -89,7 +89,7 @@ func (a *Publisher) copyTo(ctx context.Context, im *publish.Image, account strin
 			return "", nameHeld(r.Name, region, img, err)
 		}
 	} else {
-		tags := append(r.tags(im.SHA256), kv{"kiln:source", a.Region + "/" + source})
+		tags := append(r.tags(im), kv{"kiln:source", a.Region + "/" + source})
 		out, err := c.CopyImage(ctx, &ec2.CopyImageInput{
 			Name:              sdkaws.String(r.Name),
 			Description:       sdkaws.String(description(im)),

@@ -43,7 +43,7 @@ func (a *Publisher) register(ctx context.Context, im *publish.Image, r Request, 
 				DeleteOnTermination: sdkaws.Bool(true),
 			},
 		}},
-		TagSpecifications: tagSpecs(r.tags(im.SHA256), types.ResourceTypeImage),
+		TagSpecifications: tagSpecs(r.tags(im), types.ResourceTypeImage),
 	})
 	if errorCode(err) == "InvalidAMIName.Duplicate" {
 		return a.adopt(ctx, im, r, snapshot, account, err)

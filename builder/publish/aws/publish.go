@@ -34,6 +34,10 @@ var _ publish.Publisher = (*Publisher)(nil)
 // image, the identity by which a second publish finds them.
 const DigestTag = "kiln:sha256"
 
+// ProvenanceTag is the tag kiln publish --key adds beside DigestTag: the hex SHA-256 of the
+// signed provenance (<image>-<role>.intoto.jsonl) the image was checked against.
+const ProvenanceTag = "kiln:provenance-sha256"
+
 // Publisher publishes raw images as AMIs in one region of one account.
 type Publisher struct {
 	// Request is what Publish publishes the image as.
@@ -136,6 +140,9 @@ type Result struct {
 	// Reason says what was reused (the AMI, or a snapshot an AMI was registered from) and
 	// why kiln took it for this file; empty when nothing was.
 	Reason string `json:"reason,omitempty"`
+	// Provenance is the hex SHA-256 of the signed provenance the file was checked against
+	// (kiln publish --key), tagged ProvenanceTag on what this run made; empty without a key.
+	Provenance string `json:"provenance,omitempty"`
 	// Upload is the upload's account, nil when nothing was uploaded.
 	Upload *UploadProgress `json:"-"`
 }
@@ -150,6 +157,9 @@ func (res *Result) WriteText(w io.Writer) error {
 	fmt.Fprintf(w, "%s\t%s\tsnapshot %s\t%s\n", res.Region, res.ImageID, res.SnapshotID, how)
 	if res.Reason != "" {
 		fmt.Fprintf(w, "reused: %s\n", res.Reason)
+	}
+	if res.Provenance != "" {
+		fmt.Fprintf(w, "provenance verified: sha256:%s\n", res.Provenance)
 	}
 	for _, r := range slices.Sorted(maps.Keys(res.Copies)) {
 		fmt.Fprintf(w, "%s\t%s\tcopy\n", r, res.Copies[r])
@@ -190,8 +200,8 @@ func (r Request) Validate(home string) error {
 		return badField("name", "%q: an AMI name is 3-128 letters, digits, spaces and ()[]./'@_-", r.Name)
 	}
 	for k, v := range r.Tags {
-		if k == DigestTag {
-			return badField("tag", "%s is kiln's own tag", DigestTag)
+		if k == DigestTag || k == ProvenanceTag {
+			return badField("tag", "%s is kiln's own tag", k)
 		}
 		if len(k) == 0 || len(k) > 128 || len(v) > 256 || strings.HasPrefix(k, "aws:") {
 			return badField("tag", "%q: keys are 1-128 characters, not starting aws:, values up to 256", k)
@@ -243,7 +253,7 @@ func (a *Publisher) publish(ctx context.Context, im *publish.Image, r Request) (
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Region: a.Region, Copies: map[string]string{}}
+	res := &Result{Region: a.Region, Copies: map[string]string{}, Provenance: im.ProvenanceSHA256()}
 	img, err := a.findImage(ctx, a.EC2, a.Region, account, r.Name, im.SHA256)
 	if err != nil {
 		return nil, err
@@ -254,6 +264,10 @@ func (a *Publisher) publish(ctx context.Context, im *publish.Image, r Request) (
 			return nil, nameHeld(r.Name, a.Region, img, err)
 		}
 		a.log().Info("publish aws: image exists and holds this file", "image", *img.ImageId, "region", a.Region)
+		if p := im.ProvenanceSHA256(); p != "" && tagValue(img.Tags, ProvenanceTag) != p {
+			a.log().Warn("publish aws: the AMI found keeps the provenance tag it was published with; this run's checked provenance is not recorded on it",
+				"image", *img.ImageId, "tag", ProvenanceTag, "has", tagValue(img.Tags, ProvenanceTag), "checked", p)
+		}
 		res.ImageID, res.SnapshotID, res.Reused = *img.ImageId, snap, true
 		res.Reason = fmt.Sprintf("AMI %s is called %q in %s, owned by the caller's account %s, tagged %s=%s and registered as kiln registers AMIs; its snapshot %s, the caller's, read back holds exactly the %d data blocks of %s",
 			*img.ImageId, r.Name, a.Region, account, DigestTag, im.SHA256, snap, len(sums.blocks), im.Path)
@@ -312,13 +326,17 @@ func (a *Publisher) create(ctx context.Context, im *publish.Image, sums *rawSums
 	return nil
 }
 
-// tags is r's tags with the digest tag, sorted by key.
-func (r Request) tags(digest string) []kv {
+// tags is r's tags with the digest tag and, for an image whose provenance was checked, the
+// provenance tag, sorted by key.
+func (r Request) tags(im *publish.Image) []kv {
 	all := maps.Clone(r.Tags)
 	if all == nil {
 		all = map[string]string{}
 	}
-	all[DigestTag] = digest
+	all[DigestTag] = im.SHA256
+	if p := im.ProvenanceSHA256(); p != "" {
+		all[ProvenanceTag] = p
+	}
 	var out []kv
 	for _, k := range slices.Sorted(maps.Keys(all)) {
 		out = append(out, kv{k, all[k]})

@@ -58,7 +58,7 @@ func (a *Publisher) upload(ctx context.Context, im *publish.Image, r Request) (*
 	}
 	defer f.Close()
 	var tags []ebstypes.Tag
-	for _, t := range r.tags(im.SHA256) {
+	for _, t := range r.tags(im) {
 		tags = append(tags, ebstypes.Tag{Key: sdkaws.String(t.key), Value: sdkaws.String(t.value)})
 	}
 	start, err := a.EBS.StartSnapshot(ctx, &ebs.StartSnapshotInput{

@@ -34,7 +34,11 @@ func (p *gcePublisher) existing(ctx context.Context) (*Result, error) {
 	p.log.Info("image of this file exists; nothing uploaded", "image", im.Name, "sha256", digest)
 	why := fmt.Sprintf("image %s of project %s is READY, labelled %s=%s, and its description ends %s, the SHA-256 of %s (hashed before any request)",
 		im.Name, p.o.Project, DigestLabel, im.Labels[DigestLabel], gceDescriptionDigest(digest), p.o.file)
-	return &Result{Image: im.Name, SelfLink: im.SelfLink, Reused: true, Reason: why}, nil
+	if prov := p.img.ProvenanceSHA256(); prov != "" && im.Labels[ProvenanceLabel] != gceDigestLabelValue(prov) {
+		p.log.Warn("the image found keeps the provenance it was published with; this run's checked provenance is not recorded on it",
+			"image", im.Name, "label", ProvenanceLabel, "has", im.Labels[ProvenanceLabel], "checked", prov)
+	}
+	return &Result{Image: im.Name, SelfLink: im.SelfLink, Reused: true, Reason: why, Provenance: p.img.ProvenanceSHA256()}, nil
 }
 
 // gceImageSpec is the image o.Name made from the uploaded object.
@@ -44,6 +48,11 @@ func (p *gcePublisher) gceImageSpec() *compute.Image {
 		labels = map[string]string{}
 	}
 	labels[DigestLabel] = gceDigestLabelValue(p.img.SHA256)
+	provenance := ""
+	if prov := p.img.ProvenanceSHA256(); prov != "" {
+		labels[ProvenanceLabel] = gceDigestLabelValue(prov)
+		provenance = "provenance sha256:" + prov + "; "
+	}
 	var features []*compute.GuestOsFeature
 	for _, f := range gceGuestOSFeatures {
 		features = append(features, &compute.GuestOsFeature{Type: f})
@@ -52,7 +61,7 @@ func (p *gcePublisher) gceImageSpec() *compute.Image {
 	return &compute.Image{
 		Name:            p.o.Name,
 		Family:          p.o.Family,
-		Description:     fmt.Sprintf("kiln image %s, role %s, platform %s, baked %s; %s", md.Name, md.Role, md.Platform, md.Created.UTC().Format(time.RFC3339), gceDescriptionDigest(p.img.SHA256)),
+		Description:     fmt.Sprintf("kiln image %s, role %s, platform %s, baked %s; %s%s", md.Name, md.Role, md.Platform, md.Created.UTC().Format(time.RFC3339), provenance, gceDescriptionDigest(p.img.SHA256)),
 		Labels:          labels,
 		Architecture:    gceArchitecture,
 		GuestOsFeatures: features,
@@ -86,7 +95,7 @@ func (p *gcePublisher) createImage(ctx context.Context) (*Result, error) {
 		return nil, p.dropImage(fmt.Errorf("image %s is %s once created, want READY", spec.Name, im.Status))
 	}
 	p.log.Info("image ready", "image", im.Name, "selfLink", im.SelfLink)
-	return &Result{Image: im.Name, SelfLink: im.SelfLink, Object: p.objectURL()}, nil
+	return &Result{Image: im.Name, SelfLink: im.SelfLink, Object: p.objectURL(), Provenance: p.img.ProvenanceSHA256()}, nil
 }
 
 // wait waits for the global operation op to be DONE.

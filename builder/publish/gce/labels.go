@@ -13,6 +13,11 @@ import (
 // image's description carries the whole digest as "sha256:<hex>".
 const DigestLabel = "kiln-sha256"
 
+// ProvenanceLabel is the label kiln publish gce --key adds: the first 63 hex digits of the
+// SHA-256 of the signed provenance the tarball was checked against; the description carries
+// the whole digest as "provenance sha256:<hex>".
+const ProvenanceLabel = "kiln-provenance"
+
 // gceMaxLabels is how many labels GCE allows on a resource.
 const gceMaxLabels = 64
 
@@ -29,8 +34,8 @@ func CheckImageName(name string) error {
 
 // ParseLabels parses K=V pairs into labels, checked with GCE's rules: keys of 1-63
 // characters starting with a lowercase letter, values of 0-63 characters, both of lowercase
-// letters (international ones too), digits, '_' and '-'; at most 63 labels, as kiln adds its
-// own DigestLabel, which may not be given.
+// letters (international ones too), digits, '_' and '-'; at most 62 labels, as kiln adds its
+// own DigestLabel and, with --key, ProvenanceLabel, which may not be given.
 func ParseLabels(pairs []string) (map[string]string, error) {
 	labels := make(map[string]string, len(pairs))
 	for _, p := range pairs {
@@ -44,16 +49,16 @@ func ParseLabels(pairs []string) (map[string]string, error) {
 		if err := checkGCELabelPart(v, false); err != nil {
 			return nil, fmt.Errorf("%q: value %w", p, err)
 		}
-		if k == DigestLabel {
-			return nil, fmt.Errorf("%q: %s is set by kiln to the image's digest", p, DigestLabel)
+		if k == DigestLabel || k == ProvenanceLabel {
+			return nil, fmt.Errorf("%q: %s is set by kiln", p, k)
 		}
 		if _, dup := labels[k]; dup {
 			return nil, fmt.Errorf("%q: key %s given twice", p, k)
 		}
 		labels[k] = v
 	}
-	if len(labels) >= gceMaxLabels {
-		return nil, fmt.Errorf("%d labels: GCE allows %d, and kiln adds %s", len(labels), gceMaxLabels, DigestLabel)
+	if len(labels) > gceMaxLabels-2 {
+		return nil, fmt.Errorf("%d labels: GCE allows %d, and kiln adds %s and %s", len(labels), gceMaxLabels, DigestLabel, ProvenanceLabel)
 	}
 	return labels, nil
 }

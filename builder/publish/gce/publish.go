@@ -52,6 +52,8 @@ type Options struct {
 
 	// file is the gce output being published (Publish sets it from the image).
 	file string
+	// img is the image Publish was given (its provenance checked or not); nil loads file.
+	img *publish.Image
 }
 
 // Result is what kiln publish gce made, for the next step of a CI job.
@@ -65,6 +67,9 @@ type Result struct {
 	// Reason says, when the image was reused, which image it is and why kiln took it for
 	// this file.
 	Reason string `json:"reason,omitempty"`
+	// Provenance is the hex SHA-256 of the signed provenance the file was checked against
+	// (kiln publish --key), recorded on an image this run made; empty without a key.
+	Provenance string `json:"provenance,omitempty"`
 }
 
 // WriteText writes the result as kiln publish gce prints it (publish.Result).
@@ -76,6 +81,9 @@ func (res *Result) WriteText(w io.Writer) error {
 	fmt.Fprintf(w, "reused    %t\n", res.Reused)
 	if res.Reason != "" {
 		fmt.Fprintf(w, "because   %s\n", res.Reason)
+	}
+	if res.Provenance != "" {
+		fmt.Fprintf(w, "provenance verified: sha256:%s\n", res.Provenance)
 	}
 	return nil
 }
@@ -112,7 +120,7 @@ type Publisher struct {
 // it made, as a precondition), or its error says what is left. The result is a *Result.
 func (p *Publisher) Publish(ctx context.Context, im *publish.Image) (publish.Result, error) {
 	o := p.Options
-	o.file = im.Path
+	o.file, o.img = im.Path, im
 	res, err := publishFile(ctx, o)
 	if err != nil {
 		return nil, err
@@ -133,9 +141,12 @@ func publishGCE(ctx context.Context, o Options) (*Result, error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
-	img, err := Load(o.file)
-	if err != nil {
-		return nil, err
+	img := o.img
+	if img == nil {
+		var err error
+		if img, err = Load(o.file); err != nil {
+			return nil, err
+		}
 	}
 	sums, err := sumFile(o.file)
 	if err != nil {
@@ -187,8 +198,10 @@ func (o *Options) check() error {
 			return fmt.Errorf("family: %w", err)
 		}
 	}
-	if _, ok := o.Labels[DigestLabel]; ok {
-		return fmt.Errorf("label %s is set by kiln", DigestLabel)
+	for _, l := range []string{DigestLabel, ProvenanceLabel} {
+		if _, ok := o.Labels[l]; ok {
+			return fmt.Errorf("label %s is set by kiln", l)
+		}
 	}
 	if o.Object == "" {
 		o.Object = o.Name + ".tar.gz"
