@@ -2,6 +2,7 @@ package netboot
 
 import (
 	"bufio"
+	"crypto"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -17,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kilnproject/kiln/builder/provenance"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -51,6 +53,8 @@ type fileTable struct {
 	log    *slog.Logger
 	files  map[string]*servedFile // by name
 	images map[string]*image      // by <image>-<role>
+	// key, when set, is the public key every image's signed provenance must verify with.
+	key crypto.PublicKey
 }
 
 func newFileTable(dir string, log *slog.Logger) *fileTable {
@@ -67,6 +71,15 @@ func (t *fileTable) image(name string) (*image, error) {
 	data, err := readRegular(mdPath)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w (bake it into %s)", name, err, t.dir)
+	}
+	if t.key != nil {
+		// The metadata, signed, vouches for every file served from it: each is hashed
+		// against the digest it records before the server starts.
+		signed, err := provenance.VerifyImage(mdPath, data, t.key)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: refusing to serve an image whose provenance does not verify: %w", name, err)
+		}
+		t.log.Info("provenance verified", "image", name, "provenance", filepath.Base(signed.File), "sha256", signed.SHA256)
 	}
 	md := new(nodeimage.Metadata)
 	if err := json.Unmarshal(data, md); err != nil {
@@ -115,6 +128,9 @@ func (t *fileTable) installImage(im *image, file string) (*servedFile, error) {
 		if o.File == file && o.SHA256 != "" {
 			return t.add(file, o.SHA256, o.Size)
 		}
+	}
+	if t.key != nil {
+		return nil, fmt.Errorf("install image %s: not among %s.json's outputs, so no signed provenance covers it (--key): install the bake's raw output", file, im.name)
 	}
 	sum, err := readSHA256File(filepath.Join(t.dir, file+".sha256"), file)
 	if err != nil {

@@ -2,6 +2,7 @@ package netboot
 
 import (
 	"cmp"
+	"crypto"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -32,7 +33,11 @@ type Options struct {
 	// MaxConns is how many connections Serve holds open at once; more wait to be
 	// accepted. 0 means DefaultMaxConns.
 	MaxConns int
-	Log      *slog.Logger
+	// VerifyKey, when set, is the public key every served image's signed provenance
+	// (<image>-<role>.intoto.jsonl) must verify with; Load refuses an image that does not,
+	// and an install image the bake's metadata does not record.
+	VerifyKey crypto.PublicKey
+	Log       *slog.Logger
 }
 
 // Defaults of Options' limits.
@@ -92,6 +97,7 @@ func Load(o Options) (*Server, error) {
 		byID: map[string]*entry{}, byMAC: map[string]*entry{}, byUUID: map[string]*entry{}, byHost: map[string]*entry{}}
 	start := time.Now()
 	table := newFileTable(o.Dir, o.Log)
+	table.key = o.VerifyKey
 	secrets := newSecretConfigs()
 	var errs []error
 	for _, g := range ms.Groups {

@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/builder/netboot"
+	"github.com/kilnproject/kiln/builder/provenance"
 	"github.com/kilnproject/kiln/internal/exitcode"
 )
 
@@ -31,6 +34,11 @@ otherwise):
 Before it listens, serve hashes every file a machine can be handed and compares it with the
 sha256 the bake recorded, and renders and checks every machine's config: a missing or changed
 file, a bad machines.yaml or a bad config stops it with the file (and line) at fault.
+With --key PUB (or $KILN_VERIFY_KEY), every image served must also carry a signed provenance
+(<image>-<role>.intoto.jsonl, from kiln bake --sign-key) that verifies with PUB and names its
+metadata with that file's sha256, so every file served from the metadata is the one signed;
+an image that does not verify, or an install image the bake did not record (a compressed raw
+with only a .sha256 beside it), stops serve naming it.
 URLs in scripts are built from each request's Host, or from --advertise-url (an https URL of a
 proxy in front of serve, for TLS). --tftp also serves --tftp-dir read-only over TFTP, for
 firmware that chainloads iPXE (ipxe.efi, undionly.kpxe from Debian's ipxe package).
@@ -73,6 +81,9 @@ const serveExample = `  # live workers and installed control planes from the bak
   # kiln cluster init's configs (CA keys, bootstrap token), on a boot VLAN of these machines only
   kiln serve out --config cluster.yaml --allow-secrets
 
+  # only images signed with the release key (kiln bake --sign-key)
+  kiln serve out --key release.pub
+
   # a rack of 2000 machines booting at once over a slow uplink
   kiln serve out --max-conns 4096 --stall-timeout 5m`
 
@@ -83,6 +94,7 @@ type serveOptions struct {
 	drain, stall              time.Duration
 	maxConns                  int
 	allowSecrets              bool
+	key                       string
 }
 
 func newServeCmd() *cobra.Command {
@@ -106,6 +118,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&o.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long transfers in flight may finish")
 	f.DurationVar(&o.stall, "stall-timeout", netboot.DefaultStallTimeout, "cut a response whose client takes less than 256 KiB in this long")
 	f.IntVar(&o.maxConns, "max-conns", netboot.DefaultMaxConns, "HTTP connections open at once (more wait to be accepted), and TFTP transfers (more are refused)")
+	f.StringVar(&o.key, "key", "", "PEM public key (ed25519 or ECDSA P-256): serve only images whose signed provenance verifies with it (default: $KILN_VERIFY_KEY)")
 	f.BoolVar(&o.allowSecrets, "allow-secrets", false, "serve configs holding private keys or tokens, with a warning (refused by default: anyone on the network can fetch them)")
 	return cmd
 }
@@ -123,8 +136,19 @@ func (o *serveOptions) run(ctx context.Context, dir string, log *slog.Logger) er
 	if o.maxConns < 1 {
 		return exitcode.Usagef("--max-conns %d: must be at least 1", o.maxConns)
 	}
+	keyPath := o.key
+	if keyPath == "" {
+		keyPath = os.Getenv("KILN_VERIFY_KEY")
+	}
+	var key crypto.PublicKey
+	if keyPath != "" {
+		var err error
+		if key, err = provenance.LoadPublicKey(keyPath); err != nil {
+			return exitcode.Usagef("--key: %v", err)
+		}
+	}
 	srv, err := netboot.Load(netboot.Options{Dir: dir, Machines: o.config, AdvertiseURL: o.advertise,
-		AllowSecrets: o.allowSecrets, StallTimeout: o.stall, MaxConns: o.maxConns, Log: log})
+		AllowSecrets: o.allowSecrets, StallTimeout: o.stall, MaxConns: o.maxConns, VerifyKey: key, Log: log})
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"io"
 	"net/http"
 	"os"
@@ -146,6 +148,9 @@ func TestServeExitCodes(t *testing.T) {
 	dir := serveDir(t, "")
 	os.WriteFile(filepath.Join(dir, "metal-worker-pxe", "vmlinuz"), []byte("not the baked kernel"), 0o644)
 	secrets := serveDir(t, tokenConfig)
+	unsigned := serveDir(t, "")
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	pub := writePublicKey(t, key)
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -162,6 +167,9 @@ func TestServeExitCodes(t *testing.T) {
 			"machines.yaml:6: groups[0].config: " + filepath.Join(secrets, "node.bu") + " holds secrets, and kiln serve would hand it to machine workers (/config/workers):\n" +
 				"    /etc/kubernetes/join-token:1: Kubernetes bootstrap token\n"},
 		{[]string{"serve", secrets, "--listen", "127.0.0.1:0"}, exitcode.Failure, "or pass --allow-secrets"},
+		{[]string{"serve", dir, "--key", filepath.Join(dir, "nosuch.pub")}, exitcode.BadUsage, "--key: "},
+		{[]string{"serve", unsigned, "--key", pub, "--listen", "127.0.0.1:0"}, exitcode.Failure,
+			"image metal-worker: refusing to serve an image whose provenance does not verify: "},
 	} {
 		var stderr bytes.Buffer
 		root := newRoot()
