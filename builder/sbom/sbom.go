@@ -22,6 +22,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/percent"
 )
 
 // The kinds of package an SBOM lists.
@@ -188,18 +190,7 @@ func Modules(name string, bi *debug.BuildInfo) []Package {
 }
 
 // purlEscape percent-encodes a purl version: everything but letters, digits and . - _ ~ +.
-func purlEscape(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(".-_~+", c) >= 0 {
-			b.WriteByte(c)
-			continue
-		}
-		fmt.Fprintf(&b, "%%%02X", c)
-	}
-	return b.String()
-}
+func purlEscape(s string) string { return percent.Encode(s, "+") }
 
 // Counts are how many packages of each kind d lists.
 func (d *Document) Counts() map[string]int {

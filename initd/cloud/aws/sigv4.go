@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/percent"
 )
 
 // AWS Signature Version 4 for the requests of the node's API clients (EC2, Route 53): the
@@ -165,21 +167,10 @@ func canonicalQuery(u *url.URL) string {
 // uriEncode percent-encodes every byte of s but the unreserved characters A-Z a-z 0-9 - _
 // . ~ and, unless slash, '/'.
 func uriEncode(s string, slash bool) string {
-	const hexDigits = "0123456789ABCDEF"
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '_', c == '.', c == '~',
-			c == '/' && !slash:
-			b.WriteByte(c)
-		default:
-			b.WriteByte('%')
-			b.WriteByte(hexDigits[c>>4])
-			b.WriteByte(hexDigits[c&15])
-		}
+	if slash {
+		return percent.Encode(s, "")
 	}
-	return b.String()
+	return percent.Encode(s, "/")
 }
 
 func hexSHA256(b []byte) string {

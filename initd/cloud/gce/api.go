@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnproject/kiln/internal/bounded"
 	"github.com/kilnproject/kiln/internal/fetch"
+	"github.com/kilnproject/kiln/internal/percent"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
@@ -177,21 +178,7 @@ func (c *apiClient) url(path []string, query url.Values) *url.URL {
 // escapeSegment escapes a path segment as the generated clients expand a {name} of a
 // path template (RFC 6570): every byte but an unreserved character (letters, digits,
 // "-", ".", "_" and "~") percent-encoded.
-func escapeSegment(s string) string {
-	const hex = "0123456789ABCDEF"
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '.', c == '_', c == '~':
-			b.WriteByte(c)
-		default:
-			b.WriteByte('%')
-			b.WriteByte(hex[c>>4])
-			b.WriteByte(hex[c&15])
-		}
-	}
-	return b.String()
-}
+func escapeSegment(s string) string { return percent.Encode(s, "") }
 
 // call sends method to path (its segments unescaped) with query and in (when not nil) as
 // the JSON body, and decodes the answer into out (when not nil). A 429, a 5xx or a failure
