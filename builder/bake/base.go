@@ -10,6 +10,7 @@ import (
 	"github.com/opencontainers/image-spec/identity"
 
 	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -63,7 +64,11 @@ func (b *baker) openBase(md *nodeimage.Metadata) (*rootfs.Tree, bootFiles, error
 	if err := tree.CopyOut("systemd-boot", bootloader, boot.bootloader, espSize); err != nil {
 		return nil, bootFiles{}, fmt.Errorf("base %s: %w", src, err)
 	}
-	md.Kernel = nodeimage.KernelInfo{Version: kernel.Version, SHA256: fileSHA256(boot.kernel)}
+	sum, _, err := output.HashFile(boot.kernel)
+	if err != nil {
+		return nil, bootFiles{}, fmt.Errorf("base %s: kernel: %w", src, err)
+	}
+	md.Kernel = nodeimage.KernelInfo{Version: kernel.Version, SHA256: sum}
 	return tree, boot, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/provenance"
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/nodeimage"
@@ -27,14 +28,24 @@ func (b *baker) writeProvenance(md *nodeimage.Metadata, mdFile string) (string, 
 	if md.SBOM != nil {
 		subjects = append(subjects, provenance.Subject{Name: md.SBOM.File, Digest: provenance.SHA256(md.SBOM.SHA256)})
 	}
-	subjects = append(subjects, provenance.Subject{Name: filepath.Base(mdFile), Digest: provenance.SHA256(fileSHA256(mdFile))})
+	// Every file named below is hashed now; one that cannot be read fails the bake rather than
+	// being signed with no digest.
+	var hashErr error
+	digest := func(p string) map[string]string {
+		sum, _, err := output.HashFile(p)
+		if err != nil && hashErr == nil {
+			hashErr = err
+		}
+		return provenance.SHA256(sum)
+	}
+	subjects = append(subjects, provenance.Subject{Name: filepath.Base(mdFile), Digest: digest(mdFile)})
 
-	deps := []provenance.ResourceDescriptor{{Name: "definition", URI: b.o.Definition, Digest: provenance.SHA256(fileSHA256(b.def.File))}}
+	deps := []provenance.ResourceDescriptor{{Name: "definition", URI: b.o.Definition, Digest: digest(b.def.File)}}
 	if lock := artifact.LockPath(b.def); fileExists(lock) {
-		deps = append(deps, provenance.ResourceDescriptor{Name: "lock", URI: lock, Digest: provenance.SHA256(fileSHA256(lock))})
+		deps = append(deps, provenance.ResourceDescriptor{Name: "lock", URI: lock, Digest: digest(lock)})
 	}
 	for _, ov := range b.o.ProfileOverlays {
-		deps = append(deps, provenance.ResourceDescriptor{Name: "profile overlay", URI: ov, Digest: provenance.SHA256(fileSHA256(ov))})
+		deps = append(deps, provenance.ResourceDescriptor{Name: "profile overlay", URI: ov, Digest: digest(ov)})
 	}
 	deps = append(deps, provenance.ResourceDescriptor{Name: "base", URI: md.Base.Ref, Digest: provenance.SHA256(strings.TrimPrefix(md.Base.Digest, "sha256:"))})
 	for _, a := range md.Artifacts {
@@ -46,8 +57,11 @@ func (b *baker) writeProvenance(md *nodeimage.Metadata, mdFile string) (string, 
 		}
 	}
 	deps = append(deps,
-		provenance.ResourceDescriptor{Name: "kiln-init", Digest: provenance.SHA256(fileSHA256(b.o.KilnInit))},
-		provenance.ResourceDescriptor{Name: "kiln-stage1", Digest: provenance.SHA256(fileSHA256(b.o.Stage1))})
+		provenance.ResourceDescriptor{Name: "kiln-init", Digest: digest(b.o.KilnInit)},
+		provenance.ResourceDescriptor{Name: "kiln-stage1", Digest: digest(b.o.Stage1)})
+	if hashErr != nil {
+		return "", fmt.Errorf("provenance: %w", hashErr)
+	}
 	params := map[string]string{"definition": b.o.Definition, "role": b.o.Role}
 	st := provenance.NewStatement(subjects, params, deps, b.o.Version)
 	data, err := provenance.Sign(st, b.o.SignKey)

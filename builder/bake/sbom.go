@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/builder/sbom"
 	"github.com/kilnproject/kiln/internal/atomicfile"
@@ -47,7 +48,11 @@ func (b *baker) writeSBOM(tree *rootfs.Tree, md *nodeimage.Metadata) (string, er
 		mods, err := sbom.GoModules(bin.name, bin.path)
 		if err != nil {
 			// A stand-in that is not a Go program (a test's static binary): listed as a file.
-			doc.Packages = append(doc.Packages, sbom.Package{Kind: sbom.KindFile, Name: bin.name, SHA256: fileSHA256(bin.path)})
+			sum, _, herr := output.HashFile(bin.path)
+			if herr != nil {
+				return "", fmt.Errorf("SBOM: %s: %w", bin.name, herr)
+			}
+			doc.Packages = append(doc.Packages, sbom.Package{Kind: sbom.KindFile, Name: bin.name, SHA256: sum})
 			continue
 		}
 		doc.Packages = append(doc.Packages, mods...)
