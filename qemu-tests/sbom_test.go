@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/kilnproject/kiln/internal/nodeimage"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // The default worker's SBOM and signed provenance, read beside the bake: its Debian packages
@@ -32,7 +33,7 @@ func TestSBOMOfTheWorker(t *testing.T) {
 	os.WriteFile(pubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o644)
 	raw := e.bakeInto("qemu", "worker", "out", "qemu", "", "--sign-key", keyFile)
 	var md nodeimage.Metadata
-	if err := json.Unmarshal([]byte(readText(t, strings.TrimSuffix(raw, ".raw")+".json")), &md); err != nil {
+	if err := json.Unmarshal([]byte(testkit.ReadFile(t, strings.TrimSuffix(raw, ".raw")+".json")), &md); err != nil {
 		t.Fatal(err)
 	}
 	if md.SBOM == nil {
@@ -51,7 +52,7 @@ func TestSBOMOfTheWorker(t *testing.T) {
 		} `json:"packages"`
 	}
 	sbomFile := filepath.Join(filepath.Dir(raw), md.SBOM.File)
-	if err := json.Unmarshal([]byte(readText(t, sbomFile)), &doc); err != nil {
+	if err := json.Unmarshal([]byte(testkit.ReadFile(t, sbomFile)), &doc); err != nil {
 		t.Fatal(err)
 	}
 	var debs []string
@@ -122,7 +123,7 @@ func TestSBOMOfTheWorker(t *testing.T) {
 		t.Errorf("kiln verify:\n%s", verified)
 	}
 	// One byte of the SBOM changed: kiln verify fails and names it.
-	b := []byte(readText(t, sbomFile))
+	b := []byte(testkit.ReadFile(t, sbomFile))
 	b[len(b)-3] ^= 1
 	if err := os.WriteFile(sbomFile, b, 0o644); err != nil {
 		t.Fatal(err)
@@ -133,13 +134,4 @@ func TestSBOMOfTheWorker(t *testing.T) {
 	if err == nil || !strings.Contains(string(failed), md.SBOM.File+": sha256 ") {
 		t.Errorf("kiln verify after the SBOM changed: %v\n%s", err, failed)
 	}
-}
-
-func readText(t *testing.T, p string) string {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }

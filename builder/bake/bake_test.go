@@ -289,7 +289,7 @@ func TestBakeRefusesBadInput(t *testing.T) {
 			name: "missing base", base: nil, lock: false,
 			profile: "role: worker\n",
 			mutate: func(t *testing.T, r *testRepo) {
-				write(t, r.def, strings.Replace(readFile(t, r.def), "tag: test", "tag: test\n  digest: sha256:"+strings.Repeat("0", 64), 1))
+				write(t, r.def, strings.Replace(testkit.ReadFile(t, r.def), "tag: test", "tag: test\n  digest: sha256:"+strings.Repeat("0", 64), 1))
 			},
 			want: []string{"layout", "no such file or directory"},
 		},
@@ -321,27 +321,18 @@ func TestBakeRefusesBadInput(t *testing.T) {
 	}
 }
 
-func readFile(t *testing.T, p string) string {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // Every output's sha256 and size in the metadata are the published file's, with the outputs
 // hashed in the background while the next format is written (raw listed after a
 // conversion, to hash it beside that conversion).
 func TestBakeRecordsEachOutputsHash(t *testing.T) {
 	r := newRepo(t, fakeBase(true), "role: worker\n")
-	write(t, r.def, strings.Replace(readFile(t, r.def), "formats: [raw]", "formats: [qcow2, raw, vhd]", 1))
+	write(t, r.def, strings.Replace(testkit.ReadFile(t, r.def), "formats: [raw]", "formats: [qcow2, raw, vhd]", 1))
 	r.lock(t)
 	if _, err := r.bake(t); err != nil {
 		t.Fatal(err)
 	}
 	var md nodeimage.Metadata
-	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(r.out, "test-worker.json"))), &md); err != nil {
+	if err := json.Unmarshal([]byte(testkit.ReadFile(t, filepath.Join(r.out, "test-worker.json"))), &md); err != nil {
 		t.Fatal(err)
 	}
 	var files []string

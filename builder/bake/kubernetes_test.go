@@ -31,6 +31,7 @@ import (
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/disk"
 	"github.com/kilnproject/kiln/internal/nodeimage"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // k8sRepo is a test repository whose worker profile carries stand-in Kubernetes binaries (Go
@@ -173,7 +174,7 @@ func TestBakeKubernetes(t *testing.T) {
 	// gives the same image.
 	first := fileSum(t, raw)
 	sbomFile := filepath.Join(r.out, "test-worker.spdx.json")
-	firstSBOM := readFile(t, sbomFile)
+	firstSBOM := testkit.ReadFile(t, sbomFile)
 	if k := res.Metadata.SBOM; k == nil || k.Packages["image"] != 2 ||
 		!strings.Contains(firstSBOM, `"referenceLocator": "pkg:oci/pause@sha256%3A`+strings.TrimPrefix(r.digests["registry.k8s.io/pause:3.10.2"], "sha256:")+`?repository_url=registry.k8s.io/pause"`) {
 		t.Errorf("sbom %+v does not list the images:\n%s", k, firstSBOM)
@@ -189,7 +190,7 @@ func TestBakeKubernetes(t *testing.T) {
 	if fileSum(t, raw) != first {
 		t.Error("the second bake, from the cache, gave another raw image")
 	}
-	if readFile(t, sbomFile) != firstSBOM {
+	if testkit.ReadFile(t, sbomFile) != firstSBOM {
 		t.Error("the second bake gave another SBOM")
 	}
 	if got := unsquash(t, raw, root.Start, "-cat", "/etc/os-release"); got != "ID=kiln-overlay\n" {
@@ -259,7 +260,7 @@ func checkImagesLayout(t *testing.T, r *k8sRepo, raw string, offset int64, wantB
 		t.Errorf("layout holds %d blobs, want %d", len(blobs), wantBlobs)
 	}
 	for _, b := range blobs {
-		if got := sum(readFile(t, filepath.Join(lp, "blobs/sha256", b.Name()))); got != b.Name() {
+		if got := sum(testkit.ReadFile(t, filepath.Join(lp, "blobs/sha256", b.Name()))); got != b.Name() {
 			t.Errorf("blob %s hashes to %s", b.Name(), got)
 		}
 	}
@@ -427,14 +428,14 @@ func TestBakeKubernetesRefuses(t *testing.T) {
 			name: "kubelet of another release",
 			mutate: func(t *testing.T, r *k8sRepo) {
 				p := filepath.Join(r.dir, "profiles/worker.yaml")
-				write(t, p, strings.Replace(readFile(t, p), "version: v1.37.2", "version: v1.37.3", 1))
+				write(t, p, strings.Replace(testkit.ReadFile(t, p), "version: v1.37.2", "version: v1.37.3", 1))
 			},
 			want: []string{"worker.yaml:7: kubernetes v1.37.3 (runtime containerd): /usr/bin/kubelet reports v1.37.2", "kubernetes.version is v1.37.3"},
 		},
 		{
 			name: "cgroup v1 forced",
 			mutate: func(t *testing.T, r *k8sRepo) {
-				write(t, r.def, strings.Replace(readFile(t, r.def), "args: [console=ttyS0]", "args: [console=ttyS0, systemd.unified_cgroup_hierarchy=0]", 1))
+				write(t, r.def, strings.Replace(testkit.ReadFile(t, r.def), "args: [console=ttyS0]", "args: [console=ttyS0, systemd.unified_cgroup_hierarchy=0]", 1))
 			},
 			want: []string{"test.yaml: kernel.args: \"systemd.unified_cgroup_hierarchy=0\" forces cgroup v1"},
 		},

@@ -16,13 +16,14 @@ import (
 	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/internal/nodeimage"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // pxeRepo is a test repository whose definition is a metal image listing formats.
 func pxeRepo(t *testing.T, formats string) *testRepo {
 	t.Helper()
 	r := newRepo(t, fakeBase(true), "role: worker\n")
-	def := strings.NewReplacer("platform: qemu", "platform: metal", "formats: [raw]", "formats: "+formats).Replace(readFile(t, r.def))
+	def := strings.NewReplacer("platform: qemu", "platform: metal", "formats: [raw]", "formats: "+formats).Replace(testkit.ReadFile(t, r.def))
 	write(t, r.def, def)
 	r.lock(t)
 	return r
@@ -42,7 +43,7 @@ func TestBakePXE(t *testing.T) {
 		t.Fatalf("outputs %q, want %q", res.Outputs, want)
 	}
 	var md nodeimage.Metadata
-	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(r.out, "test-worker.json"))), &md); err != nil {
+	if err := json.Unmarshal([]byte(testkit.ReadFile(t, filepath.Join(r.out, "test-worker.json"))), &md); err != nil {
 		t.Fatal(err)
 	}
 	if md.PXE == nil {
@@ -62,14 +63,14 @@ func TestBakePXE(t *testing.T) {
 		t.Fatal(err)
 	}
 	rootA, _ := parts.Partition(nodeimage.RootAName)
-	if got := readAt(t, raw, rootA.Start, md.PXE.RootFS.Size); !bytes.Equal(got, []byte(readFile(t, filepath.Join(dir, "rootfs.img")))) {
+	if got := readAt(t, raw, rootA.Start, md.PXE.RootFS.Size); !bytes.Equal(got, []byte(testkit.ReadFile(t, filepath.Join(dir, "rootfs.img")))) {
 		t.Error("rootfs.img is not the root filesystem image in root-a")
 	}
 	verityArgs := fmt.Sprintf(" kiln.verity.roothash=%s kiln.verity.hashoffset=%d", md.Verity.RootHash, md.Verity.HashOffset)
 	if md.PXE.KernelArgs != withoutRoot(boot.Cmdline) || md.PXE.KernelArgs != "ro kiln.platform=metal console=ttyS0"+verityArgs {
 		t.Errorf("pxe kernelArgs %q; the disk's command line is %q", md.PXE.KernelArgs, boot.Cmdline)
 	}
-	script := readFile(t, filepath.Join(dir, "boot.ipxe"))
+	script := testkit.ReadFile(t, filepath.Join(dir, "boot.ipxe"))
 	if !strings.Contains(script, "initrd=initrd.img "+md.PXE.KernelArgs+" kiln.live.rootfs_url=${kiln-base}rootfs.img kiln.live.rootfs_sha256="+md.PXE.RootFS.SHA256+"\n") {
 		t.Errorf("boot.ipxe's kernel line lacks the image's arguments and root image digest:\n%s", script)
 	}
@@ -124,7 +125,7 @@ func TestBakePXEFailureLeavesNothing(t *testing.T) {
 	})
 	t.Run("iPXE variable in a kernel argument", func(t *testing.T) {
 		r := pxeRepo(t, "[raw, pxe]")
-		write(t, r.def, strings.Replace(readFile(t, r.def), "args: [console=ttyS0]", `args: [console=ttyS0, "kiln.config.url=http://x/${net0/mac}"]`, 1))
+		write(t, r.def, strings.Replace(testkit.ReadFile(t, r.def), "args: [console=ttyS0]", `args: [console=ttyS0, "kiln.config.url=http://x/${net0/mac}"]`, 1))
 		_, err := r.bake(t)
 		r.wantBakeError(t, err, []string{"pxe", `"kiln.config.url=http://x/${net0/mac}"`, "iPXE would expand"})
 	})
@@ -132,7 +133,7 @@ func TestBakePXEFailureLeavesNothing(t *testing.T) {
 
 func sameFile(t *testing.T, a, b string) {
 	t.Helper()
-	if x, y := readFile(t, a), readFile(t, b); x != y {
+	if x, y := testkit.ReadFile(t, a), testkit.ReadFile(t, b); x != y {
 		t.Errorf("%s (%d bytes) differs from %s (%d bytes)", b, len(y), a, len(x))
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/internal/nodeimage"
+	"github.com/kilnproject/kiln/internal/testkit"
 )
 
 // The root partitions of a test node's two slots.
@@ -84,15 +85,6 @@ func writeFile(t *testing.T, p, text string) {
 	}
 }
 
-func readFile(t *testing.T, p string) string {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // boot boots the machine as its firmware would: a new boot id, the kernel command line of
 // the entry file named (systemd-boot's, with the initrd= the EFI stub adds), and first boot
 // with cfg from fw_cfg.
@@ -102,7 +94,7 @@ func (m *machine) boot(entry, cfg string) (*Status, error) {
 	writeFile(m.t, filepath.Join(m.facts.ProcRoot, "sys/kernel/random/boot_id"), strings.Repeat(string(rune('0'+m.boots)), 8)+"-0000-4000-8000-000000000000\n")
 	line := m.directKernelLine
 	if line == "" {
-		options, _ := nodeimage.EntryOptions(readFile(m.t, filepath.Join(m.esp, entry)))
+		options, _ := nodeimage.EntryOptions(testkit.ReadFile(m.t, filepath.Join(m.esp, entry)))
 		line = `initrd=\kiln\a\initrd.img ` + options
 	}
 	return Run(context.Background(), Options{
@@ -178,10 +170,10 @@ func TestKernelArguments(t *testing.T) {
 				if len(m.reboot.whys) != b.reboots {
 					t.Errorf("boot %d: %d reboots asked (%q), want %d", i+1, len(m.reboot.whys), m.reboot.whys, b.reboots)
 				}
-				if got := readFile(t, filepath.Join(m.esp, entryA)); got != b.entryText {
+				if got := testkit.ReadFile(t, filepath.Join(m.esp, entryA)); got != b.entryText {
 					t.Errorf("boot %d: slot A's entry is\n%s\nwant\n%s", i+1, got, b.entryText)
 				}
-				if got := readFile(t, filepath.Join(m.esp, entryB)); got != slotEntry("b", rootBGUID) {
+				if got := testkit.ReadFile(t, filepath.Join(m.esp, entryB)); got != slotEntry("b", rootBGUID) {
 					t.Errorf("boot %d: slot B's entry changed:\n%s", i+1, got)
 				}
 			}
