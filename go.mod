@@ -41,6 +41,8 @@ require (
 
 require github.com/secure-systems-lab/go-securesystemslib v0.11.1
 
+require github.com/CycloneDX/cyclonedx-go v0.10.0
+
 require (
 	github.com/Microsoft/go-winio v0.6.3-0.20251027160822-ad3df93bed29 // indirect
 	github.com/Microsoft/hcsshim v0.15.0-rc.4 // indirect

@@ -311,3 +311,113 @@ func (d *Document) SPDX() ([]byte, error) {
 	}
 	return append(out, '\n'), nil
 }
+
+// The CycloneDX 1.6 JSON document, the fields kiln writes.
+type cdxDocument struct {
+	BOMFormat    string          `json:"bomFormat"`
+	SpecVersion  string          `json:"specVersion"`
+	SerialNumber string          `json:"serialNumber,omitempty"`
+	Version      int             `json:"version"`
+	Metadata     cdxMetadata     `json:"metadata"`
+	Components   []cdxComponent  `json:"components"`
+	Dependencies []cdxDependency `json:"dependencies"`
+}
+
+type cdxMetadata struct {
+	Timestamp string       `json:"timestamp"`
+	Tools     cdxTools     `json:"tools"`
+	Component cdxComponent `json:"component"`
+}
+
+type cdxTools struct {
+	Components []cdxComponent `json:"components"`
+}
+
+type cdxComponent struct {
+	BOMRef             string        `json:"bom-ref,omitempty"`
+	Type               string        `json:"type"`
+	Name               string        `json:"name"`
+	Version            string        `json:"version,omitempty"`
+	Description        string        `json:"description,omitempty"`
+	Hashes             []cdxHash     `json:"hashes,omitempty"`
+	PURL               string        `json:"purl,omitempty"`
+	ExternalReferences []cdxExtRef   `json:"externalReferences,omitempty"`
+	Properties         []cdxProperty `json:"properties,omitempty"`
+}
+
+type cdxHash struct {
+	Alg     string `json:"alg"`
+	Content string `json:"content"`
+}
+
+type cdxExtRef struct {
+	Type string `json:"type"`
+	URL  string `json:"url"`
+}
+
+type cdxProperty struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+type cdxDependency struct {
+	Ref       string   `json:"ref"`
+	DependsOn []string `json:"dependsOn,omitempty"`
+}
+
+// cdxTypes are the CycloneDX component types of the kinds.
+var cdxTypes = map[string]string{KindDeb: "library", KindArtifact: "file", KindImage: "container", KindGo: "library", KindFile: "file", KindKernel: "operating-system"}
+
+// CycloneDX is d as a CycloneDX 1.6 JSON document: the image as the metadata's component,
+// depending on every package of d, which are its components (in SPDX's order, with the same
+// purls and digests). kiln's own fields are properties named kiln:kind, kiln:arch and kiln:of.
+// The serial number is derived from the content, so the same inputs give the same bytes.
+func (d *Document) CycloneDX() ([]byte, error) {
+	const image = "image"
+	tool, version, _ := strings.Cut(d.Creator, "-")
+	doc := cdxDocument{
+		BOMFormat: "CycloneDX", SpecVersion: "1.6", Version: 1,
+		Metadata: cdxMetadata{
+			Timestamp: d.Created.UTC().Format(time.RFC3339),
+			Tools:     cdxTools{Components: []cdxComponent{{Type: "application", Name: tool, Version: version}}},
+			Component: cdxComponent{BOMRef: image, Type: "operating-system", Name: d.Name, Description: "the node image kiln baked"},
+		},
+		Components: []cdxComponent{},
+	}
+	deps := cdxDependency{Ref: image}
+	for i, p := range d.sorted() {
+		c := cdxComponent{BOMRef: fmt.Sprintf("%s-%d", p.Kind, i+1), Type: cdxTypes[p.Kind], Name: p.Name, Version: p.Version, PURL: p.PURL,
+			Properties: []cdxProperty{{"kiln:kind", p.Kind}}}
+		if p.SHA256 != "" {
+			c.Hashes = []cdxHash{{"SHA-256", p.SHA256}}
+		}
+		if p.Download != "" {
+			c.ExternalReferences = []cdxExtRef{{"distribution", p.Download}}
+		}
+		if p.Arch != "" {
+			c.Properties = append(c.Properties, cdxProperty{"kiln:arch", p.Arch})
+		}
+		if p.Of != "" {
+			c.Properties = append(c.Properties, cdxProperty{"kiln:of", p.Of})
+		}
+		doc.Components = append(doc.Components, c)
+		deps.DependsOn = append(deps.DependsOn, c.BOMRef)
+	}
+	doc.Dependencies = []cdxDependency{deps}
+	// The serial number is unique to the content: a name-based UUID (version 5's layout) of
+	// the document without it.
+	body, err := json.Marshal(doc)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(body)
+	u := sum[:16]
+	u[6] = u[6]&0x0f | 0x50
+	u[8] = u[8]&0x3f | 0x80
+	doc.SerialNumber = fmt.Sprintf("urn:uuid:%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+	out, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
+}
