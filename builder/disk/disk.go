@@ -347,7 +347,7 @@ func writeDisk(name string, res *Result, espFiles []espFile, s Spec, rootfs io.R
 	if err := d.Partition(gptTable(res)); err != nil {
 		return fmt.Errorf("write partition table: %w", err)
 	}
-	if err := writeESP(d, espFiles, s.ModTime); err != nil {
+	if err := writeESP(d, 1, espFiles, s.ModTime); err != nil {
 		return err
 	}
 	rootA, ok := res.Partition(nodeimage.RootAName)
@@ -468,12 +468,14 @@ func readBootFile(name string, limit int64) ([]byte, error) {
 // fatEpoch is the earliest timestamp FAT can store.
 var fatEpoch = time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func writeESP(d *disk.Disk, files []espFile, mtime time.Time) error {
+// writeESP makes a FAT32 filesystem labelled ESPLabel on partition part of d (0: the whole of
+// d, as in a boot image without a partition table) and writes files to it.
+func writeESP(d *disk.Disk, part int, files []espFile, mtime time.Time) error {
 	if mtime.IsZero() || mtime.Before(fatEpoch) {
 		mtime = fatEpoch
 	}
 	mtime = mtime.UTC()
-	fs, err := d.CreateFilesystem(disk.FilesystemSpec{Partition: 1, FSType: filesystem.TypeFat32, VolumeLabel: nodeimage.ESPLabel, Reproducible: true})
+	fs, err := d.CreateFilesystem(disk.FilesystemSpec{Partition: part, FSType: filesystem.TypeFat32, VolumeLabel: nodeimage.ESPLabel, Reproducible: true})
 	if err != nil {
 		return fmt.Errorf("create FAT32 on %s: %w", nodeimage.ESPName, err)
 	}
