@@ -10,7 +10,9 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/kilnproject/kiln/initd/stage1/liveroot"
 	"github.com/kilnproject/kiln/internal/cmdline"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // defaultRootWait bounds how long stage 1 waits for the root disk to appear when the command line
@@ -68,7 +70,7 @@ type Cmdline struct {
 
 // liveRoot is where a live boot fetches its root image and the sha256 it must have.
 type liveRoot struct {
-	url    string // http or https
+	url    string // http or https, or medium:<path> (a file on the boot medium)
 	sha256 string // 64 lowercase hex digits
 }
 
@@ -202,7 +204,11 @@ func (c *Cmdline) parseLive() error {
 	case !hasSum:
 		return fmt.Errorf("kernel cmdline: kiln.live.rootfs_url=%s needs kiln.live.rootfs_sha256=<64 hex digits>: a live root is never used unverified", u)
 	}
-	if err := checkHTTPURL(u); err != nil {
+	if _, medium, err := liveroot.MediumPath(u); medium {
+		if err != nil {
+			return fmt.Errorf("kernel cmdline: kiln.live.rootfs_url=%s: %w", u, err)
+		}
+	} else if err := checkHTTPURL(u); err != nil {
 		return fmt.Errorf("kernel cmdline: kiln.live.rootfs_url=%s: %w", u, err)
 	}
 	if b, err := hex.DecodeString(sum); err != nil || len(b) != 32 {
@@ -219,7 +225,7 @@ func checkHTTPURL(s string) error {
 		return fmt.Errorf("not a URL: %w", err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("scheme %q is not supported (want http or https)", u.Scheme)
+		return fmt.Errorf("scheme %q is not supported (want http, https or %s<path> for a file on the boot medium)", u.Scheme, nodeimage.MediumScheme)
 	}
 	if u.Host == "" {
 		return errors.New("the URL has no host")

@@ -66,6 +66,14 @@ func TestParseCmdline(t *testing.T) {
 			mode: modeLive,
 		},
 		{
+			name: "live from the boot medium",
+			in:   "ro kiln.platform=metal kiln.live.rootfs_url=medium:/kiln/root.img kiln.live.rootfs_sha256=" + sum,
+			want: Cmdline{RootWait: defaultRootWait, netTimeout: defaultNetTimeout,
+				live: liveRoot{url: "medium:/kiln/root.img", sha256: sum},
+				Kiln: map[string]string{"platform": "metal", "live.rootfs_url": "medium:/kiln/root.img", "live.rootfs_sha256": sum}},
+			mode: modeLive, platform: "metal",
+		},
+		{
 			name: "install without root= is left to the installer",
 			in:   "kiln.install.dev=auto kiln.install.image_url=http://h/i.raw.zst kiln.install.image_sha256=" + sum + " kiln.net.timeout=30",
 			want: Cmdline{RootWait: defaultRootWait, netTimeout: 30 * time.Second,
@@ -86,6 +94,8 @@ func TestParseCmdline(t *testing.T) {
 		{name: "live sha256 without url", in: "kiln.live.rootfs_sha256=" + sum, wantErr: "without kiln.live.rootfs_url="},
 		{name: "live sha256 too short", in: "kiln.live.rootfs_url=http://h/r kiln.live.rootfs_sha256=" + sum[:63], wantErr: "kiln.live.rootfs_sha256=" + sum[:63] + ": not a sha256"},
 		{name: "live sha256 not hex", in: "kiln.live.rootfs_url=http://h/r kiln.live.rootfs_sha256=" + strings.Repeat("g", 64), wantErr: "not a sha256"},
+		{name: "live medium path relative", in: "kiln.live.rootfs_url=medium:kiln/root.img kiln.live.rootfs_sha256=" + sum, wantErr: `kiln.live.rootfs_url=medium:kiln/root.img: "kiln/root.img" is not an absolute, clean path`},
+		{name: "live medium path escapes", in: "kiln.live.rootfs_url=medium:/kiln/../x kiln.live.rootfs_sha256=" + sum, wantErr: "not an absolute, clean path"},
 		{name: "live url tftp", in: "kiln.live.rootfs_url=tftp://h/r kiln.live.rootfs_sha256=" + sum, wantErr: `kiln.live.rootfs_url=tftp://h/r: scheme "tftp" is not supported`},
 		{name: "live url relative", in: "kiln.live.rootfs_url=/r.img kiln.live.rootfs_sha256=" + sum, wantErr: "scheme \"\" is not supported"},
 		{name: "live url without host", in: "kiln.live.rootfs_url=http:///r.img kiln.live.rootfs_sha256=" + sum, wantErr: "has no host"},

@@ -13,29 +13,39 @@ import (
 	"github.com/kilnproject/kiln/initd/source"
 	"github.com/kilnproject/kiln/initd/stage1/liveroot"
 	"github.com/kilnproject/kiln/initd/stage1/netup"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
 // liveDir holds a live boot's root image, in the initramfs' own tmpfs or ramfs.
 const liveDir = "/live"
 
-// bootLive mounts a live boot's root and /var: it brings the network up, fetches and verifies
-// the root image into RAM, mounts it read-only on /sysroot through a loop device and puts /var
+// bootLive mounts a live boot's root and /var: it brings the network up (unless the root image
+// is on the boot medium and no config URL is given), fetches or copies and verifies the root
+// image into RAM, mounts it read-only on /sysroot through a loop device and puts /var
 // where chooseVar says.
 func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []moduleError) (BootInfo, error) {
 	info := BootInfo{Mode: modeLive, RootURL: cl.live.url, RootSHA256: cl.live.sha256}
-	lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.netTimeout})
-	if err != nil {
-		return info, withModules(err, modFailures)
+	_, fromMedium, _ := liveroot.MediumPath(cl.live.url)
+	_, configURL := cl.Kiln[strings.TrimPrefix(source.CmdlineURLKey, "kiln.")]
+	// A root image on the boot medium needs no network; a config URL still does.
+	if !fromMedium || configURL {
+		lease, err := netup.Up(ctx, log, netup.Options{Timeout: cl.netTimeout})
+		if err != nil {
+			return info, withModules(err, modFailures)
+		}
+		info.Link, info.Address = lease.Link, lease.Address.String()
 	}
-	info.Link, info.Address = lease.Link, lease.Address.String()
-	dev, mounted, err := mountLiveRoot(ctx, log, liveroot.Fetcher{Dir: liveDir}, cl.live, cl.rootFSType, cl.verity, sysRoot)
+	dev, mounted, err := mountLiveRoot(ctx, log, liveroot.Fetcher{Dir: liveDir}, liveMedium(cl), cl.live, cl.rootFSType, cl.verity, sysRoot)
 	if err != nil {
+		if fromMedium { // a missing CD or filesystem driver is the likely cause
+			err = withModules(err, modFailures)
+		}
 		return info, err
 	}
 	info.RootDevice, info.VerifiedDevice, info.RootHash = dev, verifiedDev(mounted, dev), cl.verity.hex()
 	var etcd *etcdvolume.Selection
-	if _, ok := cl.Kiln[strings.TrimPrefix(source.CmdlineURLKey, "kiln.")]; ok {
+	if configURL {
 		// First boot fetches the config again, as it does on any boot.
 		if etcd, err = etcdvolume.FetchSelection(ctx, log, cl.Raw, nil); err != nil {
 			return info, fmt.Errorf("live: %w", err)
@@ -50,6 +60,16 @@ func bootLive(ctx context.Context, log *slog.Logger, cl Cmdline, modFailures []m
 	return info, err
 }
 
+// mediumDir is where a live boot from a CD or USB stick mounts its medium while it copies the
+// root image into RAM.
+const mediumDir = "/run/kiln-medium"
+
+// liveMedium is where a live boot whose root image is on its boot medium looks for it: the
+// volume labelled nodeimage.ISOLabel, waited for up to kiln.rootwait=.
+func liveMedium(cl Cmdline) liveroot.Medium {
+	return liveroot.Medium{Label: nodeimage.ISOLabel, SysBlock: sysBlock, DevDir: devDir, MountDir: mediumDir, Wait: cl.RootWait}
+}
+
 // withModules adds the modules that failed to load to a network error: a missing NIC driver
 // is the likely cause.
 func withModules(err error, mods []moduleError) error {
@@ -62,9 +82,14 @@ func withModules(err error, mods []moduleError) error {
 // mountLiveRoot fetches the root image, verifies it, attaches it to a loop device and mounts
 // it read-only on target, through dm-verity when v is set; it returns the loop device and the
 // device mounted. Nothing is attached or mounted unless the image's sha256 matched.
-func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, live liveRoot, fstype string, v *verityArgs, target string) (loop, mounted string, err error) {
+func mountLiveRoot(ctx context.Context, log *slog.Logger, f liveroot.Fetcher, m liveroot.Medium, live liveRoot, fstype string, v *verityArgs, target string) (loop, mounted string, err error) {
 	start := time.Now()
-	path, err := f.Fetch(ctx, log, live.url, live.sha256)
+	var path string
+	if file, ok, perr := liveroot.MediumPath(live.url); ok && perr == nil {
+		path, err = f.FetchMedium(ctx, log, m, file, live.sha256)
+	} else {
+		path, err = f.Fetch(ctx, log, live.url, live.sha256)
+	}
 	if err != nil {
 		return "", "", err
 	}

@@ -65,7 +65,7 @@ func TestMountLiveRoot(t *testing.T) {
 			defer srv.Close()
 			target := filepath.Join(t.TempDir(), "sysroot")
 			live := liveRoot{url: srv.URL + "/rootfs.img", sha256: hex.EncodeToString(sum[:])}
-			dev, _, err := mountLiveRoot(t.Context(), slog.New(slog.DiscardHandler), liveroot.Fetcher{Dir: ram}, live, tt.fstype, nil, target)
+			dev, _, err := mountLiveRoot(t.Context(), slog.New(slog.DiscardHandler), liveroot.Fetcher{Dir: ram}, liveroot.Medium{}, live, tt.fstype, nil, target)
 			if err == nil {
 				t.Cleanup(func() { unix.Unmount(target, 0); liveroot.Detach(dev) })
 			}

@@ -21,6 +21,9 @@
 //     the ESP's kernel and initramfs, root-a's root filesystem image and a live-boot iPXE
 //     script (PXEKernelName, PXEInitrdName, PXERootFSName, PXEScriptName), described with their
 //     sha256 and the network boot's kernel arguments by Metadata.PXE in <image>-<role>.json.
+//   - With the iso format, beside the disk: <image>-<role>+ISOSuffix, a live-booting ISO 9660
+//     volume (ISOLabel) with the root filesystem image at ISORootFSPath and an El Torito UEFI
+//     boot image (ISOBootImagePath) holding the ESP's boot files.
 //
 // What the node reads:
 //

@@ -94,6 +94,22 @@ const (
 	PXEScriptName = "boot.ipxe"
 )
 
+// The iso output: <image>-<role>+ISOSuffix, an ISO 9660 volume labelled ISOLabel that boots
+// live. Its El Torito UEFI entry (and, on a USB stick, the GPT's EFI system partition) is a FAT
+// image at ISOBootImagePath holding the ESP's systemd-boot, loader entry, kernel and
+// initramfs; the root filesystem image is ISORootFSPath. The loader entry's command line says
+// kiln.live.rootfs_url=MediumScheme+ISORootFSPath: stage 1 finds the volume by its label,
+// mounts it read-only and copies the image into RAM, checked against its sha256 as a network
+// live boot's.
+const (
+	ISOSuffix        = ".iso"
+	ISOLabel         = "KILN_LIVE"
+	ISORootFSPath    = "/kiln/root.img"
+	ISOBootImagePath = "/boot/efi.img"
+	// MediumScheme starts a kiln.live.rootfs_url= naming a file on the boot medium.
+	MediumScheme = "medium:"
+)
+
 // Runtime is what a kubernetes.runtime of the bake means on the node: where the pre-pulled
 // images go in containerd (both runtimes keep images in the node's containerd: Docker Engine
 // through its containerd image store) and the socket kubelet talks CRI on.

@@ -13,16 +13,22 @@ type progress struct {
 	done  int64
 	every time.Duration
 	last  time.Time
+	// verb says what is done to the image: "" means fetching.
+	verb string
 }
 
 func (p *progress) Write(b []byte) (int, error) {
 	p.done += int64(len(b))
 	if time.Since(p.last) >= p.every {
 		p.last = time.Now()
+		verb := p.verb
+		if verb == "" {
+			verb = "fetching"
+		}
 		if p.total > 0 {
-			p.log.Info(fmt.Sprintf("fetching the live root: %s of %s (%d%%)", size(p.done), size(p.total), p.done*100/p.total))
+			p.log.Info(fmt.Sprintf("%s the live root: %s of %s (%d%%)", verb, size(p.done), size(p.total), p.done*100/p.total))
 		} else {
-			p.log.Info("fetching the live root: " + size(p.done))
+			p.log.Info(verb + " the live root: " + size(p.done))
 		}
 	}
 	return len(b), nil
