@@ -10,7 +10,8 @@
 //	initramfs   kiln-stage1 as /init and the kernel modules that find and mount the root
 //	rootfs      the tree as a squashfs or erofs, with its owners
 //	disk        the GPT disk: the ESP (kernel, initramfs, systemd-boot, image.json) and the root
-//	pxe         with the pxe format: the kernel, initramfs and root image for network boots
+//	pxe         with the pxe format: the kernel, initramfs and root image for network boots;
+//	            with the iso format: the same in a hybrid ISO that boots live from the medium
 //	formats     the raw disk converted to the definition's formats
 //	metadata    image.json in the tree and <image>-<role>.json beside the outputs
 //	provenance  with a signing key: <image>-<role>.intoto.jsonl, SLSA provenance of every output
@@ -187,10 +188,17 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	isoFile, err := b.writeISO(rootImg, boot, initrd, md)
+	if err != nil {
+		return nil, nil, err
+	}
+	if isoFile != "" {
+		sums.start(isoFile)
+	}
 	if err := os.Remove(rootImg); err != nil { // the formats need the space, not the image
 		return nil, nil, err
 	}
-	files, err := b.convert(raw, pxeDir, sums)
+	files, err := b.convert(raw, pxeDir, isoFile, sums)
 	if err != nil {
 		return nil, nil, err
 	}

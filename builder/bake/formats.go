@@ -10,9 +10,9 @@ import (
 )
 
 // convert turns the raw disk into each of the definition's formats, in its order, and returns
-// the files: raw itself where the definition lists raw, pxeDir (written before) where it lists
-// pxe. Without raw in the list, the raw disk is removed once converted.
-func (b *baker) convert(raw, pxeDir string, sums *hashes) ([]string, error) {
+// the files: raw itself where the definition lists raw, pxeDir and isoFile (written before)
+// where it lists pxe and iso. Without raw in the list, the raw disk is removed once converted.
+func (b *baker) convert(raw, pxeDir, isoFile string, sums *hashes) ([]string, error) {
 	files := []string{}
 	for _, f := range b.def.Formats {
 		switch f {
@@ -21,6 +21,9 @@ func (b *baker) convert(raw, pxeDir string, sums *hashes) ([]string, error) {
 			continue
 		case "pxe":
 			files = append(files, pxeDir)
+			continue
+		case "iso":
+			files = append(files, isoFile)
 			continue
 		}
 		t := time.Now()

@@ -25,6 +25,17 @@ var defaultModules = []string{
 	"squashfs", "erofs", "ext4", "overlay", "loop", "virtio_rng", "dm_verity", "efivarfs",
 }
 
+// isoModules are the modules a live boot from the iso output needs to find and read its medium:
+// the SCSI CD driver (on virtio-scsi, and on USB through usb-storage) and ISO 9660.
+// linux-image-cloud-amd64 has no ahci, so a SATA CD drive needs a generic kernel and ahci in
+// the definition's modules.
+func (b *baker) isoModules() []string {
+	if !slices.Contains(b.def.Formats, "iso") {
+		return nil
+	}
+	return []string{"sr_mod", "isofs"}
+}
+
 // writeInitramfs writes the initramfs to the work directory: kiln-stage1 as its init and the
 // tree's modules for md's kernel, the default ones and the definition's, compressed or, when
 // the cache holds the same archive, copied from the cache's initramfs/. It returns its path
@@ -38,7 +49,7 @@ func (b *baker) writeInitramfs(tree *rootfs.Tree, md *nodeimage.Metadata) (strin
 	}
 	spec := initramfs.Spec{
 		Root: tree.Dir, KernelVersion: md.Kernel.Version, Init: b.o.Stage1,
-		Modules: slices.Concat(defaultModules, b.def.Kernel.Modules),
+		Modules: slices.Concat(defaultModules, b.isoModules(), b.def.Kernel.Modules),
 	}
 	if b.o.Cache != nil {
 		// Compressing is most of the work; the archive of the same kiln-stage1 and modules is

@@ -2,6 +2,7 @@ package bake
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -32,4 +33,34 @@ func (b *baker) writePXE(rootImg string, boot bootFiles, initrd string, md *node
 	md.PXE = info
 	b.step("pxe written", t)
 	return dir, nil
+}
+
+// writeISO writes <stem>.iso to the work directory when the definition lists the iso format:
+// the root filesystem image writePXE takes and a boot image holding systemd-boot, the kernel,
+// the initramfs and a loader entry that boots them live from the medium, in a hybrid ISO 9660
+// image. It returns the file, "" without iso.
+func (b *baker) writeISO(rootImg string, boot bootFiles, initrd string, md *nodeimage.Metadata) (string, error) {
+	if !slices.Contains(b.def.Formats, "iso") {
+		return "", nil
+	}
+	t := time.Now()
+	sum, _, err := output.HashFile(rootImg)
+	if err != nil {
+		return "", fmt.Errorf("iso: %w", err)
+	}
+	efi := filepath.Join(b.work, "iso-efi.img")
+	defer os.Remove(efi)
+	if err := disk.WriteBootImage(efi, disk.BootImage{
+		Kernel: boot.kernel, Initrd: initrd, Bootloader: boot.bootloader,
+		Cmdline: output.ISOCmdline(disk.BootArgs(b.def.Platform, b.kernelArgs(md)), sum),
+		Title:   fmt.Sprintf("kiln %s %s live (%s)", b.def.Name, b.prof.Role, md.Kernel.Version),
+	}); err != nil {
+		return "", fmt.Errorf("iso: %w", err)
+	}
+	dst := filepath.Join(b.work, b.stem+nodeimage.ISOSuffix)
+	if err := output.WriteISO(b.ctx, dst, output.ISOSource{RootFS: rootImg, BootImage: efi}); err != nil {
+		return "", err
+	}
+	b.step("iso written", t)
+	return dst, nil
 }

@@ -2,7 +2,9 @@
 // qcow2, vmdk (streamOptimized, for vSphere and AMI import), vhd (fixed, for Azure/Hyper-V) and
 // GCE's disk.raw in a gzip'd oldgnu tar. Conversions use qemu-img and GNU tar, which keep the
 // image sparse. The pxe format is no conversion: WritePXE writes a directory of the kernel,
-// initramfs and root filesystem image a network boot fetches, and CheckPXE checks one.
+// initramfs and root filesystem image a network boot fetches, and CheckPXE checks one. Nor is
+// iso: WriteISO writes a hybrid ISO 9660 image that boots the same files live from a CD or USB
+// stick.
 //
 // A new format is one entry in the formats table: its name (what a definition lists), the
 // suffix of its file and the command that writes it.
@@ -29,6 +31,8 @@ type Format struct {
 	// Dir is set for an output that is a directory (pxe), written by WritePXE from the bake's
 	// kernel, initramfs and root filesystem rather than converted from the raw disk.
 	Dir bool
+	// Live is set for the iso output, written by WriteISO from the same files.
+	Live bool
 }
 
 // formats lists every format, raw first.
@@ -39,6 +43,7 @@ var formats = []Format{
 	{Name: "vhd", Suffix: ".vhd", command: qemuImg("vpc", "subformat=fixed,force_size=on")},
 	{Name: "gce", Suffix: ".tar.gz", command: gceTar},
 	{Name: "pxe", Suffix: nodeimage.PXEDirSuffix, Dir: true},
+	{Name: "iso", Suffix: nodeimage.ISOSuffix, Live: true},
 }
 
 // Names lists the formats a definition may name, raw first.
@@ -78,6 +83,9 @@ func Convert(ctx context.Context, raw, format, dst string) error {
 	}
 	if f.Dir {
 		return fmt.Errorf("%s is a directory written by WritePXE from the kernel, initramfs and root filesystem, not a conversion of the raw disk", format)
+	}
+	if f.Live {
+		return fmt.Errorf("%s is written by WriteISO from the kernel, initramfs and root filesystem, not a conversion of the raw disk", format)
 	}
 	if f.command == nil {
 		return fmt.Errorf("%s is the bake's own output, not a conversion", format)

@@ -141,16 +141,17 @@ func TestConvertGCERefusesPartialGiB(t *testing.T) {
 	}
 }
 
-// A format nobody knows, raw or pxe (which are not converted), is an error that says so, and no
+// A format nobody knows, raw, pxe or iso (which are not converted), is an error that says so, and no
 // file is left where the output would have been.
 func TestConvertRefuses(t *testing.T) {
 	dir := t.TempDir()
 	raw := filepath.Join(dir, "disk.raw")
 	os.WriteFile(raw, nil, 0o644)
 	for format, want := range map[string]string{
-		"vdi": `unknown output format "vdi" (one of: raw, qcow2, vmdk, vhd, gce, pxe)`,
+		"vdi": `unknown output format "vdi" (one of: raw, qcow2, vmdk, vhd, gce, pxe, iso)`,
 		"raw": "raw is the bake's own output",
 		"pxe": "pxe is a directory written by WritePXE",
+		"iso": "iso is written by WriteISO",
 	} {
 		dst := filepath.Join(dir, "out."+format)
 		err := Convert(context.Background(), raw, format, dst)

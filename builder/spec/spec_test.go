@@ -71,7 +71,7 @@ func TestLoadDefinitionErrors(t *testing.T) {
 		{"bad platform", "name: q\nplatform: azure\nbase: {image: debian:bookworm}\n", []string{
 			"F:2: platform: \"azure\" is not a platform (one of: qemu, aws, gce, metal)"}},
 		{"bad format", validBase + "formats:\n  - raw\n  - iso9660\n  - raw\n", []string{
-			"F:8: formats[1]: \"iso9660\" is not an output format (one of: raw, qcow2, vmdk, vhd, gce, pxe)",
+			"F:8: formats[1]: \"iso9660\" is not an output format (one of: raw, qcow2, vmdk, vhd, gce, pxe, iso)",
 			"F:9: formats[2]: \"raw\" listed twice"}},
 		{"two base sources", "name: q\nplatform: qemu\nbase:\n  layout: x\n  image: debian:bookworm\n", []string{
 			"F:5: base.image: give only one of layout, image or tarball (already have layout)"}},

@@ -24,6 +24,12 @@ read-only root filesystem; a spare slot for updates), converts it to the definit
 and writes <out>/<image>-<role>.json describing partitions, digests and versions. The pxe format
 is a directory <out>/<image>-<role>-pxe/ for network boots: the disk's kernel and initramfs, the
 root filesystem image (rootfs.img) and a live-boot boot.ipxe, each file's sha256 in the .json.
+The iso format is <out>/<image>-<role>.iso, a hybrid ISO 9660 image (volume KILN_LIVE) that boots
+live under UEFI from a CD, a virtual medium or, written with dd, a USB stick: its El Torito EFI
+image (also the EFI system partition of its GPT) holds systemd-boot, the kernel and initramfs,
+and stage 1 copies /kiln/root.img from the medium into RAM, checked against its sha256, with no
+network. Its node config comes as a live boot's does (kiln.config.url=, fw_cfg on qemu, a
+CIDATA volume). xorriso writes it.
 
 Every input must be pinned (run ` + "`kiln lock`" + ` first); every downloaded byte is verified
 against its sha256 or OCI digest. Pre-pulled container images are fetched by digest into the
@@ -68,6 +74,7 @@ first boot imports every image, to measure what the store saves.`
 // bakeExample is `kiln bake`'s examples.
 const bakeExample = `  kiln bake images/qemu.yaml --role worker -o out
   kiln bake images/metal.yaml --role worker -o out   # metal-worker.raw and metal-worker-pxe/
+                                                    # (formats: [iso] writes metal-worker.iso)
   kiln bake images/qemu.yaml --role control-plane -o out --kiln-init bin/kiln-init --kiln-stage1 bin/kiln-stage1
   kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml
   kiln bake images/qemu.yaml --role worker -o out-pull --without-images

@@ -130,7 +130,7 @@ func imageMetadata(image string) (*nodeimage.Metadata, string, error) {
 	if err != nil {
 		f := output.OfFile(image)
 		if f == "" || f == "pxe" {
-			return nil, "", fmt.Errorf("%s: not an image output (.raw, .qcow2, .vmdk, .vhd, .tar.gz, a pxe directory) nor its .json", image)
+			return nil, "", fmt.Errorf("%s: not an image output (.raw, .qcow2, .vmdk, .vhd, .tar.gz, .iso, a pxe directory) nor its .json", image)
 		}
 		fm, _ := output.Lookup(f)
 		file = strings.TrimSuffix(image, fm.Suffix) + ".json"

@@ -62,7 +62,7 @@ func TestCheckConfig(t *testing.T) {
 		want string
 	}{
 		{[]string{"check-config", good}, "--image: name the image"},
-		{[]string{"check-config", good, "--image", filepath.Join(dir, "node.iso")}, "not an image output"},
+		{[]string{"check-config", good, "--image", filepath.Join(dir, "node.img")}, "not an image output"},
 		{[]string{"check-config", good, "--image", filepath.Join(dir, "gone.raw")}, "gone.json: the image metadata the bake writes beside its outputs is missing"},
 		{[]string{"check-config", good, "--image", old}, "no contents recorded"},
 		{[]string{"check-config", filepath.Join(dir, "missing.bu"), "--image", img}, "missing.bu: no such file"},

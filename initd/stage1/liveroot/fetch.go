@@ -5,7 +5,9 @@
 // error, a stalled or cut-short body and a 5xx answer are tried again with backoff, resuming
 // where the file ends when the server allows it (Range with If-Range on the answer's ETag or
 // Last-Modified; the sha256 then covers the bytes already there and the rest); a 4xx answer,
-// an image larger than the free memory and a wrong sha256 stop at once.
+// an image larger than the free memory and a wrong sha256 stop at once. FetchMedium copies the
+// image from the boot medium instead (the iso output: the ISO 9660 volume FindMedium finds by its
+// label), into the same file and checked the same way.
 package liveroot
 
 import (

@@ -1,0 +1,232 @@
+package output
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	diskfs "github.com/diskfs/go-diskfs"
+	"github.com/diskfs/go-diskfs/backend/file"
+	"github.com/diskfs/go-diskfs/filesystem/iso9660"
+	"github.com/diskfs/go-diskfs/partition/gpt"
+
+	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/internal/nodeimage"
+	"github.com/kilnproject/kiln/internal/testkit"
+)
+
+// isoSource writes a root image and a boot image (disk.WriteBootImage of fake boot files, the
+// loader entry booting cmdline) into dir.
+func isoSource(t *testing.T, dir string) (ISOSource, string) {
+	t.Helper()
+	testkit.Tool(t, "xorriso", "xorriso")
+	src := pxeSource(t, dir)
+	boot := filepath.Join(dir, "systemd-bootx64.efi")
+	if err := os.WriteFile(boot, bytes.Repeat([]byte("boot"), 2000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmdline := ISOCmdline(src.KernelArgs, sha(t, src.RootFS))
+	efi := filepath.Join(dir, "efi.img")
+	if err := disk.WriteBootImage(efi, disk.BootImage{Kernel: src.Kernel, Initrd: src.Initrd, Bootloader: boot, Cmdline: cmdline, Title: src.Title}); err != nil {
+		t.Fatal(err)
+	}
+	return ISOSource{RootFS: src.RootFS, BootImage: efi}, cmdline
+}
+
+// The ISO holds the very bytes of the root image and the boot image, the El Torito catalog
+// names the boot image for UEFI, its loader entry boots the root image from the medium with its
+// sha256, and the GPT in the system area makes the boot image the EFI system partition.
+func TestWriteISO(t *testing.T) {
+	src, cmdline := isoSource(t, t.TempDir())
+	dst := filepath.Join(t.TempDir(), "metal-worker.iso")
+	if err := WriteISO(context.Background(), dst, src); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys, err := iso9660.Read(file.New(f, true), fi.Size(), 0, 2048)
+	if err != nil {
+		t.Fatalf("read %s as ISO 9660: %v", dst, err)
+	}
+	if got := strings.TrimSpace(fsys.Label()); got != nodeimage.ISOLabel {
+		t.Errorf("volume label %q, want %q", got, nodeimage.ISOLabel)
+	}
+	dir := t.TempDir()
+	for path, want := range map[string]string{nodeimage.ISORootFSPath: src.RootFS, nodeimage.ISOBootImagePath: src.BootImage} {
+		in, err := fsys.OpenFile(path, os.O_RDONLY)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out := filepath.Join(dir, filepath.Base(path))
+		b, err := io.ReadAll(in)
+		if err != nil {
+			t.Fatalf("read %s: %v", path, err)
+		}
+		if err := os.WriteFile(out, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, w := sha(t, out), sha(t, want); got != w {
+			t.Errorf("%s has sha256 %s, its source %s", path, got, w)
+		}
+	}
+	esp, err := disk.ReadBootImage(filepath.Join(dir, filepath.Base(nodeimage.ISOBootImagePath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(esp.Entry, "options "+cmdline+"\n") || !strings.Contains(cmdline, "kiln.live.rootfs_url=medium:/kiln/root.img kiln.live.rootfs_sha256="+sha(t, src.RootFS)) {
+		t.Errorf("loader entry\n%s\ndoes not boot the medium's root image with cmdline %q", esp.Entry, cmdline)
+	}
+	bootLBA := checkElTorito(t, f)
+	checkHybridGPT(t, dst, bootLBA, fileSize(t, src.BootImage))
+}
+
+func fileSize(t *testing.T, p string) int64 {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// checkElTorito reads the boot record volume descriptor (sector 17) and its catalog: one
+// bootable no-emulation entry for platform 0xEF (UEFI). It returns the entry's 2048-byte LBA.
+func checkElTorito(t *testing.T, f *os.File) int64 {
+	t.Helper()
+	brvd := make([]byte, 2048)
+	if _, err := f.ReadAt(brvd, 17*2048); err != nil {
+		t.Fatal(err)
+	}
+	if brvd[0] != 0 || string(brvd[1:6]) != "CD001" || !strings.HasPrefix(string(brvd[7:39]), "EL TORITO SPECIFICATION") {
+		t.Fatalf("sector 17 is no El Torito boot record: % x", brvd[:40])
+	}
+	cat := make([]byte, 2048)
+	if _, err := f.ReadAt(cat, int64(binary.LittleEndian.Uint32(brvd[71:]))*2048); err != nil {
+		t.Fatal(err)
+	}
+	// Validation entry (header 1, key 55 AA), then the initial entry; a UEFI image is either
+	// the validation entry's platform or a section header's (0x90/0x91) before its entry.
+	if cat[0] != 1 || cat[30] != 0x55 || cat[31] != 0xaa {
+		t.Fatalf("boot catalog has no validation entry: % x", cat[:32])
+	}
+	platform, entry := cat[1], cat[32:64]
+	if platform != 0xef && (cat[64] == 0x90 || cat[64] == 0x91) {
+		platform, entry = cat[65], cat[96:128]
+	}
+	if platform != 0xef {
+		t.Fatalf("boot catalog: platform %#x, want 0xef (UEFI)", platform)
+	}
+	if entry[0] != 0x88 || entry[1] != 0 {
+		t.Fatalf("boot entry: indicator %#x, media %#x; want 0x88 (bootable), 0 (no emulation)", entry[0], entry[1])
+	}
+	return int64(binary.LittleEndian.Uint32(entry[8:]))
+}
+
+// checkHybridGPT reads the GPT in the ISO's system area: an EFI system partition that is the
+// boot image, so the image boots from a USB stick too.
+func checkHybridGPT(t *testing.T, iso string, bootLBA, bootSize int64) {
+	t.Helper()
+	d, err := diskfs.Open(iso, diskfs.WithOpenMode(diskfs.ReadOnly), diskfs.WithSectorSize(512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	pt, err := d.GetPartitionTable()
+	if err != nil {
+		t.Fatalf("%s has no partition table in its system area: %v", iso, err)
+	}
+	table, ok := pt.(*gpt.Table)
+	if !ok {
+		t.Fatalf("partition table is %s, not GPT", pt.Type())
+	}
+	for _, p := range table.Partitions {
+		if p.Type == gpt.EFISystemPartition {
+			if int64(p.Start)*512 != bootLBA*2048 || int64(p.End-p.Start+1)*512 < bootSize {
+				t.Errorf("EFI system partition at byte %d, %d bytes; the boot image is at %d, %d bytes",
+					p.Start*512, (p.End-p.Start+1)*512, bootLBA*2048, bootSize)
+			}
+			return
+		}
+	}
+	t.Errorf("GPT of %s has no EFI system partition", iso)
+}
+
+// WriteISO refuses bad sources with the reason and writes nothing: neither the ISO nor its
+// partial files remain.
+func TestWriteISORefuses(t *testing.T) {
+	good, _ := isoSource(t, t.TempDir())
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty")
+	notFAT := filepath.Join(dir, "not-fat.img")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(notFAT, bytes.Repeat([]byte("x"), 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tt := range []struct {
+		name    string
+		ctx     context.Context
+		src     ISOSource
+		exists  bool
+		wantErr string
+	}{
+		{name: "no root image", src: ISOSource{BootImage: good.BootImage}, wantErr: "no root filesystem image file given"},
+		{name: "missing root image", src: ISOSource{RootFS: filepath.Join(dir, "nope"), BootImage: good.BootImage}, wantErr: "root filesystem image: stat " + filepath.Join(dir, "nope")},
+		{name: "empty root image", src: ISOSource{RootFS: empty, BootImage: good.BootImage}, wantErr: "root filesystem image " + empty + " is empty"},
+		{name: "root image is a directory", src: ISOSource{RootFS: dir, BootImage: good.BootImage}, wantErr: "is not a regular file"},
+		{name: "boot image not FAT", src: ISOSource{RootFS: good.RootFS, BootImage: notFAT}, wantErr: "boot image " + notFAT + " is not a FAT volume"},
+		{name: "both missing", src: ISOSource{}, wantErr: "no root filesystem image file given; no boot image file given"},
+		{name: "destination exists", src: good, exists: true, wantErr: "exists already"},
+		{name: "xorriso cancelled", ctx: cancelled, src: good, wantErr: "xorriso"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out := t.TempDir()
+			dst := filepath.Join(out, "metal-worker.iso")
+			if tt.exists {
+				if err := os.WriteFile(dst, []byte("old"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx := tt.ctx
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			err := WriteISO(ctx, dst, tt.src)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("WriteISO = %v, want an error containing %q", err, tt.wantErr)
+			}
+			entries, _ := os.ReadDir(out)
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			want := ""
+			if tt.exists {
+				want = "metal-worker.iso"
+			}
+			if strings.Join(names, " ") != want {
+				t.Errorf("after the error the directory holds %q, want %q", names, want)
+			}
+			if tt.exists {
+				if b, _ := os.ReadFile(dst); string(b) != "old" {
+					t.Errorf("the existing %s was changed", dst)
+				}
+			}
+		})
+	}
+}
