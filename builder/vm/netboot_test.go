@@ -69,7 +69,7 @@ func TestNetBootArgsErrors(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{"no image, no network boot", Config{}, "image: none given (only a network boot can be diskless)"},
+		{"no image, no network boot", Config{}, "image: none given (only a network or CD-ROM boot can be diskless)"},
 		{"diskless with a root bus", Config{NetBoot: nb, Root: Disk{Bus: BusNVMe, Name: "x"}}, "root disk: a diskless machine has none"},
 		{"diskless snapshot", Config{NetBoot: nb, Snapshot: true}, "snapshot: a diskless machine"},
 		{"relative URL", Config{NetBoot: &NetBoot{BootFile: "boot.ipxe"}}, `network boot file "boot.ipxe": want an http://`},

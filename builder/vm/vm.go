@@ -58,8 +58,11 @@ type Disk struct {
 // Config describes one boot.
 type Config struct {
 	// Image is the disk the firmware boots first (raw, qcow2, vmdk, vhd). It may be empty
-	// only with NetBoot: a diskless machine.
-	Image    string
+	// only with NetBoot or CDROM: a diskless machine.
+	Image string
+	// CDROM is an ISO image attached read-only as a SCSI CD-ROM (scsi-cd on virtio-scsi),
+	// booted after Image, first when there is none.
+	CDROM    string
 	Snapshot bool   // write to a throwaway overlay, leaving Image unchanged
 	Config   string // node config file passed through fw_cfg (Ignition JSON)
 	// Root says how Image is attached: its Bus (virtio when empty), its serial (Name; none
@@ -184,7 +187,15 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if usesSCSI(cfg) {
+	if cfg.CDROM != "" {
+		index := 0
+		if cfg.Image != "" {
+			index = 1 // after the disk
+		}
+		root = append(root, "-drive", "if=none,id=cdrom,media=cdrom,readonly=on,format=raw,file="+qemuEscape(cfg.CDROM),
+			"-device", fmt.Sprintf("scsi-cd,bus=%s.0,drive=cdrom,bootindex=%d", scsiController, index))
+	}
+	if usesSCSI(cfg) || cfg.CDROM != "" {
 		root = append([]string{"-device", "virtio-scsi-pci,id=" + scsiController}, root...)
 	}
 	boot, err := bootArgs(cfg)
@@ -241,6 +252,11 @@ func machineArgs(cfg Config, workDir string) ([]string, error) {
 // checkImage checks that Image exists, or that the machine is diskless and boots from the
 // network.
 func checkImage(cfg Config) error {
+	if cfg.CDROM != "" {
+		if _, err := os.Stat(cfg.CDROM); err != nil {
+			return fmt.Errorf("cdrom: %w", err)
+		}
+	}
 	if cfg.Image != "" {
 		if _, err := os.Stat(cfg.Image); err != nil {
 			return fmt.Errorf("image: %w", err)
@@ -248,8 +264,8 @@ func checkImage(cfg Config) error {
 		return nil
 	}
 	switch {
-	case cfg.NetBoot == nil:
-		return errors.New("image: none given (only a network boot can be diskless)")
+	case cfg.NetBoot == nil && cfg.CDROM == "":
+		return errors.New("image: none given (only a network or CD-ROM boot can be diskless)")
 	case cfg.Root != Disk{}:
 		return errors.New("root disk: a diskless machine has none to attach")
 	case cfg.Snapshot:

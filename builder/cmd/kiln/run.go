@@ -64,6 +64,10 @@ NIC's MAC and the SMBIOS UUID that kiln serve's machines.yaml matches (QEMU's de
 52:54:00:12:34:56 and all zeros). Under --accel auto a network boot without a kernel on IMAGE
 runs under TCG (there is no kernel to test KVM with): give --accel kvm to use KVM.
 
+An IMAGE ending in .iso (the iso format) is attached as a CD-ROM (scsi-cd on virtio-scsi) to a
+machine without a disk, which boots it live; --disk adds disks (a blank one takes /var), and
+--snapshot does not apply. Under --accel auto it runs under TCG (--accel kvm uses KVM).
+
 --ssh PORT forwards 127.0.0.1:PORT to the guest's ssh server (port 22), enables ssh.service
 (shipped disabled in the default base) in the config it passes and logs how to connect; a
 --config without a user that has ssh keys, or one that disables ssh.service, is refused.
@@ -85,6 +89,7 @@ const runExample = `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run worker-1.raw --config worker-1.ign --link cluster,mac=02:00:00:00:00:02 --offline
   # against kiln serve out/ --listen 127.0.0.1:8080 on this host:
   kiln run --netboot http://10.0.2.2:8080/boot.ipxe --mac 02:00:00:00:01:01 --until-firstboot
+  kiln run out/metal-worker.iso --memory 3072 --until-firstboot    # live from a CD-ROM, no disk
   kiln run node-2.raw --blank 8G --netboot http://10.0.2.2:8080/boot.ipxe --mac 02:00:00:00:01:02 --disk etcd-main=2G`
 
 // runOptions are `kiln run`'s flags.
@@ -156,6 +161,10 @@ func (o *runOptions) addFlags(f *pflag.FlagSet) {
 func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) error {
 	cfg := o.cfg
 	cfg.Image = image
+	if strings.HasSuffix(image, nodeimage.ISOSuffix) {
+		// The iso output boots live from a CD-ROM on a machine without a disk.
+		cfg.Image, cfg.CDROM = "", image
+	}
 	cfg.Serial = serial
 	if o.ssh != 0 {
 		if o.ssh < 1 || o.ssh > 65535 {
@@ -323,8 +332,8 @@ func (o *runOptions) chooseAccel(ctx context.Context, cfg *vm.Config, dir string
 	kernel := ""
 	if want == "" || want == "auto" || cfg.Append != "" {
 		bf, err := vm.ExtractBoot(ctx, cfg.Image, dir)
-		if err != nil && cfg.NetBoot != nil && cfg.Append == "" {
-			slog.Info("accelerator", "accel", "tcg", "why", "network boot without a kernel on the disk to test KVM with (--accel kvm uses KVM)")
+		if err != nil && (cfg.NetBoot != nil || cfg.CDROM != "") && cfg.Append == "" {
+			slog.Info("accelerator", "accel", "tcg", "why", "network or CD-ROM boot without a kernel on a disk to test KVM with (--accel kvm uses KVM)")
 			cfg.Accel = "tcg"
 			return nil
 		}
@@ -350,8 +359,8 @@ func (o *runOptions) chooseAccel(ctx context.Context, cfg *vm.Config, dir string
 func (o *runOptions) parseNetBoot(cfg *vm.Config) error {
 	if o.netboot == "" {
 		switch {
-		case cfg.Image == "":
-			return errors.New("no IMAGE given: name a disk image, or --netboot URL for a diskless network boot")
+		case cfg.Image == "" && cfg.CDROM == "":
+			return errors.New("no IMAGE given: name a disk image, an iso, or --netboot URL for a diskless network boot")
 		case o.mac != "":
 			return errors.New("--mac sets the network-booting NIC's address: it needs --netboot")
 		case o.blank != "":

@@ -181,12 +181,16 @@ func TestRunNetBootFlagErrors(t *testing.T) {
 	dir := t.TempDir()
 	img := filepath.Join(dir, "node.raw")
 	os.WriteFile(img, make([]byte, 4096), 0o644)
+	iso := filepath.Join(dir, "node.iso")
+	os.WriteFile(iso, make([]byte, 4096), 0o644)
 	const url = "http://10.0.2.2:8080/boot.ipxe"
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--accel", "tcg"}, "no IMAGE given: name a disk image, or --netboot URL"},
+		{[]string{"--accel", "tcg"}, "no IMAGE given: name a disk image, an iso, or --netboot URL"},
+		{[]string{filepath.Join(dir, "missing.iso"), "--accel", "tcg"}, "cdrom: stat " + filepath.Join(dir, "missing.iso")},
+		{[]string{iso, "--snapshot", "--accel", "tcg"}, "snapshot: a diskless machine"},
 		{[]string{img, "--mac", "02:00:00:00:00:01"}, "--mac sets the network-booting NIC's address: it needs --netboot"},
 		{[]string{filepath.Join(dir, "new.raw"), "--blank", "8G"}, "--blank creates a disk to install onto from the network: it needs --netboot"},
 		{[]string{"--netboot", url, "--blank", "8G"}, "--blank SIZE: name the disk IMAGE to create"},
