@@ -26,9 +26,9 @@ var defaultModules = []string{
 }
 
 // isoModules are the modules a live boot from the iso output needs to find and read its medium:
-// the SCSI CD driver (on virtio-scsi, and on USB through usb-storage) and ISO 9660.
-// linux-image-cloud-amd64 has no ahci, so a SATA CD drive needs a generic kernel and ahci in
-// the definition's modules.
+// the SCSI CD driver (a CD on virtio-scsi) and ISO 9660. linux-image-cloud-amd64 has neither
+// ahci nor USB, so a SATA CD drive, a BMC's virtual media or a USB stick needs the generic
+// kernel and ahci or xhci_pci and usb_storage in the definition's modules.
 func (b *baker) isoModules() []string {
 	if !slices.Contains(b.def.Formats, "iso") {
 		return nil

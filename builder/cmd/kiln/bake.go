@@ -29,7 +29,9 @@ live under UEFI from a CD, a virtual medium or, written with dd, a USB stick: it
 image (also the EFI system partition of its GPT) holds systemd-boot, the kernel and initramfs,
 and stage 1 copies /kiln/root.img from the medium into RAM, checked against its sha256, with no
 network. Its node config comes as a live boot's does (kiln.config.url=, fw_cfg on qemu, a
-CIDATA volume). xorriso writes it.
+CIDATA volume). The initramfs gets sr_mod and isofs; the default cloud kernel has no ahci and no
+USB, so SATA CD drives, BMC virtual media and USB sticks need the generic kernel with those
+drivers in kernel.modules. xorriso writes it.
 
 Every input must be pinned (run ` + "`kiln lock`" + ` first); every downloaded byte is verified
 against its sha256 or OCI digest. Pre-pulled container images are fetched by digest into the
