@@ -111,6 +111,21 @@ func TestSBOMOfTheWorker(t *testing.T) {
 			break
 		}
 	}
+	// The CycloneDX document lists the same packages (SPDX adds the image as a package).
+	if c := md.SBOM.CycloneDX; c == nil {
+		t.Error("the metadata names no CycloneDX SBOM")
+	} else {
+		var cdx struct {
+			SpecVersion string            `json:"specVersion"`
+			Components  []json.RawMessage `json:"components"`
+		}
+		if err := json.Unmarshal([]byte(testkit.ReadFile(t, filepath.Join(filepath.Dir(raw), c.File))), &cdx); err != nil {
+			t.Fatal(err)
+		}
+		if cdx.SpecVersion != "1.6" || len(cdx.Components) != len(doc.Packages)-1 {
+			t.Errorf("CycloneDX %s lists %d components, SPDX %d packages besides the image", cdx.SpecVersion, len(cdx.Components), len(doc.Packages)-1)
+		}
+	}
 	inspect := e.run(e.repo, e.kiln, "inspect", strings.TrimSuffix(raw, ".raw")+".json")
 	if !strings.Contains(inspect, "sbom:    "+md.SBOM.File+" (sha256 "+md.SBOM.SHA256+"): ") {
 		t.Errorf("kiln inspect does not name the SBOM:\n%s", inspect)
@@ -119,7 +134,8 @@ func TestSBOMOfTheWorker(t *testing.T) {
 
 	outDir := filepath.Dir(raw)
 	verified := e.run(e.repo, e.kiln, "verify", outDir, "--key", pubFile)
-	if !strings.Contains(verified, md.SBOM.File+": the signed SBOM") || !strings.Contains(verified, "qemu-worker.raw: sha256 ok") {
+	if !strings.Contains(verified, md.SBOM.File+": the signed SBOM") || !strings.Contains(verified, "qemu-worker.cdx.json: the signed SBOM") ||
+		!strings.Contains(verified, "qemu-worker.raw: sha256 ok") {
 		t.Errorf("kiln verify:\n%s", verified)
 	}
 	// One byte of the SBOM changed: kiln verify fails and names it.

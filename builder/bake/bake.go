@@ -147,7 +147,7 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	sbomFile, err := b.writeSBOM(tree, md)
+	sbomFiles, err := b.writeSBOM(tree, md)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -206,7 +206,7 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	files = append(files, sbomFile, mdFile)
+	files = append(append(files, sbomFiles...), mdFile)
 	if b.o.SignKey != nil {
 		prov, err := b.writeProvenance(md, mdFile)
 		if err != nil {

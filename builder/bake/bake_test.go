@@ -352,6 +352,9 @@ func TestBakeRecordsEachOutputsHash(t *testing.T) {
 	s := md.SBOM
 	if s == nil || s.File != "test-worker.spdx.json" || fileSHA256(filepath.Join(r.out, s.File)) != s.SHA256 ||
 		s.Packages["file"] != 2 || s.Packages["kernel"] != 1 || s.Packages["go"] == 0 || s.Packages["deb"] != 0 {
-		t.Errorf("metadata sbom = %+v", s)
+		t.Fatalf("metadata sbom = %+v", s)
+	}
+	if c := s.CycloneDX; c == nil || c.File != "test-worker.cdx.json" || fileSHA256(filepath.Join(r.out, c.File)) != c.SHA256 {
+		t.Errorf("metadata sbom.cyclonedx = %+v, want the CycloneDX file beside the outputs with its sha256", c)
 	}
 }

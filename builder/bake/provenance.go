@@ -26,7 +26,9 @@ func (b *baker) writeProvenance(md *nodeimage.Metadata, mdFile string) (string, 
 		subjects = append(subjects, provenance.Subject{Name: o.File, Digest: provenance.SHA256(o.SHA256)})
 	}
 	if md.SBOM != nil {
-		subjects = append(subjects, provenance.Subject{Name: md.SBOM.File, Digest: provenance.SHA256(md.SBOM.SHA256)})
+		for _, f := range md.SBOM.Files() {
+			subjects = append(subjects, provenance.Subject{Name: f.File, Digest: provenance.SHA256(f.SHA256)})
+		}
 	}
 	// Every file named below is hashed now; one that cannot be read fails the bake rather than
 	// being signed with no digest.

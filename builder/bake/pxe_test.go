@@ -39,7 +39,7 @@ func TestBakePXE(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw, dir := filepath.Join(r.out, "test-worker.raw"), filepath.Join(r.out, "test-worker-pxe")
-	if want := []string{raw, dir, filepath.Join(r.out, "test-worker.spdx.json"), filepath.Join(r.out, "test-worker.json")}; !slices.Equal(res.Outputs, want) {
+	if want := []string{raw, dir, filepath.Join(r.out, "test-worker.spdx.json"), filepath.Join(r.out, "test-worker.cdx.json"), filepath.Join(r.out, "test-worker.json")}; !slices.Equal(res.Outputs, want) {
 		t.Fatalf("outputs %q, want %q", res.Outputs, want)
 	}
 	var md nodeimage.Metadata
@@ -103,7 +103,7 @@ func TestBakePXEOnly(t *testing.T) {
 	for _, e := range ents {
 		names = append(names, e.Name())
 	}
-	if want := []string{"test-worker-pxe", "test-worker.json", "test-worker.spdx.json"}; !slices.Equal(names, want) {
+	if want := []string{"test-worker-pxe", "test-worker.cdx.json", "test-worker.json", "test-worker.spdx.json"}; !slices.Equal(names, want) {
 		t.Errorf("output directory holds %q, want %q", names, want)
 	}
 	if _, err := output.CheckPXE(res.Outputs[0], res.Metadata.PXE); err != nil {

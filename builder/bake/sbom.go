@@ -17,16 +17,16 @@ import (
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
-// writeSBOM writes the image's bill of materials, <image>-<role>.spdx.json, to the work
-// directory from the laid tree and md (artifacts, images and kernel recorded by then): the
-// tree's Debian packages, the artifacts, the pre-pulled images, the Go modules of kiln (this
-// program), kiln-init and kiln-stage1, and the kernel. It records the file in md and returns
-// its path.
-func (b *baker) writeSBOM(tree *rootfs.Tree, md *nodeimage.Metadata) (string, error) {
+// writeSBOM writes the image's bill of materials, <image>-<role>.spdx.json (SPDX) and
+// <image>-<role>.cdx.json (CycloneDX), to the work directory from the laid tree and md
+// (artifacts, images and kernel recorded by then): the tree's Debian packages, the artifacts,
+// the pre-pulled images, the Go modules of kiln (this program), kiln-init and kiln-stage1, and
+// the kernel. It records the files in md and returns their paths.
+func (b *baker) writeSBOM(tree *rootfs.Tree, md *nodeimage.Metadata) ([]string, error) {
 	t := time.Now()
 	debs, err := sbom.DebianPackages(tree.Dir)
 	if err != nil {
-		return "", fmt.Errorf("SBOM: %w", err)
+		return nil, fmt.Errorf("SBOM: %w", err)
 	}
 	doc := sbom.Document{Name: b.stem, Created: b.o.Created, Creator: "kiln-" + b.o.Version, Packages: debs}
 	for _, a := range md.Artifacts {
@@ -50,7 +50,7 @@ func (b *baker) writeSBOM(tree *rootfs.Tree, md *nodeimage.Metadata) (string, er
 			// A stand-in that is not a Go program (a test's static binary): listed as a file.
 			sum, _, herr := output.HashFile(bin.path)
 			if herr != nil {
-				return "", fmt.Errorf("SBOM: %s: %w", bin.name, herr)
+				return nil, fmt.Errorf("SBOM: %s: %w", bin.name, herr)
 			}
 			doc.Packages = append(doc.Packages, sbom.Package{Kind: sbom.KindFile, Name: bin.name, SHA256: sum})
 			continue
@@ -58,18 +58,27 @@ func (b *baker) writeSBOM(tree *rootfs.Tree, md *nodeimage.Metadata) (string, er
 		doc.Packages = append(doc.Packages, mods...)
 	}
 	doc.Packages = append(doc.Packages, sbom.Package{Kind: sbom.KindKernel, Name: "linux", Version: md.Kernel.Version})
-	data, err := doc.SPDX()
-	if err != nil {
-		return "", fmt.Errorf("SBOM: %w", err)
+	var files []string
+	var written []nodeimage.FileDigest
+	for _, f := range []struct {
+		suffix string
+		encode func() ([]byte, error)
+	}{{".spdx.json", doc.SPDX}, {".cdx.json", doc.CycloneDX}} {
+		data, err := f.encode()
+		if err != nil {
+			return nil, fmt.Errorf("SBOM: %w", err)
+		}
+		file := filepath.Join(b.work, b.stem+f.suffix)
+		if err := atomicfile.Write(file, data, atomicfile.Options{Mode: 0o644}); err != nil {
+			return nil, fmt.Errorf("SBOM: %w", err)
+		}
+		sum := sha256.Sum256(data)
+		files = append(files, file)
+		written = append(written, nodeimage.FileDigest{File: filepath.Base(file), SHA256: hex.EncodeToString(sum[:])})
 	}
-	file := filepath.Join(b.work, b.stem+".spdx.json")
-	if err := atomicfile.Write(file, data, atomicfile.Options{Mode: 0o644}); err != nil {
-		return "", fmt.Errorf("SBOM: %w", err)
-	}
-	sum := sha256.Sum256(data)
-	md.SBOM = &nodeimage.SBOMInfo{File: filepath.Base(file), SHA256: hex.EncodeToString(sum[:]), Packages: doc.Counts()}
+	md.SBOM = &nodeimage.SBOMInfo{File: written[0].File, SHA256: written[0].SHA256, CycloneDX: &written[1], Packages: doc.Counts()}
 	b.step("SBOM written", t, "packages", len(doc.Packages))
-	return file, nil
+	return files, nil
 }
 
 // imagePURL is the package URL of a container image: pkg:oci/<name>@<digest> with the

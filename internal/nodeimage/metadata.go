@@ -88,12 +88,29 @@ type KernelInfo struct {
 	SHA256  string `json:"sha256,omitempty"`
 }
 
-// SBOMInfo names the image's SPDX document (<image>-<role>.spdx.json) and how many packages
-// of each kind it lists (deb, artifact, image, go, kernel).
+// SBOMInfo names the image's SPDX document (<image>-<role>.spdx.json), the same bill of
+// materials as CycloneDX (<image>-<role>.cdx.json), and how many packages of each kind they
+// list (deb, artifact, image, go, kernel).
 type SBOMInfo struct {
-	File     string         `json:"file"`
-	SHA256   string         `json:"sha256"`
-	Packages map[string]int `json:"packages"`
+	File      string         `json:"file"`
+	SHA256    string         `json:"sha256"`
+	CycloneDX *FileDigest    `json:"cyclonedx,omitempty"`
+	Packages  map[string]int `json:"packages"`
+}
+
+// FileDigest is a file beside the metadata and its hex sha256.
+type FileDigest struct {
+	File   string `json:"file"`
+	SHA256 string `json:"sha256"`
+}
+
+// Files are the bills of materials the metadata names, SPDX first.
+func (s *SBOMInfo) Files() []FileDigest {
+	files := []FileDigest{{File: s.File, SHA256: s.SHA256}}
+	if s.CycloneDX != nil {
+		files = append(files, *s.CycloneDX)
+	}
+	return files
 }
 
 // ArtifactInfo records one artifact laid into the image.

@@ -97,6 +97,9 @@ func printOutputs(w io.Writer, mdFile string, md *nodeimage.Metadata, rep *pxeRe
 	}
 	if s := md.SBOM; s != nil {
 		fmt.Fprintf(w, "sbom:    %s (sha256 %s): %s\n", s.File, s.SHA256, sbomCounts(s.Packages))
+		if c := s.CycloneDX; c != nil {
+			fmt.Fprintf(w, "         %s (sha256 %s)\n", c.File, c.SHA256)
+		}
 	}
 	fmt.Fprintf(w, "\noutputs:\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

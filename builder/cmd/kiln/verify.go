@@ -18,9 +18,9 @@ import (
 const verifyLong = `Verify checks a bake's signed provenance (<image>-<role>.intoto.jsonl, written by
 kiln bake --sign-key): that its DSSE envelope is signed by --key (a PEM public key, ed25519 or
 ECDSA P-256), that every subject it names is there beside it with the sha256 it says, and that
-the SBOM the metadata names is the signed one. Given a directory, it checks every provenance in
-it; given <image>-<role>.json, that image's. It prints one line per file and names every
-failure; it fails when any check fails or no provenance is found.`
+the SBOMs the metadata names (SPDX and CycloneDX) are the signed ones. Given a directory, it
+checks every provenance in it; given <image>-<role>.json, that image's. It prints one line
+per file and names every failure; it fails when any check fails or no provenance is found.`
 
 const verifyExample = `  openssl genpkey -algorithm ed25519 -out kiln.key && openssl pkey -in kiln.key -pubout -out kiln.pub
   kiln bake images/qemu.yaml --role worker -o out --sign-key kiln.key
@@ -111,10 +111,14 @@ func verifyOne(w io.Writer, env string, pub crypto.PublicKey) []string {
 		failed = append(failed, err.Error())
 	} else if md.SBOM == nil {
 		failed = append(failed, fmt.Sprintf("%s names no SBOM", mdFile))
-	} else if i := slices.Index(names, md.SBOM.File); i < 0 || st.Subject[i].Digest["sha256"] != md.SBOM.SHA256 {
-		failed = append(failed, fmt.Sprintf("the SBOM %s (sha256 %s) is not the signed one", md.SBOM.File, md.SBOM.SHA256))
 	} else {
-		fmt.Fprintf(w, "  %s: the signed SBOM\n", md.SBOM.File)
+		for _, f := range md.SBOM.Files() {
+			if i := slices.Index(names, f.File); i < 0 || st.Subject[i].Digest["sha256"] != f.SHA256 {
+				failed = append(failed, fmt.Sprintf("the SBOM %s (sha256 %s) is not the signed one", f.File, f.SHA256))
+			} else {
+				fmt.Fprintf(w, "  %s: the signed SBOM\n", f.File)
+			}
+		}
 	}
 	if len(failed) == 0 {
 		fmt.Fprintf(w, "%s: %d subjects verified\n", env, len(st.Subject))

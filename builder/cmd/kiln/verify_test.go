@@ -19,16 +19,27 @@ import (
 // signedOutputs writes a bake's outputs (a raw, the SBOM, the metadata naming it) and their
 // provenance signed with key into a directory, and returns it.
 func signedOutputs(t *testing.T, key ed25519.PrivateKey, sbomInMetadata string) string {
+	return signedOutputsCDX(t, key, sbomInMetadata, "")
+}
+
+// signedOutputsCDX is signedOutputs with a CycloneDX SBOM too when cdxInMetadata is not "":
+// qemu-worker.cdx.json is signed, and the metadata names it with cdxInMetadata's digest.
+func signedOutputsCDX(t *testing.T, key ed25519.PrivateKey, sbomInMetadata, cdxInMetadata string) string {
 	t.Helper()
 	dir := t.TempDir()
-	files := map[string]string{"qemu-worker.raw": "disk", "qemu-worker.spdx.json": `{"spdxVersion":"SPDX-2.3"}`}
+	files := map[string]string{"qemu-worker.raw": "disk", "qemu-worker.spdx.json": `{"spdxVersion":"SPDX-2.3"}`, "qemu-worker.cdx.json": `{"bomFormat":"CycloneDX"}`}
+	names := []string{"qemu-worker.raw", "qemu-worker.spdx.json"}
+	info := &nodeimage.SBOMInfo{File: "qemu-worker.spdx.json", SHA256: hexOf(sbomInMetadata)}
+	if cdxInMetadata != "" {
+		names = append(names, "qemu-worker.cdx.json")
+		info.CycloneDX = &nodeimage.FileDigest{File: "qemu-worker.cdx.json", SHA256: hexOf(cdxInMetadata)}
+	}
 	var subjects []provenance.Subject
-	for _, name := range []string{"qemu-worker.raw", "qemu-worker.spdx.json"} {
+	for _, name := range names {
 		os.WriteFile(filepath.Join(dir, name), []byte(files[name]), 0o644)
 		subjects = append(subjects, provenance.Subject{Name: name, Digest: provenance.SHA256(hexOf(files[name]))})
 	}
-	md, _ := json.Marshal(nodeimage.Metadata{Name: "qemu", Role: "worker",
-		SBOM: &nodeimage.SBOMInfo{File: "qemu-worker.spdx.json", SHA256: hexOf(sbomInMetadata)}})
+	md, _ := json.Marshal(nodeimage.Metadata{Name: "qemu", Role: "worker", SBOM: info})
 	os.WriteFile(filepath.Join(dir, "qemu-worker.json"), md, 0o644)
 	subjects = append(subjects, provenance.Subject{Name: "qemu-worker.json", Digest: provenance.SHA256(hexOf(string(md)))})
 	env, err := provenance.Sign(provenance.NewStatement(subjects, nil, nil, "test"), key)
@@ -60,6 +71,10 @@ func TestVerifyOutputs(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
+	out.Reset()
+	if err := verifyOutputs(&out, signedOutputsCDX(t, key, sbom, `{"bomFormat":"CycloneDX"}`), pub); err != nil || !strings.Contains(out.String(), "qemu-worker.cdx.json: the signed SBOM") {
+		t.Errorf("verify with a CycloneDX SBOM: %v\n%s", err, out.String())
+	}
 	if err := verifyOutputs(&out, filepath.Join(dir, "qemu-worker.json"), pub); err != nil {
 		t.Errorf("verify of the metadata file: %v", err)
 	}
@@ -81,6 +96,8 @@ func TestVerifyOutputs(t *testing.T) {
 			return d
 		}, "qemu-worker.raw: open"},
 		{"the metadata names another SBOM", func() string { return signedOutputs(t, key, `{"other":1}`) }, "is not the signed one"},
+		{"the metadata names another CycloneDX SBOM", func() string { return signedOutputsCDX(t, key, sbom, `{"other":1}`) },
+			"the SBOM qemu-worker.cdx.json (sha256 "},
 		{"no provenance", func() string { return t.TempDir() }, "no *.intoto.jsonl"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
