@@ -7,8 +7,10 @@ import (
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -144,5 +146,52 @@ func TestLoadKeyRefuses(t *testing.T) {
 		if _, err := LoadPrivateKey(p); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), p) {
 			t.Errorf("%s: %v, want an error naming %s and saying %q", name, err, p, tc.want)
 		}
+	}
+}
+
+// VerifyImage accepts an image's metadata only when the envelope beside it is signed by the
+// key and names the metadata with these bytes' sha256; it returns the envelope's own digest.
+func TestVerifyImage(t *testing.T) {
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	_, other, _ := ed25519.GenerateKey(rand.Reader)
+	md := []byte(`{"name":"qemu","role":"worker"}`)
+	write := func(t *testing.T, signer crypto.Signer, named string, signed []byte) string {
+		dir := t.TempDir()
+		sum := sha256.Sum256(signed)
+		env, err := Sign(NewStatement([]Subject{{Name: named, Digest: SHA256(hex.EncodeToString(sum[:]))}}, nil, nil, "test"), signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "qemu-worker"+EnvelopeSuffix), env, 0o644)
+		os.WriteFile(filepath.Join(dir, "qemu-worker.json"), md, 0o644)
+		return dir
+	}
+	dir := write(t, key, "qemu-worker.json", md)
+	signed, err := VerifyImage(filepath.Join(dir, "qemu-worker.json"), md, key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, _ := os.ReadFile(filepath.Join(dir, "qemu-worker"+EnvelopeSuffix))
+	if sum := sha256.Sum256(env); signed.SHA256 != hex.EncodeToString(sum[:]) || signed.File != filepath.Join(dir, "qemu-worker"+EnvelopeSuffix) {
+		t.Errorf("VerifyImage = %+v, want the envelope and its sha256", signed)
+	}
+	for _, tc := range []struct {
+		name string
+		dir  string
+		md   string
+		want string
+	}{
+		{"no envelope", t.TempDir(), "qemu-worker.json", "no signed provenance beside it (qemu-worker.intoto.jsonl): bake with --sign-key"},
+		{"another key", write(t, other, "qemu-worker.json", md), "qemu-worker.json", "no signature verifies with the key"},
+		{"metadata not named", write(t, key, "qemu-worker.raw", md), "qemu-worker.json", "does not name qemu-worker.json among its subjects"},
+		{"metadata changed", write(t, key, "qemu-worker.json", []byte(`{}`)), "qemu-worker.json", "the metadata changed since it was signed"},
+		{"not metadata", dir, "qemu-worker.raw", "not an image's metadata"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := VerifyImage(filepath.Join(tc.dir, tc.md), md, key.Public())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("VerifyImage = %v, want an error with %q", err, tc.want)
+			}
+		})
 	}
 }
