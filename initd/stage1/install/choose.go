@@ -40,6 +40,8 @@ func choose(disks []hostDisk, p params, minSize int64) (hostDisk, error) {
 	switch {
 	case d.etcd != "":
 		return hostDisk{}, fmt.Errorf("%s is the etcd volume (%s): %w; the installer never writes it", what, d.etcd, errNoTarget)
+	case d.medium:
+		return hostDisk{}, fmt.Errorf("%s holds the boot medium the image is read from: %w; the installer never writes it", what, errNoTarget)
 	case d.readOnly:
 		return hostDisk{}, fmt.Errorf("%s is read-only: %w", what, errNoTarget)
 	case d.size < minSize:

@@ -37,6 +37,8 @@ type hostDisk struct {
 	holds []string
 	// etcd says which node config selector names it as the etcd volume, "" when none does.
 	etcd string
+	// medium is set on the disk holding the boot medium the image is read from.
+	medium bool
 }
 
 // String describes the disk for the console: path, size, serial, what it holds.
@@ -68,6 +70,8 @@ func (d hostDisk) exclusion(minSize int64) string {
 	switch {
 	case d.etcd != "":
 		return "etcd volume (" + d.etcd + ")"
+	case d.medium:
+		return "the boot medium the image is read from"
 	case slices.ContainsFunc(virtualPrefixes, func(p string) bool { return strings.HasPrefix(d.name, p) }):
 		return "not a disk (loop, RAM, optical or virtual device)"
 	case d.removable:
@@ -107,6 +111,18 @@ func (h host) scan() ([]hostDisk, error) {
 		disks = append(disks, d)
 	}
 	return disks, nil
+}
+
+// markMedium sets hostDisk.medium on the disk whose device node is dev (none when dev is "").
+func markMedium(disks []hostDisk, dev string) {
+	if dev == "" {
+		return
+	}
+	for i := range disks {
+		if disks[i].path == dev || disks[i].name == filepath.Base(dev) {
+			disks[i].medium = true
+		}
+	}
 }
 
 // markEtcd sets hostDisk.etcd on the disks the etcd volume selector selects. It fails when the

@@ -9,23 +9,33 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/kilnproject/kiln/initd/stage1/liveroot"
 	"github.com/kilnproject/kiln/internal/decompress"
 	"github.com/kilnproject/kiln/internal/fetch"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/poll"
 )
 
-// download is the image's HTTP response, open for reading.
+// download is the image open for reading: an HTTP response, or a file on the boot medium.
 type download struct {
-	resp  *http.Response
-	body  *bufio.Reader // the body, each byte hashed as it is read (see hashed)
-	kind  decompress.Kind
-	ctx   context.Context // the download's; its cause says why it ended early
-	watch *fetch.Watchdog
+	src io.ReadCloser // the response body or the file
+	// length is the size the server announced or the file's, -1 when unknown.
+	length int64
+	// unmount, when set, unmounts the boot medium the image is read from.
+	unmount func() error
+	// mediumDev is the device node holding the boot medium, "" for a download.
+	mediumDev string
+	body      *bufio.Reader // src, each byte hashed as it is read
+	kind      decompress.Kind
+	ctx       context.Context // the download's; its cause says why it ended early
+	watch     *fetch.Watchdog
 	// minSize is the least the decompressed image can be: its size for a raw image served
 	// with a length, the size a zstd frame header declares, else the compressed length.
 	minSize int64
@@ -52,15 +62,50 @@ func openImage(ctx context.Context, log *slog.Logger, o Options, u *url.URL, h i
 			watch.Stop()
 			return err
 		}
-		d = &download{resp: resp, ctx: wctx, watch: watch}
+		d = &download{src: resp.Body, length: resp.ContentLength, ctx: wctx, watch: watch}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("download %s: %w", u.Redacted(), err)
 	}
-	d.body = bufio.NewReaderSize(io.TeeReader(d.watch.Reader(d.resp.Body), h), 1<<20)
-	d.kind, _ = decompress.ByExtension(u.Path)
-	d.minSize = max(d.resp.ContentLength, 0)
+	d.setup(u.Path, h)
+	return d, nil
+}
+
+// openMedium waits for the boot medium o.Medium, mounts it and opens the image file on it; the
+// medium stays mounted until the download is closed. The file is read through h and a watchdog
+// as a download is: a medium that stops answering ends the install after o.stallTimeout.
+func openMedium(ctx context.Context, log *slog.Logger, o Options, file string, h io.Writer) (*download, error) {
+	what := nodeimage.MediumScheme + file
+	dev, unmount, err := liveroot.MountMedium(ctx, log, o.Medium)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", what, err)
+	}
+	f, err := os.Open(filepath.Join(o.Medium.MountDir, filepath.FromSlash(file)))
+	var fi os.FileInfo
+	if err == nil {
+		if fi, err = f.Stat(); err == nil && !fi.Mode().IsRegular() {
+			err = fmt.Errorf("%s is not a regular file", f.Name())
+		}
+		if err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("image %s on %s: %w", what, dev, err), unmount())
+	}
+	wctx, watch := fetch.Watch(ctx, o.stallTimeout)
+	d := &download{src: f, length: fi.Size(), unmount: unmount, mediumDev: dev, ctx: wctx, watch: watch}
+	d.setup(file, h)
+	return d, nil
+}
+
+// setup reads d.src through h and the watchdog, and works out the compression from the name
+// and the least size of the image.
+func (d *download) setup(name string, h io.Writer) {
+	d.body = bufio.NewReaderSize(io.TeeReader(d.watch.Reader(d.src), h), 1<<20)
+	d.kind, _ = decompress.ByExtension(name)
+	d.minSize = max(d.length, 0)
 	if d.kind == decompress.Zstd {
 		var zh zstd.Header
 		if head, _ := d.body.Peek(zstd.HeaderMaxSize); zh.Decode(head) == nil && zh.HasFCS {
@@ -68,7 +113,6 @@ func openImage(ctx context.Context, log *slog.Logger, o Options, u *url.URL, h i
 		}
 	}
 	d.watch.Idle()
-	return d, nil
 }
 
 func get(ctx context.Context, client *http.Client, u *url.URL) (*http.Response, error) {
@@ -107,16 +151,24 @@ func (d *download) finish() error {
 	return errors.Join(err, d.close())
 }
 
+// close closes the body or file, once, and unmounts the medium it was on.
 func (d *download) close() error {
-	err := d.resp.Body.Close()
+	if d.src == nil {
+		return nil
+	}
+	err := d.src.Close()
+	d.src = nil
 	d.watch.Stop()
+	if d.unmount != nil {
+		err = errors.Join(err, d.unmount())
+	}
 	return err
 }
 
-// served describes the length the server announced, for messages.
+// served describes the length the server announced or the file's, for messages.
 func (d *download) served() string {
-	if d.resp.ContentLength < 0 {
+	if d.length < 0 {
 		return "no length given"
 	}
-	return strconv.FormatInt(d.resp.ContentLength, 10) + " bytes"
+	return strconv.FormatInt(d.length, 10) + " bytes"
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kilnproject/kiln/initd/blockdev"
 	"github.com/kilnproject/kiln/initd/etcdvolume"
+	"github.com/kilnproject/kiln/initd/stage1/liveroot"
 	"github.com/kilnproject/kiln/internal/decompress"
 	"github.com/kilnproject/kiln/internal/poll"
 )
@@ -51,6 +52,9 @@ type Options struct {
 	DiskWait time.Duration
 	// clock times the retries; nil is the wall clock.
 	clock poll.Clock
+	// Medium is where a kiln.install.image_url=medium:<path> image is looked for: the boot
+	// medium's label, the block devices and where to mount it.
+	Medium liveroot.Medium
 }
 
 func (o Options) withDefaults(p params) Options {
@@ -86,12 +90,18 @@ func install(ctx context.Context, log *slog.Logger, p params, o Options) (result
 		}
 	}
 	h := sha256.New()
-	d, err := openImage(ctx, log, o, p.imageURL, h)
+	var d *download
+	var err error
+	if p.mediumFile != "" {
+		d, err = openMedium(ctx, log, o, p.mediumFile, h)
+	} else {
+		d, err = openImage(ctx, log, o, p.imageURL, h)
+	}
 	if err != nil {
 		return result{}, fmt.Errorf("install: %w", err)
 	}
 	defer d.close()
-	target, err := waitTarget(ctx, log, o, p, etcd, d.minSize)
+	target, err := waitTarget(ctx, log, o, p, etcd, d.mediumDev, d.minSize)
 	if err != nil {
 		return result{}, fmt.Errorf("install: %w", err)
 	}
@@ -108,7 +118,7 @@ func install(ctx context.Context, log *slog.Logger, p params, o Options) (result
 
 // waitTarget chooses the target, looking again while the error says a disk is missing (see
 // missing), until o.DiskWait has passed, and logs the disks it kept clear of.
-func waitTarget(ctx context.Context, log *slog.Logger, o Options, p params, etcd *etcdvolume.Selection, minSize int64) (hostDisk, error) {
+func waitTarget(ctx context.Context, log *slog.Logger, o Options, p params, etcd *etcdvolume.Selection, mediumDev string, minSize int64) (hostDisk, error) {
 	var (
 		d     hostDisk
 		disks []hostDisk
@@ -127,7 +137,7 @@ func waitTarget(ctx context.Context, log *slog.Logger, o Options, p params, etcd
 		},
 	}, func(context.Context) error {
 		var err error
-		d, disks, err = pickTarget(o.host, p, etcd, minSize)
+		d, disks, err = pickTarget(o.host, p, etcd, mediumDev, minSize)
 		return err
 	})
 	var pe *poll.Error
@@ -146,11 +156,14 @@ func waitTarget(ctx context.Context, log *slog.Logger, o Options, p params, etcd
 // keep clear of it, wherever the installer could write over the etcd disk's data: with
 // kiln.install.dev=auto, and when the disk named holds data (kiln.install.wipe=1). A disk
 // named that is empty holds no etcd data, and a disk image (a regular file) is no etcd disk.
-func pickTarget(host host, p params, etcd *etcdvolume.Selection, minSize int64) (hostDisk, []hostDisk, error) {
+// The disk whose device node is mediumDev holds the boot medium the image is read from and is
+// never chosen.
+func pickTarget(host host, p params, etcd *etcdvolume.Selection, mediumDev string, minSize int64) (hostDisk, []hostDisk, error) {
 	disks, err := host.scan()
 	if err != nil {
 		return hostDisk{}, nil, err
 	}
+	markMedium(disks, mediumDev)
 	etcdErr := markEtcd(disks, etcd)
 	if etcdErr != nil && p.dev == auto {
 		return hostDisk{}, nil, fmt.Errorf("kiln.%s=%s: %w", paramDev, auto, etcdErr)
@@ -159,6 +172,9 @@ func pickTarget(host host, p params, etcd *etcdvolume.Selection, minSize int64) 
 	if err != nil {
 		return hostDisk{}, nil, err
 	}
+	if mediumDev != "" && !d.medium && sameFile(d.path, mediumDev) {
+		return hostDisk{}, nil, fmt.Errorf("kiln.%s=%s: %s holds the boot medium the image is read from: %w; the installer never writes it", paramDev, p.dev, d, errNoTarget)
+	}
 	if etcdErr != nil && len(d.holds) > 0 && isScanned(disks, d) {
 		return hostDisk{}, nil, fmt.Errorf("kiln.%s=%s with kiln.%s=1: %s %s, and %w", paramDev, p.dev, paramWipe, d, d.holding(), etcdErr)
 	}
@@ -166,6 +182,16 @@ func pickTarget(host host, p params, etcd *etcdvolume.Selection, minSize int64) 
 		return hostDisk{}, nil, fmt.Errorf("kiln.%s=%s: %s has %d-byte sectors; kiln images are laid out for %d", paramDev, p.dev, d, d.sectorSize, imageSectorSize)
 	}
 	return d, disks, nil
+}
+
+// sameFile reports whether the paths a and b name the same file or device node.
+func sameFile(a, b string) bool {
+	sa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	sb, err := os.Stat(b)
+	return err == nil && os.SameFile(sa, sb)
 }
 
 // isScanned reports whether d is one of the disks host.scan found, not a disk image.
@@ -193,6 +219,8 @@ func logSkipped(log *slog.Logger, p params, etcd *etcdvolume.Selection, disks []
 		switch {
 		case d.etcd != "":
 			log.Info("install: skipped the etcd volume", "disk", d.String(), "selector", d.etcd)
+		case d.medium:
+			log.Info("install: skipped the boot medium", "disk", d.String())
 		case p.dev != auto:
 		case why != "":
 			log.Info("install: skipped", "disk", d.String(), "why", why)
@@ -274,7 +302,7 @@ func stream(ctx context.Context, d *download, st *staging, h hash.Hash, want str
 		return fmt.Errorf("download cut short after %d MiB of the image: %w", st.n>>20, err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != want {
-		return fmt.Errorf("sha256 mismatch: the server's file (%s) has sha256 %s, kiln.%s=%s", d.served(), got, paramImageHash, want)
+		return fmt.Errorf("sha256 mismatch: the image file (%s) has sha256 %s, kiln.%s=%s", d.served(), got, paramImageHash, want)
 	}
 	if st.n <= headSize {
 		return fmt.Errorf("the image is only %d bytes: not a kiln disk image", st.n)

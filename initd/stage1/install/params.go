@@ -1,7 +1,10 @@
 // Package install is kiln-init's install mode: a network boot whose kernel command line names
 // a disk image (kiln.install.image_url=, kiln.install.image_sha256=) and a target disk
 // (kiln.install.dev=) writes the image to the disk and reboots into it, as coreos-installer
-// does for Fedora CoreOS.
+// does for Fedora CoreOS. A boot from the iso output installs the same way from its own
+// medium: kiln.install.image_url=medium:/kiln/disk.raw.zst reads the image from the ISO 9660
+// volume labelled KILN_LIVE (found and mounted as a live boot from the medium finds it), with
+// no network, and the disk holding that volume is never a target.
 //
 // The disk is chosen with care: kiln.install.dev=auto takes the only empty whole disk and
 // refuses when there are several or none; a disk holding data (a partition table, a
@@ -11,7 +14,9 @@
 // partition tables are destroyed first, the image's first MiB (its protective MBR and GPT)
 // and last MiB (its backup GPT) are held in memory while the rest is streamed to the disk,
 // and they are written only once the whole download matched its sha256 and the image's boot
-// entry carries kiln.config.url=. Stage 1 (initd/stage1) brings the network up and hands over
+// entry carries kiln.config.url= when the install was given one (without it the entry is kept
+// and the installed node takes its config as a disk boot does, e.g. from a CIDATA volume).
+// Stage 1 (initd/stage1) brings the network up and hands over
 // to Run.
 package install
 
@@ -22,6 +27,9 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/kilnproject/kiln/initd/stage1/liveroot"
+	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
 // Kernel parameters, without their "kiln." prefix (stage1.Cmdline.Kiln's keys).
@@ -44,9 +52,11 @@ type params struct {
 	// dev is a device path (/dev/vda), a /dev/disk/by-id name (with or without its
 	// directory), or auto.
 	dev string
-	// imageURL is the http(s) URL of the raw disk image, compressed when its path ends in
-	// .zst, .xz, .gz or .bz2.
+	// imageURL is the http(s) URL of the raw disk image, or medium:<path> for a file on the
+	// boot medium, compressed when its path ends in .zst, .xz, .gz or .bz2.
 	imageURL *url.URL
+	// mediumFile is the image's path on the boot medium for a medium: URL, "" otherwise.
+	mediumFile string
 	// sha256 is the lowercase hex sha256 of the bytes the URL serves (the compressed file).
 	sha256 string
 	// wipe allows writing over a disk that holds data.
@@ -75,7 +85,7 @@ func parseParams(kiln map[string]string) (params, error) {
 	if p.dev, err = parseDev(kiln[paramDev]); err != nil {
 		return params{}, err
 	}
-	if p.imageURL, err = parseImageURL(kiln[paramImageURL]); err != nil {
+	if p.imageURL, p.mediumFile, err = parseImageURL(kiln[paramImageURL]); err != nil {
 		return params{}, err
 	}
 	h := strings.ToLower(kiln[paramImageHash])
@@ -119,19 +129,25 @@ func parseDev(v string) (string, error) {
 	return v, nil
 }
 
-func parseImageURL(v string) (*url.URL, error) {
+func parseImageURL(v string) (*url.URL, string, error) {
 	if v == "" {
-		return nil, fmt.Errorf("kernel cmdline: kiln.%s= is missing (want the http(s) URL of the disk image)", paramImageURL)
+		return nil, "", fmt.Errorf("kernel cmdline: kiln.%s= is missing (want the http(s) URL of the disk image, or %s<path> on the boot medium)", paramImageURL, nodeimage.MediumScheme)
+	}
+	if file, ok, err := liveroot.MediumPath(v); ok {
+		if err != nil {
+			return nil, "", fmt.Errorf("kernel cmdline: kiln.%s=%s: %w", paramImageURL, v, err)
+		}
+		return &url.URL{Scheme: strings.TrimSuffix(nodeimage.MediumScheme, ":"), Path: file}, file, nil
 	}
 	u, err := url.Parse(v)
 	if err != nil {
-		return nil, fmt.Errorf("kernel cmdline: kiln.%s: %w", paramImageURL, err)
+		return nil, "", fmt.Errorf("kernel cmdline: kiln.%s: %w", paramImageURL, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("kernel cmdline: kiln.%s=%s: want an http:// or https:// URL with a host", paramImageURL, u.Redacted())
+		return nil, "", fmt.Errorf("kernel cmdline: kiln.%s=%s: want an http:// or https:// URL with a host, or %s<path> on the boot medium", paramImageURL, u.Redacted(), nodeimage.MediumScheme)
 	}
 	if p := path.Base(u.Path); p == "/" || p == "." {
-		return nil, fmt.Errorf("kernel cmdline: kiln.%s=%s: the URL names no file", paramImageURL, u.Redacted())
+		return nil, "", fmt.Errorf("kernel cmdline: kiln.%s=%s: the URL names no file", paramImageURL, u.Redacted())
 	}
-	return u, nil
+	return u, "", nil
 }

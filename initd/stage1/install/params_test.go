@@ -23,6 +23,7 @@ func TestParseParams(t *testing.T) {
 		kiln    map[string]string
 		dev     string
 		wipe    bool
+		medium  string // the image's path on the boot medium, for a medium: URL
 		wantErr string
 	}{
 		{name: "auto", kiln: good(), dev: "auto"},
@@ -31,6 +32,9 @@ func TestParseParams(t *testing.T) {
 		{name: "by-id path", kiln: good(paramDev, "/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_os"), dev: "nvme-QEMU_NVMe_Ctrl_os"},
 		{name: "upper-case hash", kiln: good(paramImageHash, strings.ToUpper(sum)), dev: "auto"},
 		{name: "wipe=0", kiln: good(paramWipe, "0"), dev: "auto"},
+		{name: "image on the boot medium", kiln: good(paramImageURL, "medium:/kiln/metal-worker.raw.zst"), dev: "auto", medium: "/kiln/metal-worker.raw.zst"},
+		{name: "relative medium path", kiln: good(paramImageURL, "medium:kiln/disk.raw.zst"), wantErr: "kiln.install.image_url=medium:kiln/disk.raw.zst: \"kiln/disk.raw.zst\" is not an absolute, clean path"},
+		{name: "unclean medium path", kiln: good(paramImageURL, "medium:/kiln/../etc"), wantErr: "is not an absolute, clean path"},
 		{name: "no dev", kiln: good(paramDev, "<unset>"), wantErr: "kiln.install.dev= is missing"},
 		{name: "path outside /dev", kiln: good(paramDev, "/tmp/disk"), wantErr: "kiln.install.dev=/tmp/disk: a device path must be under /dev"},
 		{name: "unclean path", kiln: good(paramDev, "/dev/../etc/passwd"), wantErr: "kiln.install.dev=/dev/../etc/passwd: not a clean path"},
@@ -57,7 +61,7 @@ func TestParseParams(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if p.dev != tt.dev || p.wipe != tt.wipe || p.sha256 != sum || p.imageName() != "metal-worker.raw.zst" {
+			if p.dev != tt.dev || p.wipe != tt.wipe || p.sha256 != sum || p.imageName() != "metal-worker.raw.zst" || p.mediumFile != tt.medium {
 				t.Errorf("ParseParams = %+v", p)
 			}
 		})

@@ -112,26 +112,42 @@ func (f Fetcher) FetchMedium(ctx context.Context, log *slog.Logger, m Medium, fi
 	if err != nil {
 		return "", fmt.Errorf("live root: %w", err)
 	}
-	dev, err := waitMedium(ctx, m)
+	dev, unmount, err := MountMedium(ctx, log, m)
 	if err != nil {
 		return "", fmt.Errorf("live root %s: %w", what, err)
 	}
-	log.Info("live root medium found", "device", dev, "label", m.Label)
-	if err := os.MkdirAll(m.MountDir, 0o755); err != nil {
-		return "", fmt.Errorf("live root: %w", err)
-	}
-	if err := unix.Mount(dev, m.MountDir, "iso9660", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return "", fmt.Errorf("live root %s: mount %s (iso9660) read-only on %s: %w (isofs must be among the initramfs modules)", what, dev, m.MountDir, err)
-	}
 	out, err := f.copyVerified(log, m.MountDir, file, want, room)
-	if uerr := unix.Unmount(m.MountDir, 0); uerr != nil && err == nil {
+	if uerr := unmount(); uerr != nil && err == nil {
 		os.Remove(out)
-		err = fmt.Errorf("unmount %s: %w", m.MountDir, uerr)
+		err = uerr
 	}
 	if err != nil {
 		return "", fmt.Errorf("live root %s on %s: %w", what, dev, err)
 	}
 	return out, nil
+}
+
+// MountMedium waits for the medium m (see FindMedium) and mounts it read-only (iso9660) on
+// m.MountDir. It returns the medium's device node, whose disk holds the medium and is no
+// place to write to, and the function that unmounts it again.
+func MountMedium(ctx context.Context, log *slog.Logger, m Medium) (dev string, unmount func() error, err error) {
+	dev, err = waitMedium(ctx, m)
+	if err != nil {
+		return "", nil, err
+	}
+	log.Info("boot medium found", "device", dev, "label", m.Label)
+	if err := os.MkdirAll(m.MountDir, 0o755); err != nil {
+		return "", nil, fmt.Errorf("boot medium: %w", err)
+	}
+	if err := unix.Mount(dev, m.MountDir, "iso9660", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return "", nil, fmt.Errorf("mount %s (iso9660) read-only on %s: %w (isofs must be among the initramfs modules)", dev, m.MountDir, err)
+	}
+	return dev, func() error {
+		if err := unix.Unmount(m.MountDir, 0); err != nil {
+			return fmt.Errorf("unmount the boot medium %s from %s: %w", dev, m.MountDir, err)
+		}
+		return nil
+	}, nil
 }
 
 // copyVerified copies the file file of the medium mounted on dir into Dir/rootfs.img, checks it
