@@ -2,6 +2,7 @@ package disk
 
 import (
 	"fmt"
+	pathpkg "path"
 	"strings"
 	"time"
 
@@ -27,6 +28,16 @@ type BootImage struct {
 	Title string
 	// ModTime stamps the files; zero means 1980-01-01.
 	ModTime time.Time
+	// More are further loader entries, beside the default one (nodeimage.LoaderEntryPath):
+	// systemd-boot's menu offers them when a key is held at boot.
+	More []BootEntry
+}
+
+// BootEntry is a loader entry of a boot image besides its default: the file name in
+// nodeimage.LoaderEntriesDir (ending in .conf), the title and the kernel command line; the
+// kernel and initramfs are the default entry's.
+type BootEntry struct {
+	Name, Title, Cmdline string
 }
 
 // WriteBootImage writes path as a FAT32 image without a partition table, labelled ESPLabel,
@@ -41,6 +52,14 @@ func WriteBootImage(path string, b BootImage) error {
 	if strings.TrimSpace(b.Cmdline) == "" {
 		return fmt.Errorf("boot image %s: no kernel command line", path)
 	}
+	for _, e := range b.More {
+		if !strings.HasSuffix(e.Name, ".conf") || strings.ContainsAny(e.Name, "/\\") || e.Name == nodeimage.LoaderEntryName {
+			return fmt.Errorf("boot image %s: loader entry name %q: want a file name ending in .conf other than %s", path, e.Name, nodeimage.LoaderEntryName)
+		}
+		if strings.ContainsAny(e.Title+e.Cmdline, "\r\n") || strings.TrimSpace(e.Cmdline) == "" {
+			return fmt.Errorf("boot image %s: loader entry %s: title and kernel arguments must be one non-empty line", path, e.Name)
+		}
+	}
 	files, err := readESPFiles(Spec{Kernel: b.Kernel, Initrd: b.Initrd, Bootloader: b.Bootloader})
 	if err != nil {
 		return fmt.Errorf("boot image %s: %w", path, err)
@@ -48,6 +67,9 @@ func WriteBootImage(path string, b BootImage) error {
 	files = files[:len(files)-1] // image.json: the root image carries it
 	files = append(files, espFile{nodeimage.LoaderConfPath, []byte(LoaderConf)},
 		espFile{nodeimage.LoaderEntryPath, []byte(LoaderEntry(b.Title, b.Cmdline))})
+	for _, e := range b.More {
+		files = append(files, espFile{nodeimage.LoaderEntriesDir + "/" + e.Name, []byte(LoaderEntry(e.Title, e.Cmdline))})
+	}
 	var total int64
 	for _, f := range files {
 		total += alignUp(int64(len(f.data)), 4096)
@@ -99,5 +121,19 @@ func ReadBootImage(path string) (*ESPInfo, error) {
 		return info, fmt.Errorf("boot image %s: entry %s: %w", path, info.EntryName, err)
 	}
 	info.Entry = string(entry)
+	for _, f := range info.Files {
+		dir, name := pathpkg.Split(f.Path)
+		if dir != nodeimage.LoaderEntriesDir+"/" || name == info.EntryName {
+			continue
+		}
+		b, err := readESPFile(fs, f.Path)
+		if err != nil {
+			return info, fmt.Errorf("boot image %s: entry %s: %w", path, name, err)
+		}
+		if info.More == nil {
+			info.More = map[string]string{}
+		}
+		info.More[name] = string(b)
+	}
 	return info, nil
 }

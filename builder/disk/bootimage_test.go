@@ -3,6 +3,7 @@ package disk
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -71,6 +72,28 @@ func TestWriteBootImage(t *testing.T) {
 	}
 }
 
+// More entries are written beside the default one, which loader.conf keeps the default.
+func TestWriteBootImageMoreEntries(t *testing.T) {
+	b := bootImageFixture(t, 1<<20)
+	install := b.Cmdline
+	b.Cmdline = "ro kiln.install.image_url=medium:/kiln/disk.raw.zst kiln.install.dev=auto"
+	b.More = []BootEntry{{Name: "kiln-live.conf", Title: "kiln live", Cmdline: install}}
+	p := filepath.Join(t.TempDir(), "efi.img")
+	if err := WriteBootImage(p, b); err != nil {
+		t.Fatal(err)
+	}
+	info, err := ReadBootImage(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.EntryName != nodeimage.LoaderEntryName || info.Entry != LoaderEntry(b.Title, b.Cmdline) {
+		t.Errorf("default entry %s:\n%s", info.EntryName, info.Entry)
+	}
+	if want := map[string]string{"kiln-live.conf": LoaderEntry("kiln live", install)}; !reflect.DeepEqual(info.More, want) {
+		t.Errorf("more entries %q, want %q", info.More, want)
+	}
+}
+
 // WriteBootImage refuses what would not make a loader entry and keeps an existing file.
 func TestWriteBootImageRefuses(t *testing.T) {
 	for _, tt := range []struct {
@@ -81,6 +104,9 @@ func TestWriteBootImageRefuses(t *testing.T) {
 		{"two-line cmdline", func(b *BootImage) { b.Cmdline += "\ninitrd /evil" }, "must be one line"},
 		{"two-line title", func(b *BootImage) { b.Title = "a\rb" }, "must be one line"},
 		{"no cmdline", func(b *BootImage) { b.Cmdline = " " }, "no kernel command line"},
+		{"more entry named as the default", func(b *BootImage) { b.More = []BootEntry{{Name: nodeimage.LoaderEntryName, Cmdline: "ro"}} }, "loader entry name"},
+		{"more entry not .conf", func(b *BootImage) { b.More = []BootEntry{{Name: "live", Cmdline: "ro"}} }, "loader entry name"},
+		{"more entry without cmdline", func(b *BootImage) { b.More = []BootEntry{{Name: "live.conf"}} }, "one non-empty line"},
 		{"missing kernel", func(b *BootImage) { b.Kernel = filepath.Join(t.TempDir(), "nope") }, "kernel: read:"},
 		{"kernel is a directory", func(b *BootImage) { b.Kernel = t.TempDir() }, "is not a regular file"},
 	} {

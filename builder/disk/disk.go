@@ -542,6 +542,8 @@ type ESPInfo struct {
 	Entry     string
 	ImageJSON []byte
 	Files     []ESPFile // every file, sorted by path
+	// More holds the other loader entries by file name (ReadBootImage reads them).
+	More map[string]string
 }
 
 // Read reads a disk written by Build: its partition table and, from the
