@@ -188,7 +188,7 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	isoFile, err := b.writeISO(rootImg, boot, initrd, md)
+	isoFile, err := b.writeISO(raw, rootImg, boot, initrd, md)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -2,13 +2,18 @@ package output
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -18,6 +23,9 @@ import (
 // the medium with ISOCmdline.
 type ISOSource struct {
 	RootFS, BootImage string // host paths
+	// Disk, when set, is the raw disk image zstd-compressed (CompressDisk), put at
+	// nodeimage.ISODiskPath for the boot image's install entry (ISOInstallCmdline).
+	Disk string
 }
 
 // ISOCmdline is the kernel command line of an ISO's live boot: the image's boot arguments
@@ -25,6 +33,75 @@ type ISOSource struct {
 func ISOCmdline(kernelArgs, rootfsSHA256 string) string {
 	return strings.TrimSpace(kernelArgs) + " kiln.live.rootfs_url=" + nodeimage.MediumScheme + nodeimage.ISORootFSPath +
 		" kiln.live.rootfs_sha256=" + rootfsSHA256
+}
+
+// ISOInstallCmdline is the kernel command line of an installer ISO's install entry: the image's
+// boot arguments and stage 1's install mode reading the compressed raw disk image from the
+// medium (nodeimage.ISODiskPath, with its sha256) onto dev (auto, /dev/<disk> or a by-id
+// name), over a disk holding data only with wipe. No kiln.config.url= is added: the installed
+// node takes its config as a disk boot does.
+func ISOInstallCmdline(kernelArgs, diskSHA256, dev string, wipe bool) string {
+	s := strings.TrimSpace(kernelArgs) + " kiln.install.image_url=" + nodeimage.MediumScheme + nodeimage.ISODiskPath +
+		" kiln.install.image_sha256=" + diskSHA256 + " kiln.install.dev=" + dev
+	if wipe {
+		s += " kiln.install.wipe=1"
+	}
+	return s
+}
+
+// CompressDisk writes the raw disk image raw zstd-compressed to dst, which must not exist, with
+// the image's size in the frame header (stage 1's install checks the target disk's size
+// against it before writing), and returns dst's sha256. On error dst does not exist.
+func CompressDisk(ctx context.Context, raw, dst string) (sum string, err error) {
+	in, err := os.Open(raw)
+	if err != nil {
+		return "", fmt.Errorf("compress disk: %w", err)
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return "", fmt.Errorf("compress disk: %w", err)
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("compress disk: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	h := sha256.New()
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)))
+	if err != nil {
+		out.Close()
+		return "", fmt.Errorf("compress disk: %w", err)
+	}
+	enc.ResetContentSize(io.MultiWriter(out, h), fi.Size())
+	_, err = io.CopyBuffer(enc, ctxReader{ctx, in}, make([]byte, 4<<20))
+	if cerr := enc.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("compress disk %s to %s: %w", raw, dst, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ctxReader ends a read once its context is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // WriteISO writes dst, which must not exist, as a hybrid ISO 9660 image labelled
@@ -70,7 +147,11 @@ func WriteISO(ctx context.Context, dst string, src ISOSource) error {
 // that is no FAT volume.
 func checkISOSource(src ISOSource) error {
 	var problems []string
-	for _, f := range []struct{ what, path string }{{"root filesystem image", src.RootFS}, {"boot image", src.BootImage}} {
+	files := []struct{ what, path string }{{"root filesystem image", src.RootFS}, {"boot image", src.BootImage}}
+	if src.Disk != "" {
+		files = append(files, struct{ what, path string }{"compressed disk image", src.Disk})
+	}
+	for _, f := range files {
 		if f.path == "" {
 			problems = append(problems, "no "+f.what+" file given")
 			continue
@@ -110,7 +191,11 @@ func isFAT(p string) bool {
 
 // writeISO stages the files in stage and runs xorriso to write the image to tmp.
 func writeISO(ctx context.Context, stage, tmp string, src ISOSource) error {
-	for _, f := range []struct{ src, dst string }{{src.RootFS, nodeimage.ISORootFSPath}, {src.BootImage, nodeimage.ISOBootImagePath}} {
+	files := []struct{ src, dst string }{{src.RootFS, nodeimage.ISORootFSPath}, {src.BootImage, nodeimage.ISOBootImagePath}}
+	if src.Disk != "" {
+		files = append(files, struct{ src, dst string }{src.Disk, nodeimage.ISODiskPath})
+	}
+	for _, f := range files {
 		p := filepath.Join(stage, filepath.FromSlash(f.dst))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return err
@@ -124,10 +209,11 @@ func writeISO(ctx context.Context, stage, tmp string, src ISOSource) error {
 	// (load size 0 above 32 MiB: UEFI then reads the FAT's own size); --efi-boot-part
 	// --efi-boot-image with --protective-msdos-label: a GPT in the system area whose EFI system
 	// partition is that same image, so the ISO written to a USB stick boots too. Rock Ridge (-R)
-	// keeps the names as they are; SOURCE_DATE_EPOCH, when set, makes xorriso's output
+	// keeps the names as they are; -iso-level 3 lets a file exceed 4 GiB (multi-extent), as
+	// a compressed disk image might; SOURCE_DATE_EPOCH, when set, makes xorriso's output
 	// reproducible.
 	cmd := exec.CommandContext(ctx, "xorriso", "-as", "mkisofs",
-		"-quiet", "-R", "-V", nodeimage.ISOLabel,
+		"-quiet", "-R", "-iso-level", "3", "-V", nodeimage.ISOLabel,
 		"-o", tmp,
 		"-e", bootRel, "-no-emul-boot",
 		"--efi-boot-part", "--efi-boot-image", "--protective-msdos-label",

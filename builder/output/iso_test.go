@@ -14,6 +14,7 @@ import (
 	"github.com/diskfs/go-diskfs/backend/file"
 	"github.com/diskfs/go-diskfs/filesystem/iso9660"
 	"github.com/diskfs/go-diskfs/partition/gpt"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/kilnproject/kiln/builder/disk"
 	"github.com/kilnproject/kiln/internal/nodeimage"
@@ -191,6 +192,7 @@ func TestWriteISORefuses(t *testing.T) {
 		{name: "root image is a directory", src: ISOSource{RootFS: dir, BootImage: good.BootImage}, wantErr: "is not a regular file"},
 		{name: "boot image not FAT", src: ISOSource{RootFS: good.RootFS, BootImage: notFAT}, wantErr: "boot image " + notFAT + " is not a FAT volume"},
 		{name: "both missing", src: ISOSource{}, wantErr: "no root filesystem image file given; no boot image file given"},
+		{name: "empty disk image", src: ISOSource{RootFS: good.RootFS, BootImage: good.BootImage, Disk: empty}, wantErr: "compressed disk image " + empty + " is empty"},
 		{name: "destination exists", src: good, exists: true, wantErr: "exists already"},
 		{name: "xorriso cancelled", ctx: cancelled, src: good, wantErr: "xorriso"},
 	} {
@@ -228,5 +230,121 @@ func TestWriteISORefuses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An installer ISO: CompressDisk's file decompresses to the raw disk byte for byte and declares
+// its size, the ISO holds it at ISODiskPath, and the boot image's default entry installs it
+// from the medium with its sha256 while the live entry stays the other one.
+func TestWriteInstallerISO(t *testing.T) {
+	dir := t.TempDir()
+	src, liveCmdline := isoSource(t, dir)
+	raw := filepath.Join(dir, "disk.raw")
+	f, err := os.Create(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A sparse disk with data at both ends, as a kiln image's GPT has.
+	for _, off := range []int64{0, 300 << 20} {
+		if _, err := f.WriteAt(bytes.Repeat([]byte("kiln disk "), 100000), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	zst := filepath.Join(dir, "disk.raw.zst")
+	sum, err := CompressDisk(context.Background(), raw, zst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum != sha(t, zst) {
+		t.Errorf("CompressDisk returned sha256 %s, the file has %s", sum, sha(t, zst))
+	}
+	if _, err := CompressDisk(context.Background(), raw, zst); err == nil {
+		t.Errorf("CompressDisk wrote over an existing file")
+	}
+	zf, err := os.Open(zst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, zstd.HeaderMaxSize)
+	io.ReadFull(zf, head)
+	var zh zstd.Header
+	if err := zh.Decode(head); err != nil || !zh.HasFCS || int64(zh.FrameContentSize) != fileSize(t, raw) {
+		t.Errorf("frame header: %v, content size %d (set %v), want the raw size %d", err, zh.FrameContentSize, zh.HasFCS, fileSize(t, raw))
+	}
+	zf.Seek(0, io.SeekStart)
+	dec, err := zstd.NewReader(zf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := filepath.Join(dir, "back.raw")
+	bf, err := os.Create(back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(bf, dec); err != nil {
+		t.Fatal(err)
+	}
+	bf.Close()
+	dec.Close()
+	zf.Close()
+	if sha(t, back) != sha(t, raw) {
+		t.Errorf("the compressed disk does not decompress to the raw disk")
+	}
+
+	installCmdline := ISOInstallCmdline("ro kiln.platform=metal", sum, "auto", false)
+	if want := "ro kiln.platform=metal kiln.install.image_url=medium:/kiln/disk.raw.zst kiln.install.image_sha256=" + sum + " kiln.install.dev=auto"; installCmdline != want {
+		t.Errorf("install cmdline %q, want %q", installCmdline, want)
+	}
+	if got := ISOInstallCmdline("ro", sum, "/dev/sdb", true); !strings.HasSuffix(got, " kiln.install.dev=/dev/sdb kiln.install.wipe=1") {
+		t.Errorf("install cmdline with wipe: %q", got)
+	}
+	b := disk.BootImage{Kernel: filepath.Join(dir, "kernel"), Initrd: filepath.Join(dir, "initrd"), Bootloader: filepath.Join(dir, "systemd-bootx64.efi"),
+		Cmdline: installCmdline, Title: "install", More: []disk.BootEntry{{Name: nodeimage.ISOLiveEntryName, Title: "live", Cmdline: liveCmdline}}}
+	src.BootImage = filepath.Join(dir, "efi-install.img")
+	if err := disk.WriteBootImage(src.BootImage, b); err != nil {
+		t.Fatal(err)
+	}
+	src.Disk = zst
+	dst := filepath.Join(t.TempDir(), "metal-worker.iso")
+	if err := WriteISO(context.Background(), dst, src); err != nil {
+		t.Fatal(err)
+	}
+	isoF, err := os.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer isoF.Close()
+	fsys, err := iso9660.Read(file.New(isoF, true), fileSize(t, dst), 0, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	for path, want := range map[string]string{nodeimage.ISODiskPath: zst, nodeimage.ISORootFSPath: src.RootFS, nodeimage.ISOBootImagePath: src.BootImage} {
+		in, err := fsys.OpenFile(path, os.O_RDONLY)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		b, err := io.ReadAll(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(out, filepath.Base(path))
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if sha(t, p) != sha(t, want) {
+			t.Errorf("%s differs from its source", path)
+		}
+	}
+	esp, err := disk.ReadBootImage(filepath.Join(out, filepath.Base(nodeimage.ISOBootImagePath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(esp.Entry, "options "+installCmdline+"\n") {
+		t.Errorf("default entry\n%s\nwant the install command line %q", esp.Entry, installCmdline)
+	}
+	if live := esp.More[nodeimage.ISOLiveEntryName]; !strings.Contains(live, "options "+liveCmdline+"\n") {
+		t.Errorf("live entry %s:\n%s\nwant the live command line %q", nodeimage.ISOLiveEntryName, live, liveCmdline)
 	}
 }

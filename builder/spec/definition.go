@@ -44,7 +44,9 @@ type Definition struct {
 	Disk     Disk
 	// Formats are the output formats, in the order given; default [raw].
 	Formats []string
-	Kernel  Kernel
+	// ISO tunes the iso format; nil when the definition has no iso: field.
+	ISO    *ISO
+	Kernel Kernel
 	// Overlays are absolute directories (<dir of File>/../overlays/<name>),
 	// copied onto the root tree in this order.
 	Overlays []string
@@ -88,6 +90,21 @@ type Disk struct {
 	ESPSize     Size
 }
 
+// ISO tunes the iso output (definition field iso:).
+type ISO struct {
+	// Install, when set, makes the ISO an installer: it carries the raw disk image compressed
+	// and its default boot entry writes it to a disk (stage 1's install mode).
+	Install *ISOInstall
+}
+
+// ISOInstall is iso.install: where the ISO's install entry writes the disk image.
+type ISOInstall struct {
+	// Dev is kiln.install.dev=: auto, /dev/<disk> or a /dev/disk/by-id name; default auto.
+	Dev string
+	// Wipe is kiln.install.wipe=1: write over a disk that holds data.
+	Wipe bool
+}
+
 // Kernel holds what is added to the kernel command line and initramfs.
 type Kernel struct {
 	// Args follow kiln's own root=, rootfstype=, ro, kiln.platform= and kiln.verity.*.
@@ -118,8 +135,8 @@ func LoadDefinition(path string) (*Definition, error) {
 		ProfilesDir: filepath.Join(dir, "..", "profiles"),
 		ProfilesPos: Pos{File: path},
 	}
-	var diskNode *yaml.Node
-	seen, _ := d.Fields(root, "", []string{"name", "platform", "base", "disk", "formats", "kernel", "overlays", "profiles"}, func(key, field string, v *yaml.Node) {
+	var diskNode, isoNode *yaml.Node
+	seen, _ := d.Fields(root, "", []string{"name", "platform", "base", "disk", "formats", "iso", "kernel", "overlays", "profiles"}, func(key, field string, v *yaml.Node) {
 		switch key {
 		case "name":
 			if s, ok := d.String(v, field); ok {
@@ -146,6 +163,9 @@ func LoadDefinition(path string) (*Definition, error) {
 					d.FailAt(n, f, "%q is not an output format (one of: %s)", s, strings.Join(formats, ", "))
 				}
 			})
+		case "iso":
+			isoNode = v
+			def.ISO = d.iso(v, field)
 		case "kernel":
 			d.kernel(v, field, &def.Kernel)
 		case "overlays":
@@ -176,6 +196,9 @@ func LoadDefinition(path string) (*Definition, error) {
 	}
 	if diskNode != nil && def.Disk.Size%gib != 0 && contains(def.Formats, "gce") {
 		d.FailAt(mapValue(diskNode, "size"), "disk.size", "%s is not a whole number of GiB, which the gce format needs (GCE images are whole GiB; leave size out to have it rounded up)", def.Disk.Size)
+	}
+	if isoNode != nil && !contains(def.Formats, "iso") {
+		d.FailAt(isoNode, "iso", "tunes the iso format, which formats does not list (add iso to formats)")
 	}
 	if err := d.Err(); err != nil {
 		return nil, err
@@ -304,6 +327,39 @@ func (d *decoder) disk(n *yaml.Node, path string, disk *Disk) {
 	if allowed := compressions[disk.RootFS]; disk.Compression != "" && !contains(allowed, disk.Compression) {
 		d.FailAt(compNode, strictyaml.Join(path, "compression"), "%q does not work with %s (one of: %s)", disk.Compression, disk.RootFS, strings.Join(allowed, ", "))
 	}
+}
+
+// isoDevRE is what iso.install.dev may name besides auto: a /dev path or a /dev/disk/by-id name.
+var isoDevRE = regexp.MustCompile(`^(/dev/[A-Za-z0-9._/:-]+|[A-Za-z0-9._:-]+)$`)
+
+func (d *decoder) iso(n *yaml.Node, path string) *ISO {
+	iso := &ISO{}
+	d.Fields(n, path, []string{"install"}, func(key, field string, v *yaml.Node) {
+		in := &ISOInstall{Dev: "auto"}
+		iso.Install = in
+		d.Fields(v, field, []string{"dev", "wipe"}, func(key, field string, v *yaml.Node) {
+			switch key {
+			case "dev":
+				s, ok := d.String(v, field)
+				if !ok {
+					return
+				}
+				if s != "auto" && (!isoDevRE.MatchString(s) || strings.Contains(s, "..") || strings.HasSuffix(s, "/")) {
+					d.FailAt(v, field, "%q: want auto, /dev/<disk> or a /dev/disk/by-id name (kiln.install.dev=)", s)
+					return
+				}
+				in.Dev = s
+			case "wipe":
+				var b bool
+				if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil || v.Tag != "!!bool" {
+					d.FailAt(v, field, "%s: want true (write over a disk holding data) or false", strictyaml.Describe(v))
+					return
+				}
+				in.Wipe = b
+			}
+		})
+	})
+	return iso
 }
 
 func (d *decoder) kernel(n *yaml.Node, path string, k *Kernel) {

@@ -50,7 +50,7 @@ func TestLoadDefinitionErrors(t *testing.T) {
 		{"unknown field", validBase + "disk:\n  sise: 4GiB\n", []string{
 			"F:7: disk.sise: unknown field (known: compression, esp_size, rootfs, size)"}},
 		{"unknown top-level field", validBase + "format: [raw]\n", []string{
-			"F:6: format: unknown field (known: base, disk, formats, kernel, name, overlays, platform, profiles)"}},
+			"F:6: format: unknown field (known: base, disk, formats, iso, kernel, name, overlays, platform, profiles)"}},
 		{"duplicate field", validBase + "name: other\n", []string{"F:6: name: set twice (first at line 1)"}},
 		{"missing required", "name: qemu\n", []string{"F:1: platform: required", "F:1: base: required"}},
 		{"wrong type mapping", validBase + "disk: 4GiB\n", []string{"F:6: disk: expected a mapping, got the string \"4GiB\""}},
@@ -91,6 +91,14 @@ func TestLoadDefinitionErrors(t *testing.T) {
 			"F:8: kernel.modules[0]: \"virtio_blk.ko\" is not a module name (like virtio_blk, without .ko)"}},
 		{"unquoted comma in flow list", validBase + "kernel: {args: [console=ttyS0,115200]}\n", []string{
 			"F:6: kernel.args[1]: expected a string, got the integer 115200 (in a [a, b] list a comma separates entries: quote entries that contain one)"}},
+		{"iso without the iso format", validBase + "formats: [raw]\niso: {install: {dev: auto}}\n", []string{
+			"F:7: iso: tunes the iso format, which formats does not list (add iso to formats)"}},
+		{"iso install fields", validBase + "formats: [iso]\niso:\n  install: {dev: sda, wipe: \"yes\", size: 1}\n  live: {}\n", []string{
+			"F:8: iso.install.wipe: the string \"yes\": want true (write over a disk holding data) or false",
+			"F:8: iso.install.size: unknown field (known: dev, wipe)",
+			"F:9: iso.live: unknown field (known: install)"}},
+		{"iso install bad dev", validBase + "formats: [iso]\niso: {install: {dev: /dev/../sda}}\n", []string{
+			"F:7: iso.install.dev: \"/dev/../sda\": want auto, /dev/<disk> or a /dev/disk/by-id name (kiln.install.dev=)"}},
 		{"missing overlay", validBase + "overlays: [base, nope]\n", []string{
 			"F:6: overlays[1]: overlay nope: R/overlays/nope is not a directory"}},
 		{"missing profiles dir", validBase + "profiles: ../roles\n", []string{
@@ -172,6 +180,32 @@ overlays: [base]
 	}
 	if !reflect.DeepEqual(def, want) {
 		t.Errorf("definition:\n got %+v\nwant %+v", def, want)
+	}
+}
+
+// iso.install makes the ISO an installer; its dev defaults to auto and wipe to false.
+func TestISOInstall(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		want       *ISO
+	}{
+		{"no iso field", "formats: [iso]\n", nil},
+		{"no install", "formats: [iso]\niso: {}\n", &ISO{}},
+		{"defaults", "formats: [iso]\niso: {install: {}}\n", &ISO{Install: &ISOInstall{Dev: "auto"}}},
+		{"by path, wipe", "formats: [raw, iso]\niso:\n  install: {dev: /dev/nvme0n1, wipe: true}\n", &ISO{Install: &ISOInstall{Dev: "/dev/nvme0n1", Wipe: true}}},
+		{"by id", "formats: [iso]\niso:\n  install: {dev: virtio-install-0, wipe: false}\n", &ISO{Install: &ISOInstall{Dev: "virtio-install-0"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := repo(t)
+			def, err := LoadDefinition(write(t, filepath.Join(root, "images", "qemu.yaml"), validBase+tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(def.ISO, tt.want) {
+				t.Errorf("ISO: got %+v, want %+v", def.ISO, tt.want)
+			}
+		})
 	}
 }
 

@@ -100,12 +100,18 @@ const (
 // initramfs; the root filesystem image is ISORootFSPath. The loader entry's command line says
 // kiln.live.rootfs_url=MediumScheme+ISORootFSPath: stage 1 finds the volume by its label,
 // mounts it read-only and copies the image into RAM, checked against its sha256 as a network
-// live boot's.
+// live boot's. An installer ISO (definition field iso.install) also holds the raw disk image,
+// zstd-compressed, at ISODiskPath, and its default entry says
+// kiln.install.image_url=MediumScheme+ISODiskPath: stage 1 writes it to a disk from the medium.
 const (
 	ISOSuffix        = ".iso"
 	ISOLabel         = "KILN_LIVE"
 	ISORootFSPath    = "/kiln/root.img"
+	ISODiskPath      = "/kiln/disk.raw.zst"
 	ISOBootImagePath = "/boot/efi.img"
+	// ISOLiveEntryName is an installer ISO's loader entry that boots live, beside its default
+	// install entry.
+	ISOLiveEntryName = "kiln-live.conf"
 	// MediumScheme starts a kiln.live.rootfs_url= naming a file on the boot medium.
 	MediumScheme = "medium:"
 )
