@@ -31,7 +31,11 @@ and stage 1 copies /kiln/root.img from the medium into RAM, checked against its 
 network. Its node config comes as a live boot's does (kiln.config.url=, fw_cfg on qemu, a
 CIDATA volume). The initramfs gets sr_mod and isofs; the default cloud kernel has no ahci and no
 USB, so SATA CD drives, BMC virtual media and USB sticks need the generic kernel with those
-drivers in kernel.modules. xorriso writes it.
+drivers in kernel.modules. xorriso writes it. With iso: {install: {dev: auto}} in the definition
+the ISO is an installer too: it carries the raw disk zstd-compressed (/kiln/disk.raw.zst) and its
+default boot entry writes it to a disk from the medium (stage 1's install mode: an empty disk
+unless wipe, never the etcd volume nor the medium's own disk) and reboots into it; the live entry
+stays in the boot menu.
 
 Every input must be pinned (run ` + "`kiln lock`" + ` first); every downloaded byte is verified
 against its sha256 or OCI digest. Pre-pulled container images are fetched by digest into the
