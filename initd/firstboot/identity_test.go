@@ -20,7 +20,7 @@ func ec2Instance() *cloudfake.IMDS {
 // kiln.platform=, and an unknown platform's error names the clouds.
 func TestPlatformSources(t *testing.T) {
 	for platform, want := range map[string]string{"aws": "cmdline-url,aws-imds", "gce": "cmdline-url,gce-metadata",
-		"qemu": "cmdline-url,fw_cfg,cidata", "metal": "cmdline-url,cidata"} {
+		"qemu": "cmdline-url,fw_cfg,cidata", "metal": "cmdline-url,cidata,iso-medium"} {
 		ps, err := source.ForPlatform(platform, "ro", cloudSources())
 		if err != nil {
 			t.Fatal(err)

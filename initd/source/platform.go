@@ -27,7 +27,7 @@ func Platforms(clouds []Cloud) string {
 //
 //	qemu:    cmdline-url, fw_cfg, cidata
 //	<cloud>: cmdline-url, the cloud's Source (aws: aws-imds, gce: gce-metadata)
-//	metal:   cmdline-url, cidata
+//	metal:   cmdline-url, cidata, iso-medium
 //
 // cmdline is the kernel command line, read by the cmdline-url source; clouds are the
 // cloud platforms kiln-init knows. The image's embedded default is not in the list: it
@@ -38,7 +38,7 @@ func ForPlatform(platform, cmdline string, clouds []Cloud) ([]Provider, error) {
 	case "qemu":
 		return []Provider{url, &FWCfg{}, CIDATA{}}, nil
 	case "metal":
-		return []Provider{url, CIDATA{}}, nil
+		return []Provider{url, CIDATA{}, ISOMedium{}}, nil
 	case "":
 		return nil, fmt.Errorf("no kiln.platform= on the kernel command line (one of %s)", Platforms(clouds))
 	}

@@ -21,7 +21,7 @@ func TestForPlatform(t *testing.T) {
 	}{
 		{platform: "qemu", want: []string{"cmdline-url", "fw_cfg", "cidata"}},
 		{platform: "cloudy", want: []string{"cmdline-url", "embedded"}},
-		{platform: "metal", want: []string{"cmdline-url", "cidata"}},
+		{platform: "metal", want: []string{"cmdline-url", "cidata", "iso-medium"}},
 		{platform: "azure", wantErr: "kiln.platform=azure: unknown platform (one of qemu, cloudy, metal)"},
 		{platform: "", wantErr: "no kiln.platform= on the kernel command line"},
 	}

@@ -104,10 +104,13 @@ const (
 // zstd-compressed, at ISODiskPath, and its default entry says
 // kiln.install.image_url=MediumScheme+ISODiskPath: stage 1 writes it to a disk from the medium.
 const (
-	ISOSuffix        = ".iso"
-	ISOLabel         = "KILN_LIVE"
-	ISORootFSPath    = "/kiln/root.img"
-	ISODiskPath      = "/kiln/disk.raw.zst"
+	ISOSuffix     = ".iso"
+	ISOLabel      = "KILN_LIVE"
+	ISORootFSPath = "/kiln/root.img"
+	ISODiskPath   = "/kiln/disk.raw.zst"
+	// ISOConfigPath is a node config added to an iso (kiln iso add-config), read by first
+	// boot from the medium.
+	ISOConfigPath    = "/kiln/config.ign"
 	ISOBootImagePath = "/boot/efi.img"
 	// ISOLiveEntryName is an installer ISO's loader entry that boots live, beside its default
 	// install entry.

@@ -1,0 +1,70 @@
+package source
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnproject/kiln/internal/nodeimage"
+)
+
+// ISOMedium reads the config from the iso output's own volume, labelled nodeimage.ISOLabel,
+// that `kiln iso add-config` put it in: the file nodeimage.ISOConfigPath. It serves a live boot
+// from the ISO and a disk installed from it while the ISO is still in the drive. As CIDATA, the
+// volume is read in place with go-diskfs, never mounted. A kiln ISO without the file has no
+// config.
+type ISOMedium struct {
+	// ByLabel is the directory of label symlinks; "" means /dev/disk/by-label.
+	ByLabel string
+}
+
+// Name implements Provider.
+func (ISOMedium) Name() string { return "iso-medium" }
+
+func (m ISOMedium) device() string {
+	dir := m.ByLabel
+	if dir == "" {
+		dir = "/dev/disk/by-label"
+	}
+	return filepath.Join(dir, nodeimage.ISOLabel)
+}
+
+// Probe implements Provider: true when the volume exists and holds the config file.
+func (m ISOMedium) Probe(context.Context) bool {
+	fsys, closeFS, err := openVolume(m.device())
+	if err != nil {
+		return false
+	}
+	defer closeFS()
+	_, err = fsys.Stat(strings.TrimPrefix(nodeimage.ISOConfigPath, "/"))
+	return err == nil
+}
+
+// Fetch implements Provider.
+func (m ISOMedium) Fetch(context.Context) ([]byte, error) {
+	dev := m.device()
+	fsys, closeFS, err := openVolume(dev)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFS()
+	name := strings.TrimPrefix(nodeimage.ISOConfigPath, "/")
+	what := nodeimage.ISOConfigPath + " on " + dev
+	fi, err := fsys.Stat(name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if fi.IsDir() {
+		return nil, fmt.Errorf("%s is a directory", what)
+	}
+	if fi.Size() > MaxConfigSize {
+		return nil, &TooLargeError{What: what, Limit: MaxConfigSize}
+	}
+	f, err := fsys.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", what, err)
+	}
+	defer f.Close()
+	return ReadLimited(f, MaxConfigSize, what)
+}
