@@ -223,3 +223,72 @@ func writeISO(ctx context.Context, stage, tmp string, src ISOSource) error {
 	}
 	return nil
 }
+
+// AddISOConfig writes dst, which must not exist, as a copy of the ISO src (a WriteISO output)
+// with config at nodeimage.ISOConfigPath, replacing one there already; first boot reads it from
+// the medium (initd/source's iso-medium source). xorriso replays src's boot setup (the El
+// Torito EFI entry and the hybrid GPT whose EFI system partition is the boot image), so dst
+// boots as src does; every other file keeps its bytes. The image is written to dst+".partial"
+// and renamed at the end: on error dst does not exist.
+func AddISOConfig(ctx context.Context, src, dst string, config []byte) error {
+	if len(config) == 0 {
+		return fmt.Errorf("iso %s: the config is empty", filepath.Base(dst))
+	}
+	if id, err := isoVolumeID(src); err != nil {
+		return fmt.Errorf("iso %s: %w", src, err)
+	} else if id != nodeimage.ISOLabel {
+		return fmt.Errorf("iso %s: volume %q is not a kiln iso (%s)", src, id, nodeimage.ISOLabel)
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		return fmt.Errorf("iso: %s exists already", dst)
+	}
+	if _, err := exec.LookPath("xorriso"); err != nil {
+		return errors.New("iso: xorriso not found: install the Debian package xorriso")
+	}
+	tmp := dst + ".partial"
+	if err := os.RemoveAll(tmp); err != nil {
+		return fmt.Errorf("iso: remove stale %s: %w", tmp, err)
+	}
+	cfg, err := os.CreateTemp(filepath.Dir(dst), ".config-*.ign")
+	if err != nil {
+		return fmt.Errorf("iso: %w", err)
+	}
+	defer os.Remove(cfg.Name())
+	_, err = cfg.Write(config)
+	if cerr := cfg.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("iso: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, "xorriso", "-report_about", "SORRY", "-indev", src, "-outdev", tmp,
+		"-boot_image", "any", "replay", "-map", cfg.Name(), nodeimage.ISOConfigPath, "-chmod", "0444", nodeimage.ISOConfigPath, "--", "-commit")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	} else {
+		err = fmt.Errorf("%s: %v: %s", strings.Join(cmd.Args, " "), err, strings.TrimSpace(string(out)))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("iso %s: %w", filepath.Base(dst), err)
+	}
+	return nil
+}
+
+// isoVolumeID reads the volume identifier of the ISO 9660 image p.
+func isoVolumeID(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b := make([]byte, 2048)
+	if _, err := f.ReadAt(b, 16*2048); err != nil {
+		return "", fmt.Errorf("no ISO 9660 volume descriptor: %w", err)
+	}
+	if b[0] != 1 || string(b[1:6]) != "CD001" {
+		return "", errors.New("no ISO 9660 primary volume descriptor")
+	}
+	return strings.TrimRight(string(b[40:72]), " \x00"), nil
+}

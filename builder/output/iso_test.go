@@ -348,3 +348,96 @@ func TestWriteInstallerISO(t *testing.T) {
 		t.Errorf("live entry %s:\n%s\nwant the live command line %q", nodeimage.ISOLiveEntryName, live, liveCmdline)
 	}
 }
+
+// isoFile reads the file p from the ISO 9660 image iso.
+func isoFile(t *testing.T, iso, p string) ([]byte, error) {
+	t.Helper()
+	f, err := os.Open(iso)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fsys, err := iso9660.Read(file.New(f, true), fileSize(t, iso), 0, 2048)
+	if err != nil {
+		t.Fatalf("read %s as ISO 9660: %v", iso, err)
+	}
+	in, err := fsys.OpenFile(p, os.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(in)
+}
+
+// AddISOConfig copies an ISO with the config at ISOConfigPath, a second time replacing it; the
+// copy keeps the label, every other file's bytes, the El Torito EFI entry and the hybrid GPT.
+// It refuses an existing destination, an empty config and an ISO that is no kiln iso, leaving
+// no file behind.
+func TestAddISOConfig(t *testing.T) {
+	src, _ := isoSource(t, t.TempDir())
+	iso := filepath.Join(t.TempDir(), "metal-worker.iso")
+	if err := WriteISO(context.Background(), iso, src); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	one, two := filepath.Join(dir, "one.iso"), filepath.Join(dir, "two.iso")
+	if err := AddISOConfig(context.Background(), iso, one, []byte(`{"ignition":{"version":"3.4.0"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := AddISOConfig(context.Background(), one, two, []byte(`{"ignition":{"version":"3.5.0"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{one: `{"ignition":{"version":"3.4.0"}}`, two: `{"ignition":{"version":"3.5.0"}}`} {
+		got, err := isoFile(t, p, nodeimage.ISOConfigPath)
+		if err != nil || string(got) != want {
+			t.Errorf("%s: %s = %q, %v; want %q", filepath.Base(p), nodeimage.ISOConfigPath, got, err, want)
+		}
+		for path, src := range map[string]string{nodeimage.ISORootFSPath: src.RootFS, nodeimage.ISOBootImagePath: src.BootImage} {
+			b, err := isoFile(t, p, path)
+			want, _ := os.ReadFile(src)
+			if err != nil || !bytes.Equal(b, want) {
+				t.Errorf("%s: %s differs from its source (%v)", filepath.Base(p), path, err)
+			}
+		}
+		if id, err := isoVolumeID(p); err != nil || id != nodeimage.ISOLabel {
+			t.Errorf("%s: volume %q, %v", filepath.Base(p), id, err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bootLBA := checkElTorito(t, f)
+		f.Close()
+		checkHybridGPT(t, p, bootLBA, fileSize(t, src.BootImage))
+	}
+	if _, err := isoFile(t, iso, nodeimage.ISOConfigPath); err == nil {
+		t.Errorf("the source ISO was changed: it holds %s", nodeimage.ISOConfigPath)
+	}
+
+	notKiln := filepath.Join(dir, "cidata.iso")
+	tree := t.TempDir()
+	if err := os.WriteFile(filepath.Join(tree, "user-data"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Run(t, "xorriso", "-as", "mkisofs", "-quiet", "-V", "CIDATA", "-o", notKiln, tree)
+	for _, tt := range []struct {
+		name, src, dst string
+		config         string
+		wantErr        string
+	}{
+		{"destination exists", iso, one, "{}", "exists already"},
+		{"empty config", iso, filepath.Join(dir, "new.iso"), "", "the config is empty"},
+		{"not a kiln iso", notKiln, filepath.Join(dir, "new.iso"), "{}", `volume "CIDATA" is not a kiln iso`},
+		{"not an iso", src.RootFS, filepath.Join(dir, "new.iso"), "{}", "no ISO 9660"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before, _ := os.ReadDir(dir)
+			err := AddISOConfig(context.Background(), tt.src, tt.dst, []byte(tt.config))
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("AddISOConfig = %v, want %q", err, tt.wantErr)
+			}
+			if after, _ := os.ReadDir(dir); len(after) != len(before) {
+				t.Errorf("files left behind: %v", after)
+			}
+		})
+	}
+}

@@ -49,8 +49,8 @@ func TestCommandLineErrors(t *testing.T) {
 
 // Every verb documents itself with examples.
 func TestHelpHasExamples(t *testing.T) {
-	for _, verb := range []string{"bake", "lock", "run", "inspect", "base", "serve", "check-config"} {
-		out, err := kiln(t, verb, "--help")
+	for _, verb := range []string{"bake", "lock", "run", "inspect", "base", "serve", "check-config", "iso add-config"} {
+		out, err := kiln(t, append(strings.Fields(verb), "--help")...)
 		if err != nil {
 			t.Fatal(err)
 		}
