@@ -40,27 +40,33 @@ func bakeISO(t *testing.T, e *env, more string) (iso, raw string) {
 	return strings.TrimSuffix(raw, ".raw") + nodeimage.ISOSuffix, raw
 }
 
-// TestISOLiveBoot bakes images/metal.yaml's worker as an iso only and boots it as a CD-ROM on
-// a machine without a disk or network boot: OVMF loads the El Torito EFI image's systemd-boot,
+// TestISOLiveBoot bakes images/metal.yaml's worker as an iso only, adds a node config to a copy
+// with `kiln iso add-config`, and boots that as a CD-ROM on a machine without a disk or network
+// boot: OVMF loads the El Torito EFI image's systemd-boot (the copy's replayed boot setup),
 // stage 1 finds the medium by its label, copies and checks the root image into RAM without the
-// network, puts /var in RAM and first boot succeeds (no config: platform metal reads none from
-// fw_cfg).
+// network, puts /var in RAM and first boot succeeds with the config it reads from the medium.
 func TestISOLiveBoot(t *testing.T) {
 	e := newEnv(t)
 	iso, raw := bakeISO(t, e, "")
-	fi, err := os.Stat(iso)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := os.Stat(raw); err == nil {
 		t.Errorf("%s remains though the definition lists only iso", raw)
 	}
-	t.Logf("%s: %d MiB", filepath.Base(iso), fi.Size()>>20)
+	cfg := filepath.Join(e.dir, "iso-node.bu")
+	if err := os.WriteFile(cfg, []byte(isoNodeConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	withConfig := filepath.Join(e.dir, "metal-worker-config.iso")
+	e.run(e.dir, e.kiln, "iso", "add-config", iso, cfg, "-o", withConfig)
+	fi, err := os.Stat(withConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %d MiB", filepath.Base(withConfig), fi.Size()>>20)
 	start := time.Now()
-	m, line := e.bootWith(vm.Config{CDROM: iso, MemoryMB: 3072}, firstbootDone, 15*time.Minute)
+	m, line := e.bootWith(vm.Config{CDROM: withConfig, MemoryMB: 3072}, firstbootDone, 15*time.Minute)
 	m.Stop()
-	if firstbootOutcome(line) != nodeimage.OutcomeOK {
-		t.Fatalf("iso boot: %s\n%s", line, tail(m.Lines(), 40))
+	if !firstbootFromMedium.MatchString(line) {
+		t.Fatalf("iso boot: %s, want first boot ok with the config on the medium\n%s", line, tail(m.Lines(), 40))
 	}
 	console := strings.Join(m.Lines(), "\n")
 	if !isoRootCopied.MatchString(console) {
@@ -68,6 +74,21 @@ func TestISOLiveBoot(t *testing.T) {
 	}
 	t.Logf("iso live boot: firstboot ok after %s", time.Since(start).Round(time.Second))
 }
+
+// isoNodeConfig is the Butane config kiln iso add-config puts on the medium: one file, so first
+// boot's line says files=1.
+const isoNodeConfig = `variant: fcos
+version: 1.6.0
+storage:
+  files:
+    - path: /etc/kiln/iso.txt
+      mode: 0644
+      contents:
+        inline: configured from the medium
+`
+
+// firstbootFromMedium is first boot's success with the config on the iso's own medium.
+var firstbootFromMedium = regexp.MustCompile(regexp.QuoteMeta(nodeimage.StatusLinePrefix+nodeimage.OutcomeOK) + ` source=iso-medium files=1 `)
 
 var (
 	// mediumSkipped is the installer passing over the disk holding its medium, networkUp stage
