@@ -56,7 +56,7 @@ func (b *baker) writeISO(raw, rootImg string, boot bootFiles, initrd string, md 
 		Cmdline: output.ISOCmdline(args, sum),
 		Title:   fmt.Sprintf("kiln %s %s live (%s)", b.def.Name, b.prof.Role, md.Kernel.Version),
 	}
-	src := output.ISOSource{RootFS: rootImg}
+	src := output.ISOSource{RootFS: rootImg, Created: b.o.Created}
 	bootImg := live
 	if b.def.ISO != nil && b.def.ISO.Install != nil {
 		in := b.def.ISO.Install

@@ -7,11 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -26,6 +30,10 @@ type ISOSource struct {
 	// Disk, when set, is the raw disk image zstd-compressed (CompressDisk), put at
 	// nodeimage.ISODiskPath for the boot image's install entry (ISOInstallCmdline).
 	Disk string
+	// Created is the time every date in the volume is set to (the bake's creation time,
+	// SOURCE_DATE_EPOCH; the zero time means 1970-01-01), so the same files give the same ISO
+	// bytes.
+	Created time.Time
 }
 
 // ISOCmdline is the kernel command line of an ISO's live boot: the image's boot arguments
@@ -204,20 +212,31 @@ func writeISO(ctx context.Context, stage, tmp string, src ISOSource) error {
 			return err
 		}
 	}
+	// xorriso takes the volume's dates from SOURCE_DATE_EPOCH and each file's from its mtime
+	// (not its ctime or atime): both are set to src.Created, so the bytes depend on the files
+	// alone. The staged names are links to the bake's files, which get that mtime too.
+	created := src.Created
+	if created.Unix() < 0 { // the zero time: SOURCE_DATE_EPOCH takes no date before 1970
+		created = time.Unix(0, 0)
+	}
+	if err := stampTree(stage, created); err != nil {
+		return err
+	}
 	bootRel := strings.TrimPrefix(nodeimage.ISOBootImagePath, "/")
 	// -e/-no-emul-boot: the El Torito entry for UEFI (platform 0xEF) loading the FAT image
 	// (load size 0 above 32 MiB: UEFI then reads the FAT's own size); --efi-boot-part
 	// --efi-boot-image with --protective-msdos-label: a GPT in the system area whose EFI system
 	// partition is that same image, so the ISO written to a USB stick boots too. Rock Ridge (-R)
 	// keeps the names as they are; -iso-level 3 lets a file exceed 4 GiB (multi-extent), as
-	// a compressed disk image might; SOURCE_DATE_EPOCH, when set, makes xorriso's output
-	// reproducible.
+	// a compressed disk image might.
 	cmd := exec.CommandContext(ctx, "xorriso", "-as", "mkisofs",
 		"-quiet", "-R", "-iso-level", "3", "-V", nodeimage.ISOLabel,
 		"-o", tmp,
 		"-e", bootRel, "-no-emul-boot",
 		"--efi-boot-part", "--efi-boot-image", "--protective-msdos-label",
 		stage)
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "SOURCE_DATE_EPOCH=") }),
+		"SOURCE_DATE_EPOCH="+strconv.FormatInt(created.Unix(), 10))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s: %v: %s", strings.Join(cmd.Args, " "), err, strings.TrimSpace(string(out)))
 	}
@@ -291,4 +310,22 @@ func isoVolumeID(p string) (string, error) {
 		return "", errors.New("no ISO 9660 primary volume descriptor")
 	}
 	return strings.TrimRight(string(b[40:72]), " \x00"), nil
+}
+
+// stampTree sets the modification time of dir and everything below it to t, the deepest first.
+func stampTree(dir string, t time.Time) error {
+	var paths []string
+	err := filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		paths = append(paths, p)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range slices.Backward(paths) {
+		if err := os.Chtimes(p, t, t); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	diskfs "github.com/diskfs/go-diskfs"
 	"github.com/diskfs/go-diskfs/backend/file"
@@ -439,5 +440,38 @@ func TestAddISOConfig(t *testing.T) {
 				t.Errorf("files left behind: %v", after)
 			}
 		})
+	}
+}
+
+// The same files give the same ISO bytes whenever they are written and whatever their dates
+// on the host: every date in the volume is the source's Created time.
+func TestWriteISOReproducible(t *testing.T) {
+	src, _ := isoSource(t, t.TempDir())
+	src.Created = time.Unix(1.7e9, 0)
+	write := func(name string) []byte {
+		dst := filepath.Join(t.TempDir(), name)
+		if err := WriteISO(context.Background(), dst, src); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a := write("a.iso")
+	for _, p := range []string{src.RootFS, src.BootImage} {
+		later := time.Now().Add(time.Hour)
+		if err := os.Chtimes(p, later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(1100 * time.Millisecond) // another second on the clock
+	if b := write("b.iso"); !bytes.Equal(a, b) {
+		t.Error("the same files written again gave other bytes")
+	}
+	src.Created = src.Created.Add(time.Hour)
+	if c := write("c.iso"); bytes.Equal(a, c) {
+		t.Error("another creation time gave the same bytes: the volume's dates are not Created")
 	}
 }
