@@ -113,20 +113,7 @@ func readUserData(fsys filesystem.FileSystem, dev string) ([]byte, error) {
 			// find the entry as absent and any failure to read it below as an error.
 			continue
 		}
-		if fi.IsDir() {
-			return nil, fmt.Errorf("%s on %s is a directory", name, dev)
-		}
-		what := name + " on " + dev
-		if fi.Size() > MaxConfigSize {
-			return nil, &TooLargeError{What: what, Limit: MaxConfigSize}
-		}
-		// The size the filesystem claims is not trusted: reading stops at the cap anyway.
-		f, err := fsys.Open(name)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", what, err)
-		}
-		defer f.Close()
-		return ReadLimited(f, MaxConfigSize, what)
+		return readVolumeFile(fsys, name, fi, name+" on "+dev)
 	}
 	return nil, nil
 }

@@ -3,9 +3,11 @@ package source
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"strings"
 
+	"github.com/diskfs/go-diskfs/filesystem"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -50,11 +52,17 @@ func (m ISOMedium) Fetch(context.Context) ([]byte, error) {
 	}
 	defer closeFS()
 	name := strings.TrimPrefix(nodeimage.ISOConfigPath, "/")
-	what := nodeimage.ISOConfigPath + " on " + dev
 	fi, err := fsys.Stat(name)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, fmt.Errorf("%s on %s: %w", nodeimage.ISOConfigPath, dev, err)
 	}
+	return readVolumeFile(fsys, name, fi, nodeimage.ISOConfigPath+" on "+dev)
+}
+
+// readVolumeFile reads the config file name, whose entry is fi, from a volume's filesystem;
+// what names it in errors. A directory, or a file the filesystem says is over MaxConfigSize, is
+// refused; the size claimed is not trusted, reading stops at the cap anyway.
+func readVolumeFile(fsys filesystem.FileSystem, name string, fi fs.FileInfo, what string) ([]byte, error) {
 	if fi.IsDir() {
 		return nil, fmt.Errorf("%s is a directory", what)
 	}
