@@ -97,15 +97,12 @@ var (
 	networkUp     = regexp.MustCompile(`msg="network up"`)
 )
 
-// firstbootFromCIDATA is first boot's success with the one-file config of a CIDATA volume.
-var firstbootFromCIDATA = regexp.MustCompile(regexp.QuoteMeta(nodeimage.StatusLinePrefix+nodeimage.OutcomeOK) + ` source=cidata files=1 `)
-
-// TestISOInstall bakes the metal worker as an installer iso (iso.install, dev auto) and boots
-// it as a CD-ROM on a machine with a blank disk (booted first, so the firmware falls through to
-// the CD) and a CIDATA volume: the ISO's default entry installs the disk image it carries onto
-// the blank disk from the medium, without a network, passing over the CIDATA volume (it holds
-// data) and the CD; the machine reboots into the disk, whose boot entry is the image's own, and
-// first boot succeeds with the CIDATA volume's config.
+// TestISOInstall bakes the metal worker as an installer iso (iso.install, dev auto), adds a
+// node config to a copy with `kiln iso add-config`, and boots that as a CD-ROM on a machine
+// with a blank disk (booted first, so the firmware falls through to the CD): the ISO's default
+// entry installs the disk image it carries onto the blank disk from the medium, without a
+// network, passing over the CD; the machine reboots into the disk, whose boot entry is the
+// image's own, and first boot succeeds with the config on the ISO still in the drive.
 func TestISOInstall(t *testing.T) {
 	e := newEnv(t)
 	iso, _ := bakeISO(t, e, "iso:\n  install: {dev: auto}\n")
@@ -114,22 +111,21 @@ func TestISOInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s (installer): %d MiB", filepath.Base(iso), fi.Size()>>20)
-	cidata, err := makeCIDATA(t.TempDir(), map[string][]byte{
-		"user-data": []byte(`{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/kiln/iso.txt","mode":420,"contents":{"source":"data:,installed%20from%20the%20iso"}}]}}`),
-		"meta-data": []byte("instance-id: kiln-iso-install\n"),
-	})
-	if err != nil {
+	cfg := filepath.Join(e.dir, "iso-node.bu")
+	if err := os.WriteFile(cfg, []byte(isoNodeConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	withConfig := filepath.Join(e.dir, "metal-worker-installer-config.iso")
+	e.run(e.dir, e.kiln, "iso", "add-config", iso, cfg, "-o", withConfig)
 	target := filepath.Join(e.dir, "iso-install-0.raw")
 	sparseDisk(t, target, 6<<30)
 	c := newStampedConsole()
 	start := time.Now()
-	m, line := e.bootWith(vm.Config{Image: target, Root: vm.Disk{Name: "install-0"}, CDROM: iso, MemoryMB: 3072,
-		Disks: []vm.Disk{{Name: "cidata", Path: cidata}}, Serial: c}, pxeDone, 20*time.Minute)
+	m, line := e.bootWith(vm.Config{Image: target, Root: vm.Disk{Name: "install-0"}, CDROM: withConfig, MemoryMB: 3072,
+		Serial: c}, pxeDone, 20*time.Minute)
 	m.Stop()
-	if !firstbootFromCIDATA.MatchString(line) {
-		t.Fatalf("iso install: %q, want first boot ok with the CIDATA config\n%s", line, tail(m.Lines(), 60))
+	if !firstbootFromMedium.MatchString(line) {
+		t.Fatalf("iso install: %q, want first boot ok with the config on the medium\n%s", line, tail(m.Lines(), 60))
 	}
 	if c.count(mediumSkipped) != 1 || c.count(networkUp) != 0 {
 		t.Errorf("iso install: %d lines passing over the CD, %d network bring-ups; want the CD passed over and no network\n%s",
@@ -150,7 +146,7 @@ func TestISOInstall(t *testing.T) {
 	if _, _, err := disk.Read(target); err != nil {
 		t.Errorf("installed disk: %v", err)
 	}
-	t.Logf("iso install (6 GiB blank disk, CIDATA): installer kernel %s, install started %s, written %s, disk kernel %s, firstboot ok %s; %s in all",
+	t.Logf("iso install (6 GiB blank disk, config on the ISO): installer kernel %s, install started %s, written %s, disk kernel %s, firstboot ok %s; %s in all",
 		secs(c.at(kernelStart, 1)), secs(c.at(installStart, 1)), secs(c.at(installLine, 1)), secs(c.at(kernelStart, 2)),
 		secs(c.at(firstbootDone, 1)), time.Since(start).Round(time.Second))
 }
