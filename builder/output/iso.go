@@ -253,7 +253,7 @@ func AddISOConfig(ctx context.Context, src, dst string, config []byte) error {
 	if len(config) == 0 {
 		return fmt.Errorf("iso %s: the config is empty", filepath.Base(dst))
 	}
-	if id, err := isoVolumeID(src); err != nil {
+	if id, err := nodeimage.ISOVolumeID(src); err != nil {
 		return fmt.Errorf("iso %s: %w", src, err)
 	} else if id != nodeimage.ISOLabel {
 		return fmt.Errorf("iso %s: volume %q is not a kiln iso (%s)", src, id, nodeimage.ISOLabel)
@@ -293,23 +293,6 @@ func AddISOConfig(ctx context.Context, src, dst string, config []byte) error {
 		return fmt.Errorf("iso %s: %w", filepath.Base(dst), err)
 	}
 	return nil
-}
-
-// isoVolumeID reads the volume identifier of the ISO 9660 image p.
-func isoVolumeID(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	b := make([]byte, 2048)
-	if _, err := f.ReadAt(b, 16*2048); err != nil {
-		return "", fmt.Errorf("no ISO 9660 volume descriptor: %w", err)
-	}
-	if b[0] != 1 || string(b[1:6]) != "CD001" {
-		return "", errors.New("no ISO 9660 primary volume descriptor")
-	}
-	return strings.TrimRight(string(b[40:72]), " \x00"), nil
 }
 
 // stampTree sets the modification time of dir and everything below it to t, the deepest first.

@@ -399,7 +399,7 @@ func TestAddISOConfig(t *testing.T) {
 				t.Errorf("%s: %s differs from its source (%v)", filepath.Base(p), path, err)
 			}
 		}
-		if id, err := isoVolumeID(p); err != nil || id != nodeimage.ISOLabel {
+		if id, err := nodeimage.ISOVolumeID(p); err != nil || id != nodeimage.ISOLabel {
 			t.Errorf("%s: volume %q, %v", filepath.Base(p), id, err)
 		}
 		f, err := os.Open(p)

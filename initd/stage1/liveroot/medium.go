@@ -1,7 +1,6 @@
 package liveroot
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -35,13 +34,6 @@ type Medium struct {
 	Wait time.Duration
 }
 
-// ISO 9660's primary volume descriptor: in the 2048-byte sector 16, type 1, "CD001", the
-// volume identifier at bytes 40 to 71, padded with spaces.
-const (
-	pvdOffset = 16 * 2048
-	pvdSize   = 2048
-)
-
 // FindMedium returns the device node of the first block device (in name order) whose ISO 9660
 // primary volume descriptor has the volume identifier label, and the devices it looked at
 // without finding it. A device that cannot be read (an empty CD drive) is passed over.
@@ -57,8 +49,8 @@ func FindMedium(sysBlock, devDir, label string) (dev string, looked []string, er
 	slices.Sort(names)
 	for _, name := range names {
 		p := filepath.Join(devDir, name)
-		id, ok := isoVolumeID(p)
-		if !ok {
+		id, err := nodeimage.ISOVolumeID(p)
+		if err != nil {
 			continue
 		}
 		if id == label {
@@ -67,23 +59,6 @@ func FindMedium(sysBlock, devDir, label string) (dev string, looked []string, er
 		looked = append(looked, fmt.Sprintf("%s (ISO 9660 %q)", name, id))
 	}
 	return "", looked, nil
-}
-
-// isoVolumeID reads the volume identifier of the ISO 9660 volume on the device or image p.
-func isoVolumeID(p string) (string, bool) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", false
-	}
-	defer f.Close()
-	b := make([]byte, pvdSize)
-	if _, err := f.ReadAt(b, pvdOffset); err != nil {
-		return "", false
-	}
-	if b[0] != 1 || string(b[1:6]) != "CD001" {
-		return "", false
-	}
-	return string(bytes.TrimRight(b[40:72], " \x00")), true
 }
 
 // MediumPath is the file a kiln.live.rootfs_url= of nodeimage.MediumScheme names on the medium,
