@@ -61,7 +61,7 @@ func isoAddConfig(ctx context.Context, w io.Writer, src, cfgPath, dst string) er
 		return fmt.Errorf("%s: %w", cfgPath, err)
 	}
 	ign := raw
-	if trimmed := bytes.TrimSpace(raw); len(trimmed) > 0 && trimmed[0] != '{' && !isGzip(raw) {
+	if isButaneText(raw) {
 		if ign, err = config.TranslateButane(raw); err != nil {
 			return fmt.Errorf("%s: %w", cfgPath, err)
 		}
@@ -74,5 +74,9 @@ func isoAddConfig(ctx context.Context, w io.Writer, src, cfgPath, dst string) er
 	return nil
 }
 
-// isGzip reports whether b starts with gzip's magic bytes.
-func isGzip(b []byte) bool { return len(b) > 2 && b[0] == 0x1f && b[1] == 0x8b }
+// isButaneText reports whether a node config file is Butane YAML to translate: not empty, not
+// Ignition JSON (first non-blank byte "{") and not gzip'd (passed as is; first boot unpacks it).
+func isButaneText(raw []byte) bool {
+	trimmed := bytes.TrimSpace(raw)
+	return len(trimmed) > 0 && trimmed[0] != '{' && !bytes.HasPrefix(raw, []byte{0x1f, 0x8b})
+}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -538,8 +537,7 @@ func nodeConfig(paths []string, dir, filesDir string, check, edit func(*config.C
 	if err != nil {
 		return "", err
 	}
-	trimmed := bytes.TrimSpace(raw)
-	if len(trimmed) == 0 || trimmed[0] == '{' || bytes.HasPrefix(raw, []byte{0x1f, 0x8b}) {
+	if !isButaneText(raw) {
 		return paths[0], nil // Ignition JSON (or gzip'd): passed as is
 	}
 	ign, err := config.TranslateButaneWith(raw, config.Options{FilesDir: filesDir})
