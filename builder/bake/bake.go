@@ -106,7 +106,7 @@ func Bake(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	outs, err := publish(files, o.OutDir)
+	outs, err := publish(files, o.OutDir, work)
 	if err != nil {
 		return nil, err
 	}
@@ -223,16 +223,36 @@ func (b *baker) step(name string, start time.Time, attrs ...any) {
 }
 
 // publish moves the files (and the pxe directory) of a successful bake into dir, in order, and
-// returns where they are now. When one cannot be moved, those moved already are removed again.
-func publish(files []string, dir string) ([]string, error) {
-	var outs []string
+// returns where they are now. What dir already holds under those names, an earlier bake's
+// outputs, is replaced: moved aside into work first (removed with it) and moved back, with the
+// new files removed again, when one cannot be moved in, so a failed publish leaves dir as it was.
+func publish(files []string, dir, work string) ([]string, error) {
+	aside := filepath.Join(work, "replaced")
+	if err := os.Mkdir(aside, 0o755); err != nil {
+		return nil, err
+	}
+	var outs, replaced []string
+	undo := func() {
+		for _, done := range outs {
+			os.RemoveAll(done)
+		}
+		for _, name := range replaced {
+			os.Rename(filepath.Join(aside, name), filepath.Join(dir, name))
+		}
+	}
 	for _, f := range files {
-		dst := filepath.Join(dir, filepath.Base(f))
-		if err := os.Rename(f, dst); err != nil {
-			for _, done := range outs {
-				os.RemoveAll(done)
+		name := filepath.Base(f)
+		dst := filepath.Join(dir, name)
+		if _, err := os.Lstat(dst); err == nil {
+			if err := os.Rename(dst, filepath.Join(aside, name)); err != nil {
+				undo()
+				return nil, fmt.Errorf("replace %s in %s: %w", name, dir, err)
 			}
-			return nil, fmt.Errorf("move %s into %s: %w", filepath.Base(f), dir, err)
+			replaced = append(replaced, name)
+		}
+		if err := os.Rename(f, dst); err != nil {
+			undo()
+			return nil, fmt.Errorf("move %s into %s: %w", name, dir, err)
 		}
 		outs = append(outs, dst)
 	}
