@@ -26,6 +26,8 @@ type TreeCache struct {
 
 // treeRecord is what the cache keeps beside a tree: its owners and its listing.
 type treeRecord struct {
+	// Version is treeRecordVersion; a record of another version is dropped with its tree.
+	Version int              `json:"version,omitempty"`
 	Owners  map[string]Owner `json:"owners"`
 	Listing []treeEntry      `json:"listing"`
 }
@@ -35,6 +37,10 @@ type treeEntry struct {
 	Mode fs.FileMode `json:"mode"`
 	Size int64       `json:"size,omitempty"`
 }
+
+// treeRecordVersion is the version of the trees the cache keeps: 2 since directories keep
+// their sticky, setgid and setuid bits (version 1 trees lost them when stored).
+const treeRecordVersion = 2
 
 var cacheKeyRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
@@ -54,7 +60,7 @@ func (c TreeCache) TreeDir(key string) (string, error) {
 
 // Load links the cached tree key into dir, which must not exist, and returns it. It returns
 // false when the cache has no whole tree for key or its listing changed (the entry is then
-// removed).
+// removed, as is one of another treeRecordVersion).
 func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
 	src, rec, err := c.paths(key)
 	if err != nil {
@@ -67,7 +73,7 @@ func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
 		return nil, false, err
 	}
 	var r treeRecord
-	if err := json.Unmarshal(data, &r); err != nil {
+	if err := json.Unmarshal(data, &r); err != nil || r.Version != treeRecordVersion {
 		os.RemoveAll(filepath.Dir(rec))
 		return nil, false, nil
 	}
@@ -113,7 +119,7 @@ func (c TreeCache) Store(key string, t *Tree) error {
 	if err != nil {
 		return err
 	}
-	data, err := json.Marshal(treeRecord{Owners: t.Owners, Listing: listing})
+	data, err := json.Marshal(treeRecord{Version: treeRecordVersion, Owners: t.Owners, Listing: listing})
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 type FileFunc func(src, dst string, mode fs.FileMode) error
 
 // Recreate walks src and recreates it at dst, which must not exist. Directories get their own
-// permission bits or'ed with extraDirPerm (0o700 keeps a tree writable by its owner while it is
+// permission bits (with sticky, setgid and setuid) or'ed with extraDirPerm (0o700 keeps a tree writable by its owner while it is
 // filled), symlinks are recreated with the same target, regular files are made by file; any
 // other type of entry is an error naming it.
 func Recreate(src, dst string, extraDirPerm fs.FileMode, file FileFunc) error {
@@ -32,7 +32,9 @@ func Recreate(src, dst string, extraDirPerm fs.FileMode, file FileFunc) error {
 		}
 		switch {
 		case d.IsDir():
-			perm := info.Mode().Perm() | extraDirPerm
+			// The sticky, setgid and setuid bits too: /tmp without its sticky bit lets anyone
+			// remove anyone's files.
+			perm := info.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetgid|fs.ModeSetuid) | extraDirPerm
 			if err := os.Mkdir(to, perm); err != nil {
 				return err
 			}

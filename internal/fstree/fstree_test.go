@@ -27,6 +27,10 @@ func TestRecreate(t *testing.T) {
 	must(os.WriteFile(filepath.Join(src, "su"), []byte("su"), 0o755))
 	must(os.Chmod(filepath.Join(src, "su"), 0o755|fs.ModeSetuid))
 	must(os.Symlink("a/b/run", filepath.Join(src, "link")))
+	must(os.Mkdir(filepath.Join(src, "tmp"), 0o777))
+	must(os.Chmod(filepath.Join(src, "tmp"), 0o777|fs.ModeSticky))
+	must(os.Mkdir(filepath.Join(src, "shared"), 0o775))
+	must(os.Chmod(filepath.Join(src, "shared"), 0o775|fs.ModeSetgid))
 
 	for _, tc := range []struct {
 		name  string
@@ -55,6 +59,12 @@ func TestRecreate(t *testing.T) {
 			}
 			if fi, err := os.Stat(filepath.Join(dst, "su")); err != nil || fi.Mode()&fs.ModeSetuid == 0 {
 				t.Errorf("su lost its setuid bit: %v, %v", fi.Mode(), err)
+			}
+			if fi, err := os.Stat(filepath.Join(dst, "tmp")); err != nil || fi.Mode()&fs.ModeSticky == 0 {
+				t.Errorf("tmp lost its sticky bit: %v, %v", fi.Mode(), err)
+			}
+			if fi, err := os.Stat(filepath.Join(dst, "shared")); err != nil || fi.Mode()&fs.ModeSetgid == 0 {
+				t.Errorf("shared lost its setgid bit: %v, %v", fi.Mode(), err)
 			}
 			if target, err := os.Readlink(filepath.Join(dst, "link")); err != nil || target != "a/b/run" {
 				t.Errorf("link: %q, %v", target, err)
