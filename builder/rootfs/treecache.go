@@ -168,15 +168,30 @@ func sameListing(a, b []treeEntry) bool {
 }
 
 // linkTree recreates the directory tree src at dst (which must not exist): directories made
-// with their modes, regular files hard-linked (copied when src and dst are on different
-// filesystems), symlinks recreated.
+// with their modes, regular files and symlinks hard-linked (a linked symlink is the same
+// inode, and makes none: a new inode is what costs on some filesystems), copied or recreated
+// when src and dst are on different filesystems.
 func linkTree(src, dst string) error {
-	return fstree.Recreate(src, dst, 0o700, func(from, to string, mode fs.FileMode) error {
-		err := os.Link(from, to)
-		var le *os.LinkError
-		if errors.As(err, &le) && errors.Is(le.Err, syscall.EXDEV) {
-			return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode})
-		}
-		return err
+	return fstree.RecreateLinking(src, dst, 0o700, func(from, to string, mode fs.FileMode) error {
+		return linkOr(from, to, func() error { return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode}) })
+	}, func(from, to string, _ fs.FileMode) error {
+		return linkOr(from, to, func() error {
+			target, err := os.Readlink(from)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(target, to)
+		})
 	})
+}
+
+// linkOr hard-links from to to or, when the two are on different filesystems, makes to with
+// other.
+func linkOr(from, to string, other func() error) error {
+	err := os.Link(from, to)
+	var le *os.LinkError
+	if errors.As(err, &le) && errors.Is(le.Err, syscall.EXDEV) {
+		return other()
+	}
+	return err
 }

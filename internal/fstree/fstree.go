@@ -17,6 +17,13 @@ type FileFunc func(src, dst string, mode fs.FileMode) error
 // filled), symlinks are recreated with the same target, regular files are made by file; any
 // other type of entry is an error naming it.
 func Recreate(src, dst string, extraDirPerm fs.FileMode, file FileFunc) error {
+	return RecreateLinking(src, dst, extraDirPerm, file, nil)
+}
+
+// RecreateLinking is Recreate with each symlink made by symlink when it is not nil: a hard
+// link to the symlink itself (link(2) does not follow it) makes no new inode, which on some
+// filesystems costs as much as a mkdir.
+func RecreateLinking(src, dst string, extraDirPerm fs.FileMode, file, symlink FileFunc) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -39,6 +46,8 @@ func Recreate(src, dst string, extraDirPerm fs.FileMode, file FileFunc) error {
 				return err
 			}
 			return os.Chmod(to, perm) // not narrowed by the umask
+		case info.Mode()&fs.ModeSymlink != 0 && symlink != nil:
+			return symlink(p, to, info.Mode())
 		case info.Mode()&fs.ModeSymlink != 0:
 			target, err := os.Readlink(p)
 			if err != nil {
