@@ -18,6 +18,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/disk"
+	"github.com/kilnproject/kiln/builder/output"
 	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 	"github.com/kilnproject/kiln/internal/testkit"
@@ -45,6 +46,7 @@ func fakeBase(withKernel bool) []testkit.Entry {
 		{Name: "usr/bin/", Dir: true}, {Name: "bin", Link: "usr/bin"}, {Name: "sbin", Link: "usr/sbin"},
 		{Name: "etc/", Dir: true}, {Name: "etc/os-release", Body: "ID=fake\n"},
 		{Name: "var/", Dir: true}, {Name: "var/log/", Dir: true}, {Name: "var/mail/", Dir: true, Mode: 0o2775, GID: 8},
+		{Name: "tmp/", Dir: true, Mode: 0o1777},
 		{Name: "usr/lib/systemd/system/", Dir: true, Mode: 0o755},
 		{Name: "usr/lib/systemd/boot/efi/systemd-bootx64.efi", Body: "MZ fake systemd-boot"},
 		{Name: "usr/lib/systemd/system/multi-user.target", Body: "[Unit]\nDescription=Multi-User\n"},
@@ -246,6 +248,26 @@ units:
 	}
 	if _, err := os.Stat(filepath.Join(r.out, "test-worker.json")); err != nil {
 		t.Errorf("metadata file: %v", err)
+	}
+
+	// The same bake again, into the same directory: the base and the artifact come from the
+	// cache (linked, not flattened or copied) and the image is byte for byte the first one,
+	// the setgid /var/mail included.
+	first, _, err := output.HashFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.bake(t); err != nil {
+		t.Fatalf("second bake into the same directory: %v", err)
+	}
+	if ls := unsquash(t, raw, root.Start, "-lln"); !strings.Contains(ls, "drwxrwxrwt 0/0") || !strings.Contains(ls, "drwxrwsr-x 0/8") {
+		t.Errorf("the warm bake's /tmp or /var/mail lost its sticky or setgid bit:\n%s", ls)
+	}
+	if again, _, err := output.HashFile(raw); err != nil || again != first {
+		t.Errorf("the warm bake's raw is %s (%v), the cold one's %s: same inputs, other bytes", again, err, first)
+	}
+	if ents, err := os.ReadDir(filepath.Join(r.cache.Root, "artifact-trees")); err != nil || len(ents) != 1 {
+		t.Errorf("artifact-trees holds %d entries (%v), want the tool's one", len(ents), err)
 	}
 }
 

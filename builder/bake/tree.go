@@ -1,8 +1,12 @@
 package bake
 
 import (
+	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -67,24 +71,64 @@ func (b *baker) layTree(tree *rootfs.Tree, blobs []string, images []*artifact.Ca
 
 // layArtifact lays the artifact a, whose verified blob is in the cache, into the tree: the
 // blob itself as the file a.Dest, or what a.Extract picks out of it. It returns the artifact's
-// record for image.json.
+// record for image.json. What an artifact lays is kept in the cache's artifact-trees/, by the
+// blob's sha256 and how it is laid, and linked into the tree from there: a later bake with the
+// same artifact neither copies nor decompresses it again.
 func (b *baker) layArtifact(tree *rootfs.Tree, a spec.Artifact, blob string) (nodeimage.ArtifactInfo, error) {
 	info := nodeimage.ArtifactInfo{Name: a.Name, Source: a.Source, SHA256: b.lock.SHA256(b.prof.Role, a), Dest: a.Dest}
-	var err error
-	if x := a.Extract; x == nil {
-		err = tree.AddFile(strings.TrimPrefix(a.Dest, "/"), blob, a.Mode)
-	} else {
-		_, err = artifact.Extract(blob, *x, tree.Dir, artifact.MaxUnpacked)
+	if x := a.Extract; x != nil {
 		// The record names the directory the archive went to, or else the files it gave.
 		info.Dest = x.Dir
 		if info.Dest == "" {
 			info.Dest = strings.Join(slices.Sorted(maps.Values(x.Files)), ",")
 		}
 	}
+	laid, err := b.artifactTree(a, info.SHA256, blob)
+	if err == nil {
+		err = tree.LinkDir(laid)
+	}
 	if err != nil {
 		return nodeimage.ArtifactInfo{}, fmt.Errorf("artifact %q: %w", a.Name, err)
 	}
 	return info, nil
+}
+
+// artifactTree returns a directory holding what the artifact a (blob, of sha256 sum) lays, at
+// its paths in the image: linked from the cache's artifact-trees/ or, the first time, laid
+// there. The directory is in the work directory and goes with it.
+func (b *baker) artifactTree(a spec.Artifact, sum, blob string) (string, error) {
+	keyJSON, err := json.Marshal(struct {
+		Layout  string        `json:"layout"`
+		SHA256  string        `json:"sha256"`
+		Dest    string        `json:"dest,omitempty"`
+		Mode    os.FileMode   `json:"mode,omitempty"`
+		Extract *spec.Extract `json:"extract,omitempty"`
+	}{"kiln artifact tree 1", sum, a.Dest, a.Mode, a.Extract})
+	if err != nil {
+		return "", err
+	}
+	key := fmt.Sprintf("%x", sha256.Sum256(keyJSON))
+	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "artifact-trees")}
+	dir := filepath.Join(b.work, "artifacts", key)
+	if _, ok, err := cache.Load(key, dir); err != nil || ok {
+		return dir, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	laid := &rootfs.Tree{Dir: dir, Owners: map[string]rootfs.Owner{}}
+	if x := a.Extract; x == nil {
+		err = laid.AddFile(strings.TrimPrefix(a.Dest, "/"), blob, a.Mode)
+	} else {
+		_, err = artifact.Extract(blob, *x, dir, artifact.MaxUnpacked)
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := cache.Store(key, laid); err != nil {
+		b.log.Warn("artifact not cached: the next bake lays it again", "artifact", a.Name, "err", err)
+	}
+	return dir, nil
 }
 
 // setUnits enables, disables and masks the profile's units in the tree at root, the way

@@ -187,3 +187,45 @@ func (t *Tree) RestrictDir(rel string, perm os.FileMode) error {
 	t.Owners[p] = Owner{Mode: perm.Perm()}
 	return nil
 }
+
+// LinkDir lays the host directory tree src (what an archive unpacks to, at image paths) over
+// the root the way unpacking it there would: directories are followed through the tree's
+// symlinks (merged /usr) or made (0755), symlinks and files replace what was there, and each
+// file is a hard link to src's, with src's mode. src must be on the tree's filesystem and its
+// files must never be written in place (a cache entry, whose files are only replaced).
+func (t *Tree) LinkDir(src string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		rel = cleanPath(filepath.ToSlash(rel))
+		switch {
+		case d.IsDir():
+			if _, err := t.resolveDir(rel, true); err != nil {
+				return fmt.Errorf("link /%s: %w", rel, err)
+			}
+			return nil
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return t.symlink(target, rel)
+		case d.Type().IsRegular():
+			_, dst, err := t.place("link", rel)
+			if err != nil {
+				return err
+			}
+			if err := os.Link(p, filepath.Join(t.Dir, filepath.FromSlash(dst))); err != nil {
+				return fmt.Errorf("link /%s: %w", rel, err)
+			}
+			return nil
+		default:
+			return fmt.Errorf("link %s: unsupported file type %s", p, d.Type())
+		}
+	})
+}
