@@ -131,7 +131,7 @@ type baker struct {
 
 // run bakes the image in the work directory, stage after stage, and returns its metadata and
 // the files to publish: the outputs (raw first) and then <stem>.json.
-func (b *baker) run() (*nodeimage.Metadata, []string, error) {
+func (b *baker) run() (_ *nodeimage.Metadata, _ []string, err error) {
 	md := &nodeimage.Metadata{Name: b.def.Name, Role: b.prof.Role, Platform: b.def.Platform, Created: b.o.Created.UTC(),
 		Kiln: b.o.Version, Contract: nodeimage.ContractVersion, RootFS: b.def.Disk.RootFS, Artifacts: []nodeimage.ArtifactInfo{}}
 	// Inputs first: a bad hash fails before any heavy work.
@@ -171,20 +171,33 @@ func (b *baker) run() (*nodeimage.Metadata, []string, error) {
 	if err := scanned(); err != nil {
 		return nil, nil, err
 	}
-	if err := os.RemoveAll(tree.Dir); err != nil { // the disk needs the space, not the tree
-		return nil, nil, err
-	}
-	raw, err := b.writeDisk(rootImg, boot, initrd, imageJSON, md)
-	if err != nil {
-		return nil, nil, err
-	}
-	// Each output is hashed in the background from when it is written, beside the next one.
+	// The tree is removed in the background: most of it is links into the cache, so its
+	// removal frees little, and it takes as long as writing the disk.
+	removed := make(chan error, 1)
+	go func() { removed <- os.RemoveAll(tree.Dir) }()
+	defer func() {
+		if rerr := <-removed; rerr != nil && err == nil {
+			err = fmt.Errorf("remove the bake's tree: %w", rerr)
+		}
+	}()
+	// The pxe files (the root image linked, hashed) are written beside the disk; each output
+	// is hashed in the background from when it is written, beside the next one.
+	var pxeDir string
+	pxeDone := make(chan error, 1)
+	go func() {
+		var err error
+		pxeDir, err = b.writePXE(rootImg, boot, initrd, md)
+		pxeDone <- err
+	}()
 	sums := newHashes()
 	defer sums.wait()
-	if slices.Contains(b.def.Formats, "raw") {
+	raw, err := b.writeDisk(rootImg, boot, initrd, imageJSON, md)
+	if err == nil && slices.Contains(b.def.Formats, "raw") {
 		sums.start(raw)
 	}
-	pxeDir, err := b.writePXE(rootImg, boot, initrd, md)
+	if perr := <-pxeDone; err == nil {
+		err = perr
+	}
 	if err != nil {
 		return nil, nil, err
 	}
