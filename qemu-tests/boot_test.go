@@ -96,6 +96,14 @@ func TestWorkerBootsTwice(t *testing.T) {
 	m.Stop() // kiln-init syncs before it prints the line
 	requireTSCClock(t, m.Lines())
 	requireVerifiedRoot(t, m.Lines())
+	// The image is only as large as its partitions; the disk the node boots was grown (as kiln
+	// run and a larger cloud volume do), and first boot gave the data partition the rest.
+	if fi, err := os.Stat(baked); err != nil || fi.Size() >= 2<<30 {
+		t.Errorf("the baked worker is %d bytes (%v), want it only as large as its partitions (< 2 GiB)", fi.Size(), err)
+	}
+	if n := dataPartitionBytes(m.Lines()); n < 3<<30 {
+		t.Errorf("first boot's data partition is %d bytes, want the grown disk's rest (> 3 GiB of %s)", n, rootSize)
+	}
 
 	// /etc is an overlay whose upper dir lives on the data partition (mounted on /var).
 	got, err := e.dataFile(disk, "/lib/kiln/etc/upper/kiln/hello.txt")
@@ -207,4 +215,19 @@ func requireVerifiedRoot(t *testing.T, lines []string) {
 		}
 	}
 	t.Errorf("stage 1 did not say it mounted root-a through dm-verity (no \"root verified by dm-verity\" line)")
+}
+
+// dataPartitionBytes is the size stage 1 logged when it created the data partition, 0 if it
+// did not.
+func dataPartitionBytes(lines []string) int64 {
+	for _, l := range lines {
+		if !strings.Contains(l, "created data partition") {
+			continue
+		}
+		if _, after, ok := strings.Cut(l, " bytes="); ok {
+			n, _ := strconv.ParseInt(strings.Fields(after)[0], 10, 64)
+			return n
+		}
+	}
+	return 0
 }

@@ -140,6 +140,10 @@ func (e *env) bakeInto(def, role, out, name, epoch string, flags ...string) stri
 	return filepath.Join(e.dir, out, name+"-"+role+".raw")
 }
 
+// rootSize is the least size of a booted disk, as kiln run's default: a baked image is only as
+// large as its partitions, and first boot gives the rest to /var.
+const rootSize = "4G"
+
 // boot starts QEMU (TCG) on image and waits for a console line matching want.
 func (e *env) boot(image, config string, want *regexp.Regexp, timeout time.Duration) (*vm.Machine, string) {
 	e.t.Helper()
@@ -168,6 +172,9 @@ func (e *env) bootWith(cfg vm.Config, want *regexp.Regexp, timeout time.Duration
 	}
 	// A guest reboot is a cold start: under TCG a warm reset of OVMF can hang QEMU.
 	cfg.Accel, cfg.Serial, cfg.WorkDir, cfg.ColdReset = "tcg", serial, e.t.TempDir(), true
+	if cfg.Image != "" && cfg.RootSize == "" {
+		cfg.RootSize = rootSize
+	}
 	m, err := vm.Start(context.Background(), cfg)
 	if err != nil {
 		e.t.Fatal(err)

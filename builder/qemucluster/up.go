@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/cluster"
+	"github.com/kilnproject/kiln/builder/vm"
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/exitcode"
 	"github.com/kilnproject/kiln/internal/kubeconfig"
@@ -130,8 +131,12 @@ func (s *State) firstAPIPort() int {
 	return 0
 }
 
-// freshDisks (re)creates node n's root disk as a copy-on-write overlay on its baked image
-// and, on an etcd member, a blank sparse etcd disk.
+// RootDiskSize is the least size of a node's root disk: the baked image is only as large as
+// its partitions, and first boot gives the rest to the data partition (/var).
+const RootDiskSize = "4G"
+
+// freshDisks (re)creates node n's root disk as a copy-on-write overlay on its baked image,
+// grown to RootDiskSize, and, on an etcd member, a blank sparse etcd disk.
 func (s *State) freshDisks(ctx context.Context, n *Node) error {
 	image := map[string]string{RoleControlPlane: s.Images.ControlPlane, RoleWorker: s.Images.Worker, RoleEtcd: s.Images.Etcd}[n.Role]
 	format := "raw"
@@ -141,6 +146,9 @@ func (s *State) freshDisks(ctx context.Context, n *Node) error {
 	disk := s.nodeFile(n.Name, diskFile)
 	os.Remove(disk)
 	if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", format, "-b", image, disk); err != nil {
+		return fmt.Errorf("node %s: disk: %w", n.Name, err)
+	}
+	if _, err := vm.GrowDisk(ctx, disk, RootDiskSize); err != nil {
 		return fmt.Errorf("node %s: disk: %w", n.Name, err)
 	}
 	if n.EtcdMember != "" {

@@ -8,6 +8,7 @@ package vm
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -63,7 +64,13 @@ type Config struct {
 	// CDROM is an ISO image attached read-only as a SCSI CD-ROM (scsi-cd on virtio-scsi),
 	// booted after Image, first when there is none.
 	CDROM    string
-	Snapshot bool   // write to a throwaway overlay, leaving Image unchanged
+	Snapshot bool // write to a throwaway overlay, leaving Image unchanged
+	// RootSize (a qemu-img size such as 4G) is the least size the guest sees Image at: kiln
+	// bakes a disk only as large as its partitions, and first boot gives the data partition
+	// (/var) what the disk has beyond them, as on a cloud volume chosen larger. A smaller Image
+	// is grown in place (qemu-img resize) before the boot; with Snapshot, the throwaway overlay
+	// is made that large instead and Image is left as it is. Empty boots Image at its size.
+	RootSize string
 	Config   string // node config file passed through fw_cfg (Ignition JSON)
 	// Root says how Image is attached: its Bus (virtio when empty), its serial (Name; none
 	// when empty on virtio and SCSI, required on NVMe) and SCSI Vendor and Product. Size and
@@ -162,7 +169,8 @@ type Machine struct {
 }
 
 // Args returns the QEMU command line for cfg (without the binary), after creating the variable
-// store copy and any extra disks in workDir.
+// store copy, the root disk's overlay (Snapshot with RootSize) and any extra disks in workDir,
+// and growing Image to RootSize.
 func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if cfg.Accel != "kvm" && cfg.Accel != "tcg" {
 		return nil, fmt.Errorf("accelerator %q: want kvm or tcg", cfg.Accel)
@@ -179,7 +187,7 @@ func Args(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	root, err := rootDiskArgs(cfg)
+	root, err := rootDiskArgs(ctx, cfg, workDir)
 	if err != nil {
 		return nil, err
 	}
@@ -274,20 +282,35 @@ func checkImage(cfg Config) error {
 	return nil
 }
 
-// rootDiskArgs attach the image as the boot disk (none for a diskless machine).
-func rootDiskArgs(cfg Config) ([]string, error) {
+// rootDiskArgs attach the image as the boot disk (none for a diskless machine), grown to
+// cfg.RootSize first: Image itself, or with Snapshot an overlay of that size in workDir.
+func rootDiskArgs(ctx context.Context, cfg Config, workDir string) ([]string, error) {
 	if cfg.Root.Size != "" || cfg.Root.Path != "" {
 		return nil, errors.New("root disk: Size and Path must be empty (the root disk is Image)")
 	}
 	if cfg.Image == "" {
+		if cfg.RootSize != "" {
+			return nil, errors.New("root size: a diskless machine has no disk to grow")
+		}
 		return nil, nil
 	}
 	format, err := imageFormat(cfg.Image)
 	if err != nil {
 		return nil, err
 	}
-	root := "if=none,id=root,cache=unsafe,discard=unmap,format=" + format + ",file=" + qemuEscape(cfg.Image)
-	if cfg.Snapshot {
+	file, snapshot := cfg.Image, cfg.Snapshot
+	if cfg.RootSize != "" {
+		if cfg.Snapshot {
+			if file, format, err = snapshotOverlay(ctx, cfg.Image, format, cfg.RootSize, workDir); err != nil {
+				return nil, err
+			}
+			snapshot = false // the overlay is the throwaway copy
+		} else if _, err := GrowDisk(ctx, cfg.Image, cfg.RootSize); err != nil {
+			return nil, err
+		}
+	}
+	root := "if=none,id=root,cache=unsafe,discard=unmap,format=" + format + ",file=" + qemuEscape(file)
+	if snapshot {
 		root += ",snapshot=on"
 	}
 	dev, err := deviceArg(cfg.Root, "root")
@@ -298,6 +321,96 @@ func rootDiskArgs(cfg Config) ([]string, error) {
 		dev += ",bootindex=0" // a direct kernel boot takes boot index 0 itself
 	}
 	return []string{"-drive", root, "-device", dev}, nil
+}
+
+// snapshotOverlay creates workDir/root-overlay.qcow2 on image (of format) and grows it to size
+// when image is smaller, returning the overlay and its format.
+func snapshotOverlay(ctx context.Context, image, format, size, workDir string) (string, string, error) {
+	abs, err := filepath.Abs(image)
+	if err != nil {
+		return "", "", err
+	}
+	overlay := filepath.Join(workDir, "root-overlay.qcow2")
+	if err := os.Remove(overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", "", err
+	}
+	if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", format, "-b", abs, overlay); err != nil {
+		return "", "", fmt.Errorf("root disk overlay: %w", err)
+	}
+	if _, err := GrowDisk(ctx, overlay, size); err != nil {
+		return "", "", err
+	}
+	return overlay, "qcow2", nil
+}
+
+// GrowDisk grows the disk image p (raw, qcow2 or vhd, told by its name) to size, a qemu-img
+// size such as 4G, when it is smaller, and says whether it did; a larger image is left as it
+// is. Growing adds zeros at the end: the image's backup GPT stays where it was, and a kiln
+// image's first boot moves it and gives the space to the data partition.
+func GrowDisk(ctx context.Context, p, size string) (bool, error) {
+	want, err := ParseSize(size)
+	if err != nil {
+		return false, err
+	}
+	format, err := imageFormat(p)
+	if err != nil {
+		return false, err
+	}
+	have, err := virtualSize(ctx, p, format)
+	if err != nil {
+		return false, err
+	}
+	if have >= want {
+		return false, nil
+	}
+	if err := qemuImg(ctx, "resize", "-q", "-f", format, p, strconv.FormatInt(want, 10)); err != nil {
+		return false, fmt.Errorf("grow %s to %s: %w", p, size, err)
+	}
+	return true, nil
+}
+
+// virtualSize is the size of the disk the image p (of format) holds, as qemu-img reads it.
+func virtualSize(ctx context.Context, p, format string) (int64, error) {
+	out, err := exec.CommandContext(ctx, "qemu-img", "info", "--output=json", "-f", format, p).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return 0, fmt.Errorf("qemu-img info %s: %v: %s", p, err, strings.TrimSpace(string(ee.Stderr)))
+		}
+		return 0, fmt.Errorf("qemu-img info %s: %w", p, err)
+	}
+	var info struct {
+		VirtualSize int64 `json:"virtual-size"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.VirtualSize <= 0 {
+		return 0, fmt.Errorf("qemu-img info %s: no virtual size in %q", p, strings.TrimSpace(string(out)))
+	}
+	return info.VirtualSize, nil
+}
+
+// ParseSize reads a qemu-img size: a whole number of bytes, or of KiB, MiB, GiB or TiB with
+// the suffix K, M, G or T (qemu-img's binary units; k is K), e.g. 4G.
+func ParseSize(s string) (int64, error) {
+	t, shift := s, 0
+	if n := len(t); n > 0 {
+		if i := strings.IndexByte("kKMGT", t[n-1]); i >= 0 {
+			t, shift = t[:n-1], []int{10, 10, 20, 30, 40}[i]
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)>>shift {
+		return 0, fmt.Errorf("size %q: want a positive whole number with an optional K, M, G or T (as qemu-img reads it), e.g. 4G", s)
+	}
+	return n << shift, nil
+}
+
+// qemuImg runs qemu-img with args, its output in the error.
+func qemuImg(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // scsiController is the id of the virtio-scsi controller that SCSI disks sit on.

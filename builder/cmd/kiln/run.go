@@ -51,6 +51,9 @@ first and uses KVM only if that test boot really ran; otherwise TCG (software em
 --append boots the image's own kernel and initramfs directly (still under OVMF) with the loader
 entry's command line plus the given arguments; the guest reaches the host at 10.0.2.2.
 Without --snapshot the image itself is written to (first boot creates the data partition).
+kiln bakes a disk only as large as its partitions; --root-size (default 4G) grows a smaller
+IMAGE to that size first (with --snapshot, only the throwaway overlay), and first boot gives the
+space to the data partition (/var), as on a cloud volume chosen larger than the image.
 
 Network boot (--netboot URL): the machine boots as a rack's machines PXE-boot. OVMF tries
 IMAGE first and, when it does not boot (missing: a diskless machine; blank; no ESP), the user
@@ -80,6 +83,7 @@ const runExample = `  kiln run out/qemu-worker.qcow2 --config node.ign
   kiln run out/qemu-worker.qcow2 --config node.bu --files-dir files/   # contents.local: motd reads files/motd
   kiln run out/qemu-worker.qcow2 --snapshot --until-firstboot --accel tcg
   kiln run out/qemu-control-plane.qcow2 --disk etcd-main=2G --forward 6443:6443
+  kiln run out/qemu-worker.raw --root-size 20G    # grows the file to 20 GiB: /var gets ~19 of them
   kiln run out/qemu-worker.qcow2 --snapshot --config keys.bu --ssh 2222   # then: ssh -p 2222 core@127.0.0.1
   kiln run out/aws-worker.raw --snapshot --root nvme,serial=vol0aaaaaaaaaaaaaaaa --disk vol0123456789abcdef0=1G,bus=nvme
   kiln run out/gce-worker.raw --snapshot --root scsi,serial=persistent-disk-0,vendor=Google,product=PersistentDisk
@@ -107,6 +111,7 @@ type runOptions struct {
 	netboot   string
 	mac       string
 	blank     string
+	rootSize  string
 	ssh       int
 }
 
@@ -151,6 +156,7 @@ func (o *runOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.netboot, "netboot", "", "boot from the network when IMAGE does not boot (or is not given): iPXE chains this URL, e.g. http://10.0.2.2:8080/boot.ipxe")
 	f.StringVar(&o.mac, "mac", "", "with --netboot: the booting NIC's MAC address, e.g. 02:00:00:00:01:01")
 	f.StringVar(&o.cfg.UUID, "uuid", "", "the machine's SMBIOS UUID (iPXE's ${uuid})")
+	f.StringVar(&o.rootSize, "root-size", "4G", "the least size the guest sees IMAGE at: a smaller IMAGE (baked only as large as its partitions) is grown in place first, or with --snapshot its throwaway overlay; first boot gives the space to /var; 0 boots IMAGE at its size")
 	f.StringVar(&o.blank, "blank", "", "with --netboot: create IMAGE as a blank raw disk of this size (e.g. 8G) when it does not exist")
 	f.IntVar(&o.ssh, "ssh", 0, "forward 127.0.0.1:PORT to the guest's ssh server, enable ssh.service in --config and print how to connect (a --config user needs sshAuthorizedKeys)")
 	f.StringVar(&o.cfg.WorkDir, "workdir", "", "directory for the UEFI variable store and created disks (default: a temp dir)")
@@ -212,6 +218,9 @@ func (o *runOptions) run(ctx context.Context, image string, serial io.Writer) er
 		}
 	}
 	if err := o.createBlank(ctx, cfg.Image); err != nil {
+		return err
+	}
+	if err := o.growRoot(ctx, &cfg); err != nil {
 		return err
 	}
 	if err := o.chooseAccel(ctx, &cfg, tmp); err != nil {
@@ -376,6 +385,29 @@ func (o *runOptions) parseNetBoot(cfg *vm.Config) error {
 		mac = "52:54:00:12:34:56 (QEMU's default)"
 	}
 	slog.Info("network boot", "bootfile", o.netboot, "mac", mac)
+	return nil
+}
+
+// growRoot applies --root-size to IMAGE: grown in place now, or, with --snapshot, by vm.Start
+// in the throwaway overlay. A --blank disk keeps the size it was given.
+func (o *runOptions) growRoot(ctx context.Context, cfg *vm.Config) error {
+	if o.rootSize == "0" || cfg.Image == "" || o.blank != "" {
+		return nil
+	}
+	if _, err := vm.ParseSize(o.rootSize); err != nil {
+		return exitcode.Usage(fmt.Errorf("--root-size: %w", err))
+	}
+	if cfg.Snapshot {
+		cfg.RootSize = o.rootSize
+		return nil
+	}
+	grown, err := vm.GrowDisk(ctx, cfg.Image, o.rootSize)
+	if err != nil {
+		return fmt.Errorf("--root-size %s: %w (--snapshot grows a throwaway overlay instead; --root-size 0 boots IMAGE at its size)", o.rootSize, err)
+	}
+	if grown {
+		slog.Info("grew the image's disk for /var (--root-size)", "image", cfg.Image, "size", o.rootSize)
+	}
 	return nil
 }
 

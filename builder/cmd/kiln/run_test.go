@@ -243,6 +243,52 @@ func TestRunBlankDisk(t *testing.T) {
 	}
 }
 
+// --root-size grows an image smaller than it before the boot (the image's first boot gives the
+// data partition the space), or only the throwaway overlay with --snapshot; 0 and a --blank disk
+// keep their size, and a size qemu-img cannot read is refused naming the flag.
+func TestRunRootSize(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed")
+	}
+	for _, tc := range []struct {
+		name        string
+		o           runOptions
+		snapshot    bool
+		size        int64  // the image's size afterwards
+		cfgRootSize string // what is left for vm.Start
+		wantErr     string
+	}{
+		{"grown in place", runOptions{rootSize: "8M"}, false, 8 << 20, "", ""},
+		{"already larger", runOptions{rootSize: "4k"}, false, 1 << 20, "", ""},
+		{"snapshot: the overlay", runOptions{rootSize: "8M"}, true, 1 << 20, "8M", ""},
+		{"0 keeps the size", runOptions{rootSize: "0"}, false, 1 << 20, "", ""},
+		{"a --blank disk keeps its size", runOptions{rootSize: "8M", blank: "1M"}, false, 1 << 20, "", ""},
+		{"bad size", runOptions{rootSize: "8 GiB"}, false, 1 << 20, "", `--root-size: size "8 GiB"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			img := filepath.Join(t.TempDir(), "node.raw")
+			if err := os.WriteFile(img, make([]byte, 1<<20), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := vm.Config{Image: img, Snapshot: tc.snapshot}
+			err := tc.o.growRoot(context.Background(), &cfg)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("growRoot = %v, want an error containing %q", err, tc.wantErr)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Stat(img); err != nil || fi.Size() != tc.size {
+				t.Errorf("image is %d bytes (%v), want %d", fi.Size(), err, tc.size)
+			}
+			if cfg.RootSize != tc.cfgRootSize {
+				t.Errorf("vm.Config.RootSize = %q, want %q", cfg.RootSize, tc.cfgRootSize)
+			}
+		})
+	}
+}
+
 // kiln run --ssh enables the image's ssh server in the config it passes, and refuses a config
 // whose users have no key or that turns the server off: the port would lead nowhere.
 func TestRunSSHConfig(t *testing.T) {
