@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -145,7 +144,7 @@ func (s *State) freshDisks(ctx context.Context, n *Node) error {
 	}
 	disk := s.nodeFile(n.Name, diskFile)
 	os.Remove(disk)
-	if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", format, "-b", image, disk); err != nil {
+	if err := vm.QEMUImg(ctx, "create", "-q", "-f", "qcow2", "-F", format, "-b", image, disk); err != nil {
 		return fmt.Errorf("node %s: disk: %w", n.Name, err)
 	}
 	if _, err := vm.GrowDisk(ctx, disk, RootDiskSize); err != nil {
@@ -154,20 +153,12 @@ func (s *State) freshDisks(ctx context.Context, n *Node) error {
 	if n.EtcdMember != "" {
 		etcd := s.EtcdDisk(n.Name)
 		os.Remove(etcd)
-		if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", etcd, s.EtcdDiskSize); err != nil {
+		if err := vm.QEMUImg(ctx, "create", "-q", "-f", "qcow2", etcd, s.EtcdDiskSize); err != nil {
 			return fmt.Errorf("node %s: etcd disk: %w", n.Name, err)
 		}
 	}
 	// A fresh machine has fresh UEFI variables and an empty console.
 	os.Remove(s.nodeFile(n.Name, "OVMF_VARS.fd"))
-	return nil
-}
-
-func qemuImg(ctx context.Context, args ...string) error {
-	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu-img %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
 	return nil
 }
 

@@ -334,7 +334,7 @@ func snapshotOverlay(ctx context.Context, image, format, size, workDir string) (
 	if err := os.Remove(overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", "", err
 	}
-	if err := qemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", format, "-b", abs, overlay); err != nil {
+	if err := QEMUImg(ctx, "create", "-q", "-f", "qcow2", "-F", format, "-b", abs, overlay); err != nil {
 		return "", "", fmt.Errorf("root disk overlay: %w", err)
 	}
 	if _, err := GrowDisk(ctx, overlay, size); err != nil {
@@ -363,7 +363,7 @@ func GrowDisk(ctx context.Context, p, size string) (bool, error) {
 	if have >= want {
 		return false, nil
 	}
-	if err := qemuImg(ctx, "resize", "-q", "-f", format, p, strconv.FormatInt(want, 10)); err != nil {
+	if err := QEMUImg(ctx, "resize", "-q", "-f", format, p, strconv.FormatInt(want, 10)); err != nil {
 		return false, fmt.Errorf("grow %s to %s: %w", p, size, err)
 	}
 	return true, nil
@@ -404,8 +404,8 @@ func ParseSize(s string) (int64, error) {
 	return n << shift, nil
 }
 
-// qemuImg runs qemu-img with args, its output in the error.
-func qemuImg(ctx context.Context, args ...string) error {
+// QEMUImg runs qemu-img with args; an error carries the arguments and what it printed.
+func QEMUImg(ctx context.Context, args ...string) error {
 	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("qemu-img %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
@@ -481,9 +481,8 @@ func extraDiskArgs(ctx context.Context, disks []Disk, workDir string) ([]string,
 		if p == "" {
 			p = filepath.Join(workDir, d.Name+".qcow2")
 			if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
-				out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", p, d.Size).CombinedOutput()
-				if err != nil {
-					return nil, fmt.Errorf("disk %s: qemu-img create %s: %v: %s", d.Name, d.Size, err, strings.TrimSpace(string(out)))
+				if err := QEMUImg(ctx, "create", "-q", "-f", "qcow2", p, d.Size); err != nil {
+					return nil, fmt.Errorf("disk %s: %w", d.Name, err)
 				}
 			}
 		} else {
