@@ -13,9 +13,9 @@ import (
 type FileFunc func(src, dst string, mode fs.FileMode) error
 
 // Recreate walks src and recreates it at dst, which must not exist. Directories get their own
-// permission bits (with sticky, setgid and setuid) or'ed with extraDirPerm (0o700 keeps a tree writable by its owner while it is
-// filled), symlinks are recreated with the same target, regular files are made by file; any
-// other type of entry is an error naming it.
+// permission bits (with sticky, setgid and setuid) or'ed with extraDirPerm (0o700 keeps a tree
+// writable by its owner while it is filled), symlinks are recreated with the same target,
+// regular files are made by file; any other type of entry is an error naming it.
 func Recreate(src, dst string, extraDirPerm fs.FileMode, file FileFunc) error {
 	return RecreateLinking(src, dst, extraDirPerm, file, nil)
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -428,10 +427,9 @@ func (o *runOptions) createBlank(ctx context.Context, image string) error {
 	if format == "" {
 		return exitcode.Usage(fmt.Errorf("--blank: %s: name the disk to create *.raw, *.img or *.qcow2", image))
 	}
-	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", format, image, o.blank).CombinedOutput()
-	if err != nil {
+	if err := vm.QEMUImg(ctx, "create", "-q", "-f", format, image, o.blank); err != nil {
 		os.Remove(image)
-		return exitcode.Usage(fmt.Errorf("--blank %s: qemu-img create %s: %v: %s", o.blank, image, err, strings.TrimSpace(string(out))))
+		return exitcode.Usage(fmt.Errorf("--blank %s: %w", o.blank, err))
 	}
 	slog.Info("created a blank disk", "image", image, "size", o.blank)
 	return nil
