@@ -132,7 +132,7 @@ func Write(ctx context.Context, o Options, imgs []Image) error {
 			bdb.Close()
 		}
 	}()
-	blobs, err := writeImages(ctx, db, o, imgs)
+	blobs, sizes, err := writeImages(ctx, db, o, imgs)
 	if err != nil {
 		return err
 	}
@@ -145,6 +145,9 @@ func Write(ctx context.Context, o Options, imgs []Image) error {
 		return err
 	}
 	if err := linkBlobs(o, blobs); err != nil {
+		return err
+	}
+	if err := setSnapshotSizes(filepath.Join(o.Dir, SnapshotterDir, "metadata.db"), sizes); err != nil {
 		return err
 	}
 	for _, p := range []string{dbPath, filepath.Join(o.Dir, SnapshotterDir, "metadata.db")} {
@@ -171,31 +174,37 @@ func openMetadata(ctx context.Context, dbPath string, cs content.Store, sn snaps
 }
 
 // writeImages records the images' blobs, their snapshots and the images themselves in db; it
-// returns the blobs.
-func writeImages(ctx context.Context, db *metadata.DB, o Options, imgs []Image) (map[digest.Digest]blob, error) {
+// returns the blobs and each snapshot's size by chain ID (see treeSize).
+func writeImages(ctx context.Context, db *metadata.DB, o Options, imgs []Image) (map[digest.Digest]blob, map[digest.Digest]int64, error) {
 	blobs := map[digest.Digest]blob{}
 	for _, im := range imgs {
 		if err := addBlobs(blobs, im, o.KeepLayers); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	for _, dg := range sortedDigests(blobs) {
 		if err := writeBlob(ctx, db.ContentStore(), o, blobs[dg]); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	is := metadata.NewImageStore(db)
+	sizes := map[digest.Digest]int64{}
 	for _, im := range imgs {
+		size, err := treeSize(im.Tree)
+		if err != nil {
+			return nil, nil, fmt.Errorf("image %s: %w", im.Name, err)
+		}
+		sizes[im.ChainID()] = size
 		if err := commitTree(ctx, db.Snapshotter(Snapshotter), o, im); err != nil {
-			return nil, fmt.Errorf("image %s: %w", im.Name, err)
+			return nil, nil, fmt.Errorf("image %s: %w", im.Name, err)
 		}
 		target := im.Manifest
 		target.Annotations, target.Platform = nil, nil
 		if _, err := is.Create(ctx, images.Image{Name: im.Name, Target: target, Labels: o.Labels}); err != nil {
-			return nil, fmt.Errorf("image %s: %w", im.Name, err)
+			return nil, nil, fmt.Errorf("image %s: %w", im.Name, err)
 		}
 	}
-	return blobs, nil
+	return blobs, sizes, nil
 }
 
 // linkBlobs points the store's blobs at their copies on the node: they were read through
