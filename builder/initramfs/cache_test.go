@@ -2,6 +2,7 @@ package initramfs
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -65,6 +66,65 @@ func TestWriteCached(t *testing.T) {
 	}
 	if all, _ := filepath.Glob(filepath.Join(cached.CacheDir, "*.zstd")); len(all) != 2 {
 		t.Errorf("the cache holds %q, want two archives", all)
+	}
+}
+
+// mapShared is a Shared in memory; spoil, when set, changes an entry on its way out.
+type mapShared struct {
+	entries    map[string][]byte
+	spoil      bool
+	gets, puts int
+}
+
+func (m *mapShared) Get(key string, read func(io.Reader) error) bool {
+	m.gets++
+	data, ok := m.entries[key]
+	if !ok {
+		return false
+	}
+	if m.spoil {
+		data = data[:len(data)/2]
+	}
+	return read(bytes.NewReader(data)) == nil
+}
+
+func (m *mapShared) Put(key string, write func(io.Writer) error) {
+	var b bytes.Buffer
+	if write(&b) == nil {
+		m.entries[key] = b.Bytes()
+		m.puts++
+	}
+}
+
+// With a shared store, an archive compressed on one machine is taken by another whose cache
+// lacks it (the same bytes, nothing compressed or put again); an entry that does not
+// decompress to the records' stream is not used.
+func TestWriteShared(t *testing.T) {
+	root := t.TempDir()
+	fakeModulesDir(t, root, modulesKver)
+	spec := Spec{Root: root, KernelVersion: modulesKver, Init: staticInit(t), Modules: []string{"virtio_blk"}}
+	var plain bytes.Buffer
+	if _, err := Write(&plain, spec); err != nil {
+		t.Fatal(err)
+	}
+	shared := &mapShared{entries: map[string][]byte{}}
+	for i, what := range []string{"first machine (put)", "second machine (get)", "third machine (a spoiled entry)"} {
+		s := spec
+		s.CacheDir, s.Shared = filepath.Join(t.TempDir(), "initramfs"), shared
+		shared.spoil = i == 2
+		var got bytes.Buffer
+		if _, err := Write(&got, s); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), plain.Bytes()) {
+			t.Errorf("%s: %d bytes, want the %d of a write without a cache", what, got.Len(), plain.Len())
+		}
+		if want := []int{1, 1, 2}[i]; shared.puts != want {
+			t.Errorf("%s: %d puts, want %d", what, shared.puts, want)
+		}
+	}
+	if shared.gets != 3 {
+		t.Errorf("%d gets, want one per machine", shared.gets)
 	}
 }
 

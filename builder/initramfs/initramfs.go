@@ -62,6 +62,19 @@ type Spec struct {
 	// compressed again (the slow part of Write). An entry is used only after it decompresses
 	// to the stream its name says.
 	CacheDir string
+	// Shared, with CacheDir, is a store of archives that several machines share (kiln bake
+	// --cache-repo), keyed like CacheDir's files: an archive CacheDir lacks is taken from it
+	// (and checked the same way), and one compressed here is added to it.
+	Shared Shared
+}
+
+// Shared is a store of cache entries that several machines share. Get streams entry key to
+// read and reports whether the store held it whole and verified (when it returns false, what
+// read took must be discarded); Put adds the stream write makes under key. Both report their
+// own failures.
+type Shared interface {
+	Get(key string, read func(io.Reader) error) bool
+	Put(key string, write func(io.Writer) error)
 }
 
 // entry is one record of the archive.
@@ -143,7 +156,7 @@ func Write(w io.Writer, s Spec) (*Manifest, error) {
 		}
 		return man, nil
 	}
-	if err := files.writeCached(w, comp, man, s.CacheDir); err != nil {
+	if err := files.writeCached(w, comp, man, s.CacheDir, s.Shared); err != nil {
 		return nil, err
 	}
 	return man, nil
@@ -151,13 +164,14 @@ func Write(w io.Writer, s Spec) (*Manifest, error) {
 
 // writeCached writes the archive compressed with comp to w, from dir when dir holds it (see
 // Spec.CacheDir), else compressed now and kept in dir.
-func (f records) writeCached(w io.Writer, comp string, man *Manifest, dir string) error {
+func (f records) writeCached(w io.Writer, comp string, man *Manifest, dir string, shared Shared) error {
 	h := sha256.New()
 	if err := f.write(h, None, man); err != nil {
 		return err
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
-	entry := filepath.Join(dir, sum+"."+comp)
+	name := sum + "." + comp
+	entry := filepath.Join(dir, name)
 	if data, err := os.ReadFile(entry); err == nil && holdsStream(data, sum) {
 		if _, err := w.Write(data); err != nil {
 			return fmt.Errorf("write initramfs: %w", err)
@@ -165,11 +179,29 @@ func (f records) writeCached(w io.Writer, comp string, man *Manifest, dir string
 		return nil
 	}
 	var buf bytes.Buffer
-	if err := f.write(&buf, comp, &Manifest{}); err != nil {
-		return err
+	pulled := shared != nil && shared.Get(name, func(r io.Reader) error {
+		if _, err := buf.ReadFrom(r); err != nil {
+			return err
+		}
+		if !holdsStream(buf.Bytes(), sum) {
+			return fmt.Errorf("the archive does not decompress to the cpio stream of sha256 %s", sum)
+		}
+		return nil
+	})
+	if !pulled {
+		buf.Reset()
+		if err := f.write(&buf, comp, &Manifest{}); err != nil {
+			return err
+		}
 	}
 	if err := atomicfile.Write(entry, buf.Bytes(), atomicfile.Options{Mode: 0o644, DirMode: 0o755}); err != nil {
 		return fmt.Errorf("initramfs cache: %w", err)
+	}
+	if !pulled && shared != nil {
+		shared.Put(name, func(w io.Writer) error {
+			_, err := w.Write(buf.Bytes())
+			return err
+		})
 	}
 	if _, err := w.Write(buf.Bytes()); err != nil {
 		return fmt.Errorf("write initramfs: %w", err)

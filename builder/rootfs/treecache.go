@@ -20,8 +20,12 @@ import (
 // be read, moved or removed, never written in place (the bake only reads an image's tree once
 // it has laid it). Each cached tree records its listing (every entry's path, type, mode and
 // size); one that no longer matches it is dropped and flattened again.
+//
+// With Shared set, a tree the cache lacks is first taken from there (and checked like any
+// other), and a tree stored is added there too.
 type TreeCache struct {
-	Dir string
+	Dir    string
+	Shared Shared
 }
 
 // treeRecord is what the cache keeps beside a tree: its owners and its listing.
@@ -58,27 +62,26 @@ func (c TreeCache) TreeDir(key string) (string, error) {
 	return tree, err
 }
 
-// Load links the cached tree key into dir, which must not exist, and returns it. It returns
-// false when the cache has no whole tree for key or its listing changed (the entry is then
-// removed, as is one of another treeRecordVersion).
+// Load links the cached tree key into dir, which must not exist, and returns it; a tree the
+// cache lacks is first taken from c.Shared. It returns false when neither has a whole tree for
+// key or its listing changed (the entry is then removed, as is one of another
+// treeRecordVersion).
 func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
 	src, rec, err := c.paths(key)
 	if err != nil {
 		return nil, false, err
 	}
 	data, err := os.ReadFile(rec)
+	if errors.Is(err, fs.ErrNotExist) && c.pull(key) {
+		data, err = os.ReadFile(rec)
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, false, nil
 	} else if err != nil {
 		return nil, false, err
 	}
-	var r treeRecord
-	if err := json.Unmarshal(data, &r); err != nil || r.Version != treeRecordVersion {
-		os.RemoveAll(filepath.Dir(rec))
-		return nil, false, nil
-	}
-	listing, err := listTree(src)
-	if err != nil || !sameListing(listing, r.Listing) {
+	r, err := checkRecord(data, src)
+	if err != nil {
 		os.RemoveAll(filepath.Dir(rec))
 		return nil, false, nil
 	}
@@ -95,7 +98,8 @@ func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
 	return &Tree{Dir: dir, Owners: r.Owners}, true, nil
 }
 
-// Store adds t under key, unless the cache has it already. The cache holds links to t's files.
+// Store adds t under key, unless the cache has it already, and then to c.Shared. The cache
+// holds links to t's files.
 func (c TreeCache) Store(key string, t *Tree) error {
 	dst, rec, err := c.paths(key)
 	if err != nil {
@@ -130,7 +134,38 @@ func (c TreeCache) Store(key string, t *Tree) error {
 	if err := os.Rename(tmp, filepath.Dir(dst)); err != nil {
 		return fmt.Errorf("cache tree %s: %w", key, err)
 	}
+	c.push(key)
 	return nil
+}
+
+// checkRecord parses a tree's record, data, and checks that it is of treeRecordVersion and
+// that the tree still matches its listing.
+func checkRecord(data []byte, tree string) (treeRecord, error) {
+	var r treeRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, fmt.Errorf("tree record: %w", err)
+	}
+	if r.Version != treeRecordVersion {
+		return r, fmt.Errorf("tree record of version %d, not %d", r.Version, treeRecordVersion)
+	}
+	listing, err := listTree(tree)
+	if err != nil {
+		return r, err
+	}
+	if d := listingDiff(listing, r.Listing); d != "" {
+		return r, fmt.Errorf("the tree does not match its record: %s", d)
+	}
+	return r, nil
+}
+
+// checkEntry is checkRecord of the record file record and tree.
+func checkEntry(record, tree string) error {
+	data, err := os.ReadFile(record)
+	if err != nil {
+		return err
+	}
+	_, err = checkRecord(data, tree)
+	return err
 }
 
 // listTree lists every entry below dir in walk order.
@@ -155,16 +190,18 @@ func listTree(dir string) ([]treeEntry, error) {
 	return out, err
 }
 
-func sameListing(a, b []treeEntry) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
+// listingDiff says where the listing got differs from the listing want, or "" when they are the same.
+func listingDiff(got, want []treeEntry) string {
+	for i := range min(len(got), len(want)) {
+		if got[i] != want[i] {
+			return fmt.Sprintf("%s (mode %v, size %d) where the record has %s (mode %v, size %d)",
+				got[i].Path, got[i].Mode, got[i].Size, want[i].Path, want[i].Mode, want[i].Size)
 		}
 	}
-	return true
+	if len(got) != len(want) {
+		return fmt.Sprintf("%d entries where the record lists %d", len(got), len(want))
+	}
+	return ""
 }
 
 // linkTree recreates the directory tree src at dst (which must not exist): directories made
