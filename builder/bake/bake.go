@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/kilnproject/kiln/builder/artifact"
+	"github.com/kilnproject/kiln/builder/cacherepo"
 	"github.com/kilnproject/kiln/builder/spec"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -64,6 +65,10 @@ type Options struct {
 	// store: first boot imports and unpacks them (kiln-init kube images), as before the store
 	// was laid at bake. For measuring what laying the store saves.
 	ImportImages bool
+	// CacheRepo, when set, is the cache CI runners share (kiln bake --cache-repo): a
+	// flattened base, an image's applied layers or a compressed initramfs that Cache lacks
+	// is pulled from it, and one made here is pushed to it.
+	CacheRepo *cacherepo.Repo
 }
 
 // Result names what a bake wrote.

@@ -86,7 +86,7 @@ func (b *baker) flattenBase(img v1.Image, dir string) (tree *rootfs.Tree, cached
 	for i, d := range cf.RootFS.DiffIDs {
 		diffIDs[i] = digest.Digest(d.String())
 	}
-	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "base-trees")}
+	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "base-trees"), Shared: b.shared("base-trees")}
 	key := identity.ChainID(diffIDs).Encoded()
 	if tree, ok, err := cache.Load(key, dir); err != nil || ok {
 		if ok {
@@ -104,4 +104,12 @@ func (b *baker) flattenBase(img v1.Image, dir string) (tree *rootfs.Tree, cached
 		return nil, false, err
 	}
 	return tree, false, nil
+}
+
+// shared is the cache repository's entries of kind for a TreeCache, or nil without one.
+func (b *baker) shared(kind string) rootfs.Shared {
+	if b.o.CacheRepo == nil {
+		return nil
+	}
+	return b.o.CacheRepo.Entries(kind)
 }

@@ -55,6 +55,9 @@ func (b *baker) writeInitramfs(tree *rootfs.Tree, md *nodeimage.Metadata) (strin
 		// Compressing is most of the work; the archive of the same kiln-stage1 and modules is
 		// taken from the cache.
 		spec.CacheDir = filepath.Join(b.o.Cache.Root, "initramfs")
+		if b.o.CacheRepo != nil {
+			spec.Shared = b.o.CacheRepo.Entries("initramfs")
+		}
 	}
 	man, err := initramfs.Write(f, spec)
 	if cerr := f.Close(); err == nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/bake"
+	"github.com/kilnproject/kiln/builder/cacherepo"
 	"github.com/kilnproject/kiln/builder/provenance"
 )
 
@@ -44,6 +45,17 @@ cache (a second bake does not contact the registry) and laid into one OCI layout
 runtime laid into the image are read from their Go build information (never by running them)
 and must match it. An image that would carry a private key or a bootstrap token is refused. A failed bake leaves nothing in the output directory.
 SOURCE_DATE_EPOCH sets the creation time recorded in the image (default 0).
+
+--cache-repo REGISTRY/REPO (or $KILN_CACHE_REPO) shares the build cache between machines, CI
+runners that start with an empty ~/.cache/kiln: a flattened base, a pre-pulled image's applied
+layers or a compressed initramfs that the local cache lacks is pulled from that repository, and
+one this bake makes is pushed to it, each an OCI artifact tagged <kind>-<key> (kinds base-trees,
+trees, initramfs; keys are content digests of the inputs) with the credentials kiln uses for
+any registry. A pulled entry is used only once its blobs match their digests and its tree the
+listing it records; one that does not is reported, made here and pushed again. A registry
+that cannot be reached, or refuses a push, is one warning and the bake goes on with the local
+cache. Anyone who can push to the repository decides what later bakes from it contain: give
+push rights only to what you would let change your images.
 
 worker, control-plane and etcd are the Kubernetes roles. A profile of any other name bakes a
 plain node: first boot applies its Ignition config and runs no Kubernetes task (such a profile
@@ -85,12 +97,13 @@ const bakeExample = `  kiln bake images/qemu.yaml --role worker -o out
   kiln bake images/qemu.yaml --role worker -o out --profile-overlay mirror.yaml
   kiln bake images/qemu.yaml --role worker -o out-pull --without-images
   kiln bake images/qemu.yaml --role worker -o out-import --import-images
-  kiln bake images/qemu.yaml --role worker -o out --sign-key kiln.key   # + qemu-worker.intoto.jsonl (kiln verify)`
+  kiln bake images/qemu.yaml --role worker -o out --sign-key kiln.key   # + qemu-worker.intoto.jsonl (kiln verify)
+  kiln bake images/qemu.yaml --role worker -o out --cache-repo registry.example.com/ci/kiln-cache`
 
 // bakeOptions are `kiln bake`'s flags.
 type bakeOptions struct {
 	role, out, kilnInit, stage1 string
-	signKey                     string
+	signKey, cacheRepo          string
 	overlays                    []string
 	withoutImages, importImages bool
 }
@@ -115,6 +128,7 @@ func newBakeCmd() *cobra.Command {
 	cmd.Flags().StringArrayVar(&b.overlays, "profile-overlay", nil, "YAML document replacing artifact url/path/sha256 and image source/digest by name (repeatable, applied in order)")
 	cmd.Flags().BoolVar(&b.withoutImages, "without-images", false, "leave the profile's pre-pulled images out: nodes pull them from a registry at first boot")
 	cmd.Flags().BoolVar(&b.importImages, "import-images", false, "lay the pre-pulled images as an OCI layout only, without containerd's store: first boot imports and unpacks them")
+	cmd.Flags().StringVar(&b.cacheRepo, "cache-repo", "", "OCI repository whose cache entries this bake pulls and pushes, shared by CI runners (default: $KILN_CACHE_REPO)")
 	_ = cmd.MarkFlagRequired("role")
 	return cmd
 }
@@ -141,6 +155,16 @@ func (b *bakeOptions) run(cmd *cobra.Command, definition string) error {
 	if err != nil {
 		return err
 	}
+	remote := artifact.RemoteOptions(authn.DefaultKeychain)
+	if b.cacheRepo == "" {
+		b.cacheRepo = os.Getenv("KILN_CACHE_REPO")
+	}
+	var repo *cacherepo.Repo
+	if b.cacheRepo != "" {
+		if repo, err = cacherepo.New(b.cacheRepo, remote, slog.Default()); err != nil {
+			return fmt.Errorf("--cache-repo: %w", err)
+		}
+	}
 	created, err := sourceDateEpoch()
 	if err != nil {
 		return err
@@ -149,7 +173,7 @@ func (b *bakeOptions) run(cmd *cobra.Command, definition string) error {
 		Definition: definition, Role: b.role, OutDir: b.out, KilnInit: b.kilnInit, Stage1: b.stage1,
 		Cache: cache, Log: slog.Default(), Version: version, Created: created,
 		ProfileOverlays: b.overlays, WithoutImages: b.withoutImages, ImportImages: b.importImages, SignKey: signer,
-		ImageFetch: artifact.ImageFetch{Remote: artifact.RemoteOptions(authn.DefaultKeychain)},
+		ImageFetch: artifact.ImageFetch{Remote: remote}, CacheRepo: repo,
 	})
 	if err != nil {
 		return err

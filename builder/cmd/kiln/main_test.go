@@ -33,6 +33,7 @@ func TestCommandLineErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"bake", "images/qemu.yaml"}, `required flag(s) "role" not set`},
+		{[]string{"bake", "images/qemu.yaml", "--role", "worker", "--cache-repo", "registry.example.com/Team/Cache"}, `--cache-repo: cache repository "registry.example.com/Team/Cache"`},
 		{[]string{"run", img, "--disk", "etcd-main"}, "want NAME=SIZE or NAME=FILE"},
 		{[]string{"run", img, "--config", bu, "--accel", "tcg"}, "storage.luks[0].clevis: clevis (tang, tpm2) is not supported: give a keyFile"},
 		{[]string{"run", img, "--config", bad, "--accel", "tcg"}, "filez"},
