@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make bench: prints kiln's figures for the default worker image.
 #   - bake time, cold (empty artifact cache, page cache dropped when root) and warm
+#   - a CI runner with a shared cache (kiln bake --cache-repo, a docker-registry on loopback):
+#     runner A, empty cache, bakes and pushes; runner B, another empty cache, pulls and bakes
 #   - a rebake after one artifact (crictl) changes, step by step
 #   - the bake's peak RSS: kiln's own and the largest tool's (getrusage, logged by kiln bake)
 #   - the floor: mksquashfs alone on the warm bake's root tree, with the same options; the ratio
@@ -38,9 +40,48 @@ sync; [ "$(id -u)" = 0 ] && echo 3 > /proc/sys/vm/drop_caches || true
 t0=$(now)
 KILN_CACHE=$cold_cache $KILN bake images/qemu.yaml --role worker "${overlay[@]}" -o "$work/cold" 2> "$work/cold.log" >/dev/null
 t1=$(now)
+cold=$(secs "$t0" "$t1")
+
+# CI runners sharing a cache repository: a docker-registry of its own on a free loopback port.
+# Runner A (an empty cache) bakes and pushes; runner B (another empty cache, no page cache)
+# pulls what A pushed instead of flattening and compressing.
+reg_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat > "$work/registry.yml" <<YAML
+version: 0.1
+log: {level: error, accesslog: {disabled: true}}
+storage: {filesystem: {rootdirectory: $work/registry}}
+http: {addr: 127.0.0.1:$reg_port, secret: kiln-bench}
+YAML
+docker-registry serve "$work/registry.yml" > "$work/registry.log" 2>&1 &
+reg_pid=$!
+trap 'kill $reg_pid 2>/dev/null || true' EXIT
+for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$reg_port/v2/" && break; sleep 0.1; done
+shared_bake() { # runner
+  mkdir -p "$work/cache-$1"
+  ln -s "$KILN_CACHE/base" "$work/cache-$1/base"
+  sync; [ "$(id -u)" = 0 ] && echo 3 > /proc/sys/vm/drop_caches || true
+  local a b
+  a=$(now)
+  KILN_CACHE=$work/cache-$1 $KILN bake images/qemu.yaml --role worker "${overlay[@]}" \
+    --cache-repo "127.0.0.1:$reg_port/kiln-cache" -o "$work/runner-$1" 2> "$work/runner-$1.log" >/dev/null
+  b=$(now)
+  secs "$a" "$b"
+}
+runner_a=$(shared_bake a)
+runner_b=$(shared_bake b)
+# seconds and bytes logged for each entry pushed or pulled
+moved() { awk -v what="$1" '$0 ~ "msg=\"cache entry " what "\"" { for (i = 1; i <= NF; i++) { if ($i ~ /^seconds=/) { sub("seconds=", "", $i); s += $i } if ($i ~ /^bytes=/) { sub("bytes=", "", $i); b += $i } } n++ }
+  END { printf "%d entries, %.0f MiB, %.1f s", n, b / 1048576, s }' "$2"; }
+pushed=$(moved pushed "$work/runner-a.log")
+pulled=$(moved pulled "$work/runner-b.log")
+cmp -s "$work/runner-a/qemu-worker.raw" "$work/runner-b/qemu-worker.raw" || { echo "bench: runners A and B baked different raws" >&2; exit 1; }
+rm -rf "$work"/cache-a "$work"/cache-b "$work"/runner-a "$work"/runner-b "$work/registry"
+kill $reg_pid 2>/dev/null || true
+
+t1=$(now)
 $KILN bake images/qemu.yaml --role worker "${overlay[@]}" -o "$work/warm" 2> "$work/warm.log" >/dev/null
 t2=$(now)
-cold=$(secs "$t0" "$t1"); warm=$(secs "$t1" "$t2")
+warm=$(secs "$t1" "$t2")
 
 # Rebake after one artifact changes: crictl repacked with a later mtime (a new sha256, the same
 # member), as a new release of one tool would arrive, through a second profile overlay.
@@ -110,6 +151,8 @@ read -r b2 g2 < <(boot 2)
 raw=$work/warm/qemu-worker.raw
 printf '\nkiln bench (worker image, %s, %s cores)\n' "$(uname -r)" "$(nproc)"
 printf '  bake cold                     %6s s\n' "$cold"
+printf '  bake, runner A pushing        %6s s   (%s pushed)\n' "$runner_a" "$pushed"
+printf '  bake, runner B shared cache   %6s s   (%s pulled; same raw as A)\n' "$runner_b" "$pulled"
 printf '  bake warm                     %6s s\n' "$warm"
 printf '  mksquashfs alone, same tree   %6s s   warm bake / floor = %s\n' "$floor" "$(awk -v a="$warm" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')"
 printf '  rebake, one artifact changed   %6s s\n' "$rebake"

@@ -45,6 +45,7 @@ if [ "${1:-}" = test ]; then
   need[ssh-keygen]=openssh-client
   need[mdadm]=mdadm
   need[cryptsetup]=cryptsetup-bin
+  need[/usr/bin/docker-registry]=docker-registry
 fi
 if [ "${1:-}" = e2e ]; then
   need[/usr/bin/docker-registry]=docker-registry
@@ -56,6 +57,8 @@ fi
 if [ "${1:-}" = bench ]; then
   need[mkosi]=mkosi
   need[debootstrap]=debootstrap
+  need[/usr/bin/docker-registry]=docker-registry
+  need[curl]=curl
 fi
 missing=()
 for tool in "${!need[@]}"; do
