@@ -6,9 +6,10 @@
 // zstd. A pulled entry is used only once its blobs matched their digests and sizes and the
 // stream its sha256; the caller then checks what it holds.
 //
-// The repository is a help, never a need: a registry that cannot be reached, or refuses a
-// push, is reported once and left alone for the rest of the process, and an entry that
-// fails a check is reported and made locally instead.
+// The repository is a help, never a need: a registry that cannot be reached is reported once
+// and left alone for the rest of the process, one that refuses a push (credentials that may
+// only pull) is reported once and only pulled from, and an entry that fails a check is
+// reported and made locally instead.
 package cacherepo
 
 import (
@@ -60,8 +61,9 @@ type Repo struct {
 	opts []remote.Option
 	log  *slog.Logger
 
-	mu   sync.Mutex
-	down bool
+	mu     sync.Mutex
+	down   bool // nothing more is pulled or pushed
+	noPush bool // nothing more is pushed
 }
 
 // registryRetry retries a cache request once: a registry that is down costs a bake a second,
@@ -110,14 +112,21 @@ func (e Entries) tag(key string) (name.Tag, error) {
 	return e.r.repo.Tag(t), nil
 }
 
-// isDown reports whether the repository failed earlier in this process.
+// isDown reports whether the repository could not be reached earlier in this process.
 func (r *Repo) isDown() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.down
 }
 
-// fail reports, once, that the repository cannot be used, and stops its use.
+// pushes reports whether entries are still pushed.
+func (r *Repo) pushes() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.down && !r.noPush
+}
+
+// fail reports, once, that the repository cannot be reached, and stops its use.
 func (r *Repo) fail(what string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -126,6 +135,25 @@ func (r *Repo) fail(what string, err error) {
 	}
 	r.down = true
 	r.log.Warn("cache repository not used from here on: the bake goes on with the local cache only",
+		"repo", r.repo.String(), "failed", what, "err", err)
+}
+
+// failPush reports, once, that the repository refused a push, and stops pushing to it: a
+// registry that answers but refuses (credentials that may only pull, a read-only
+// registry) is still pulled from; one that does not answer is not used at all.
+func (r *Repo) failPush(what string, err error) {
+	var te *transport.Error
+	if !errors.As(err, &te) {
+		r.fail(what, err)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.down || r.noPush {
+		return
+	}
+	r.noPush = true
+	r.log.Warn("cache repository refused a push: entries are only pulled from it from here on",
 		"repo", r.repo.String(), "failed", what, "err", err)
 }
 
@@ -245,7 +273,7 @@ func (e Entries) blob(d v1.Descriptor) ([]byte, error) {
 // Put adds the stream write makes under key; see rootfs.Shared. The stream is compressed into
 // a temporary file first (its digest goes into the manifest before the upload).
 func (e Entries) Put(key string, write func(io.Writer) error) {
-	if e.r.isDown() {
+	if !e.r.pushes() {
 		return
 	}
 	tag, err := e.tag(key)
@@ -255,17 +283,26 @@ func (e Entries) Put(key string, write func(io.Writer) error) {
 	}
 	t := time.Now()
 	n, err := e.put(tag, key, write)
+	var local localError
+	if errors.As(err, &local) {
+		e.r.log.Warn("cache entry not pushed", "entry", tag.String(), "err", local.error)
+		return
+	}
 	if err != nil {
-		e.r.fail("push "+tag.TagStr(), err)
+		e.r.failPush("push "+tag.TagStr(), err)
 		return
 	}
 	e.r.log.Info("cache entry pushed", "entry", tag.String(), "bytes", n, "seconds", time.Since(t).Seconds())
 }
 
+// localError is a failure of put on this machine (the entry's stream, the temporary file),
+// not of the registry.
+type localError struct{ error }
+
 func (e Entries) put(tag name.Tag, key string, write func(io.Writer) error) (int64, error) {
 	f, err := os.CreateTemp("", "kiln-cache-entry-")
 	if err != nil {
-		return 0, err
+		return 0, localError{err}
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
@@ -273,17 +310,14 @@ func (e Entries) put(tag name.Tag, key string, write func(io.Writer) error) (int
 	counted := &countingWriter{w: io.MultiWriter(f, compressed)}
 	zw, err := zstd.NewWriter(counted)
 	if err != nil {
-		return 0, err
+		return 0, localError{err}
 	}
 	if err := write(io.MultiWriter(zw, stream)); err != nil {
 		zw.Close()
-		return 0, fmt.Errorf("write entry: %w", err)
+		return 0, localError{fmt.Errorf("write entry: %w", err)}
 	}
 	if err := zw.Close(); err != nil {
-		return 0, err
-	}
-	if err := f.Sync(); err != nil {
-		return 0, err
+		return 0, localError{err}
 	}
 	layer := &fileLayer{
 		path:   f.Name(),

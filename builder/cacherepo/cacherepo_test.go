@@ -278,6 +278,31 @@ func TestRegistryDown(t *testing.T) {
 	}
 }
 
+// TestPushRefused: a registry that serves but refuses pushes (read-only, or credentials that
+// may only pull) is one warning, and still pulled from.
+func TestPushRefused(t *testing.T) {
+	store := t.TempDir()
+	writable := testkit.RegistryWith(t, testkit.RegistryOptions{Store: store})
+	data := entryData(t)
+	w, _ := newRepo(t, writable+"/kiln-cache")
+	put(w.Entries("trees"), key, data)
+
+	ro, log := newRepo(t, testkit.RegistryWith(t, testkit.RegistryOptions{Store: store, ReadOnly: true})+"/kiln-cache")
+	e := ro.Entries("trees")
+	other := strings.Repeat("b", 64)
+	put(e, other, data)
+	put(e, strings.Repeat("c", 64), data)
+	if n := log.count("level=WARN"); n != 1 || log.count("refused a push") != 1 {
+		t.Fatalf("%d warnings, want the refused push once:\n%s", n, log)
+	}
+	if got, ok := get(e, key); !ok || !bytes.Equal(got, data) {
+		t.Fatalf("a read-only repository's entry was not pulled after a refused push (hit %v)\n%s", ok, log)
+	}
+	if _, ok := get(e, other); ok {
+		t.Error("a refused push left an entry")
+	}
+}
+
 func TestNewRefusesABadRepository(t *testing.T) {
 	for _, repo := range []string{"", "Registry.example.com/UPPER", "host:port:x/y"} {
 		if _, err := New(repo, nil, nil); err == nil || !strings.Contains(err.Error(), "cache repository") {

@@ -20,14 +20,32 @@ import (
 // test logs what it printed.
 func Registry(t testing.TB) string {
 	t.Helper()
+	return RegistryWith(t, RegistryOptions{})
+}
+
+// RegistryOptions say how RegistryWith's registry runs.
+type RegistryOptions struct {
+	// Store is the directory it keeps blobs and manifests in (default: a temporary one); a
+	// second registry on the same Store serves what the first stored.
+	Store string
+	// ReadOnly refuses every push (the registry's maintenance mode).
+	ReadOnly bool
+}
+
+// RegistryWith is Registry with o.
+func RegistryWith(t testing.TB, o RegistryOptions) string {
+	t.Helper()
 	bin := Tool(t, "docker-registry", "docker-registry")
 	dir := t.TempDir()
+	if o.Store == "" {
+		o.Store = filepath.Join(dir, "store")
+	}
 	host := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	config := fmt.Sprintf(`version: 0.1
 log: {level: warn, accesslog: {disabled: true}}
-storage: {filesystem: {rootdirectory: %s}, delete: {enabled: true}}
+storage: {filesystem: {rootdirectory: %s}, delete: {enabled: true}, maintenance: {readonly: {enabled: %t}}}
 http: {addr: %q, secret: kiln-test}
-`, filepath.Join(dir, "store"), host)
+`, o.Store, o.ReadOnly, host)
 	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -53,8 +53,8 @@ one this bake makes is pushed to it, each an OCI artifact tagged <kind>-<key> (k
 trees, initramfs; keys are content digests of the inputs) with the credentials kiln uses for
 any registry. A pulled entry is used only once its blobs match their digests and its tree the
 listing it records; one that does not is reported, made here and pushed again. A registry
-that cannot be reached, or refuses a push, is one warning and the bake goes on with the local
-cache. Anyone who can push to the repository decides what later bakes from it contain: give
+that cannot be reached is one warning and the bake goes on with the local cache; one that
+refuses a push (credentials that may only pull) is one warning and is still pulled from. Anyone who can push to the repository decides what later bakes from it contain: give
 push rights only to what you would let change your images.
 
 worker, control-plane and etcd are the Kubernetes roles. A profile of any other name bakes a
