@@ -184,3 +184,129 @@ func logEtcdLatency(t *testing.T, kubectl kubectlFunc, pod string) {
 	sort.Strings(keys)
 	t.Logf("e2e: %s: slow-operation warnings {%s}, longest reported request %s", pod, strings.Join(keys, ", "), longest)
 }
+
+// timelineObjects is the part of the objects logTimeline reads.
+type timelineObjects struct {
+	Items []struct {
+		Kind     string `json:"kind"`
+		Metadata struct {
+			Name              string    `json:"name"`
+			CreationTimestamp time.Time `json:"creationTimestamp"`
+		} `json:"metadata"`
+		Spec struct {
+			NodeName    string     `json:"nodeName"`
+			AcquireTime *time.Time `json:"acquireTime"`
+		} `json:"spec"`
+		Status struct {
+			Conditions []struct {
+				Type               string    `json:"type"`
+				Status             string    `json:"status"`
+				LastTransitionTime time.Time `json:"lastTransitionTime"`
+			} `json:"conditions"`
+			ContainerStatuses []struct {
+				Name  string `json:"name"`
+				State struct {
+					Running *struct {
+						StartedAt time.Time `json:"startedAt"`
+					} `json:"running"`
+				} `json:"state"`
+				LastState struct {
+					Terminated *struct {
+						StartedAt time.Time `json:"startedAt"`
+					} `json:"terminated"`
+				} `json:"lastState"`
+			} `json:"containerStatuses"`
+		} `json:"status"`
+	} `json:"items"`
+}
+
+// logTimeline logs, in order and from start (the VM's start on the host), what the API
+// server records of a control plane's first minutes (in the node's clock, which the VM took
+// from the host's): each kube-system container of the node started (its first start), each
+// of their pods Ready, the node registered and Ready, admin.conf's group bound to
+// cluster-admin (until then the cluster refuses admin.conf) and the leader leases taken.
+func logTimeline(t *testing.T, kubectl kubectlFunc, node string, start time.Time) {
+	t.Helper()
+	type event struct {
+		at   time.Time
+		what string
+	}
+	var events []event
+	add := func(at time.Time, what string) {
+		if !at.IsZero() {
+			events = append(events, event{at, what})
+		}
+	}
+	get := func(args ...string) timelineObjects {
+		var objs timelineObjects
+		out, err := kubectl(append(args, "-o", "json")...)
+		if err == nil {
+			err = json.Unmarshal([]byte(out), &objs)
+		}
+		if err != nil {
+			t.Logf("e2e: timeline: kubectl %s: %v", strings.Join(args, " "), err)
+		}
+		return objs
+	}
+	for _, p := range get("get", "pods", "-n", "kube-system").Items {
+		if p.Spec.NodeName != node {
+			continue
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			at := time.Time{}
+			if c.State.Running != nil {
+				at = c.State.Running.StartedAt
+			}
+			if c.LastState.Terminated != nil {
+				at = c.LastState.Terminated.StartedAt
+			}
+			add(at, "container "+c.Name+" started")
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == "Ready" && c.Status == "True" {
+				add(c.LastTransitionTime, "pod "+p.Metadata.Name+" Ready")
+			}
+		}
+	}
+	// A single object comes back as itself, not a list.
+	out, err := kubectl("get", "node", node, "-o", "json")
+	if err == nil {
+		var n struct {
+			Metadata struct {
+				CreationTimestamp time.Time `json:"creationTimestamp"`
+			} `json:"metadata"`
+			Status struct {
+				Conditions []struct {
+					Type               string    `json:"type"`
+					Status             string    `json:"status"`
+					LastTransitionTime time.Time `json:"lastTransitionTime"`
+				} `json:"conditions"`
+			} `json:"status"`
+		}
+		if json.Unmarshal([]byte(out), &n) == nil {
+			add(n.Metadata.CreationTimestamp, "node registered")
+			for _, c := range n.Status.Conditions {
+				if c.Type == "Ready" && c.Status == "True" {
+					add(c.LastTransitionTime, "node Ready")
+				}
+			}
+		}
+	}
+	for _, b := range get("get", "clusterrolebindings").Items {
+		if b.Metadata.Name == "kubeadm:cluster-admins" {
+			add(b.Metadata.CreationTimestamp, "kubeadm:cluster-admins bound (admin.conf usable)")
+		}
+	}
+	for _, l := range get("get", "leases", "-n", "kube-system").Items {
+		if l.Spec.AcquireTime != nil && (l.Metadata.Name == "kube-scheduler" || l.Metadata.Name == "kube-controller-manager") {
+			add(*l.Spec.AcquireTime, "lease "+l.Metadata.Name+" taken")
+		}
+	}
+	sort.SliceStable(events, func(i, j int) bool { return events[i].at.Before(events[j].at) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "e2e: %s: timeline from the VM's start (node clock):", node)
+	for _, e := range events {
+		fmt.Fprintf(&b, "\n  %8s  %s", e.at.Sub(start).Round(time.Second), e.what)
+	}
+	t.Log(b.String())
+}

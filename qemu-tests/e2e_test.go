@@ -542,6 +542,7 @@ func bootPair(t *testing.T, e *env, p nodePair) pairRun {
 		return ready[p.CPName] > 0, out
 	})
 	t.Logf("e2e: control plane Ready %s after it started", ready[p.CPName].Round(time.Second))
+	logTimeline(t, p.Kubectl, p.CPName, r.Start)
 	logNodeCPU(t, p.Kubectl, p.CPName)
 	reportRestarts(t, p.Kubectl)
 	r.WorkerStart = time.Now()
