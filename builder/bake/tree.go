@@ -94,8 +94,8 @@ func (b *baker) layArtifact(tree *rootfs.Tree, a spec.Artifact, blob string) (no
 }
 
 // artifactTree returns a directory holding what the artifact a (blob, of sha256 sum) lays, at
-// its paths in the image: linked from the cache's artifact-trees/ or, the first time, laid
-// there. The directory is in the work directory and goes with it.
+// its paths in the image, to be read or linked from, never written: the cache's entry in
+// artifact-trees/ or, the first time, the work directory's, which the cache then keeps.
 func (b *baker) artifactTree(a spec.Artifact, sum, blob string) (string, error) {
 	keyJSON, err := json.Marshal(struct {
 		Layout  string        `json:"layout"`
@@ -109,10 +109,13 @@ func (b *baker) artifactTree(a spec.Artifact, sum, blob string) (string, error) 
 	}
 	key := fmt.Sprintf("%x", sha256.Sum256(keyJSON))
 	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "artifact-trees")}
-	dir := filepath.Join(b.work, "artifacts", key)
-	if _, ok, err := cache.Load(key, dir); err != nil || ok {
-		return dir, err
+	if cached, ok, err := cache.Open(key); err != nil || ok {
+		if err != nil {
+			return "", err
+		}
+		return cached.Dir, nil
 	}
+	dir := filepath.Join(b.work, "artifacts", key)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}

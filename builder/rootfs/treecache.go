@@ -67,6 +67,23 @@ func (c TreeCache) TreeDir(key string) (string, error) {
 // key or its listing changed (the entry is then removed, as is one of another
 // treeRecordVersion).
 func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
+	src, ok, err := c.Open(key)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, false, err
+	}
+	if err := linkTree(src.Dir, dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, false, fmt.Errorf("link cached tree %s: %w", key, err)
+	}
+	return &Tree{Dir: dir, Owners: src.Owners}, true, nil
+}
+
+// Open returns the cached tree key itself, checked as Load checks it, to be read in place:
+// its files may be linked elsewhere, never written. It returns false as Load does.
+func (c TreeCache) Open(key string) (*Tree, bool, error) {
 	src, rec, err := c.paths(key)
 	if err != nil {
 		return nil, false, err
@@ -85,17 +102,10 @@ func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
 		os.RemoveAll(filepath.Dir(rec))
 		return nil, false, nil
 	}
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return nil, false, err
-	}
-	if err := linkTree(src, dir); err != nil {
-		os.RemoveAll(dir)
-		return nil, false, fmt.Errorf("link cached tree %s: %w", key, err)
-	}
 	if r.Owners == nil {
 		r.Owners = map[string]Owner{}
 	}
-	return &Tree{Dir: dir, Owners: r.Owners}, true, nil
+	return &Tree{Dir: src, Owners: r.Owners}, true, nil
 }
 
 // Store adds t under key, unless the cache has it already, and then to c.Shared. The cache
