@@ -188,7 +188,6 @@ func logEtcdLatency(t *testing.T, kubectl kubectlFunc, pod string) {
 // timelineObjects is the part of the objects logTimeline reads.
 type timelineObjects struct {
 	Items []struct {
-		Kind     string `json:"kind"`
 		Metadata struct {
 			Name              string    `json:"name"`
 			CreationTimestamp time.Time `json:"creationTimestamp"`
@@ -268,27 +267,14 @@ func logTimeline(t *testing.T, kubectl kubectlFunc, node string, start time.Time
 			}
 		}
 	}
-	// A single object comes back as itself, not a list.
-	out, err := kubectl("get", "node", node, "-o", "json")
-	if err == nil {
-		var n struct {
-			Metadata struct {
-				CreationTimestamp time.Time `json:"creationTimestamp"`
-			} `json:"metadata"`
-			Status struct {
-				Conditions []struct {
-					Type               string    `json:"type"`
-					Status             string    `json:"status"`
-					LastTransitionTime time.Time `json:"lastTransitionTime"`
-				} `json:"conditions"`
-			} `json:"status"`
+	for _, n := range get("get", "nodes").Items {
+		if n.Metadata.Name != node {
+			continue
 		}
-		if json.Unmarshal([]byte(out), &n) == nil {
-			add(n.Metadata.CreationTimestamp, "node registered")
-			for _, c := range n.Status.Conditions {
-				if c.Type == "Ready" && c.Status == "True" {
-					add(c.LastTransitionTime, "node Ready")
-				}
+		add(n.Metadata.CreationTimestamp, "node registered")
+		for _, c := range n.Status.Conditions {
+			if c.Type == "Ready" && c.Status == "True" {
+				add(c.LastTransitionTime, "node Ready")
 			}
 		}
 	}

@@ -2,18 +2,15 @@ package artifact
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,7 +27,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/kilnproject/kiln/internal/poll"
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
@@ -42,58 +38,13 @@ type authRegistry struct {
 
 func startAuthRegistry(t *testing.T) *authRegistry {
 	t.Helper()
-	registry := testkit.Tool(t, "docker-registry", "docker-registry")
-	dir := t.TempDir()
-	r := &authRegistry{host: freeLoopbackAddr(t), user: "kiln", password: "s3cret-pull"}
+	r := &authRegistry{user: "kiln", password: "s3cret-pull"}
 	hash, err := bcrypt.GenerateFromPassword([]byte(r.password), bcrypt.MinCost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeTestFile(t, filepath.Join(dir, "htpasswd"), r.user+":"+string(hash)+"\n")
-	writeTestFile(t, filepath.Join(dir, "config.yml"), fmt.Sprintf(`version: 0.1
-log: {level: warn, accesslog: {disabled: true}}
-storage: {filesystem: {rootdirectory: %s}}
-http: {addr: %q, secret: kiln-test}
-auth: {htpasswd: {realm: kiln-test, path: %s}}
-`, filepath.Join(dir, "store"), r.host, filepath.Join(dir, "htpasswd")))
-
-	var out bytes.Buffer
-	cmd := exec.Command(registry, "serve", filepath.Join(dir, "config.yml"))
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("docker-registry log:\n%s", out.String())
-		}
-	})
-	err = poll.Until(t.Context(), poll.Options{What: "docker-registry to answer", Timeout: 20 * time.Second, Backoff: poll.Constant(50 * time.Millisecond)},
-		func(ctx context.Context) (bool, error) {
-			resp, err := http.Get("http://" + r.host + "/v2/")
-			if err != nil {
-				return false, err
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusUnauthorized, fmt.Errorf("/v2/: %s", resp.Status)
-		})
-	if err != nil {
-		t.Fatalf("%v\nlog:\n%s", err, out.String())
-	}
+	r.host = testkit.RegistryWith(t, testkit.RegistryOptions{HTPasswd: r.user + ":" + string(hash) + "\n"})
 	return r
-}
-
-// freeLoopbackAddr returns a 127.0.0.1 address with a port nothing listens on.
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func writeTestFile(t *testing.T, path, content string) {

@@ -10,20 +10,27 @@ import (
 	"github.com/kilnproject/kiln/internal/testkit"
 )
 
-func TestTreeCache(t *testing.T) {
-	src, _ := writeLayout(t, testkit.Layer(t,
-		testkit.Entry{Name: "bin/", Dir: true}, testkit.Entry{Name: "bin/tool", Body: "tool", Mode: 0o4755},
-		testkit.Entry{Name: "home/app/", Dir: true, UID: 1000, GID: 1000, Mode: 0o750},
-		testkit.Entry{Name: "lib", Link: "usr/lib"}, testkit.Entry{Name: "tmp/", Dir: true, Mode: 0o1777}))
+// flattened flattens a one-layer base of entries into work/flat.
+func flattened(t *testing.T, work string, entries ...testkit.Entry) *Tree {
+	t.Helper()
+	src, _ := writeLayout(t, testkit.Layer(t, entries...))
 	img, err := OpenBase(context.Background(), src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	work := t.TempDir()
 	tree, err := Flatten(img, filepath.Join(work, "flat"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tree
+}
+
+func TestTreeCache(t *testing.T) {
+	work := t.TempDir()
+	tree := flattened(t, work,
+		testkit.Entry{Name: "bin/", Dir: true}, testkit.Entry{Name: "bin/tool", Body: "tool", Mode: 0o4755},
+		testkit.Entry{Name: "home/app/", Dir: true, UID: 1000, GID: 1000, Mode: 0o750},
+		testkit.Entry{Name: "lib", Link: "usr/lib"}, testkit.Entry{Name: "tmp/", Dir: true, Mode: 0o1777})
 	c := TreeCache{Dir: filepath.Join(work, "cache")}
 	key := strings.Repeat("a1", 32)
 	if _, ok, err := c.Load(key, filepath.Join(work, "miss")); ok || err != nil {

@@ -3,7 +3,6 @@ package rootfs
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"os"
@@ -45,22 +44,14 @@ func (m *memShared) Put(key string, write func(io.Writer) error) {
 // their shared store as it was: modes with their special bits, symlinks, files that are one
 // inode, times, owners. An entry whose stream no longer matches its record is a miss.
 func TestTreeCacheShared(t *testing.T) {
-	src, _ := writeLayout(t, testkit.Layer(t,
+	work := t.TempDir()
+	tree := flattened(t, work,
 		testkit.Entry{Name: "bin/", Dir: true}, testkit.Entry{Name: "bin/tool", Body: "tool", Mode: 0o4755},
 		testkit.Entry{Name: "bin/tool-again", Type: tar.TypeLink, Link: "bin/tool"},
 		testkit.Entry{Name: "home/app/", Dir: true, UID: 1000, GID: 1000, Mode: 0o750},
 		testkit.Entry{Name: "lib", Link: "usr/lib"}, testkit.Entry{Name: "tmp/", Dir: true, Mode: 0o1777},
 		testkit.Entry{Name: "etc/", Dir: true, ModTime: time.Unix(1.5e9, 0)},
-		testkit.Entry{Name: "etc/os-release", Body: "ID=test\n", ModTime: time.Unix(1.6e9, 0)}))
-	img, err := OpenBase(context.Background(), src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	work := t.TempDir()
-	tree, err := Flatten(img, filepath.Join(work, "flat"))
-	if err != nil {
-		t.Fatal(err)
-	}
+		testkit.Entry{Name: "etc/os-release", Body: "ID=test\n", ModTime: time.Unix(1.6e9, 0)})
 	shared := &memShared{entries: map[string][]byte{}}
 	a := TreeCache{Dir: filepath.Join(work, "a"), Shared: shared}
 	key := strings.Repeat("c3", 32)

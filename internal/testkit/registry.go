@@ -30,6 +30,9 @@ type RegistryOptions struct {
 	Store string
 	// ReadOnly refuses every push (the registry's maintenance mode).
 	ReadOnly bool
+	// HTPasswd, when set, is an htpasswd file's content (bcrypt): the registry then asks
+	// for those credentials (realm kiln-test).
+	HTPasswd string
 }
 
 // RegistryWith is Registry with o.
@@ -46,6 +49,14 @@ log: {level: warn, accesslog: {disabled: true}}
 storage: {filesystem: {rootdirectory: %s}, delete: {enabled: true}, maintenance: {readonly: {enabled: %t}}}
 http: {addr: %q, secret: kiln-test}
 `, o.Store, o.ReadOnly, host)
+	answer := http.StatusOK
+	if o.HTPasswd != "" {
+		if err := os.WriteFile(filepath.Join(dir, "htpasswd"), []byte(o.HTPasswd), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		config += fmt.Sprintf("auth: {htpasswd: {realm: kiln-test, path: %s}}\n", filepath.Join(dir, "htpasswd"))
+		answer = http.StatusUnauthorized
+	}
 	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +80,7 @@ http: {addr: %q, secret: kiln-test}
 				return false, err
 			}
 			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK, fmt.Errorf("/v2/: %s", resp.Status)
+			return resp.StatusCode == answer, fmt.Errorf("/v2/: %s", resp.Status)
 		})
 	if err != nil {
 		t.Fatalf("%v\nlog:\n%s", err, out.String())
