@@ -105,7 +105,7 @@ func exportEntry(w io.Writer, record, tree string) error {
 			return err
 		}
 		name := path.Join("tree", filepath.ToSlash(rel))
-		hdr := &tar.Header{Name: name, Mode: tarMode(info.Mode()), ModTime: info.ModTime(), Format: tar.FormatPAX}
+		hdr := &tar.Header{Name: name, Mode: int64(unixMode(info.Mode())), ModTime: info.ModTime(), Format: tar.FormatPAX}
 		if st, ok := info.Sys().(*syscall.Stat_t); ok && !info.IsDir() {
 			k := inode{uint64(st.Dev), st.Ino}
 			if first, ok := seen[k]; ok {
@@ -227,19 +227,4 @@ func importMember(root *os.Root, tr *tar.Reader, hdr *tar.Header, seen map[strin
 	default:
 		return fmt.Errorf("entry type %q", hdr.Typeflag)
 	}
-}
-
-// tarMode is m's permission, setuid, setgid and sticky bits as a tar header's mode.
-func tarMode(m fs.FileMode) int64 {
-	out := int64(m.Perm())
-	if m&fs.ModeSetuid != 0 {
-		out |= 0o4000
-	}
-	if m&fs.ModeSetgid != 0 {
-		out |= 0o2000
-	}
-	if m&fs.ModeSticky != 0 {
-		out |= 0o1000
-	}
-	return out
 }
