@@ -52,6 +52,9 @@ type BootstrapOptions struct {
 	APIWait time.Duration
 	// NodeWait bounds the wait for kubelet to register this node; 0 means 10 minutes.
 	NodeWait time.Duration
+	// PodCIDRs, when set, are the pod ranges this node takes at registration if it has none
+	// (ReservedPodCIDRs): its node is Ready without waiting for kube-controller-manager.
+	PodCIDRs []string
 	// interval is the time between two tries of a step the API refused for now; 0 means
 	// 2 seconds.
 	interval time.Duration
@@ -101,6 +104,7 @@ type bootstrap struct {
 //	                             ├─► mark-control-plane (label + NoSchedule taint, once kubelet registered)
 //	                             └─► addon-<file>      (one per manifest in nodeimage.AddonsDir: kube-proxy, coredns)
 //	api-ready ─► kubelet-finalize (kubelet.conf points at kubelet's rotated client certificate)
+//	pod-cidr                       (with PodCIDRs: the node's pod ranges, once kubelet registered)
 //
 // cluster-admins binds kubeadm:cluster-admins (admin.conf's group) to cluster-admin with
 // super-admin.conf; every later step uses admin.conf.
@@ -119,6 +123,10 @@ func BootstrapTasks(o BootstrapOptions) ([]task.Task, error) {
 		task.Converge("cluster-info", after, b.clusterInfo),
 		ConvergeWithTimeout("mark-control-plane", after, o.NodeWait+time.Minute, b.markControlPlane),
 		task.Converge("kubelet-finalize", []string{"api-ready"}, b.kubeletFinalize),
+	}
+	if len(o.PodCIDRs) > 0 {
+		// Not after api-ready: the API serves nodes to super-admin.conf before /readyz.
+		tasks = append(tasks, ConvergeWithTimeout("pod-cidr", nil, o.APIWait+o.NodeWait+time.Minute, b.podCIDR))
 	}
 	addons, err := addonFiles(filepath.Join(o.Root, nodeimage.AddonsDir))
 	if err != nil {

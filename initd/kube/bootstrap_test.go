@@ -110,6 +110,12 @@ func startComponent(t *testing.T, died context.CancelCauseFunc, root string, cmd
 // server's URL, and a context that ends when a component exits.
 func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 	t.Helper()
+	return controlPlaneWith(t, true)
+}
+
+// controlPlaneWith is controlPlane, with kube-controller-manager only when controllerManager.
+func controlPlaneWith(t *testing.T, controllerManager bool) (ctx context.Context, root, server string) {
+	t.Helper()
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
 		if componentBin(b) == "" {
 			t.Skipf("%s not found (built by qemu-tests/e2e/build-components.sh into $KILN_E2E_CACHE/bin); CI must provide etcd, kube-apiserver and kube-controller-manager", b)
@@ -160,8 +166,10 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 	if _, err := pki.ControlPlaneKubeconfigs(filepath.Join(root, "etc/kubernetes"), pkiDir, node, server, now); err != nil {
 		t.Fatal(err)
 	}
-	startComponent(t, died, root, manifestCommand(t, root, "etc/kubernetes/manifests/kube-controller-manager.yaml"), ports,
-		"--secure-port="+strconv.Itoa(testkit.FreePort(t)))
+	if controllerManager {
+		startComponent(t, died, root, manifestCommand(t, root, "etc/kubernetes/manifests/kube-controller-manager.yaml"), ports,
+			"--secure-port="+strconv.Itoa(testkit.FreePort(t)))
+	}
 	mustWrite(t, filepath.Join(root, nodeimage.BootstrapTokenPath), []byte(testToken+"\n"), 0o600)
 	// kubelet copies kubelet.conf's embedded certificate to its rotation store when it starts.
 	kc, err := os.ReadFile(filepath.Join(root, nodeimage.KubeletConfPath))
@@ -177,10 +185,10 @@ func controlPlane(t *testing.T) (ctx context.Context, root, server string) {
 }
 
 // runBootstrap runs the control-plane bootstrap as kiln-control-plane.service does.
-func runBootstrap(t *testing.T, ctx context.Context, root string) *Stage {
+func runBootstrap(t *testing.T, ctx context.Context, root string, podCIDRs ...string) *Stage {
 	t.Helper()
 	tasks, err := BootstrapTasks(BootstrapOptions{Root: root, NodeName: testNode, APIEndpoint: testEndpoint,
-		APIWait: 3 * time.Minute, NodeWait: time.Minute, interval: 500 * time.Millisecond,
+		APIWait: 3 * time.Minute, NodeWait: time.Minute, interval: 500 * time.Millisecond, PodCIDRs: podCIDRs,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -64,6 +65,10 @@ func bootstrap(cmd *cobra.Command, o kube.BootstrapOptions, force bool) error {
 		return err
 	}
 	o.APIEndpoint = n.APIEndpoint
+	if e := n.Etcd; !e.External && e.Member != "" {
+		// A stacked control plane's place among the etcd members picks its pod ranges.
+		o.PodCIDRs = kube.ReservedPodCIDRs(n.Kubernetes.PodCIDR, slices.Index(e.Members, e.Member))
+	}
 	if members := etcdmember.StaticCluster(n); len(members) > 1 {
 		// An API server of several etcd members waits for a quorum: the other control
 		// planes may boot much later. Say what it waits for, and wait longer.
