@@ -89,18 +89,21 @@ func (c TreeCache) Open(key string) (*Tree, bool, error) {
 		return nil, false, err
 	}
 	data, err := os.ReadFile(rec)
-	if errors.Is(err, fs.ErrNotExist) && c.pull(key) {
-		data, err = os.ReadFile(rec)
-	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, false, nil
-	} else if err != nil {
+	var r treeRecord
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Checked against its listing as it came in.
+		var pulled bool
+		if r, pulled = c.pull(key); !pulled {
+			return nil, false, nil
+		}
+	case err != nil:
 		return nil, false, err
-	}
-	r, err := checkRecord(data, src)
-	if err != nil {
-		os.RemoveAll(filepath.Dir(rec))
-		return nil, false, nil
+	default:
+		if r, err = checkRecord(data, src); err != nil {
+			os.RemoveAll(filepath.Dir(rec))
+			return nil, false, nil
+		}
 	}
 	if r.Owners == nil {
 		r.Owners = map[string]Owner{}
@@ -169,13 +172,12 @@ func checkRecord(data []byte, tree string) (treeRecord, error) {
 }
 
 // checkEntry is checkRecord of the record file record and tree.
-func checkEntry(record, tree string) error {
+func checkEntry(record, tree string) (treeRecord, error) {
 	data, err := os.ReadFile(record)
 	if err != nil {
-		return err
+		return treeRecord{}, err
 	}
-	_, err = checkRecord(data, tree)
-	return err
+	return checkRecord(data, tree)
 }
 
 // listTree lists every entry below dir in walk order.

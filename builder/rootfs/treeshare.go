@@ -27,35 +27,37 @@ type Shared interface {
 	Put(key string, write func(io.Writer) error)
 }
 
-// pull takes entry key from c.Shared into the cache; it reports whether it did. The entry is
-// checked like any other when loaded.
-func (c TreeCache) pull(key string) bool {
+// pull takes entry key from c.Shared into the cache, checked as Open checks an entry, and
+// returns its record; it reports whether it did.
+func (c TreeCache) pull(key string) (treeRecord, bool) {
+	var r treeRecord
 	if c.Shared == nil {
-		return false
+		return r, false
 	}
 	_, rec, err := c.paths(key)
 	if err != nil {
-		return false
+		return r, false
 	}
 	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
-		return false
+		return r, false
 	}
 	tmp, err := os.MkdirTemp(c.Dir, ".pull-")
 	if err != nil {
-		return false
+		return r, false
 	}
 	defer os.RemoveAll(tmp)
 	entry := filepath.Join(tmp, "entry")
-	if !c.Shared.Get(sharedKey(key), func(r io.Reader) error {
-		if err := importEntry(r, entry); err != nil {
+	if !c.Shared.Get(sharedKey(key), func(rd io.Reader) error {
+		if err := importEntry(rd, entry); err != nil {
 			return err
 		}
-		return checkEntry(filepath.Join(entry, "tree.json"), filepath.Join(entry, "tree"))
+		r, err = checkEntry(filepath.Join(entry, "tree.json"), filepath.Join(entry, "tree"))
+		return err
 	}) {
-		return false
+		return r, false
 	}
 	os.RemoveAll(filepath.Dir(rec)) // a partial entry (no tree.json) left by a crash
-	return os.Rename(entry, filepath.Dir(rec)) == nil
+	return r, os.Rename(entry, filepath.Dir(rec)) == nil
 }
 
 // push adds entry key of the cache to c.Shared.
