@@ -445,6 +445,23 @@ func clusterInfo(server string, caPEM []byte) ([]object, error) {
 // markControlPlane waits (bounded) for kubelet to register the node, then labels it a
 // control plane and taints it NoSchedule, keeping its other labels and taints. The
 // NodeRestriction admission plugin forbids kubelet to set node-role labels itself.
+// waitNode waits, up to limit, until c reads this node: kubelet registered it.
+func (b *bootstrap) waitNode(ctx context.Context, c *Client, limit time.Duration) error {
+	path := "/api/v1/nodes/" + url.PathEscape(b.o.NodeName)
+	last := ""
+	err := waitUntil(ctx, limit, b.o.interval, "kubelet to register it", func(ctx context.Context) (bool, error) {
+		err := c.get(ctx, path, nil)
+		if err != nil {
+			note(b.o.Log, &last, "node "+b.o.NodeName+" to register", err)
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: %w", b.o.NodeName, err)
+	}
+	return nil
+}
+
 func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
 	c, err := b.client()
 	if err != nil {
@@ -461,16 +478,8 @@ func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
 			Taints []taint `json:"taints"`
 		} `json:"spec"`
 	}
-	last := ""
-	err = waitUntil(ctx, b.o.NodeWait, b.o.interval, "kubelet to register it", func(ctx context.Context) (bool, error) {
-		err := c.get(ctx, path, &node)
-		if err != nil {
-			note(b.o.Log, &last, "node "+b.o.NodeName+" to register", err)
-		}
-		return err == nil, err
-	})
-	if err != nil {
-		return false, fmt.Errorf("node %s: %w", b.o.NodeName, err)
+	if err := b.waitNode(ctx, c, b.o.NodeWait); err != nil {
+		return false, err
 	}
 	return b.retry(ctx, func(ctx context.Context) (bool, error) {
 		if err := c.get(ctx, path, &node); err != nil {

@@ -47,20 +47,20 @@ func ReservedPodCIDRs(clusterCIDR string, index int) []string {
 		if p.Addr().Is6() {
 			mask = nodeMaskIPv6
 		}
-		// 2^(mask-bits) ranges; keep to the upper half.
-		if mask-p.Bits() < 1 || (mask-p.Bits() < 62 && index >= 1<<(mask-p.Bits()-1)) {
+		if mask <= p.Bits() {
 			return nil
 		}
-		// The first address of range number n-1-index, n = 2^(mask-bits): the cluster
-		// range's last address with the low host bits cleared, minus index ranges.
-		total := p.Addr().BitLen()
-		last := new(big.Int).SetBytes(p.Addr().AsSlice())
-		last.Or(last, new(big.Int).Sub(new(big.Int).Lsh(big.NewInt(1), uint(total-p.Bits())), big.NewInt(1)))
-		step := new(big.Int).Lsh(big.NewInt(1), uint(total-mask))
-		start := new(big.Int).Sub(last, new(big.Int).Sub(step, big.NewInt(1)))
-		start.Sub(start, new(big.Int).Mul(step, big.NewInt(int64(index))))
-		b := start.FillBytes(make([]byte, total/8))
-		addr, _ := netip.AddrFromSlice(b)
+		// The cluster range holds 2^(mask-bits) node ranges; keep to the upper half, and
+		// take range number count-1-index: its number shifted above the host bits, or'ed
+		// with the cluster range's address.
+		count := new(big.Int).Lsh(big.NewInt(1), uint(mask-p.Bits()))
+		if big.NewInt(int64(index)).Cmp(new(big.Int).Rsh(count, 1)) >= 0 {
+			return nil
+		}
+		n := count.Sub(count, big.NewInt(int64(index)+1))
+		n.Lsh(n, uint(p.Addr().BitLen()-mask))
+		n.Or(n, new(big.Int).SetBytes(p.Addr().AsSlice()))
+		addr, _ := netip.AddrFromSlice(n.FillBytes(make([]byte, p.Addr().BitLen()/8)))
 		out = append(out, netip.PrefixFrom(addr, mask).String())
 	}
 	return out
@@ -86,20 +86,11 @@ func (b *bootstrap) podCIDR(ctx context.Context) (bool, error) {
 			PodCIDRs []string `json:"podCIDRs"`
 		} `json:"spec"`
 	}
-	var n node
-	last := ""
-	err = waitUntil(ctx, b.o.APIWait+b.o.NodeWait, b.o.interval, "kubelet to register it", func(ctx context.Context) (bool, error) {
-		err := c.get(ctx, path, &n)
-		if err != nil {
-			note(b.o.Log, &last, "node "+b.o.NodeName+" to register", err)
-		}
-		return err == nil, err
-	})
-	if err != nil {
-		return false, fmt.Errorf("node %s: %w", b.o.NodeName, err)
+	if err := b.waitNode(ctx, c, b.o.APIWait+b.o.NodeWait); err != nil {
+		return false, err
 	}
 	changed, err := b.retry(ctx, func(ctx context.Context) (bool, error) {
-		n = node{}
+		var n node
 		if err := c.get(ctx, path, &n); err != nil {
 			return false, err
 		}
