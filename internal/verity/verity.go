@@ -18,7 +18,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
+
+	"golang.org/x/sync/errgroup"
 )
 
 const (
@@ -178,20 +181,42 @@ func appendTree(f *os.File, salt []byte) (Params, error) {
 }
 
 // hashLevel hashes n blocks at src and writes their digests, packed and the last block
-// zero-padded, at dst.
+// zero-padded, at dst. The level is cut into one run per processor, each a whole number of
+// hash blocks, so that the runs write disjoint blocks and the bytes are those of one run.
 func hashLevel(f *os.File, src int64, n uint64, dst int64, salt []byte) error {
+	outBlocks := (n + hashesPerBlk - 1) / hashesPerBlk
+	runs := min(uint64(runtime.GOMAXPROCS(0)), outBlocks)
+	per := (outBlocks + runs - 1) / runs
+	var g errgroup.Group
+	for first := uint64(0); first < outBlocks; first += per {
+		in := first * hashesPerBlk
+		k := min((first+per)*hashesPerBlk, n) - in
+		g.Go(func() error {
+			return hashRun(f, src+int64(in)*BlockSize, in, k, dst+int64(first)*BlockSize, salt)
+		})
+	}
+	return g.Wait()
+}
+
+// hashRun hashes the n blocks at src (block number first of its level) and writes their
+// digests, packed and the last block zero-padded, at dst.
+func hashRun(f *os.File, src int64, first, n uint64, dst int64, salt []byte) error {
 	const batch = 256 // blocks read at a time
 	in := make([]byte, batch*BlockSize)
 	out := make([]byte, 0, BlockSize)
+	h := sha256.New()
 	pos := dst
 	for i := uint64(0); i < n; {
 		k := min(uint64(batch), n-i)
 		buf := in[:k*BlockSize]
 		if _, err := f.ReadAt(buf, src+int64(i)*BlockSize); err != nil {
-			return fmt.Errorf("read block %d: %w", i, err)
+			return fmt.Errorf("read block %d: %w", first+i, err)
 		}
 		for j := uint64(0); j < k; j++ {
-			out = append(out, hashBlock(salt, buf[j*BlockSize:(j+1)*BlockSize])...)
+			h.Reset()
+			h.Write(salt)
+			h.Write(buf[j*BlockSize : (j+1)*BlockSize])
+			out = h.Sum(out)
 			if len(out) == BlockSize {
 				if _, err := f.WriteAt(out, pos); err != nil {
 					return err

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -93,6 +94,57 @@ func TestSameAsVeritysetup(t *testing.T) {
 				t.Errorf("veritysetup verify refuses kiln's tree: %v\n%s", err, out)
 			}
 		})
+	}
+}
+
+// TestSameBytesOnAnyProcessors appends the tree with one, two and five processors: the levels
+// are hashed in one run per processor, and the runs' cuts must not show in the bytes.
+func TestSameBytesOnAnyProcessors(t *testing.T) {
+	salt := bytes.Repeat([]byte{0x5a}, SaltSize)
+	src := randomFile(t, (3*128*128+5)*BlockSize+17) // three levels, the first one of 385 blocks
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	var first []byte
+	for _, procs := range []int{1, 2, 5} {
+		runtime.GOMAXPROCS(procs)
+		img := filepath.Join(t.TempDir(), "root.img")
+		if err := os.WriteFile(img, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Append(img, salt); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = got
+		} else if !bytes.Equal(got, first) {
+			t.Errorf("with %d processors the image (%d bytes) differs from one processor's (%d bytes) at byte %d", procs, len(got), len(first), firstDiff(got, first))
+		}
+	}
+}
+
+// BenchmarkAppend appends the tree to a 256 MiB image, the size of a worker's root.
+func BenchmarkAppend(b *testing.B) {
+	data := make([]byte, 256<<20)
+	rand.Read(data)
+	img := filepath.Join(b.TempDir(), "root.img")
+	salt := bytes.Repeat([]byte{0x5a}, SaltSize)
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		b.StopTimer()
+		if err := os.WriteFile(img, data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if _, err := Append(img, salt); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
