@@ -34,6 +34,7 @@ import (
 
 	"github.com/kilnproject/kiln/builder/artifact"
 	"github.com/kilnproject/kiln/builder/cacherepo"
+	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/builder/spec"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
@@ -132,6 +133,19 @@ type baker struct {
 	// baseTree is the base's flattened tree in the cache (linked into the bake's tree), empty
 	// when the cache does not hold it.
 	baseTree string
+	// baseCache and baseKey are where the cache keeps the base's tree (baseKey is empty
+	// before the base is opened, or when no cache is used).
+	baseCache rootfs.TreeCache
+	baseKey   string
+}
+
+// removeTree removes the bake's tree dir, keeping the base's directories in the cache for the
+// next bake of the same base (rootfs.TreeCache.Recycle) when the tree was made from it.
+func (b *baker) removeTree(dir string) error {
+	if b.baseKey == "" {
+		return os.RemoveAll(dir)
+	}
+	return b.baseCache.Recycle(b.baseKey, dir)
 }
 
 // run bakes the image in the work directory, stage after stage, and returns its metadata and
@@ -179,7 +193,7 @@ func (b *baker) run() (_ *nodeimage.Metadata, _ []string, err error) {
 	// The tree is removed in the background: most of it is links into the cache, so its
 	// removal frees little, and it takes as long as writing the disk.
 	removed := make(chan error, 1)
-	go func() { removed <- os.RemoveAll(tree.Dir) }()
+	go func() { removed <- b.removeTree(tree.Dir) }()
 	defer func() {
 		if rerr := <-removed; rerr != nil && err == nil {
 			err = fmt.Errorf("remove the bake's tree: %w", rerr)

@@ -88,6 +88,7 @@ func (b *baker) flattenBase(img v1.Image, dir string) (tree *rootfs.Tree, cached
 	}
 	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "base-trees"), Shared: b.shared("base-trees")}
 	key := identity.ChainID(diffIDs).Encoded()
+	b.baseCache, b.baseKey = cache, key
 	if tree, ok, err := cache.Load(key, dir); err != nil || ok {
 		if ok {
 			b.baseTree, err = cache.TreeDir(key)

@@ -65,7 +65,7 @@ func (c TreeCache) TreeDir(key string) (string, error) {
 // Load links the cached tree key into dir, which must not exist, and returns it; a tree the
 // cache lacks is first taken from c.Shared. It returns false when neither has a whole tree for
 // key or its listing changed (the entry is then removed, as is one of another
-// treeRecordVersion).
+// treeRecordVersion). The directories are key's skeleton's when Recycle kept one.
 func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
 	src, ok, err := c.Open(key)
 	if err != nil || !ok {
@@ -74,7 +74,11 @@ func (c TreeCache) Load(key, dir string) (*Tree, bool, error) {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return nil, false, err
 	}
-	if err := linkTree(src.Dir, dir); err != nil {
+	link := linkTree
+	if c.claimSkeleton(key, src.Dir, dir) {
+		link = linkInto
+	}
+	if err := link(src.Dir, dir); err != nil {
 		os.RemoveAll(dir)
 		return nil, false, fmt.Errorf("link cached tree %s: %w", key, err)
 	}
@@ -221,17 +225,29 @@ func listingDiff(got, want []treeEntry) string {
 // inode, and makes none: a new inode is what costs on some filesystems), copied or recreated
 // when src and dst are on different filesystems.
 func linkTree(src, dst string) error {
-	return fstree.RecreateLinking(src, dst, 0o700, func(from, to string, mode fs.FileMode) error {
-		return linkOr(from, to, func() error { return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode}) })
-	}, func(from, to string, _ fs.FileMode) error {
-		return linkOr(from, to, func() error {
-			target, err := os.Readlink(from)
-			if err != nil {
-				return err
-			}
-			return os.Symlink(target, to)
-		})
+	return fstree.RecreateLinking(src, dst, 0o700, linkFile, linkSymlink)
+}
+
+// linkFile hard-links the regular file from to to, or copies it across filesystems.
+func linkFile(from, to string, mode fs.FileMode) error {
+	return linkOr(from, to, func() error { return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode}) })
+}
+
+// linkSymlink hard-links the symlink from to to, or makes one of the same target across
+// filesystems.
+func linkSymlink(from, to string, _ fs.FileMode) error {
+	return linkOr(from, to, func() error {
+		target, err := os.Readlink(from)
+		if err != nil {
+			return err
+		}
+		return os.Symlink(target, to)
 	})
+}
+
+// linkInto is linkTree into dst, which holds some of src's directories already (a skeleton).
+func linkInto(src, dst string) error {
+	return fstree.RecreateInto(src, dst, 0o700, linkFile, linkSymlink)
 }
 
 // linkOr hard-links from to to or, when the two are on different filesystems, makes to with

@@ -94,3 +94,121 @@ func TestTreeCache(t *testing.T) {
 		t.Error("a key that is not a sha256 hex was accepted")
 	}
 }
+
+// A tree recycled after a bake leaves the cached tree's directories as the next Load's, and that
+// Load gives the same tree as one made from nothing: the bake's own files and directories gone,
+// the directories' modes the tree's, a stray entry in the skeleton never reaching it.
+func TestTreeCacheSkeleton(t *testing.T) {
+	work := t.TempDir()
+	tree := flattened(t, work,
+		testkit.Entry{Name: "etc/", Dir: true}, testkit.Entry{Name: "etc/os-release", Body: "kiln"},
+		testkit.Entry{Name: "usr/", Dir: true}, testkit.Entry{Name: "usr/lib/", Dir: true, Mode: 0o555},
+		testkit.Entry{Name: "usr/lib/libc.so", Body: "libc"}, testkit.Entry{Name: "lib", Link: "usr/lib"},
+		testkit.Entry{Name: "opt/", Dir: true}, testkit.Entry{Name: "tmp/", Dir: true, Mode: 0o1777})
+	c := TreeCache{Dir: filepath.Join(work, "cache")}
+	key := strings.Repeat("b2", 32)
+	if err := c.Store(key, tree); err != nil {
+		t.Fatal(err)
+	}
+	want, err := listTree(filepath.Join(c.Dir, key, "tree"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk := filepath.Join(c.Dir, key, "skeleton")
+	load := func(name string) string {
+		t.Helper()
+		got, ok, err := c.Load(key, filepath.Join(work, name))
+		if !ok || err != nil {
+			t.Fatalf("Load = %v, %v", ok, err)
+		}
+		return got.Dir
+	}
+	// What a bake does to its tree: a file, a directory and a file in a base directory
+	// added, a base directory replaced by a file, a base directory's mode changed.
+	bake := func(dir string) {
+		t.Helper()
+		for _, err := range []error{
+			os.WriteFile(filepath.Join(dir, "etc", "hostname"), []byte("node"), 0o644),
+			os.MkdirAll(filepath.Join(dir, "var", "lib", "kubelet"), 0o755),
+			os.Remove(filepath.Join(dir, "opt")),
+			os.WriteFile(filepath.Join(dir, "opt"), []byte("not a directory"), 0o644),
+			os.Chmod(filepath.Join(dir, "tmp"), 0o700),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	first := load("first")
+	bake(first)
+	if err := c.Recycle(key, first); err != nil {
+		t.Fatal(err)
+	}
+	if exists(first) {
+		t.Errorf("Recycle left %s", first)
+	}
+	if err := onlyDirsOf(sk, filepath.Join(c.Dir, key, "tree")); err != nil {
+		t.Errorf("the skeleton holds more than the tree's directories: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(sk, "usr", "lib")); err != nil || !fi.IsDir() {
+		t.Errorf("the skeleton has no usr/lib: %v", err)
+	}
+	check := func(dir string) {
+		t.Helper()
+		got, err := listTree(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A loaded tree's directories are its owner's to write (0o700 or'ed in).
+		for i := range want {
+			if want[i].Mode.IsDir() {
+				want[i].Mode |= 0o700
+			}
+		}
+		if d := listingDiff(got, want); d != "" {
+			t.Errorf("the tree loaded into the skeleton differs from the cached one: %s", d)
+		}
+	}
+	second := load("second")
+	if exists(sk) {
+		t.Error("Load left the skeleton it took")
+	}
+	check(second)
+
+	// Another bake's skeleton kept already: the tree is removed whole.
+	bake(second)
+	third := load("third") // no skeleton: made from nothing
+	if err := c.Recycle(key, second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Recycle(key, third); err != nil {
+		t.Fatal(err)
+	}
+	if exists(second) || exists(third) {
+		t.Error("Recycle left a tree")
+	}
+	// A skeleton with anything but the tree's directories is not used.
+	for _, stray := range []string{"etc/shadow", "srv/"} {
+		p := filepath.Join(sk, stray)
+		if strings.HasSuffix(stray, "/") {
+			err = os.Mkdir(p, 0o755)
+		} else {
+			err = os.WriteFile(p, []byte("stray"), 0o600)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(load("stray-" + strings.Trim(strings.ReplaceAll(stray, "/", "-"), "-")))
+		if exists(sk) {
+			t.Error("a spoiled skeleton was kept")
+		}
+		if err := os.MkdirAll(filepath.Join(sk, "etc"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A skeleton with some of the tree's directories is used, the others made.
+	check(load("partial"))
+	if exists(sk) {
+		t.Error("Load left the skeleton it took")
+	}
+}

@@ -3,6 +3,7 @@
 package fstree
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -24,6 +25,16 @@ func Recreate(src, dst string, extraDirPerm fs.FileMode, file FileFunc) error {
 // link to the symlink itself (link(2) does not follow it) makes no new inode, which on some
 // filesystems costs as much as a mkdir.
 func RecreateLinking(src, dst string, extraDirPerm fs.FileMode, file, symlink FileFunc) error {
+	return recreate(src, dst, extraDirPerm, file, symlink, false)
+}
+
+// RecreateInto is RecreateLinking into dst that may exist and hold some of src's directories
+// already (and nothing else): those are kept, their modes set as a new one's would be.
+func RecreateInto(src, dst string, extraDirPerm fs.FileMode, file, symlink FileFunc) error {
+	return recreate(src, dst, extraDirPerm, file, symlink, true)
+}
+
+func recreate(src, dst string, extraDirPerm fs.FileMode, file, symlink FileFunc, keepDirs bool) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -42,7 +53,7 @@ func RecreateLinking(src, dst string, extraDirPerm fs.FileMode, file, symlink Fi
 			// The sticky, setgid and setuid bits too: /tmp without its sticky bit lets anyone
 			// remove anyone's files.
 			perm := info.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetgid|fs.ModeSetuid) | extraDirPerm
-			if err := os.Mkdir(to, perm); err != nil {
+			if err := os.Mkdir(to, perm); err != nil && !(keepDirs && errors.Is(err, fs.ErrExist) && isDir(to)) {
 				return err
 			}
 			return os.Chmod(to, perm) // not narrowed by the umask
@@ -60,4 +71,10 @@ func RecreateLinking(src, dst string, extraDirPerm fs.FileMode, file, symlink Fi
 			return fmt.Errorf("%s: not a directory, file or symlink", p)
 		}
 	})
+}
+
+// isDir says whether p is a directory (not a symlink to one).
+func isDir(p string) bool {
+	fi, err := os.Lstat(p)
+	return err == nil && fi.IsDir()
 }

@@ -93,3 +93,58 @@ func TestRecreateRefusesExistingDestination(t *testing.T) {
 		t.Fatal("Recreate into an existing directory succeeded")
 	}
 }
+
+// RecreateInto keeps the directories dst holds already, their modes set as new ones', and
+// refuses anything else in the way; Recreate refuses a dst that exists.
+func TestRecreateInto(t *testing.T) {
+	src := t.TempDir()
+	for _, err := range []error{
+		os.MkdirAll(filepath.Join(src, "a", "b"), 0o755),
+		os.Chmod(filepath.Join(src, "a"), 0o750),
+		os.WriteFile(filepath.Join(src, "a", "b", "f"), []byte("f"), 0o644),
+		os.Mkdir(filepath.Join(src, "c"), 0o755),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile := func(from, to string, mode fs.FileMode) error {
+		return atomicfile.Copy(from, to, atomicfile.Options{Mode: mode})
+	}
+	dst := filepath.Join(t.TempDir(), "dst")
+	if err := os.MkdirAll(filepath.Join(dst, "a"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := Recreate(src, dst, 0, copyFile); err == nil {
+		t.Error("Recreate into an existing directory succeeded")
+	}
+	if err := RecreateInto(src, dst, 0, copyFile, nil); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(dst, "a")); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("a kept: %v, %v; want mode 0750", fi.Mode(), err)
+	}
+	if data, err := os.ReadFile(filepath.Join(dst, "a", "b", "f")); err != nil || string(data) != "f" {
+		t.Errorf("a/b/f: %q, %v", data, err)
+	}
+	for _, tc := range []struct {
+		name string
+		make func(p string) error
+	}{
+		{"a file", func(p string) error { return os.WriteFile(p, nil, 0o644) }},
+		{"a symlink to a directory", func(p string) error { return os.Symlink(".", p) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := filepath.Join(t.TempDir(), "dst")
+			if err := os.Mkdir(dst, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.make(filepath.Join(dst, "c")); err != nil {
+				t.Fatal(err)
+			}
+			if err := RecreateInto(src, dst, 0, copyFile, nil); err == nil {
+				t.Errorf("RecreateInto over %s where src has a directory succeeded", tc.name)
+			}
+		})
+	}
+}
