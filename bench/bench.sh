@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # make bench: prints kiln's figures for the default worker image.
-#   - bake time, cold (empty artifact cache, page cache dropped when root) and warm
+#   - bake time, cold (empty artifact cache, page cache dropped when root) and warm (the first
+#     warm bake, then three more, each paired with the floor)
 #   - a CI runner with a shared cache (kiln bake --cache-repo, a docker-registry on loopback):
 #     runner A, empty cache, bakes and pushes; runner B, another empty cache, pulls and bakes
 #   - a rebake after one artifact (crictl) changes, step by step
 #   - the bake's peak RSS: kiln's own and the largest tool's (getrusage, logged by kiln bake)
 #   - the floor: mksquashfs alone on the warm bake's root tree, with the same options; the ratio
+#     warm bake / floor, the median of three pairs
 #   - kiln's base made from Debian's packages (make base's steps), and mkosi (Debian's, v14)
 #     building the same content: packages downloaded, cold, warm (bench/mkosi.sh)
 #   - boot time under TCG to kiln-init's first-boot status line (first and second boot)
@@ -78,16 +80,44 @@ cmp -s "$work/runner-a/qemu-worker.raw" "$work/runner-b/qemu-worker.raw" || { ec
 rm -rf "$work"/cache-a "$work"/cache-b "$work"/runner-a "$work"/runner-b "$work/registry"
 kill $reg_pid 2>/dev/null || true
 
+# Warm: the first warm bake reads the trees that the runners' bakes dropped from the page cache.
 t1=$(now)
 $KILN bake images/qemu.yaml --role worker "${overlay[@]}" -o "$work/warm" 2> "$work/warm.log" >/dev/null
 t2=$(now)
-warm=$(secs "$t1" "$t2")
-# The warm bake reads trees the bakes before dropped from the page cache; the same bake again
-# reads them from memory, as the floor's mksquashfs does.
-$KILN bake images/qemu.yaml --role worker "${overlay[@]}" -o "$work/warm-again" 2> "$work/warm-again.log" >/dev/null
-t2b=$(now)
-warm_again=$(secs "$t2" "$t2b")
-rm -rf "$work/warm-again"
+warm_first=$(secs "$t1" "$t2")
+
+# The floor: mksquashfs alone on the warm bake's own root tree (read back from its root-a
+# partition), with the bake's options. The warm bake against it in pairs, the floor then the
+# bake, three times: this machine's speed drifts by tens of percent from one minute to the next,
+# so the ratio is taken pair by pair and the medians are quoted.
+read -r start size < <(python3 -c 'import json,sys
+p=[p for p in json.load(open(sys.argv[1]))["disk"]["partitions"] if p["Name"] == "root-a"][0]
+print(p["Start"], p["Size"])' "$work/warm/qemu-worker.json")
+dd if="$work/warm/qemu-worker.raw" of="$work/root-a.squashfs" bs=1M iflag=skip_bytes,count_bytes \
+  skip="$start" count="$size" status=none
+unsquashfs -q -n -d "$work/tree" "$work/root-a.squashfs" >/dev/null
+sync
+squashfs_opts=(-no-progress -reproducible -mkfs-time 0 -all-time 0 -comp zstd -mem 256M -Xcompression-level 3 -quiet)
+floors=() warms=() ratios=()
+for i in 1 2 3; do
+  t3=$(now)
+  mksquashfs "$work/tree" "$work/floor.squashfs" -noappend "${squashfs_opts[@]}" >/dev/null
+  t4=$(now)
+  $KILN bake images/qemu.yaml --role worker "${overlay[@]}" -o "$work/warm-again" 2> "$work/warm-$i.log" >/dev/null
+  t5=$(now)
+  python3 -c 'import json,sys
+raw = lambda f: [o["sha256"] for o in json.load(open(f))["outputs"] if o["file"].endswith(".raw")]
+sys.exit(raw(sys.argv[1]) != raw(sys.argv[2]))' "$work/warm/qemu-worker.json" "$work/warm-again/qemu-worker.json" ||
+    { echo "bench: warm bake $i baked another raw than the first warm bake" >&2; exit 1; }
+  rm -rf "$work/warm-again"
+  floors+=("$(secs "$t3" "$t4")") warms+=("$(secs "$t4" "$t5")")
+  ratios+=("$(awk -v a="$t3" -v b="$t4" -v c="$t5" 'BEGIN { printf "%.2f", (c - b) / (b - a) }')")
+done
+median() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
+floor=$(median "${floors[@]}")
+warm=$(median "${warms[@]}")
+ratio=$(median "${ratios[@]}")
+ratio_range=$(printf '%s\n' "${ratios[@]}" | sort -g | sed -n '1p;$p' | paste -sd-)
 
 # Rebake after one artifact changes: crictl repacked with a later mtime (a new sha256, the same
 # member), as a new release of one tool would arrive, through a second profile overlay.
@@ -101,21 +131,6 @@ t2=$(now)
 $KILN bake images/qemu.yaml --role worker "${overlay[@]}" --profile-overlay "$work/changed.yaml" -o "$work/rebake" 2> "$work/rebake.log" >/dev/null
 t3=$(now)
 rebake=$(secs "$t2" "$t3")
-
-# The floor: mksquashfs alone on the warm bake's own root tree (read back from its root-a
-# partition), with the bake's options.
-read -r start size < <(python3 -c 'import json,sys
-p=[p for p in json.load(open(sys.argv[1]))["disk"]["partitions"] if p["Name"] == "root-a"][0]
-print(p["Start"], p["Size"])' "$work/warm/qemu-worker.json")
-dd if="$work/warm/qemu-worker.raw" of="$work/root-a.squashfs" bs=1M iflag=skip_bytes,count_bytes \
-  skip="$start" count="$size" status=none
-unsquashfs -q -n -d "$work/tree" "$work/root-a.squashfs" >/dev/null
-sync
-t3=$(now)
-squashfs_opts=(-no-progress -reproducible -mkfs-time 0 -all-time 0 -comp zstd -mem 256M -Xcompression-level 3 -quiet)
-mksquashfs "$work/tree" "$work/floor.squashfs" -noappend "${squashfs_opts[@]}" >/dev/null
-t4=$(now)
-floor=$(secs "$t3" "$t4")
 
 # kiln from Debian's packages: the base made as make base makes it (mmdebstrap, then kiln base
 # import), what mkosi's build from a cold package cache does before its own work.
@@ -159,10 +174,10 @@ printf '\nkiln bench (worker image, %s, %s cores)\n' "$(uname -r)" "$(nproc)"
 printf '  bake cold                     %6s s\n' "$cold"
 printf '  bake, runner A pushing        %6s s   (%s pushed)\n' "$runner_a" "$pushed"
 printf '  bake, runner B shared cache   %6s s   (%s pulled; same raw as A)\n' "$runner_b" "$pulled"
-printf '  bake warm                     %6s s\n' "$warm"
-printf '  bake warm again (page cache)  %6s s\n' "$warm_again"
-printf '  mksquashfs alone, same tree   %6s s   warm bake / floor = %s, again / floor = %s\n' "$floor" \
-  "$(awk -v a="$warm" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')" "$(awk -v a="$warm_again" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')"
+printf '  bake warm, first             %6s s   (its trees out of the page cache)\n' "$warm_first"
+printf '  bake warm                     %6s s   (median of 3: %s)\n' "$warm" "${warms[*]}"
+printf '  mksquashfs alone, same tree   %6s s   (median of 3: %s)\n' "$floor" "${floors[*]}"
+printf '  warm bake / floor             %6s     (median of 3 pairs, %s)\n' "$ratio" "$ratio_range"
 printf '  rebake, one artifact changed   %6s s\n' "$rebake"
 printf '  base from packages (make base) %5s s   + kiln cold = %s s\n' "$base_build" "$(awk -v a="$base_build" -v b="$cold" 'BEGIN { printf "%.1f", a + b }')"
 printf '  mkosi, packages downloaded    %6s s   / (base + kiln cold) = %s\n' "$mkosi_net" "$(awk -v a="$mkosi_net" -v b="$base_build" -v c="$cold" 'BEGIN { printf "%.1f", a / (b + c) }')"
@@ -171,7 +186,7 @@ printf '  mkosi, same content, warm     %6s s   / kiln warm = %s\n' "$mkosi_warm
 grep -h 'seconds=' "$work/rebake.log" | sed -n 's/.*msg="\{0,1\}\([^"=]*\)"\{0,1\} .*seconds=\([0-9.]*\).*/    rebake step: \1 \2 s/p' | grep -v 'root filesystem made.*type' || true
 peak() { sed -n 's/.*peak memory.*kiln_mib=\([0-9]*\).*largest_tool_mib=\([0-9]*\).*/\1 MiB kiln, \2 MiB largest tool/p' "$1" | tail -1; }
 printf '  bake peak RSS                 cold: %s; warm: %s\n' "$(peak "$work/cold.log")" "$(peak "$work/warm.log")"
-grep -h 'seconds=' "$work/warm.log" | sed -n 's/.*msg="\{0,1\}\([^"=]*\)"\{0,1\} .*seconds=\([0-9.]*\).*/    warm step: \1 \2 s/p' | grep -v 'root filesystem made.*type' || true
+grep -h 'seconds=' "$work/warm-3.log" | sed -n 's/.*msg="\{0,1\}\([^"=]*\)"\{0,1\} .*seconds=\([0-9.]*\).*/    warm step: \1 \2 s/p' | grep -v 'root filesystem made.*type' || true
 printf '  first boot to status line     %6s s wall (guest clock %s s)\n' "$b1" "$g1"
 printf '  second boot to status line    %6s s wall (guest clock %s s)\n' "$b2" "$g2"
 printf '  raw                           %6s MiB apparent, %s MiB allocated\n' "$(( $(stat -c %s "$raw") >> 20 ))" "$(( $(stat -c %b "$raw") * 512 >> 20 ))"
