@@ -39,18 +39,11 @@ func (c TreeCache) claimSkeleton(key, src, dir string) bool {
 
 // onlyDirsOf checks that dir holds nothing but directories that src has at the same paths.
 func onlyDirsOf(dir, src string) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
+	return walkRel(dir, func(p, rel string, d fs.DirEntry) error {
 		if !d.IsDir() {
 			return fmt.Errorf("%s is not a directory", rel)
 		}
-		if fi, err := os.Lstat(filepath.Join(src, rel)); err != nil || !fi.IsDir() {
+		if !isDir(filepath.Join(src, rel)) {
 			return fmt.Errorf("the tree has no directory %s", rel)
 		}
 		return nil
@@ -78,6 +71,22 @@ func (c TreeCache) Recycle(key, dir string) error {
 
 // emptyToDirsOf removes from dir every entry but the directories src has at the same paths.
 func emptyToDirsOf(dir, src string) error {
+	return walkRel(dir, func(p, rel string, d fs.DirEntry) error {
+		if !d.IsDir() {
+			return os.Remove(p)
+		}
+		if rel != "." && !isDir(filepath.Join(src, rel)) {
+			if err := os.RemoveAll(p); err != nil {
+				return err
+			}
+			return filepath.SkipDir
+		}
+		return nil
+	})
+}
+
+// walkRel walks dir as filepath.WalkDir does, giving fn each entry's path relative to dir too.
+func walkRel(dir string, fn func(p, rel string, d fs.DirEntry) error) error {
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -86,16 +95,7 @@ func emptyToDirsOf(dir, src string) error {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() {
-			if rel != "." && !isDir(filepath.Join(src, rel)) {
-				if err := os.RemoveAll(p); err != nil {
-					return err
-				}
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		return os.Remove(p)
+		return fn(p, rel, d)
 	})
 }
 
