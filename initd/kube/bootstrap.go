@@ -442,12 +442,12 @@ func clusterInfo(server string, caPEM []byte) ([]object, error) {
 	}, nil
 }
 
-// markControlPlane waits (bounded) for kubelet to register the node, then labels it a
-// control plane and taints it NoSchedule, keeping its other labels and taints. The
-// NodeRestriction admission plugin forbids kubelet to set node-role labels itself.
+// nodePath is the API path of the Node named name.
+func nodePath(name string) string { return "/api/v1/nodes/" + url.PathEscape(name) }
+
 // waitNode waits, up to limit, until c reads this node: kubelet registered it.
 func (b *bootstrap) waitNode(ctx context.Context, c *Client, limit time.Duration) error {
-	path := "/api/v1/nodes/" + url.PathEscape(b.o.NodeName)
+	path := nodePath(b.o.NodeName)
 	last := ""
 	err := waitUntil(ctx, limit, b.o.interval, "kubelet to register it", func(ctx context.Context) (bool, error) {
 		err := c.get(ctx, path, nil)
@@ -462,12 +462,15 @@ func (b *bootstrap) waitNode(ctx context.Context, c *Client, limit time.Duration
 	return nil
 }
 
+// markControlPlane waits (bounded) for kubelet to register the node, then labels it a
+// control plane and taints it NoSchedule, keeping its other labels and taints. The
+// NodeRestriction admission plugin forbids kubelet to set node-role labels itself.
 func (b *bootstrap) markControlPlane(ctx context.Context) (bool, error) {
 	c, err := b.client()
 	if err != nil {
 		return false, err
 	}
-	path := "/api/v1/nodes/" + url.PathEscape(b.o.NodeName)
+	path := nodePath(b.o.NodeName)
 	type taint map[string]any
 	var node struct {
 		Metadata struct {

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -144,7 +143,7 @@ func EnsureCNI(ctx context.Context, o CNIOptions) (cidrs []string, changed bool,
 		if err != nil {
 			return false, note(o.Log, &waiting, "kubelet credentials", err)
 		}
-		if err := c.get(ctx, "/api/v1/nodes/"+url.PathEscape(o.NodeName), &node); err != nil {
+		if err := c.get(ctx, nodePath(o.NodeName), &node); err != nil {
 			return false, note(o.Log, &waiting, "node "+o.NodeName, err)
 		}
 		if len(node.Spec.PodCIDRs) == 0 && node.Spec.PodCIDR == "" {

@@ -7,7 +7,6 @@ import (
 	"math/big"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"slices"
 	"strings"
 
@@ -76,7 +75,7 @@ func (b *bootstrap) podCIDR(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	path := "/api/v1/nodes/" + url.PathEscape(b.o.NodeName)
+	path := nodePath(b.o.NodeName)
 	type node struct {
 		Metadata struct {
 			Name            string `json:"name"`
