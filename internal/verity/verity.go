@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"runtime"
@@ -110,10 +111,15 @@ func levelOffsets(p Params) []int64 {
 
 // hashBlock is sha256(salt || block), format 1's digest.
 func hashBlock(salt, block []byte) []byte {
-	h := sha256.New()
+	return appendHash(nil, sha256.New(), salt, block)
+}
+
+// appendHash appends block's digest (hashBlock) to out, with h, reset first.
+func appendHash(out []byte, h hash.Hash, salt, block []byte) []byte {
+	h.Reset()
 	h.Write(salt)
 	h.Write(block)
-	return h.Sum(nil)
+	return h.Sum(out)
 }
 
 // Append pads the image at path with zeros to a whole number of blocks and writes the
@@ -213,10 +219,7 @@ func hashRun(f *os.File, src int64, first, n uint64, dst int64, salt []byte) err
 			return fmt.Errorf("read block %d: %w", first+i, err)
 		}
 		for j := uint64(0); j < k; j++ {
-			h.Reset()
-			h.Write(salt)
-			h.Write(buf[j*BlockSize : (j+1)*BlockSize])
-			out = h.Sum(out)
+			out = appendHash(out, h, salt, buf[j*BlockSize:(j+1)*BlockSize])
 			if len(out) == BlockSize {
 				if _, err := f.WriteAt(out, pos); err != nil {
 					return err
