@@ -113,11 +113,11 @@ image: bake $(OUT)/cluster/demo-cp-1.ign
 
 # Every test, the QEMU boot tests included (TCG; they need the bases, so they are built first;
 # initd/etcdmember runs three etcd processes of the pinned version).
-# -v: the boot tests log their timings.
+# -v: the boot tests log their timings; the output ends with what failed, if anything did.
 test: deps build base base-generic base-cloudinit etcd-component
 	@builder/scripts/deps.sh test
-	KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_ACCEL=tcg \
-		$(GO) test -count=1 -v -timeout 60m ./...
+	set -o pipefail; KILN_INIT=$(CURDIR)/bin/kiln-init KILN_QEMU_TESTS=1 KILN_ACCEL=tcg \
+		$(GO) test -count=1 -v -timeout 60m ./... 2>&1 | builder/scripts/test-summary.sh
 
 # The offline end-to-end cluster (docs/testing.md, "End to end"): Kubernetes, etcd, containerd, runc, CNI,
 # crictl and CoreDNS built from source through the Go module proxy (cached in
