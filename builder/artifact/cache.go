@@ -8,17 +8,20 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/spec"
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/fetch"
+	"github.com/kilnproject/kiln/internal/lastuse"
 )
 
 // Source is something to fetch: a URL (http or https) or a local Path,
@@ -112,7 +115,17 @@ func (c *Cache) Has(sha256 string) (string, bool) {
 	if fi.Size() == 0 && sha256 != emptySHA256 {
 		return "", false // damaged (e.g. truncated by a crash of an older writer)
 	}
+	lastuse.Mark(p)
 	return p, true
+}
+
+// Unused lists the blobs not used (Has, Fetch) or written since before, and the files of
+// downloads left unfinished since before, for kiln cache prune to remove. Other files are not
+// the cache's and are not listed.
+func (c *Cache) Unused(before time.Time) ([]string, error) {
+	return lastuse.Unused(c.blobDir(), before, func(e fs.DirEntry) bool {
+		return e.Type().IsRegular() && (hexRE.MatchString(e.Name()) || strings.HasPrefix(e.Name(), atomicfile.TempPrefix))
+	}, nil)
 }
 
 // Fetch returns the path of the blob that s names by its SHA256, fetching

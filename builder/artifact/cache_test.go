@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -391,5 +392,38 @@ func TestFetchStoredGzip(t *testing.T) {
 	c := NewCache(t.TempDir())
 	if _, err := c.Fetch(context.Background(), Source{Name: "tgz", URL: srv.URL, SHA256: hexSum(gz.Bytes())}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestUnusedBlobs: a blob Has (and so Fetch) found lately is in use; one a week old, or a
+// download a crash left, is not; other files are not the cache's.
+func TestUnusedBlobs(t *testing.T) {
+	c := NewCache(t.TempDir())
+	used, _ := c.PutBlob(hexSum([]byte("used")), bytes.NewReader([]byte("used")))
+	old, _ := c.PutBlob(hexSum([]byte("old")), bytes.NewReader([]byte("old")))
+	partial, foreign := filepath.Join(c.blobDir(), ".kiln-tmp.0123"), filepath.Join(c.blobDir(), "README")
+	week := time.Now().Add(-7 * 24 * time.Hour)
+	for _, p := range []string{used, old, partial, foreign} {
+		if _, err := os.Stat(p); err != nil {
+			if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chtimes(p, week, week); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := c.Has(hexSum([]byte("used"))); !ok {
+		t.Fatal("Has misses a stored blob")
+	}
+	got, err := c.Unused(time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{old, partial}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("Unused = %v, want %v", got, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // With a cache directory, an archive of the same records is the same bytes as one written
@@ -43,6 +44,18 @@ func TestWriteCached(t *testing.T) {
 	}
 
 	entries, _ := filepath.Glob(filepath.Join(cached.CacheDir, "*.zstd"))
+	// A hit marks the entry used: kiln cache prune keeps it.
+	week := time.Now().Add(-7 * 24 * time.Hour)
+	if err := os.Chtimes(entries[0], week, week); err != nil {
+		t.Fatal(err)
+	}
+	if unused, err := UnusedCache(cached.CacheDir, time.Now().Add(-time.Hour)); err != nil || len(unused) != 1 {
+		t.Fatalf("UnusedCache of an entry a week old = %v, %v", unused, err)
+	}
+	write(cached)
+	if unused, err := UnusedCache(cached.CacheDir, time.Now().Add(-time.Hour)); err != nil || len(unused) != 0 {
+		t.Errorf("UnusedCache after a hit = %v, %v; want none", unused, err)
+	}
 	other := spec
 	other.Modules = []string{"squashfs"}
 	otherData, _ := write(other)

@@ -18,11 +18,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -30,6 +33,7 @@ import (
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/decompress"
+	"github.com/kilnproject/kiln/internal/lastuse"
 	"github.com/kilnproject/kiln/internal/nodeimage"
 )
 
@@ -173,6 +177,7 @@ func (f records) writeCached(w io.Writer, comp string, man *Manifest, dir string
 	name := sum + "." + comp
 	entry := filepath.Join(dir, name)
 	if data, err := os.ReadFile(entry); err == nil && holdsStream(data, sum) {
+		lastuse.Mark(entry)
 		if _, err := w.Write(data); err != nil {
 			return fmt.Errorf("write initramfs: %w", err)
 		}
@@ -207,6 +212,18 @@ func (f records) writeCached(w io.Writer, comp string, man *Manifest, dir string
 		return fmt.Errorf("write initramfs: %w", err)
 	}
 	return nil
+}
+
+// cacheEntryRE is the name of an archive the cache keeps (Spec.CacheDir).
+var cacheEntryRE = regexp.MustCompile(`^[0-9a-f]{64}\.(` + Zstd + `|` + Gzip + `)$`)
+
+// UnusedCache lists the archives of the cache dir (Spec.CacheDir) not used or written since
+// before, and the files of writes left unfinished since before, for kiln cache prune to remove.
+// Other files are not the cache's and are not listed.
+func UnusedCache(dir string, before time.Time) ([]string, error) {
+	return lastuse.Unused(dir, before, func(e fs.DirEntry) bool {
+		return e.Type().IsRegular() && (cacheEntryRE.MatchString(e.Name()) || strings.HasPrefix(e.Name(), atomicfile.TempPrefix))
+	}, nil)
 }
 
 // holdsStream reports whether the compressed archive data decompresses to a cpio stream

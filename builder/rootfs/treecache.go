@@ -8,10 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/kilnproject/kiln/internal/atomicfile"
 	"github.com/kilnproject/kiln/internal/fstree"
+	"github.com/kilnproject/kiln/internal/lastuse"
 )
 
 // TreeCache keeps flattened trees under a key that names their content (an image's chain ID),
@@ -47,6 +50,9 @@ type treeEntry struct {
 const treeRecordVersion = 2
 
 var cacheKeyRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// storeTempPrefix starts the name of an entry Store is writing.
+const storeTempPrefix = ".store-"
 
 func (c TreeCache) paths(key string) (tree, record string, err error) {
 	if !cacheKeyRE.MatchString(key) {
@@ -112,7 +118,23 @@ func (c TreeCache) Open(key string) (*Tree, bool, error) {
 	if r.Owners == nil {
 		r.Owners = map[string]Owner{}
 	}
+	lastuse.Mark(rec)
 	return &Tree{Dir: src, Owners: r.Owners}, true, nil
+}
+
+// Unused lists the entries the cache has not opened since before (their record's time, which
+// Store and Open set), and the entries without a record (a crash's) and stores left unfinished
+// not written since before, for kiln cache prune to remove. Other files in c.Dir are not the
+// cache's and are not listed.
+func (c TreeCache) Unused(before time.Time) ([]string, error) {
+	return lastuse.Unused(c.Dir, before, func(e fs.DirEntry) bool {
+		return e.IsDir() && (cacheKeyRE.MatchString(e.Name()) || strings.HasPrefix(e.Name(), storeTempPrefix))
+	}, func(entry string) string {
+		if rec := filepath.Join(entry, "tree.json"); exists(rec) {
+			return rec
+		}
+		return entry
+	})
 }
 
 // Store adds t under key, unless the cache has it already, and then to c.Shared. The cache
@@ -128,7 +150,7 @@ func (c TreeCache) Store(key string, t *Tree) error {
 	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.MkdirTemp(c.Dir, ".store-")
+	tmp, err := os.MkdirTemp(c.Dir, storeTempPrefix)
 	if err != nil {
 		return err
 	}

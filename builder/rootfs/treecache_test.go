@@ -4,8 +4,10 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kilnproject/kiln/internal/testkit"
 )
@@ -210,5 +212,48 @@ func TestTreeCacheSkeleton(t *testing.T) {
 	check(load("partial"))
 	if exists(sk) {
 		t.Error("Load left the skeleton it took")
+	}
+}
+
+// TestTreeCacheUnused: an entry Store wrote or Open checked lately is in use; one neither
+// touched since is not, nor is a partial entry or an unfinished store; other files are not the
+// cache's.
+func TestTreeCacheUnused(t *testing.T) {
+	work := t.TempDir()
+	tree := flattened(t, work, testkit.Entry{Name: "bin/", Dir: true}, testkit.Entry{Name: "bin/tool", Body: "tool"})
+	c := TreeCache{Dir: filepath.Join(work, "cache")}
+	old, opened, fresh := strings.Repeat("a1", 32), strings.Repeat("b2", 32), strings.Repeat("c3", 32)
+	for _, k := range []string{old, opened, fresh} {
+		if err := c.Store(k, tree); err != nil {
+			t.Fatal(err)
+		}
+	}
+	week := time.Now().Add(-7 * 24 * time.Hour)
+	partial, store, foreign := filepath.Join(c.Dir, strings.Repeat("d4", 32)), filepath.Join(c.Dir, storeTempPrefix+"1"), filepath.Join(c.Dir, "notes")
+	for _, d := range []string{partial, store, foreign} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{filepath.Join(c.Dir, old, "tree.json"), filepath.Join(c.Dir, opened, "tree.json"), partial, store, foreign} {
+		if err := os.Chtimes(p, week, week); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok, err := c.Open(opened); !ok || err != nil {
+		t.Fatalf("Open = %v, %v", ok, err)
+	}
+	got, err := c.Unused(time.Now().Add(-24 * time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(c.Dir, old), partial, store}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("Unused = %v\nwant %v", got, want)
+	}
+	if got, err := (TreeCache{Dir: filepath.Join(work, "none")}).Unused(time.Now()); got != nil || err != nil {
+		t.Errorf("Unused of a cache never written = %v, %v", got, err)
 	}
 }

@@ -132,13 +132,17 @@ func PlaceIn(root *os.Root, name string, create func(tmp string) error) error {
 	return f.syncDir()
 }
 
+// TempPrefix starts the name of every file being written: one a crash left behind is not a
+// finished file.
+const TempPrefix = ".kiln-"
+
 // tempName returns a fresh name in dir for a file that becomes base.
 func tempName(dir, base string) (string, error) {
 	var rnd [6]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return "", fmt.Errorf("temporary name: %w", err)
 	}
-	return path.Join(dir, ".kiln-"+base+"."+hex.EncodeToString(rnd[:])), nil
+	return path.Join(dir, TempPrefix+base+"."+hex.EncodeToString(rnd[:])), nil
 }
 
 // File is a file being written under a temporary name in a directory. Commit gives it its
