@@ -86,7 +86,7 @@ func (b *baker) flattenBase(img v1.Image, dir string) (tree *rootfs.Tree, cached
 	for i, d := range cf.RootFS.DiffIDs {
 		diffIDs[i] = digest.Digest(d.String())
 	}
-	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "base-trees"), Shared: b.shared("base-trees")}
+	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, baseTreesDir), Shared: b.shared(baseTreesDir)}
 	key := identity.ChainID(diffIDs).Encoded()
 	b.baseCache, b.baseKey = cache, key
 	if tree, ok, err := cache.Load(key, dir); err != nil || ok {

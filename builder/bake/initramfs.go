@@ -54,9 +54,9 @@ func (b *baker) writeInitramfs(tree *rootfs.Tree, md *nodeimage.Metadata) (strin
 	if b.o.Cache != nil {
 		// Compressing is most of the work; the archive of the same kiln-stage1 and modules is
 		// taken from the cache.
-		spec.CacheDir = filepath.Join(b.o.Cache.Root, "initramfs")
+		spec.CacheDir = filepath.Join(b.o.Cache.Root, initramfsDir)
 		if b.o.CacheRepo != nil {
-			spec.Shared = b.o.CacheRepo.Entries("initramfs")
+			spec.Shared = b.o.CacheRepo.Entries(initramfsDir)
 		}
 	}
 	man, err := initramfs.Write(f, spec)

@@ -168,7 +168,7 @@ func (b *baker) flattenImage(ci *artifact.CachedImage, dir string) (imagestore.I
 		im.Layers = append(im.Layers, ocispec.Descriptor{MediaType: string(l.MediaType), Digest: digest.Digest(l.Digest.String()), Size: l.Size})
 		im.DiffIDs = append(im.DiffIDs, digest.Digest(cf.RootFS.DiffIDs[i].String()))
 	}
-	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "trees"), Shared: b.shared("trees")}
+	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, imageTreesDir), Shared: b.shared(imageTreesDir)}
 	key := im.ChainID().Encoded()
 	sub, ok, err := cache.Load(key, dir)
 	if err != nil {

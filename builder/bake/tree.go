@@ -108,7 +108,7 @@ func (b *baker) artifactTree(a spec.Artifact, sum, blob string) (string, error) 
 		return "", err
 	}
 	key := fmt.Sprintf("%x", sha256.Sum256(keyJSON))
-	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, "artifact-trees")}
+	cache := rootfs.TreeCache{Dir: filepath.Join(b.o.Cache.Root, artifactTreesDir)}
 	if cached, ok, err := cache.Open(key); err != nil || ok {
 		if err != nil {
 			return "", err

@@ -60,7 +60,7 @@ func newRoot() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log every step")
-	root.AddCommand(newBaseCmd(), newLockCmd(), newBakeCmd(), newRunCmd(), newInspectCmd(), newVerifyCmd(), newCheckConfigCmd(), newClusterCmd(), newPublishCmd(), newServeCmd(), newISOCmd())
+	root.AddCommand(newBaseCmd(), newLockCmd(), newBakeCmd(), newRunCmd(), newInspectCmd(), newVerifyCmd(), newCacheCmd(), newCheckConfigCmd(), newClusterCmd(), newPublishCmd(), newServeCmd(), newISOCmd())
 	return root
 }
 

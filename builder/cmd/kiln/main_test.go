@@ -50,7 +50,7 @@ func TestCommandLineErrors(t *testing.T) {
 
 // Every verb documents itself with examples.
 func TestHelpHasExamples(t *testing.T) {
-	for _, verb := range []string{"bake", "lock", "run", "inspect", "base", "serve", "check-config", "iso add-config"} {
+	for _, verb := range []string{"bake", "lock", "run", "inspect", "base", "serve", "check-config", "iso add-config", "cache prune"} {
 		out, err := kiln(t, append(strings.Fields(verb), "--help")...)
 		if err != nil {
 			t.Fatal(err)
