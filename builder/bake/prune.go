@@ -57,10 +57,11 @@ func PruneCache(o PruneOptions) ([]Pruned, error) {
 	trees := func(dir string) func(time.Time) ([]string, error) {
 		return rootfs.TreeCache{Dir: filepath.Join(o.Root, dir)}.Unused
 	}
-	kinds := []struct {
-		kind   string
-		unused func(time.Time) ([]string, error)
-	}{
+	type kind struct {
+		name   string
+		unused func(time.Time) ([]string, error) // the entries not used since a time
+	}
+	kinds := []kind{
 		{"blobs", artifact.NewCache(o.Root).Unused},
 		{baseTreesDir, trees(baseTreesDir)},
 		{imageTreesDir, trees(imageTreesDir)},
@@ -70,10 +71,7 @@ func PruneCache(o PruneOptions) ([]Pruned, error) {
 		}},
 	}
 	for _, l := range o.Layouts {
-		kinds = append(kinds, struct {
-			kind   string
-			unused func(time.Time) ([]string, error)
-		}{"layout " + l, func(t time.Time) ([]string, error) { return rootfs.UnreferencedBlobs(l, t) }})
+		kinds = append(kinds, kind{"layout " + l, func(t time.Time) ([]string, error) { return rootfs.UnreferencedBlobs(l, t) }})
 	}
 	var out []Pruned
 	for _, k := range kinds {
@@ -81,7 +79,7 @@ func PruneCache(o PruneOptions) ([]Pruned, error) {
 		if err != nil {
 			return out, fmt.Errorf("prune cache: %w", err)
 		}
-		p := Pruned{Kind: k.kind, Entries: paths}
+		p := Pruned{Kind: k.name, Entries: paths}
 		if p.Bytes, err = freed(paths); err != nil {
 			return out, fmt.Errorf("prune cache: %w", err)
 		}
