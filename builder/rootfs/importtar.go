@@ -52,7 +52,7 @@ func ImportTar(tarPath, dir, tag string, created time.Time) (v1.Hash, error) {
 		return v1.Hash{}, err
 	}
 	p, err := layout.FromPath(dir)
-	if errors.Is(err, os.ErrNotExist) || (err == nil && !hasIndex(dir)) {
+	if errors.Is(err, os.ErrNotExist) || (err == nil && !IsLayout(dir)) {
 		p, err = layout.Write(dir, empty.Index)
 	}
 	if err != nil {
@@ -65,7 +65,8 @@ func ImportTar(tarPath, dir, tag string, created time.Time) (v1.Hash, error) {
 	return img.Digest()
 }
 
-func hasIndex(dir string) bool {
+// IsLayout says whether dir is an OCI image layout: it has an index.json.
+func IsLayout(dir string) bool {
 	_, err := os.Stat(dir + "/index.json")
 	return err == nil
 }

@@ -20,7 +20,7 @@ import (
 // since before may be a concurrent import's that the index does not name yet, and is not listed. A manifest the index names but the layout cannot
 // read fails it: nothing is listed from a layout whose references are not all known.
 func UnreferencedBlobs(dir string, before time.Time) ([]string, error) {
-	if !hasIndex(dir) {
+	if !IsLayout(dir) {
 		return nil, nil
 	}
 	idx, err := layout.ImageIndexFromPath(dir)

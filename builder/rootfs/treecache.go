@@ -130,7 +130,7 @@ func (c TreeCache) Unused(before time.Time) ([]string, error) {
 	return lastuse.Unused(c.Dir, before, func(e fs.DirEntry) bool {
 		return e.IsDir() && (cacheKeyRE.MatchString(e.Name()) || strings.HasPrefix(e.Name(), storeTempPrefix))
 	}, func(entry string) string {
-		if rec := filepath.Join(entry, "tree.json"); exists(rec) {
+		if _, rec, err := c.paths(filepath.Base(entry)); err == nil && exists(rec) {
 			return rec
 		}
 		return entry

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnproject/kiln/builder/bake"
+	"github.com/kilnproject/kiln/builder/rootfs"
 	"github.com/kilnproject/kiln/builder/spec"
 )
 
@@ -65,12 +65,12 @@ func newCacheCmd() *cobra.Command {
 				return err
 			}
 			if !cmd.Flags().Changed("layout") {
-				if base := filepath.Join(root, "base"); isLayout(base) {
+				if base := filepath.Join(root, "base"); rootfs.IsLayout(base) {
 					layouts = []string{base}
 				}
 			}
 			for _, l := range layouts {
-				if !isLayout(l) {
+				if !rootfs.IsLayout(l) {
 					return fmt.Errorf("--layout %s: not an OCI image layout (no index.json)", l)
 				}
 			}
@@ -89,11 +89,6 @@ func newCacheCmd() *cobra.Command {
 	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	cache.AddCommand(prune)
 	return cache
-}
-
-func isLayout(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, "index.json"))
-	return err == nil
 }
 
 // printPruned prints what was pruned (or, dry, would be) of the cache at root.
