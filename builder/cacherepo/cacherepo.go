@@ -220,7 +220,10 @@ func (e Entries) fetch(tag name.Tag, key string, manifest []byte, read func(io.R
 	}
 	defer rc.Close()
 	counted := &countingReader{r: rc}
-	zr, err := zstd.NewReader(counted)
+	// One decoder, on this goroutine: the default one reads ahead on its own goroutines, which
+	// would still be reading the layer while it is drained below after read fails, and the
+	// layer's digest check is not safe for two readers at once.
+	zr, err := zstd.NewReader(counted, zstd.WithDecoderConcurrency(1))
 	if err != nil {
 		return 0, err
 	}
