@@ -46,10 +46,11 @@ type Options struct {
 	OutDir     string
 	KilnInit   string // host path of the static kiln-init binary, the node agent on the root
 	Stage1     string // host path of the static kiln-stage1 binary, the initramfs' /init
-	Cache      *artifact.Cache
-	Log        *slog.Logger
-	Version    string    // kiln's version, recorded in the image
-	Created    time.Time // recorded as the image's creation time (SOURCE_DATE_EPOCH)
+	// Cache is required: a bake holds it shared, so that no prune runs meanwhile (PruneCache).
+	Cache   *artifact.Cache
+	Log     *slog.Logger
+	Version string    // kiln's version, recorded in the image
+	Created time.Time // recorded as the image's creation time (SOURCE_DATE_EPOCH)
 	// ProfileOverlays are spec.ProfileOverlay documents applied, in order, to the role's
 	// profile: they replace artifact sources/sha256 and image sources/digests by name.
 	ProfileOverlays []string
@@ -98,6 +99,16 @@ func Bake(ctx context.Context, o Options) (*Result, error) {
 	if _, err := os.Stat(o.Stage1); err != nil {
 		return nil, fmt.Errorf("kiln-stage1 binary: %w (build it with `make build`)", err)
 	}
+	if o.Cache == nil {
+		return nil, errors.New("bake: no cache (Options.Cache)")
+	}
+	release, err := holdCache(o.Cache.Root, false, true, func() {
+		log.Info("waiting for kiln cache prune to finish", "cache", o.Cache.Root)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -379,4 +380,52 @@ func TestBakeRecordsEachOutputsHash(t *testing.T) {
 	if c := s.CycloneDX; c == nil || c.File != "test-worker.cdx.json" || fileSHA256(filepath.Join(r.out, c.File)) != c.SHA256 {
 		t.Errorf("metadata sbom.cyclonedx = %+v, want the CycloneDX file beside the outputs with its sha256", c)
 	}
+}
+
+// TestBakeWaitsForPrune: a bake that starts while kiln cache prune holds the cache says it
+// waits, takes nothing from the cache until the prune is done, and then bakes.
+func TestBakeWaitsForPrune(t *testing.T) {
+	r := newRepo(t, fakeBase(true), "role: worker\n")
+	r.lock(t)
+	prune, err := holdCache(r.cache.Root, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := make(chan string, 100)
+	log := slog.New(slog.NewTextHandler(chanWriter(logs), nil))
+	done := make(chan error, 1)
+	go func() {
+		_, err := Bake(context.Background(), Options{Definition: r.def, Role: "worker", OutDir: r.out,
+			KilnInit: r.init, Stage1: r.init, Cache: r.cache, Version: "test", Created: time.Unix(0, 0), Log: log})
+		done <- err
+	}()
+	select {
+	case l := <-logs:
+		if !strings.Contains(l, "waiting for kiln cache prune to finish") {
+			t.Fatalf("the bake's first line during a prune: %s", l)
+		}
+	case err := <-done:
+		t.Fatalf("the bake ran during a prune (%v)", err)
+	}
+	if _, err := os.Stat(r.out); !os.IsNotExist(err) {
+		t.Errorf("the waiting bake made its output directory: %v", err)
+	}
+	prune()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(r.out, "test-worker.raw")); err != nil {
+		t.Error(err)
+	}
+}
+
+// chanWriter sends each write (one log line) to its channel, while there is room.
+type chanWriter chan string
+
+func (c chanWriter) Write(p []byte) (int, error) {
+	select {
+	case c <- string(p):
+	default:
+	}
+	return len(p), nil
 }

@@ -32,8 +32,13 @@ type PruneOptions struct {
 	Layouts []string
 	// Before: what was last used (or written) before it is removed.
 	Before time.Time
-	// DryRun lists what would go and removes nothing.
+	// DryRun lists what would go and removes nothing; it runs beside bakes.
 	DryRun bool
+	// Wait, when a bake is using the cache, waits for it (and for any bake that starts
+	// meanwhile) to finish; unset, that is ErrCacheBusy.
+	Wait bool
+	// Waiting, if not nil, is called once when PruneCache starts waiting.
+	Waiting func()
 }
 
 // Pruned is what PruneCache removed (or, dry, would remove) of one kind of cache entry.
@@ -49,10 +54,18 @@ type Pruned struct {
 // the flattened bases', images' and artifacts' trees, compressed initramfs archives, and the
 // blobs of o.Layouts that no image there uses. Each use marks an entry (internal/lastuse), so
 // what a bake of the last o.Before took from the cache stays. A kind it cannot read stops it
-// before anything of that kind is removed, with what earlier kinds removed returned.
+// before anything of that kind is removed, with what earlier kinds removed returned. It holds
+// the cache alone, but for a dry run: no bake runs while it prunes (see PruneOptions.Wait).
 func PruneCache(o PruneOptions) ([]Pruned, error) {
 	if o.Root == "" {
 		return nil, errors.New("prune cache: no cache directory")
+	}
+	if !o.DryRun {
+		release, err := holdCache(o.Root, true, o.Wait, o.Waiting)
+		if err != nil {
+			return nil, fmt.Errorf("prune cache: %w", err)
+		}
+		defer release()
 	}
 	trees := func(dir string) func(time.Time) ([]string, error) {
 		return rootfs.TreeCache{Dir: filepath.Join(o.Root, dir)}.Unused

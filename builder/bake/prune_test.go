@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -170,5 +171,83 @@ func TestPruneCache(t *testing.T) {
 	}
 	if _, err := PruneCache(PruneOptions{}); err == nil {
 		t.Error("PruneCache without a root: no error")
+	}
+}
+
+// TestPruneWaitsForBakes: no prune runs while a bake holds the cache, and no bake starts
+// while a prune runs.
+func TestPruneWaitsForBakes(t *testing.T) {
+	root, layoutDir, unused := pruneFixture(t)
+	bakes := make([]func(), 2) // two bakes side by side
+	for i := range bakes {
+		release, err := holdCache(root, false, false, nil)
+		if err != nil {
+			t.Fatalf("bake %d: %v", i, err)
+		}
+		bakes[i] = release
+	}
+	o := PruneOptions{Root: root, Layouts: []string{layoutDir}, Before: time.Now().Add(-24 * time.Hour), DryRun: true}
+	if dry, err := PruneCache(o); err != nil || len(prunedEntries(dry)) != len(unused) {
+		t.Fatalf("a dry run beside the bakes: %v, %d entries listed, want %d", err, len(prunedEntries(dry)), len(unused))
+	}
+	o.DryRun = false
+	if _, err := PruneCache(o); !errors.Is(err, ErrCacheBusy) || !strings.Contains(err.Error(), root) {
+		t.Fatalf("prune during a bake: %v, want ErrCacheBusy naming %s", err, root)
+	}
+	for _, p := range unused {
+		if _, err := os.Lstat(p); err != nil {
+			t.Fatalf("the refused prune removed %s", p)
+		}
+	}
+
+	// --wait: the prune starts when the last bake is done.
+	o.Wait = true
+	waiting := make(chan struct{})
+	o.Waiting = func() { close(waiting) }
+	done := make(chan error, 1)
+	go func() { _, err := PruneCache(o); done <- err }()
+	<-waiting
+	bakes[0]()
+	select {
+	case err := <-done:
+		t.Fatalf("the prune ran with a bake still holding the cache (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	bakes[1]()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range unused {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s is still there after the waiting prune", p)
+		}
+	}
+
+	// A bake that starts during a prune waits for it.
+	prune, err := holdCache(root, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holdCache(root, false, false, nil); !errors.Is(err, ErrCacheBusy) {
+		t.Fatalf("a bake during a prune: %v, want ErrCacheBusy", err)
+	}
+	waited := false
+	started := make(chan func(), 1)
+	go func() {
+		release, err := holdCache(root, false, true, func() { waited = true })
+		if err != nil {
+			t.Error(err)
+		}
+		started <- release
+	}()
+	select {
+	case <-started:
+		t.Fatal("a bake started during a prune")
+	case <-time.After(300 * time.Millisecond):
+	}
+	prune()
+	(<-started)()
+	if !waited {
+		t.Error("the bake did not say it waited")
 	}
 }

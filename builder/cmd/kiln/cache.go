@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
@@ -26,12 +28,15 @@ It also removes the blobs of the base OCI layout $KILN_CACHE/base (and of each -
 image there uses: kiln base import replacing a base of the same tag leaves the old one's blobs.
 A lock file pinning such an old base no longer bakes; kiln lock pins the current one.
 
-Entries a running bake is taking can go with a short --unused-for: prune when no bake runs, or
-keep --unused-for longer than a bake. It prints what it removes, kind by kind, with the space
-freed (a file still linked from elsewhere frees nothing); --dry-run only prints.`
+No bake runs while it prunes: bakes hold the cache shared and prune holds it alone (a lock
+on $KILN_CACHE/.kiln-lock). When a bake is running, prune fails, or with --wait waits until no
+bake runs; a bake that starts during a prune waits for it. It prints what it removes, kind by
+kind, with the space freed (a file still linked from elsewhere frees nothing); --dry-run only
+prints, and runs beside bakes.`
 
 const cachePruneExample = `  kiln cache prune --dry-run
   kiln cache prune --unused-for 72h
+  kiln cache prune --wait --unused-for 24h      # from cron, on a machine whose bakes overlap
   KILN_CACHE=/var/cache/kiln kiln cache prune --unused-for 24h -o json`
 
 func newCacheCmd() *cobra.Command {
@@ -44,6 +49,7 @@ func newCacheCmd() *cobra.Command {
 	var (
 		unusedFor time.Duration
 		dryRun    bool
+		wait      bool
 		layouts   []string
 		format    string
 	)
@@ -75,7 +81,11 @@ func newCacheCmd() *cobra.Command {
 				}
 			}
 			pruned, err := bake.PruneCache(bake.PruneOptions{Root: root, Layouts: layouts,
-				Before: time.Now().Add(-unusedFor), DryRun: dryRun})
+				Before: time.Now().Add(-unusedFor), DryRun: dryRun, Wait: wait,
+				Waiting: func() { slog.Info("waiting for the running bakes to finish", "cache", root) }})
+			if errors.Is(err, bake.ErrCacheBusy) {
+				return fmt.Errorf("%w: prune when no bake runs, or pass --wait", err)
+			}
 			if perr := printPruned(cmd.OutOrStdout(), format, root, pruned, dryRun); err == nil {
 				err = perr
 			}
@@ -85,6 +95,7 @@ func newCacheCmd() *cobra.Command {
 	f := prune.Flags()
 	f.DurationVar(&unusedFor, "unused-for", 7*24*time.Hour, "remove what no bake has used for this long")
 	f.BoolVar(&dryRun, "dry-run", false, "print what would be removed; remove nothing")
+	f.BoolVar(&wait, "wait", false, "when a bake is running, wait until none runs instead of failing")
 	f.StringArrayVar(&layouts, "layout", nil, "a base OCI layout to remove unused blobs from (repeatable; default $KILN_CACHE/base)")
 	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	cache.AddCommand(prune)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -77,5 +78,40 @@ func TestCachePrune(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("kiln cache prune %s: %v, want %q", strings.Join(tc.args, " "), err, tc.want)
 		}
+	}
+}
+
+// TestCachePruneDuringBake: a prune while a bake holds the cache fails, saying so and what to
+// do, and removes nothing.
+func TestCachePruneDuringBake(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv("KILN_CACHE", root)
+	ird := filepath.Join(root, "initramfs")
+	if err := os.MkdirAll(ird, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old := filepath.Join(ird, strings.Repeat("e", 64)+".zstd")
+	if err := os.WriteFile(old, []byte("archive"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	week := time.Now().Add(-7 * 24 * time.Hour)
+	if err := os.Chtimes(old, week, week); err != nil {
+		t.Fatal(err)
+	}
+	// What a running bake holds (bake.Bake).
+	f, err := os.OpenFile(filepath.Join(root, ".kiln-lock"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+		t.Fatal(err)
+	}
+	_, err = kiln(t, "cache", "prune", "--unused-for", "72h")
+	if want := "a bake is running on the cache: prune when no bake runs, or pass --wait"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("prune during a bake: %v, want %q", err, want)
+	}
+	if _, err := os.Stat(old); err != nil {
+		t.Fatalf("the refused prune removed %s", old)
 	}
 }
