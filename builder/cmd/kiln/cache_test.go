@@ -10,14 +10,17 @@ import (
 	"time"
 )
 
-func TestCachePrune(t *testing.T) {
-	root := t.TempDir()
+// cacheWithOldEntry makes $KILN_CACHE a cache holding one initramfs archive of 64 KiB that no
+// bake has used for a week, and returns the cache and the archive.
+func cacheWithOldEntry(t *testing.T) (root, old string) {
+	t.Helper()
+	root = t.TempDir()
 	t.Setenv("KILN_CACHE", root)
 	ird := filepath.Join(root, "initramfs")
 	if err := os.MkdirAll(ird, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	old := filepath.Join(ird, strings.Repeat("e", 64)+".zstd")
+	old = filepath.Join(ird, strings.Repeat("e", 64)+".zstd")
 	if err := os.WriteFile(old, make([]byte, 64<<10), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -25,6 +28,11 @@ func TestCachePrune(t *testing.T) {
 	if err := os.Chtimes(old, week, week); err != nil {
 		t.Fatal(err)
 	}
+	return root, old
+}
+
+func TestCachePrune(t *testing.T) {
+	root, old := cacheWithOldEntry(t)
 	out, err := kiln(t, "cache", "prune", "--unused-for", "72h", "--dry-run")
 	if err != nil {
 		t.Fatal(err)
@@ -84,20 +92,7 @@ func TestCachePrune(t *testing.T) {
 // TestCachePruneDuringBake: a prune while a bake holds the cache fails, saying so and what to
 // do, and removes nothing.
 func TestCachePruneDuringBake(t *testing.T) {
-	root := t.TempDir()
-	t.Setenv("KILN_CACHE", root)
-	ird := filepath.Join(root, "initramfs")
-	if err := os.MkdirAll(ird, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	old := filepath.Join(ird, strings.Repeat("e", 64)+".zstd")
-	if err := os.WriteFile(old, []byte("archive"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	week := time.Now().Add(-7 * 24 * time.Hour)
-	if err := os.Chtimes(old, week, week); err != nil {
-		t.Fatal(err)
-	}
+	root, old := cacheWithOldEntry(t)
 	// What a running bake holds (bake.Bake).
 	f, err := os.OpenFile(filepath.Join(root, ".kiln-lock"), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
