@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/kilnproject/kiln/builder/spec"
@@ -123,9 +121,7 @@ func (c *Cache) Has(sha256 string) (string, bool) {
 // downloads left unfinished since before, for kiln cache prune to remove. Other files are not
 // the cache's and are not listed.
 func (c *Cache) Unused(before time.Time) ([]string, error) {
-	return lastuse.Unused(c.blobDir(), before, func(e fs.DirEntry) bool {
-		return e.Type().IsRegular() && (hexRE.MatchString(e.Name()) || strings.HasPrefix(e.Name(), atomicfile.TempPrefix))
-	}, nil)
+	return lastuse.Unused(c.blobDir(), before, lastuse.Files(hexRE), nil)
 }
 
 // Fetch returns the path of the blob that s names by its SHA256, fetching

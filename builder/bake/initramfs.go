@@ -51,13 +51,11 @@ func (b *baker) writeInitramfs(tree *rootfs.Tree, md *nodeimage.Metadata) (strin
 		Root: tree.Dir, KernelVersion: md.Kernel.Version, Init: b.o.Stage1,
 		Modules: slices.Concat(defaultModules, b.isoModules(), b.def.Kernel.Modules),
 	}
-	if b.o.Cache != nil {
-		// Compressing is most of the work; the archive of the same kiln-stage1 and modules is
-		// taken from the cache.
-		spec.CacheDir = filepath.Join(b.o.Cache.Root, initramfsDir)
-		if b.o.CacheRepo != nil {
-			spec.Shared = b.o.CacheRepo.Entries(initramfsDir)
-		}
+	// Compressing is most of the work; the archive of the same kiln-stage1 and modules is
+	// taken from the cache.
+	spec.CacheDir = filepath.Join(b.o.Cache.Root, initramfsDir)
+	if b.o.CacheRepo != nil {
+		spec.Shared = b.o.CacheRepo.Entries(initramfsDir)
 	}
 	man, err := initramfs.Write(f, spec)
 	if cerr := f.Close(); err == nil {

@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -221,9 +220,7 @@ var cacheEntryRE = regexp.MustCompile(`^[0-9a-f]{64}\.(` + Zstd + `|` + Gzip + `
 // before, and the files of writes left unfinished since before, for kiln cache prune to remove.
 // Other files are not the cache's and are not listed.
 func UnusedCache(dir string, before time.Time) ([]string, error) {
-	return lastuse.Unused(dir, before, func(e fs.DirEntry) bool {
-		return e.Type().IsRegular() && (cacheEntryRE.MatchString(e.Name()) || strings.HasPrefix(e.Name(), atomicfile.TempPrefix))
-	}, nil)
+	return lastuse.Unused(dir, before, lastuse.Files(cacheEntryRE), nil)
 }
 
 // holdsStream reports whether the compressed archive data decompresses to a cpio stream

@@ -17,8 +17,9 @@ import (
 // UnreferencedBlobs lists the files of the OCI layout dir's blobs that no image or index its
 // index.json names uses, written before before: what ImportTar leaves behind when it replaces
 // an image of the same tag, and the temporary files of writes a crash cut short. A blob written
-// since before may be a concurrent import's that the index does not name yet, and is not listed. A manifest the index names but the layout cannot
-// read fails it: nothing is listed from a layout whose references are not all known.
+// since before may be a concurrent import's that the index does not name yet, and is not
+// listed. A manifest the index names but the layout cannot read fails it: nothing is listed
+// from a layout whose references are not all known.
 func UnreferencedBlobs(dir string, before time.Time) ([]string, error) {
 	if !IsLayout(dir) {
 		return nil, nil

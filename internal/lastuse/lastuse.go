@@ -9,7 +9,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"time"
+
+	"github.com/kilnproject/kiln/internal/atomicfile"
 )
 
 // Mark records that the entry at p was used now. A cache kiln cannot write (another user's,
@@ -19,13 +23,12 @@ func Mark(p string) {
 	_ = os.Chtimes(p, now, now)
 }
 
-// Since says whether the entry at p was used (or written) since t.
-func Since(p string, t time.Time) (bool, error) {
-	fi, err := os.Lstat(p)
-	if err != nil {
-		return false, fmt.Errorf("last use of %s: %w", p, err)
+// Files is an ours for Unused: the regular files whose names re matches, and the temporary
+// files of writes (atomicfile's) that a crash left unfinished.
+func Files(re *regexp.Regexp) func(fs.DirEntry) bool {
+	return func(e fs.DirEntry) bool {
+		return e.Type().IsRegular() && (re.MatchString(e.Name()) || strings.HasPrefix(e.Name(), atomicfile.TempPrefix))
 	}
-	return !fi.ModTime().Before(t), nil
 }
 
 // Unused lists the entries of the cache directory dir that ours says are the cache's and that
@@ -49,11 +52,11 @@ func Unused(dir string, before time.Time, ours func(fs.DirEntry) bool, marking f
 		if marking != nil {
 			mark = marking(p)
 		}
-		recent, err := Since(mark, before)
+		fi, err := os.Lstat(mark)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("last use of %s: %w", mark, err)
 		}
-		if !recent {
+		if fi.ModTime().Before(before) {
 			out = append(out, p)
 		}
 	}
